@@ -1,0 +1,419 @@
+"""A real multi-node Slurm cluster on one machine, for tests, demos and rehearsals.
+
+`LocalCluster` starts munged, MariaDB, slurmdbd, slurmctld and one slurmd per node
+(`n1`..`nN`, all on 127.0.0.1 with their own ports, spool and pid files), using
+configuration written into its own folder; it never edits `/etc/slurm`. Clients find it
+through `SLURM_CONF` (see `env()` and the `env.sh` it writes).
+
+Fault controls act like the real thing: `fail_node` SIGKILLs the node's slurmd and every
+process "on" that node, so slurmctld sees a node that stopped answering; `stop_controller`
+takes slurmctld away while the rest keeps running.
+
+It must run as root (it starts daemons as root and as the munge/mysql users).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftslurm.errors import FtslurmError
+from ftslurm.localcluster.config import (
+    ClusterLayout,
+    render_env_sh,
+    render_slurm_conf,
+    render_slurmdbd_conf,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROOT = Path(os.environ.get("FTSLURM_LOCAL_CLUSTER_DIR", "/tmp/ftslurm-localcluster"))
+
+DEBIAN_PACKAGES = ("slurm-wlm", "slurm-client", "munge", "slurmdbd", "mariadb-server")
+REQUIRED_BINARIES = (
+    "slurmctld", "slurmd", "slurmdbd", "sbatch", "squeue", "scontrol", "sacct",
+    "sacctmgr", "sinfo", "munged", "mariadbd", "mariadb-install-db", "mariadb",
+)  # fmt: skip
+MARKER = "FTSLURM_LOCAL_CLUSTER"  # env var set on every daemon we start
+NODE_MARKER = "FTSLURM_LOCAL_NODE"  # env var set on each slurmd (and inherited by its stepds)
+
+
+class ClusterError(FtslurmError):
+    """The local cluster could not be started or controlled."""
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:
+    """Poll `cond` until it holds or `timeout` seconds pass (then raise ClusterError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return
+        if time.monotonic() >= deadline:
+            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def _proc_environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def _all_pids() -> Iterable[int]:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            yield int(entry)
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    name: str
+    pid: int | None
+
+    @property
+    def alive(self) -> bool:
+        return self.pid is not None
+
+
+class LocalCluster:
+    """Start, inspect, break and stop a local multi-node Slurm cluster."""
+
+    def __init__(self, root: Path | str = DEFAULT_ROOT, **layout_overrides) -> None:
+        self.layout = ClusterLayout(
+            root=Path(root).resolve(), hostname=socket.gethostname().split(".")[0],
+            **layout_overrides,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ env
+    def env(self) -> dict[str, str]:
+        """The environment Slurm's clients need to talk to this cluster."""
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.layout.slurm_conf)
+        return env
+
+    def _daemon_env(self, node: str | None = None) -> dict[str, str]:
+        env = self.env()
+        env[MARKER] = str(self.layout.root)
+        if node:
+            env[NODE_MARKER] = node
+        return env
+
+    def _run(self, argv: list[str], *, check: bool = True, timeout: float = 60,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout,
+            env=env or self._daemon_env(), stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if check and proc.returncode != 0:
+            msg = (proc.stderr or proc.stdout).strip().splitlines()
+            raise ClusterError(f"{argv[0]} failed ({proc.returncode}): {msg[-1] if msg else ''}")
+        return proc
+
+    # ------------------------------------------------------------ packages
+    @staticmethod
+    def missing_binaries() -> list[str]:
+        return [b for b in REQUIRED_BINARIES if shutil.which(b, path=_sbin_path()) is None]
+
+    def ensure_packages(self) -> None:
+        """Install Slurm, munge, slurmdbd and MariaDB from Debian's packages when missing."""
+        missing = self.missing_binaries()
+        if not missing:
+            return
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            raise ClusterError(
+                f"missing {', '.join(missing)}; install the Debian packages "
+                f"{' '.join(DEBIAN_PACKAGES)} (needs root)"
+            )
+        log.info("installing %s", " ".join(DEBIAN_PACKAGES))
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for argv in (["apt-get", "update", "-qq"],
+                     ["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                      *DEBIAN_PACKAGES]):  # fmt: skip
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+            if proc.returncode != 0:
+                raise ClusterError(f"{' '.join(argv[:2])} failed: {proc.stderr.strip()[-300:]}")
+        still = self.missing_binaries()
+        if still:
+            raise ClusterError(f"still missing after install: {', '.join(still)}")
+
+    # ------------------------------------------------------------ lifecycle
+    def is_up(self) -> bool:
+        return all(d.alive for d in self.daemons()) and self._ping_controller()
+
+    def up(self, timeout: float = 120) -> None:
+        """Start every daemon that is not running, then wait for all nodes to be idle."""
+        if os.geteuid() != 0:
+            raise ClusterError("the local Slurm cluster must be started as root")
+        self.ensure_packages()
+        lay = self.layout
+        fresh = not lay.state_dir.exists()
+        self._write_files()
+        self._start_munged()
+        self._start_mysql()
+        self._start_slurmdbd()
+        self._register_accounting()
+        self._start_slurmctld(clear_state=fresh)
+        for node in lay.node_names:
+            self._start_slurmd(node)
+        self.wait_nodes_idle(timeout=timeout)
+
+    def down(self) -> None:
+        """Stop every daemon and every job process of this cluster; keep the folder."""
+        lay = self.layout
+        self._kill_matching(lambda env: env.get("SLURM_CONF") == str(lay.slurm_conf)
+                            and "SLURM_JOB_ID" in env, signal.SIGKILL)  # fmt: skip
+        for node in lay.node_names:
+            self._stop_pidfile(lay.slurmd_pid_file(node))
+        self._stop_pidfile(lay.pid_file("slurmctld"))
+        self._stop_pidfile(lay.pid_file("slurmdbd"))
+        self._stop_pidfile(lay.pid_file("mysqld"), timeout=30)
+        self._stop_pidfile(lay.pid_file("munged"))
+        # Anything we started that outlived its pid file (e.g. a slurmstepd).
+        self._kill_matching(lambda env: env.get(MARKER) == str(lay.root), signal.SIGKILL)
+
+    def destroy(self) -> None:
+        """`down`, then remove the cluster's folder (jobs, accounting, logs)."""
+        self.down()
+        shutil.rmtree(self.layout.root, ignore_errors=True)
+
+    def daemons(self) -> list[DaemonStatus]:
+        lay = self.layout
+        items = [("munged", lay.pid_file("munged")), ("mysqld", lay.pid_file("mysqld")),
+                 ("slurmdbd", lay.pid_file("slurmdbd")), ("slurmctld", lay.pid_file("slurmctld"))]
+        items += [(f"slurmd-{n}", lay.slurmd_pid_file(n)) for n in lay.node_names]
+        return [DaemonStatus(name, _read_pid(path)) for name, path in items]
+
+    def node_states(self) -> dict[str, str]:
+        """`{node: state}` as sinfo reports it (e.g. idle, alloc, down*); {} if unreachable."""
+        try:
+            proc = self._run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False, timeout=15)
+        except subprocess.TimeoutExpired:
+            return {}
+        if proc.returncode != 0:
+            return {}
+        states = {}
+        for line in proc.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                states[parts[0]] = parts[1].lower()
+        return states
+
+    def wait_nodes_idle(self, nodes: Iterable[str] | None = None, timeout: float = 120) -> None:
+        wanted = list(nodes or self.layout.node_names)
+
+        def idle() -> bool:
+            st = self.node_states()
+            return all(st.get(n) == "idle" for n in wanted)
+
+        wait_for(idle, timeout, f"nodes {','.join(wanted)} to be idle", interval=0.5)
+
+    # -------------------------------------------------------- fault controls
+    def fail_node(self, node: str) -> list[int]:
+        """Kill node `node` hard: its slurmd, its slurmstepds and every job process on it.
+
+        Returns the pids killed. slurmctld marks the node DOWN after SlurmdTimeout.
+        """
+        self._check_node(node)
+        conf = str(self.layout.slurm_conf)
+
+        def on_node(env: dict[str, str]) -> bool:
+            if env.get(MARKER) == str(self.layout.root) and env.get(NODE_MARKER) == node:
+                return True  # slurmd and the slurmstepds it exec'd
+            return env.get("SLURM_CONF") == conf and env.get("SLURMD_NODENAME") == node
+
+        return self._kill_matching(on_node, signal.SIGKILL)
+
+    def revive_node(self, node: str, timeout: float = 60) -> None:
+        """Restart a failed node's slurmd, resume it, and wait until it is idle again."""
+        self._check_node(node)
+        self._start_slurmd(node)
+        self._run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        self.wait_nodes_idle([node], timeout=timeout)
+
+    def stop_controller(self, timeout: float = 30) -> None:
+        """Stop slurmctld (its state is kept on disk); clients then cannot reach it."""
+        self._stop_pidfile(self.layout.pid_file("slurmctld"), timeout=timeout)
+
+    def start_controller(self, timeout: float = 60) -> None:
+        """Start slurmctld again, recovering its saved state, and wait until it answers."""
+        self._start_slurmctld(clear_state=False)
+        wait_for(self._ping_controller, timeout, "slurmctld to answer")
+
+    # ------------------------------------------------------------ internals
+    def _check_node(self, node: str) -> None:
+        if node not in self.layout.node_names:
+            raise ClusterError(f"unknown node {node!r}; nodes are {', '.join(self.layout.node_names)}")
+
+    def _write_files(self) -> None:
+        lay = self.layout
+        for d in (lay.root, lay.etc, lay.log_dir, lay.run_dir, lay.spool, lay.state_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(lay.root, 0o755)
+        for node in lay.node_names:
+            (lay.spool / node).mkdir(exist_ok=True)
+        lay.slurm_conf.write_text(render_slurm_conf(lay))
+        lay.slurmdbd_conf.write_text(render_slurmdbd_conf(lay))
+        os.chmod(lay.slurmdbd_conf, 0o600)
+        lay.env_file.write_text(render_env_sh(lay))
+
+    def _start_munged(self) -> None:
+        lay = self.layout
+        if _read_pid(lay.pid_file("munged")):
+            return
+        munge = pwd.getpwnam("munge")
+        lay.munge_dir.mkdir(mode=0o700, exist_ok=True)
+        if not lay.munge_key.exists():
+            lay.munge_key.write_bytes(os.urandom(1024))
+        os.chmod(lay.munge_key, 0o400)
+        for path in (lay.munge_dir, lay.munge_key):
+            os.chown(path, munge.pw_uid, munge.pw_gid)
+        pid_file = lay.munge_dir / "munged.pid"
+        self._run(["runuser", "-u", "munge", "--", _sbin("munged"), "--force",
+                   f"--key-file={lay.munge_key}", f"--socket={lay.munge_socket}",
+                   f"--pid-file={pid_file}", f"--log-file={lay.munge_dir / 'munged.log'}",
+                   f"--seed-file={lay.munge_dir / 'munged.seed'}"])  # fmt: skip
+        wait_for(lambda: _read_pid(pid_file) is not None, 15, "munged")
+        lay.pid_file("munged").write_text(pid_file.read_text())
+
+    def _start_mysql(self) -> None:
+        lay = self.layout
+        if _read_pid(lay.pid_file("mysqld")):
+            return
+        mysql = pwd.getpwnam("mysql")
+        initialised = (lay.mysql_dir / "mysql").is_dir()
+        lay.mysql_dir.mkdir(exist_ok=True)
+        os.chown(lay.mysql_dir, mysql.pw_uid, mysql.pw_gid)
+        if not initialised:
+            self._run(["mariadb-install-db", "--no-defaults", f"--datadir={lay.mysql_dir}",
+                       "--user=mysql", "--auth-root-authentication-method=socket",
+                       "--skip-test-db"], timeout=180)  # fmt: skip
+        with open(lay.log_dir / "mysqld.out", "ab") as out:
+            proc = subprocess.Popen(
+                [_sbin("mariadbd"), "--no-defaults", f"--datadir={lay.mysql_dir}",
+                 f"--socket={lay.mysql_socket}", f"--port={lay.mysql_port}",
+                 "--bind-address=127.0.0.1", "--user=mysql", "--skip-log-bin",
+                 "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900", f"--log-error={lay.log_dir / 'mysqld.log'}"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                env=self._daemon_env(),
+            )  # fmt: skip
+        lay.pid_file("mysqld").write_text(f"{proc.pid}\n")
+        sql = ["mariadb", "--no-defaults", f"--socket={lay.mysql_socket}", "-u", "root"]
+        wait_for(lambda: proc.poll() is None and self._run(sql + ["-e", "SELECT 1"],
+                 check=False).returncode == 0, 60, "MariaDB to accept connections")  # fmt: skip
+        pw = lay.db_password
+        grants = "".join(
+            f"CREATE USER IF NOT EXISTS 'slurm'@'{h}' IDENTIFIED BY '{pw}';"
+            f"GRANT ALL ON slurm_acct_db.* TO 'slurm'@'{h}';"
+            for h in ("localhost", "127.0.0.1")
+        )
+        self._run(sql + ["-e", grants + "FLUSH PRIVILEGES;"])
+
+    def _start_slurmdbd(self) -> None:
+        lay = self.layout
+        if not _read_pid(lay.pid_file("slurmdbd")):
+            self._run([_sbin("slurmdbd")])
+        wait_for(lambda: self._run(["sacctmgr", "-n", "-P", "show", "cluster"],
+                 check=False, timeout=15).returncode == 0, 60, "slurmdbd to answer")  # fmt: skip
+
+    def _register_accounting(self) -> None:
+        lay = self.layout
+        have = self._run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"]).stdout
+        if lay.cluster_name not in have.split():
+            self._run(["sacctmgr", "-i", "add", "cluster", lay.cluster_name])
+        accounts = self._run(["sacctmgr", "-n", "-P", "show", "account", "format=account"]).stdout
+        if "ftslurm" not in accounts.split():
+            self._run(["sacctmgr", "-i", "add", "account", "ftslurm",
+                       f"cluster={lay.cluster_name}", "description=ftslurm", "organization=ftslurm"])  # fmt: skip
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        users = self._run(["sacctmgr", "-n", "-P", "show", "user", "format=user"]).stdout
+        if user not in users.split():
+            self._run(["sacctmgr", "-i", "add", "user", user, "account=ftslurm",
+                       f"cluster={lay.cluster_name}"])  # fmt: skip
+
+    def _start_slurmctld(self, clear_state: bool) -> None:
+        lay = self.layout
+        if not _read_pid(lay.pid_file("slurmctld")):
+            self._run([_sbin("slurmctld"), "-i"] if clear_state else [_sbin("slurmctld")])
+        wait_for(self._ping_controller, 60, "slurmctld to answer")
+
+    def _start_slurmd(self, node: str) -> None:
+        if _read_pid(self.layout.slurmd_pid_file(node)):
+            return
+        self._run([_sbin("slurmd"), "-N", node], env=self._daemon_env(node))
+        wait_for(lambda: _read_pid(self.layout.slurmd_pid_file(node)) is not None, 30,
+                 f"slurmd of {node}")  # fmt: skip
+
+    def _ping_controller(self) -> bool:
+        try:
+            proc = self._run(["scontrol", "ping"], check=False, timeout=15)
+        except subprocess.TimeoutExpired:
+            return False
+        return proc.returncode == 0 and "UP" in proc.stdout
+
+    def _stop_pidfile(self, path: Path, timeout: float = 20) -> None:
+        pid = _read_pid(path)
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGTERM)
+        try:
+            wait_for(lambda: not _pid_alive(pid), timeout, f"pid {pid} to exit", interval=0.1)
+        except ClusterError:
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not _pid_alive(pid), 10, f"pid {pid} to die", interval=0.1)
+
+    def _kill_matching(self, match: Callable[[dict[str, str]], bool], sig: int) -> list[int]:
+        me = os.getpid()
+        victims = [pid for pid in _all_pids() if pid != me and match(_proc_environ(pid))]
+        for pid in victims:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return victims
+
+
+def _sbin_path() -> str:
+    return os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
+def _sbin(name: str) -> str:
+    return shutil.which(name, path=_sbin_path()) or name
