@@ -1,0 +1,64 @@
+"""The one small interface every scheduler backend implements (Slurm CLI, pyslurm, mock)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
+
+
+@runtime_checkable
+class SchedulerBackend(Protocol):
+    """What ftslurm needs from a scheduler, and nothing more.
+
+    Rules every implementation keeps:
+    - `query` answers for every id it is given, using a constant number of scheduler
+      commands (one in the common case) whatever the number of ids; an id it could not
+      observe is `JobState.UNKNOWN`, never a terminal state;
+    - transient failures are retried inside the backend with a bounded budget, then raised
+      as `SchedulerUnavailable` (actions) or reported as UNKNOWN (`query`);
+    - permanent refusals raise a `SchedulerRejected` subclass with a one-line message.
+    """
+
+    name: str
+
+    def submit(self, script: str, options: JobOptions) -> str:
+        """Submit a batch script (its text); return the job id."""
+        ...
+
+    def query(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+        """One observation per id, keyed by id."""
+        ...
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel the job; cancelling a job that already ended is not an error."""
+        ...
+
+    def requeue(self, job_id: str, *, hold: bool = False) -> None:
+        """Put a running or finished job back in the queue (held if `hold`)."""
+        ...
+
+    def release(self, job_id: str) -> None:
+        """Release a held job."""
+        ...
+
+    def update_excluded_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        """Replace the excluded-node list of a pending job (an empty list clears it)."""
+        ...
+
+    def start_now(self, job_id: str) -> None:
+        """Make a pending job eligible at once (drops the requeue BeginTime delay)."""
+        ...
+
+    def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:
+        """Send `sig` (e.g. "USR1") to the job's steps, its batch shell, or both."""
+        ...
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node with its state and reason."""
+        ...
+
+    def cluster_facts(self) -> ClusterFacts:
+        """MinJobAge, whether accounting is on, and other settings decisions need."""
+        ...

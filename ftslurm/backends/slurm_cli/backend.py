@@ -1,0 +1,165 @@
+"""The Slurm CLI backend: sbatch, squeue, sacct, scontrol, scancel and sinfo as subprocesses."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from ftslurm.backends.slurm_cli import parse
+from ftslurm.backends.slurm_cli.runner import CommandRunner
+from ftslurm.core.timefmt import format_time_limit, parse_time_limit
+from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
+from ftslurm.errors import ConfigError, InvalidJobId, JobStateConflict, SchedulerUnavailable
+
+
+def sbatch_args(options: JobOptions) -> list[str]:
+    """Command-line flags for `sbatch` from generic job options (pure)."""
+    args: list[str] = []
+
+    def add(flag: str, value: object) -> None:
+        if value is not None:
+            args.append(f"--{flag}={value}")
+
+    add("job-name", options.name)
+    add("nodes", options.nodes)
+    add("ntasks-per-node", options.ntasks_per_node)
+    add("cpus-per-task", options.cpus_per_task)
+    add("gpus-per-node", options.gpus_per_node)
+    if options.time_limit is not None:
+        add("time", format_time_limit(parse_time_limit(options.time_limit)))
+    add("partition", options.partition)
+    add("account", options.account)
+    if options.exclude:
+        add("exclude", ",".join(options.exclude))
+    add("comment", options.comment)
+    add("output", options.output)
+    add("error", options.error)
+    add("chdir", options.workdir)
+    add("signal", options.signal)
+    if options.requeue is not None:
+        args.append("--requeue" if options.requeue else "--no-requeue")
+    if options.hold:
+        args.append("--hold")
+    for key, value in sorted(options.extra.items()):
+        args.append(f"--{key}" if value is None else f"--{key}={value}")
+    return args
+
+
+class SlurmCliBackend:
+    """Talks to Slurm through its command-line clients.
+
+    `query` runs one `squeue` for all ids; only ids squeue no longer knows (finished longer
+    than MinJobAge ago) cost a second command, one `sacct` for all of them.
+    """
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        runner: CommandRunner | None = None,
+        *,
+        query_budget_s: float = 10.0,
+        action_budget_s: float = 120.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.runner = runner or CommandRunner()
+        self.query_budget_s = query_budget_s
+        self.action_budget_s = action_budget_s
+        self.clock = clock
+        self._facts: ClusterFacts | None = None
+
+    # ----------------------------------------------------------------- jobs
+    def submit(self, script: str, options: JobOptions) -> str:
+        if not script.startswith("#!"):
+            raise ConfigError("a batch script must start with a '#!' interpreter line")
+        out = self.runner.run(
+            ["sbatch", "--parsable", *sbatch_args(options)], stdin=script,
+            extra_env=dict(options.env), budget_s=self.action_budget_s, idempotent=False,
+        )  # fmt: skip
+        return parse.parse_sbatch_job_id(out)
+
+    def query(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+        ids = list(dict.fromkeys(str(j) for j in job_ids))
+        if not ids:
+            return {}
+        now = self.clock()
+        try:
+            out = self.runner.run(
+                ["squeue", "-h", "--states=all", f"--jobs={','.join(ids)}",
+                 "-O", parse.SQUEUE_FORMAT], budget_s=self.query_budget_s,
+            )  # fmt: skip
+        except InvalidJobId:
+            out = ""  # none of the ids is in the controller's memory any more
+        except SchedulerUnavailable as exc:
+            return {j: JobInfo.unknown(j, now, exc.message) for j in ids}
+        found = parse.parse_squeue(out, now)
+        result = {j: found[j] for j in ids if j in found}
+        missing = [j for j in ids if j not in found]
+        if missing:
+            result.update(self._query_ended(missing, now))
+        return {j: result[j] for j in ids}
+
+    def _query_ended(self, ids: list[str], now: float) -> dict[str, JobInfo]:
+        """Jobs the controller has forgotten: ask accounting, or admit we cannot know."""
+        try:
+            accounting = self.cluster_facts().accounting
+        except SchedulerUnavailable as exc:
+            return {j: JobInfo.unknown(j, now, exc.message) for j in ids}
+        if not accounting:
+            why = "not in the controller's memory and accounting is off"
+            return {j: JobInfo.unknown(j, now, why) for j in ids}
+        try:
+            out = self.runner.run(
+                ["sacct", "-X", "-D", "-P", "-n", f"--jobs={','.join(ids)}",
+                 "-o", parse.SACCT_FORMAT], budget_s=self.query_budget_s,
+            )  # fmt: skip
+        except SchedulerUnavailable as exc:
+            return {j: JobInfo.unknown(j, now, exc.message) for j in ids}
+        found = parse.parse_sacct(out, now)
+        why = "unknown to both the controller and accounting"
+        return {j: found.get(j) or JobInfo.unknown(j, now, why) for j in ids}
+
+    def describe(self, job_id: str) -> dict[str, str]:
+        """Every field `scontrol show job` knows about a job still in the controller."""
+        out = self._act(["scontrol", "show", "job", "-o", str(job_id)])
+        line = next((ln for ln in out.splitlines() if ln.startswith("JobId=")), "")
+        if not line:
+            raise InvalidJobId(f"job {job_id} is not known to the controller")
+        return parse.parse_scontrol_record(line)
+
+    def cancel(self, job_id: str) -> None:
+        try:
+            self._act(["scancel", str(job_id)])
+        except JobStateConflict:
+            pass  # already completing or completed: the wish is granted
+
+    def requeue(self, job_id: str, *, hold: bool = False) -> None:
+        self._act(["scontrol", "requeuehold" if hold else "requeue", str(job_id)])
+
+    def release(self, job_id: str) -> None:
+        self._act(["scontrol", "release", str(job_id)])
+
+    def update_excluded_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        value = parse.compress_nodes(nodes) if nodes else ""
+        self._act(["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={value}"])
+
+    def start_now(self, job_id: str) -> None:
+        self._act(["scontrol", "update", f"jobid={job_id}", "StartTime=now"])
+
+    def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:
+        flag = {SignalTarget.STEPS: [], SignalTarget.BATCH: ["--batch"],
+                SignalTarget.ALL: ["--full"]}[SignalTarget(target)]  # fmt: skip
+        self._act(["scancel", f"--signal={sig.removeprefix('SIG')}", *flag, str(job_id)])
+
+    # ---------------------------------------------------------------- cluster
+    def nodes(self) -> list[NodeInfo]:
+        out = self._act(["sinfo", "-h", "-N", "-o", "%N|%t|%E"])
+        return parse.parse_sinfo_nodes(out)
+
+    def cluster_facts(self) -> ClusterFacts:
+        if self._facts is None:
+            self._facts = parse.parse_config(self._act(["scontrol", "show", "config"]))
+        return self._facts
+
+    def _act(self, argv: list[str]) -> str:
+        return self.runner.run(argv, budget_s=self.action_budget_s)

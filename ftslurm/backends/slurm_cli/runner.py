@@ -1,0 +1,149 @@
+"""Running Slurm commands: a timeout on every call, typed errors, bounded retries.
+
+`classify` (pure) reads a failed command's exit status and stderr and says what kind of
+failure it was; `CommandRunner` runs the command, retries transient failures with tenacity
+(exponential backoff with jitter, bounded in time) and raises typed errors otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
+
+from ftslurm.errors import (
+    ConfigError,
+    FtslurmError,
+    InvalidJobId,
+    InvalidPartition,
+    JobStateConflict,
+    SchedulerRejected,
+    SchedulerUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+# stderr fragments (lower case) that mean "the controller or database could not be reached".
+_TRANSIENT = (
+    "unable to contact slurm controller", "socket timed out", "connection refused",
+    "connect failure", "zero bytes were transmitted", "communication connection failure",
+    "transport endpoint is not connected", "resource temporarily unavailable",
+    "rpc rate limit", "rate limit exceeded", "temporarily unable to accept job",
+    "slurmctld not responding", "slurm backup controller in standby mode",
+    "problem talking to the database", "slurmdbd: getting response",
+    "failed to open persistent connection", "unable to establish", "network is unreachable",
+)  # fmt: skip
+# Failures that happen before the request reached the controller: safe to repeat even for
+# requests that are not idempotent (sbatch).
+_NOT_DELIVERED = ("connection refused", "connect failure", "unable to contact slurm controller")
+
+_PERMANENT: tuple[tuple[re.Pattern[str], type[FtslurmError]], ...] = (
+    (re.compile(r"invalid job id|job id .* not found|unknown job"), InvalidJobId),
+    (re.compile(r"invalid partition|partition .* (does not exist|not found)"), InvalidPartition),
+    (re.compile(r"invalid --time|invalid time limit|time limit specification"), ConfigError),
+    (re.compile(r"job is (no longer )?pending|pending execution|job is not pending|"
+                r"presently disabled|already completing or completed|job is pending"),
+     JobStateConflict),
+)  # fmt: skip
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def classify(argv: Sequence[str], returncode: int, stderr: str) -> FtslurmError:
+    """The typed error for a failed Slurm command (pure)."""
+    low = stderr.lower()
+    line = _last_line(stderr) or f"exit status {returncode}"
+    prog = os.path.basename(argv[0]) if argv else "slurm"
+    if any(fragment in low for fragment in _TRANSIENT):
+        return SchedulerUnavailable(f"{prog}: {line}")
+    for pattern, kind in _PERMANENT:
+        if pattern.search(low):
+            return kind(f"{prog}: {line}")
+    return SchedulerRejected(f"{prog}: {line}")
+
+
+def _may_repeat(exc: BaseException, idempotent: bool) -> bool:
+    if not isinstance(exc, SchedulerUnavailable):
+        return False
+    return idempotent or any(f in exc.message.lower() for f in _NOT_DELIVERED)
+
+
+@dataclass
+class CommandRunner:
+    """Runs Slurm client commands; counts them (`commands`) for load measurements."""
+
+    timeout_s: float = 30.0
+    env: Mapping[str, str] | None = None
+    max_wait_s: float = 5.0  # the longest pause between two tries
+    commands: int = 0  # number of processes started, retries included
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        budget_s: float,
+        idempotent: bool = True,
+        stdin: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> str:
+        """Run `argv`, return its stdout; retry transient failures for up to `budget_s`.
+
+        A non-idempotent request (sbatch) is only repeated when it surely never reached the
+        controller (connection refused), never after a timeout: a duplicate job is worse
+        than an error the caller can reconcile.
+        """
+        retrying = Retrying(
+            retry=retry_if_exception(lambda e: _may_repeat(e, idempotent)),
+            stop=stop_after_delay(budget_s) | stop_after_attempt(1000),
+            wait=wait_exponential(multiplier=0.5, max=self.max_wait_s) + wait_random(0, 0.5),
+            reraise=True,
+            before_sleep=lambda rs: log.warning(
+                "%s failed (%s); retrying", argv[0], rs.outcome.exception() if rs.outcome else ""
+            ),
+        )
+        for attempt in retrying:
+            with attempt:
+                return self._once(argv, stdin=stdin, extra_env=extra_env,
+                                  timeout_s=timeout_s or self.timeout_s)  # fmt: skip
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _once(self, argv: Sequence[str], *, stdin: str | None, extra_env: Mapping[str, str] | None,
+              timeout_s: float) -> str:  # fmt: skip
+        env = dict(self.env if self.env is not None else os.environ)
+        env["SLURM_TIME_FORMAT"] = "%s"
+        if extra_env:
+            env.update(extra_env)
+        with self._lock:
+            self.commands += 1
+        try:
+            proc = subprocess.run(
+                list(argv), input=stdin, capture_output=True, text=True, env=env,
+                timeout=timeout_s, stdin=None if stdin is not None else subprocess.DEVNULL,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise SchedulerUnavailable(f"{argv[0]} did not answer within {timeout_s:.0f}s") from None
+        except FileNotFoundError:
+            raise SchedulerRejected(
+                f"{argv[0]} not found on PATH", hint="is the Slurm client installed?"
+            ) from None
+        if proc.returncode != 0:
+            raise classify(argv, proc.returncode, proc.stderr or proc.stdout)
+        return proc.stdout
