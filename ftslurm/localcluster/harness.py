@@ -78,11 +78,24 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _read_pid(path: Path) -> int | None:
+    """The live pid in a pid file, if it still belongs to the daemon the file is named after.
+
+    A pid file left by an earlier boot can name a pid that now belongs to someone else;
+    the process name (`munged`, `mariadbd`, `slurmd`, ...) must match the file's stem.
+    """
     try:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if _pid_alive(pid) else None
+    if not _pid_alive(pid):
+        return None
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    expected = path.stem.split("-", 1)[0]  # slurmd-n1 -> slurmd
+    expected = {"mysqld": "mariadbd"}.get(expected, expected)
+    return pid if comm.startswith(expected[:15]) else None
 
 
 def _proc_environ(pid: int) -> dict[str, str]:

@@ -60,9 +60,13 @@ _PERMANENT: tuple[tuple[re.Pattern[str], type[FtslurmError]], ...] = (
 )  # fmt: skip
 
 
+_NOISE = re.compile(r"^(\w+: )?(error: )?(batch job submission failed: )?", re.IGNORECASE)
+
+
 def _last_line(text: str) -> str:
+    """The last non-empty line, without the "sbatch: error: ..." prefixes Slurm repeats."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
+    return _NOISE.sub("", lines[-1]) if lines else ""
 
 
 def classify(argv: Sequence[str], returncode: int, stderr: str) -> FtslurmError:

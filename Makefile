@@ -1,0 +1,62 @@
+# ftslurm — the two commands are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build is enough for tests and demos; override for a GPU build.
+TORCH_SPEC ?= torch==2.13.0
+CLUSTER := $(PY) -m ftslurm.localcluster
+
+.PHONY: install demo test unit test-slurm slurm-up slurm-down slurm-status slurm-destroy bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "Error: $(PYTHON) not found"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $@
+
+# Starts the local 4-node Slurm cluster (installing Slurm's Debian packages if needed),
+# then runs a 2-node job through a node failure and recovers it with the scheduler API.
+demo: install
+	$(CLUSTER) up
+	$(PY) examples/demo_node_failure.py
+
+# Everything: installs, starts the local Slurm cluster, runs every test, stops the cluster.
+test: install
+	@set -o pipefail; \
+	$(CLUSTER) up || exit 1; \
+	summary=$$(mktemp); rc=0; \
+	FTSLURM_TEST_SUMMARY=$$summary $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	$(CLUSTER) destroy || true; \
+	if [ $$rc -eq 5 ]; then echo "Error: pytest collected no tests"; exit 1; fi; \
+	$(PY) -c "import json,sys; s=json.load(open('$$summary')); \
+	print(f\"real Slurm cluster: {s['slurm_passed']} tests passed, {s['slurm_failed']} failed, {s['slurm_skipped']} skipped\"); \
+	sys.exit(0 if s['slurm_passed'] > 0 and not s['slurm_failed'] else 1)" || rc=1; \
+	exit $$rc
+
+# Fast tests that need no cluster.
+unit: install
+	$(PY) -m pytest -m "not slurm" $(PYTEST_ARGS)
+
+slurm-up: install
+	$(CLUSTER) up
+
+slurm-down: install
+	$(CLUSTER) down
+
+slurm-status: install
+	$(CLUSTER) status
+
+slurm-destroy: install
+	$(CLUSTER) destroy
+
+bench: install
+	$(CLUSTER) up
+	$(PY) benchmarks/query_scaling.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache
