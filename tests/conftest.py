@@ -74,13 +74,14 @@ def slurm_cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def backend(slurm_cluster: LocalCluster) -> SlurmCliBackend:
+def backend(slurm_cluster: LocalCluster, tmp_path, monkeypatch) -> SlurmCliBackend:
+    monkeypatch.chdir(tmp_path)  # jobs' default output files land in the test's folder
     return SlurmCliBackend(CommandRunner(timeout_s=30))
 
 
 @pytest.fixture
 def jobs(backend: SlurmCliBackend) -> Iterator[list[str]]:
-    """Collects job ids a test submits; cancels them all afterwards."""
+    """Collects job ids a test submits; cancels them all afterwards (runs in tmp_path)."""
     ids: list[str] = []
     yield ids
     for job_id in ids:
