@@ -1,0 +1,53 @@
+"""The sbatch template: a golden rendering, and the real cluster honours what it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ftslurm.core.types import JobOptions, JobState
+from ftslurm.errors import ConfigError
+from ftslurm.templates import render_job_script
+
+from .conftest import wait_job
+
+GOLDEN = Path(__file__).parent / "data" / "job.sbatch.golden"
+
+
+def render(**overrides) -> str:
+    kwargs = dict(
+        command=["python", "train.py", "--lr", "0.1"],
+        options=JobOptions(name="my run", nodes=2, ntasks_per_node=1, time_limit="90",
+                           comment="ftslurm:run=r1:attempt=0", signal="B:USR1@120"),
+        run_id="r1", attempt=0, env={"FTSLURM_RUN_ID": "r1", "QUOTED": "a b'c"},
+        setup=["module load cuda"],
+    )  # fmt: skip
+    kwargs.update(overrides)
+    return render_job_script(**kwargs)
+
+
+def test_rendering_matches_the_golden_file():
+    assert render() == GOLDEN.read_text()
+
+
+def test_empty_command_and_unknown_template_are_config_errors():
+    with pytest.raises(ConfigError, match="nothing to run"):
+        render(command=[])
+    with pytest.raises(ConfigError, match="not found"):
+        render(template="nope.j2")
+
+
+def test_the_real_cluster_reads_the_rendered_header(backend, jobs, tmp_path):
+    out = tmp_path / "out.txt"
+    script = render(command=["bash", "-c", f"echo $SLURM_PROCID $QUOTED >> {out}"],
+                    options=JobOptions(name="my run", nodes=2, ntasks_per_node=1,
+                                       time_limit="5", comment="with spaces here"),
+                    setup=[])  # fmt: skip
+    job = backend.submit(script, JobOptions())
+    jobs.append(job)
+    info = wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
+    assert info.state is JobState.COMPLETED
+    assert (info.name, info.comment, info.time_limit_s) == ("my run", "with spaces here", 300)
+    assert len(info.nodes) == 2
+    assert sorted(out.read_text().splitlines()) == ["0 a b'c", "1 a b'c"]
