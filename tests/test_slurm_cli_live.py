@@ -182,6 +182,17 @@ def test_one_query_of_50_jobs_issues_exactly_one_scheduler_command(tmp_path, bac
     assert all(info.state is JobState.PENDING for info in result.values())
 
 
+def test_a_huge_id_list_is_still_one_command(tmp_path, backend, jobs):
+    env, log = _counting_path(tmp_path)
+    counted = SlurmCliBackend(CommandRunner(env=env), max_jobs_arg_chars=1)
+    ids = [backend.submit(SLEEP, JobOptions(hold=True)) for _ in range(3)]
+    jobs.extend(ids)
+    log.write_text("")
+    result = counted.query(ids)
+    assert log.read_text().split() == ["squeue"]
+    assert [result[j].state for j in ids] == [JobState.PENDING] * 3
+
+
 def test_controller_outage_is_retried_and_reads_meanwhile_are_unknown(
     slurm_cluster, jobs, measurements
 ):

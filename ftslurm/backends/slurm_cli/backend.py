@@ -49,7 +49,8 @@ class SlurmCliBackend:
     """Talks to Slurm through its command-line clients.
 
     `query` runs one `squeue` for all ids; only ids squeue no longer knows (finished longer
-    than MinJobAge ago) cost a second command, one `sacct` for all of them.
+    than MinJobAge ago) cost a second command, one `sacct` for all of them. The sacct list is
+    short (the daemon polls well within MinJobAge), so it is never split.
     """
 
     name = "slurm"
@@ -60,11 +61,15 @@ class SlurmCliBackend:
         *,
         query_budget_s: float = 10.0,
         action_budget_s: float = 120.0,
+        max_jobs_arg_chars: int = 100_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.runner = runner or CommandRunner()
         self.query_budget_s = query_budget_s
         self.action_budget_s = action_budget_s
+        # Linux caps one argument at 128 KiB: past this, ask for all of the user's jobs
+        # (`--me`) and keep the ones asked for. Still one command.
+        self.max_jobs_arg_chars = max_jobs_arg_chars
         self.clock = clock
         self._facts: ClusterFacts | None = None
 
@@ -83,10 +88,12 @@ class SlurmCliBackend:
         if not ids:
             return {}
         now = self.clock()
+        joined = ",".join(ids)
+        which = f"--jobs={joined}" if len(joined) <= self.max_jobs_arg_chars else "--me"
         try:
             out = self.runner.run(
-                ["squeue", "-h", "--states=all", f"--jobs={','.join(ids)}",
-                 "-O", parse.SQUEUE_FORMAT], budget_s=self.query_budget_s,
+                ["squeue", "-h", "--states=all", which, "-O", parse.SQUEUE_FORMAT],
+                budget_s=self.query_budget_s,
             )  # fmt: skip
         except InvalidJobId:
             out = ""  # none of the ids is in the controller's memory any more

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from tenacity import (
     Retrying,
     retry_if_exception,
-    stop_after_attempt,
     stop_after_delay,
     wait_exponential,
     wait_random,
@@ -116,7 +115,7 @@ class CommandRunner:
         """
         retrying = Retrying(
             retry=retry_if_exception(lambda e: _may_repeat(e, idempotent)),
-            stop=stop_after_delay(budget_s) | stop_after_attempt(1000),
+            stop=stop_after_delay(budget_s),
             wait=wait_exponential(multiplier=0.5, max=self.max_wait_s) + wait_random(0, 0.5),
             reraise=True,
             before_sleep=lambda rs: log.warning(
