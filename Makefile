@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 CLUSTER := $(PY) -m ftslurm.localcluster
 
-.PHONY: install demo test unit test-slurm slurm-up slurm-down slurm-status slurm-destroy bench clean
+.PHONY: install demo test unit lint slurm-up slurm-down slurm-status slurm-destroy bench clean
 
 install: $(VENV)/.installed
 
@@ -26,7 +26,7 @@ demo: install
 	$(PY) examples/demo_node_failure.py
 
 # Everything: installs, starts the local Slurm cluster, runs every test, stops the cluster.
-test: install
+test: install lint
 	@set -o pipefail; \
 	$(CLUSTER) up || exit 1; \
 	summary=$$(mktemp); rc=0; \
@@ -37,6 +37,9 @@ test: install
 	print(f\"real Slurm cluster: {s['slurm_passed']} tests passed, {s['slurm_failed']} failed, {s['slurm_skipped']} skipped\"); \
 	sys.exit(0 if s['slurm_passed'] > 0 and not s['slurm_failed'] else 1)" || rc=1; \
 	exit $$rc
+
+lint: install
+	$(VENV)/bin/ruff check ftslurm tests benchmarks examples
 
 # Fast tests that need no cluster.
 unit: install

@@ -9,7 +9,11 @@ import pytest
 
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli import SlurmCliBackend
-from ftslurm.localcluster.config import ClusterLayout, render_slurm_conf, render_slurmdbd_conf
+from ftslurm.localcluster.config import (
+    ClusterLayout,
+    render_slurm_conf,
+    render_slurmdbd_conf,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ftslurm"

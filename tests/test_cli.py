@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from ftslurm.cli.main import main
 from ftslurm.core.types import JobState
 
@@ -54,7 +52,7 @@ def test_malformed_time_limit_is_refused_before_submitting(capsys, tmp_path, mon
 
 def test_unknown_backend_lists_the_valid_ones(capsys):
     code, _, err = run(capsys, "scheduler", "nodes", "--backend", "lsf")
-    assert_one_line_error(code, err, "choose one of auto, slurm, pyslurm")
+    assert_one_line_error(code, err, "choose one of auto, slurm, pyslurm, mock")
 
 
 def test_usage_error_exits_2(capsys):

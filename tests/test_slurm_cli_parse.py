@@ -20,7 +20,8 @@ def recorded(name: str) -> str:
 
 def test_squeue_rows_become_jobinfo_with_decoded_exit_status():
     jobs = parse.parse_squeue(recorded("squeue_22.05.txt"), NOW)
-    assert jobs["8"].state is JobState.FAILED and (jobs["8"].exit_code, jobs["8"].signal) == (3, None)
+    assert jobs["8"].state is JobState.FAILED
+    assert (jobs["8"].exit_code, jobs["8"].signal) == (3, None)
     assert jobs["9"].state is JobState.FAILED and jobs["9"].signal == 9
     assert jobs["7"].state is JobState.COMPLETED and jobs["7"].nodes == ("n1", "n2")
     live = jobs["67"]
@@ -74,7 +75,8 @@ def test_config_facts():
     facts = parse.parse_config(recorded("scontrol_show_config_22.05.txt"))
     assert (facts.min_job_age_s, facts.accounting, facts.kill_wait_s) == (300, True, 30)
     assert facts.version == "22.05.8" and facts.job_requeue
-    assert parse.parse_config("AccountingStorageType = accounting_storage/none\n").accounting is False
+    no_accounting = parse.parse_config("AccountingStorageType = accounting_storage/none\n")
+    assert no_accounting.accounting is False
 
 
 @pytest.mark.parametrize("text,expected", [

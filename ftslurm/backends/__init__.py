@@ -3,15 +3,31 @@
 `create_backend(kind)` returns a `SchedulerBackend`:
 - "slurm": the Slurm command-line clients (always available where Slurm is);
 - "pyslurm": only when a pyslurm matching the controller's version imports;
-- "auto": pyslurm when it can be used, otherwise the Slurm CLI.
+- "auto": pyslurm when it can be used, otherwise the Slurm CLI;
+- "mock": the mock scheduler in `FTSLURM_MOCK_HOME` (default: `<state dir>/mock`), with its
+  controller started on demand.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import platformdirs
+
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.errors import BackendUnavailable, ConfigError
 
-BACKENDS = ("auto", "slurm", "pyslurm")
+BACKENDS = ("auto", "slurm", "pyslurm", "mock")
+
+
+def state_dir() -> Path:
+    """ftslurm's state directory: FTSLURM_HOME, or the platform's user state dir."""
+    return Path(os.environ.get("FTSLURM_HOME") or platformdirs.user_state_dir("ftslurm"))
+
+
+def mock_home() -> Path:
+    return Path(os.environ.get("FTSLURM_MOCK_HOME") or state_dir() / "mock")
 
 
 def create_backend(kind: str = "slurm") -> SchedulerBackend:
@@ -21,6 +37,14 @@ def create_backend(kind: str = "slurm") -> SchedulerBackend:
         raise ConfigError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
     if kind == "slurm":
         return SlurmCliBackend()
+    if kind == "mock":
+        from ftslurm.backends.mock import MockScheduler
+        from ftslurm.backends.mock.controller import ensure_controller
+
+        home = mock_home()
+        scheduler = MockScheduler(home)
+        ensure_controller(home)
+        return scheduler
     from ftslurm.backends import pyslurm_backend
 
     cli = SlurmCliBackend()
@@ -32,4 +56,4 @@ def create_backend(kind: str = "slurm") -> SchedulerBackend:
     return cli
 
 
-__all__ = ["BACKENDS", "SchedulerBackend", "create_backend"]
+__all__ = ["BACKENDS", "SchedulerBackend", "create_backend", "mock_home", "state_dir"]

@@ -10,7 +10,7 @@ import dataclasses
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -23,7 +23,7 @@ from ftslurm.errors import ConfigError
 app = typer.Typer(help="Talk to the scheduler directly (submit, query, requeue, ...).",
                   no_args_is_help=True)  # fmt: skip
 
-BackendOpt = Annotated[str, typer.Option("--backend", help="slurm, pyslurm or auto")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="slurm, pyslurm, auto or mock")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
@@ -57,14 +57,14 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
 @app.command()
 def submit(
     script: Annotated[Path, typer.Argument(help="the batch script to submit")],
-    nodes: Annotated[Optional[int], typer.Option("-N", "--nodes")] = None,
-    ntasks_per_node: Annotated[Optional[int], typer.Option("--ntasks-per-node")] = None,
-    time: Annotated[Optional[str], typer.Option("-t", "--time", help="Slurm time limit")] = None,
-    partition: Annotated[Optional[str], typer.Option("-p", "--partition")] = None,
-    account: Annotated[Optional[str], typer.Option("-A", "--account")] = None,
-    exclude: Annotated[Optional[str], typer.Option("--exclude", help="n1,n2")] = None,
-    name: Annotated[Optional[str], typer.Option("--name")] = None,
-    comment: Annotated[Optional[str], typer.Option("--comment")] = None,
+    nodes: Annotated[int | None, typer.Option("-N", "--nodes")] = None,
+    ntasks_per_node: Annotated[int | None, typer.Option("--ntasks-per-node")] = None,
+    time: Annotated[str | None, typer.Option("-t", "--time", help="Slurm time limit")] = None,
+    partition: Annotated[str | None, typer.Option("-p", "--partition")] = None,
+    account: Annotated[str | None, typer.Option("-A", "--account")] = None,
+    exclude: Annotated[str | None, typer.Option("--exclude", help="n1,n2")] = None,
+    name: Annotated[str | None, typer.Option("--name")] = None,
+    comment: Annotated[str | None, typer.Option("--comment")] = None,
     hold: Annotated[bool, typer.Option("--hold")] = False,
     backend: BackendOpt = "slurm",
     as_json: JsonOpt = False,

@@ -31,7 +31,7 @@ def parse_time_limit(text: str) -> int | None:
     for pattern, names in _FORMS:
         match = pattern.match(value)
         if match:
-            seconds = sum(int(v) * _SECONDS[n] for v, n in zip(match.groups(), names))
+            seconds = sum(int(v) * _SECONDS[n] for v, n in zip(match.groups(), names, strict=True))
             if seconds <= 0:
                 raise ConfigError(f"time limit {text!r} must be longer than zero")
             return seconds

@@ -23,7 +23,7 @@ class ClusterLayout:
     partition: str = "debug"
     base_port: int = 16800
     slurmd_timeout: int = 10
-    min_job_age: int = 300
+    min_job_age: int = 60  # Slurm's default is 300; shorter keeps the MinJobAge test short
     kill_wait: int = 30
     db_password: str = "ftslurm-local"
 

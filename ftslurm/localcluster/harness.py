@@ -294,7 +294,8 @@ class LocalCluster:
     # ------------------------------------------------------------ internals
     def _check_node(self, node: str) -> None:
         if node not in self.layout.node_names:
-            raise ClusterError(f"unknown node {node!r}; nodes are {', '.join(self.layout.node_names)}")
+            names = ", ".join(self.layout.node_names)
+            raise ClusterError(f"unknown node {node!r}; nodes are {names}")
 
     def _write_files(self) -> None:
         lay = self.layout
@@ -344,7 +345,8 @@ class LocalCluster:
                 [_sbin("mariadbd"), "--no-defaults", f"--datadir={lay.mysql_dir}",
                  f"--socket={lay.mysql_socket}", f"--port={lay.mysql_port}",
                  "--bind-address=127.0.0.1", "--user=mysql", "--skip-log-bin",
-                 "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900", f"--log-error={lay.log_dir / 'mysqld.log'}"],
+                 "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900",
+                 f"--log-error={lay.log_dir / 'mysqld.log'}"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                 env=self._daemon_env(),
             )  # fmt: skip
@@ -375,7 +377,8 @@ class LocalCluster:
         accounts = self._run(["sacctmgr", "-n", "-P", "show", "account", "format=account"]).stdout
         if "ftslurm" not in accounts.split():
             self._run(["sacctmgr", "-i", "add", "account", "ftslurm",
-                       f"cluster={lay.cluster_name}", "description=ftslurm", "organization=ftslurm"])  # fmt: skip
+                       f"cluster={lay.cluster_name}", "description=ftslurm",
+                       "organization=ftslurm"])  # fmt: skip
         user = pwd.getpwuid(os.geteuid()).pw_name
         users = self._run(["sacctmgr", "-n", "-P", "show", "user", "format=user"]).stdout
         if user not in users.split():

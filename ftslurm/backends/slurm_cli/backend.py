@@ -9,7 +9,12 @@ from ftslurm.backends.slurm_cli import parse
 from ftslurm.backends.slurm_cli.runner import CommandRunner
 from ftslurm.core.timefmt import format_time_limit, parse_time_limit
 from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
-from ftslurm.errors import ConfigError, InvalidJobId, JobStateConflict, SchedulerUnavailable
+from ftslurm.errors import (
+    ConfigError,
+    InvalidJobId,
+    JobStateConflict,
+    SchedulerUnavailable,
+)
 
 
 def sbatch_args(options: JobOptions) -> list[str]:

@@ -95,7 +95,7 @@ def parse_squeue(text: str, observed_at: float) -> dict[str, JobInfo]:
         cells = line.split(SEP)
         if len(cells) < len(SQUEUE_FIELDS):
             raise SchedulerRejected(f"unexpected squeue line: {line[:120]!r}")
-        row = dict(zip(SQUEUE_FIELDS, cells))
+        row = dict(zip(SQUEUE_FIELDS, cells, strict=False))
         exit_code, sig = decode_wait_status(row["exit_code"])
         state = JobState.from_slurm(row["State"])
         reason = _text(row["Reason"])
@@ -126,7 +126,7 @@ def parse_sacct(text: str, observed_at: float) -> dict[str, JobInfo]:
         cells = line.split("|", len(SACCT_FIELDS) - 1)
         if len(cells) < len(SACCT_FIELDS):
             raise SchedulerRejected(f"unexpected sacct line: {line[:120]!r}")
-        row = dict(zip(SACCT_FIELDS, cells))
+        row = dict(zip(SACCT_FIELDS, cells, strict=True))
         rows.setdefault(row["JobIDRaw"].strip(), []).append(row)
     jobs = {}
     for job_id, runs in rows.items():

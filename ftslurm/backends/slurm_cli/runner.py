@@ -142,7 +142,9 @@ class CommandRunner:
                 timeout=timeout_s, stdin=None if stdin is not None else subprocess.DEVNULL,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
-            raise SchedulerUnavailable(f"{argv[0]} did not answer within {timeout_s:.0f}s") from None
+            raise SchedulerUnavailable(
+                f"{argv[0]} did not answer within {timeout_s:.0f}s"
+            ) from None
         except FileNotFoundError:
             raise SchedulerRejected(
                 f"{argv[0]} not found on PATH", hint="is the Slurm client installed?"

@@ -1,0 +1,53 @@
+"""Runs one mock job's batch script and records how it ended (`python -m ...jobwrap DIR`).
+
+It starts `bash script.sh` in a process group of its own (signals for the batch shell go
+to that group, never to jobwrap), waits for it, kills what is left of the job's steps (as
+Slurm does when the batch script ends), then writes exit.json atomically. SIGKILLed, as on a
+dead host, it writes nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ftslurm.backends.mock import procs
+
+
+def main(argv: list[str] | None = None) -> int:
+    job_dir = Path((argv or sys.argv[1:])[0])
+    launch = procs.read_json(job_dir / "launch.json")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    mode = "a" if launch["open_mode"] == "append" else "w"
+    stdout = open(launch["stdout"], mode)
+    stderr = stdout if launch["stderr"] == launch["stdout"] else open(launch["stderr"], mode)
+    try:
+        shell = subprocess.Popen(
+            ["/bin/bash", str(job_dir / "script.sh")], cwd=launch["cwd"], env=launch["env"],
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True,
+            restore_signals=True,
+            preexec_fn=_default_signals,
+        )  # fmt: skip
+    except OSError as exc:
+        print(f"jobwrap: cannot start the batch script: {exc}", file=stderr, flush=True)
+        procs.write_json_atomic(job_dir / "exit.json", {"exit_code": 1, "signal": None})
+        return 1
+    procs.write_json_atomic(job_dir / "shell.json", {"pid": shell.pid, "pgid": shell.pid})
+    code = shell.wait()
+    procs.signal_steps(job_dir, signal.SIGKILL)  # steps do not outlive their job
+    procs.write_json_atomic(job_dir / "exit.json", {
+        "exit_code": code if code >= 0 else 0, "signal": -code if code < 0 else None,
+    })  # fmt: skip
+    return 0
+
+
+def _default_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The mock scheduler's processes: launch a job's batch script, signal it, kill it.
+
+Everything about a job's processes is recorded in its folder (`<mock home>/jobs/<id>/`), in
+small JSON files written atomically, so any process can read a job's exit status, signal it
+or kill it, whichever process launched it:
+
+    launch.json  how to run it (env, cwd, output files)   written by launch_batch
+    batch.json   jobwrap's pid                              written by launch_batch
+    shell.json   the batch shell's pid and process group    written by jobwrap
+    steps/N.json the tasks of step N (pid, pgid, node, rank) written by the mock srun
+    exit.json    the batch shell's wait status             written by jobwrap at the end
+    bin/srun     the mock srun, first on the job's PATH
+
+A dead "host" is modelled by SIGKILLing the processes that run "on" it; a batch host that
+dies leaves no exit.json, as a real dead node reports nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def launch_batch(
+    job_dir: Path,
+    script: str,
+    env: Mapping[str, str],
+    cwd: str,
+    stdout_path: str,
+    stderr_path: str,
+    open_mode: str = "truncate",
+) -> int:
+    """Start the job's batch script under a detached `jobwrap`; return jobwrap's pid."""
+    job_dir = Path(job_dir)
+    for stale in ("exit.json", "batch.json", "shell.json", "next_step"):
+        (job_dir / stale).unlink(missing_ok=True)
+    shutil.rmtree(job_dir / "steps", ignore_errors=True)
+    (job_dir / "steps").mkdir(parents=True)
+    (job_dir / "bin").mkdir(exist_ok=True)
+    (job_dir / "script.sh").write_text(script)
+    srun = job_dir / "bin" / "srun"
+    srun.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m ftslurm.backends.mock.srun "$@"\n')
+    srun.chmod(0o755)
+    full_env = dict(env)
+    full_env["PATH"] = f"{job_dir / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}"
+    full_env["FTSLURM_MOCK_JOB_DIR"] = str(job_dir)
+    write_json_atomic(job_dir / "launch.json", {
+        "env": full_env, "cwd": cwd, "stdout": stdout_path, "stderr": stderr_path,
+        "open_mode": open_mode,
+    })  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftslurm.backends.mock.jobwrap", str(job_dir)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, close_fds=True, env=full_env,
+        cwd=cwd if os.path.isdir(cwd) else None,
+    )  # fmt: skip
+    write_json_atomic(job_dir / "batch.json", {"wrapper": proc.pid})
+    _forget(proc)
+    return proc.pid
+
+
+def _forget(proc: subprocess.Popen) -> None:
+    """Let a child we will not wait for be reaped without leaving a zombie behind."""
+    import threading
+
+    threading.Thread(target=proc.wait, daemon=True).start()
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _group_alive(pgid: int | None) -> bool:
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    # Zombies keep a group "alive" for killpg(0); look for a live member.
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+def _killpg(pgid: int | None, sig: int) -> bool:
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _tasks(job_dir: Path) -> Iterator[dict]:
+    for step in sorted((Path(job_dir) / "steps").glob("*.json")):
+        yield from (read_json(step) or {}).get("tasks", [])
+
+
+def _batch(job_dir: Path) -> dict:
+    job_dir = Path(job_dir)
+    wrapper = read_json(job_dir / "batch.json") or {}
+    return {**wrapper, **(read_json(job_dir / "shell.json") or {})}
+
+
+def signal_steps(job_dir: Path, sig: int, node: str | None = None) -> int:
+    """Signal the tasks of every step (only those on `node` if given)."""
+    return sum(_killpg(t.get("pgid"), sig) for t in _tasks(job_dir)
+               if node is None or t.get("node") == node)  # fmt: skip
+
+
+def signal_batch(job_dir: Path, sig: int) -> bool:
+    """Signal the batch shell and its children (its process group; the mock srun in it
+    ignores USR1/USR2 as Slurm's does, and steps' tasks have groups of their own)."""
+    return _killpg(_batch(job_dir).get("pgid"), sig)
+
+
+def kill_node(job_dir: Path, node: str, batch_host: str) -> int:
+    """SIGKILL what runs on `node`; the batch host takes the batch shell and jobwrap along."""
+    count = signal_steps(job_dir, signal.SIGKILL, node)
+    if node == batch_host:
+        batch = _batch(job_dir)
+        for pid in (batch.get("wrapper"),):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                count += 1
+        count += _killpg(batch.get("pgid"), signal.SIGKILL)
+    return count
+
+
+def kill_job(job_dir: Path) -> None:
+    """SIGKILL every task and the batch shell (jobwrap then records the batch's end)."""
+    signal_steps(job_dir, signal.SIGKILL)
+    signal_batch(job_dir, signal.SIGKILL)
+
+
+def exit_status(job_dir: Path) -> tuple[int, int | None] | None:
+    """(exit code, signal) of the batch shell, once jobwrap recorded it."""
+    data = read_json(Path(job_dir) / "exit.json")
+    if not data:
+        return None
+    return int(data["exit_code"]), data.get("signal")
+
+
+def batch_alive(job_dir: Path) -> bool:
+    batch = _batch(job_dir)
+    return _alive(batch.get("wrapper")) or _group_alive(batch.get("pgid"))
+
+
+def job_processes_alive(job_dir: Path) -> bool:
+    return batch_alive(job_dir) or any(_group_alive(t.get("pgid")) for t in _tasks(job_dir))

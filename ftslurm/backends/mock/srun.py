@@ -1,0 +1,156 @@
+"""The mock `srun`: starts a job step's tasks as local processes, one group per task.
+
+Placed first on a mock job's PATH. It understands the options jobs commonly pass
+(-N/--nodes, -n/--ntasks, --ntasks-per-node, --kill-on-bad-exit, and ignores the
+output-shaping ones), gives each task the environment Slurm's srun would (SLURM_PROCID,
+SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME, SLURM_STEP_ID, ...), records the tasks in
+`steps/<id>.json` so the mock can signal or kill them by node, and exits like srun: 0 when
+every task succeeded, else the first failing task's code (128+N for a signal).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hostlist
+
+from ftslurm.backends.mock import procs
+
+_VALUE_OPTS = {"-N": "nodes", "--nodes": "nodes", "-n": "ntasks", "--ntasks": "ntasks",
+               "--ntasks-per-node": "tpn"}  # fmt: skip
+_IGNORED_WITH_VALUE = {"-J", "--job-name", "-o", "--output", "-e", "--error", "--export",
+                       "--mpi", "--cpu-bind", "--gpus-per-task", "-c", "--cpus-per-task",
+                       "--wait", "-W", "--label-format", "--overlap-opts"}  # fmt: skip
+_IGNORED_FLAGS = {"-u", "--unbuffered", "-l", "--label", "--overlap", "--exact", "-Q", "--quiet",
+                  "-v", "--verbose"}  # fmt: skip
+
+
+def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in _VALUE_OPTS or name in _IGNORED_WITH_VALUE:
+            if not eq:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            if name in _VALUE_OPTS:
+                opts[_VALUE_OPTS[name]] = value
+        elif name == "--kill-on-bad-exit" or name == "-K":
+            opts["kill_on_bad_exit"] = value if eq else "1"
+        elif name in _IGNORED_FLAGS:
+            pass
+        elif name == "--":
+            i += 1
+            break
+        else:
+            print(f"srun (ftslurm mock): unsupported option {arg}", file=sys.stderr)
+            raise SystemExit(2)
+        i += 1
+    return opts, argv[i:]
+
+
+def _next_step(job_dir: Path) -> int:
+    with open(job_dir / "next_step", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read().strip()
+        step = int(text) if text else 0
+        f.seek(0)
+        f.truncate()
+        f.write(str(step + 1))
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, command = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if not command:
+        print("srun (ftslurm mock): no command given", file=sys.stderr)
+        return 2
+    job_dir = Path(os.environ["FTSLURM_MOCK_JOB_DIR"])
+    nodelist = hostlist.expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
+    nnodes = int(opts.get("nodes") or os.environ.get("SLURM_NNODES") or len(nodelist))
+    nodes = nodelist[:nnodes]
+    if "ntasks" in opts:
+        ntasks = int(opts["ntasks"])
+        tpn = int(opts.get("tpn") or math.ceil(ntasks / nnodes))
+    else:
+        tpn = int(opts.get("tpn") or os.environ.get("SLURM_NTASKS_PER_NODE") or 1)
+        ntasks = tpn * nnodes
+    step = _next_step(job_dir)
+    base = dict(os.environ)
+    base.update({
+        "SLURM_STEP_ID": str(step), "SLURM_STEPID": str(step), "SLURM_NTASKS": str(ntasks),
+        "SLURM_NPROCS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
+        "SLURM_STEP_NUM_NODES": str(len(nodes)),
+        "SLURM_STEP_NODELIST": hostlist.collect_hostlist(nodes),
+        "SLURM_TASKS_PER_NODE": f"{tpn}(x{len(nodes)})",
+    })  # fmt: skip
+    # Like Slurm's srun: INT/TERM/CONT go to the tasks; USR1/USR2 are not srun's to act on.
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    tasks: list[tuple[subprocess.Popen, str]] = []
+
+    def forward(sig: int, _frame) -> None:
+        for proc, _ in tasks:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCONT):
+        signal.signal(sig, forward)
+    for rank in range(ntasks):
+        node_index = min(rank // tpn, len(nodes) - 1)
+        env = dict(base)
+        env.update({
+            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % tpn),
+            "SLURM_NODEID": str(node_index), "SLURMD_NODENAME": nodes[node_index],
+        })  # fmt: skip
+        proc = subprocess.Popen(command, env=env, start_new_session=True,
+                                preexec_fn=_default_signals)  # fmt: skip
+        tasks.append((proc, nodes[node_index]))
+        procs.write_json_atomic(job_dir / "steps" / f"{step}.json", {"tasks": [
+            {"pid": p.pid, "pgid": p.pid, "node": n, "rank": r}
+            for r, (p, n) in enumerate(tasks)
+        ]})  # fmt: skip
+    return _wait(tasks, kill_on_bad_exit=opts.get("kill_on_bad_exit", "0") not in ("0", ""))
+
+
+def _wait(tasks: list[tuple[subprocess.Popen, str]], kill_on_bad_exit: bool) -> int:
+    first_bad: int | None = None
+    running = {p.pid: p for p, _ in tasks}
+    while running:
+        for pid, proc in list(running.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del running[pid]
+            if code != 0 and first_bad is None:
+                first_bad = code if code > 0 else 128 - code
+                if kill_on_bad_exit:
+                    for other in running.values():
+                        try:
+                            os.killpg(other.pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+        if running:
+            time.sleep(0.05)
+    return first_bad or 0
+
+
+def _default_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""One scenario suite, two backends: the mock scheduler must behave as the real Slurm does.
+
+Each test runs against `mock` (MockScheduler with its controller) and `slurm` (the Slurm
+CLI backend on the real local cluster). Where they differ, the test fails and the fix goes
+into the mock. Durations that are cluster settings (requeue delay, KillWait, time limits)
+come from the harness, so the mock can use shorter ones; the behaviour asserted is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ftslurm.backends.mock import MockConfig, MockScheduler
+from ftslurm.backends.mock import controller as mock_controller
+from ftslurm.backends.protocol import SchedulerBackend
+from ftslurm.backends.slurm_cli import CommandRunner, SlurmCliBackend
+from ftslurm.backends.slurm_cli.parse import expand_nodes
+from ftslurm.core.types import JobOptions, JobState, NodeState, SignalTarget
+from ftslurm.errors import InvalidJobId
+
+from .conftest import in_state, wait_file, wait_job
+
+SLEEP = "#!/bin/bash\nsleep 600\n"
+
+
+@dataclass
+class Harness:
+    name: str
+    backend: SchedulerBackend
+    fail_node: Callable[[str], object]
+    revive_node: Callable[[str], object]
+    requeue_delay_s: float
+    short_limit: str  # a time limit the test can wait out
+    short_limit_s: float
+    warn_before_s: int
+    node_fail_timeout_s: float
+    min_job_age_s: float
+    live_source: str  # JobInfo.source while the controller still remembers a job
+
+
+@pytest.fixture(params=["mock", "slurm"])
+def harness(request, tmp_path, monkeypatch) -> Iterator[Harness]:
+    monkeypatch.chdir(tmp_path)
+    if request.param == "mock":
+        home = tmp_path / "mockcluster"
+        config = MockConfig(requeue_delay_s=8, kill_wait_s=5, slurmd_timeout_s=3,
+                            min_job_age_s=5)
+        backend = MockScheduler(home, config)
+        stop = threading.Event()
+        thread = threading.Thread(target=mock_controller.run, args=(home, 0.1, stop))
+        thread.start()
+        yield Harness("mock", backend, backend.fail_node, backend.revive_node,
+                      requeue_delay_s=8, short_limit="0:20", short_limit_s=20,
+                      warn_before_s=10, node_fail_timeout_s=20, min_job_age_s=5,
+                      live_source="mock")  # fmt: skip
+        stop.set()
+        thread.join()
+        for job in backend.query([str(i) for i in range(1, 50)]).values():
+            if job.state.is_active:
+                backend.cancel(job.job_id)
+        return
+    cluster = request.getfixturevalue("healthy_nodes")
+    backend = SlurmCliBackend(CommandRunner(timeout_s=30))
+    yield Harness("slurm", backend, cluster.fail_node, cluster.revive_node,
+                  requeue_delay_s=120, short_limit="1", short_limit_s=60, warn_before_s=50,
+                  node_fail_timeout_s=90, min_job_age_s=cluster.layout.min_job_age,
+                  live_source="squeue")  # fmt: skip
+
+
+@pytest.fixture
+def submitted(harness) -> Iterator[list[str]]:
+    ids: list[str] = []
+    yield ids
+    for job in ids:
+        with contextlib.suppress(InvalidJobId):  # aged out of the controller: nothing to do
+            harness.backend.cancel(job)
+
+
+def test_submit_and_complete(harness, submitted, tmp_path):
+    out = tmp_path / "ran.txt"
+    job = harness.backend.submit(f"#!/bin/bash\necho ran $SLURM_JOB_ID > {out}\n",
+                                 JobOptions(name="conform"))  # fmt: skip
+    submitted.append(job)
+    info = wait_job(harness.backend, job, lambda i: i.state.is_terminal, 60, "the end")
+    assert (info.state, info.exit_code, info.name) == (JobState.COMPLETED, 0, "conform")
+    assert out.read_text().split() == ["ran", job]
+    failed = harness.backend.submit("#!/bin/bash\nexit 7\n", JobOptions())
+    submitted.append(failed)
+    info = wait_job(harness.backend, failed, lambda i: i.state.is_terminal, 60, "the end")
+    assert (info.state, info.exit_code) == (JobState.FAILED, 7)
+
+
+def test_two_node_job_places_one_task_on_each_of_two_distinct_nodes(harness, submitted,
+                                                                    tmp_path):  # fmt: skip
+    out = tmp_path / "tasks.txt"
+    script = (f"#!/bin/bash\nsrun bash -c 'echo $SLURM_PROCID $SLURMD_NODENAME "
+              f"$SLURM_JOB_NUM_NODES' >> {out}\n")  # fmt: skip
+    job = harness.backend.submit(script, JobOptions(nodes=2, ntasks_per_node=1))
+    submitted.append(job)
+    info = wait_job(harness.backend, job, lambda i: i.state.is_terminal, 60, "the end")
+    assert info.state is JobState.COMPLETED
+    rows = sorted(line.split() for line in out.read_text().splitlines())
+    assert [r[0] for r in rows] == ["0", "1"] and {r[2] for r in rows} == {"2"}
+    assert {r[1] for r in rows} == set(info.nodes) and len(set(info.nodes)) == 2
+
+
+def test_requeue_waits_the_delay_and_start_now_skips_it(harness, submitted, measurements):
+    backend = harness.backend
+    fast = backend.submit(SLEEP, JobOptions(name="fast"))
+    slow = backend.submit(SLEEP, JobOptions(name="slow"))
+    submitted += [fast, slow]
+    for job in (fast, slow):
+        wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING")
+    begin = time.monotonic()
+    backend.requeue(fast)
+    backend.requeue(slow)
+    info = wait_job(backend, fast, lambda i: i.state is JobState.PENDING, 30, "PENDING")
+    assert (info.restart_count, info.reason) == (1, "BeginTime")
+    backend.start_now(fast)
+    wait_job(backend, fast, in_state(JobState.RUNNING), 10, "RUNNING soon after start-now")
+    measurements.record(f"{harness.name}_requeue_to_running_with_start_now_s",
+                        time.monotonic() - begin)
+    assert backend.query([slow])[slow].state is JobState.PENDING
+    info = wait_job(backend, slow, in_state(JobState.RUNNING), harness.requeue_delay_s + 60,
+                    "RUNNING after the requeue delay")  # fmt: skip
+    waited = time.monotonic() - begin
+    measurements.record(f"{harness.name}_requeue_to_running_without_start_now_s", waited)
+    assert waited >= harness.requeue_delay_s * 0.5 and info.restart_count == 1
+
+
+def test_excluded_nodes_are_honoured_by_the_next_placement(harness, submitted):
+    backend = harness.backend
+    job = backend.submit(SLEEP, JobOptions(hold=True))
+    submitted.append(job)
+    assert backend.query([job])[job].reason == "JobHeldUser"
+    backend.update_excluded_nodes(job, ["n1", "n2", "n3"])
+    backend.release(job)
+    info = wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING")
+    assert info.nodes == ("n4",)
+
+
+def test_node_failure_requeues_the_job_and_names_the_node(harness, submitted):
+    backend = harness.backend
+    job = backend.submit(SLEEP, JobOptions(nodes=2))
+    submitted.append(job)
+    running = wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING")
+    victim = running.nodes[1]
+    harness.fail_node(victim)
+    after = wait_job(backend, job, lambda i: i.restart_count >= 1 or i.state is JobState.NODE_FAIL,
+                     harness.node_fail_timeout_s, "NODE_FAIL or the requeue")  # fmt: skip
+    assert after.state in (JobState.NODE_FAIL, JobState.PENDING, JobState.REQUEUED)
+    node = {n.name: n for n in backend.nodes()}[victim]
+    assert node.state is NodeState.DOWN and node.reason == "Not responding"
+    assert not node.responding
+    if isinstance(backend, SlurmCliBackend):  # accounting keeps the failed run and its nodes
+        history = backend.runner.run(["sacct", "-X", "-D", "-P", "-n", "-j", job,
+                                      "-o", "State,NodeList"], budget_s=10)  # fmt: skip
+        state, nodes = history.splitlines()[0].split("|")
+        assert state == "NODE_FAIL" and victim in expand_nodes(nodes)
+    harness.revive_node(victim)
+    deadline = time.monotonic() + 60
+    while {n.name: n for n in backend.nodes()}[victim].state is NodeState.DOWN:
+        assert time.monotonic() < deadline, f"{victim} did not come back"
+        time.sleep(0.5)
+
+
+def test_wall_limit_ends_in_timeout_after_the_warning_signal(harness, submitted, tmp_path):
+    mark = tmp_path / "warned.txt"
+    script = f"""#!/bin/bash
+trap 'echo warned $(date +%s) >> {mark}' USR1
+while true; do sleep 1 & wait $!; done
+"""
+    job = harness.backend.submit(script, JobOptions(
+        time_limit=harness.short_limit, signal=f"B:USR1@{harness.warn_before_s}"))
+    submitted.append(job)
+    running = wait_job(harness.backend, job, in_state(JobState.RUNNING), 30, "RUNNING")
+    assert running.time_limit_s == harness.short_limit_s
+    info = wait_job(harness.backend, job, lambda i: i.state.is_terminal,
+                    harness.short_limit_s + 90, "the wall limit")  # fmt: skip
+    assert info.state is JobState.TIMEOUT
+    warned = wait_file(mark, lambda t: "warned" in t, 5, "the warning signal")
+    assert int(warned.split()[1]) < info.end_time
+
+
+def test_signals_reach_steps_or_the_batch_shell(harness, submitted, tmp_path: Path):
+    script = f"""#!/bin/bash
+trap 'echo batch-USR1 >> {tmp_path}/batch.txt' USR1
+trap 'echo batch-USR2 >> {tmp_path}/batch.txt' USR2
+srun bash -c 'trap "echo step-USR2-$SLURM_PROCID >> {tmp_path}/step.txt" USR2
+              trap "echo step-USR1-$SLURM_PROCID >> {tmp_path}/step.txt" USR1
+              echo ready >> {tmp_path}/ready.txt
+              while true; do sleep 0.1; done' &
+while true; do wait; done
+"""
+    backend = harness.backend
+    job = backend.submit(script, JobOptions(nodes=2, ntasks_per_node=1))
+    submitted.append(job)
+    wait_file(tmp_path / "ready.txt", lambda t: t.count("ready") == 2, 60, "both tasks ready")
+    backend.signal(job, "USR2", SignalTarget.STEPS)
+    steps = wait_file(tmp_path / "step.txt", lambda t: t.count("USR2") == 2, 30, "USR2 in steps")
+    assert sorted(steps.split()) == ["step-USR2-0", "step-USR2-1"]
+    backend.signal(job, "USR1", SignalTarget.BATCH)
+    wait_file(tmp_path / "batch.txt", lambda t: "batch-USR1" in t, 30, "USR1 in the batch shell")
+    assert "USR2" not in (tmp_path / "batch.txt").read_text()
+    assert "USR1" not in (tmp_path / "step.txt").read_text()
+    assert backend.query([job])[job].state is JobState.RUNNING
+
+
+def test_finished_jobs_leave_the_controller_after_min_job_age_and_accounting_keeps_them(
+    harness, submitted
+):
+    backend = harness.backend
+    assert backend.cluster_facts().min_job_age_s == harness.min_job_age_s
+    job = backend.submit("#!/bin/bash\nexit 0\n", JobOptions(name="aged"))
+    submitted.append(job)
+    info = wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
+    assert (info.state, info.source) == (JobState.COMPLETED, harness.live_source)
+    # Slurm purges every 60 s at most: allow MinJobAge plus one purge period and slack.
+    aged = wait_job(backend, job, lambda i: i.source != harness.live_source,
+                    harness.min_job_age_s + 90, "the job to age out", interval=2)  # fmt: skip
+    assert (aged.state, aged.exit_code, aged.name) == (JobState.COMPLETED, 0, "aged")

@@ -1,0 +1,203 @@
+"""The mock scheduler's state machine, driven with explicit times (no processes, no clock)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from ftslurm.backends.mock import model
+from ftslurm.backends.mock.model import (
+    KillJob,
+    KillNode,
+    Launch,
+    MockConfig,
+    MockState,
+    Signal,
+)
+from ftslurm.core.types import JobOptions, JobState, NodeState, SignalTarget
+from ftslurm.errors import (
+    ConfigError,
+    InvalidJobId,
+    InvalidPartition,
+    JobStateConflict,
+    SchedulerRejected,
+)
+
+T0 = 1_000.0
+
+
+def cluster(**config) -> MockState:
+    return MockState.create(MockConfig(**config))
+
+
+def start(st: MockState, now: float = T0, **options) -> str:
+    job = model.submit(st, "#!/bin/bash\ntrue\n", JobOptions(**options), now)
+    return job
+
+
+def test_submit_then_schedule_launches_fifo_on_free_cpus():
+    st = cluster()
+    a = start(st, nodes=2, ntasks_per_node=2)  # both CPUs of two nodes
+    b = start(st, nodes=3)  # needs 3 nodes: only 2 free
+    c = start(st, nodes=1)  # fits: simple backfill lets it pass b
+    effects = model.advance(st, T0, {})
+    assert effects == [Launch(a), Launch(c)]
+    assert st.jobs[a].nodes == ["n1", "n2"] and st.jobs[c].nodes == ["n3"]
+    assert st.jobs[b].state is JobState.PENDING and st.jobs[b].reason == "Resources"
+
+
+def test_exit_status_decides_completed_or_failed():
+    st = cluster()
+    ok, bad, killed = (start(st) for _ in range(3))
+    model.advance(st, T0, {})
+    model.advance(st, T0 + 5, {ok: (0, None), bad: (3, None), killed: (0, 9)})
+    assert st.jobs[ok].state is JobState.COMPLETED
+    assert (st.jobs[bad].state, st.jobs[bad].exit_code) == (JobState.FAILED, 3)
+    assert (st.jobs[killed].state, st.jobs[killed].signal) == (JobState.FAILED, 9)
+
+
+def test_time_limit_sends_warning_then_term_then_kill_and_ends_in_timeout():
+    st = cluster(kill_wait_s=30)
+    job = start(st, time_limit="1", signal="B:USR1@20")
+    model.advance(st, T0, {})
+    assert model.next_event_time(st) == T0 + 40
+    assert model.advance(st, T0 + 39, {}) == []
+    assert model.advance(st, T0 + 40, {}) == [Signal(job, signal.SIGUSR1, SignalTarget.BATCH)]
+    effects = model.advance(st, T0 + 60, {})
+    assert effects == [Signal(job, signal.SIGCONT, SignalTarget.ALL),
+                       Signal(job, signal.SIGTERM, SignalTarget.ALL)]
+    assert st.jobs[job].state is JobState.COMPLETING
+    assert model.advance(st, T0 + 90, {}) == [KillJob(job)]
+    model.advance(st, T0 + 91, {job: (0, 9)})
+    assert st.jobs[job].state is JobState.TIMEOUT
+
+
+def test_requeue_waits_the_delay_unless_started_now():
+    st = cluster(requeue_delay_s=120)
+    job = start(st)
+    model.advance(st, T0, {})
+    model.requeue(st, job, False, T0 + 10)
+    model.advance(st, T0 + 11, {job: (0, 15)})
+    info = model.query(st, [job], T0 + 11)[job]
+    assert (info.state, info.restart_count, info.reason) == (JobState.PENDING, 1, "BeginTime")
+    assert model.advance(st, T0 + 100, {}) == []
+    model.start_now(st, job, T0 + 100)
+    assert model.advance(st, T0 + 100, {}) == [Launch(job)]
+
+
+def test_requeue_delay_expires_by_itself():
+    st = cluster(requeue_delay_s=120)
+    job = start(st)
+    model.advance(st, T0, {})
+    model.requeue(st, job, False, T0)
+    model.advance(st, T0, {job: (0, 15)})
+    assert model.next_event_time(st) == T0 + 121
+    assert model.advance(st, T0 + 121, {}) == [Launch(job)]
+
+
+def test_requeue_hold_then_release():
+    st = cluster()
+    job = start(st)
+    model.advance(st, T0, {})
+    model.requeue(st, job, True, T0)
+    model.advance(st, T0, {job: (0, 15)})
+    model.start_now(st, job, T0)
+    assert model.advance(st, T0 + 1, {}) == [] and st.jobs[job].reason == "JobHeldUser"
+    model.release(st, job)
+    assert model.advance(st, T0 + 1, {}) == [Launch(job)]
+
+
+def test_exclusion_only_on_pending_jobs_and_honoured():
+    st = cluster()
+    job = start(st, hold=True)
+    model.update_excluded_nodes(st, job, ["n1", "n2", "n3"])
+    model.release(st, job)
+    model.advance(st, T0, {})
+    assert st.jobs[job].nodes == ["n4"]
+    with pytest.raises(JobStateConflict):
+        model.update_excluded_nodes(st, job, ["n4"])
+
+
+def test_node_failure_is_noticed_after_slurmd_timeout_and_requeues():
+    st = cluster(slurmd_timeout_s=10)
+    job = start(st, nodes=2)
+    model.advance(st, T0, {})
+    assert model.fail_node(st, "n2", T0 + 5) == [KillNode(job, "n2")]
+    assert model.advance(st, T0 + 14, {}) == []
+    assert [n.raw_state for n in model.node_infos(st)][1] == "mix*"
+    effects = model.advance(st, T0 + 15, {})
+    assert effects[0] == KillJob(job)
+    info = model.query(st, [job], T0 + 15)[job]
+    assert (info.state, info.restart_count) == (JobState.PENDING, 1)
+    down = model.node_infos(st)[1]
+    assert (down.state, down.reason, down.responding) == (NodeState.DOWN, "Not responding", False)
+    model.revive_node(st, "n2")
+    assert model.node_infos(st)[1].state is NodeState.IDLE
+
+
+def test_node_failure_without_requeue_ends_in_node_fail():
+    st = cluster(slurmd_timeout_s=10)
+    job = start(st, requeue=False)
+    model.advance(st, T0, {})
+    model.fail_node(st, "n1", T0)
+    model.advance(st, T0 + 10, {})
+    assert st.jobs[job].state is JobState.NODE_FAIL
+
+
+def test_min_job_age_moves_ended_jobs_to_accounting():
+    st = cluster(min_job_age_s=300)
+    job = start(st)
+    model.advance(st, T0, {})
+    model.advance(st, T0 + 1, {job: (0, None)})
+    assert model.query(st, [job], T0 + 2)[job].source == "mock"
+    model.advance(st, T0 + 301, {})
+    info = model.query(st, [job], T0 + 301)[job]
+    assert (info.state, info.source) == (JobState.COMPLETED, "mock-accounting")
+    assert job not in st.jobs
+    no_acct = cluster(min_job_age_s=300, accounting=False)
+    other = start(no_acct)
+    model.advance(no_acct, T0, {})
+    model.advance(no_acct, T0 + 1, {other: (0, None)})
+    model.advance(no_acct, T0 + 301, {})
+    assert model.query(no_acct, [other], T0 + 301)[other].state is JobState.UNKNOWN
+
+
+def test_cancel_pending_is_immediate_running_goes_through_term():
+    st = cluster()
+    running = start(st)
+    held = start(st, hold=True)
+    model.advance(st, T0, {})
+    assert model.cancel(st, held, T0) == []
+    assert st.jobs[held].state is JobState.CANCELLED
+    assert Signal(running, signal.SIGTERM, SignalTarget.ALL) in model.cancel(st, running, T0)
+    model.advance(st, T0 + 1, {running: (0, 15)})
+    assert st.jobs[running].state is JobState.CANCELLED
+    assert model.cancel(st, running, T0 + 2) == []  # idempotent
+
+
+def test_errors_match_slurms():
+    st = cluster()
+    with pytest.raises(InvalidPartition):
+        start(st, partition="nope")
+    with pytest.raises(SchedulerRejected):
+        start(st, nodes=5)
+    with pytest.raises(ConfigError):
+        start(st, time_limit="soon")
+    with pytest.raises(ConfigError):
+        start(st, signal="USR1@")
+    with pytest.raises(InvalidJobId):
+        model.cancel(st, "999", T0)
+    job = start(st, hold=True)
+    with pytest.raises(JobStateConflict):
+        model.requeue(st, job, False, T0)
+    with pytest.raises(JobStateConflict):
+        model.send_signal(st, job, "USR1", SignalTarget.STEPS)
+
+
+def test_state_round_trips_through_json():
+    st = cluster()
+    start(st, nodes=2, time_limit="5", signal="USR1@30", comment="c")
+    model.advance(st, T0, {})
+    again = MockState.model_validate_json(st.model_dump_json())
+    assert again == st
