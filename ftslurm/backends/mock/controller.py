@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from ftslurm.backends.mock.backend import MockScheduler
+from ftslurm.errors import FtslurmError
 
 
 def _try_lock(home: Path) -> int | None:
@@ -59,17 +60,33 @@ def controller_running(home: Path) -> bool:
     return False
 
 
-def ensure_controller(home: Path) -> None:
+def controller_pid(home: Path) -> int | None:
+    """The running controller's pid, or None when none holds the lock."""
+    if not controller_running(home):
+        return None
+    try:
+        return int((home / "controller.lock").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ensure_controller(home: Path, timeout: float = 15.0) -> None:
     """Start a detached controller for the mock cluster in `home` unless one runs."""
     if controller_running(home):
         return
-    log = open(home / "controller.log", "ab")
-    subprocess.Popen(
-        [sys.executable, "-m", "ftslurm.backends.mock.controller", str(home)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        close_fds=True,
-    )  # fmt: skip
-    log.close()
+    with open(home / "controller.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ftslurm.backends.mock.controller", str(home)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            close_fds=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while not controller_running(home):  # it has started once it holds the lock
+        if proc.poll() is not None and not controller_running(home):
+            raise FtslurmError(f"the mock controller exited at start; see {home}/controller.log")
+        if time.monotonic() > deadline:
+            raise FtslurmError(f"the mock controller did not start within {timeout:.0f}s")
+        time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:

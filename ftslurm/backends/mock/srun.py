@@ -38,6 +38,8 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     while i < len(argv) and argv[i].startswith("-"):
         arg = argv[i]
         name, eq, value = arg.partition("=")
+        if not arg.startswith("--") and len(arg) > 2:  # -N2, -n4: a short option's value
+            name, eq, value = arg[:2], "=", arg[2:]
         if name in _VALUE_OPTS or name in _IGNORED_WITH_VALUE:
             if not eq:
                 i += 1

@@ -1,0 +1,114 @@
+"""One mock cluster, several processes: CLI calls, a controller, restarts of either."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ftslurm.backends.mock import MockConfig, MockScheduler
+from ftslurm.backends.mock.controller import controller_pid
+from ftslurm.core.types import JobOptions, JobState
+
+from .conftest import wait_job
+
+
+def cli(home: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, FTSLURM_MOCK_HOME=str(home))
+    return subprocess.run([sys.executable, "-m", "ftslurm", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=60)  # fmt: skip
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    home = tmp_path / "mock"
+    yield home
+    cli(home, "mock", "destroy", cwd=tmp_path)
+    deadline = time.monotonic() + 10
+    while controller_pid(home) if home.exists() else None:
+        assert time.monotonic() < deadline, "the mock controller did not stop"
+        time.sleep(0.1)
+
+
+def wait_until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
+        time.sleep(0.1)
+
+
+def test_submit_in_one_process_query_in_another(home, tmp_path):
+    assert cli(home, "mock", "up", "--nodes", "2", cwd=tmp_path).returncode == 0
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\nsrun bash -c 'echo $SLURM_PROCID $SLURMD_NODENAME'\n")
+    out = cli(home, "scheduler", "submit", str(script), "-N", "2", "--backend", "mock", "--json",
+              cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job = json.loads(out.stdout)["job_id"]
+
+    def done() -> bool:
+        res = cli(home, "scheduler", "query", job, "--backend", "mock", "--json", cwd=tmp_path)
+        return json.loads(res.stdout)[job]["state"] == "COMPLETED"
+
+    wait_until(done, 30, "COMPLETED seen from another process")
+    lines = sorted((tmp_path / f"slurm-{job}.out").read_text().splitlines())
+    assert lines == ["0 n1", "1 n2"]
+
+
+def test_the_controller_moves_time_without_any_client(home, tmp_path):
+    assert cli(home, "mock", "up", cwd=tmp_path).returncode == 0
+    beat = tmp_path / "beat"
+    scheduler = MockScheduler(home)
+    job = scheduler.submit(f"#!/bin/bash\nwhile true; do date +%s.%N > {beat}; sleep 0.2; done\n",
+                           JobOptions(time_limit="0:03", workdir=str(tmp_path)))  # fmt: skip
+    wait_until(beat.exists, 10, "the job to start")
+    # No scheduler call from here on: only the controller can end the job at its limit.
+    def stopped() -> bool:
+        text = beat.read_text().strip()  # empty while the job rewrites it
+        return bool(text) and time.time() - float(text) > 2
+
+    wait_until(stopped, 30, "the job's heartbeat to stop")
+    info = scheduler.query([job])[job]
+    assert info.state is JobState.TIMEOUT
+    assert info.end_time - info.start_time < 5, "ended at its limit, not when we looked"
+
+
+def test_state_and_jobs_survive_a_controller_restart(home, tmp_path):
+    assert cli(home, "mock", "up", cwd=tmp_path).returncode == 0
+    scheduler = MockScheduler(home)
+    go = tmp_path / "go"
+    job = scheduler.submit(f"#!/bin/bash\nwhile [ ! -e {go} ]; do sleep 0.1; done\nexit 4\n",
+                           JobOptions(workdir=str(tmp_path)))  # fmt: skip
+    wait_job(scheduler, job, lambda i: i.state is JobState.RUNNING, 10, "RUNNING")
+    pid = controller_pid(home)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: controller_pid(home) is None, 10, "the controller to die")
+    go.touch()  # the job ends while no controller runs
+    assert cli(home, "mock", "up", cwd=tmp_path).returncode == 0  # a new controller
+    assert controller_pid(home) not in (None, pid)
+    info = wait_job(MockScheduler(home), job, lambda i: i.state.is_terminal, 10, "the end")
+    assert (info.state, info.exit_code) == (JobState.FAILED, 4)
+
+
+def test_mock_cli_errors_are_one_line(home, tmp_path):
+    assert cli(home, "mock", "status", cwd=tmp_path).stderr.startswith("Error: no mock cluster")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kill_wait_s": "soon"}')
+    res = cli(home, "mock", "up", "--config", str(bad), cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert res.stderr.startswith("Error: bad mock config: kill_wait_s")
+    assert cli(home, "mock", "up", cwd=tmp_path).returncode == 0
+    res = cli(home, "mock", "fail-node", "n9", cwd=tmp_path)
+    assert res.returncode == 2 and "unknown node 'n9'" in res.stderr
+
+
+def test_config_applies_to_new_clusters_only(tmp_path):
+    home = tmp_path / "direct"
+    MockScheduler(home, MockConfig(min_job_age_s=7))
+    assert MockScheduler(home, MockConfig(min_job_age_s=99)).cluster_facts().min_job_age_s == 7
