@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 CLUSTER := $(PY) -m ftslurm.localcluster
 
-.PHONY: install demo test unit lint slurm-up slurm-down slurm-status slurm-destroy bench clean
+.PHONY: install demo demo-slurm test unit lint slurm-up slurm-down slurm-status slurm-destroy bench clean
 
 install: $(VENV)/.installed
 
@@ -19,9 +19,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $@
 
-# Starts the local 4-node Slurm cluster (installing Slurm's Debian packages if needed),
-# then runs a 2-node job through a node failure and recovers it with the scheduler API.
+# A real 2-rank PyTorch run on the mock scheduler survives an injected node failure and
+# preemption, and ends with the same parameters as an uninterrupted run. No Slurm needed.
 demo: install
+	$(PY) examples/demo_mock.py
+
+# The same idea on the real local 4-node Slurm cluster (installs Slurm's packages if needed).
+demo-slurm: install
 	$(CLUSTER) up
 	$(PY) examples/demo_node_failure.py
 
@@ -60,6 +64,7 @@ slurm-destroy: install
 bench: install
 	$(CLUSTER) up
 	$(PY) benchmarks/query_scaling.py
+	$(PY) benchmarks/virtual_campaign.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -45,7 +45,7 @@ class Harness:
     live_source: str  # JobInfo.source while the controller still remembers a job
 
 
-@pytest.fixture(params=["mock", "slurm"])
+@pytest.fixture(params=["mock", pytest.param("slurm", marks=pytest.mark.slurm)])
 def harness(request, tmp_path, monkeypatch) -> Iterator[Harness]:
     monkeypatch.chdir(tmp_path)
     if request.param == "mock":

@@ -124,6 +124,20 @@ def test_bad_input_gets_a_one_line_error_and_submits_nothing(backend, tmp_path):
         backend.requeue("999999")
 
 
+def test_in_job_injections_reach_the_job_and_cluster_side_ones_are_refused(backend, jobs,
+                                                                           tmp_path):  # fmt: skip
+    out = tmp_path / "inject.txt"
+    job = backend.submit(f"#!/bin/bash\necho $FTSLURM_INJECT > {out}\n",
+                         JobOptions(inject=("crash@5:1", "straggler@0:n2*3")))  # fmt: skip
+    jobs.append(job)
+    wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
+    assert out.read_text().strip() == "crash@5:1,straggler@0:n2*3"
+    before = backend.runner.commands
+    with pytest.raises(ConfigError, match="node_fail can only be injected on the mock"):
+        backend.submit(SLEEP, JobOptions(inject=("node_fail@30",)))
+    assert backend.runner.commands == before
+
+
 def test_cluster_facts(backend, slurm_cluster):
     facts = backend.cluster_facts()
     assert facts.accounting is True

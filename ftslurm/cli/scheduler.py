@@ -66,6 +66,8 @@ def submit(
     name: Annotated[str | None, typer.Option("--name")] = None,
     comment: Annotated[str | None, typer.Option("--comment")] = None,
     hold: Annotated[bool, typer.Option("--hold")] = False,
+    inject: Annotated[list[str] | None, typer.Option(
+        "--inject", help="KIND@TIME[:TARGET], repeatable (see docs/fault-injection.md)")] = None,
     backend: BackendOpt = "slurm",
     as_json: JsonOpt = False,
 ) -> None:
@@ -76,6 +78,7 @@ def submit(
         name=name, nodes=nodes, ntasks_per_node=ntasks_per_node, time_limit=time,
         partition=partition, account=account, comment=comment, hold=hold,
         exclude=tuple(n for n in (exclude or "").split(",") if n), workdir=str(Path.cwd()),
+        inject=tuple(inject or ()),
     )  # fmt: skip
     job_id = create_backend(backend).submit(script.read_text(), options)
     typer.echo(json.dumps({"job_id": job_id}) if as_json else job_id)

@@ -188,3 +188,4 @@ class JobOptions:
     hold: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, str | None] = field(default_factory=dict)  # raw `--key=value` flags
+    inject: tuple[str, ...] = ()  # fault injections, `KIND@TIME[:TARGET]` (core.inject)

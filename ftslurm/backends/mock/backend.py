@@ -21,6 +21,7 @@ from ftslurm.backends.mock import model, procs
 from ftslurm.backends.mock.model import MockConfig, MockJob, MockState
 from ftslurm.backends.mock.store import MockStore
 from ftslurm.backends.slurm_cli.parse import compress_nodes
+from ftslurm.core.inject import InjectKind, env_value
 from ftslurm.core.types import (
     ClusterFacts,
     JobInfo,
@@ -88,6 +89,8 @@ class MockScheduler:
                 case model.Signal(_, sig, SignalTarget.ALL):
                     procs.signal_steps(job_dir, sig)
                     procs.signal_batch(job_dir, sig)
+                case model.SignalRank(_, rank, sig):
+                    procs.signal_rank(job_dir, rank, sig)
                 case model.KillJob(_):
                     procs.kill_job(job_dir)
                 case model.KillNode(job_id, node):
@@ -115,6 +118,11 @@ class MockScheduler:
         })  # fmt: skip
         if job.comment:
             env["SLURM_JOB_COMMENT"] = job.comment
+        # What only the job can do to itself travels to it; the mock does the rest.
+        in_job = tuple(i.parsed() for i in job.injections
+                       if i.parsed().kind is InjectKind.STRAGGLER)  # fmt: skip
+        if in_job:
+            env["FTSLURM_INJECT"] = env_value(in_job)
         if job.restart_count:
             env["SLURM_RESTART_COUNT"] = str(job.restart_count)
         else:
@@ -125,6 +133,7 @@ class MockScheduler:
             self.store.job_dir(job.job_id), job.script, env, cwd=job.workdir,
             stdout_path=_absolute(output, job.workdir), stderr_path=_absolute(error, job.workdir),
             open_mode=job.open_mode if job.restart_count == 0 else "append",
+            kill_wait_s=st.config.kill_wait_s,
         )  # fmt: skip
 
     # -------------------------------------------------------------- the protocol

@@ -1,8 +1,9 @@
 """Runs one mock job's batch script and records how it ended (`python -m ...jobwrap DIR`).
 
 It starts `bash script.sh` in a process group of its own (signals for the batch shell go
-to that group, never to jobwrap), waits for it, kills what is left of the job's steps (as
-Slurm does when the batch script ends), then writes exit.json atomically. SIGKILLed, as on a
+to that group, never to jobwrap), waits for it, gives the job's steps KillWait seconds to
+end and kills what is left (as Slurm does when the batch script ends), then writes
+exit.json atomically. SIGKILLed, as on a
 dead host, it writes nothing.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ftslurm.backends.mock import procs
@@ -37,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     procs.write_json_atomic(job_dir / "shell.json", {"pid": shell.pid, "pgid": shell.pid})
     code = shell.wait()
-    procs.signal_steps(job_dir, signal.SIGKILL)  # steps do not outlive their job
+    # As slurmstepd: steps get KillWait seconds to finish after the batch shell is gone.
+    deadline = time.monotonic() + float(launch.get("kill_wait_s", 30))
+    while procs.steps_alive(job_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    procs.signal_steps(job_dir, signal.SIGKILL)
     procs.write_json_atomic(job_dir / "exit.json", {
         "exit_code": code if code >= 0 else 0, "signal": -code if code < 0 else None,
     })  # fmt: skip

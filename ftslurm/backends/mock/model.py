@@ -23,6 +23,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
+from ftslurm.core.inject import Injection, InjectKind, parse_injection
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import (
     ClusterFacts,
@@ -64,6 +65,7 @@ class MockConfig(BaseModel):
     kill_wait_s: int = 30  # KillWait
     job_requeue: bool = True  # JobRequeue
     slurmd_timeout_s: int = 300  # SlurmdTimeout: a dead node is DOWN after this
+    preempt_requeue: bool = True  # PreemptMode=REQUEUE (else CANCEL: the job ends PREEMPTED)
     accounting: bool = True
     cluster_name: str = "mock"
 
@@ -98,6 +100,14 @@ class WarnSignal(BaseModel):
     batch_only: bool
 
 
+class MockInjection(BaseModel):
+    spec: str
+    fired: bool = False
+
+    def parsed(self) -> Injection:
+        return parse_injection(self.spec)
+
+
 class MockJob(BaseModel):
     job_id: str
     script: str
@@ -108,7 +118,9 @@ class MockJob(BaseModel):
     cpus_per_node: int = 1
     ntasks_per_node: int = 1
     time_limit_s: int | None = None
+    base_time_limit_s: int | None = None  # the limit asked for (an injected timeout is per attempt)
     exclude: list[str] = Field(default_factory=list)
+    injections: list[MockInjection] = Field(default_factory=list)
     requeue_allowed: bool = True
     warn: WarnSignal | None = None
     workdir: str = "."
@@ -172,6 +184,15 @@ class KillJob:
 
 
 @dataclass(frozen=True)
+class SignalRank:
+    """Send a signal to one rank's task (injected crash or hang)."""
+
+    job_id: str
+    rank: int
+    sig: int
+
+
+@dataclass(frozen=True)
 class KillNode:
     """SIGKILL every process the job has on `node` (the batch shell too, if it is there)."""
 
@@ -179,7 +200,7 @@ class KillNode:
     node: str
 
 
-Effect = Launch | Signal | KillJob | KillNode
+Effect = Launch | Signal | SignalRank | KillJob | KillNode
 
 # What the shell observed about a running job's processes since the last step.
 Exited = tuple[int | None, int | None]  # (exit code, signal); (None, None): vanished
@@ -227,6 +248,7 @@ def submit(st: MockState, script: str, options: JobOptions, now: float) -> str:
     if per_node > max(st.nodes[n].cpus for n in usable):
         raise SchedulerRejected("sbatch: Requested node configuration is not available")
     limit = parse_time_limit(options.time_limit) if options.time_limit else None
+    injections = [MockInjection(spec=parse_injection(s).spec()) for s in options.inject]
     job_id = str(st.next_job_id)
     st.next_job_id += 1
     extra = dict(options.extra)
@@ -234,7 +256,7 @@ def submit(st: MockState, script: str, options: JobOptions, now: float) -> str:
         job_id=job_id, script=script, name=options.name or "sbatch", comment=options.comment,
         partition=partition, nodes_wanted=wanted, cpus_per_node=per_node,
         ntasks_per_node=options.ntasks_per_node or 1, time_limit_s=limit,
-        exclude=list(options.exclude),
+        base_time_limit_s=limit, exclude=list(options.exclude), injections=injections,
         requeue_allowed=st.config.job_requeue if options.requeue is None else options.requeue,
         warn=parse_warn_signal(options.signal) if options.signal else None,
         workdir=options.workdir or ".", output=options.output, error=options.error,
@@ -350,6 +372,8 @@ def advance(st: MockState, now: float, exited: dict[str, Exited]) -> list[Effect
             effects += _node_failed(st, node.name, now)
     for job in list(st.jobs.values()):
         if job.state is JobState.RUNNING:
+            effects += _injection_events(st, job, now)
+        if job.state is JobState.RUNNING:
             effects += _time_events(job, now, cfg.kill_wait_s)
         elif job.state is JobState.COMPLETING and job.kill_at is not None and now >= job.kill_at:
             job.kill_at = None
@@ -372,13 +396,17 @@ def next_event_time(st: MockState) -> float | None:
         if node.dead_since is not None and node.status is not NodeStatus.DOWN:
             times.append(node.dead_since + cfg.slurmd_timeout_s)
     for job in st.jobs.values():
-        if job.state is JobState.RUNNING and job.time_limit_s is not None and job.start_time:
+        if job.state is JobState.RUNNING and job.time_limit_s is not None \
+                and job.start_time is not None:  # fmt: skip
             end = job.start_time + job.time_limit_s
             times.append(end)
             if job.warn and not job.warn_sent:
                 times.append(end - job.warn.before_end_s)
         if job.kill_at is not None:
             times.append(job.kill_at)
+        if job.state is JobState.RUNNING and job.start_time is not None:
+            times += [job.start_time + inj.parsed().at_s for inj in job.injections
+                      if not inj.fired and inj.parsed().kind is not InjectKind.TIMEOUT]
         if job.state is JobState.PENDING and not job.held:
             times.append(job.eligible_time)
         if job.state.is_terminal and job.end_time is not None:
@@ -398,6 +426,41 @@ def _time_events(job: MockJob, now: float, kill_wait: int) -> list[Effect]:
     if now >= end:
         effects += _terminate(job, JobState.TIMEOUT, now, kill_wait)
     return effects
+
+
+def _injection_events(st: MockState, job: MockJob, now: float) -> list[Effect]:
+    """Fire the injections whose time has come in this attempt (each fires once)."""
+    effects: list[Effect] = []
+    for inj in job.injections:
+        spec = inj.parsed()
+        if inj.fired or spec.kind is InjectKind.TIMEOUT or now < job.start_time + spec.at_s:
+            continue
+        match spec.kind:
+            case InjectKind.NODE_FAIL:
+                inj.fired = True
+                effects += fail_node(st, _target_node(job, spec), now)
+            case InjectKind.PREEMPT:
+                inj.fired = True
+                effects += _terminate(job, JobState.PREEMPTED, now, st.config.kill_wait_s)
+                job.requeue_on_end = st.config.preempt_requeue and job.requeue_allowed
+            case InjectKind.CRASH:
+                inj.fired = True
+                effects.append(SignalRank(job.job_id, spec.rank or 0, int(_signal.SIGKILL)))
+            case InjectKind.HANG:
+                inj.fired = True
+                effects.append(SignalRank(job.job_id, spec.rank or 0, int(_signal.SIGSTOP)))
+            case InjectKind.STRAGGLER:
+                inj.fired = True  # carried out inside the job (FTSLURM_INJECT), not here
+        if job.state is not JobState.RUNNING:
+            break
+    return effects
+
+
+def _target_node(job: MockJob, spec: Injection) -> str:
+    if spec.node is not None:
+        return spec.node
+    index = spec.node_index if spec.node_index is not None else len(job.nodes) - 1
+    return job.nodes[min(index, len(job.nodes) - 1)]
 
 
 def _terminate(job: MockJob, ending: JobState, now: float, kill_wait: int) -> list[Effect]:
@@ -437,6 +500,7 @@ def _back_to_queue(st: MockState, job: MockJob, hold: bool, now: float) -> None:
     job.nodes, job.start_time, job.end_time = [], None, None
     job.exit_code, job.signal, job.ending, job.kill_at = None, None, None, None
     job.requeue_on_end, job.hold_on_requeue, job.warn_sent = False, False, False
+    job.time_limit_s = job.base_time_limit_s
     job.submit_time = now
     job.eligible_time = now + st.config.requeue_delay_s + 1
     job.held = hold
@@ -491,6 +555,11 @@ def _schedule(st: MockState, now: float) -> list[Effect]:
         for node in chosen:
             free[node] -= job.cpus_per_node
         job.state, job.nodes, job.start_time, job.reason = JobState.RUNNING, chosen, now, None
+        for inj in job.injections:  # an injected wall limit applies to this attempt
+            spec = inj.parsed()
+            if spec.kind is InjectKind.TIMEOUT and not inj.fired:
+                inj.fired, job.time_limit_s = True, int(spec.at_s)
+                break
         effects.append(Launch(job.job_id))
     return effects
 

@@ -52,12 +52,14 @@ def launch_batch(
     stdout_path: str,
     stderr_path: str,
     open_mode: str = "truncate",
+    kill_wait_s: float = 30.0,
 ) -> int:
     """Start the job's batch script under a detached `jobwrap`; return jobwrap's pid."""
     job_dir = Path(job_dir)
     for stale in ("exit.json", "batch.json", "shell.json", "next_step"):
         (job_dir / stale).unlink(missing_ok=True)
-    shutil.rmtree(job_dir / "steps", ignore_errors=True)
+    for stale in ("steps", "lost"):
+        shutil.rmtree(job_dir / stale, ignore_errors=True)
     (job_dir / "steps").mkdir(parents=True)
     (job_dir / "bin").mkdir(exist_ok=True)
     (job_dir / "script.sh").write_text(script)
@@ -69,7 +71,7 @@ def launch_batch(
     full_env["FTSLURM_MOCK_JOB_DIR"] = str(job_dir)
     write_json_atomic(job_dir / "launch.json", {
         "env": full_env, "cwd": cwd, "stdout": stdout_path, "stderr": stderr_path,
-        "open_mode": open_mode,
+        "open_mode": open_mode, "kill_wait_s": kill_wait_s,
     })  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "ftslurm.backends.mock.jobwrap", str(job_dir)],
@@ -152,6 +154,16 @@ def signal_steps(job_dir: Path, sig: int, node: str | None = None) -> int:
                if node is None or t.get("node") == node)  # fmt: skip
 
 
+def signal_rank(job_dir: Path, rank: int, sig: int) -> bool:
+    """Signal one rank's task in the newest step that has it."""
+    steps = sorted((Path(job_dir) / "steps").glob("*.json"), key=lambda p: int(p.stem))
+    for step in reversed(steps):
+        for task in (read_json(step) or {}).get("tasks", []):
+            if task.get("rank") == rank:
+                return _killpg(task.get("pgid"), sig)
+    return False
+
+
 def signal_batch(job_dir: Path, sig: int) -> bool:
     """Signal the batch shell and its children (its process group; the mock srun in it
     ignores USR1/USR2 as Slurm's does, and steps' tasks have groups of their own)."""
@@ -159,7 +171,14 @@ def signal_batch(job_dir: Path, sig: int) -> bool:
 
 
 def kill_node(job_dir: Path, node: str, batch_host: str) -> int:
-    """SIGKILL what runs on `node`; the batch host takes the batch shell and jobwrap along."""
+    """SIGKILL what runs on `node`; the batch host takes the batch shell and jobwrap along.
+
+    The node is marked lost first: as with a real host that dies, srun on the batch host
+    hears nothing from the tasks that ran there (see `node_lost`) and waits until the
+    controller declares the node down and ends the job."""
+    lost = Path(job_dir) / "lost"
+    lost.mkdir(exist_ok=True)
+    (lost / node).touch()
     count = signal_steps(job_dir, signal.SIGKILL, node)
     if node == batch_host:
         batch = _batch(job_dir)
@@ -169,6 +188,11 @@ def kill_node(job_dir: Path, node: str, batch_host: str) -> int:
                 count += 1
         count += _killpg(batch.get("pgid"), signal.SIGKILL)
     return count
+
+
+def node_lost(job_dir: Path, node: str) -> bool:
+    """Whether `node` died under this job (srun then never learns how its tasks ended)."""
+    return (Path(job_dir) / "lost" / node).exists()
 
 
 def kill_job(job_dir: Path) -> None:
@@ -190,5 +214,9 @@ def batch_alive(job_dir: Path) -> bool:
     return _alive(batch.get("wrapper")) or _group_alive(batch.get("pgid"))
 
 
+def steps_alive(job_dir: Path) -> bool:
+    return any(_group_alive(t.get("pgid")) for t in _tasks(job_dir))
+
+
 def job_processes_alive(job_dir: Path) -> bool:
-    return batch_alive(job_dir) or any(_group_alive(t.get("pgid")) for t in _tasks(job_dir))
+    return batch_alive(job_dir) or steps_alive(job_dir)

@@ -124,28 +124,35 @@ def main(argv: list[str] | None = None) -> int:
             {"pid": p.pid, "pgid": p.pid, "node": n, "rank": r}
             for r, (p, n) in enumerate(tasks)
         ]})  # fmt: skip
-    return _wait(tasks, kill_on_bad_exit=opts.get("kill_on_bad_exit", "0") not in ("0", ""))
+    return _wait(tasks, job_dir,
+                 kill_on_bad_exit=opts.get("kill_on_bad_exit", "0") not in ("0", ""))
 
 
-def _wait(tasks: list[tuple[subprocess.Popen, str]], kill_on_bad_exit: bool) -> int:
+def _wait(tasks: list[tuple[subprocess.Popen, str]], job_dir: Path,
+          kill_on_bad_exit: bool) -> int:  # fmt: skip
     first_bad: int | None = None
-    running = {p.pid: p for p, _ in tasks}
-    while running:
-        for pid, proc in list(running.items()):
+    running = {p.pid: (p, node) for p, node in tasks}
+    lost = False
+    while running or lost:
+        for pid, (proc, node) in list(running.items()):
             code = proc.poll()
             if code is None:
                 continue
             del running[pid]
+            if procs.node_lost(job_dir, node):
+                # A dead host sends no exit status: like Slurm's srun, keep waiting for the
+                # controller to end the job (NODE_FAIL) rather than report a task failure.
+                lost = True
+                continue
             if code != 0 and first_bad is None:
                 first_bad = code if code > 0 else 128 - code
                 if kill_on_bad_exit:
-                    for other in running.values():
+                    for other, _ in running.values():
                         try:
                             os.killpg(other.pid, signal.SIGKILL)
                         except ProcessLookupError:
                             pass
-        if running:
-            time.sleep(0.05)
+        time.sleep(0.05)
     return first_bad or 0
 
 

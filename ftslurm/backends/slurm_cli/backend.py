@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from ftslurm.backends.slurm_cli import parse
 from ftslurm.backends.slurm_cli.runner import CommandRunner
+from ftslurm.core.inject import env_value, parse_injections
 from ftslurm.core.timefmt import format_time_limit, parse_time_limit
 from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
 from ftslurm.errors import (
@@ -82,9 +83,19 @@ class SlurmCliBackend:
     def submit(self, script: str, options: JobOptions) -> str:
         if not script.startswith("#!"):
             raise ConfigError("a batch script must start with a '#!' interpreter line")
+        env = dict(options.env)
+        injections = parse_injections(options.inject)
+        cluster_side = [i.kind.value for i in injections if not i.kind.in_job]
+        if cluster_side:
+            raise ConfigError(
+                f"{', '.join(cluster_side)} can only be injected on the mock scheduler",
+                hint="on a real cluster: crash, hang and straggler; or use --dry-run",
+            )
+        if injections:
+            env["FTSLURM_INJECT"] = env_value(injections)
         out = self.runner.run(
             ["sbatch", "--parsable", *sbatch_args(options)], stdin=script,
-            extra_env=dict(options.env), budget_s=self.action_budget_s, idempotent=False,
+            extra_env=env, budget_s=self.action_budget_s, idempotent=False,
         )  # fmt: skip
         return parse.parse_sbatch_job_id(out)
 

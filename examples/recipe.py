@@ -1,0 +1,136 @@
+"""A small real PyTorch DDP training run that checkpoints and resumes (CPU, gloo).
+
+Run it once per rank (srun does that): it reads its rank from torch's variables (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or else from Slurm's (SLURM_PROCID, SLURM_NTASKS,
+the first node, a port derived from the job id). Everything is deterministic: the model
+and the synthetic data depend only on the seed and the step, so an interrupted-and-resumed
+run ends with exactly the parameters of an uninterrupted one.
+
+- Every `--ckpt-every` steps rank 0 saves model, optimizer and step atomically
+  (temporary file, fsync, rename) into `--checkpoint-dir` (or FTSLURM_CHECKPOINT_DIR).
+- On SIGTERM or SIGUSR1 a flag is set; at the next step all ranks agree on it (an
+  all-reduce), save a checkpoint and exit 0: "checkpointed, continue me".
+- When the last step is done it writes `final.json` (step and a parameter digest).
+
+    python examples/recipe.py --steps 200 --checkpoint-dir ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+STOP = {"requested": False}
+
+
+def _request_stop(signum, frame) -> None:  # only set a flag: no work in a signal handler
+    STOP["requested"] = True
+
+
+def dist_env() -> tuple[int, int, str, str]:
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    job = int(os.environ.get("SLURM_JOB_ID", "0"))
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    # A fresh port per attempt: the previous attempt's sockets may linger in TIME_WAIT.
+    port = os.environ.get("MASTER_PORT") or str(20000 + (job * 17 + attempt) % 20000)
+    return rank, world, addr, port
+
+
+def batch(step: int, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 + step)
+    x = torch.randn(size, 16, generator=g)
+    weights = torch.arange(16, dtype=torch.float32).unsqueeze(1) / 16
+    return x, x @ weights + 0.1 * torch.randn(size, 1, generator=g)
+
+
+def save_atomic(state: dict, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(",".join(float(v).hex() for v in p.detach().flatten().tolist()).encode())
+    return h.hexdigest()[:16]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--ckpt-every", type=int, default=20)
+    parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("FTSLURM_CHECKPOINT_DIR",
+                                                                    "checkpoints"))
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGUSR1, _request_stop)
+
+    rank, world, addr, port = dist_env()
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
+                            world_size=world)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(16, 1))
+    optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ckpt_dir = Path(args.checkpoint_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = ckpt_dir / "latest.pt"
+    step = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=True)
+        model.module.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        step = state["step"]
+    if rank == 0:
+        print(f"rank 0 of {world} starts at step {step} "
+              f"(attempt {os.environ.get('SLURM_RESTART_COUNT', '0')})", flush=True)
+
+    def checkpoint() -> None:
+        if rank == 0:
+            save_atomic({"model": model.module.state_dict(), "optim": optim.state_dict(),
+                         "step": step}, ckpt)  # fmt: skip
+        dist.barrier()
+
+    while step < args.steps:
+        stop = torch.tensor([1.0 if STOP["requested"] else 0.0])
+        dist.all_reduce(stop)  # every rank sees the same answer at the same step
+        if stop.item() > 0:
+            checkpoint()
+            if rank == 0:
+                print(f"checkpointed at step {step} on request; exiting for a continuation",
+                      flush=True)
+            dist.destroy_process_group()
+            return 0
+        x, y = batch(step * world + rank)
+        optim.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optim.step()
+        step += 1
+        if args.step_time:
+            time.sleep(args.step_time)
+        if step % args.ckpt_every == 0:
+            checkpoint()
+    if rank == 0:
+        (ckpt_dir / "final.json").write_text(json.dumps({"step": step, "digest": digest(model)}))
+        print(f"finished at step {step}, digest {digest(model)}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Fault injection: one spec language for the CLI (`--inject`) and the Python API.
+
+    KIND@TIME[:TARGET]
+
+TIME is how long after the job (each attempt) starts: `90`, `90s`, `5m`, `2h`, `1d`.
+
+| kind      | what happens                            | TARGET (default)                 |
+|-----------|-----------------------------------------|----------------------------------|
+| node_fail | a node of the allocation dies           | node name or index (last node)   |
+| preempt   | the scheduler preempts the job          | none                             |
+| crash     | a rank is killed (exits non-zero)       | rank (0)                         |
+| hang      | a rank stops making progress (SIGSTOP)  | rank (0)                         |
+| straggler | a node runs slower by a factor          | NODE*FACTOR or FACTOR (last, 2)  |
+| timeout   | the attempt's wall limit becomes TIME   | none                             |
+
+Each injection fires once, in the first attempt that runs long enough to reach it. On the
+mock scheduler node_fail, preempt, crash, hang and timeout act on the simulated cluster; the
+kinds a job can do to itself (crash, hang, straggler) also travel to the job in the
+`FTSLURM_INJECT` environment variable, for the rank agent to act on, on a real cluster too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from ftslurm.errors import ConfigError
+
+
+class InjectKind(str, Enum):
+    NODE_FAIL = "node_fail"
+    PREEMPT = "preempt"
+    CRASH = "crash"
+    HANG = "hang"
+    STRAGGLER = "straggler"
+    TIMEOUT = "timeout"
+
+    @property
+    def in_job(self) -> bool:
+        """Whether the job itself can carry it out (so it works on a real cluster too)."""
+        return self in (InjectKind.CRASH, InjectKind.HANG, InjectKind.STRAGGLER)
+
+
+@dataclass(frozen=True)
+class Injection:
+    kind: InjectKind
+    at_s: float
+    node: str | None = None  # node_fail / straggler: a name
+    node_index: int | None = None  # node_fail / straggler: an index into the allocation
+    rank: int | None = None  # crash / hang
+    factor: float | None = None  # straggler
+
+    def spec(self) -> str:
+        """The canonical text form (parse_injection(x.spec()) == x)."""
+        target = ""
+        if self.kind in (InjectKind.NODE_FAIL, InjectKind.STRAGGLER):
+            where = self.node if self.node is not None else (
+                str(self.node_index) if self.node_index is not None else "")
+            if self.kind is InjectKind.STRAGGLER:
+                where = f"{where}*{self.factor:g}" if where else f"{self.factor:g}"
+            target = where
+        elif self.rank is not None:
+            target = str(self.rank)
+        return f"{self.kind.value}@{self.at_s:g}" + (f":{target}" if target else "")
+
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_SPEC = re.compile(r"^(?P<kind>[a-z_]+)@(?P<time>[^:]+)(?::(?P<target>.+))?$")
+
+
+def parse_duration(text: str) -> float:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise ConfigError(f"malformed duration {text!r}", hint="use e.g. 90, 90s, 5m, 2h, 1d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_injection(spec: str) -> Injection:
+    """Parse `KIND@TIME[:TARGET]`; raise ConfigError with a one-line message otherwise."""
+    match = _SPEC.match(spec.strip())
+    if not match:
+        raise ConfigError(f"malformed --inject {spec!r}", hint="use KIND@TIME[:TARGET]")
+    try:
+        kind = InjectKind(match["kind"])
+    except ValueError:
+        kinds = ", ".join(k.value for k in InjectKind)
+        raise ConfigError(f"unknown injection kind {match['kind']!r}; choose one of {kinds}") \
+            from None
+    at = parse_duration(match["time"])
+    target = match["target"]
+    if kind in (InjectKind.PREEMPT, InjectKind.TIMEOUT):
+        if target:
+            raise ConfigError(f"--inject {spec!r}: {kind.value} takes no target")
+        if kind is InjectKind.TIMEOUT and at <= 0:
+            raise ConfigError(f"--inject {spec!r}: the wall limit must be longer than zero")
+        return Injection(kind, at)
+    if kind in (InjectKind.CRASH, InjectKind.HANG):
+        if target is not None and not target.isdigit():
+            raise ConfigError(f"--inject {spec!r}: the target of {kind.value} is a rank number")
+        return Injection(kind, at, rank=int(target) if target else 0)
+    factor = None
+    where = target or ""
+    if kind is InjectKind.STRAGGLER:
+        where, _, factor_text = where.rpartition("*") if "*" in where else ("", "", where)
+        try:
+            factor = float(factor_text) if factor_text else 2.0
+        except ValueError:
+            raise ConfigError(f"--inject {spec!r}: the slowdown factor must be a number") \
+                from None
+        if factor <= 1.0:
+            raise ConfigError(f"--inject {spec!r}: the slowdown factor must be above 1")
+    if where.isdigit():
+        return Injection(kind, at, node_index=int(where), factor=factor)
+    return Injection(kind, at, node=where or None, factor=factor)
+
+
+def parse_injections(specs: list[str] | tuple[str, ...]) -> tuple[Injection, ...]:
+    return tuple(parse_injection(s) for s in specs)
+
+
+def env_value(injections: tuple[Injection, ...]) -> str:
+    """What travels to the job in FTSLURM_INJECT: the in-job kinds, comma-separated."""
+    return ",".join(i.spec() for i in injections if i.kind.in_job)

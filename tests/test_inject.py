@@ -1,0 +1,155 @@
+"""Fault-injection specs: parsing, and what they do to the mock scheduler."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from ftslurm.backends.mock import MockConfig, MockScheduler, controller, model
+from ftslurm.backends.mock.model import KillNode, Launch, MockState, Signal, SignalRank
+from ftslurm.core.inject import Injection, InjectKind, env_value, parse_duration, parse_injection
+from ftslurm.core.types import JobOptions, JobState, SignalTarget
+from ftslurm.errors import ConfigError
+
+from .conftest import wait_job
+
+T0 = 1_000.0
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("node_fail@30", Injection(InjectKind.NODE_FAIL, 30)),
+    ("node_fail@2m:n3", Injection(InjectKind.NODE_FAIL, 120, node="n3")),
+    ("node_fail@1h:0", Injection(InjectKind.NODE_FAIL, 3600, node_index=0)),
+    ("preempt@1.5m", Injection(InjectKind.PREEMPT, 90)),
+    ("crash@10s", Injection(InjectKind.CRASH, 10, rank=0)),
+    ("hang@10:3", Injection(InjectKind.HANG, 10, rank=3)),
+    ("straggler@0", Injection(InjectKind.STRAGGLER, 0, factor=2.0)),
+    ("straggler@5:n2*3.5", Injection(InjectKind.STRAGGLER, 5, node="n2", factor=3.5)),
+    ("straggler@5:1.5", Injection(InjectKind.STRAGGLER, 5, factor=1.5)),
+    ("timeout@1d", Injection(InjectKind.TIMEOUT, 86400)),
+])  # fmt: skip
+def test_specs_parse_and_round_trip(spec, expected):
+    assert parse_injection(spec) == expected
+    assert parse_injection(expected.spec()) == expected
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("meteor@5", "unknown injection kind 'meteor'; choose one of node_fail, preempt"),
+    ("crash", "malformed --inject 'crash'"), ("crash@soon", "malformed duration 'soon'"),
+    ("crash@5:n1", "the target of crash is a rank number"),
+    ("preempt@5:n1", "preempt takes no target"), ("timeout@0", "longer than zero"),
+    ("straggler@5:n1*0.5", "factor must be above 1"), ("straggler@5:n1*x", "must be a number"),
+])  # fmt: skip
+def test_bad_specs_are_one_line_config_errors(spec, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as err:
+        parse_injection(spec)
+    assert "\n" not in err.value.user_message()
+
+
+def test_durations_and_env_value():
+    assert parse_duration("90") == 90 and parse_duration("2h") == 7200
+    both = (parse_injection("crash@5:1"), parse_injection("node_fail@5"))
+    assert env_value(both) == "crash@5:1"
+
+
+def running(*inject: str, **config) -> tuple[MockState, str]:
+    st = MockState.create(MockConfig(**config))
+    job = model.submit(st, "#!/bin/bash\n", JobOptions(nodes=2, inject=inject), T0)
+    assert model.advance(st, T0, {}) == [Launch(job)]
+    return st, job
+
+
+def test_node_fail_fires_at_its_time_on_the_last_node_by_default():
+    st, job = running("node_fail@30", slurmd_timeout_s=10)
+    assert model.next_event_time(st) == T0 + 30
+    assert model.advance(st, T0 + 29, {}) == []
+    assert model.advance(st, T0 + 30, {}) == [KillNode(job, "n2")]
+    model.advance(st, T0 + 40, {})
+    assert st.jobs[job].restart_count == 1 and st.nodes["n2"].status.value == "down"
+    model.revive_node(st, "n2")
+    model.start_now(st, job, T0 + 41)
+    assert model.advance(st, T0 + 41, {}) == [Launch(job)]
+    assert model.advance(st, T0 + 100, {}) == []  # fired once, not again in attempt 2
+
+
+def test_preempt_requeues_or_ends_preempted():
+    st, job = running("preempt@10")
+    effects = model.advance(st, T0 + 10, {})
+    assert Signal(job, signal.SIGTERM, SignalTarget.ALL) in effects
+    model.advance(st, T0 + 11, {job: (0, 15)})
+    assert (st.jobs[job].state, st.jobs[job].restart_count) == (JobState.PENDING, 1)
+    st, job = running("preempt@10", preempt_requeue=False)
+    model.advance(st, T0 + 10, {})
+    model.advance(st, T0 + 11, {job: (0, 15)})
+    assert st.jobs[job].state is JobState.PREEMPTED
+
+
+def test_crash_and_hang_signal_one_rank():
+    st, job = running("crash@5:1", "hang@7")
+    assert model.advance(st, T0 + 5, {}) == [SignalRank(job, 1, signal.SIGKILL)]
+    assert model.advance(st, T0 + 7, {}) == [SignalRank(job, 0, signal.SIGSTOP)]
+
+
+def test_injected_timeout_is_this_attempts_wall_limit():
+    st, job = running("timeout@60")
+    assert st.jobs[job].time_limit_s == 60
+    model.advance(st, T0 + 60, {})
+    model.advance(st, T0 + 61, {job: (0, 15)})
+    assert st.jobs[job].state is JobState.TIMEOUT
+    model.requeue(st, job, False, T0 + 62)
+    model.start_now(st, job, T0 + 62)
+    model.advance(st, T0 + 62, {})
+    assert st.jobs[job].time_limit_s is None  # the next attempt has its own limit again
+
+
+def test_crash_and_hang_on_real_mock_processes(tmp_path):
+    home = tmp_path / "mock"
+    scheduler = MockScheduler(home)
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run, args=(home, 0.05, stop))
+    thread.start()
+    try:
+        beats = tmp_path / "beats"
+        script = ("#!/bin/bash\nsrun -N2 --kill-on-bad-exit=1 bash -c "
+                  f"'while true; do date +%s.%N > {beats}.$SLURM_PROCID; sleep 0.1; done'\n")
+        job = scheduler.submit(script, JobOptions(nodes=2, inject=("hang@1:0", "crash@2:1"),
+                                                  workdir=str(tmp_path)))  # fmt: skip
+        info = wait_job(scheduler, job, lambda i: i.state.is_terminal, 30, "the crash to end it")
+        assert info.state is JobState.FAILED  # srun returned the crashed rank's status
+        first = (tmp_path / "beats.0").read_text()
+        time.sleep(0.5)  # rank 0 is stopped: its heartbeat must not move
+        assert (tmp_path / "beats.0").read_text() == first
+    finally:
+        stop.set()
+        thread.join()
+        scheduler.cancel(job)
+
+
+def test_a_dead_task_host_ends_the_job_in_node_fail_not_failed(tmp_path):
+    """srun hears nothing from a host that died: even with --kill-on-bad-exit and a rank on
+    a live node failing because its peer vanished, the job ends as Slurm records it,
+    NODE_FAIL once the node is declared down, and the dead node is named."""
+    home = tmp_path / "mock"
+    scheduler = MockScheduler(home, MockConfig(slurmd_timeout_s=2, kill_wait_s=2))
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run, args=(home, 0.05, stop))
+    thread.start()
+    try:
+        # rank 0 (on n1) fails as soon as rank 1's heartbeat file stops being refreshed
+        peer = tmp_path / "peer"
+        body = (f'if [ $SLURM_PROCID = 1 ]; then while true; do touch {peer}; sleep 0.1; done; '
+                f'else sleep 0.5; while [ $(( $(date +%s) - $(stat -c %Y {peer}) )) -lt 1 ]; '
+                'do sleep 0.1; done; exit 3; fi')
+        script = f"#!/bin/bash\nsrun -N2 --kill-on-bad-exit=1 bash -c '{body}'\n"
+        job = scheduler.submit(script, JobOptions(nodes=2, requeue=False, workdir=str(tmp_path),
+                                                  inject=("node_fail@1",)))  # fmt: skip
+        info = wait_job(scheduler, job, lambda i: i.state.is_terminal, 30, "the job to end")
+        assert info.state is JobState.NODE_FAIL
+        assert "n2" in info.nodes
+        assert {n.name: n.state for n in scheduler.nodes()}["n2"].value == "DOWN"
+    finally:
+        stop.set()
+        thread.join()

@@ -1,0 +1,70 @@
+"""The virtual-clock mock: job models on the same Slurm state machine, time by events."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftslurm.backends.mock import MockConfig
+from ftslurm.backends.mock.virtual import JobModel, VirtualCluster, simulate_campaign
+from ftslurm.core.types import JobOptions, JobState
+
+JOB = JobModel(work_s=10_000, checkpoint_interval_s=1_000, checkpoint_cost_s=10,
+               restart_cost_s=100)  # fmt: skip
+
+
+def test_job_model_arithmetic():
+    assert JOB.finish_after(10_000) == 100 + 10_000 + 9 * 10
+    assert JOB.saved_after(100 + 1_010 * 3 + 5, 10_000) == 3_000
+    assert JOB.computed_after(100 + 1_010 * 3 + 500, 10_000) == 3_500
+    assert JOB.saved_after(50, 10_000) == 0 and JOB.computed_after(50, 10_000) == 0
+
+
+def test_an_undisturbed_job_completes_at_the_modelled_time():
+    stats = simulate_campaign(nodes=4, spare_nodes=0, days=1, job=JOB, failures_per_node_day=0)
+    assert stats.completed and stats.attempts == 1
+    assert stats.wall_s == pytest.approx(JOB.finish_after(10_000))
+    assert stats.productive_s == pytest.approx(10_000) and stats.lost_s == 0
+    assert stats.by_ending == {"COMPLETED": 1}
+
+
+def test_node_failure_loses_at_most_one_interval_and_waits_detection_and_requeue_delay():
+    cfg = MockConfig(slurmd_timeout_s=300, requeue_delay_s=120)
+    cluster = VirtualCluster(cfg.model_copy(update={"nodes": cfg.nodes}))
+    job = cluster.submit(JobOptions(nodes=2), JOB)
+    cluster.at(3_000, lambda: cluster.fail_node("n2"))
+    cluster.run(until=2_900)
+    assert cluster.st.jobs[job].state is JobState.RUNNING
+    cluster.run(until=3_000 + 300 + 121)
+    assert cluster.st.jobs[job].restart_count == 1
+    assert cluster.st.jobs[job].nodes == ["n1", "n3"]  # n2 is down
+    assert cluster.stats.lost_s == pytest.approx(3_000 - 100 - 2 * 1_010)
+    assert cluster.remaining[job] == pytest.approx(8_000)
+
+
+def test_wall_limit_with_checkpoint_signal_continues_without_losing_work():
+    stats = simulate_campaign(nodes=2, spare_nodes=0, days=2, job=JOB, failures_per_node_day=0,
+                              time_limit_s=3_000)  # fmt: skip
+    assert stats.completed and stats.by_ending.get("TIMEOUT", 0) >= 3
+    assert stats.lost_s > 0  # no warning signal asked for: work since the checkpoint is lost
+
+
+def test_warning_signal_checkpoints_and_exits_for_a_continuation():
+    cluster = VirtualCluster(MockConfig())
+    cluster.submit(JobOptions(nodes=1, time_limit="0:3000", signal="USR1@200"), JOB)
+    ends: list[JobState] = []
+    cluster.on_end = lambda jid, state: (ends.append(state), cluster.remaining.pop(jid))
+    cluster.run(until=5_000)
+    assert ends == [JobState.COMPLETED]  # exited 0 after the checkpoint, before the limit
+    assert cluster.stats.lost_s == 0
+    assert cluster.stats.productive_s == pytest.approx(JOB.computed_after(2_800, 10_000))
+
+
+def test_a_month_of_2048_nodes_is_deterministic_per_seed():
+    kwargs = dict(nodes=2048, spare_nodes=40, days=30, failures_per_node_day=3.79 / 1000,
+                  job=JobModel(work_s=25 * 86400, checkpoint_interval_s=1800,
+                               checkpoint_cost_s=60, restart_cost_s=300))  # fmt: skip
+    a = simulate_campaign(seed=7, **kwargs)
+    b = simulate_campaign(seed=7, **kwargs)
+    assert (a.ettr, a.node_failures, a.attempts) == (b.ettr, b.node_failures, b.attempts)
+    assert 150 < a.node_failures < 350  # ~3.79 per 1000 node-days
+    assert 0.5 < a.ettr < 1.0
