@@ -1,3 +1,16 @@
 """ftslurm: Slurm-native fault tolerance for long distributed PyTorch training runs."""
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["Recipe", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Recipe":  # imported on use: compute-side code does not pay for it
+        from ftslurm.recipe import Recipe
+
+        return Recipe
+    raise AttributeError(f"module 'ftslurm' has no attribute {name!r}")

@@ -30,7 +30,8 @@ def mock_home() -> Path:
     return Path(os.environ.get("FTSLURM_MOCK_HOME") or state_dir() / "mock")
 
 
-def create_backend(kind: str = "slurm") -> SchedulerBackend:
+def create_backend(kind: str = "slurm", home: Path | str | None = None) -> SchedulerBackend:
+    """A backend by name; for "mock", the mock cluster in `home` (default `mock_home()`)."""
     from ftslurm.backends.slurm_cli import SlurmCliBackend
 
     if kind not in BACKENDS:
@@ -41,7 +42,7 @@ def create_backend(kind: str = "slurm") -> SchedulerBackend:
         from ftslurm.backends.mock import MockScheduler
         from ftslurm.backends.mock.controller import ensure_controller
 
-        home = mock_home()
+        home = Path(home) if home is not None else mock_home()
         scheduler = MockScheduler(home)
         ensure_controller(home)
         return scheduler

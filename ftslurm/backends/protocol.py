@@ -31,6 +31,11 @@ class SchedulerBackend(Protocol):
         """One observation per id, keyed by id."""
         ...
 
+    def find_jobs(self, comment: str) -> list[JobInfo]:
+        """The jobs the controller still holds whose comment is exactly `comment` (one
+        command): how the daemon finds a job it submitted but had not recorded."""
+        ...
+
     def cancel(self, job_id: str) -> None:
         """Cancel the job; cancelling a job that already ended is not an error."""
         ...

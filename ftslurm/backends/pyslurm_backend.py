@@ -215,6 +215,12 @@ class PyslurmBackend:
         why = "unknown to the controller and accounting"
         return {j: found.get(j) or JobInfo.unknown(j, now, why) for j in ids}
 
+    def find_jobs(self, comment: str) -> list[JobInfo]:
+        now = self.clock()
+        jobs = self._call(self.pyslurm.Jobs.load, self.query_budget_s)
+        infos = (job_info_from_pyslurm(job, now) for job in jobs.values())
+        return [info for info in infos if info.comment == comment]
+
     def _job(self, job_id: str) -> Any:
         return self.pyslurm.Job(int(job_id))
 

@@ -17,7 +17,6 @@ dies leaves no exit.json, as a real dead node reports nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -25,23 +24,8 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+from ftslurm.fsutil import read_json, write_json_atomic
 
 
 def launch_batch(

@@ -122,6 +122,14 @@ class SlurmCliBackend:
             result.update(self._query_ended(missing, now))
         return {j: result[j] for j in ids}
 
+    def find_jobs(self, comment: str) -> list[JobInfo]:
+        out = self.runner.run(
+            ["squeue", "-h", "--states=all", "--me", "-O", parse.SQUEUE_FORMAT],
+            budget_s=self.query_budget_s,
+        )  # fmt: skip
+        found = parse.parse_squeue(out, self.clock())
+        return [job for job in found.values() if job.comment == comment]
+
     def _query_ended(self, ids: list[str], now: float) -> dict[str, JobInfo]:
         """Jobs the controller has forgotten: ask accounting, or admit we cannot know."""
         try:

@@ -1,0 +1,101 @@
+"""What a training script tells the daemon: its step, its checkpoints, that it finished.
+
+    from ftslurm.agent import progress
+    progress.report_step(step)               # cheap: written at most once a second
+    progress.checkpoint_saved(step, seconds) # after a checkpoint is safely on disk
+    progress.finished(step)                  # training is complete: do not continue it
+
+Each call does nothing unless the script runs under ftslurm (FTSLURM_RUN_DIR set), and only
+rank 0 (RANK, default 0) writes. The file `$FTSLURM_RUN_DIR/progress.json` is rewritten
+atomically (read, update, write) and holds:
+
+    step                   int    the last step reported (by any of the three calls)
+    checkpoint_step        int    the step of the last checkpoint saved (absent before one)
+    checkpoint_save_s      float  how long that save took (when told)
+    max_checkpoint_save_s  float  the longest save told of so far
+    attempt                int    FTSLURM_ATTEMPT of the writer
+    finished               bool   whether `finished()` was called
+    updated_at             float  unix time of the write
+
+`finished()` also writes `$FTSLURM_RUN_DIR/FINISHED` (atomic JSON: {"step", "time"}). The
+daemon reads both: a checkpoint step that does not advance over continuations stops the
+run, save times stretch the checkpoint signal's lead, and FINISHED means the run is done.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ftslurm.fsutil import read_json, write_json_atomic
+
+PROGRESS_FILE = "progress.json"
+FINISHED_FILE = "FINISHED"
+_last_step_write: float | None = None
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
+
+
+def _run_dir() -> Path | None:
+    """Where to write, or None when this process should not write."""
+    run_dir = os.environ.get("FTSLURM_RUN_DIR")
+    if not run_dir or _int(os.environ.get("RANK")) != 0:
+        return None
+    return Path(run_dir)
+
+
+def _update(run_dir: Path, **changes: Any) -> dict[str, Any]:
+    path = run_dir / PROGRESS_FILE
+    data = read_json(path)
+    data = data if isinstance(data, dict) else {}
+    if changes.get("checkpoint_save_s") is not None:
+        changes["max_checkpoint_save_s"] = max(
+            changes["checkpoint_save_s"], float(data.get("max_checkpoint_save_s") or 0.0))
+    data.update(changes)
+    data.setdefault("finished", False)
+    data["attempt"] = _int(os.environ.get("FTSLURM_ATTEMPT"))
+    data["updated_at"] = time.time()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, data)
+    return data
+
+
+def report_step(step: int) -> None:
+    """The training reached `step`; written at most once a second, so call it freely."""
+    global _last_step_write
+    run_dir = _run_dir()
+    now = time.monotonic()
+    if run_dir is None or (_last_step_write is not None and now - _last_step_write < 1.0):
+        return
+    _last_step_write = now
+    _update(run_dir, step=int(step))
+
+
+def checkpoint_saved(step: int, duration_s: float | None = None) -> None:
+    """A checkpoint of `step` is safely stored; `duration_s` is how long saving it took."""
+    run_dir = _run_dir()
+    if run_dir is None:
+        return
+    changes: dict[str, Any] = {"step": int(step), "checkpoint_step": int(step)}
+    if duration_s is not None:
+        changes["checkpoint_save_s"] = float(duration_s)
+    _update(run_dir, **changes)
+
+
+def finished(step: int | None = None) -> None:
+    """The training is complete: the run must not be continued."""
+    run_dir = _run_dir()
+    if run_dir is None:
+        return
+    changes: dict[str, Any] = {"finished": True}
+    if step is not None:
+        changes["step"] = int(step)
+    _update(run_dir, **changes)
+    write_json_atomic(run_dir / FINISHED_FILE, {"step": step, "time": time.time()})

@@ -1,0 +1,327 @@
+"""The per-task wrapper: `srun python -m ftslurm.agent.task -- CMD [ARGS...]`.
+
+For every task (rank) of an attempt it
+- gives the command torch's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+  NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT) computed from Slurm's, and
+  FTSLURM_ATTEMPT (FTSLURM_ATTEMPT_BASE + SLURM_RESTART_COUNT when the base is set);
+- runs it in its own process group, copying its stderr through (and keeping the tail);
+- forwards TERM, INT, HUP, USR1, USR2 and CONT to that group (the handler only records and
+  forwards), remembering when the checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL, default
+  USR2) or TERM first came;
+- carries out the in-job fault injections of FTSLURM_INJECT (crash, hang, straggler), each
+  once per run: a spec already listed in an earlier attempt's report of this rank is skipped;
+- when the command ends, writes `$FTSLURM_RUN_DIR/attempts/<attempt>/rank-<rank>.json`
+  (atomic) for the daemon:
+      {"rank", "node", "job_id", "restart_count", "attempt", "exit_code", "signal",
+       "started_at", "ended_at", "checkpoint_signal_at", "injected", "outcome",
+       "error_tail"}
+  where outcome is one of "finished", "checkpointed" (exit 0 after the checkpoint signal:
+  continue me), "user_error", "resume_elsewhere" (16), "failed_validation" (17),
+  "do_not_retry" (93), "killed" or "failed" (see `classify_exit`);
+- exits with the command's code (128+N when signal N killed it; 127 when it cannot start).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal as signals
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+import hostlist
+
+from ftslurm.core.inject import Injection, InjectKind, parse_injection
+from ftslurm.errors import ConfigError
+from ftslurm.fsutil import read_json, write_json_atomic
+
+FORWARDED = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGUSR1,
+             signals.SIGUSR2, signals.SIGCONT)  # fmt: skip
+TAIL_BYTES = 16 * 1024
+TAIL_LINES = 40
+STRAGGLER_PERIOD_S = 0.1
+NAMED_EXITS = {16: "resume_elsewhere", 17: "failed_validation", 93: "do_not_retry"}
+_USER_ERROR = re.compile(
+    r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError)(:|$)"
+    r"|can't open file")  # fmt: skip
+
+
+def _int(value: str | None, default: int = 0) -> int:
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default
+
+
+def _tasks_on_node(tasks_per_node: str, node_id: int) -> int | None:
+    """`2(x3),1` -> the task count of node `node_id` (Slurm's compressed per-node counts)."""
+    counts: list[int] = []
+    for part in tasks_per_node.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[node_id] if 0 <= node_id < len(counts) else None
+
+
+def master_port(job_id: str | None, restart_count: int) -> int:
+    """A port in 20000-59999 that every rank of an attempt agrees on; another one for each
+    restart of the job (104729 is prime to 40000, so consecutive restarts never collide)."""
+    job = int(re.sub(r"\D", "", job_id or "") or 0)
+    return 20000 + (job * 7919 + restart_count * 104729) % 40000
+
+
+def torch_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """torch.distributed's variables (and FTSLURM_ATTEMPT) from Slurm's, for one task."""
+    node_id = _int(environ.get("SLURM_NODEID"))
+    restarts = _int(environ.get("SLURM_RESTART_COUNT"))
+    env = {
+        "RANK": environ.get("SLURM_PROCID") or "0",
+        "LOCAL_RANK": environ.get("SLURM_LOCALID") or "0",
+        "WORLD_SIZE": environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1",
+        "NODE_RANK": str(node_id), "GROUP_RANK": str(node_id),
+    }  # fmt: skip
+    local: int | None = None
+    for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if local is None and environ.get(key):
+            local = _tasks_on_node(environ[key], node_id)
+    env["LOCAL_WORLD_SIZE"] = str(local or environ.get("SLURM_NTASKS_PER_NODE") or 1)
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or (
+        hostlist.expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
+    env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(
+        master_port(environ.get("SLURM_JOB_ID"), restarts))
+    if environ.get("FTSLURM_ATTEMPT_BASE"):
+        env["FTSLURM_ATTEMPT"] = str(_int(environ["FTSLURM_ATTEMPT_BASE"]) + restarts)
+    elif environ.get("FTSLURM_ATTEMPT"):
+        env["FTSLURM_ATTEMPT"] = environ["FTSLURM_ATTEMPT"]
+    return env
+
+
+def classify_exit(exit_code: int | None, signal: int | None, checkpoint_signal_seen: bool,
+                  runtime_s: float, stderr_tail: str, user_error_window_s: float) -> str:
+    """How a task ended, in the daemon's words (see the module docstring)."""
+    if signal is None and exit_code == 0:
+        return "checkpointed" if checkpoint_signal_seen else "finished"
+    if signal is None and exit_code in NAMED_EXITS:
+        return NAMED_EXITS[exit_code]
+    lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
+    if runtime_s <= user_error_window_s and lines and _USER_ERROR.search(lines[-1]):
+        return "user_error"
+    return "killed" if signal is not None else "failed"
+
+
+def parse_inject_env(value: str | None) -> tuple[Injection, ...]:
+    """FTSLURM_INJECT (what `inject.env_value` writes) back into injections; a malformed
+    spec is reported on stderr and skipped rather than failing the task."""
+    found = []
+    for spec in (value or "").split(","):
+        if spec.strip():
+            try:
+                found.append(parse_injection(spec))
+            except ConfigError as exc:
+                print(f"ftslurm: ignoring FTSLURM_INJECT entry: {exc}", file=sys.stderr)
+    return tuple(found)
+
+
+def _applies(inj: Injection, rank: int, node: str, node_id: int, nnodes: int) -> bool:
+    if inj.kind in (InjectKind.CRASH, InjectKind.HANG):
+        return rank == (inj.rank or 0)
+    if inj.kind is InjectKind.STRAGGLER:
+        if inj.node is not None:
+            return node == inj.node
+        return node_id == (inj.node_index if inj.node_index is not None else nnodes - 1)
+    return False
+
+
+def _signal_number(name: str) -> int:
+    name = name.strip().upper().removeprefix("SIG")
+    if name.isdigit():
+        return int(name)
+    return int(getattr(signals, "SIG" + name, signals.SIGUSR2))
+
+
+class Task:
+    """One wrapped task: see the module docstring."""
+
+    def __init__(self, command: list[str], environ: Mapping[str, str]) -> None:
+        self.started, self.started_wall = time.monotonic(), time.time()
+        self.command = command
+        self.environ = dict(environ)
+        self.env = {**self.environ, **torch_env(self.environ)}
+        self.rank = _int(self.env["RANK"])
+        self.node_id = _int(self.environ.get("SLURM_NODEID"))
+        self.node = self.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self.attempt = self.env.get("FTSLURM_ATTEMPT") or "0"
+        self.run_dir = Path(self.environ["FTSLURM_RUN_DIR"]) \
+            if self.environ.get("FTSLURM_RUN_DIR") else None
+        self.checkpoint_signal = _signal_number(
+            self.environ.get("FTSLURM_CHECKPOINT_SIGNAL") or "USR2")
+        self.checkpoint_signal_at: float | None = None
+        self.injected: list[str] = []
+        self.tail = bytearray()
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.early: list[int] = []  # signals that came before the command started
+        self.hung = False
+        self.stopped_ever = False
+
+    # ------------------------------------------------------------------ signals
+    def _signal_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        if sig == signals.SIGSTOP:
+            self.stopped_ever = True
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _forward(self, sig: int, _frame: object) -> None:
+        if self.checkpoint_signal_at is None and sig in (self.checkpoint_signal, signals.SIGTERM):
+            self.checkpoint_signal_at = time.time()
+        if self.proc is None:
+            self.early.append(sig)
+            return
+        if sig == signals.SIGCONT:
+            self.hung = False
+        elif self.stopped_ever and not self.hung:
+            self._signal_group(signals.SIGCONT)  # a straggler's pause must not hold it back
+        self._signal_group(sig)
+
+    # ------------------------------------------------------------------ threads
+    def _copy_stderr(self, pipe: IO[bytes]) -> None:
+        out = sys.stderr.buffer
+        while chunk := pipe.read1(65536):  # type: ignore[attr-defined]
+            try:
+                out.write(chunk)
+                out.flush()
+            except (OSError, ValueError):
+                pass
+            with self.lock:
+                self.tail += chunk
+                del self.tail[:-TAIL_BYTES]
+
+    def _fired_before(self) -> set[str]:
+        """Specs this rank already carried out in an earlier attempt of the run."""
+        if self.run_dir is None:
+            return set()
+        fired: set[str] = set()
+        for path in (self.run_dir / "attempts").glob(f"*/rank-{self.rank}.json"):
+            if path.parent.name != self.attempt:
+                fired.update((read_json(path) or {}).get("injected") or [])
+        return fired
+
+    def _inject(self, pending: list[Injection], done: threading.Event) -> None:
+        slow: Injection | None = None
+        while not done.is_set() and (pending or slow):
+            now = time.monotonic() - self.started
+            while pending and pending[0].at_s <= now:
+                inj = pending.pop(0)
+                self.injected.append(inj.spec())
+                print(f"ftslurm: injected {inj.spec()} on rank {self.rank} (node {self.node})",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                if inj.kind is InjectKind.CRASH:
+                    self._signal_group(signals.SIGKILL)
+                elif inj.kind is InjectKind.HANG:
+                    self.hung = True
+                    self._signal_group(signals.SIGSTOP)
+                else:
+                    slow = inj
+            if slow is not None and not self.hung:
+                run_s = STRAGGLER_PERIOD_S / (slow.factor or 2.0)
+                self._signal_group(signals.SIGCONT)
+                if done.wait(run_s):
+                    break
+                if not self.hung:
+                    self._signal_group(signals.SIGSTOP)
+                done.wait(STRAGGLER_PERIOD_S - run_s)
+                if not self.hung:
+                    self._signal_group(signals.SIGCONT)
+            else:
+                done.wait(min(0.05, max(0.0, pending[0].at_s - now)) if pending else 0.05)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> int:
+        for sig in FORWARDED:
+            signals.signal(sig, self._forward)
+        try:
+            self.proc = subprocess.Popen(self.command, env=self.env, stderr=subprocess.PIPE,
+                                         start_new_session=True)  # fmt: skip
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            message = f"ftslurm: cannot start {self.command[0]!r}: {exc.strerror or exc}"
+            print(message, file=sys.stderr, flush=True)
+            self._report(code, None, "user_error", message)
+            return code
+        for sig in self.early:
+            self._forward(sig, None)
+        assert self.proc.stderr is not None
+        copier = threading.Thread(target=self._copy_stderr, args=(self.proc.stderr,),
+                                  daemon=True)  # fmt: skip
+        copier.start()
+        done = threading.Event()
+        nnodes = _int(self.environ.get("SLURM_NNODES")
+                      or self.environ.get("SLURM_JOB_NUM_NODES"), 1)  # fmt: skip
+        fired = self._fired_before()
+        pending = sorted((i for i in parse_inject_env(self.environ.get("FTSLURM_INJECT"))
+                          if i.spec() not in fired
+                          and _applies(i, self.rank, self.node, self.node_id, nnodes)),
+                         key=lambda i: i.at_s)  # fmt: skip
+        injector = threading.Thread(target=self._inject, args=(pending, done), daemon=True)
+        if pending:
+            injector.start()
+        status = self.proc.wait()
+        done.set()
+        if pending:
+            injector.join(timeout=1)
+        if self.stopped_ever:
+            self._signal_group(signals.SIGCONT)  # leave nothing of the group stopped
+        copier.join(timeout=5)
+        code, sig = (status, None) if status >= 0 else (None, -status)
+        with self.lock:
+            tail = self.tail.decode(errors="replace")
+        try:
+            window = float(self.environ.get("FTSLURM_USER_ERROR_WINDOW_S") or 60)
+        except ValueError:
+            window = 60.0
+        outcome = classify_exit(code, sig, self.checkpoint_signal_at is not None,
+                                time.monotonic() - self.started, tail, window)  # fmt: skip
+        self._report(code, sig, outcome, tail if status != 0 else None)
+        return code if code is not None else 128 + (sig or 0)
+
+    def _report(self, code: int | None, sig: int | None, outcome: str,
+                tail: str | None) -> None:  # fmt: skip
+        if self.run_dir is None:
+            return
+        folder = self.run_dir / "attempts" / self.attempt
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / f"rank-{self.rank}.json", {
+            "rank": self.rank, "node": self.node, "job_id": self.environ.get("SLURM_JOB_ID"),
+            "restart_count": _int(self.environ.get("SLURM_RESTART_COUNT")),
+            "attempt": _int(self.attempt), "exit_code": code, "signal": sig,
+            "started_at": self.started_wall, "ended_at": time.time(),
+            "checkpoint_signal_at": self.checkpoint_signal_at, "injected": self.injected,
+            "outcome": outcome,
+            "error_tail": "\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
+        })  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        print("usage: python -m ftslurm.agent.task [--] COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    return Task(args, os.environ).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

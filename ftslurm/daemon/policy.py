@@ -1,0 +1,264 @@
+"""The daemon's decisions, as pure functions of what it observed (no I/O, no clock).
+
+How an attempt ended (`Ending`) -> what it means (`classify` -> `Cause`) -> what to do
+about it (`decide` -> `Decision`). Also: which nodes to keep out (`plan_exclusions`),
+when to send the checkpoint signal (`signal_due`, `checkpoint_lead`) and how long to
+sleep before the next look (`next_poll_interval`). docs/policy.md is the table in words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ftslurm.core.types import JobState
+
+
+class Cause(str, Enum):
+    FINISHED = "finished"  # the training says it is done
+    CHECKPOINTED = "checkpointed"  # it saved a checkpoint and exited: continue it
+    NODE_FAIL = "node_fail"
+    BOOT_FAIL = "boot_fail"
+    PREEMPTED = "preempted"  # preempted without a checkpoint at the end
+    TIMEOUT = "timeout"  # wall limit without a checkpoint at the end
+    CRASH = "crash"  # a rank failed
+    OOM = "oom"
+    RESUME_ELSEWHERE = "resume_elsewhere"  # exit 16: resume on other hardware
+    USER_ERROR = "user_error"  # will fail again the same way: do not retry
+    FAILED_VALIDATION = "failed_validation"  # exit 17
+    DO_NOT_RETRY = "do_not_retry"  # exit 93
+    DEADLINE = "deadline"
+    CANCELLED = "cancelled"
+
+
+RETRYABLE = frozenset({Cause.NODE_FAIL, Cause.BOOT_FAIL, Cause.PREEMPTED, Cause.TIMEOUT,
+                       Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE})  # fmt: skip
+EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY = 16, 17, 93
+
+
+class FtSettings(BaseModel):
+    """A run's fault-tolerance settings (from the recipe, overridden by the command line)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_job_retries_on_failure: int = Field(2, ge=0)
+    num_in_job_restarts: int = Field(0, ge=0)
+    preempt_time: int = Field(60, ge=0)  # seconds before the wall limit to ask for a checkpoint
+    checkpoint_signal: str = "USR2"
+    # Also ask Slurm itself (`--signal`) for the checkpoint signal, in case the daemon is
+    # down. Slurm may deliver it up to a minute early; the daemon's is within ~1 s.
+    signal_backstop: bool = True
+    cause_budgets: dict[Cause, int] = Field(default_factory=dict)  # per-cause retry caps
+    max_stalled_continuations: int = Field(3, ge=1)
+    user_error_exit_codes: tuple[int, ...] = ()
+    exclude_failed_nodes: bool = True
+    node_exclusion_ttl_s: float = Field(24 * 3600, gt=0)
+
+    @field_validator("checkpoint_signal")
+    @classmethod
+    def _signal_name(cls, value: str) -> str:
+        name = value.upper().removeprefix("SIG")
+        if not name.isalnum():
+            raise ValueError(f"not a signal name: {value!r}")
+        return name
+
+    @field_validator("cause_budgets")
+    @classmethod
+    def _budgets(cls, value: dict[Cause, int]) -> dict[Cause, int]:
+        for cause, n in value.items():
+            if cause not in RETRYABLE:
+                raise ValueError(f"{cause.value} is never retried; it takes no budget")
+            if n < 0:
+                raise ValueError(f"budget for {cause.value} must be >= 0")
+        return value
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What the daemon knows about one attempt that is over."""
+
+    state: JobState  # Slurm's verdict; PENDING/REQUEUED when Slurm requeued the job itself
+    exit_code: int | None = None
+    signal: int | None = None
+    requeued_by_scheduler: bool = False
+    nodes: tuple[str, ...] = ()
+    down_nodes: tuple[str, ...] = ()  # nodes of the allocation that are not usable now
+    rank_outcomes: tuple[str, ...] = ()  # from the task wrappers' reports (agent.task)
+    checkpoint_signal_sent: bool = False  # by the daemon, for this attempt
+    checkpoint_advanced: bool = False  # the run's checkpoint step moved during this attempt
+    finished_marker: bool = False  # the training wrote FINISHED
+    suspect_node: str | None = None  # named with exit 16
+
+
+def classify(e: Ending, settings: FtSettings) -> Cause:
+    """What an ending means. Slurm's verdict about the hardware comes first, then what the
+    job said about itself, then its exit status."""
+    outcomes = set(e.rank_outcomes)
+    if e.finished_marker:
+        return Cause.FINISHED
+    if e.state is JobState.CANCELLED:
+        return Cause.CANCELLED
+    if e.state is JobState.NODE_FAIL or e.down_nodes:
+        return Cause.NODE_FAIL  # also a FAILED job whose peer host died just before
+    if e.state is JobState.BOOT_FAIL:
+        return Cause.BOOT_FAIL
+    if e.state is JobState.DEADLINE:
+        return Cause.DEADLINE
+    code = e.exit_code
+    if "do_not_retry" in outcomes or code == EXIT_DO_NOT_RETRY:
+        return Cause.DO_NOT_RETRY
+    if "failed_validation" in outcomes or code == EXIT_FAILED_VALIDATION:
+        return Cause.FAILED_VALIDATION
+    if "resume_elsewhere" in outcomes or code == EXIT_RESUME_ELSEWHERE:
+        return Cause.RESUME_ELSEWHERE
+    if "user_error" in outcomes or (code is not None and code in settings.user_error_exit_codes):
+        return Cause.USER_ERROR
+    checkpointed = "checkpointed" in outcomes or (
+        not outcomes and e.checkpoint_signal_sent and code == 0)
+    if e.state is JobState.COMPLETED:
+        return Cause.CHECKPOINTED if checkpointed else Cause.FINISHED
+    if e.state is JobState.OUT_OF_MEMORY:
+        return Cause.OOM
+    if e.state is JobState.TIMEOUT:
+        return Cause.CHECKPOINTED if checkpointed or e.checkpoint_advanced else Cause.TIMEOUT
+    if e.state is JobState.PREEMPTED or e.requeued_by_scheduler:
+        return Cause.CHECKPOINTED if checkpointed else Cause.PREEMPTED
+    return Cause.CRASH
+
+
+class Verdict(str, Enum):
+    COMPLETE = "complete"
+    CONTINUE = "continue"  # a new attempt that spends no failure budget
+    RETRY = "retry"  # a new attempt that spends the failure budget
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The counters `decide` reads and returns updated (the run's, persisted)."""
+
+    job_retries_used: int = 0
+    cause_counts: dict[str, int] = field(default_factory=dict)
+    continuations: int = 0
+    stalled_continuations: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    cause: Cause
+    reason: str
+    budget: Budget
+    exclude: tuple[tuple[str, str], ...] = ()  # (node, why) to flag for later attempts
+
+
+def decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
+           cancel_requested: bool = False) -> Decision:  # fmt: skip
+    """What to do after an attempt ended for `cause`, given what was spent so far."""
+    if cancel_requested or cause is Cause.CANCELLED:
+        why = "cancelled by the user" if cancel_requested else "cancelled outside ftslurm"
+        return Decision(Verdict.CANCEL, cause, why, budget)
+    if cause is Cause.FINISHED:
+        return Decision(Verdict.COMPLETE, cause, "training finished", budget)
+    if cause is Cause.CHECKPOINTED:
+        stalled = 0 if e.checkpoint_advanced else budget.stalled_continuations + 1
+        new = Budget(budget.job_retries_used, dict(budget.cause_counts),
+                     budget.continuations + 1, stalled)  # fmt: skip
+        if stalled >= settings.max_stalled_continuations:
+            return Decision(Verdict.FAIL, cause, f"no checkpoint progress over {stalled} "
+                            "continuations", new)  # fmt: skip
+        return Decision(Verdict.CONTINUE, cause, "checkpointed: continuing", new)
+    if cause not in RETRYABLE:
+        return Decision(Verdict.FAIL, cause, _NO_RETRY[cause], budget)
+    exclude = _exclusions(cause, e, settings)
+    used, cap = budget.job_retries_used, settings.num_job_retries_on_failure
+    if used >= cap:
+        return Decision(Verdict.FAIL, cause, f"retry budget exhausted ({used}/{cap}); last "
+                        f"ending: {cause.value}", budget, exclude)  # fmt: skip
+    spent = budget.cause_counts.get(cause.value, 0)
+    cause_cap = settings.cause_budgets.get(cause)
+    if cause_cap is not None and spent >= cause_cap:
+        return Decision(Verdict.FAIL, cause, f"retry budget for {cause.value} exhausted "
+                        f"({spent}/{cause_cap})", budget, exclude)  # fmt: skip
+    counts = dict(budget.cause_counts)
+    counts[cause.value] = spent + 1
+    new = Budget(used + 1, counts, budget.continuations, budget.stalled_continuations)
+    return Decision(Verdict.RETRY, cause, f"{cause.value}: retry {used + 1}/{cap}", new, exclude)
+
+
+_NO_RETRY = {
+    Cause.USER_ERROR: "user error: it would fail the same way again",
+    Cause.FAILED_VALIDATION: "result validation failed (exit 17): not retried",
+    Cause.DO_NOT_RETRY: "the job asked not to be retried (exit 93)",
+    Cause.DEADLINE: "the job's deadline passed",
+}
+
+
+def _exclusions(cause: Cause, e: Ending, settings: FtSettings) -> tuple[tuple[str, str], ...]:
+    if not settings.exclude_failed_nodes:
+        return ()
+    if cause in (Cause.NODE_FAIL, Cause.BOOT_FAIL):
+        nodes = e.down_nodes or (e.nodes if cause is Cause.BOOT_FAIL else ())
+        return tuple((n, f"{cause.value} under the run") for n in nodes)
+    if cause is Cause.RESUME_ELSEWHERE and e.suspect_node:
+        return ((e.suspect_node, "named by the job (exit 16)"),)
+    return ()
+
+
+def plan_exclusions(flagged: Sequence[str], usable_nodes: Iterable[str],
+                    nodes_needed: int) -> tuple[str, ...]:  # fmt: skip
+    """The nodes to pass as `--exclude`: every flagged node, most recent flags first, but
+    never so many that fewer than `nodes_needed` usable nodes remain to place the job."""
+    usable = set(usable_nodes)
+    spare = len(usable) - nodes_needed
+    chosen: list[str] = []
+    for node in flagged:  # newest first
+        if node in chosen:
+            continue
+        if node in usable:
+            if spare <= 0:
+                continue
+            spare -= 1
+        chosen.append(node)
+    return tuple(sorted(chosen))
+
+
+def checkpoint_lead(preempt_time: float, max_save_s: float | None) -> tuple[float, str | None]:
+    """Seconds before the wall limit to send the checkpoint signal. A save measured longer
+    than the lead allows stretches it (twice the save, plus a margin) with a warning."""
+    if max_save_s is None or 2 * max_save_s + 5 <= preempt_time:
+        return float(preempt_time), None
+    lead = 2 * max_save_s + 5
+    return lead, (f"checkpoint saves take up to {max_save_s:.0f}s: preempt_time "
+                  f"{preempt_time}s is too short, signalling {lead:.0f}s before the limit")
+
+
+def signal_due(start: float | None, time_limit_s: float | None, lead_s: float,
+               now: float) -> bool:  # fmt: skip
+    """Whether the checkpoint signal is due for an attempt running since `start`."""
+    if start is None or time_limit_s is None:
+        return False
+    return now >= start + time_limit_s - lead_s
+
+
+def next_poll_interval(now: float, *, last_change: float | None, deadlines: Iterable[float],
+                       previous: float, min_job_age_s: float, floor: float = 1.0,
+                       ceiling: float = 60.0) -> float:  # fmt: skip
+    """How long to wait before the next look: short right after a change (a submission, a
+    state change), up to the next deadline (a signal to send), otherwise backing off
+    geometrically to `ceiling`, and always well under MinJobAge so no ending is missed."""
+    cap = max(floor, min(ceiling, min_job_age_s / 3))
+    if last_change is not None and now - last_change < 30:
+        interval = floor
+    else:
+        interval = min(cap, max(floor, previous * 2))
+    for deadline in deadlines:
+        if deadline > now:
+            interval = min(interval, max(0.2, deadline - now))
+        else:
+            interval = min(interval, 0.2)
+    return interval

@@ -1,0 +1,373 @@
+"""The reconcile loop: observe, decide, record intent, act idempotently.
+
+One `cycle()`:
+1. carry out recorded intents (a submission or a requeue the daemon decided on but may not
+   have finished, e.g. because it was killed half-way);
+2. observe every active attempt with ONE batched scheduler query (plus one node listing,
+   only in a cycle where an attempt ended);
+3. for a running attempt, send the checkpoint signal when it is due;
+4. for an attempt that ended, classify the ending and decide (`policy`, pure), record the
+   decision and the next attempt's intent in one transaction, then act on the intent.
+
+Every action is safe to repeat: a submission intent first looks for a job carrying its
+tag; a requeue intent checks the job's restart count before requeueing again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ftslurm.backends.protocol import SchedulerBackend
+from ftslurm.core.types import JobInfo, JobState
+from ftslurm.daemon import policy
+from ftslurm.daemon.policy import Budget, Ending, FtSettings, Verdict
+from ftslurm.daemon.records import SUBMITTING, Attempt, NodeFlag, Run, RunState
+from ftslurm.daemon.store import Store
+from ftslurm.daemon.submission import backend_key, build_attempt, tag
+from ftslurm.errors import (
+    FtslurmError,
+    InvalidJobId,
+    JobStateConflict,
+    SchedulerRejected,
+    SchedulerUnavailable,
+)
+from ftslurm.fsutil import read_json
+
+log = logging.getLogger("ftslurm.daemon")
+
+REQUEUING = "REQUEUING"  # intent: bring job_id back for this attempt (requeue, start now)
+_ENDED_STATES = {s.value for s in JobState if s.is_terminal}
+
+
+def attempt_open(a: Attempt) -> bool:
+    """Whether the attempt still needs watching (not yet classified)."""
+    return a.cause is None
+
+
+def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt,
+                   clock: Callable[[], float] = time.time,
+                   adopt: bool = True) -> Attempt:  # fmt: skip
+    """Carry out a SUBMITTING intent: adopt the job that carries its tag, else submit."""
+    found = backend.find_jobs(a.tag) if adopt else []
+    if found:
+        job = max(found, key=lambda j: int(j.job_id.split("_")[0]))
+        a = replace(a, job_id=job.job_id, state=job.state.value,
+                    restart_count=job.restart_count)  # fmt: skip
+        store.update_attempt(a)
+        store.append_event(run.run_id, "adopted", {"attempt": a.attempt, "job_id": job.job_id},
+                           clock())  # fmt: skip
+        return a
+    exclude = current_exclusions(store, backend, run, clock())
+    script, options = build_attempt(run.run_id, run.spec, run.settings, a.attempt, exclude)
+    job_id = backend.submit(script, options)
+    a = replace(a, job_id=job_id, state=JobState.PENDING.value, submitted_at=clock())
+    store.update_attempt(a)
+    store.append_event(run.run_id, "submitted", {"attempt": a.attempt, "job_id": job_id,
+                                                 "exclude": list(exclude)}, clock())  # fmt: skip
+    return a
+
+
+def current_exclusions(store: Store, backend: SchedulerBackend, run: Run,
+                       now: float) -> tuple[str, ...]:  # fmt: skip
+    flags = sorted(store.node_flags(now), key=lambda f: f.since, reverse=True)
+    if not flags:
+        return ()
+    usable = [n.name for n in backend.nodes() if n.state.usable]
+    needed = int(run.spec["options"]["nodes"])
+    return policy.plan_exclusions([f.node for f in flags], usable, needed)
+
+
+class Reconciler:
+    def __init__(self, store: Store, backends: Callable[[str], SchedulerBackend],
+                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        self.store = store
+        self.backends = backends  # backend kind ("slurm", "mock") -> backend
+        self.clock = clock
+        self.interval = 1.0
+        self.last_change: float | None = None
+        self._trusted_intents: set[tuple[str, int]] = set()  # created by this process
+        self._min_job_age: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- the cycle
+    def cycle(self) -> float:
+        """One pass over every active run; returns seconds until the next one is due."""
+        deadlines: list[float] = []
+        by_backend: dict[str, list[tuple[Run, Attempt]]] = {}
+        for run in self.store.list_runs(active_only=True):
+            a = self.store.latest_attempt(run.run_id)
+            if a is None:
+                continue
+            if run.cancel_requested and a.state == SUBMITTING:
+                self._finish(run, RunState.CANCELLED, "cancelled by the user")
+                continue
+            if a.state == SUBMITTING:
+                a = self._try(run, a, lambda r=run, x=a: self._submit(r, x))
+                if a is None or a.state == SUBMITTING:
+                    continue
+            by_backend.setdefault(backend_key(run.spec), []).append((run, a))
+        for kind, items in by_backend.items():
+            backend = self.backends(kind)
+            ids = [a.job_id for _, a in items if a.job_id]
+            observed = backend.query(ids) if ids else {}  # ONE command for all of them
+            nodes_cache: dict[str, bool] | None = None
+            for run, a in items:
+                info = observed.get(a.job_id or "")
+                if info is None or info.state is JobState.UNKNOWN:
+                    continue
+                if a.state == REQUEUING and run.cancel_requested and info.state.is_active:
+                    backend.cancel(a.job_id or "")
+                    continue
+                if a.state == REQUEUING and not (run.cancel_requested and info.state.is_terminal):
+                    self._try(run, a, lambda r=run, x=a, i=info, b=backend:
+                              self._requeue(b, r, x, i))  # fmt: skip
+                    continue
+                ended = info.state.is_terminal or info.restart_count > a.restart_count
+                if a.state == REQUEUING:  # cancelled before it came back
+                    self._finish(run, RunState.CANCELLED, "cancelled by the user")
+                    continue
+                if not ended:
+                    deadline = self._watch(backend, run, a, info)
+                    if deadline is not None:
+                        deadlines.append(deadline)
+                    continue
+                if nodes_cache is None:
+                    nodes_cache = {n.name: n.state.usable for n in backend.nodes()}
+                self._ended(backend, run, a, info, nodes_cache)
+        self.interval = policy.next_poll_interval(
+            self.clock(), last_change=self.last_change, deadlines=deadlines,
+            previous=self.interval, min_job_age_s=min(self._min_job_age.values(), default=300),
+        )  # fmt: skip
+        return self.interval
+
+    def _try(self, run: Run, a: Attempt, action: Callable[[], Attempt | None]) -> Attempt | None:
+        """Run an action; a scheduler outage leaves the intent for the next cycle, a
+        permanent refusal ends the run with the scheduler's message."""
+        try:
+            return action()
+        except SchedulerUnavailable as exc:
+            log.warning("run %s: scheduler unavailable, will retry: %s", run.run_id, exc)
+            return None
+        except (JobStateConflict, InvalidJobId) as exc:
+            log.info("run %s: %s; looking again next cycle", run.run_id, exc)
+            return None
+        except FtslurmError as exc:
+            self._finish(run, RunState.FAILED, f"the scheduler refused: {exc}")
+            return None
+
+    # ------------------------------------------------------------------ intents
+    def _submit(self, run: Run, a: Attempt) -> Attempt:
+        backend = self.backends(backend_key(run.spec))
+        self._note_facts(backend_key(run.spec), backend)
+        adopt = (run.run_id, a.attempt) not in self._trusted_intents
+        a = submit_attempt(self.store, backend, run, a, self.clock, adopt=adopt)
+        self.last_change = self.clock()
+        return a
+
+    def _requeue(self, backend: SchedulerBackend, run: Run, a: Attempt,
+                 info: JobInfo) -> Attempt | None:  # fmt: skip
+        """Bring the job back for attempt `a`: requeue (held) unless Slurm already did,
+        set the exclusions, release, start now. Each step is checked, so it can repeat."""
+        job = a.job_id or ""
+        try:
+            if info.restart_count < a.restart_count:
+                if not info.state.is_terminal:
+                    return a  # still ending; look again next cycle
+                backend.requeue(job, hold=True)
+                return a  # it shows as pending in a moment
+            if info.state not in (JobState.PENDING, JobState.REQUEUED):
+                return a
+            exclude = current_exclusions(self.store, backend, run, self.clock())
+            merged = tuple(sorted(set(run.spec["options"]["exclude"]) | set(exclude)))
+            backend.update_excluded_nodes(job, merged)
+            backend.release(job)
+            backend.start_now(job)
+        except (JobStateConflict, InvalidJobId) as exc:
+            if info.state.is_terminal and info.restart_count < a.restart_count:
+                # it can no longer be requeued (e.g. forgotten): submit afresh instead
+                log.info("run %s: cannot requeue job %s (%s); submitting afresh",
+                         run.run_id, job, exc)  # fmt: skip
+                a = replace(a, state=SUBMITTING, job_id=None, restart_count=0,
+                            tag=tag(run.run_id, a.attempt))  # fmt: skip
+                self.store.update_attempt(a)
+                self._trusted_intents.add((run.run_id, a.attempt))
+                return self._submit(run, a)
+            return a  # not pending yet: next cycle
+        a = replace(a, state=JobState.PENDING.value)
+        self.store.update_attempt(a)
+        self.store.append_event(run.run_id, "requeued", {"attempt": a.attempt, "job_id": job,
+                                                         "exclude": list(merged)}, self.clock())
+        self.last_change = self.clock()
+        return a
+
+    # ------------------------------------------------------------------ watching
+    def _watch(self, backend: SchedulerBackend, run: Run, a: Attempt,
+               info: JobInfo) -> float | None:  # fmt: skip
+        """Record what changed; send the checkpoint signal when due. Returns its deadline."""
+        now = self.clock()
+        changed = info.state.value != a.state or (info.nodes and list(info.nodes) != a.nodes)
+        if changed:
+            a = replace(a, state=info.state.value, nodes=list(info.nodes) or a.nodes,
+                        start=info.start_time if info.state is JobState.RUNNING else a.start)
+            self.store.update_attempt(a)
+            self.last_change = now
+            if info.state is JobState.RUNNING:
+                self._started(run, a, now)
+        if run.cancel_requested:
+            backend.cancel(a.job_id or "")
+            return None
+        if info.state is not JobState.RUNNING or a.checkpoint_signal_at is not None:
+            return None
+        settings = FtSettings(**run.settings)
+        progress = read_json(Path(run.spec["run_dir"]) / "progress.json") or {}
+        lead, warning = policy.checkpoint_lead(settings.preempt_time,
+                                               progress.get("max_checkpoint_save_s"))
+        if not settings.preempt_time or info.time_limit_s is None or info.start_time is None:
+            return None
+        if not policy.signal_due(info.start_time, info.time_limit_s, lead, now):
+            return info.start_time + info.time_limit_s - lead
+        if warning:
+            self.store.append_event(run.run_id, "warning", {"message": warning}, now)
+        self.store.append_event(run.run_id, "checkpoint_signal", {
+            "attempt": a.attempt, "job_id": a.job_id, "signal": settings.checkpoint_signal,
+            "due": info.start_time + info.time_limit_s - lead, "lead_s": lead}, now)
+        a = replace(a, checkpoint_signal_at=now)
+        self.store.update_attempt(a)  # intent recorded first: a repeat would be harmless
+        try:
+            backend.signal(a.job_id or "", settings.checkpoint_signal)
+        except JobStateConflict:
+            pass  # it ended meanwhile; the next cycle sees how
+        return None
+
+    def _started(self, run: Run, a: Attempt, now: float) -> None:
+        """The attempt was seen running at `now`: the recovery latency is measured from the
+        previous attempt's ending being observed to this (at most one poll late)."""
+        if run.state is RunState.PENDING:
+            run = replace(run, state=RunState.RUNNING)
+            self.store.update_run(run)
+        previous = [x for x in self.store.attempts(run.run_id) if x.attempt < a.attempt]
+        if previous and previous[-1].failure_seen_at is not None:
+            latency = now - previous[-1].failure_seen_at
+            self.store.append_event(run.run_id, "recovered", {
+                "attempt": a.attempt, "job_id": a.job_id, "latency_s": round(latency, 3)}, now)
+        self.store.append_event(run.run_id, "running", {"attempt": a.attempt,
+                                                       "job_id": a.job_id, "nodes": a.nodes}, now)
+
+    # ------------------------------------------------------------------ endings
+    def _ended(self, backend: SchedulerBackend, run: Run, a: Attempt, info: JobInfo,
+               usable: dict[str, bool]) -> None:  # fmt: skip
+        now = self.clock()
+        if a.start is None and info.start_time is not None and not info.restart_count > (
+                a.restart_count):  # it ran and ended between two looks
+            a = replace(a, start=info.start_time)
+            self._started(run, a, max(info.start_time, now - self.interval))
+            run = self.store.get_run(run.run_id) or run
+        settings = FtSettings(**run.settings)
+        run_dir = Path(run.spec["run_dir"])
+        nodes = tuple(info.nodes) or tuple(a.nodes)
+        reports = [read_json(p) or {} for p in
+                   sorted((run_dir / "attempts" / str(a.attempt)).glob("rank-*.json"))]
+        progress = read_json(run_dir / "progress.json") or {}
+        ckpt = progress.get("checkpoint_step")
+        advanced = ckpt is not None and (run.last_checkpoint_step is None
+                                         or ckpt > run.last_checkpoint_step)  # fmt: skip
+        requeued = info.restart_count > a.restart_count
+        suspects = [r.get("node") for r in reports if r.get("outcome") == "resume_elsewhere"]
+        ending = Ending(
+            state=info.state, exit_code=info.exit_code, signal=info.signal,
+            requeued_by_scheduler=requeued, nodes=nodes,
+            down_nodes=tuple(n for n in nodes if not usable.get(n, True)),
+            rank_outcomes=tuple(str(r.get("outcome")) for r in reports if r.get("outcome")),
+            checkpoint_signal_sent=a.checkpoint_signal_at is not None,
+            checkpoint_advanced=advanced,
+            finished_marker=(run_dir / "FINISHED").exists(),
+            suspect_node=suspects[0] if suspects else None,
+        )  # fmt: skip
+        cause = policy.classify(ending, settings)
+        budget = Budget(run.job_retries_used, dict(run.cause_counts), run.continuations,
+                        run.stalled_continuations)  # fmt: skip
+        d = policy.decide(cause, ending, budget, settings, run.cancel_requested)
+        ended_state = info.state.value if info.state.is_terminal else (
+            JobState.NODE_FAIL.value if cause is policy.Cause.NODE_FAIL
+            else JobState.REQUEUED.value)  # fmt: skip
+        finished = replace(
+            a, state=ended_state, end=info.end_time or now, exit_code=info.exit_code,
+            signal=info.signal, reason=d.reason, cause=cause.value, nodes=list(nodes),
+            failure_seen_at=now if d.verdict in (Verdict.RETRY, Verdict.CONTINUE) else None,
+            in_job_restarts=max([int(r.get("in_job_restarts", 0)) for r in reports] or [0]),
+        )  # fmt: skip
+        run = replace(run, job_retries_used=d.budget.job_retries_used,
+                      cause_counts=dict(d.budget.cause_counts),
+                      continuations=d.budget.continuations,
+                      stalled_continuations=d.budget.stalled_continuations,
+                      last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
+                      reason=d.reason)  # fmt: skip
+        nxt: Attempt | None = None
+        if d.verdict in (Verdict.RETRY, Verdict.CONTINUE):
+            nxt = self._next_attempt(run, finished, info)
+        with self.store.transaction():
+            self.store.update_attempt(finished)
+            for node, why in d.exclude:
+                self.store.flag_node(NodeFlag(node=node, reason=why, since=now,
+                                              expires_at=now + settings.node_exclusion_ttl_s,
+                                              run_id=run.run_id))  # fmt: skip
+            self.store.append_event(run.run_id, "ended", {
+                "attempt": a.attempt, "job_id": a.job_id, "state": ended_state,
+                "cause": cause.value, "verdict": d.verdict.value, "reason": d.reason,
+                "exit_code": info.exit_code, "excluded": [n for n, _ in d.exclude]}, now)
+            if nxt is not None:
+                self.store.update_run(run)
+                self.store.add_attempt(nxt)
+                self._trusted_intents.add((run.run_id, nxt.attempt))
+            else:
+                state = {Verdict.COMPLETE: RunState.COMPLETED, Verdict.FAIL: RunState.FAILED,
+                         Verdict.CANCEL: RunState.CANCELLED}[d.verdict]  # fmt: skip
+                self.store.update_run(replace(run, state=state, ended_at=now))
+        self.last_change = now
+        if nxt is not None:
+            run = self.store.get_run(run.run_id) or run
+            if nxt.state == SUBMITTING:
+                self._try(run, nxt, lambda: self._submit(run, nxt))
+            else:
+                self._try(run, nxt, lambda: self._requeue(backend, run, nxt, info))
+
+    def _next_attempt(self, run: Run, prev: Attempt, info: JobInfo) -> Attempt:
+        """Requeue the same job when the controller still holds it (fast, keeps its id);
+        otherwise a fresh submission."""
+        if info.restart_count > prev.restart_count:  # Slurm already requeued it
+            step = info.restart_count - prev.restart_count
+            return Attempt(run.run_id, prev.attempt + step, REQUEUING, job_id=prev.job_id,
+                           tag=prev.tag, restart_count=info.restart_count)  # fmt: skip
+        if info.source not in ("sacct", "mock-accounting"):
+            return Attempt(run.run_id, prev.attempt + 1, REQUEUING, job_id=prev.job_id,
+                           tag=prev.tag, restart_count=prev.restart_count + 1)  # fmt: skip
+        n = prev.attempt + 1
+        return Attempt(run.run_id, n, SUBMITTING, tag=tag(run.run_id, n))
+
+    def _finish(self, run: Run, state: RunState, reason: str) -> None:
+        now = self.clock()
+        self.store.update_run(replace(run, state=state, reason=reason, ended_at=now))
+        self.store.append_event(run.run_id, "run_ended", {"state": state.value,
+                                                         "reason": reason}, now)
+
+    def _note_facts(self, kind: str, backend: SchedulerBackend) -> None:
+        if kind not in self._min_job_age:
+            try:
+                self._min_job_age[kind] = float(backend.cluster_facts().min_job_age_s)
+            except (SchedulerUnavailable, SchedulerRejected):
+                self._min_job_age[kind] = 300.0
+
+    def trust(self, run_id: str, attempt: int) -> None:
+        """Mark a submission intent as created by this process (no adoption search)."""
+        self._trusted_intents.add((run_id, attempt))
+
+
+def new_run_record(run_id: str, name: str, spec: dict[str, Any], settings: FtSettings,
+                   now: float) -> tuple[Run, Attempt]:  # fmt: skip
+    run = Run(run_id=run_id, name=name, state=RunState.PENDING, created_at=now, spec=spec,
+              settings=settings.model_dump(mode="json"))  # fmt: skip
+    return run, Attempt(run_id, 0, SUBMITTING, tag=tag(run_id, 0))

@@ -1,0 +1,105 @@
+"""Daemon scenarios shared by the mock and the real-cluster suites.
+
+Each scenario submits through the real CLI (`python -m ftslurm submit ...`), so the daemon
+is a separate process, as in production; the test only reads `status --json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# A training stand-in: steps of `step_s`, a checkpoint (and its report) every `every` steps
+# and when the checkpoint signal or SIGTERM arrives, then exit 0; FINISHED at `steps`.
+TRAIN = r'''
+import json, os, signal, sys, time
+from ftslurm.agent import progress
+
+steps, step_s, every = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+fail_at = int(sys.argv[4]) if len(sys.argv) > 4 else -1
+rank = int(os.environ["RANK"])
+ckpt = os.path.join(os.environ["FTSLURM_CHECKPOINT_DIR"], "step.json")
+stop = []
+for sig in (signal.SIGUSR2, signal.SIGTERM):
+    signal.signal(sig, lambda *_: stop.append(1))
+step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+print(f"rank {rank} attempt {os.environ['FTSLURM_ATTEMPT']} starts at step {step}", flush=True)
+
+def save(step):
+    if rank == 0:
+        tmp = ckpt + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"step": step}, f)
+        os.replace(tmp, ckpt)
+        progress.checkpoint_saved(step, 0.01)
+
+while step < steps:
+    if step == fail_at:
+        sys.exit(3)
+    time.sleep(step_s)
+    step += 1
+    if step % every == 0:
+        save(step)
+    if stop:
+        save(step)
+        print(f"rank {rank} checkpointed at {step} on request", flush=True)
+        sys.exit(0)
+if rank == 0:
+    progress.finished(step)
+print(f"rank {rank} finished at {step}", flush=True)
+'''
+
+
+def write_train(folder: Path) -> Path:
+    path = folder / "train.py"
+    path.write_text(TRAIN)
+    return path
+
+
+class Cli:
+    """Runs `ftslurm` as a user would, with its own state directory."""
+
+    def __init__(self, home: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
+        self.home = home
+        self.cwd = cwd or home.parent
+        self.env = dict(os.environ, FTSLURM_HOME=str(home), **(env or {}))
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 120
+                 ) -> subprocess.CompletedProcess:  # fmt: skip
+        proc = subprocess.run([sys.executable, "-m", "ftslurm", *args], env=self.env,
+                              cwd=self.cwd, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ftslurm {' '.join(args)} exited {proc.returncode}:\n"
+                                 f"{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def submit(self, *args: str) -> dict[str, Any]:
+        return json.loads(self("submit", "--json", *args).stdout)
+
+    def status(self, run_id: str) -> dict[str, Any]:
+        return json.loads(self("status", run_id, "--json").stdout)
+
+    def wait_for(self, run_id: str, pred: Callable[[dict], bool], timeout: float,
+                 what: str) -> dict[str, Any]:  # fmt: skip
+        deadline = time.monotonic() + timeout
+        s = self.status(run_id)
+        while time.monotonic() < deadline:
+            s = self.status(run_id)
+            if pred(s):
+                return s
+            time.sleep(0.3)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last "
+                             f"status:\n{json.dumps(s, indent=1)}")  # fmt: skip
+
+    def stop_daemon(self) -> None:
+        self("daemon", "stop", check=False)
+
+
+def ended(s: dict[str, Any]) -> bool:
+    return s["state"] in ("COMPLETED", "FAILED", "CANCELLED")

@@ -1,0 +1,420 @@
+"""The per-task wrapper (`ftslurm.agent.task`) and the progress API, with real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftslurm.agent import progress
+from ftslurm.agent.task import _applies, classify_exit, master_port, parse_inject_env, torch_env
+from ftslurm.core.inject import parse_injection
+
+REPO = Path(__file__).resolve().parents[1]
+_TORCH_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+               "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}  # fmt: skip
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    """Poll `condition` until it returns something true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "FTSLURM_")) and k not in _TORCH_KEYS}  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update({"SLURM_PROCID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1",
+                "SLURM_JOB_ID": "4242"})  # fmt: skip
+    env.update(extra)
+    return env
+
+
+def start(command: list[str], env: Mapping[str, str], stderr: Any = subprocess.PIPE
+          ) -> subprocess.Popen[bytes]:  # fmt: skip
+    return subprocess.Popen([sys.executable, "-m", "ftslurm.agent.task", "--", *command],
+                            env=dict(env), stdout=subprocess.PIPE, stderr=stderr)  # fmt: skip
+
+
+def run(command: list[str], env: Mapping[str, str], timeout: float = 30
+        ) -> subprocess.CompletedProcess[bytes]:  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "ftslurm.agent.task", "--", *command],
+                          env=dict(env), capture_output=True, timeout=timeout)  # fmt: skip
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def report(run_dir: Path, attempt: int = 0, rank: int = 0) -> dict[str, Any]:
+    return json.loads((run_dir / "attempts" / str(attempt) / f"rank-{rank}.json").read_text())
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 20) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# ---------------------------------------------------------------------- torch_env
+def test_torch_env_from_a_multi_node_step() -> None:
+    env = torch_env({
+        "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS": "8",
+        "SLURM_STEP_NUM_TASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)",
+        "SLURM_JOB_NODELIST": "n[3-4]", "SLURM_JOB_ID": "77",
+    })  # fmt: skip
+    assert env["RANK"] == "3" and env["LOCAL_RANK"] == "1"
+    assert env["WORLD_SIZE"] == "4"  # the step's task count wins over the job's
+    assert env["LOCAL_WORLD_SIZE"] == "2"
+    assert env["NODE_RANK"] == env["GROUP_RANK"] == "1"
+    assert env["MASTER_ADDR"] == "n3"
+    assert 20000 <= int(env["MASTER_PORT"]) <= 59999
+    assert "FTSLURM_ATTEMPT" not in env
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}, "1"),
+    ({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "2"}, "2"),
+    ({"SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}, "1"),
+    ({"SLURM_NTASKS_PER_NODE": "3"}, "3"),
+    ({}, "1"),
+])  # fmt: skip
+def test_local_world_size(environ: dict[str, str], expected: str) -> None:
+    assert torch_env(environ)["LOCAL_WORLD_SIZE"] == expected
+
+
+def test_torch_env_defaults_and_kept_values() -> None:
+    env = torch_env({"SLURM_NTASKS": "2", "MASTER_ADDR": "batchhost", "MASTER_PORT": "1234",
+                     "SLURM_JOB_NODELIST": "n[3-4]", "FTSLURM_ATTEMPT": "5"})  # fmt: skip
+    assert env["RANK"] == env["LOCAL_RANK"] == env["NODE_RANK"] == "0"
+    assert env["WORLD_SIZE"] == "2"
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("batchhost", "1234")
+    assert env["FTSLURM_ATTEMPT"] == "5"
+    assert torch_env({"SLURM_JOB_NODELIST": "gpu-a17,gpu-b2"})["MASTER_ADDR"] == "gpu-a17"
+
+
+def test_master_port_is_shared_by_ranks_and_moves_with_restarts() -> None:
+    ranks = [torch_env({"SLURM_JOB_ID": "123456", "SLURM_RESTART_COUNT": "2",
+                        "SLURM_PROCID": str(r)})["MASTER_PORT"] for r in range(4)]  # fmt: skip
+    assert len(set(ranks)) == 1
+    ports = {torch_env({"SLURM_JOB_ID": "123456", "SLURM_RESTART_COUNT": str(n)})["MASTER_PORT"]
+             for n in range(10)}  # fmt: skip
+    assert len(ports) == 10
+    assert torch_env({"SLURM_JOB_ID": "123456"})["MASTER_PORT"] == str(master_port("123456", 0))
+    assert all(20000 <= master_port(str(j), r) <= 59999 for j in range(0, 10**6, 9973)
+               for r in range(3))  # fmt: skip
+
+
+def test_attempt_is_base_plus_restart_count() -> None:
+    assert torch_env({"FTSLURM_ATTEMPT_BASE": "2"})["FTSLURM_ATTEMPT"] == "2"
+    env = torch_env({"FTSLURM_ATTEMPT_BASE": "2", "SLURM_RESTART_COUNT": "3",
+                     "FTSLURM_ATTEMPT": "2"})  # fmt: skip
+    assert env["FTSLURM_ATTEMPT"] == "5"
+
+
+# ---------------------------------------------------------------------- classify_exit
+TRACEBACK = 'Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
+
+
+@pytest.mark.parametrize(("args", "outcome"), [
+    ((0, None, False, 500.0, ""), "finished"),
+    ((0, None, True, 500.0, ""), "checkpointed"),
+    ((16, None, False, 1.0, ""), "resume_elsewhere"),
+    ((17, None, False, 1.0, ""), "failed_validation"),
+    ((93, None, True, 1.0, ""), "do_not_retry"),
+    ((1, None, False, 1.0, TRACEBACK + "ModuleNotFoundError: No module named 'x'\n"),
+     "user_error"),
+    ((1, None, False, 1.0, TRACEBACK + "ImportError: cannot import name 'y'\n"), "user_error"),
+    ((1, None, False, 1.0, TRACEBACK + "NameError: name 'z' is not defined\n\n"), "user_error"),
+    ((1, None, False, 1.0, '  x = (\n      ^\nSyntaxError: invalid syntax\n'), "user_error"),
+    ((1, None, False, 1.0, "IndentationError: unexpected indent"), "user_error"),
+    ((2, None, False, 1.0, "python3: can't open file '/x/train.py': [Errno 2] No such file"),
+     "user_error"),
+    ((1, None, False, 120.0, TRACEBACK + "NameError: name 'z' is not defined\n"), "failed"),
+    ((1, None, False, 1.0, TRACEBACK + "RuntimeError: NCCL error\n"), "failed"),
+    ((1, None, False, 1.0, "ImportError: early\nthen the training ran and failed\n"), "failed"),
+    ((None, 9, False, 1.0, ""), "killed"),
+    ((None, 15, True, 1.0, ""), "killed"),
+    ((3, None, False, 1.0, ""), "failed"),
+])  # fmt: skip
+def test_classify_exit(args: tuple[Any, ...], outcome: str) -> None:
+    assert classify_exit(*args, user_error_window_s=60.0) == outcome
+
+
+def test_injection_env_round_trip_and_targets() -> None:
+    injections = parse_inject_env("crash@5:1,straggler@0:n2*3,bogus@1,hang@2")
+    assert [i.spec() for i in injections] == ["crash@5:1", "straggler@0:n2*3", "hang@2:0"]
+    assert parse_inject_env("") == () and parse_inject_env(None) == ()
+    last = parse_injection("straggler@0")
+    assert _applies(last, 0, "n1", node_id=1, nnodes=2)
+    assert not _applies(last, 0, "n0", node_id=0, nnodes=2)
+    assert _applies(parse_injection("straggler@0:n0*3"), 0, "n0", node_id=0, nnodes=2)
+    assert _applies(parse_injection("straggler@0:0*3"), 5, "n0", node_id=0, nnodes=2)
+    assert not _applies(parse_injection("crash@1:1"), 0, "n0", node_id=0, nnodes=1)
+
+
+# ---------------------------------------------------------------------- running it
+@pytest.mark.parametrize(("code", "outcome"), [
+    (0, "finished"), (3, "failed"), (16, "resume_elsewhere"), (17, "failed_validation"),
+    (93, "do_not_retry"),
+])  # fmt: skip
+def test_exit_codes_pass_through(tmp_path: Path, code: int, outcome: str) -> None:
+    child = ("import sys; print('out', flush=True); sys.stderr.write('err line\\n'); "
+             f"sys.exit({code})")
+    done = run(py(child), clean_env(FTSLURM_RUN_DIR=str(tmp_path), SLURMD_NODENAME="n7"))
+    assert done.returncode == code
+    assert done.stdout == b"out\n" and b"err line" in done.stderr
+    r = report(tmp_path)
+    assert r["outcome"] == outcome and r["exit_code"] == code and r["signal"] is None
+    assert (r["rank"], r["node"], r["job_id"], r["attempt"]) == (0, "n7", "4242", 0)
+    assert r["restart_count"] == 0 and r["injected"] == [] and r["checkpoint_signal_at"] is None
+    assert r["started_at"] <= r["ended_at"]
+    assert r["error_tail"] == (None if code == 0 else "err line")
+
+
+def test_child_gets_torch_env_and_report_goes_to_the_attempt(tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    child = f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"
+    env = clean_env(FTSLURM_RUN_DIR=str(tmp_path), FTSLURM_ATTEMPT_BASE="2",
+                    SLURM_RESTART_COUNT="1", SLURM_PROCID="1", SLURM_LOCALID="1",
+                    SLURM_NTASKS="2", SLURM_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="n[3-4]",
+                    KEEP_ME="yes")  # fmt: skip
+    assert run(py(child), env).returncode == 0
+    seen = json.loads(out.read_text())
+    assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"]) == ("1", "1", "2")
+    assert (seen["LOCAL_WORLD_SIZE"], seen["MASTER_ADDR"]) == ("2", "n3")
+    assert seen["FTSLURM_ATTEMPT"] == "3" and seen["KEEP_ME"] == "yes"
+    r = report(tmp_path, attempt=3, rank=1)
+    assert (r["attempt"], r["restart_count"], r["outcome"]) == (3, 1, "finished")
+
+
+def test_user_error_and_missing_command(tmp_path: Path) -> None:
+    done = run(py("import nonexistent_module_xyz"), clean_env(FTSLURM_RUN_DIR=str(tmp_path)))
+    assert done.returncode == 1 and b"nonexistent_module_xyz" in done.stderr
+    r = report(tmp_path)
+    assert r["outcome"] == "user_error"
+    assert r["error_tail"].splitlines()[-1].startswith("ModuleNotFoundError")
+
+    done = run(["/nonexistent/ftslurm-no-such-command"], clean_env(FTSLURM_RUN_DIR=str(tmp_path),
+                                                                   FTSLURM_ATTEMPT="1"))
+    assert done.returncode == 127
+    assert len(done.stderr.decode().strip().splitlines()) == 1
+    r = report(tmp_path, attempt=1)
+    assert r["outcome"] == "user_error" and r["exit_code"] == 127
+
+    usage = subprocess.run([sys.executable, "-m", "ftslurm.agent.task", "--"], env=clean_env(),
+                           capture_output=True, timeout=30)  # fmt: skip
+    assert usage.returncode == 2 and len(usage.stderr.decode().strip().splitlines()) == 1
+
+
+def test_killed_child(tmp_path: Path) -> None:
+    done = run(py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
+               clean_env(FTSLURM_RUN_DIR=str(tmp_path)))  # fmt: skip
+    assert done.returncode == 128 + signal.SIGKILL
+    r = report(tmp_path)
+    assert (r["outcome"], r["exit_code"], r["signal"]) == ("killed", None, signal.SIGKILL)
+
+
+# A child that records the signals it gets: TERM (or USR2) also makes it exit 0.
+SIGNAL_CHILD = r'''
+import os, signal, sys, time
+folder = sys.argv[1]
+def got(sig, _frame):
+    open(os.path.join(folder, signal.Signals(sig).name), "w").close()
+    if sig in (signal.SIGTERM, signal.SIGUSR2):
+        sys.exit(0)
+for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, got)
+open(os.path.join(folder, "ready"), "w").close()
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(5)
+'''
+
+
+def test_signals_are_forwarded(tmp_path: Path) -> None:
+    proc = start([sys.executable, "-c", SIGNAL_CHILD, str(tmp_path)],
+                 clean_env(FTSLURM_RUN_DIR=str(tmp_path)))  # fmt: skip
+    wait_for((tmp_path / "ready").exists, what="the child to start")
+    for sig in (signal.SIGUSR1, signal.SIGHUP):
+        proc.send_signal(sig)
+        wait_for((tmp_path / sig.name).exists, what=f"{sig.name} to reach the child")
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc) == 0
+    assert (tmp_path / "SIGTERM").exists()
+    r = report(tmp_path)
+    assert r["outcome"] == "checkpointed" and r["checkpoint_signal_at"] is not None
+
+
+def test_checkpoint_signal_makes_exit_zero_checkpointed(tmp_path: Path) -> None:
+    proc = start([sys.executable, "-c", SIGNAL_CHILD, str(tmp_path)],
+                 clean_env(FTSLURM_RUN_DIR=str(tmp_path), FTSLURM_CHECKPOINT_SIGNAL="SIGUSR2"))
+    wait_for((tmp_path / "ready").exists, what="the child to start")
+    before = time.time()
+    proc.send_signal(signal.SIGUSR2)
+    assert finish(proc) == 0
+    r = report(tmp_path)
+    assert r["outcome"] == "checkpointed" and (tmp_path / "SIGUSR2").exists()
+    assert before <= r["checkpoint_signal_at"] <= r["ended_at"]
+
+
+# A child that beats: writes a growing counter (and its pid) every 20 ms until TERM.
+HEARTBEAT_CHILD = r'''
+import os, signal, sys, time
+folder = sys.argv[1]
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+open(os.path.join(folder, "pid"), "w").write(str(os.getpid()))
+n, deadline = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline:
+    n += 1
+    tmp = os.path.join(folder, "beat.tmp")
+    open(tmp, "w").write(str(n))
+    os.replace(tmp, os.path.join(folder, "beat"))
+    time.sleep(0.02)
+'''
+
+
+def beat(folder: Path) -> int:
+    try:
+        return int((folder / "beat").read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def test_crash_injection_kills_rank_zero_only(tmp_path: Path) -> None:
+    env = clean_env(FTSLURM_RUN_DIR=str(tmp_path), FTSLURM_INJECT="crash@1")
+    t0 = time.monotonic()
+    proc = start([sys.executable, "-c", HEARTBEAT_CHILD, str(tmp_path), "60"], env)
+    assert finish(proc) == 137
+    assert time.monotonic() - t0 >= 1.0
+    assert b"ftslurm: injected crash@1:0 on rank 0 (node " in proc.stderr.read()  # type: ignore
+    r = report(tmp_path)
+    assert (r["outcome"], r["signal"], r["injected"]) == ("killed", 9, ["crash@1:0"])
+    assert r["ended_at"] - r["started_at"] >= 1.0
+
+    other = tmp_path / "rank1"
+    other.mkdir()
+    done = run([sys.executable, "-c", HEARTBEAT_CHILD, str(other), "1.5"],
+               {**env, "SLURM_PROCID": "1"})  # fmt: skip
+    assert done.returncode == 0 and b"injected" not in done.stderr
+    assert report(tmp_path, rank=1)["injected"] == []
+
+
+def test_an_injection_fires_once_per_run(tmp_path: Path) -> None:
+    env = clean_env(FTSLURM_RUN_DIR=str(tmp_path), FTSLURM_INJECT="crash@0.2",
+                    FTSLURM_ATTEMPT_BASE="0")  # fmt: skip
+    assert run([sys.executable, "-c", HEARTBEAT_CHILD, str(tmp_path), "60"], env
+               ).returncode == 137  # fmt: skip
+    requeued = run([sys.executable, "-c", HEARTBEAT_CHILD, str(tmp_path), "1"],
+                   {**env, "SLURM_RESTART_COUNT": "1"})  # fmt: skip
+    assert requeued.returncode == 0
+    assert report(tmp_path, attempt=1)["injected"] == []
+
+
+def proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "?"
+
+
+def test_hang_injection_stops_the_child_until_sigcont(tmp_path: Path) -> None:
+    proc = start([sys.executable, "-c", HEARTBEAT_CHILD, str(tmp_path), "60"],
+                 clean_env(FTSLURM_RUN_DIR=str(tmp_path), FTSLURM_INJECT="hang@0.5"))
+    try:
+        pid = int(wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(),
+                           what="the child's pid"))  # fmt: skip
+        wait_for(lambda: proc_state(pid) == "T", what="the child to be stopped")
+        stopped_at = beat(tmp_path)
+        assert stopped_at > 0
+        # Stopped, it makes no progress (no new beat over a window of 25 beats).
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            assert beat(tmp_path) == stopped_at and proc.poll() is None
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: beat(tmp_path) > stopped_at + 2, what="the child to resume")
+        proc.send_signal(signal.SIGTERM)
+        assert finish(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert report(tmp_path)["injected"] == ["hang@0.5:0"]
+
+
+# A busy loop that counts its iterations over a fixed wall-clock window.
+BUSY_CHILD = r'''
+import sys, time
+start = time.monotonic()
+end, n = start + float(sys.argv[2]), 0
+while time.monotonic() < end:
+    n += 1
+open(sys.argv[1], "w").write(str(n))
+'''
+
+
+def test_straggler_slows_the_child(tmp_path: Path) -> None:
+    counts = {}
+    for name, inject in (("baseline", ""), ("slow", "straggler@0:4")):
+        out = tmp_path / name
+        env = clean_env(FTSLURM_RUN_DIR=str(tmp_path / f"run-{name}"), FTSLURM_INJECT=inject,
+                        SLURM_NODEID="1", SLURM_NNODES="2")  # the last node: the default target
+        done = run([sys.executable, "-c", BUSY_CHILD, str(out), "1.5"], env)
+        assert done.returncode == 0, done.stderr
+        counts[name] = int(out.read_text())
+    assert counts["slow"] < 0.6 * counts["baseline"], counts
+    assert report(tmp_path / "run-slow")["injected"] == ["straggler@0:4"]
+
+
+# ---------------------------------------------------------------------- progress
+def test_progress_api_rank_zero_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FTSLURM_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("FTSLURM_ATTEMPT", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(progress, "_last_step_write", None)
+    progress.report_step(5)
+    progress.report_step(6)  # within a second of the last write: skipped
+    data = json.loads((tmp_path / "progress.json").read_text())
+    assert (data["step"], data["attempt"], data["finished"]) == (5, 2, False)
+    progress.checkpoint_saved(10, 2.5)
+    progress.checkpoint_saved(20, 0.5)
+    progress.checkpoint_saved(25)
+    data = json.loads((tmp_path / "progress.json").read_text())
+    assert (data["checkpoint_step"], data["checkpoint_save_s"]) == (25, 0.5)
+    assert data["max_checkpoint_save_s"] == 2.5 and data["step"] == 25
+    assert not (tmp_path / "FINISHED").exists()
+    progress.finished(30)
+    data = json.loads((tmp_path / "progress.json").read_text())
+    assert data["finished"] is True and data["step"] == 30 and data["checkpoint_step"] == 25
+    assert abs(data["updated_at"] - time.time()) < 60
+    assert json.loads((tmp_path / "FINISHED").read_text())["step"] == 30
+
+
+def test_progress_api_is_quiet_elsewhere(tmp_path: Path) -> None:
+    code = ("from ftslurm.agent import progress\n"
+            "progress.report_step(1); progress.checkpoint_saved(2, 1.0); progress.finished(3)")
+    for extra in ({"RANK": "1", "FTSLURM_RUN_DIR": str(tmp_path)}, {"RANK": "0"}):
+        env = {**clean_env(), **extra}
+        assert subprocess.run(py(code), env=env, timeout=30).returncode == 0
+    assert list(tmp_path.iterdir()) == []
+    env = {**clean_env(), "FTSLURM_RUN_DIR": str(tmp_path)}  # RANK unset: rank 0
+    assert subprocess.run(py(code), env=env, timeout=30).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FINISHED", "progress.json"]

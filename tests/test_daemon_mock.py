@@ -1,0 +1,176 @@
+"""The daemon end to end on the mock scheduler: `ftslurm submit --dry-run` and friends.
+
+The same scenarios run on the real local cluster in test_daemon_slurm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ftslurm.backends.mock import MockScheduler
+from ftslurm.daemon.reconcile import new_run_record
+from ftslurm.daemon.records import SUBMITTING
+from ftslurm.daemon.store import Store
+from ftslurm.daemon.submission import build_attempt, make_spec
+from ftslurm.recipe import load_recipe
+
+from .daemon_scenarios import Cli, ended, write_train
+
+
+@pytest.fixture
+def cli(tmp_path) -> Iterator[Cli]:
+    c = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
+    c("mock", "up", "--slurmd-timeout", "2", "--min-job-age", "60")
+    yield c
+    c.stop_daemon()
+    c("mock", "destroy", check=False)
+
+
+def mock_jobs(tmp_path) -> dict:
+    scheduler = MockScheduler(tmp_path / "mock")
+    return scheduler.query([str(i) for i in range(1, 40)])
+
+
+def test_node_failure_is_retried_on_other_nodes_with_the_failed_node_excluded(cli, tmp_path):
+    train = write_train(tmp_path)
+    out = cli.submit("--dry-run", "-N", "2", "--retries", "2", "--inject", "node_fail@2",
+                     str(train), "--", "40", "0.1", "5")  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 90, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    first, second = s["attempts"][0], s["attempts"][1]
+    assert first["cause"] == "node_fail"
+    failed = set(first["nodes"]) - set(second["nodes"])
+    assert failed and failed <= set(s["excluded_nodes"])
+    assert s["job_retries_used"] == 1
+    assert first["job_id"] == second["job_id"]  # requeued, not resubmitted
+    events = Store(cli.home).events(out["run_id"])
+    recovered = [e for e in events if e.kind == "recovered"]
+    assert recovered and recovered[0].data["latency_s"] < 30  # no 120 s requeue delay
+
+
+def test_wall_limit_after_a_checkpoint_continues_from_that_step(cli, tmp_path):
+    train = write_train(tmp_path)
+    out = cli.submit("--dry-run", "-t", "0:12", "--preempt-time", "6", "--retries", "0",
+                     str(train), "--", "150", "0.1", "1000")  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 120, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert s["continuations"] >= 1 and s["job_retries_used"] == 0
+    assert s["attempts"][0]["cause"] == "checkpointed"
+    log = cli("logs", out["run_id"], "--attempt", "1").stdout
+    step = s["attempts"] and json.loads((tmp_path / "home" / "runs" / out["run_id"] /
+                                         "progress.json").read_text())  # fmt: skip
+    assert "starts at step 0" not in log  # the continuation resumed from the checkpoint
+    assert step["finished"] is True and step["step"] == 150
+
+
+def test_budget_exhausted_fails_with_the_reason_and_wait_exits_1(cli, tmp_path):
+    train = write_train(tmp_path)
+    out = cli.submit("--dry-run", "--retries", "1", str(train), "--", "50", "0.01", "5", "3")
+    s = cli.wait_for(out["run_id"], ended, 60, "the run to fail")
+    assert s["state"] == "FAILED"
+    assert "retry budget exhausted (1/1)" in s["reason"]
+    assert [a["cause"] for a in s["attempts"]] == ["crash", "crash"]
+    assert cli("wait", out["run_id"], check=False).returncode == 1
+    shown = cli("status", out["run_id"]).stdout
+    assert "budget exhausted" in shown
+
+
+def test_user_error_is_not_retried(cli, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import no_such_module_for_ftslurm\n")
+    out = cli.submit("--dry-run", "--retries", "3", str(bad))
+    s = cli.wait_for(out["run_id"], ended, 60, "the run to fail")
+    assert s["state"] == "FAILED" and s["job_retries_used"] == 0
+    assert s["attempts"][0]["cause"] == "user_error"
+
+
+def test_wait_exit_codes(cli, tmp_path):
+    train = write_train(tmp_path)
+    out = cli.submit("--dry-run", str(train), "--", "100", "0.1", "10")
+    assert cli("wait", out["run_id"], "--timeout", "1", check=False).returncode == 124
+    assert cli("wait", out["run_id"], "--timeout", "60", check=False).returncode == 0
+    out = cli.submit("--dry-run", str(train), "--", "1000", "0.1", "10")
+    cli("cancel", out["run_id"])
+    assert cli("wait", out["run_id"], "--timeout", "60", check=False).returncode == 1
+    assert cli.status(out["run_id"])["state"] == "CANCELLED"
+
+
+def test_daemon_killed_after_submission_adopts_the_job(cli, tmp_path):
+    """The daemon dies between `sbatch` and recording the job id: the next daemon finds
+    the job by its tag and adopts it; no attempt is submitted twice."""
+    train = write_train(tmp_path)
+    store = Store(cli.home)
+    recipe = load_recipe(train, ["20", "0.05", "5"])
+    run_dir = cli.home / "runs" / "adopt1"
+    (run_dir / "logs").mkdir(parents=True)
+    spec = make_spec(recipe, run_dir=run_dir, backend="mock", workdir=str(tmp_path),
+                     mock_home=tmp_path / "mock")
+    run, attempt = new_run_record("adopt1", "adopt", spec, recipe.settings(), time.time())
+    store.add_run(run)
+    store.add_attempt(attempt)
+    script, options = build_attempt("adopt1", spec, run.settings, 0, ())
+    job_id = MockScheduler(tmp_path / "mock").submit(script, options)  # then the "crash"
+    assert store.latest_attempt("adopt1").state == SUBMITTING
+    cli("daemon", "start")
+    s = cli.wait_for("adopt1", ended, 60, "the adopted run to end")
+    assert s["state"] == "COMPLETED"
+    assert [a["job_id"] for a in s["attempts"]] == [job_id]
+    assert len([j for j in mock_jobs(tmp_path).values() if j.comment == "ftslurm:adopt1:0"]) == 1
+
+
+def test_daemon_sigkilled_mid_run_and_restarted_finishes_the_run(cli, tmp_path):
+    train = write_train(tmp_path)
+    out = cli.submit("--dry-run", "-N", "2", "--inject", "node_fail@2", str(train), "--",
+                     "40", "0.1", "5")  # fmt: skip
+    pid = json.loads(cli("daemon", "status", "--json").stdout)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    cli.wait_for(out["run_id"], lambda s: True, 5, "status")
+    status = json.loads(cli("daemon", "status", "--json", check=False).stdout)
+    assert not status["running"]
+    cli("daemon", "start")
+    s = cli.wait_for(out["run_id"], ended, 90, "the run to end")
+    assert s["state"] == "COMPLETED"
+    ids = {a["job_id"] for a in s["attempts"]}
+    assert len(ids) == 1  # one job, requeued: nothing was submitted twice
+
+
+@pytest.mark.parametrize("args,message", [
+    (["missing.py"], "recipe not found"),
+    (["--retries", "-1", "TRAIN"], "num_job_retries_on_failure"),
+    (["--inject", "explode@3", "TRAIN"], "inject"),
+    (["--inject", "node_fail@3", "TRAIN"], "--dry-run"),
+    (["-t", "soon", "TRAIN"], "time"),
+])
+def test_bad_input_is_one_line_and_submits_nothing(cli, tmp_path, args, message):
+    train = write_train(tmp_path)
+    args = [str(train) if a == "TRAIN" else a for a in args]
+    proc = cli("submit", *args, check=False)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), proc.stderr
+    assert message in lines[0]
+    assert Store(cli.home).list_runs() == []
+    assert all(j.state.value == "UNKNOWN" for j in mock_jobs(tmp_path).values())
+
+
+def test_unknown_run_id_is_one_line(cli):
+    for command in (["status", "nope"], ["wait", "nope"], ["cancel", "nope"], ["logs", "nope"]):
+        proc = cli(*command, check=False)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+        assert "no run 'nope'" in proc.stderr
+
+
+def test_print_script_submits_nothing(cli, tmp_path):
+    train = write_train(tmp_path)
+    proc = cli("submit", "--print-script", "-N", "2", "-t", "10", str(train))
+    assert proc.stdout.startswith("#!/bin/bash")
+    assert "#SBATCH --nodes=2" in proc.stdout and "#SBATCH --signal=USR2@60" in proc.stdout
+    assert "ftslurm.agent.task" in proc.stdout
+    assert Store(cli.home).list_runs() == []
