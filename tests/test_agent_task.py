@@ -418,3 +418,22 @@ def test_progress_api_is_quiet_elsewhere(tmp_path: Path) -> None:
     env = {**clean_env(), "FTSLURM_RUN_DIR": str(tmp_path)}  # RANK unset: rank 0
     assert subprocess.run(py(code), env=env, timeout=30).returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["FINISHED", "progress.json"]
+
+
+def test_the_command_dies_with_a_sigkilled_wrapper(tmp_path):
+    """A task killed by SIGKILL (a node's processes killed, a crash) takes its rank along."""
+    pidfile = tmp_path / "child.pid"
+    wrapper = subprocess.Popen([sys.executable, "-m", "ftslurm.agent.task", "--", "bash", "-c",
+                                 f"echo $$ > {pidfile}; exec sleep 60"])  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline, "the child never started"
+        time.sleep(0.02)
+    child = int(pidfile.read_text())
+    wrapper.send_signal(signal.SIGKILL)
+    wrapper.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text(
+            ).split()[2]:  # fmt: skip
+        assert time.monotonic() < deadline, "the child outlived its wrapper"
+        time.sleep(0.02)

@@ -174,3 +174,12 @@ def test_print_script_submits_nothing(cli, tmp_path):
     assert "#SBATCH --nodes=2" in proc.stdout and "#SBATCH --signal=USR2@60" in proc.stdout
     assert "ftslurm.agent.task" in proc.stdout
     assert Store(cli.home).list_runs() == []
+
+
+def test_injected_crash_is_retried_and_fires_once(cli, tmp_path):
+    train = write_train(tmp_path)
+    out = cli.submit("--dry-run", "-N", "2", "--retries", "1", "--inject", "crash@2:1",
+                     str(train), "--", "60", "0.1", "10")  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 90, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert [a["cause"] for a in s["attempts"]] == ["crash", "finished"]

@@ -109,3 +109,17 @@ def test_daemon_killed_after_submission_adopts_the_job(cli, tmp_path):
     s = cli.wait_for("adopt2", ended, 90, "the adopted run to end")
     assert s["state"] == "COMPLETED"
     assert [a["job_id"] for a in s["attempts"]] == [job_id]
+
+
+def test_injected_crash_on_a_real_cluster_is_retried_and_fires_once(cli, tmp_path):
+    """In-job injections work on real Slurm: the task wrapper kills rank 1 at 3 s, the
+    daemon classifies the crash and retries; the retry is not crashed again."""
+    train = write_train(tmp_path)
+    out = cli.submit("-N", "2", "--retries", "1", "--inject", "crash@3:1", str(train), "--",
+                     "80", "0.1", "10")  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 120, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert [a["cause"] for a in s["attempts"]] == ["crash", "finished"]
+    report = json.loads((tmp_path / "home" / "runs" / out["run_id"] / "attempts" / "0" /
+                         "rank-1.json").read_text())  # fmt: skip
+    assert report["injected"] == ["crash@3:1"] and report["outcome"] == "killed"

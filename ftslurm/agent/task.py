@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -253,7 +253,8 @@ class Task:
             signals.signal(sig, self._forward)
         try:
             self.proc = subprocess.Popen(self.command, env=self.env, stderr=subprocess.PIPE,
-                                         start_new_session=True)  # fmt: skip
+                                         start_new_session=True,
+                                         preexec_fn=_die_with(os.getpid()))  # fmt: skip
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             message = f"ftslurm: cannot start {self.command[0]!r}: {exc.strerror or exc}"
@@ -311,6 +312,21 @@ class Task:
             "outcome": outcome,
             "error_tail": "\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
         })  # fmt: skip
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """For the child: be killed when the wrapper dies (even by SIGKILL), so a rank never
+    outlives its task where processes are tracked by process group only."""
+
+    def preexec() -> None:
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signals.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the wrapper died before prctl took effect
+                os._exit(137)
+
+    return preexec
 
 
 def main(argv: list[str] | None = None) -> int:
