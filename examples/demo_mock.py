@@ -1,11 +1,13 @@
-"""Demo: rehearse a training run's recovery on a laptop, against the mock scheduler.
+"""Demo: rehearse a training run's recovery on a laptop, with `ftslurm submit --dry-run`.
 
-`examples/recipe.py` (a real 2-rank PyTorch DDP job on the CPU) runs on a simulated
-4-node Slurm cluster with two faults injected: a node dies 5 s into the first attempt, and
-the job is preempted 10 s into the second. Each time, the recovery loop below does what
-ftslurm's daemon will do (issue 3/5): read Slurm's verdict, keep the failed node out, and
-start the requeued job at once instead of waiting Slurm's requeue delay. The run must end
-COMPLETED with exactly the parameters of an uninterrupted run, which is computed first.
+`examples/recipe.py` (a real 2-rank PyTorch DDP job on the CPU) runs on the mock Slurm
+cluster twice, through the same commands a user types:
+  1. uninterrupted, for reference;
+  2. with a node failure injected 5 s into the first attempt and a preemption 10 s into
+     the second. ftslurm's daemon reads Slurm's verdict each time, keeps the failed node
+     out, starts the requeued job at once (no 120 s requeue delay), and counts the
+     preemption, where the recipe checkpointed on SIGTERM, as a continuation.
+The faulty run must end COMPLETED with exactly the parameters of the reference run.
 
 Nothing is faked: the jobs are real processes, the faults really kill them, and the
 parameters are compared by digest. Run it with `make demo`.
@@ -14,104 +16,77 @@ parameters are compared by digest. Run it with `make demo`.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from ftslurm.backends.mock import MockConfig, MockScheduler, controller
-from ftslurm.core.types import JobInfo, JobOptions, JobState
-
-RECIPE = Path(__file__).resolve().parent / "recipe.py"
-STEPS = 150
+ROOT = Path(__file__).resolve().parent
 console = Console()
 
 
-def script(ckpt: Path, step_time: float) -> str:
-    cmd = [sys.executable, "-W", "ignore", str(RECIPE), "--steps", str(STEPS),
-           "--ckpt-every", "10", "--step-time", str(step_time), "--checkpoint-dir", str(ckpt)]
-    return f"#!/bin/bash\nsrun --kill-on-bad-exit=1 {shlex.join(cmd)}\n"
+def ftslurm(*args: str, env: dict[str, str], check: bool = True) -> str:
+    console.print(f"[bold]$ ftslurm {shlex.join(args)}[/]")
+    proc = subprocess.run([sys.executable, "-m", "ftslurm", *args], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.stderr.strip():
+        console.print(proc.stderr.rstrip(), markup=False, highlight=False)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"ftslurm {args[0]} exited {proc.returncode}:\n{proc.stdout}")
+    return proc.stdout
 
 
-def run_job(mock: MockScheduler, text: str, options: JobOptions, deadline_s: float,
-            recover: bool) -> tuple[JobInfo, list[str]]:  # fmt: skip
-    """Submit, then watch; with `recover`, act on every ending as the daemon will."""
-    job = mock.submit(text, options)
-    log: list[str] = []
-    seen = (None, -1)
-    excluded: set[str] = set()
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        info = mock.query([job])[job]
-        if (info.state, info.restart_count) != seen:
-            seen = (info.state, info.restart_count)
-            where = f" on {','.join(info.nodes)}" if info.nodes else ""
-            log.append(f"attempt {info.restart_count}: {info.state.value}{where}"
-                       + (f" ({info.reason})" if info.reason else ""))  # fmt: skip
-        if info.state is JobState.COMPLETED or (info.state.is_terminal and not recover):
-            return info, log
-        if recover and info.state is JobState.PENDING and info.reason == "BeginTime":
-            down = {n.name for n in mock.nodes() if not n.state.usable}
-            if down - excluded:
-                excluded |= down
-                mock.update_excluded_nodes(job, sorted(excluded))
-                log.append(f"  recovery: exclude {', '.join(sorted(excluded))}")
-            mock.start_now(job)
-            log.append("  recovery: start now (skip the requeue delay)")
-        time.sleep(0.2)
-    raise SystemExit(f"job {job} did not finish in {deadline_s:.0f}s")
+def run(name: str, work: Path, env: dict[str, str], faults: list[str], step_time: str) -> dict:
+    ckpt = work / name
+    inject = [a for f in faults for a in ("--inject", f)]
+    out = ftslurm("submit", "--dry-run", "--json", "-N", "2", "--retries", "2",
+                  "--name", name, *inject, str(ROOT / "recipe.py"), "--", "--steps", "150",
+                  "--ckpt-every", "10", "--step-time", step_time,
+                  "--checkpoint-dir", str(ckpt), env=env)  # fmt: skip
+    run_id = json.loads(out)["run_id"]
+    started = time.monotonic()
+    ftslurm("wait", run_id, "--timeout", "150", env=env, check=False)
+    console.print(ftslurm("status", run_id, env=env), end="")
+    final = ckpt / "final.json"
+    result = json.loads(final.read_text()) if final.exists() else {}
+    status = json.loads(ftslurm("status", run_id, "--json", env=env))
+    return {**result, "status": status, "seconds": time.monotonic() - started}
 
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ftslurm-demo-"))
-    home = work / "mockcluster"
-    mock = MockScheduler(home, MockConfig(slurmd_timeout_s=3, kill_wait_s=15))
-    stop = threading.Event()
-    ctl = threading.Thread(target=controller.run, args=(home, 0.1, stop), daemon=True)
-    ctl.start()
+    env = dict(os.environ, FTSLURM_HOME=str(work / "home"),
+               FTSLURM_MOCK_HOME=str(work / "mock"), PYTHONWARNINGS="ignore",
+               COLUMNS=os.environ.get("COLUMNS", "150"))  # fmt: skip
     console.rule("ftslurm demo: a PyTorch run survives a node failure and a preemption (mock)")
     try:
-        started = time.monotonic()
-        options = JobOptions(name="recipe", nodes=2, ntasks_per_node=1, workdir=str(work),
-                             output=str(work / "reference.out"))  # fmt: skip
-        ref, _ = run_job(mock, script(work / "ref", 0.0), options, 120, recover=False)
-        reference = json.loads((work / "ref" / "final.json").read_text())
-        console.print(f"uninterrupted run: {ref.state.value}, step {reference['step']}, "
-                      f"digest {reference['digest']} ({time.monotonic() - started:.0f}s)")
-
-        started = time.monotonic()
-        faulty = JobOptions(name="recipe", nodes=2, ntasks_per_node=1, workdir=str(work),
-                            output=str(work / "faulty.out"),
-                            inject=("node_fail@5", "preempt@10"))  # fmt: skip
-        console.print("faulty run: --inject node_fail@5 --inject preempt@10")
-        info, log = run_job(mock, script(work / "faulty", 0.1), faulty, 170, recover=True)
-        for line in log:
-            console.print(f"  {line}")
-        final = json.loads((work / "faulty" / "final.json").read_text())
-        table = Table("run", "state", "attempts", "final step", "digest")
-        table.add_row("uninterrupted", ref.state.value, "1", str(reference["step"]),
-                      reference["digest"])  # fmt: skip
-        table.add_row("with faults", info.state.value, str(info.restart_count + 1),
-                      str(final["step"]), final["digest"])  # fmt: skip
-        console.print(table)
-        lines = (work / "faulty.out").read_text().splitlines()
-        console.print("the job's own output (ranks' tracebacks left out, see faulty.out):")
-        for line in lines:
-            if not line.startswith("[rank"):
-                console.print(f"  {line}", markup=False, highlight=False)
-        ok = (info.state is JobState.COMPLETED and info.restart_count >= 2
-              and final == reference)  # fmt: skip
-        console.print(f"took {time.monotonic() - started:.0f}s; files in {work}")
+        # SlurmdTimeout 3 s instead of Slurm's 300 s so the rehearsal is quick.
+        ftslurm("mock", "up", "--slurmd-timeout", "3", env=env)
+        reference = run("reference", work, env, [], "0")
+        faulty = run("with-faults", work, env, ["node_fail@5", "preempt@10"], "0.1")
+        s = faulty["status"]
+        causes = [a["cause"] for a in s["attempts"]]
+        ok = (s["state"] == "COMPLETED" and "node_fail" in causes and "checkpointed" in causes
+              and faulty.get("digest") == reference.get("digest")
+              and faulty.get("step") == reference.get("step") == 150)  # fmt: skip
+        console.print(f"reference: step {reference.get('step')}, digest "
+                      f"{reference.get('digest')}")  # fmt: skip
+        console.print(f"with faults: {s['state']} after {len(s['attempts'])} attempts "
+                      f"({', '.join(c or '-' for c in causes)}), excluded "
+                      f"{', '.join(s['excluded_nodes']) or 'none'}; step {faulty.get('step')}, "
+                      f"digest {faulty.get('digest')} ({faulty['seconds']:.0f}s)",
+                      soft_wrap=True)  # fmt: skip
+        console.print(f"files in {work}")
         console.rule("[green]demo passed[/]" if ok else "[red]demo failed[/]")
         return 0 if ok else 1
     finally:
-        stop.set()
-        ctl.join()
+        ftslurm("daemon", "stop", env=env, check=False)
+        ftslurm("mock", "down", env=env, check=False)
 
 
 if __name__ == "__main__":

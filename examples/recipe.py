@@ -8,8 +8,11 @@ run ends with exactly the parameters of an uninterrupted one.
 
 - Every `--ckpt-every` steps rank 0 saves model, optimizer and step atomically
   (temporary file, fsync, rename) into `--checkpoint-dir` (or FTSLURM_CHECKPOINT_DIR).
-- On SIGTERM or SIGUSR1 a flag is set; at the next step all ranks agree on it (an
-  all-reduce), save a checkpoint and exit 0: "checkpointed, continue me".
+- On SIGTERM, SIGUSR1 or SIGUSR2 (ftslurm's checkpoint signal) a flag is set; at the next
+  step all ranks agree on it (an all-reduce), save a checkpoint and exit 0: "checkpointed,
+  continue me".
+- It tells ftslurm's daemon about each checkpoint (`ftslurm.agent.progress`), and that it
+  finished; outside ftslurm those calls do nothing.
 - When the last step is done it writes `final.json` (step and a parameter digest).
 
     python examples/recipe.py --steps 200 --checkpoint-dir ckpt
@@ -28,6 +31,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+from ftslurm.agent import progress
 
 STOP = {"requested": False}
 
@@ -80,6 +85,7 @@ def main() -> int:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGUSR1, _request_stop)
+    signal.signal(signal.SIGUSR2, _request_stop)
 
     rank, world, addr, port = dist_env()
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
@@ -98,12 +104,14 @@ def main() -> int:
         step = state["step"]
     if rank == 0:
         print(f"rank 0 of {world} starts at step {step} "
-              f"(attempt {os.environ.get('SLURM_RESTART_COUNT', '0')})", flush=True)
+              f"(attempt {os.environ.get('FTSLURM_ATTEMPT', '0')})", flush=True)
 
     def checkpoint() -> None:
         if rank == 0:
+            started = time.monotonic()
             save_atomic({"model": model.module.state_dict(), "optim": optim.state_dict(),
                          "step": step}, ckpt)  # fmt: skip
+            progress.checkpoint_saved(step, time.monotonic() - started)
         dist.barrier()
 
     while step < args.steps:
@@ -128,6 +136,7 @@ def main() -> int:
     if rank == 0:
         (ckpt_dir / "final.json").write_text(json.dumps({"step": step, "digest": digest(model)}))
         print(f"finished at step {step}, digest {digest(model)}", flush=True)
+        progress.finished(step)
     dist.destroy_process_group()
     return 0
 

@@ -17,5 +17,4 @@ def test_mock_demo_survives_node_failure_and_preemption_with_identical_parameter
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "demo passed" in out
-    assert "recovery: exclude n2" in out  # the injected node failure hit the last node
-    assert "checkpointed at step" in out  # the preemption led to a checkpoint-and-exit
+    assert "(node_fail, checkpointed, finished), excluded n2" in out.replace("\n", " ")
