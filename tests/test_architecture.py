@@ -68,3 +68,9 @@ def test_local_cluster_config_gives_each_slurmd_its_own_files_and_never_uses_etc
     assert "/etc/" not in conf and "/etc/" not in render_slurmdbd_conf(lay)
     assert f"AuthInfo=socket={lay.munge_socket}" in conf
     assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
+
+
+def test_daemon_policy_is_pure():
+    bad = {m for m in imported_modules(PACKAGE / "daemon" / "policy.py")
+           if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)}  # fmt: skip
+    assert not bad, f"policy.py imports {sorted(bad)}"
