@@ -97,6 +97,12 @@ def torch_env(environ: Mapping[str, str]) -> dict[str, str]:
         hostlist.expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
     env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(
         master_port(environ.get("SLURM_JOB_ID"), restarts))
+    if environ.get("TORCHELASTIC_RUN_ID"):  # started by the launcher: its ranks stand
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                    "MASTER_ADDR", "MASTER_PORT"):  # fmt: skip
+            if environ.get(key):
+                env[key] = environ[key]
+        env["NODE_RANK"] = env["GROUP_RANK"]
     if environ.get("FTSLURM_ATTEMPT_BASE"):
         env["FTSLURM_ATTEMPT"] = str(_int(environ["FTSLURM_ATTEMPT_BASE"]) + restarts)
     elif environ.get("FTSLURM_ATTEMPT"):
@@ -208,14 +214,18 @@ class Task:
                 self.tail += chunk
                 del self.tail[:-TAIL_BYTES]
 
+    def attempt_report_exists(self) -> bool:
+        return self.run_dir is not None and (
+            self.run_dir / "attempts" / self.attempt / f"rank-{self.rank}.json").exists()
+
     def _fired_before(self) -> set[str]:
-        """Specs this rank already carried out in an earlier attempt of the run."""
+        """Specs this rank already carried out in an earlier attempt of the run, or earlier
+        in this attempt before an in-job restart (its report is then already there)."""
         if self.run_dir is None:
             return set()
         fired: set[str] = set()
         for path in (self.run_dir / "attempts").glob(f"*/rank-{self.rank}.json"):
-            if path.parent.name != self.attempt:
-                fired.update((read_json(path) or {}).get("injected") or [])
+            fired.update((read_json(path) or {}).get("injected") or [])
         return fired
 
     def _inject(self, pending: list[Injection], done: threading.Event) -> None:
@@ -271,6 +281,8 @@ class Task:
         nnodes = _int(self.environ.get("SLURM_NNODES")
                       or self.environ.get("SLURM_JOB_NUM_NODES"), 1)  # fmt: skip
         fired = self._fired_before()
+        if self.attempt_report_exists():  # an in-job restart: keep what already fired here
+            self.injected = sorted(fired)
         pending = sorted((i for i in parse_inject_env(self.environ.get("FTSLURM_INJECT"))
                           if i.spec() not in fired
                           and _applies(i, self.rank, self.node, self.node_id, nnodes)),

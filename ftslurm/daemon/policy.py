@@ -8,6 +8,7 @@ sleep before the next look (`next_poll_interval`). docs/policy.md is the table i
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -37,6 +38,9 @@ class Cause(str, Enum):
 RETRYABLE = frozenset({Cause.NODE_FAIL, Cause.BOOT_FAIL, Cause.PREEMPTED, Cause.TIMEOUT,
                        Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE})  # fmt: skip
 EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY = 16, 17, 93
+EXIT_RESTARTS_EXHAUSTED, EXIT_CONTINUE = 74, 75  # the launcher's (ftslurm.agent.launch)
+_RESERVED_EXITS = {0, EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY,
+                   EXIT_RESTARTS_EXHAUSTED, EXIT_CONTINUE}
 
 
 class FtSettings(BaseModel):
@@ -61,9 +65,19 @@ class FtSettings(BaseModel):
     @classmethod
     def _signal_name(cls, value: str) -> str:
         name = value.upper().removeprefix("SIG")
-        if not name.isalnum():
-            raise ValueError(f"not a signal name: {value!r}")
+        if name.isdigit() and int(name) in {s.value for s in signal.Signals}:
+            name = signal.Signals(int(name)).name.removeprefix("SIG")
+        if f"SIG{name}" not in signal.Signals.__members__ or name in ("KILL", "STOP"):
+            raise ValueError(f"not a signal a job can catch: {value!r}")
         return name
+
+    @field_validator("user_error_exit_codes")
+    @classmethod
+    def _user_codes(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        reserved = sorted(set(value) & _RESERVED_EXITS)
+        if reserved:
+            raise ValueError(f"exit codes {reserved} have their own meaning")
+        return value
 
     @field_validator("cause_budgets")
     @classmethod
@@ -94,39 +108,54 @@ class Ending:
 
 
 def classify(e: Ending, settings: FtSettings) -> Cause:
-    """What an ending means. Slurm's verdict about the hardware comes first, then what the
-    job said about itself, then its exit status."""
+    """What an ending means, in this order: the training's own FINISHED marker; Slurm's
+    verdicts that leave no doubt (cancelled, node failure, boot failure, deadline); what
+    the job said about itself (its wrappers' and launchers' outcomes); a clean ending; a
+    node of the allocation found down; the exit status; then Slurm's state."""
     outcomes = set(e.rank_outcomes)
+    code = e.exit_code
     if e.finished_marker:
         return Cause.FINISHED
     if e.state is JobState.CANCELLED:
         return Cause.CANCELLED
-    if e.state is JobState.NODE_FAIL or e.down_nodes:
-        return Cause.NODE_FAIL  # also a FAILED job whose peer host died just before
+    if e.state is JobState.NODE_FAIL:
+        return Cause.NODE_FAIL
     if e.state is JobState.BOOT_FAIL:
         return Cause.BOOT_FAIL
     if e.state is JobState.DEADLINE:
         return Cause.DEADLINE
-    code = e.exit_code
-    if "do_not_retry" in outcomes or code == EXIT_DO_NOT_RETRY:
-        return Cause.DO_NOT_RETRY
-    if "failed_validation" in outcomes or code == EXIT_FAILED_VALIDATION:
-        return Cause.FAILED_VALIDATION
-    if "resume_elsewhere" in outcomes or code == EXIT_RESUME_ELSEWHERE:
-        return Cause.RESUME_ELSEWHERE
-    if "user_error" in outcomes or (code is not None and code in settings.user_error_exit_codes):
-        return Cause.USER_ERROR
-    checkpointed = "checkpointed" in outcomes or (
-        not outcomes and e.checkpoint_signal_sent and code == 0)
+    said = set(outcomes)
+    said |= {name for name, c in _NAMED_CODES.items() if code == c}
+    if code is not None and code in settings.user_error_exit_codes:
+        said.add("user_error")
+    for outcome, cause in _SAID_BY_THE_JOB:  # in this order of precedence
+        if outcome in said:
+            return cause
+    killed = e.signal is not None and e.signal != 0
+    clean = bool(outcomes) and outcomes <= {"checkpointed", "finished"}
+    checkpointed = ("checkpointed" in outcomes and clean) or code == EXIT_CONTINUE or (
+        not outcomes and e.checkpoint_signal_sent and code == 0 and not killed)
     if e.state is JobState.COMPLETED:
         return Cause.CHECKPOINTED if checkpointed else Cause.FINISHED
+    if checkpointed and not e.down_nodes:
+        return Cause.CHECKPOINTED
+    if e.down_nodes:
+        return Cause.NODE_FAIL  # e.g. a FAILED job whose peer host died just before
     if e.state is JobState.OUT_OF_MEMORY:
         return Cause.OOM
     if e.state is JobState.TIMEOUT:
-        return Cause.CHECKPOINTED if checkpointed or e.checkpoint_advanced else Cause.TIMEOUT
+        return Cause.CHECKPOINTED if e.checkpoint_advanced else Cause.TIMEOUT
     if e.state is JobState.PREEMPTED or e.requeued_by_scheduler:
-        return Cause.CHECKPOINTED if checkpointed else Cause.PREEMPTED
+        return Cause.CHECKPOINTED if e.checkpoint_advanced else Cause.PREEMPTED
     return Cause.CRASH
+
+
+_NAMED_CODES = {"do_not_retry": EXIT_DO_NOT_RETRY, "failed_validation": EXIT_FAILED_VALIDATION,
+                "resume_elsewhere": EXIT_RESUME_ELSEWHERE}
+_SAID_BY_THE_JOB = (
+    ("do_not_retry", Cause.DO_NOT_RETRY), ("failed_validation", Cause.FAILED_VALIDATION),
+    ("resume_elsewhere", Cause.RESUME_ELSEWHERE), ("user_error", Cause.USER_ERROR),
+)  # fmt: skip
 
 
 class Verdict(str, Enum):
@@ -159,18 +188,20 @@ class Decision:
 def decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
            cancel_requested: bool = False) -> Decision:  # fmt: skip
     """What to do after an attempt ended for `cause`, given what was spent so far."""
+    if cause is Cause.FINISHED:
+        return Decision(Verdict.COMPLETE, cause, "training finished", budget)
     if cancel_requested or cause is Cause.CANCELLED:
         why = "cancelled by the user" if cancel_requested else "cancelled outside ftslurm"
         return Decision(Verdict.CANCEL, cause, why, budget)
-    if cause is Cause.FINISHED:
-        return Decision(Verdict.COMPLETE, cause, "training finished", budget)
     if cause is Cause.CHECKPOINTED:
         stalled = 0 if e.checkpoint_advanced else budget.stalled_continuations + 1
-        new = Budget(budget.job_retries_used, dict(budget.cause_counts),
-                     budget.continuations + 1, stalled)  # fmt: skip
         if stalled >= settings.max_stalled_continuations:
+            new = Budget(budget.job_retries_used, dict(budget.cause_counts),
+                         budget.continuations, stalled)  # fmt: skip
             return Decision(Verdict.FAIL, cause, f"no checkpoint progress over {stalled} "
                             "continuations", new)  # fmt: skip
+        new = Budget(budget.job_retries_used, dict(budget.cause_counts),
+                     budget.continuations + 1, stalled)  # fmt: skip
         return Decision(Verdict.CONTINUE, cause, "checkpointed: continuing", new)
     if cause not in RETRYABLE:
         return Decision(Verdict.FAIL, cause, _NO_RETRY[cause], budget)
@@ -186,7 +217,8 @@ def decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
                         f"({spent}/{cause_cap})", budget, exclude)  # fmt: skip
     counts = dict(budget.cause_counts)
     counts[cause.value] = spent + 1
-    new = Budget(used + 1, counts, budget.continuations, budget.stalled_continuations)
+    stalled = 0 if e.checkpoint_advanced else budget.stalled_continuations
+    new = Budget(used + 1, counts, budget.continuations, stalled)
     return Decision(Verdict.RETRY, cause, f"{cause.value}: retry {used + 1}/{cap}", new, exclude)
 
 

@@ -1,0 +1,277 @@
+"""The per-node launcher: `srun --ntasks-per-node=1 ftslurm launch [options] -- CMD [ARGS]`.
+
+Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it starts
+`--nproc-per-node` ranks, each under the task wrapper (`ftslurm.agent.task`), and
+- restarts every rank inside the same allocation, up to `--max-restarts` times, when a rank
+  exits non-zero (torch elastic) or hangs (here: a section or heartbeat timeout read from
+  the ranks' shared-memory records, `ftslurm.agent.heartbeat`);
+- forwards the checkpoint signal (USR2 by default) and USR1 to the ranks without stopping
+  anything, and on SIGTERM gives them `--grace` seconds to checkpoint and exit before
+  killing them (not a fixed 30 s);
+- exits with a code the daemon understands (see EXIT_*), and writes
+  `$FTSLURM_RUN_DIR/attempts/<attempt>/node-<node_rank>.json` (in-job restarts, hangs,
+  outcome).
+Timeouts come from `--section-timeouts` (JSON, e.g. {"setup": 600, "step": 180,
+"checkpointing": 600, "out_of_section": 300}; null = infinite) and are tightened from what
+ranks observed in earlier attempts (`--safety-factor` x the longest seen, saved next to the
+checkpoints by the rank agent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ftslurm.agent.heartbeat import Timeouts, hang_reason, read_beat
+from ftslurm.agent.rank import OBSERVED_DIR
+from ftslurm.fsutil import read_json, write_json_atomic
+
+EXIT_FINISHED = 0
+EXIT_RESUME_ELSEWHERE = 16  # a rank asked to resume on other hardware
+EXIT_FAILED_VALIDATION = 17
+EXIT_RESTARTS_EXHAUSTED = 74  # in-job restarts used up: the daemon may retry the job
+EXIT_CONTINUE = 75  # every rank checkpointed after the signal: continue me
+EXIT_DO_NOT_RETRY = 93
+log = logging.getLogger("ftslurm.launch")
+
+
+def tightened(configured: Timeouts, observed: list[dict[str, float]], factor: float,
+              floor_s: float = 10.0) -> Timeouts:  # fmt: skip
+    """Configured timeouts, replaced by `factor` x the longest duration observed across
+    ranks for every section (and the out-of-section gap) that has been observed (pure)."""
+    longest: dict[str, float] = {}
+    for ranks in observed:
+        for key, value in ranks.items():
+            longest[key] = max(longest.get(key, 0.0), float(value))
+    sections = dict(configured.sections)
+    for key, value in longest.items():
+        if key != "out_of_section":
+            sections[key] = max(floor_s, factor * value)
+    out = configured.out_of_section
+    if "out_of_section" in longest:
+        out = max(floor_s, factor * longest["out_of_section"])
+    return Timeouts(sections=sections, out_of_section=out, initial=configured.initial)
+
+
+def parse_timeouts(text: str | None) -> Timeouts:
+    data: dict[str, Any] = json.loads(text) if text else {}
+    out = data.pop("out_of_section", None)
+    initial = data.pop("initial", None)
+    return Timeouts(sections={k: (None if v is None else float(v)) for k, v in data.items()},
+                    out_of_section=None if out is None else float(out),
+                    initial=None if initial is None else float(initial))  # fmt: skip
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ftslurm launch", description=__doc__.splitlines()[0])
+    p.add_argument("--nproc-per-node", type=int, default=_env_int("FTSLURM_NPROC_PER_NODE", 1))
+    p.add_argument("--nnodes", type=int, default=_env_int("SLURM_NNODES", 1))
+    p.add_argument("--node-rank", type=int, default=_env_int("SLURM_NODEID", 0))
+    p.add_argument("--max-restarts", type=int, default=_env_int("FTSLURM_IN_JOB_RESTARTS", 0))
+    p.add_argument("--monitor-interval", type=float, default=0.5)
+    p.add_argument("--grace", type=float, default=float(os.environ.get("FTSLURM_GRACE_S", 120)))
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT (default MASTER_ADDR and "
+                   "a port derived from the job)")  # fmt: skip
+    p.add_argument("--rdzv-timeout", type=int, default=300)
+    p.add_argument("--section-timeouts", default=os.environ.get("FTSLURM_SECTION_TIMEOUTS"))
+    p.add_argument("--safety-factor", type=float, default=3.0)
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("no command given (put it after --)")
+    if args.nproc_per_node < 1 or args.max_restarts < 0:
+        p.error("--nproc-per-node must be >= 1 and --max-restarts >= 0")
+    return args
+
+
+def _endpoint(args: argparse.Namespace) -> str:
+    if args.rdzv_endpoint:
+        return args.rdzv_endpoint
+    host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+    job = int("".join(c for c in os.environ.get("SLURM_JOB_ID", "0") if c.isdigit()) or 0)
+    restarts = _env_int("SLURM_RESTART_COUNT", 0)
+    return f"{host}:{20000 + (job * 104729 + restarts * 7919 + 17) % 40000}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="ftslurm launch: %(message)s")
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    # Imported here: the rest of ftslurm does not need torch.
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+
+    job = os.environ.get("SLURM_JOB_ID", "local")
+    restarts = _env_int("SLURM_RESTART_COUNT", 0)
+    attempt = str(_env_int("FTSLURM_ATTEMPT_BASE", 0) + restarts) if os.environ.get(
+        "FTSLURM_ATTEMPT_BASE") else os.environ.get("FTSLURM_ATTEMPT", "0")  # fmt: skip
+    os.environ["FTSLURM_ATTEMPT"] = attempt
+    run_dir = Path(os.environ["FTSLURM_RUN_DIR"]) if os.environ.get("FTSLURM_RUN_DIR") else None
+    hb_dir = Path(os.environ.get("TMPDIR", "/tmp"),
+                  f"ftslurm-hb-{job}-{args.node_rank}-{os.getpid()}")
+    hb_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["FTSLURM_HEARTBEAT_DIR"] = str(hb_dir)
+    # Every round of ranks gets a fresh store (hosted by rank 0 on a new port): with the
+    # agents' shared store, ranks of a restarted round can read the addresses published by
+    # the killed round under the same keys and fail to connect.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # Our own handlers for TERM, INT and the checkpoint signals stay in place.
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"
+    ckpt_dir = os.environ.get("FTSLURM_CHECKPOINT_DIR")
+    observed = [read_json(p) or {} for p in sorted(Path(ckpt_dir, OBSERVED_DIR).glob(
+        "rank-*.json"))] if ckpt_dir else []  # fmt: skip
+    timeouts = tightened(parse_timeouts(args.section_timeouts), observed, args.safety_factor)
+    if observed:
+        log.info("timeouts from earlier attempts: %s", timeouts)
+    state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [], "rounds": 0}
+
+    class Agent(LocalElasticAgent):
+        def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            for old in hb_dir.glob("rank-*.hb"):
+                old.unlink(missing_ok=True)
+            state["rounds"] += 1
+            return super()._start_workers(worker_group)
+
+        def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            result = super()._monitor_workers(worker_group)
+            if result.state is not WorkerState.HEALTHY:
+                return result
+            now = time.monotonic()
+            pids = self._pcontext.pids() if self._pcontext else {}
+            if state["stop_at"] is not None and now > state["stop_at"]:
+                log.warning("ranks did not exit within the %.0fs grace period: killing them",
+                            args.grace)  # fmt: skip
+                _kill(pids.values())
+                return RunResult(state=WorkerState.FAILED)
+            for local_rank in range(args.nproc_per_node):
+                beat = read_beat(hb_dir, local_rank)
+                why = hang_reason(beat, timeouts, now) if beat else None
+                if why:
+                    log.warning("local rank %d hung: %s; restarting the ranks", local_rank, why)
+                    state["hangs"].append({"local_rank": local_rank, "reason": why,
+                                           "step": beat.step if beat else None,
+                                           "time": time.time()})  # fmt: skip
+                    _kill(pids.values())
+                    return RunResult(state=WorkerState.FAILED)
+            return result
+
+    agent_box: dict[str, Any] = {}
+
+    def forward(sig: int, _frame: Any) -> None:
+        agent = agent_box.get("agent")
+        pcontext = getattr(agent, "_pcontext", None) if agent else None
+        if sig != signal.SIGUSR1:
+            state["signalled"] = True
+        if sig == signal.SIGTERM and state["stop_at"] is None:
+            state["stop_at"] = time.monotonic() + args.grace
+        for pid in (pcontext.pids().values() if pcontext else ()):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    checkpoint_sig = getattr(signal, "SIG" + os.environ.get(
+        "FTSLURM_CHECKPOINT_SIGNAL", "USR2").upper().removeprefix("SIG"), signal.SIGUSR2)
+    for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, checkpoint_sig}:
+        signal.signal(sig, forward)
+
+    params = RendezvousParameters(
+        backend="c10d", endpoint=_endpoint(args), run_id=f"ftslurm-{job}-{restarts}",
+        min_nodes=args.nnodes, max_nodes=args.nnodes, is_host=args.node_rank == 0,
+        timeout=args.rdzv_timeout, last_call_timeout=5,
+    )  # fmt: skip
+    spec = WorkerSpec(
+        role="trainer", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
+        args=("-m", "ftslurm.agent.task", "--", *args.command),
+        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
+    )  # fmt: skip
+    agent = Agent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(hb_dir / "logs")),
+                  start_method="spawn", shutdown_timeout=int(max(1, args.grace)))
+    agent_box["agent"] = agent
+    started = time.time()
+    try:
+        result = agent.run()
+    finally:
+        spec.rdzv_handler.shutdown()
+    used = args.max_restarts - agent._remaining_restarts
+    finished = run_dir is not None and (run_dir / "FINISHED").exists()
+    if result.state is WorkerState.SUCCEEDED:
+        code = EXIT_CONTINUE if state["signalled"] and not finished else EXIT_FINISHED
+        outcome = "checkpointed" if code == EXIT_CONTINUE else "finished"
+    else:
+        codes = sorted({f.exitcode for f in result.failures.values()})
+        named = [c for c in (EXIT_DO_NOT_RETRY, EXIT_FAILED_VALIDATION, EXIT_RESUME_ELSEWHERE)
+                 if c in codes]  # fmt: skip
+        if named:
+            code = named[0]
+        elif args.max_restarts > 0:
+            code = EXIT_RESTARTS_EXHAUSTED
+        else:
+            code = next((c for c in codes if c > 0), 1)
+        outcome = {EXIT_DO_NOT_RETRY: "do_not_retry", EXIT_FAILED_VALIDATION:
+                   "failed_validation", EXIT_RESUME_ELSEWHERE: "resume_elsewhere",
+                   EXIT_RESTARTS_EXHAUSTED: "restarts_exhausted"}.get(code, "failed")
+    if run_dir is not None:
+        folder = run_dir / "attempts" / attempt
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / f"node-{args.node_rank}.json", {
+            "node_rank": args.node_rank, "node": os.environ.get("SLURMD_NODENAME")
+            or socket.gethostname(), "job_id": job, "attempt": int(attempt),
+            "in_job_restarts": used, "max_restarts": args.max_restarts,
+            "hangs": state["hangs"], "outcome": outcome, "exit_code": code,
+            "started_at": started, "ended_at": time.time(),
+            "timeouts": {"sections": timeouts.sections,
+                         "out_of_section": timeouts.out_of_section},
+        })  # fmt: skip
+    log.info("ranks ended: %s after %d in-job restart(s); exit %d", outcome, used, code)
+    return code
+
+
+def _kill(pids: Any, wait_s: float = 10.0) -> None:
+    """SIGKILL the ranks (their own children die with them) and wait until they are gone,
+    so the next round never meets a straggling process of the last one."""
+    pids = list(pids)
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + wait_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().split(")")[-1].split()[0] in ("Z", "X"):
+                        break
+            except OSError:
+                break
+            time.sleep(0.02)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

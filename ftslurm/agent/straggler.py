@@ -1,0 +1,360 @@
+"""Straggler detection: which ranks, and which nodes, make every step of the job slower.
+
+Each rank times its steps (`StepTimer`) and, once per report window, publishes the median
+step time of that window. A collector (the launcher on node 0, or the daemon) scores the
+latest window that every rank has finished (`collect_report`). For a rank whose window
+median is `m`:
+
+    relative   = min(1, reference / m)   reference = the best (minimum) median across ranks
+                                         ("best"), or the median of the ranks' medians
+                                         ("median": one unusually fast rank cannot make
+                                         every other rank look slow)
+    individual = min(1, best / m)        best = this rank's own best median of earlier windows
+                                         (this window's when it has none)
+
+Both lie in (0, 1]; 1 means as fast as the reference. A rank is a straggler when either score
+is below the threshold (0.75 by default). Ranks with fewer than `MIN_SAMPLES` steps in the
+window are not scored, nor are medians that are not positive. A node is the unit that can be
+excluded from the next allocation, so verdicts are also kept per node: the number of
+consecutive scored windows in which any of the node's ranks was a straggler (a window in which
+the node did not report leaves its count as it is). Statistics restart with every window.
+
+Rank side, in the training loop:
+
+    timer = StepTimer(report_interval_s=60)
+    for batch in loader:
+        with timer.step():              # or timer.record(seconds): appends to a list, no I/O
+            train_step(batch)
+        timer.maybe_publish()           # writes once per interval, nothing in between
+
+Rank, node and run directory default to RANK (or SLURM_PROCID), SLURMD_NODENAME (or the host
+name) and FTSLURM_RUN_DIR; without a run directory nothing is written. Files, all written
+atomically, under `$FTSLURM_RUN_DIR/stragglers/`:
+
+    rank-<rank>.json  one per rank, its last published window:
+                      {rank, node, median_s, samples, window_end, window_index, attempt,
+                       previous}; `window_end` is unix time, `window_index` counts from 0 per
+                      process, `attempt` is FTSLURM_ATTEMPT, and `previous` holds
+                      {median_s, samples, window_end, window_index} of the window before (or
+                      null), so that a collector can still score a window after some ranks
+                      have moved on to the next one.
+    state.json        the collector's memory: the window last scored (attempt, window_index),
+                      each rank's best median in this attempt, and the per-node counts.
+    report.json       {window_index, attempt, reference, threshold, scores, stragglers,
+                       persistent_nodes, skipped_ranks, updated_at}; `scores` is a list of
+                      {rank, node, relative, individual, median_s}, `stragglers` of
+                      {rank, node, relative, individual}.
+
+Only files of the latest attempt are read. The window scored is the highest index that every
+live rank has published (a rank more than one window behind the others is skipped as stale).
+Scoring the same window twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import socket
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ftslurm.fsutil import read_json, write_json_atomic
+
+STRAGGLER_DIR = "stragglers"
+STATE_FILE = "state.json"
+REPORT_FILE = "report.json"
+LOCK_FILE = ".lock"
+MIN_SAMPLES = 3
+DEFAULT_THRESHOLD = 0.75
+REFERENCES = ("best", "median")
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """One rank's step times over one window."""
+
+    rank: int
+    node: str
+    median_s: float
+    samples: int
+
+
+@dataclass(frozen=True)
+class Score:
+    """One rank's scores for one window; both in (0, 1], 1 = as fast as the reference."""
+
+    rank: int
+    node: str
+    relative: float
+    individual: float
+    median_s: float
+
+
+# --------------------------------------------------------------------------- scoring
+def window_median(samples: Sequence[float]) -> float:
+    """The median of a window's step times; ValueError when there are none."""
+    if not samples:
+        raise ValueError("no samples in the window")
+    return float(statistics.median(samples))
+
+
+def _usable(timing: RankTiming, min_samples: int) -> bool:
+    return timing.samples >= min_samples and math.isfinite(timing.median_s) \
+        and timing.median_s > 0
+
+
+def score_window(timings: Sequence[RankTiming], best_history: Mapping[int, float],
+                 reference: str = "best", min_samples: int = MIN_SAMPLES) -> list[Score]:
+    """Score one window (see the module docstring), ordered by rank; ranks with fewer than
+    `min_samples` samples or a median that is not positive are left out."""
+    if reference not in REFERENCES:
+        raise ValueError(f"reference must be one of {REFERENCES}, not {reference!r}")
+    usable = sorted((t for t in timings if _usable(t, min_samples)), key=lambda t: t.rank)
+    if not usable:
+        return []
+    medians = [t.median_s for t in usable]
+    ref = min(medians) if reference == "best" else float(statistics.median(medians))
+    scores = []
+    for t in usable:
+        best = best_history.get(t.rank, t.median_s)
+        if not (math.isfinite(best) and best > 0):
+            best = t.median_s
+        scores.append(Score(t.rank, t.node, min(1.0, ref / t.median_s),
+                            min(1.0, best / t.median_s), t.median_s))  # fmt: skip
+    return scores
+
+
+def update_best_history(best_history: Mapping[int, float],
+                        timings: Iterable[RankTiming]) -> dict[int, float]:
+    """A new history: for each rank the smallest positive median seen so far."""
+    history = dict(best_history)
+    for t in timings:
+        if math.isfinite(t.median_s) and t.median_s > 0:
+            history[t.rank] = min(history.get(t.rank, t.median_s), t.median_s)
+    return history
+
+
+def stragglers(scores: Iterable[Score], threshold: float = DEFAULT_THRESHOLD) -> list[Score]:
+    """The scores whose relative or individual score is below `threshold`."""
+    return [s for s in scores if s.relative < threshold or s.individual < threshold]
+
+
+class NodeVerdicts:
+    """Per node, the number of consecutive windows in which any of its ranks was a straggler.
+
+    A window in which the node was scored and clean resets its count to 0; a window in which
+    it was not scored at all leaves the count unchanged."""
+
+    def __init__(self, counts: Mapping[str, int] | None = None) -> None:
+        self.counts: dict[str, int] = {str(k): int(v) for k, v in (counts or {}).items()}
+
+    def update(self, scores: Iterable[Score],
+               threshold: float = DEFAULT_THRESHOLD) -> dict[str, int]:
+        """Count one window; returns all counts."""
+        scores = list(scores)
+        flagged = {s.node for s in stragglers(scores, threshold)}
+        for node in {s.node for s in scores}:
+            self.counts[node] = self.counts.get(node, 0) + 1 if node in flagged else 0
+        return dict(self.counts)
+
+    def persistent(self, n_windows: int) -> list[str]:
+        """Nodes that were stragglers in at least `n_windows` consecutive windows, sorted."""
+        return sorted(node for node, count in self.counts.items() if count >= n_windows)
+
+
+# --------------------------------------------------------------------------- rank side
+def _int(value: str | None, default: int = 0) -> int:
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default
+
+
+class StepTimer:
+    """Per-rank step timing for straggler scores; `with timer.step(): ...` or
+    timer.record(seconds), then `timer.maybe_publish()` once per step."""
+
+    def __init__(self, report_interval_s: float = 60.0, *, rank: int | None = None,
+                 node: str | None = None, run_dir: str | Path | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        if report_interval_s <= 0:
+            raise ValueError("report_interval_s must be positive")
+        env = os.environ
+        self.report_interval_s = float(report_interval_s)
+        self.rank = rank if rank is not None else _int(env.get("RANK") or env.get("SLURM_PROCID"))
+        self.node = node or env.get("SLURMD_NODENAME") or socket.gethostname()
+        run_dir = run_dir if run_dir is not None else env.get("FTSLURM_RUN_DIR")
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.attempt = _int(env.get("FTSLURM_ATTEMPT"))
+        self.clock = clock
+        self.window_index = 0  # the index the current window will be published under
+        self._samples: list[float] = []
+        self._window_start = clock()
+        self._previous: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Time the block with `clock` and record it (not when the block raises)."""
+        start = self.clock()
+        yield
+        self._samples.append(self.clock() - start)
+
+    def record(self, seconds: float) -> None:
+        """Record one step that took `seconds`."""
+        self._samples.append(seconds)
+
+    def window(self) -> RankTiming | None:
+        """The current window's timing, or None before its first step."""
+        if not self._samples:
+            return None
+        return RankTiming(self.rank, self.node, window_median(self._samples), len(self._samples))
+
+    def maybe_publish(self) -> bool:
+        """When `report_interval_s` has passed since the window began, write it (see the module
+        docstring) and start a new one; returns whether a file was written. An empty window is
+        not published, and without a run directory the window restarts without writing."""
+        now = self.clock()
+        if now - self._window_start < self.report_interval_s:
+            return False
+        timing = self.window()
+        self._samples = []
+        self._window_start = now
+        if timing is None or self.run_dir is None:
+            return False
+        window = {"median_s": timing.median_s, "samples": timing.samples,
+                  "window_end": time.time(), "window_index": self.window_index}  # fmt: skip
+        folder = self.run_dir / STRAGGLER_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / f"rank-{self.rank}.json",
+                          {"rank": self.rank, "node": self.node, **window,
+                           "attempt": self.attempt, "previous": self._previous})  # fmt: skip
+        self._previous = window
+        self.window_index += 1
+        return True
+
+
+# --------------------------------------------------------------------------- collector
+def _window(data: Any) -> tuple[int, float, int] | None:
+    """(window_index, median_s, samples) of a published window, or None when malformed."""
+    if not isinstance(data, dict):
+        return None
+    index, median, samples = data.get("window_index"), data.get("median_s"), data.get("samples")
+    if not isinstance(index, int) or not isinstance(samples, int) \
+            or not isinstance(median, (int, float)) or isinstance(median, bool):
+        return None
+    return index, float(median), samples
+
+
+def _rank_files(folder: Path) -> list[dict[str, Any]]:
+    entries = []
+    for path in folder.glob("rank-*.json"):
+        data = read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("rank"), int) \
+                and isinstance(data.get("node"), str) and _window(data) is not None:
+            entries.append(data)
+    return entries
+
+
+def _complete_window(entries: list[dict[str, Any]]
+                     ) -> tuple[int, int, list[RankTiming], list[int]] | None:  # fmt: skip
+    """(attempt, window_index, timings, stale ranks) of the latest window every live rank of
+    the latest attempt has published, or None when there is none."""
+    if not entries:
+        return None
+    attempt = max(_int(str(e.get("attempt", 0))) for e in entries)
+    entries = [e for e in entries if _int(str(e.get("attempt", 0))) == attempt]
+    top = max(e["window_index"] for e in entries)
+    live = [e for e in entries if e["window_index"] >= top - 1]
+    stale = sorted(e["rank"] for e in entries if e["window_index"] < top - 1)
+    index = top if all(e["window_index"] == top for e in live) else top - 1
+    timings = []
+    for e in live:
+        window = _window(e) if e["window_index"] == index else _window(e.get("previous"))
+        if window is None or window[0] != index:
+            stale.append(e["rank"])
+            continue
+        timings.append(RankTiming(e["rank"], e["node"], window[1], window[2]))
+    if index < 0 or not timings:
+        return None
+    return attempt, index, timings, sorted(stale)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Serialise collectors sharing the run directory (best effort where locks fail)."""
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def collect_report(run_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD,
+                   reference: str = "best", persistent_windows: int = 3,
+                   state: str | Path | None = None,
+                   min_samples: int = MIN_SAMPLES) -> dict[str, Any]:  # fmt: skip
+    """Score the latest complete window under `run_dir`, update the collector's state
+    (`state`, default `$run_dir/stragglers/state.json`) and write `report.json`; returns the
+    report. Without any complete window it returns the last report (or an empty one) and
+    writes nothing. Calling it again for a window already scored does not count it twice."""
+    if reference not in REFERENCES:
+        raise ValueError(f"reference must be one of {REFERENCES}, not {reference!r}")
+    folder = Path(run_dir) / STRAGGLER_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    state_path = Path(state) if state is not None else folder / STATE_FILE
+    with _locked(folder):
+        saved = read_json(state_path)
+        saved = saved if isinstance(saved, dict) else {}
+        verdicts = NodeVerdicts(saved.get("node_windows") or {})
+        chosen = _complete_window(_rank_files(folder))
+        if chosen is None:
+            last = read_json(folder / REPORT_FILE)
+            if isinstance(last, dict):
+                return last
+            return {"window_index": None, "attempt": None, "reference": reference,
+                    "threshold": threshold, "scores": [], "stragglers": [],
+                    "persistent_nodes": verdicts.persistent(persistent_windows),
+                    "skipped_ranks": [], "updated_at": time.time()}  # fmt: skip
+        attempt, index, timings, stale = chosen
+        saved_key = (saved.get("attempt"), saved.get("window_index"))
+        new = not isinstance(saved_key[0], int) or not isinstance(saved_key[1], int) \
+            or (attempt, index) > saved_key
+        history = {int(k): float(v) for k, v in (saved.get("best_history") or {}).items()} \
+            if saved.get("attempt") == attempt else {}
+        scores = score_window(timings, history, reference, min_samples)
+        if new:
+            # Scoring first and updating after gives the same individual scores as a repeat
+            # of this window would, so a repeat needs no memory of the scores.
+            verdicts.update(scores, threshold)
+            history = update_best_history(history, [t for t in timings
+                                                    if _usable(t, min_samples)])  # fmt: skip
+            write_json_atomic(state_path, {
+                "attempt": attempt, "window_index": index,
+                "best_history": {str(k): v for k, v in sorted(history.items())},
+                "node_windows": verdicts.counts, "updated_at": time.time()})
+        scored = {s.rank for s in scores}
+        report = {
+            "window_index": index, "attempt": attempt, "reference": reference,
+            "threshold": threshold,
+            "scores": [{"rank": s.rank, "node": s.node, "relative": s.relative,
+                        "individual": s.individual, "median_s": s.median_s} for s in scores],
+            "stragglers": [{"rank": s.rank, "node": s.node, "relative": s.relative,
+                            "individual": s.individual} for s in stragglers(scores, threshold)],
+            "persistent_nodes": verdicts.persistent(persistent_windows),
+            "skipped_ranks": sorted(set(stale) | {t.rank for t in timings} - scored),
+            "updated_at": time.time(),
+        }
+        write_json_atomic(folder / REPORT_FILE, report)
+        return report
