@@ -15,11 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# A training stand-in: steps of `step_s`, a checkpoint (and its report) every `every` steps
-# and when the checkpoint signal or SIGTERM arrives, then exit 0; FINISHED at `steps`.
+# A training stand-in: steps of `step_s` with an all-reduce across ranks, a checkpoint (and
+# its report) every `every` steps and when the checkpoint signal or SIGTERM arrives, then
+# exit 0 (the ranks stop at the step where they see the signal; a real script would agree
+# on the step with ftslurm.agent.rank); FINISHED at `steps`.
 TRAIN = r'''
 import json, os, signal, sys, time
 from ftslurm.agent import progress
+
+world = int(os.environ.get("WORLD_SIZE", "1"))
+if world > 1:  # ranks depend on each other, as in real training: a lost peer fails them
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
 
 steps, step_s, every = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 fail_at = int(sys.argv[4]) if len(sys.argv) > 4 else -1
@@ -43,6 +50,8 @@ while step < steps:
     if step == fail_at:
         sys.exit(3)
     time.sleep(step_s)
+    if world > 1:
+        dist.all_reduce(torch.ones(1))
     step += 1
     if step % every == 0:
         save(step)

@@ -111,6 +111,10 @@ def _endpoint(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Signals may come before torch is even imported: record them, forward them later.
+    early: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda s, _f: early.append(s))
     logging.basicConfig(level=logging.INFO, format="ftslurm launch: %(message)s")
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     # Imported here: the rest of ftslurm does not need torch.
@@ -142,14 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     timeouts = tightened(parse_timeouts(args.section_timeouts), observed, args.safety_factor)
     if observed:
         log.info("timeouts from earlier attempts: %s", timeouts)
-    state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [], "rounds": 0}
+    state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [], "rounds": 0,
+                             "next_peer_check": 0.0, "peer_gone": False}
 
     class Agent(LocalElasticAgent):
         def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
             for old in hb_dir.glob("rank-*.hb"):
                 old.unlink(missing_ok=True)
             state["rounds"] += 1
-            return super()._start_workers(worker_group)
+            started = super()._start_workers(worker_group)
+            while early:  # what came before the ranks existed reaches them now
+                forward(early.pop(0), None)
+            return started
 
         def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
             result = super()._monitor_workers(worker_group)
@@ -157,6 +165,18 @@ def main(argv: list[str] | None = None) -> int:
                 return result
             now = time.monotonic()
             pids = self._pcontext.pids() if self._pcontext else {}
+            if now >= state["next_peer_check"]:  # did another node's launcher give up?
+                state["next_peer_check"] = now + 2.0
+                try:
+                    closed = worker_group.spec.rdzv_handler.is_closed()
+                except Exception:  # the store is gone with node 0's launcher
+                    closed = True
+                if closed:
+                    log.warning("another node's launcher ended the run: stopping the ranks")
+                    state["peer_gone"] = True
+                    self._remaining_restarts = 0
+                    _kill(pids.values())
+                    return RunResult(state=WorkerState.FAILED)
             if state["stop_at"] is not None and now > state["stop_at"]:
                 log.warning("ranks did not exit within the %.0fs grace period: killing them",
                             args.grace)  # fmt: skip
@@ -206,13 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
     )  # fmt: skip
     agent = Agent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(hb_dir / "logs")),
-                  start_method="spawn", shutdown_timeout=int(max(1, args.grace)))
+                  start_method="spawn", shutdown_timeout=int(max(1, args.grace)),
+                  exit_barrier_timeout=60)
     agent_box["agent"] = agent
     started = time.time()
     try:
         result = agent.run()
     finally:
-        spec.rdzv_handler.shutdown()
+        spec.rdzv_handler.shutdown()  # closes the rendezvous: the other launchers stop too
     used = args.max_restarts - agent._remaining_restarts
     finished = run_dir is not None and (run_dir / "FINISHED").exists()
     if result.state is WorkerState.SUCCEEDED:

@@ -348,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         print("usage: python -m ftslurm.agent.task [--] COMMAND [ARGS...]", file=sys.stderr)
         return 2
+    # Die with whoever started us (srun's task, or the launcher), so no rank outlives it
+    # where processes are tracked by process group only.
+    _die_with(os.getppid())()
     return Task(args, os.environ).run()
 
 

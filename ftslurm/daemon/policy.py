@@ -60,6 +60,13 @@ class FtSettings(BaseModel):
     user_error_exit_codes: tuple[int, ...] = ()
     exclude_failed_nodes: bool = True
     node_exclusion_ttl_s: float = Field(24 * 3600, gt=0)
+    # The compute side (ftslurm.agent.launch): one launcher per node restarts ranks in-job
+    # and watches these timeouts (seconds; None = infinite; tightened from what earlier
+    # attempts observed); `grace_s` is how long ranks get to checkpoint after SIGTERM.
+    use_launcher: bool = True
+    section_timeouts: dict[str, float | None] = Field(default_factory=dict)
+    out_of_section_timeout: float | None = Field(None, gt=0)
+    grace_s: float = Field(120, gt=0)
 
     @field_validator("checkpoint_signal")
     @classmethod

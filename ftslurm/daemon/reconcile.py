@@ -269,8 +269,9 @@ class Reconciler:
         settings = FtSettings(**run.settings)
         run_dir = Path(run.spec["run_dir"])
         nodes = tuple(info.nodes) or tuple(a.nodes)
-        reports = [read_json(p) or {} for p in
-                   sorted((run_dir / "attempts" / str(a.attempt)).glob("rank-*.json"))]
+        folder = run_dir / "attempts" / str(a.attempt)
+        reports = [read_json(p) or {} for p in sorted(folder.glob("rank-*.json"))]
+        launchers = [read_json(p) or {} for p in sorted(folder.glob("node-*.json"))]
         progress = read_json(run_dir / "progress.json") or {}
         ckpt = progress.get("checkpoint_step")
         advanced = ckpt is not None and (run.last_checkpoint_step is None
@@ -281,7 +282,8 @@ class Reconciler:
             state=info.state, exit_code=info.exit_code, signal=info.signal,
             requeued_by_scheduler=requeued, nodes=nodes,
             down_nodes=tuple(n for n in nodes if not usable.get(n, True)),
-            rank_outcomes=tuple(str(r.get("outcome")) for r in reports if r.get("outcome")),
+            rank_outcomes=tuple(str(r.get("outcome")) for r in reports + launchers
+                                if r.get("outcome")),
             checkpoint_signal_sent=a.checkpoint_signal_at is not None,
             checkpoint_advanced=advanced,
             finished_marker=(run_dir / "FINISHED").exists(),
@@ -298,7 +300,7 @@ class Reconciler:
             a, state=ended_state, end=info.end_time or now, exit_code=info.exit_code,
             signal=info.signal, reason=d.reason, cause=cause.value, nodes=list(nodes),
             failure_seen_at=now if d.verdict in (Verdict.RETRY, Verdict.CONTINUE) else None,
-            in_job_restarts=max([int(r.get("in_job_restarts", 0)) for r in reports] or [0]),
+            in_job_restarts=max([int(r.get("in_job_restarts", 0)) for r in launchers] or [0]),
         )  # fmt: skip
         run = replace(run, job_retries_used=d.budget.job_retries_used,
                       cause_counts=dict(d.budget.cause_counts),

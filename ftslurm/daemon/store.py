@@ -1,30 +1,46 @@
 """The daemon's durable state: one SQLite database (WAL) in the state directory.
 
 Tables (schema version in `PRAGMA user_version`, upgraded by `MIGRATIONS` in order):
-    runs       one row per run: state, counters, and its spec/settings as JSON
-    attempts   one row per (run, attempt): the scheduler job, how it ended, its cause
-    events     append-only log of what the daemon saw, decided and did
-    node_flags nodes kept out of later attempts, with reason and expiry
+    runs       one row per run: name, state, times, retry counters and the last reason as
+               columns (so they can be queried), spec/settings/cause_counts as JSON text
+    attempts   one row per (run_id, attempt): state, scheduler job id, tag, nodes (JSON),
+               times, how it ended and its cause
+    events     append-only log of what the daemon saw, decided and did; `event_id` only
+               grows (AUTOINCREMENT: ids are never reused), `data` is JSON text
+    node_flags one row per flagged node (kept out of later attempts), reason and expiry
 
-Several processes use it at once (the daemon, `ftslurm submit/status/cancel`): WAL lets
-readers run beside the writer, every write is one `BEGIN IMMEDIATE` transaction, and a
+Enums are stored as their `.value`, times as REAL (seconds since the epoch), booleans as
+0/1. Several processes use the database at once (the daemon, `ftslurm submit/status/cancel`):
+WAL lets readers run beside the one writer, every write is one `BEGIN IMMEDIATE`
+transaction (so a writer takes the write lock up front instead of failing on upgrade), and a
 busy timeout waits out the others. The folder is 0700 and the files 0600.
+
+`DaemonLock` keeps one daemon per state directory: an exclusive `flock` on `daemon.lock`,
+which holds the daemon's pid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from ftslurm.daemon.records import Attempt, Event, NodeFlag, Run, RunState
-from ftslurm.errors import FtslurmError
+from ftslurm.errors import FtslurmError, PermanentError
 from ftslurm.fsutil import private_dir
+
+DB_NAME = "state.db"
+LOCK_NAME = "daemon.lock"
+BUSY_TIMEOUT_S = 10.0
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -35,6 +51,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             continuations INTEGER NOT NULL, stalled_continuations INTEGER NOT NULL,
             last_checkpoint_step INTEGER, reason TEXT, cancel_requested INTEGER NOT NULL)""",
         "CREATE INDEX runs_state ON runs(state)",
+        "CREATE INDEX runs_created ON runs(created_at)",
         """CREATE TABLE attempts (
             run_id TEXT NOT NULL REFERENCES runs(run_id), attempt INTEGER NOT NULL,
             state TEXT NOT NULL, job_id TEXT, tag TEXT NOT NULL, restart_count INTEGER NOT NULL,
@@ -52,7 +69,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             expires_at REAL, run_id TEXT)""",
     ]),
 ]  # fmt: skip
-SCHEMA_VERSION = MIGRATIONS[-1][0]
+SCHEMA_VERSION: int = MIGRATIONS[-1][0]
 
 _RUN_COLS = ("run_id", "name", "state", "created_at", "ended_at", "spec", "settings",
              "job_retries_used", "cause_counts", "continuations", "stalled_continuations",
@@ -60,10 +77,11 @@ _RUN_COLS = ("run_id", "name", "state", "created_at", "ended_at", "spec", "setti
 _ATTEMPT_COLS = ("run_id", "attempt", "state", "job_id", "tag", "restart_count", "nodes",
                  "submitted_at", "start", "end_", "exit_code", "signal", "reason", "cause",
                  "in_job_restarts", "checkpoint_signal_at", "failure_seen_at")  # fmt: skip
+_TERMINAL = tuple(s.value for s in RunState if s.is_terminal)
 
 
-class StateError(FtslurmError):
-    """The state database cannot be used (e.g. written by a newer ftslurm)."""
+class StateError(PermanentError):
+    """The state database cannot be used as asked (newer schema, missing or duplicate record)."""
 
 
 class DaemonAlreadyRunning(FtslurmError):
@@ -71,77 +89,145 @@ class DaemonAlreadyRunning(FtslurmError):
 
 
 class Store:
+    """The state database of one state directory (`home/state.db`).
+
+    One connection per instance; an instance may be shared by threads (calls are serialized),
+    and any number of processes may open the same directory at once.
+    """
+
     def __init__(self, home: Path | str) -> None:
         self.home = private_dir(home)
-        self.path = self.home / "state.db"
+        self.path = self.home / DB_NAME
         if not self.path.exists():
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None,
-                                   check_same_thread=False)  # fmt: skip
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA busy_timeout = 30000")
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = FULL")
-        self._db.execute("PRAGMA foreign_keys = ON")
+        self._lock = threading.RLock()
         self._depth = 0
-        self._migrate()
-        for suffix in ("-wal", "-shm"):
-            extra = self.path.with_name(self.path.name + suffix)
-            if extra.exists():
-                os.chmod(extra, 0o600)
+        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)  # fmt: skip
+        try:
+            self._db.row_factory = sqlite3.Row
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._check_version()  # before anything that could change the file
+            self._enable_wal()
+            self._db.execute("PRAGMA synchronous = FULL")
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(self.path.with_name(self.path.name + suffix), 0o600)
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.close()
+
+    def _enable_wal(self) -> None:
+        """Switch to WAL (it persists in the file). SQLite does not apply the busy timeout to
+        this switch, so processes that create the database at the same moment wait here."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        pause = 0.005
+        while True:
+            try:
+                mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() == "wal":
+                    return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            if time.monotonic() >= deadline:
+                raise StateError(f"{self.path} could not be switched to WAL mode")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     # ------------------------------------------------------------------ schema
     def schema_version(self) -> int:
-        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        with self._lock:
+            return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
-    def _migrate(self) -> None:
+    def _check_version(self) -> None:
         version = self.schema_version()
         if version > SCHEMA_VERSION:
-            raise StateError(f"{self.path} has schema version {version}; this ftslurm "
-                             f"supports up to {SCHEMA_VERSION}: upgrade ftslurm")  # fmt: skip
-        if version == SCHEMA_VERSION:
+            raise StateError(f"{self.path} has schema version {version}, but this ftslurm "
+                             f"supports up to version {SCHEMA_VERSION}",
+                             hint="upgrade ftslurm, or use another state directory")  # fmt: skip
+
+    def _migrate(self) -> None:
+        if self.schema_version() == SCHEMA_VERSION:
             return
         with self.transaction():
-            version = self.schema_version()  # another process may have migrated meanwhile
+            self._check_version()  # another process may have migrated meanwhile
+            version = self.schema_version()
             for target, statements in MIGRATIONS:
                 if target > version:
                     for sql in statements:
                         self._db.execute(sql)
-                    self._db.execute(f"PRAGMA user_version = {target}")
+                    self._db.execute(f"PRAGMA user_version = {int(target)}")
 
+    # ------------------------------------------------------------------ transactions
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """One atomic unit; nested calls join the outer transaction."""
-        if self._depth:
-            self._depth += 1
+        """One atomic unit (`BEGIN IMMEDIATE` ... `COMMIT`, `ROLLBACK` on any exception).
+
+        A nested call joins the outer transaction as a savepoint: an exception that leaves
+        it undoes its own writes; the outer transaction decides whether anything commits.
+        """
+        with self._lock:
+            if self._depth:
+                name = f"ftslurm_sp{self._depth}"
+                self._db.execute(f"SAVEPOINT {name}")
+                self._depth += 1
+                try:
+                    yield
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute(f"ROLLBACK TO {name}")
+                        self._db.execute(f"RELEASE {name}")
+                    raise
+                else:
+                    self._db.execute(f"RELEASE {name}")
+                finally:
+                    self._depth -= 1
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
             try:
                 yield
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
             finally:
-                self._depth -= 1
-            return
-        self._db.execute("BEGIN IMMEDIATE")
-        self._depth = 1
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        else:
-            self._db.execute("COMMIT")
-        finally:
-            self._depth = 0
+                self._depth = 0
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
-        with self.transaction():
-            return self._db.execute(sql, params)
+        """One statement, atomically: its own transaction unless inside `transaction()`."""
+        with self._lock:
+            if self._depth:
+                return self._db.execute(sql, params)
+            with self.transaction():
+                return self._db.execute(sql, params)
+
+    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
 
     # ------------------------------------------------------------------ runs
     @staticmethod
     def _run_row(run: Run) -> tuple[Any, ...]:
-        return (run.run_id, run.name, run.state.value, run.created_at, run.ended_at,
+        return (run.run_id, run.name, RunState(run.state).value, run.created_at, run.ended_at,
                 json.dumps(run.spec), json.dumps(run.settings), run.job_retries_used,
                 json.dumps(run.cause_counts), run.continuations, run.stalled_continuations,
                 run.last_checkpoint_step, run.reason, int(run.cancel_requested))  # fmt: skip
@@ -159,25 +245,33 @@ class Store:
         )  # fmt: skip
 
     def add_run(self, run: Run) -> None:
+        """Insert a new run; `StateError` if `run.run_id` exists."""
         marks = ",".join("?" * len(_RUN_COLS))
-        self._write(f"INSERT INTO runs ({','.join(_RUN_COLS)}) VALUES ({marks})",
-                    self._run_row(run))  # fmt: skip
+        try:
+            self._write(f"INSERT INTO runs ({','.join(_RUN_COLS)}) VALUES ({marks})",
+                        self._run_row(run))  # fmt: skip
+        except sqlite3.IntegrityError:
+            raise StateError(f"run {run.run_id!r} already exists in {self.path}") from None
 
     def update_run(self, run: Run) -> None:
+        """Replace the whole stored record of `run.run_id`; `StateError` if there is none."""
         sets = ",".join(f"{c} = ?" for c in _RUN_COLS[1:])
         row = self._run_row(run)
-        self._write(f"UPDATE runs SET {sets} WHERE run_id = ?", (*row[1:], row[0]))
+        cur = self._write(f"UPDATE runs SET {sets} WHERE run_id = ?", (*row[1:], row[0]))
+        if cur.rowcount == 0:
+            raise StateError(f"no run {run.run_id!r} in {self.path}")
 
     def get_run(self, run_id: str) -> Run | None:
-        row = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return self._run(row) if row else None
+        rows = self._read("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        return self._run(rows[0]) if rows else None
 
     def list_runs(self, active_only: bool = False) -> list[Run]:
-        sql = "SELECT * FROM runs"
+        """All runs (or those not yet in a terminal state), oldest first."""
+        sql, params = "SELECT * FROM runs", ()
         if active_only:
-            ended = ",".join(f"'{s.value}'" for s in RunState if s.is_terminal)
-            sql += f" WHERE state NOT IN ({ended})"
-        return [self._run(r) for r in self._db.execute(sql + " ORDER BY created_at, run_id")]
+            sql += f" WHERE state NOT IN ({','.join('?' * len(_TERMINAL))})"
+            params = _TERMINAL
+        return [self._run(r) for r in self._read(sql + " ORDER BY created_at, run_id", params)]
 
     # ------------------------------------------------------------------ attempts
     @staticmethod
@@ -201,103 +295,146 @@ class Store:
         )  # fmt: skip
 
     def add_attempt(self, a: Attempt) -> None:
+        """Insert a new attempt of an existing run; `StateError` if it exists already."""
         marks = ",".join("?" * len(_ATTEMPT_COLS))
-        self._write(f"INSERT INTO attempts ({','.join(_ATTEMPT_COLS)}) VALUES ({marks})",
-                    self._attempt_row(a))  # fmt: skip
+        try:
+            self._write(f"INSERT INTO attempts ({','.join(_ATTEMPT_COLS)}) VALUES ({marks})",
+                        self._attempt_row(a))  # fmt: skip
+        except sqlite3.IntegrityError as exc:
+            if "FOREIGN KEY" in str(exc):
+                raise StateError(f"attempt {a.attempt} names unknown run {a.run_id!r}") from None
+            raise StateError(f"attempt {a.attempt} of run {a.run_id!r} already exists") from None
 
     def update_attempt(self, a: Attempt) -> None:
+        """Replace the whole stored record of (`a.run_id`, `a.attempt`)."""
         sets = ",".join(f"{c} = ?" for c in _ATTEMPT_COLS[2:])
         row = self._attempt_row(a)
-        self._write(f"UPDATE attempts SET {sets} WHERE run_id = ? AND attempt = ?",
-                    (*row[2:], row[0], row[1]))  # fmt: skip
+        cur = self._write(f"UPDATE attempts SET {sets} WHERE run_id = ? AND attempt = ?",
+                          (*row[2:], row[0], row[1]))  # fmt: skip
+        if cur.rowcount == 0:
+            raise StateError(f"no attempt {a.attempt} of run {a.run_id!r} in {self.path}")
 
     def attempts(self, run_id: str) -> list[Attempt]:
-        rows = self._db.execute("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt",
-                                (run_id,))  # fmt: skip
+        rows = self._read("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,))
         return [self._attempt(r) for r in rows]
 
     def latest_attempt(self, run_id: str) -> Attempt | None:
-        row = self._db.execute("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt DESC "
-                               "LIMIT 1", (run_id,)).fetchone()  # fmt: skip
-        return self._attempt(row) if row else None
+        rows = self._read("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt DESC "
+                          "LIMIT 1", (run_id,))  # fmt: skip
+        return self._attempt(rows[0]) if rows else None
 
     def find_attempt_by_job(self, job_id: str) -> Attempt | None:
-        row = self._db.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt DESC "
-                               "LIMIT 1", (job_id,)).fetchone()  # fmt: skip
-        return self._attempt(row) if row else None
+        """The latest attempt that ran as `job_id` (a requeued job keeps its id)."""
+        rows = self._read("SELECT a.* FROM attempts a JOIN runs r USING (run_id) "
+                          "WHERE a.job_id = ? ORDER BY r.created_at DESC, a.attempt DESC "
+                          "LIMIT 1", (job_id,))  # fmt: skip
+        return self._attempt(rows[0]) if rows else None
 
     # ------------------------------------------------------------------ events
     def append_event(self, run_id: str | None, kind: str, data: dict[str, Any],
                      time: float) -> int:  # fmt: skip
+        """Append one event; returns its id (larger than every id before it)."""
         cur = self._write("INSERT INTO events (time, run_id, kind, data) VALUES (?, ?, ?, ?)",
                           (time, run_id, kind, json.dumps(data)))  # fmt: skip
         return int(cur.lastrowid or 0)
 
     def events(self, run_id: str | None = None, since_id: int = 0,
                limit: int | None = None) -> list[Event]:  # fmt: skip
+        """Events with id > `since_id` (of one run, or of all when `run_id` is None),
+        in ascending id order, at most `limit` of them."""
         sql, params = "SELECT * FROM events WHERE event_id > ?", [since_id]
         if run_id is not None:
             sql += " AND run_id = ?"
             params.append(run_id)
         sql += " ORDER BY event_id"
         if limit is not None:
-            sql += f" LIMIT {int(limit)}"
+            sql += " LIMIT ?"
+            params.append(max(0, int(limit)))
         return [Event(r["event_id"], r["time"], r["run_id"], r["kind"], json.loads(r["data"]))
-                for r in self._db.execute(sql, params)]  # fmt: skip
+                for r in self._read(sql, tuple(params))]  # fmt: skip
 
     # ------------------------------------------------------------------ node flags
     def flag_node(self, flag: NodeFlag) -> None:
-        self._write("INSERT OR REPLACE INTO node_flags (node, reason, since, expires_at, run_id) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (flag.node, flag.reason, flag.since, flag.expires_at, flag.run_id))
+        """Flag a node (replacing any flag it had)."""
+        self._write(
+            "INSERT OR REPLACE INTO node_flags (node, reason, since, expires_at, run_id) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (flag.node, flag.reason, flag.since, flag.expires_at, flag.run_id),
+        )
 
     def unflag_node(self, node: str) -> bool:
+        """Remove a node's flag; whether it had one."""
         return self._write("DELETE FROM node_flags WHERE node = ?", (node,)).rowcount > 0
 
     def node_flags(self, now: float | None = None) -> list[NodeFlag]:
+        """All flags by node name; with `now`, only those not expired at `now`."""
         sql, params = "SELECT * FROM node_flags", ()
         if now is not None:
             sql, params = sql + " WHERE expires_at IS NULL OR expires_at > ?", (now,)
         return [NodeFlag(r["node"], r["reason"], r["since"], r["expires_at"], r["run_id"])
-                for r in self._db.execute(sql + " ORDER BY node", params)]  # fmt: skip
+                for r in self._read(sql + " ORDER BY node", params)]  # fmt: skip
 
 
 class DaemonLock:
-    """One daemon per state directory: an exclusive flock on `daemon.lock`, holding the pid."""
+    """One daemon per state directory: an exclusive flock on home/"daemon.lock" holding the pid.
+
+    The lock belongs to the open file, so it ends with the process however that ends.
+    """
 
     def __init__(self, home: Path | str) -> None:
         self.home = Path(home)
-        self.path = self.home / "daemon.lock"
+        self.path = self.home / LOCK_NAME
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        """Take the lock without waiting; `DaemonAlreadyRunning` if another holder has it."""
+        if self._fd is not None:
+            return
         private_dir(self.home)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
+            os.fchmod(fd, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             pid = self.holder_pid(self.home)
-            raise DaemonAlreadyRunning(f"a daemon is already running for {self.home}"
-                                       + (f" (pid {pid})" if pid else "")) from None
+            held = f" (pid {pid})" if pid is not None and pid > 0 else ""
+            raise DaemonAlreadyRunning(f"a daemon is already running for {self.home}{held}",
+                                       hint="stop it first") from None  # fmt: skip
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         os.fsync(fd)
         self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def __enter__(self) -> DaemonLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.release()
 
     @staticmethod
     def holder_pid(home: Path | str) -> int | None:
-        """The pid of the process holding the lock, or None when nobody holds it."""
-        path = Path(home) / "daemon.lock"
+        """The pid of the live holder of the lock, or None when nobody holds it.
+
+        Probes with a non-blocking shared flock on a separate descriptor. A holder that has
+        just taken the lock may not have written its pid yet: then -1 (ask again).
+        """
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(Path(home) / LOCK_NAME, os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
@@ -305,7 +442,7 @@ class DaemonLock:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-                return int(text) if text.isdigit() else -1
+                return int(text) if text.isdigit() and int(text) > 0 else -1
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None
         finally:

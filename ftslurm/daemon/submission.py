@@ -8,10 +8,12 @@ job by that tag instead of submitting a duplicate.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from ftslurm.core.inject import env_value, parse_injections
 from ftslurm.core.types import JobOptions
 from ftslurm.recipe import Recipe
 from ftslurm.templates import render_job_script
@@ -59,6 +61,7 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
     """The batch script and sbatch options for attempt `attempt` of a run."""
     o = spec["options"]
     run_dir = spec["run_dir"]
+    injections = parse_injections(tuple(spec.get("inject", ())))
     signal = settings.get("checkpoint_signal", "USR2")
     preempt_time = int(settings.get("preempt_time", 60))
     extra = {"open-mode": "append", **o["extra"]}
@@ -72,7 +75,10 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         # A backstop: if the daemon is down, Slurm itself still asks for the checkpoint.
         signal=f"{signal}@{preempt_time}" if o["time_limit"] and preempt_time
         and settings.get("signal_backstop", True) else None,
-        extra=extra, inject=tuple(spec.get("inject", ())),
+        # The scheduler carries out what happens to the cluster (node_fail, preempt,
+        # timeout); what a job can do to itself travels to every rank's wrapper, on the
+        # mock and on a real cluster alike.
+        extra=extra, inject=tuple(i.spec() for i in injections if not i.kind.in_job),
     )  # fmt: skip
     env = {
         **spec["env"],
@@ -83,6 +89,8 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         "FTSLURM_ATTEMPT_BASE": str(attempt),
         "FTSLURM_CHECKPOINT_SIGNAL": signal,
     }  # fmt: skip
+    if any(i.kind.in_job for i in injections):
+        env["FTSLURM_INJECT"] = env_value(injections)
     setup = [
         'export FTSLURM_ATTEMPT=$((FTSLURM_ATTEMPT_BASE + ${SLURM_RESTART_COUNT:-0}))',
         'export MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
@@ -91,8 +99,25 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         ' on $SLURM_JOB_NODELIST ==="',
         *spec["setup"],
     ]  # fmt: skip
-    command = [spec["python"], "-m", "ftslurm.agent.task", "--", *spec["command"]]
+    if settings.get("use_launcher", True):
+        # One launcher per node starts the node's ranks, restarts them in-job and forwards
+        # signals; srun waits for the others after the first launcher ends (no kill on
+        # "continue me", which is a non-zero code), then ends the step.
+        timeouts = {**(settings.get("section_timeouts") or {}),
+                    "out_of_section": settings.get("out_of_section_timeout")}
+        env.update({"FTSLURM_IN_JOB_RESTARTS": str(settings.get("num_in_job_restarts", 0)),
+                    "FTSLURM_SECTION_TIMEOUTS": json.dumps(timeouts, sort_keys=True),
+                    "FTSLURM_GRACE_S": str(settings.get("grace_s", 120))})  # fmt: skip
+        command = [spec["python"], "-m", "ftslurm.agent.launch",
+                   f"--nproc-per-node={o['ntasks_per_node']}", "--", *spec["command"]]
+        grace = int(float(settings.get("grace_s", 120)))
+        srun_args: tuple[str, ...] = (
+            "--ntasks-per-node=1", "--cpus-per-task=${SLURM_CPUS_ON_NODE:-1}",
+            "--kill-on-bad-exit=0", f"--wait={grace + 60}")  # fmt: skip
+    else:
+        command = [spec["python"], "-m", "ftslurm.agent.task", "--", *spec["command"]]
+        srun_args = ("--kill-on-bad-exit=1",)
     script = render_job_script(command, options, run_id=run_id, attempt=attempt, env=env,
-                               setup=setup)  # fmt: skip
+                               setup=setup, srun_args=srun_args)  # fmt: skip
     return script, options
 

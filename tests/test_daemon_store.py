@@ -1,0 +1,428 @@
+"""The daemon's state store (SQLite, WAL) and the one-daemon-per-directory lock."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import selectors
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ftslurm.daemon import store as store_mod
+from ftslurm.daemon.records import SUBMITTING, Attempt, Event, NodeFlag, Run, RunState
+from ftslurm.daemon.store import (
+    SCHEMA_VERSION,
+    DaemonAlreadyRunning,
+    DaemonLock,
+    StateError,
+    Store,
+)
+from ftslurm.errors import FtslurmError
+
+
+def make_run(run_id: str = "r1", created_at: float = 100.0, **kw: object) -> Run:
+    base = Run(
+        run_id=run_id, name=f"name-{run_id}", state=RunState.RUNNING, created_at=created_at,
+        spec={"script": "train.py", "nodes": 2, "env": {"A": "1"}, "args": ["--lr", 0.1]},
+        settings={"max_job_retries": 3, "exclude_failed_nodes": True, "ratio": 0.5},
+        job_retries_used=2, cause_counts={"node_failure": 1, "timeout": 1}, continuations=4,
+        stalled_continuations=1, last_checkpoint_step=1200, reason="node failure on n3",
+        cancel_requested=True, ended_at=None,
+    )  # fmt: skip
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def make_attempt(run_id: str = "r1", attempt: int = 0, **kw: object) -> Attempt:
+    base = Attempt(
+        run_id=run_id, attempt=attempt, state="FAILED", job_id=f"{1000 + attempt}",
+        tag=f"ftslurm:{run_id}:{attempt}", restart_count=1, nodes=["n1", "n2"],
+        submitted_at=10.5, start=11.25, end=99.75, exit_code=137, signal=9, reason="NodeFail",
+        cause="node_failure", in_job_restarts=2, checkpoint_signal_at=90.0,
+        failure_seen_at=100.5,
+    )  # fmt: skip
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = Store(tmp_path / "home")
+    yield s
+    s.close()
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------- round trips
+def test_run_round_trip(store: Store) -> None:
+    run = make_run(ended_at=123.5)
+    store.add_run(run)
+    got = store.get_run("r1")
+    assert got == run
+    assert isinstance(got.state, RunState)
+    assert store.get_run("missing") is None
+    minimal = Run("r2", "n", RunState.PENDING, 5.0, spec={}, settings={})
+    store.add_run(minimal)
+    assert store.get_run("r2") == minimal
+
+
+def test_add_run_twice_raises(store: Store) -> None:
+    store.add_run(make_run())
+    with pytest.raises(StateError, match="already exists"):
+        store.add_run(make_run(name="other"))
+    assert store.get_run("r1") == make_run()
+
+
+def test_columns_are_queryable(store: Store) -> None:
+    store.add_run(make_run())
+    with sqlite3.connect(store.path) as db:
+        row = db.execute("SELECT state, name, created_at, job_retries_used, reason, spec "
+                         "FROM runs").fetchone()  # fmt: skip
+    assert row[:5] == ("RUNNING", "name-r1", 100.0, 2, "node failure on n3")
+    assert '"script": "train.py"' in row[5]
+
+
+def test_attempt_round_trip(store: Store) -> None:
+    store.add_run(make_run())
+    a = make_attempt()
+    store.add_attempt(a)
+    assert store.attempts("r1") == [a]
+    bare = Attempt("r1", 1, SUBMITTING)
+    store.add_attempt(bare)
+    assert store.attempts("r1") == [a, bare]
+    with pytest.raises(StateError, match="already exists"):
+        store.add_attempt(bare)
+    with pytest.raises(StateError, match="unknown run"):
+        store.add_attempt(Attempt("nope", 0, SUBMITTING))
+
+
+def test_update_replaces_whole_records(store: Store) -> None:
+    run = make_run()
+    store.add_run(run)
+    store.add_attempt(make_attempt())
+    done = replace(
+        run,
+        state=RunState.COMPLETED,
+        reason=None,
+        cause_counts={},
+        last_checkpoint_step=None,
+        cancel_requested=False,
+        ended_at=200.0,
+    )
+    store.update_run(done)
+    assert store.get_run("r1") == done
+    a = replace(
+        make_attempt(),
+        state="COMPLETED",
+        nodes=[],
+        exit_code=0,
+        signal=None,
+        cause="completed",
+        job_id="2000",
+    )
+    store.update_attempt(a)
+    assert store.attempts("r1") == [a]
+    with pytest.raises(StateError):
+        store.update_run(make_run("ghost"))
+    with pytest.raises(StateError):
+        store.update_attempt(make_attempt(attempt=7))
+
+
+def test_list_runs_order_and_active_filter(store: Store) -> None:
+    states = [
+        RunState.COMPLETED,
+        RunState.RUNNING,
+        RunState.FAILED,
+        RunState.PENDING,
+        RunState.CANCELLED,
+    ]
+    for i, state in enumerate(states):
+        # inserted out of creation order: the listing sorts by created_at
+        store.add_run(make_run(f"r{i}", created_at=100.0 - i, state=state))
+    assert [r.run_id for r in store.list_runs()] == ["r4", "r3", "r2", "r1", "r0"]
+    assert [r.run_id for r in store.list_runs(active_only=True)] == ["r3", "r1"]
+    assert all(not r.state.is_terminal for r in store.list_runs(active_only=True))
+
+
+def test_latest_attempt_and_find_by_job(store: Store) -> None:
+    store.add_run(make_run("r1"))
+    store.add_run(make_run("r2", created_at=200.0))
+    assert store.latest_attempt("r1") is None
+    store.add_attempt(make_attempt("r1", 0, job_id="10"))
+    store.add_attempt(make_attempt("r1", 2, job_id="11"))
+    store.add_attempt(make_attempt("r1", 1, job_id="10"))  # the same job id, requeued
+    store.add_attempt(make_attempt("r2", 0, job_id="20"))
+    assert store.latest_attempt("r1").attempt == 2
+    assert [a.attempt for a in store.attempts("r1")] == [0, 1, 2]
+    found = store.find_attempt_by_job("10")
+    assert (found.run_id, found.attempt) == ("r1", 1)
+    assert store.find_attempt_by_job("20").run_id == "r2"
+    assert store.find_attempt_by_job("99") is None
+
+
+# ---------------------------------------------------------------------- events
+def test_events_append_only_and_filters(store: Store) -> None:
+    store.add_run(make_run("r1"))
+    ids = [
+        store.append_event("r1", "created", {"recipe": "a.yaml"}, 1.0),
+        store.append_event(None, "daemon_started", {"pid": 42}, 2.0),
+        store.append_event("r2", "submitted", {"job_id": "7", "exclude": ["n1"]}, 3.0),
+        store.append_event("r1", "ended", {"nested": {"x": [1, 2.5, None]}}, 4.5),
+    ]
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    all_events = store.events()
+    assert all_events[0] == Event(ids[0], 1.0, "r1", "created", {"recipe": "a.yaml"})
+    assert all_events[3] == Event(ids[3], 4.5, "r1", "ended", {"nested": {"x": [1, 2.5, None]}})
+    assert [e.event_id for e in all_events] == ids
+    assert [e.kind for e in store.events("r1")] == ["created", "ended"]
+    assert [e.event_id for e in store.events(since_id=ids[1])] == ids[2:]
+    assert [e.event_id for e in store.events("r1", since_id=ids[0])] == [ids[3]]
+    assert [e.event_id for e in store.events(limit=2)] == ids[:2]
+    assert store.events(since_id=ids[3]) == []
+    # ids keep growing, also after the highest row would be gone
+    with sqlite3.connect(store.path) as db:
+        db.execute("DELETE FROM events WHERE event_id = ?", (ids[3],))
+    assert store.append_event("r1", "again", {}, 5.0) > ids[3]
+
+
+# ---------------------------------------------------------------------- node flags
+def test_node_flags(store: Store) -> None:
+    flags = [
+        NodeFlag("n1", "node_failure", 10.0, None, "r1"),
+        NodeFlag("n2", "xid 79", 11.0, 50.0),
+        NodeFlag("n3", "slow", 12.0, 100.0, "r2"),
+    ]
+    for f in flags:
+        store.flag_node(f)
+    assert store.node_flags() == flags
+    assert store.node_flags(now=49.0) == flags
+    assert store.node_flags(now=50.0) == [flags[0], flags[2]]
+    assert store.node_flags(now=1000.0) == [flags[0]]
+    newer = NodeFlag("n2", "again", 60.0, 200.0, "r3")
+    store.flag_node(newer)  # replaces the old flag
+    assert store.node_flags(now=150.0) == [flags[0], newer]
+    assert store.unflag_node("n2") is True
+    assert store.unflag_node("n2") is False
+    assert [f.node for f in store.node_flags()] == ["n1", "n3"]
+
+
+# ---------------------------------------------------------------------- database file
+def test_permissions_and_pragmas(tmp_path: Path) -> None:
+    home = tmp_path / "deep" / "home"
+    old = os.umask(0o022)
+    try:
+        s = Store(home)
+    finally:
+        os.umask(old)
+    try:
+        assert s.path == home / "state.db"
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        assert stat.S_IMODE(s.path.stat().st_mode) == 0o600
+        s.append_event(None, "x", {}, 1.0)
+        wal = home / "state.db-wal"
+        assert wal.exists()
+        assert stat.S_IMODE(wal.stat().st_mode) == 0o600
+        shm = home / "state.db-shm"
+        if shm.exists():
+            assert stat.S_IMODE(shm.stat().st_mode) == 0o600
+        assert s._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert s._db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert s._db.execute("PRAGMA busy_timeout").fetchone()[0] == 10000
+        assert s.schema_version() == SCHEMA_VERSION
+    finally:
+        s.close()
+
+
+def test_reopen_keeps_data_and_skips_migrations(tmp_path: Path, monkeypatch) -> None:
+    home = tmp_path / "home"
+    with Store(home) as s:
+        s.add_run(make_run())
+        s.append_event("r1", "created", {}, 1.0)
+    # Version 2 adds a table; a re-run of it (or of version 1) would fail on CREATE TABLE.
+    migrations = [*store_mod.MIGRATIONS, (2, ["CREATE TABLE extra (x INTEGER)"])]
+    monkeypatch.setattr(store_mod, "MIGRATIONS", migrations)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    for _ in range(2):
+        with Store(home) as s:
+            assert s.schema_version() == 2
+            assert s.get_run("r1") == make_run()
+            assert len(s.events()) == 1
+    with sqlite3.connect(home / "state.db") as db:
+        names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"runs", "attempts", "events", "node_flags", "extra"} <= names
+
+
+def test_failed_migration_changes_nothing(tmp_path: Path, monkeypatch) -> None:
+    home = tmp_path / "home"
+    Store(home).close()
+    migrations = [*store_mod.MIGRATIONS, (2, ["CREATE TABLE extra (x)", "NOT SQL AT ALL"])]
+    monkeypatch.setattr(store_mod, "MIGRATIONS", migrations)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    with pytest.raises(sqlite3.OperationalError):
+        Store(home)
+    with sqlite3.connect(home / "state.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert (
+            db.execute("SELECT count(*) FROM sqlite_master WHERE name='extra'").fetchone()[0] == 0
+        )
+
+
+def test_newer_schema_is_refused_untouched(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with Store(home) as s:
+        s.add_run(make_run())
+    db = sqlite3.connect(home / "state.db")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    db.close()
+    before = file_digest(home / "state.db")
+    with pytest.raises(StateError) as info:
+        Store(home)
+    err = info.value
+    assert isinstance(err, FtslurmError)
+    assert "\n" not in err.user_message()
+    assert f"version {SCHEMA_VERSION + 5}" in err.message
+    assert f"up to version {SCHEMA_VERSION}" in err.message
+    assert file_digest(home / "state.db") == before
+
+
+# ---------------------------------------------------------------------- transactions
+def test_transaction_rolls_back_every_write(store: Store) -> None:
+    store.add_run(make_run("keep"))
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            store.add_run(make_run("r1"))
+            store.add_attempt(make_attempt("r1"))
+            store.update_run(make_run("keep", state=RunState.FAILED))
+            store.append_event("r1", "created", {}, 1.0)
+            store.flag_node(NodeFlag("n1", "bad", 1.0, None))
+            store.unflag_node("n1")
+            raise RuntimeError("boom")
+    assert [r.run_id for r in store.list_runs()] == ["keep"]
+    assert store.get_run("keep").state is RunState.RUNNING
+    assert store.attempts("r1") == []
+    assert store.events() == []
+    assert store.node_flags() == []
+    # the store is usable afterwards
+    store.append_event(None, "after", {}, 2.0)
+    assert [e.kind for e in store.events()] == ["after"]
+
+
+def test_transaction_nests_and_is_invisible_until_commit(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with Store(home) as s, Store(home) as other:
+        with s.transaction():
+            s.add_run(make_run("r1"))
+            with s.transaction():
+                s.add_attempt(make_attempt("r1"))
+            with pytest.raises(ValueError):
+                with s.transaction():  # an inner failure undoes only its own writes
+                    s.append_event("r1", "lost", {}, 1.0)
+                    raise ValueError("inner")
+            s.append_event("r1", "kept", {}, 2.0)
+            assert other.get_run("r1") is None  # not committed yet
+        assert other.get_run("r1") == make_run("r1")
+        assert len(other.attempts("r1")) == 1
+        assert [e.kind for e in other.events()] == ["kept"]
+
+
+# ---------------------------------------------------------------------- processes
+def _append_events(home: str, worker: int, count: int, barrier) -> None:
+    barrier.wait(timeout=60)
+    with Store(home) as s:  # every worker opens (and may create) the database itself
+        for i in range(count):
+            s.append_event(f"w{worker}", "tick", {"worker": worker, "i": i}, float(i))
+
+
+def test_concurrent_processes_append(tmp_path: Path) -> None:
+    home = str(tmp_path / "home")
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_append_events, args=(home, w, 200, barrier)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    with Store(home) as s:
+        events = s.events()
+        assert len(events) == 800
+        ids = [e.event_id for e in events]
+        assert len(set(ids)) == 800 and ids == sorted(ids)
+        for w in range(4):
+            mine = s.events(f"w{w}")
+            assert [e.data["i"] for e in mine] == list(range(200))  # each writer's order kept
+
+
+# ---------------------------------------------------------------------- daemon lock
+CHILD = (
+    "import sys\n"
+    "from ftslurm.daemon.store import DaemonLock\n"
+    "lock = DaemonLock(sys.argv[1])\n"
+    "lock.acquire()\n"
+    "print('locked', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def _wait_for_line(proc: subprocess.Popen, expected: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if sel.select(left):
+                line = proc.stdout.readline()
+                if line.strip() == expected:
+                    return
+                if not line:
+                    raise AssertionError(f"child exited ({proc.wait()}) before {expected!r}")
+        raise AssertionError(f"child did not print {expected!r} within {timeout}s")
+    finally:
+        sel.close()
+
+
+def test_daemon_lock_across_processes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert DaemonLock.holder_pid(home) is None
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(home)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
+    try:
+        _wait_for_line(proc, "locked", timeout=60)
+        assert stat.S_IMODE((home / "daemon.lock").stat().st_mode) == 0o600
+        assert DaemonLock.holder_pid(home) == proc.pid
+        lock = DaemonLock(home)
+        with pytest.raises(DaemonAlreadyRunning) as info:
+            lock.acquire()
+        assert info.value.message == f"a daemon is already running for {home} (pid {proc.pid})"
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        proc.stdout.close()
+    assert proc.returncode == 0
+    assert DaemonLock.holder_pid(home) is None  # the lock ended with its process
+    lock.acquire()
+    try:
+        assert DaemonLock.holder_pid(home) == os.getpid()
+        lock.acquire()  # already held by this object: nothing to do
+        with pytest.raises(DaemonAlreadyRunning, match=f"pid {os.getpid()}"):
+            DaemonLock(home).acquire()  # another holder, even in the same process
+    finally:
+        lock.release()
+    assert DaemonLock.holder_pid(home) is None
+    with DaemonLock(home):
+        assert DaemonLock.holder_pid(home) == os.getpid()
+    assert DaemonLock.holder_pid(home) is None
