@@ -1,4 +1,4 @@
-"""A small real PyTorch DDP training run that checkpoints and resumes (CPU, gloo).
+"""A small real data-parallel PyTorch training run that checkpoints and resumes (CPU, gloo).
 
 Run it once per rank (srun does that): it reads its rank from torch's variables (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or else from Slurm's (SLURM_PROCID, SLURM_NTASKS,
@@ -8,11 +8,13 @@ run ends with exactly the parameters of an uninterrupted one.
 
 - Every `--ckpt-every` steps rank 0 saves model, optimizer and step atomically
   (temporary file, fsync, rename) into `--checkpoint-dir` (or FTSLURM_CHECKPOINT_DIR).
-- On SIGTERM, SIGUSR1 or SIGUSR2 (ftslurm's checkpoint signal) a flag is set; at the next
-  step all ranks agree on it (an all-reduce), save a checkpoint and exit 0: "checkpointed,
-  continue me".
-- It tells ftslurm's daemon about each checkpoint (`ftslurm.agent.progress`), and that it
-  finished; outside ftslurm those calls do nothing.
+- It uses ftslurm's rank agent (`ftslurm.agent.rank`): timed sections and heartbeats the
+  launcher watches for hangs; on SIGTERM or the checkpoint signal (SIGUSR2) the handler only
+  sets a flag, and `should_checkpoint()` makes all ranks agree at the same step (an
+  all-reduce); they save a checkpoint and exit 0: "checkpointed, continue me". It reports
+  checkpoints and the end of training to the daemon. Outside ftslurm it works the same.
+- `--fail-at-step N --fail-rank R` makes rank R exit 3 whenever it reaches step N (to try
+  in-job restarts and retries).
 - When the last step is done it writes `final.json` (step and a parameter digest).
 
     python examples/recipe.py --steps 200 --checkpoint-dir ckpt
@@ -24,21 +26,13 @@ import argparse
 import hashlib
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
-from ftslurm.agent import progress
-
-STOP = {"requested": False}
-
-
-def _request_stop(signum, frame) -> None:  # only set a flag: no work in a signal handler
-    STOP["requested"] = True
+from ftslurm.agent import rank as fta
 
 
 def dist_env() -> tuple[int, int, str, str]:
@@ -68,6 +62,16 @@ def save_atomic(state: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def average_gradients(model: torch.nn.Module, world: int) -> None:
+    """Data parallelism, as DDP does it, but one all-reduce per parameter in a fixed order:
+    DDP regroups its gradient buckets after the first iteration, which changes the order of
+    the floating-point sums with more than two ranks, so a resumed run would differ from an
+    uninterrupted one in the last bits."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+
+
 def digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
@@ -82,61 +86,70 @@ def main() -> int:
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("FTSLURM_CHECKPOINT_DIR",
                                                                     "checkpoints"))
+    parser.add_argument("--fail-at-step", type=int, default=-1)
+    parser.add_argument("--fail-rank", type=int, default=-1)
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _request_stop)
-    signal.signal(signal.SIGUSR1, _request_stop)
-    signal.signal(signal.SIGUSR2, _request_stop)
 
     rank, world, addr, port = dist_env()
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
                             world_size=world)
+    agent = fta.init()  # signal handlers (flag only), heartbeats, sections
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Linear(16, 1))
+    model = torch.nn.Linear(16, 1)
+    for p in model.parameters():  # the same start on every rank, as DDP would broadcast
+        dist.broadcast(p.data, src=0)
     optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt_dir = Path(args.checkpoint_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     ckpt = ckpt_dir / "latest.pt"
     step = 0
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=True)
-        model.module.load_state_dict(state["model"])
-        optim.load_state_dict(state["optim"])
-        step = state["step"]
+    with agent.section("setup"):
+        if ckpt.exists():
+            state = torch.load(ckpt, weights_only=True)
+            model.load_state_dict(state["model"])
+            optim.load_state_dict(state["optim"])
+            step = state["step"]
     if rank == 0:
         print(f"rank 0 of {world} starts at step {step} "
-              f"(attempt {os.environ.get('FTSLURM_ATTEMPT', '0')})", flush=True)
+              f"(attempt {os.environ.get('FTSLURM_ATTEMPT', '0')}, in-job restart "
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')})", flush=True)
 
     def checkpoint() -> None:
-        if rank == 0:
-            started = time.monotonic()
-            save_atomic({"model": model.module.state_dict(), "optim": optim.state_dict(),
-                         "step": step}, ckpt)  # fmt: skip
-            progress.checkpoint_saved(step, time.monotonic() - started)
-        dist.barrier()
+        with agent.section("checkpointing"):
+            if rank == 0:
+                started = time.monotonic()
+                save_atomic({"model": model.state_dict(), "optim": optim.state_dict(),
+                             "step": step}, ckpt)  # fmt: skip
+                agent.checkpoint_saved(step, time.monotonic() - started)
+            dist.barrier()
 
     while step < args.steps:
-        stop = torch.tensor([1.0 if STOP["requested"] else 0.0])
-        dist.all_reduce(stop)  # every rank sees the same answer at the same step
-        if stop.item() > 0:
+        if agent.should_checkpoint():  # the same answer on every rank at this step
             checkpoint()
             if rank == 0:
                 print(f"checkpointed at step {step} on request; exiting for a continuation",
                       flush=True)
             dist.destroy_process_group()
             return 0
-        x, y = batch(step * world + rank)
-        optim.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optim.step()
-        step += 1
-        if args.step_time:
-            time.sleep(args.step_time)
+        with agent.section("step"):
+            x, y = batch(step * world + rank)
+            optim.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            average_gradients(model, world)
+            optim.step()
+            step += 1
+            if args.step_time:
+                time.sleep(args.step_time)
+        agent.heartbeat(step)
+        if step == args.fail_at_step and rank == args.fail_rank:
+            print(f"rank {rank} fails at step {step} (--fail-at-step)", flush=True)
+            os._exit(3)
         if step % args.ckpt_every == 0:
             checkpoint()
     if rank == 0:
         (ckpt_dir / "final.json").write_text(json.dumps({"step": step, "digest": digest(model)}))
         print(f"finished at step {step}, digest {digest(model)}", flush=True)
-        progress.finished(step)
+        agent.finished(step)
     dist.destroy_process_group()
     return 0
 

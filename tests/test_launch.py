@@ -136,10 +136,14 @@ def test_sigterm_makes_every_rank_checkpoint_at_the_same_step_and_ask_to_continu
 
 
 def test_timeouts_are_tightened_from_what_earlier_attempts_observed():
-    configured = Timeouts(sections={"step": 600.0, "setup": None}, out_of_section=300.0)
-    observed = [{"step": 0.5, "setup": 20.0}, {"step": 2.0, "out_of_section": 1.0}]
+    configured = Timeouts(sections={"step": 600.0, "setup": None, "eval": 4.0},
+                          out_of_section=300.0)  # fmt: skip
+    observed = [{"step": 0.5, "setup": 20.0, "eval": 3.0},
+                {"step": 2.0, "out_of_section": 1.0, "checkpointing": 9.0}]
     t = launch.tightened(configured, observed, factor=3.0, floor_s=5.0)
-    assert t.sections == {"step": 6.0, "setup": 60.0}
+    assert t.sections == {"step": 6.0, "setup": None,  # setup is never tightened
+                          "eval": 4.0,  # never looser than configured
+                          "checkpointing": 27.0}  # fmt: skip
     assert t.out_of_section == 5.0  # 3 x 1.0 raised to the floor
     assert launch.tightened(configured, [], 3.0) == configured
 

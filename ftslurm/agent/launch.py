@@ -43,21 +43,31 @@ EXIT_DO_NOT_RETRY = 93
 log = logging.getLogger("ftslurm.launch")
 
 
+# "setup" is never tightened: the first attempt's setup usually loaded no checkpoint.
+NOT_TIGHTENED = frozenset({"setup"})
+
+
 def tightened(configured: Timeouts, observed: list[dict[str, float]], factor: float,
-              floor_s: float = 10.0) -> Timeouts:  # fmt: skip
-    """Configured timeouts, replaced by `factor` x the longest duration observed across
-    ranks for every section (and the out-of-section gap) that has been observed (pure)."""
+              floor_s: float = 30.0) -> Timeouts:  # fmt: skip
+    """Timeouts tightened by what earlier attempts observed (pure): for every section (and
+    the out-of-section gap) seen before, `factor` x the longest duration across ranks, at
+    least `floor_s`, and never looser than what was configured."""
     longest: dict[str, float] = {}
     for ranks in observed:
         for key, value in ranks.items():
             longest[key] = max(longest.get(key, 0.0), float(value))
+
+    def tighter(current: float | None, seen: float) -> float:
+        calculated = max(floor_s, factor * seen)
+        return calculated if current is None else min(current, calculated)
+
     sections = dict(configured.sections)
     for key, value in longest.items():
-        if key != "out_of_section":
-            sections[key] = max(floor_s, factor * value)
+        if key != "out_of_section" and key not in NOT_TIGHTENED:
+            sections[key] = tighter(sections.get(key), value)
     out = configured.out_of_section
     if "out_of_section" in longest:
-        out = max(floor_s, factor * longest["out_of_section"])
+        out = tighter(out, longest["out_of_section"])
     return Timeouts(sections=sections, out_of_section=out, initial=configured.initial)
 
 
@@ -151,11 +161,11 @@ def main(argv: list[str] | None = None) -> int:
 
     class Agent(LocalElasticAgent):
         def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
-            for old in hb_dir.glob("rank-*.hb"):
+            for old in [*hb_dir.glob("rank-*.hb"), *hb_dir.glob("ready-*")]:
                 old.unlink(missing_ok=True)
             state["rounds"] += 1
             started = super()._start_workers(worker_group)
-            while early:  # what came before the ranks existed reaches them now
+            while early:  # what came before the ranks existed reaches them when ready
                 forward(early.pop(0), None)
             return started
 
@@ -165,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 return result
             now = time.monotonic()
             pids = self._pcontext.pids() if self._pcontext else {}
+            deliver_held(pids)
             if now >= state["next_peer_check"]:  # did another node's launcher give up?
                 state["next_peer_check"] = now + 2.0
                 try:
@@ -196,6 +207,25 @@ def main(argv: list[str] | None = None) -> int:
 
     agent_box: dict[str, Any] = {}
 
+    held: dict[int, list[int]] = {}  # local rank -> signals waiting for its wrapper
+
+    def send(local_rank: int, pid: int, sig: int) -> None:
+        # A rank's wrapper that has not installed its handlers yet would die of USR1/2:
+        # hold the signal until it says it is ready.
+        if not (hb_dir / f"ready-{local_rank}").exists():
+            held.setdefault(local_rank, []).append(sig)
+            return
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def deliver_held(pids: dict[int, int]) -> None:
+        for local_rank in list(held):
+            if local_rank in pids and (hb_dir / f"ready-{local_rank}").exists():
+                for sig in held.pop(local_rank):
+                    send(local_rank, pids[local_rank], sig)
+
     def forward(sig: int, _frame: Any) -> None:
         agent = agent_box.get("agent")
         pcontext = getattr(agent, "_pcontext", None) if agent else None
@@ -203,11 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             state["signalled"] = True
         if sig == signal.SIGTERM and state["stop_at"] is None:
             state["stop_at"] = time.monotonic() + args.grace
-        for pid in (pcontext.pids().values() if pcontext else ()):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        for local_rank, pid in (pcontext.pids().items() if pcontext else ()):
+            send(local_rank, pid, sig)
 
     checkpoint_sig = getattr(signal, "SIG" + os.environ.get(
         "FTSLURM_CHECKPOINT_SIGNAL", "USR2").upper().removeprefix("SIG"), signal.SIGUSR2)

@@ -46,6 +46,7 @@ FORWARDED = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGUSR1,
 TAIL_BYTES = 16 * 1024
 TAIL_LINES = 40
 STRAGGLER_PERIOD_S = 0.1
+HOLD_SIGNALS_MAX_S = 120.0  # how long USR1/USR2 wait for the rank agent to attach
 NAMED_EXITS = {16: "resume_elsewhere", 17: "failed_validation", 93: "do_not_retry"}
 _USER_ERROR = re.compile(
     r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError)(:|$)"
@@ -192,7 +193,10 @@ class Task:
     def _forward(self, sig: int, _frame: object) -> None:
         if self.checkpoint_signal_at is None and sig in (self.checkpoint_signal, signals.SIGTERM):
             self.checkpoint_signal_at = time.time()
-        if self.proc is None:
+        if self.proc is None or (sig in (signals.SIGUSR1, signals.SIGUSR2, self.checkpoint_signal)
+                                 and not self._rank_ready()):
+            # Not there yet, or its handler not yet installed (the default action of USR1/2
+            # is to die): held and delivered once the rank agent has attached.
             self.early.append(sig)
             return
         if sig == signals.SIGCONT:
@@ -200,6 +204,22 @@ class Task:
         elif self.stopped_ever and not self.hung:
             self._signal_group(signals.SIGCONT)  # a straggler's pause must not hold it back
         self._signal_group(sig)
+
+    def _rank_ready(self) -> bool:
+        """Under the launcher, the rank agent's heartbeat record shows the rank's signal
+        handlers are in place; without the launcher there is nothing to wait for."""
+        hb_dir = self.environ.get("FTSLURM_HEARTBEAT_DIR")
+        if not hb_dir or time.monotonic() - self.started > HOLD_SIGNALS_MAX_S:
+            return True
+        local = self.env.get("LOCAL_RANK", "0")
+        return (Path(hb_dir) / f"rank-{local}.hb").exists()
+
+    def _deliver_held(self, done: threading.Event) -> None:
+        while not done.is_set():
+            if self.early and self._rank_ready():
+                while self.early:
+                    self._forward(self.early.pop(0), None)
+            done.wait(0.1)
 
     # ------------------------------------------------------------------ threads
     def _copy_stderr(self, pipe: IO[bytes]) -> None:
@@ -218,12 +238,22 @@ class Task:
         return self.run_dir is not None and (
             self.run_dir / "attempts" / self.attempt / f"rank-{self.rank}.json").exists()
 
+    def _record_fired(self, spec: str) -> None:
+        """Noted before acting: a rank killed for hanging writes no report afterwards."""
+        if self.run_dir is None:
+            return
+        path = self.run_dir / "attempts" / f"fired-rank-{self.rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fired = set(read_json(path) or [])
+        write_json_atomic(path, sorted(fired | {spec}))
+
     def _fired_before(self) -> set[str]:
         """Specs this rank already carried out in an earlier attempt of the run, or earlier
         in this attempt before an in-job restart (its report is then already there)."""
         if self.run_dir is None:
             return set()
-        fired: set[str] = set()
+        fired: set[str] = set(read_json(self.run_dir / "attempts" /
+                                        f"fired-rank-{self.rank}.json") or [])
         for path in (self.run_dir / "attempts").glob(f"*/rank-{self.rank}.json"):
             fired.update((read_json(path) or {}).get("injected") or [])
         return fired
@@ -235,6 +265,7 @@ class Task:
             while pending and pending[0].at_s <= now:
                 inj = pending.pop(0)
                 self.injected.append(inj.spec())
+                self._record_fired(inj.spec())
                 print(f"ftslurm: injected {inj.spec()} on rank {self.rank} (node {self.node})",
                       file=sys.stderr, flush=True)  # fmt: skip
                 if inj.kind is InjectKind.CRASH:
@@ -261,6 +292,9 @@ class Task:
     def run(self) -> int:
         for sig in FORWARDED:
             signals.signal(sig, self._forward)
+        hb_dir = self.environ.get("FTSLURM_HEARTBEAT_DIR")
+        if hb_dir:  # tell the launcher our handlers are in place: it may signal us now
+            Path(hb_dir, f"ready-{self.env.get('LOCAL_RANK', '0')}").touch()
         try:
             self.proc = subprocess.Popen(self.command, env=self.env, stderr=subprocess.PIPE,
                                          start_new_session=True,
@@ -271,13 +305,15 @@ class Task:
             print(message, file=sys.stderr, flush=True)
             self._report(code, None, "user_error", message)
             return code
-        for sig in self.early:
+        held, self.early = self.early, []
+        for sig in held:
             self._forward(sig, None)
         assert self.proc.stderr is not None
         copier = threading.Thread(target=self._copy_stderr, args=(self.proc.stderr,),
                                   daemon=True)  # fmt: skip
         copier.start()
         done = threading.Event()
+        threading.Thread(target=self._deliver_held, args=(done,), daemon=True).start()
         nnodes = _int(self.environ.get("SLURM_NNODES")
                       or self.environ.get("SLURM_JOB_NUM_NODES"), 1)  # fmt: skip
         fired = self._fired_before()

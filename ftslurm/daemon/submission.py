@@ -112,6 +112,7 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
                    f"--nproc-per-node={o['ntasks_per_node']}", "--", *spec["command"]]
         grace = int(float(settings.get("grace_s", 120)))
         srun_args: tuple[str, ...] = (
+            "--nodes=${SLURM_NNODES:-1}", "--ntasks=${SLURM_NNODES:-1}",
             "--ntasks-per-node=1", "--cpus-per-task=${SLURM_CPUS_ON_NODE:-1}",
             "--kill-on-bad-exit=0", f"--wait={grace + 60}")  # fmt: skip
     else:

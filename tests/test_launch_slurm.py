@@ -1,0 +1,112 @@
+"""The compute side on the real local cluster: 2 nodes x 2 ranks, gloo on CPU, the launcher
+and rank agent under the daemon, with `examples/recipe.py` as the training."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ftslurm.daemon.store import Store
+
+from .daemon_scenarios import Cli, ended
+
+pytestmark = pytest.mark.slurm
+RECIPE = Path(__file__).resolve().parent.parent / "examples" / "recipe.py"
+
+
+@pytest.fixture
+def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
+    c = Cli(tmp_path / "home", cwd=tmp_path, env={"PYTHONWARNINGS": "ignore"})
+    yield c
+    c.stop_daemon()
+    for run in Store(c.home).list_runs(active_only=True):
+        c("cancel", run.run_id, check=False)
+
+
+def recipe_file(tmp_path: Path, name: str, **settings) -> Path:
+    """A recipe of form (b): examples/recipe.py with resources and settings."""
+    args = settings.pop("args")
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "import sys\nimport ftslurm\n"
+        f"recipe = ftslurm.Recipe(command=[sys.executable, {str(RECIPE)!r}, *{args!r}], "
+        f"nodes=2, ntasks_per_node=2, "
+        + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")\n")
+    return path
+
+
+def log_of(cli: Cli, run_id: str, attempt: int) -> str:
+    return cli("logs", run_id, "--attempt", str(attempt)).stdout
+
+
+def test_a_killed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(cli, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    out = cli.submit("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2",
+                     "--inject", "crash@12:3", str(RECIPE), "--", "--steps", "300",
+                     "--step-time", "0.05", "--ckpt-every", "20",
+                     "--checkpoint-dir", str(ckpt))  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert len(s["attempts"]) == 1  # no new job: restarted inside the allocation
+    assert s["in_job_restarts_total"] >= 1
+    log = log_of(cli, out["run_id"], 0)
+    # rank 0's launcher may count the round as a membership change, not a restart of its own
+    starts = [int(n) for n in re.findall(r"starts at step (\d+) \(attempt 0,", log)]
+    assert len(starts) >= 2 and starts[0] == 0 and starts[1] > 0, log[-3000:]
+    report = json.loads((Path(s["run_dir"]) / "attempts" / "0" / "rank-3.json").read_text())
+    assert "crash@12:3" in report["injected"]
+
+
+def test_a_stopped_rank_is_detected_as_hung_and_restarted(cli, tmp_path):
+    recipe = recipe_file(tmp_path, "hang", args=["--steps", "300", "--step-time", "0.05",
+                                                 "--ckpt-every", "20", "--checkpoint-dir",
+                                                 str(tmp_path / "ckpt")],
+                         num_in_job_restarts=2, section_timeouts={"step": 8.0},
+                         out_of_section_timeout=8.0)  # fmt: skip
+    out = cli.submit("--inject", "hang@12:1", str(recipe))
+    s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert len(s["attempts"]) == 1 and s["in_job_restarts_total"] >= 1
+    run_dir = Path(s["run_dir"])
+    hangs = [h for p in (run_dir / "attempts" / "0").glob("node-*.json")
+             for h in json.loads(p.read_text())["hangs"]]  # fmt: skip
+    assert hangs and "timeout 8s" in hangs[0]["reason"]
+    fired = json.loads((run_dir / "attempts" / "fired-rank-1.json").read_text())
+    assert fired == ["hang@12:1"]  # once: the restarted rank was not stopped again
+
+
+def test_in_job_restarts_exhausted_make_the_daemon_retry_the_job(cli, tmp_path):
+    out = cli.submit("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "1",
+                     "--retries", "1", str(RECIPE), "--", "--steps", "100", "--fail-at-step",
+                     "5", "--fail-rank", "2", "--checkpoint-dir",
+                     str(tmp_path / "ckpt"))  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 240, "the run to fail")
+    assert s["state"] == "FAILED" and "retry budget exhausted (1/1)" in s["reason"]
+    assert [a["cause"] for a in s["attempts"]] == ["crash", "crash"]
+    assert [a["exit_code"] for a in s["attempts"]] == [74, 74]  # restarts exhausted
+    assert all(a["in_job_restarts"] == 1 for a in s["attempts"])
+
+
+def test_checkpoint_signal_saves_at_one_step_continues_and_matches_an_uninterrupted_run(
+        cli, tmp_path):  # fmt: skip
+    args = ["--steps", "400", "--step-time", "0.1", "--ckpt-every", "1000"]
+    reference = cli.submit("-N", "2", "--ntasks-per-node", "2", str(RECIPE), "--", *args,
+                           "--checkpoint-dir", str(tmp_path / "ref"))  # fmt: skip
+    faulty = cli.submit("-N", "2", "--ntasks-per-node", "2", "-t", "1", "--preempt-time", "35",
+                        str(RECIPE), "--", *args, "--checkpoint-dir",
+                        str(tmp_path / "cont"))  # fmt: skip
+    for run in (reference, faulty):
+        s = cli.wait_for(run["run_id"], ended, 300, "the runs to end")
+        assert s["state"] == "COMPLETED", s
+    s = cli.status(faulty["run_id"])
+    assert s["continuations"] >= 1 and s["attempts"][0]["cause"] == "checkpointed"
+    assert s["attempts"][0]["exit_code"] == 75  # the launcher's "continue me"
+    log = log_of(cli, faulty["run_id"], 0)
+    assert re.search(r"checkpointed at step (\d+) on request", log), log[-3000:]
+    ref = json.loads((tmp_path / "ref" / "final.json").read_text())
+    cont = json.loads((tmp_path / "cont" / "final.json").read_text())
+    assert cont == ref  # same step, same parameters, bit for bit
