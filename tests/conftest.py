@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +126,17 @@ def wait_job(
 
 def in_state(*states: JobState) -> Callable[[JobInfo], bool]:
     return lambda info: info.state in states
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    """Poll `condition` until it returns something true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def wait_file(path: Path, cond: Callable[[str], bool], timeout: float, what: str) -> str:

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +18,13 @@ from ftslurm.agent import progress
 from ftslurm.agent.task import _applies, classify_exit, master_port, parse_inject_env, torch_env
 from ftslurm.core.inject import parse_injection
 
+from .conftest import wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 _TORCH_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
                "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}  # fmt: skip
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll `condition` until it returns something true; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +30,11 @@ from ftslurm.agent.straggler import (
     window_median,
 )
 
+from .conftest import wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll `condition` until it returns something true; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def timings(*medians: float, samples: int = 10, nodes: tuple[str, ...] = ()) -> list[RankTiming]:
@@ -400,7 +393,7 @@ def test_end_to_end_names_the_slow_node(tmp_path: Path,
             [sys.executable, "-c", CHILD, str(tmp_path), str(step_s), "0.4", str(windows)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     wait_for(lambda: all((tmp_path / f"ready-{r}").exists() for r in range(4)),
-             what="the ranks to start")  # fmt: skip
+             timeout=30, what="the ranks to start")  # fmt: skip
     (tmp_path / "go").touch()
 
     reports: dict[int, dict[str, Any]] = {}

@@ -112,6 +112,7 @@ class Reconciler:
             by_backend.setdefault(backend_key(run.spec), []).append((run, a))
         for kind, items in by_backend.items():
             backend = self.backends(kind)
+            self._note_facts(kind, backend)  # once per backend: MinJobAge bounds the poll
             ids = [a.job_id for _, a in items if a.job_id]
             observed = backend.query(ids) if ids else {}  # ONE command for all of them
             nodes_cache: dict[str, bool] | None = None
@@ -140,7 +141,7 @@ class Reconciler:
                 self._ended(backend, run, a, info, nodes_cache)
         self.interval = policy.next_poll_interval(
             self.clock(), last_change=self.last_change, deadlines=deadlines,
-            previous=self.interval, min_job_age_s=min(self._min_job_age.values(), default=300),
+            previous=self.interval, min_job_age_s=min(self._min_job_age.values(), default=60),
         )  # fmt: skip
         return self.interval
 
@@ -361,7 +362,7 @@ class Reconciler:
             try:
                 self._min_job_age[kind] = float(backend.cluster_facts().min_job_age_s)
             except (SchedulerUnavailable, SchedulerRejected):
-                self._min_job_age[kind] = 300.0
+                pass  # asked again next cycle; meanwhile the poll stays conservative
 
     def trust(self, run_id: str, attempt: int) -> None:
         """Mark a submission intent as created by this process (no adoption search)."""
