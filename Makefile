@@ -65,6 +65,7 @@ bench: install
 	$(CLUSTER) up
 	$(PY) benchmarks/query_scaling.py
 	$(PY) benchmarks/virtual_campaign.py
+	$(PY) benchmarks/checkpoint_throughput.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache
