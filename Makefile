@@ -13,6 +13,10 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Error: $(PYTHON) not found"; exit 1; }
+	@# Debian ships venv's pip bootstrap separately (python3-venv).
+	@$(PYTHON) -c "import ensurepip" 2>/dev/null || { command -v apt-get >/dev/null && \
+		[ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv; } || \
+		{ echo "Error: $(PYTHON) cannot create a venv; install python3-venv"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
