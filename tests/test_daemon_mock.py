@@ -26,7 +26,10 @@ from .daemon_scenarios import Cli, ended, write_train
 @pytest.fixture
 def cli(tmp_path) -> Iterator[Cli]:
     c = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
-    c("mock", "up", "--slurmd-timeout", "2", "--min-job-age", "60")
+    # Slurm's behaviour with shorter settings (KillWait 5 s instead of 30 s) keeps it quick.
+    config = tmp_path / "mock.json"
+    config.write_text('{"kill_wait_s": 5}')
+    c("mock", "up", "--config", str(config), "--slurmd-timeout", "2", "--min-job-age", "60")
     yield c
     c.stop_daemon()
     c("mock", "destroy", check=False)
@@ -41,7 +44,7 @@ def test_node_failure_is_retried_on_other_nodes_with_the_failed_node_excluded(cl
     train = write_train(tmp_path)
     out = cli.submit("--dry-run", "-N", "2", "--retries", "2", "--inject", "node_fail@2",
                      str(train), "--", "40", "0.1", "5")  # fmt: skip
-    s = cli.wait_for(out["run_id"], ended, 90, "the run to end")
+    s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED", s
     first, second = s["attempts"][0], s["attempts"][1]
     assert first["cause"] == "node_fail"
@@ -72,7 +75,7 @@ def test_wall_limit_after_a_checkpoint_continues_from_that_step(cli, tmp_path):
 def test_budget_exhausted_fails_with_the_reason_and_wait_exits_1(cli, tmp_path):
     train = write_train(tmp_path)
     out = cli.submit("--dry-run", "--retries", "1", str(train), "--", "50", "0.01", "5", "3")
-    s = cli.wait_for(out["run_id"], ended, 60, "the run to fail")
+    s = cli.wait_for(out["run_id"], ended, 120, "the run to fail")
     assert s["state"] == "FAILED"
     assert "retry budget exhausted (1/1)" in s["reason"]
     assert [a["cause"] for a in s["attempts"]] == ["crash", "crash"]
@@ -85,7 +88,7 @@ def test_user_error_is_not_retried(cli, tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import no_such_module_for_ftslurm\n")
     out = cli.submit("--dry-run", "--retries", "3", str(bad))
-    s = cli.wait_for(out["run_id"], ended, 60, "the run to fail")
+    s = cli.wait_for(out["run_id"], ended, 120, "the run to fail")
     assert s["state"] == "FAILED" and s["job_retries_used"] == 0
     assert s["attempts"][0]["cause"] == "user_error"
 
@@ -118,7 +121,7 @@ def test_daemon_killed_after_submission_adopts_the_job(cli, tmp_path):
     job_id = MockScheduler(tmp_path / "mock").submit(script, options)  # then the "crash"
     assert store.latest_attempt("adopt1").state == SUBMITTING
     cli("daemon", "start")
-    s = cli.wait_for("adopt1", ended, 60, "the adopted run to end")
+    s = cli.wait_for("adopt1", ended, 120, "the adopted run to end")
     assert s["state"] == "COMPLETED"
     assert [a["job_id"] for a in s["attempts"]] == [job_id]
     assert len([j for j in mock_jobs(tmp_path).values() if j.comment == "ftslurm:adopt1:0"]) == 1
@@ -134,7 +137,7 @@ def test_daemon_sigkilled_mid_run_and_restarted_finishes_the_run(cli, tmp_path):
     status = json.loads(cli("daemon", "status", "--json", check=False).stdout)
     assert not status["running"]
     cli("daemon", "start")
-    s = cli.wait_for(out["run_id"], ended, 90, "the run to end")
+    s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED"
     ids = {a["job_id"] for a in s["attempts"]}
     assert len(ids) == 1  # one job, requeued: nothing was submitted twice
@@ -180,6 +183,6 @@ def test_injected_crash_is_retried_and_fires_once(cli, tmp_path):
     train = write_train(tmp_path)
     out = cli.submit("--dry-run", "-N", "2", "--retries", "1", "--inject", "crash@2:1",
                      str(train), "--", "60", "0.1", "10")  # fmt: skip
-    s = cli.wait_for(out["run_id"], ended, 90, "the run to end")
+    s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert [a["cause"] for a in s["attempts"]] == ["crash", "finished"]
