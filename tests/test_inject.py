@@ -138,10 +138,10 @@ def test_a_dead_task_host_ends_the_job_in_node_fail_not_failed(tmp_path):
     thread = threading.Thread(target=controller.run, args=(home, 0.05, stop))
     thread.start()
     try:
-        # rank 0 (on n1) fails as soon as rank 1's heartbeat file stops being refreshed
+        # rank 0 (on n1) fails once rank 1's heartbeat file is 3 s old (mtime: whole seconds)
         peer = tmp_path / "peer"
         body = (f'if [ $SLURM_PROCID = 1 ]; then while true; do touch {peer}; sleep 0.1; done; '
-                f'else sleep 0.5; while [ $(( $(date +%s) - $(stat -c %Y {peer}) )) -lt 1 ]; '
+                f'else sleep 0.5; while [ $(( $(date +%s) - $(stat -c %Y {peer}) )) -lt 3 ]; '
                 'do sleep 0.1; done; exit 3; fi')
         script = f"#!/bin/bash\nsrun -N2 --kill-on-bad-exit=1 bash -c '{body}'\n"
         job = scheduler.submit(script, JobOptions(nodes=2, requeue=False, workdir=str(tmp_path),
