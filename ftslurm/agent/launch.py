@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             "timeouts": {"sections": timeouts.sections,
                          "out_of_section": timeouts.out_of_section},
         })  # fmt: skip
+    shutil.rmtree(hb_dir, ignore_errors=True)
     log.info("ranks ended: %s after %d in-job restart(s); exit %d", outcome, used, code)
     return code
 
