@@ -612,6 +612,8 @@ def test_settings_defaults():
         "checkpoint_signal": "USR2", "signal_backstop": True, "cause_budgets": {},
         "max_stalled_continuations": 3, "user_error_exit_codes": (),
         "exclude_failed_nodes": True, "node_exclusion_ttl_s": 86400,
+        "use_launcher": True, "section_timeouts": {}, "out_of_section_timeout": None,
+        "grace_s": 120,
     }  # fmt: skip
 
 

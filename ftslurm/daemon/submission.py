@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ftslurm.core.inject import env_value, parse_injections
+from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import JobOptions
 from ftslurm.recipe import Recipe
 from ftslurm.templates import render_job_script
@@ -49,6 +50,18 @@ def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,
     }  # fmt: skip
 
 
+BACKSTOP_MIN_SPARE_S = 300
+
+
+def _backstop(time_limit: str | None, preempt_time: int, settings: dict[str, Any]) -> bool:
+    """Whether to render Slurm's own `--signal` too. Slurm may deliver it up to a minute
+    early, so on a job barely longer than the lead it can arrive while the ranks are still
+    starting and cannot catch it: only for limits of at least the lead plus 5 minutes."""
+    if not (time_limit and preempt_time and settings.get("signal_backstop", True)):
+        return False
+    return parse_time_limit(time_limit) >= preempt_time + BACKSTOP_MIN_SPARE_S
+
+
 def backend_key(spec: dict[str, Any]) -> str:
     """Which scheduler a run lives on: "slurm", or "mock:<its mock cluster's folder>"."""
     if spec["backend"] == "mock":
@@ -73,8 +86,8 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         exclude=tuple(sorted(set(o["exclude"]) | set(exclude))), comment=tag(run_id, attempt),
         output=f"{run_dir}/logs/job-%j.out", workdir=spec["workdir"], requeue=True,
         # A backstop: if the daemon is down, Slurm itself still asks for the checkpoint.
-        signal=f"{signal}@{preempt_time}" if o["time_limit"] and preempt_time
-        and settings.get("signal_backstop", True) else None,
+        signal=f"{signal}@{preempt_time}" if _backstop(o["time_limit"], preempt_time, settings)
+        else None,
         # The scheduler carries out what happens to the cluster (node_fail, preempt,
         # timeout); what a job can do to itself travels to every rank's wrapper, on the
         # mock and on a real cluster alike.
