@@ -46,9 +46,8 @@ def test_node_failure_is_retried_on_other_nodes_with_the_failed_node_excluded(
     assert victim not in s["attempts"][1]["nodes"]
     assert victim in s["excluded_nodes"]
     assert s["job_retries_used"] == 1
-    resumed = cli.wait_for(out["run_id"], lambda s: "starts at step" in cli(
+    cli.wait_for(out["run_id"], lambda s: "starts at step" in cli(
         "logs", out["run_id"], "--attempt", "1").stdout, 30, "the retry's output")  # fmt: skip
-    del resumed
     log = cli("logs", out["run_id"], "--attempt", "1").stdout
     assert "starts at step 0" not in log  # resumed from the checkpoint
     cli("cancel", out["run_id"])

@@ -157,14 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     timeouts = tightened(parse_timeouts(args.section_timeouts), observed, args.safety_factor)
     if observed:
         log.info("timeouts from earlier attempts: %s", timeouts)
-    state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [], "rounds": 0,
-                             "next_peer_check": 0.0, "peer_gone": False}
+    state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [],
+                             "next_peer_check": 0.0}
 
     class Agent(LocalElasticAgent):
         def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
             for old in [*hb_dir.glob("rank-*.hb"), *hb_dir.glob("ready-*")]:
                 old.unlink(missing_ok=True)
-            state["rounds"] += 1
             started = super()._start_workers(worker_group)
             while early:  # what came before the ranks existed reaches them when ready
                 forward(early.pop(0), None)
@@ -185,7 +184,6 @@ def main(argv: list[str] | None = None) -> int:
                     closed = True
                 if closed:
                     log.warning("another node's launcher ended the run: stopping the ranks")
-                    state["peer_gone"] = True
                     self._remaining_restarts = 0
                     _kill(pids.values())
                     return RunResult(state=WorkerState.FAILED)

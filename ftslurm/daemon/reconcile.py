@@ -44,11 +44,6 @@ REQUEUING = "REQUEUING"  # intent: bring job_id back for this attempt (requeue, 
 _ENDED_STATES = {s.value for s in JobState if s.is_terminal}
 
 
-def attempt_open(a: Attempt) -> bool:
-    """Whether the attempt still needs watching (not yet classified)."""
-    return a.cause is None
-
-
 def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt,
                    clock: Callable[[], float] = time.time,
                    adopt: bool = True) -> Attempt:  # fmt: skip
@@ -363,10 +358,6 @@ class Reconciler:
                 self._min_job_age[kind] = float(backend.cluster_facts().min_job_age_s)
             except (SchedulerUnavailable, SchedulerRejected):
                 pass  # asked again next cycle; meanwhile the poll stays conservative
-
-    def trust(self, run_id: str, attempt: int) -> None:
-        """Mark a submission intent as created by this process (no adoption search)."""
-        self._trusted_intents.add((run_id, attempt))
 
 
 def new_run_record(run_id: str, name: str, spec: dict[str, Any], settings: FtSettings,
