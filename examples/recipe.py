@@ -6,13 +6,18 @@ the first node, a port derived from the job id). Everything is deterministic: th
 and the synthetic data depend only on the seed and the step, so an interrupted-and-resumed
 run ends with exactly the parameters of an uninterrupted one.
 
-- Every `--ckpt-every` steps rank 0 saves model, optimizer and step atomically
-  (temporary file, fsync, rename) into `--checkpoint-dir` (or FTSLURM_CHECKPOINT_DIR).
+- Every `--ckpt-every` steps it saves the whole training state (model, optimizer, step,
+  RNG states) with `ftslurm.checkpoint.CheckpointManager` into `--checkpoint-dir` (or
+  FTSLURM_CHECKPOINT_DIR): rank 0 writes atomically (temporary file, fsync, rename, a
+  manifest with the sha256), and on start every rank loads the newest checkpoint that
+  verifies, skipping a truncated or corrupt one.
 - It uses ftslurm's rank agent (`ftslurm.agent.rank`): timed sections and heartbeats the
-  launcher watches for hangs; on SIGTERM or the checkpoint signal (SIGUSR2) the handler only
-  sets a flag, and `should_checkpoint()` makes all ranks agree at the same step (an
-  all-reduce); they save a checkpoint and exit 0: "checkpointed, continue me". It reports
-  checkpoints and the end of training to the daemon. Outside ftslurm it works the same.
+  launcher watches for hangs (the forward and backward pass in a "compute" section, whose
+  durations become the straggler scores); on SIGTERM or the checkpoint signal (SIGUSR2)
+  the handler only sets a flag, and `should_checkpoint()` makes all ranks agree at the same
+  step (an all-reduce); they save a checkpoint and exit 0: "checkpointed, continue me". It
+  reports checkpoints and the end of training to the daemon. Outside ftslurm it works the
+  same.
 - `--fail-at-step N --fail-rank R` makes rank R exit 3 whenever it reaches step N (to try
   in-job restarts and retries).
 - When the last step is done it writes `final.json` (step and a parameter digest).
@@ -33,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ftslurm.agent import rank as fta
+from ftslurm.checkpoint import CheckpointManager, restore_training_state, training_state
 
 
 def dist_env() -> tuple[int, int, str, str]:
@@ -51,15 +57,6 @@ def batch(step: int, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.randn(size, 16, generator=g)
     weights = torch.arange(16, dtype=torch.float32).unsqueeze(1) / 16
     return x, x @ weights + 0.1 * torch.randn(size, 1, generator=g)
-
-
-def save_atomic(state: dict, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def average_gradients(model: torch.nn.Module, world: int) -> None:
@@ -101,14 +98,13 @@ def main() -> int:
     optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt_dir = Path(args.checkpoint_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = ckpt_dir / "latest.pt"
+    # The rank agent tells the daemon of each save (with the observed timings), not the manager.
+    manager = CheckpointManager(ckpt_dir, keep_last=2, report=False)
     step = 0
     with agent.section("setup"):
-        if ckpt.exists():
-            state = torch.load(ckpt, weights_only=True)
-            model.load_state_dict(state["model"])
-            optim.load_state_dict(state["optim"])
-            step = state["step"]
+        latest = manager.load_latest()  # the newest checkpoint that verifies
+        if latest is not None:
+            step = restore_training_state(latest[1], model, optim)
     if rank == 0:
         print(f"rank 0 of {world} starts at step {step} "
               f"(attempt {os.environ.get('FTSLURM_ATTEMPT', '0')}, in-job restart "
@@ -116,11 +112,9 @@ def main() -> int:
 
     def checkpoint() -> None:
         with agent.section("checkpointing"):
-            if rank == 0:
-                started = time.monotonic()
-                save_atomic({"model": model.state_dict(), "optim": optim.state_dict(),
-                             "step": step}, ckpt)  # fmt: skip
-                agent.checkpoint_saved(step, time.monotonic() - started)
+            started = time.monotonic()
+            manager.save(step, training_state(model, optim, step))  # rank 0 writes
+            agent.checkpoint_saved(step, time.monotonic() - started)
             dist.barrier()
 
     while step < args.steps:
@@ -132,14 +126,15 @@ def main() -> int:
             dist.destroy_process_group()
             return 0
         with agent.section("step"):
-            x, y = batch(step * world + rank)
-            optim.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
+            with agent.section("compute"):  # this rank's own work, without collectives
+                x, y = batch(step * world + rank)
+                optim.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                if args.step_time:
+                    time.sleep(args.step_time)
             average_gradients(model, world)
             optim.step()
             step += 1
-            if args.step_time:
-                time.sleep(args.step_time)
         agent.heartbeat(step)
         if step == args.fail_at_step and rank == args.fail_rank:
             print(f"rank {rank} fails at step {step} (--fail-at-step)", flush=True)

@@ -112,3 +112,43 @@ class Cli:
 
 def ended(s: dict[str, Any]) -> bool:
     return s["state"] in ("COMPLETED", "FAILED", "CANCELLED")
+
+
+RECIPE = Path(__file__).resolve().parent.parent / "examples" / "recipe.py"
+
+
+def recipe_file(tmp_path: Path, name: str, **settings: Any) -> Path:
+    """A recipe of form (b): examples/recipe.py on 2 nodes x 2 ranks, with settings."""
+    args = settings.pop("args")
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "import sys\nimport ftslurm\n"
+        f"recipe = ftslurm.Recipe(command=[sys.executable, {str(RECIPE)!r}, *{args!r}], "
+        f"nodes=2, ntasks_per_node=2, "
+        + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")\n")
+    return path
+
+
+def straggler_is_moved_off(cli: Cli, tmp_path: Path, *submit_args: str) -> dict[str, Any]:
+    """Scenario: the second node of a 2 x 2 run is slowed 10-fold; its ranks score ~0.5 for
+    two 1 s windows, the daemon flags that node (and no other) and moves the running job off
+    it (requeue held, exclude, release), which then finishes elsewhere. Returns the status."""
+    recipe = recipe_file(tmp_path, "straggler", args=[
+        "--steps", "200", "--step-time", "0.05", "--ckpt-every", "50",
+        "--checkpoint-dir", str(tmp_path / "ckpt")],
+        straggler_report_interval_s=1.0, straggler_windows=2, stop_if_straggler=True)
+    out = cli.submit(*submit_args, "--inject", "straggler@2:1*10", str(recipe))
+    s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    first, second = s["attempts"][0], s["attempts"][1]
+    victim = first["nodes"][1]
+    assert first["cause"] == "straggler" and "moved off straggler" in first["reason"]
+    assert victim not in second["nodes"] and victim in s["excluded_nodes"]
+    assert s["job_retries_used"] == 0  # a move is not a failure
+    assert first["job_id"] == second["job_id"]  # requeued, not resubmitted
+    from ftslurm.daemon.store import Store
+
+    flagged = [e.data for e in Store(cli.home).events(out["run_id"]) if e.kind == "straggler"]
+    assert [f["nodes"] for f in flagged] == [[victim]], flagged  # that node, no other
+    assert flagged[0]["reasons"][victim].startswith("straggler:")
+    return s

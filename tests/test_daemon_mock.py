@@ -20,7 +20,7 @@ from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
 
-from .daemon_scenarios import Cli, ended, write_train
+from .daemon_scenarios import Cli, ended, straggler_is_moved_off, write_train
 
 
 @pytest.fixture
@@ -188,3 +188,7 @@ def test_injected_crash_is_retried_and_fires_once(cli, tmp_path):
     s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert [a["cause"] for a in s["attempts"]] == ["crash", "finished"]
+
+
+def test_a_straggler_node_is_excluded_and_the_job_moved_off_it(cli, tmp_path):
+    straggler_is_moved_off(cli, tmp_path, "--dry-run")

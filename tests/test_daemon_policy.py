@@ -27,6 +27,8 @@ from ftslurm.daemon.policy import (
     next_poll_interval,
     plan_exclusions,
     signal_due,
+    straggler_flags,
+    straggler_move,
 )
 
 DEFAULT = FtSettings()
@@ -166,7 +168,7 @@ def test_classify_table_covers_every_ending_state():
     ended = {state for state in JobState if state.is_terminal}
     seen = {row[1].state for row in CLASSIFY_ROWS}
     assert ended <= seen
-    assert {row[3] for row in CLASSIFY_ROWS} == set(Cause)
+    assert {row[3] for row in CLASSIFY_ROWS} == set(Cause) - {Cause.STRAGGLER}  # not an ending
     assert len({row[0] for row in CLASSIFY_ROWS}) == len(CLASSIFY_ROWS)
 
 
@@ -314,7 +316,7 @@ def test_decide(cause, ending, budget, overrides, cancel, verdict, words, after,
 
 
 def test_decide_table_covers_every_cause_and_verdict():
-    assert {row[1] for row in DECIDE_ROWS} == set(Cause)
+    assert {row[1] for row in DECIDE_ROWS} == set(Cause) - {Cause.STRAGGLER}  # straggler_move
     assert {row[6] for row in DECIDE_ROWS} == set(Verdict)
 
 
@@ -613,7 +615,9 @@ def test_settings_defaults():
         "max_stalled_continuations": 3, "user_error_exit_codes": (),
         "exclude_failed_nodes": True, "node_exclusion_ttl_s": 86400,
         "use_launcher": True, "section_timeouts": {}, "out_of_section_timeout": None,
-        "grace_s": 120,
+        "grace_s": 120, "straggler_report_interval_s": 60, "straggler_threshold": 0.75,
+        "straggler_windows": 3, "straggler_reference": "best", "exclude_stragglers": True,
+        "stop_if_straggler": False,
     }  # fmt: skip
 
 
@@ -639,6 +643,11 @@ def test_settings_defaults():
     pytest.param({"cause_budgets": {"node_fail": -1}}, id="budget-negative"),
     pytest.param({"cause_budgets": {"no_such_cause": 1}}, id="budget-unknown-cause"),
     pytest.param({"retries": 3}, id="unknown-setting"),
+    pytest.param({"straggler_threshold": 0}, id="straggler-threshold-zero"),
+    pytest.param({"straggler_threshold": 1.5}, id="straggler-threshold-above-one"),
+    pytest.param({"straggler_windows": 0}, id="straggler-windows-zero"),
+    pytest.param({"straggler_report_interval_s": 0}, id="straggler-interval-zero"),
+    pytest.param({"straggler_reference": "mean"}, id="straggler-reference-unknown"),
 ])  # fmt: skip
 def test_settings_reject(kwargs):
     with pytest.raises(ValidationError):
@@ -724,3 +733,73 @@ def test_checkpoint_lead_leaves_twice_the_save_plus_margin(preempt, save):
 ])  # fmt: skip
 def test_signal_due(start, limit, lead, now, due):
     assert signal_due(start, limit, lead, now) is due
+
+
+# ---------------------------------------------------------------------------- stragglers
+
+REPORT = {"attempt": 1, "threshold": 0.75, "persistent_nodes": ["n2", "n3"],
+          "scores": [{"rank": 0, "node": "n1", "relative": 1.0, "individual": 1.0},
+                     {"rank": 2, "node": "n2", "relative": 0.41, "individual": 0.9},
+                     {"rank": 3, "node": "n2", "relative": 0.6, "individual": 0.5}]}
+
+
+@pytest.mark.parametrize("report,attempt,overrides,flagged,expected", [
+    pytest.param(REPORT, 1, {}, (), ["n2", "n3"], id="persistent-nodes"),
+    pytest.param(REPORT, 1, {}, ("n3",), ["n2"], id="already-flagged-skipped"),
+    pytest.param(REPORT, 2, {}, (), [], id="report-of-another-attempt"),
+    pytest.param(None, 1, {}, (), [], id="no-report"),
+    pytest.param({**REPORT, "persistent_nodes": []}, 1, {}, (), [], id="none-persistent"),
+    pytest.param(REPORT, 1, {"exclude_stragglers": False}, (), [], id="off"),
+    pytest.param(REPORT, 1, {"exclude_stragglers": False, "stop_if_straggler": True}, (),
+                 ["n2", "n3"], id="stop-implies-flagging"),
+    pytest.param({**REPORT, "persistent_nodes": ["n2", 7, None]}, 1, {}, (), ["n2"],
+                 id="malformed-entries-ignored"),
+])  # fmt: skip
+def test_straggler_flags(report, attempt, overrides, flagged, expected):
+    found = straggler_flags(report, attempt, FtSettings(**overrides), flagged)
+    assert [node for node, _ in found] == expected
+    reasons = dict(found)
+    if "n2" in reasons:  # the worst score of the node's ranks is named
+        assert "straggler" in reasons["n2"] and "0.41" in reasons["n2"]
+
+
+STOP = FtSettings(stop_if_straggler=True)
+
+
+@pytest.mark.parametrize("new,allocation,exclusions,budget,settings,moves", [
+    pytest.param(["n2"], ["n1", "n2"], ["n2"], Budget(), STOP, True, id="move"),
+    pytest.param(["n2"], ["n1", "n2"], ["n2"], Budget(), FtSettings(), False, id="off"),
+    pytest.param(["n3"], ["n1", "n2"], ["n3"], Budget(), STOP, False, id="not-in-allocation"),
+    pytest.param(["n2"], ["n1", "n2"], [], Budget(), STOP, False, id="cannot-be-excluded"),
+    pytest.param(["n2"], ["n1", "n2"], ["n2"], Budget(cause_counts={"straggler": 1}),
+                 FtSettings(stop_if_straggler=True, cause_budgets={"straggler": 1}), False,
+                 id="straggler-budget-spent"),
+    pytest.param(["n2"], ["n1", "n2"], ["n2"], Budget(job_retries_used=2), STOP, True,
+                 id="failure-budget-spent-still-moves"),
+])  # fmt: skip
+def test_straggler_move(new, allocation, exclusions, budget, settings, moves):
+    d = straggler_move(new, allocation, exclusions, budget, settings)
+    assert (d is not None) is moves
+    if d is not None:
+        assert d.verdict is Verdict.CONTINUE and d.cause is Cause.STRAGGLER
+        assert d.budget.job_retries_used == budget.job_retries_used  # not a failure
+        assert d.budget.cause_counts["straggler"] == budget.cause_counts.get("straggler", 0) + 1
+        assert "n2" in d.reason
+
+
+@given(st.lists(st.sampled_from(["n1", "n2", "n3", "n4"]), max_size=4),
+       st.lists(st.sampled_from(["n1", "n2", "n3", "n4"]), min_size=1, max_size=4),
+       st.integers(0, 4))  # fmt: skip
+def test_straggler_moves_are_bounded_by_the_nodes(flags, allocation, cap):
+    """Each move needs a newly flagged node of the allocation that will be excluded, and the
+    straggler budget caps the count: a sequence of moves never exceeds either bound."""
+    s = FtSettings(stop_if_straggler=True, cause_budgets={"straggler": cap})
+    budget, excluded, moves = Budget(), set(), 0
+    for node in flags:
+        if node in excluded:
+            continue  # already flagged: straggler_flags does not name it again
+        excluded.add(node)
+        d = straggler_move([node], allocation, excluded, budget, s)
+        if d is not None:
+            budget, moves = d.budget, moves + 1
+    assert moves <= min(cap, len(set(allocation)))

@@ -17,4 +17,6 @@ def test_mock_demo_survives_node_failure_and_preemption_with_identical_parameter
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "demo passed" in out
-    assert "(node_fail, checkpointed, finished), excluded n2" in out.replace("\n", " ")
+    flat = " ".join(out.split())
+    summary = flat[flat.find("with faults:"):][:300]
+    assert "(node_fail, checkpointed, finished), excluded n2" in flat, summary

@@ -12,10 +12,9 @@ import pytest
 
 from ftslurm.daemon.store import Store
 
-from .daemon_scenarios import Cli, ended
+from .daemon_scenarios import RECIPE, Cli, ended, recipe_file, straggler_is_moved_off
 
 pytestmark = pytest.mark.slurm
-RECIPE = Path(__file__).resolve().parent.parent / "examples" / "recipe.py"
 
 
 @pytest.fixture
@@ -25,18 +24,6 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
     c.stop_daemon()
     for run in Store(c.home).list_runs(active_only=True):
         c("cancel", run.run_id, check=False)
-
-
-def recipe_file(tmp_path: Path, name: str, **settings) -> Path:
-    """A recipe of form (b): examples/recipe.py with resources and settings."""
-    args = settings.pop("args")
-    path = tmp_path / f"{name}.py"
-    path.write_text(
-        "import sys\nimport ftslurm\n"
-        f"recipe = ftslurm.Recipe(command=[sys.executable, {str(RECIPE)!r}, *{args!r}], "
-        f"nodes=2, ntasks_per_node=2, "
-        + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")\n")
-    return path
 
 
 def log_of(cli: Cli, run_id: str, attempt: int) -> str:
@@ -110,3 +97,33 @@ def test_checkpoint_signal_saves_at_one_step_continues_and_matches_an_uninterrup
     ref = json.loads((tmp_path / "ref" / "final.json").read_text())
     cont = json.loads((tmp_path / "cont" / "final.json").read_text())
     assert cont == ref  # same step, same parameters, bit for bit
+
+
+def test_a_straggler_node_is_reported_excluded_and_the_job_moved_off_it(cli, tmp_path):
+    straggler_is_moved_off(cli, tmp_path)
+
+
+def test_a_corrupted_newest_checkpoint_is_skipped_on_load(cli, tmp_path):
+    """Checkpoints at steps 10, 20, 30; the newest is damaged; the next run on 2 x 2 ranks
+    resumes from step 20 and ends with the parameters of a run never interrupted."""
+    ckpt, ref = tmp_path / "ckpt", tmp_path / "ref"
+    args = ["--ckpt-every", "10", "--step-time", "0.01"]
+    first = cli.submit("-N", "2", "--ntasks-per-node", "2", str(RECIPE), "--", "--steps", "30",
+                       *args, "--checkpoint-dir", str(ckpt))  # fmt: skip
+    reference = cli.submit("-N", "2", "--ntasks-per-node", "2", str(RECIPE), "--", "--steps",
+                           "50", *args, "--checkpoint-dir", str(ref))  # fmt: skip
+    assert cli.wait_for(first["run_id"], ended, 240, "the first run")["state"] == "COMPLETED"
+    newest = ckpt / "step-0000000030.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: the size still matches, the hash not
+    newest.write_bytes(bytes(data))
+    (ckpt / "final.json").unlink()
+    again = cli.submit("-N", "2", "--ntasks-per-node", "2", str(RECIPE), "--", "--steps", "50",
+                       *args, "--checkpoint-dir", str(ckpt))  # fmt: skip
+    for run in (again, reference):
+        assert cli.wait_for(run["run_id"], ended, 240, "the runs")["state"] == "COMPLETED"
+    log = log_of(cli, again["run_id"], 0)
+    assert "starts at step 20" in log, log[-3000:]
+    assert "step-0000000030" in log  # the warning names the checkpoint it skipped
+    assert json.loads((ckpt / "final.json").read_text()) == \
+        json.loads((ref / "final.json").read_text())

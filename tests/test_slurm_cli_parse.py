@@ -104,3 +104,38 @@ def test_sbatch_job_id():
 def test_truncated_squeue_line_is_an_error_not_a_wrong_state():
     with pytest.raises(SchedulerRejected):
         parse.parse_squeue("12\x1fRUNNING\x1f", NOW)
+
+
+def test_runner_stops_retrying_at_once_when_aborted():
+    """A daemon asked to stop during a controller outage does not sit out the retry budget."""
+    import sys
+    import threading
+    import time
+
+    from ftslurm.backends.slurm_cli import CommandRunner
+    from ftslurm.errors import SchedulerUnavailable
+
+    abort = threading.Event()
+    runner = CommandRunner(abort=abort, max_wait_s=0.2)
+    failing = [sys.executable, "-c", "import sys; sys.stderr.write('sbatch: error: Unable to "
+               "contact slurm controller (connect failure)\\n'); sys.exit(1)"]  # fmt: skip
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run(failing, budget_s=600, idempotent=False)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    started = time.monotonic()
+    thread.start()
+    deadline = time.monotonic() + 60
+    while runner.commands < 2 and time.monotonic() < deadline:  # it is retrying
+        time.sleep(0.01)
+    assert runner.commands >= 2
+    abort.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert isinstance(outcome[0], SchedulerUnavailable)
+    assert time.monotonic() - started < 60  # nowhere near the 600 s budget

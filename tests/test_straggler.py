@@ -347,6 +347,73 @@ def test_collect_report_follows_the_latest_attempt(tmp_path: Path,
     assert (tmp_path / "elsewhere.json").exists()
 
 
+def test_collect_report_after_an_in_job_restart_and_in_a_new_attempt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ranks = Ranks(tmp_path, ["nA", "nB"])
+    for _ in range(2):
+        ranks.window([1.0, 2.0])
+        report = collect_report(tmp_path, persistent_windows=2)
+    assert report["persistent_nodes"] == ["nB"]
+    # an in-job restart: new processes count their windows from 0 again; still scored
+    again = Ranks(tmp_path, ["nA", "nB"])
+    again.window([1.0, 1.0])
+    report = collect_report(tmp_path, persistent_windows=2)
+    assert report["window_index"] == 0 and report["stragglers"] == []
+    assert report["persistent_nodes"] == []  # nB was scored clean: its count restarted
+    again.window([1.0, 2.0])
+    assert collect_report(tmp_path, persistent_windows=1)["persistent_nodes"] == ["nB"]
+    # a new attempt: the counts of the previous one do not carry over
+    monkeypatch.setenv("FTSLURM_ATTEMPT", "1")
+    later = Ranks(tmp_path, ["nB", "nC"])
+    later.window([1.0, 1.0])
+    report = collect_report(tmp_path, persistent_windows=1)
+    assert (report["attempt"], report["persistent_nodes"]) == (1, [])
+
+
+def test_rank_agent_times_compute_sections_for_straggler_scores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps are timed until a "compute" section shows up; from then on only compute
+    sections (a rank waiting in a collective for a slow peer must not look slow)."""
+    from ftslurm.agent.rank import RankAgent
+
+    agent = RankAgent({"RANK": "3", "FTSLURM_RUN_DIR": str(tmp_path),
+                       "FTSLURM_STRAGGLER_INTERVAL_S": "1000", "SLURMD_NODENAME": "nX"})
+    assert agent._timer is not None and agent._timer.node == "nX"
+    with agent.section("step"):
+        pass
+    assert len(agent._timer._samples) == 1
+    with agent.section("step"):
+        with agent.section("compute"):
+            pass
+    assert len(agent._timer._samples) == 1  # the step samples were dropped, compute kept
+    with agent.section("checkpointing"):
+        pass
+    assert len(agent._timer._samples) == 1
+    agent._timer.report_interval_s = 1e-9
+    with agent.section("compute"):
+        pass
+    published = json.loads((tmp_path / "stragglers" / "rank-3.json").read_text())
+    assert (published["rank"], published["node"], published["samples"]) == (3, "nX", 2)
+
+
+def test_rank_agent_nested_sections_resume_the_outer_one(tmp_path: Path) -> None:
+    from ftslurm.agent.heartbeat import read_beat
+    from ftslurm.agent.rank import RankAgent
+
+    agent = RankAgent({"FTSLURM_HEARTBEAT_DIR": str(tmp_path), "LOCAL_RANK": "0"})
+    try:
+        with agent.section("step"):
+            outer = read_beat(tmp_path, 0)
+            with agent.section("compute"):
+                assert read_beat(tmp_path, 0).section == "compute"
+            beat = read_beat(tmp_path, 0)
+            assert beat.section == "step"
+            assert beat.section_start == outer.section_start  # its own start kept
+        assert read_beat(tmp_path, 0).section is None
+    finally:
+        agent.close()
+
+
 # --------------------------------------------------------------------------- end to end
 CHILD = """
 import os, sys, time

@@ -27,7 +27,7 @@ from ftslurm.fsutil import read_json, write_json_atomic
 SIZE = 64
 _F64, _I64 = struct.Struct("<d"), struct.Struct("<q")
 # Well-known sections have fixed ids; others are numbered from 16 in order of first use.
-KNOWN_SECTIONS = {"setup": 0, "step": 1, "checkpointing": 2}
+KNOWN_SECTIONS = {"setup": 0, "step": 1, "checkpointing": 2, "compute": 3}
 
 
 def record_path(directory: Path | str, local_rank: int) -> Path:
@@ -60,13 +60,15 @@ class HeartbeatWriter:
             _I64.pack_into(self._mm, 24, step)
         _F64.pack_into(self._mm, 0, time.monotonic())
 
-    def open_section(self, name: str) -> None:
+    def open_section(self, name: str, since: float | None = None) -> None:
+        """Enter section `name` (opened at `since`, monotonic; default now: an outer
+        section resumed after a nested one keeps its own start)."""
         section = self._ids.get(name)
         if section is None:
             section = self._register(name)
         now = time.monotonic()
         _I64.pack_into(self._mm, 16, section)
-        _F64.pack_into(self._mm, 8, now)
+        _F64.pack_into(self._mm, 8, now if since is None else since)
         _F64.pack_into(self._mm, 0, now)
 
     def close_section(self) -> None:

@@ -28,11 +28,13 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ftslurm.agent.heartbeat import Timeouts, hang_reason, read_beat
 from ftslurm.agent.rank import OBSERVED_DIR
+from ftslurm.agent.straggler import collect_report
 from ftslurm.fsutil import read_json, write_json_atomic
 
 EXIT_FINISHED = 0
@@ -158,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if observed:
         log.info("timeouts from earlier attempts: %s", timeouts)
     state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [],
-                             "next_peer_check": 0.0}
+                             "next_peer_check": 0.0, "next_collect": 0.0}
+    collector_interval = float(os.environ.get("FTSLURM_STRAGGLER_INTERVAL_S") or 60) / 2
+    collector = straggler_collector(run_dir) if args.node_rank == 0 and run_dir else None
 
     class Agent(LocalElasticAgent):
         def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
@@ -176,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             now = time.monotonic()
             pids = self._pcontext.pids() if self._pcontext else {}
             deliver_held(pids)
+            if collector is not None and now >= state["next_collect"]:
+                state["next_collect"] = now + collector_interval
+                collector()
             if now >= state["next_peer_check"]:  # did another node's launcher give up?
                 state["next_peer_check"] = now + 2.0
                 try:
@@ -293,6 +300,27 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(hb_dir, ignore_errors=True)
     log.info("ranks ended: %s after %d in-job restart(s); exit %d", outcome, used, code)
     return code
+
+
+def straggler_collector(run_dir: Path) -> Callable[[], None]:
+    """Scores the ranks' published step times into `stragglers/report.json` (the launcher
+    on node 0 calls it twice per report interval); the daemon reads the report."""
+    env = os.environ
+    options = {"threshold": float(env.get("FTSLURM_STRAGGLER_THRESHOLD") or 0.75),
+               "persistent_windows": int(env.get("FTSLURM_STRAGGLER_WINDOWS") or 3),
+               "reference": env.get("FTSLURM_STRAGGLER_REFERENCE") or "best"}  # fmt: skip
+
+    def collect() -> None:
+        try:
+            report = collect_report(run_dir, **options)
+        except (OSError, ValueError) as exc:  # never let scoring stop the training
+            log.warning("straggler report failed: %s", exc)
+            return
+        if report.get("stragglers"):
+            log.info("stragglers in window %s: %s", report.get("window_index"),
+                     report["stragglers"])  # fmt: skip
+
+    return collect
 
 
 def _kill(pids: Any, wait_s: float = 10.0) -> None:

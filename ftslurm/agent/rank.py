@@ -36,6 +36,7 @@ from typing import Any
 
 from ftslurm.agent import progress
 from ftslurm.agent.heartbeat import HeartbeatWriter
+from ftslurm.agent.straggler import StepTimer
 from ftslurm.fsutil import read_json, write_json_atomic
 
 OBSERVED_DIR = ".ftslurm-observed"  # inside the checkpoint directory
@@ -52,6 +53,14 @@ class RankAgent:
         self._observed: dict[str, float] = {}
         self._last_beat: float | None = None
         self._checkpoint_dir = env.get("FTSLURM_CHECKPOINT_DIR")
+        self._open: list[tuple[str, float]] = []  # the sections entered, innermost last
+        self._compute_seen = False
+        # Step times for straggler scores, published once per interval to the run folder.
+        self._timer: StepTimer | None = None
+        if env.get("FTSLURM_RUN_DIR"):
+            interval = float(env.get("FTSLURM_STRAGGLER_INTERVAL_S") or 60)
+            self._timer = StepTimer(interval, rank=self.rank, run_dir=env["FTSLURM_RUN_DIR"],
+                                    node=env.get("SLURMD_NODENAME") or None)  # fmt: skip
         hb_dir = env.get("FTSLURM_HEARTBEAT_DIR")
         self._hb = HeartbeatWriter(hb_dir, self.local_rank) if hb_dir else None
         name = env.get("FTSLURM_CHECKPOINT_SIGNAL", "USR2").upper().removeprefix("SIG")
@@ -79,18 +88,39 @@ class RankAgent:
 
     @contextmanager
     def section(self, name: str) -> Iterator[None]:
-        if self._hb is not None:
-            self._hb.open_section(name)
+        """Time a block the launcher watches. Sections nest: leaving the inner one resumes
+        the outer one (with its own start time). The straggler timer takes the durations
+        of "compute" sections (the part of a step without collectives, so that waiting
+        for a slow peer does not make a fast rank look slow), or of "step" sections while
+        no "compute" section has been seen."""
         started = time.monotonic()
+        if self._hb is not None:
+            self._hb.open_section(name, started)
+        self._open.append((name, started))
         try:
             yield
         finally:
-            elapsed = time.monotonic() - started
+            now = time.monotonic()
+            elapsed = now - started
+            self._open.pop()
             if elapsed > self._observed.get(name, 0.0):
                 self._observed[name] = elapsed
             if self._hb is not None:
-                self._hb.close_section()
-            self._last_beat = time.monotonic()
+                if self._open:
+                    self._hb.open_section(*self._open[-1])
+                else:
+                    self._hb.close_section()
+            self._last_beat = now
+            if self._timer is not None:
+                self._time_step(name, elapsed)
+
+    def _time_step(self, name: str, elapsed: float) -> None:
+        if name == "compute" and not self._compute_seen:
+            self._compute_seen = True
+            self._timer.discard_window()  # "step" samples would mix with "compute" ones
+        if name == ("compute" if self._compute_seen else "step"):
+            self._timer.record(elapsed)
+            self._timer.maybe_publish()
 
     # ------------------------------------------------------------------ agreement
     def should_checkpoint(self) -> bool:

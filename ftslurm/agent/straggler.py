@@ -17,7 +17,8 @@ is below the threshold (0.75 by default). Ranks with fewer than `MIN_SAMPLES` st
 window are not scored, nor are medians that are not positive. A node is the unit that can be
 excluded from the next allocation, so verdicts are also kept per node: the number of
 consecutive scored windows in which any of the node's ranks was a straggler (a window in which
-the node did not report leaves its count as it is). Statistics restart with every window.
+the node did not report leaves its count as it is); the counts start again with every attempt.
+Statistics restart with every window.
 
 Rank side, in the training loop:
 
@@ -209,6 +210,10 @@ class StepTimer:
         """Record one step that took `seconds`."""
         self._samples.append(seconds)
 
+    def discard_window(self) -> None:
+        """Drop the samples of the current window (e.g. when what is timed changes)."""
+        self._samples = []
+
     def window(self) -> RankTiming | None:
         """The current window's timing, or None before its first step."""
         if not self._samples:
@@ -328,9 +333,12 @@ def collect_report(run_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD,
                     "persistent_nodes": verdicts.persistent(persistent_windows),
                     "skipped_ranks": [], "updated_at": time.time()}  # fmt: skip
         attempt, index, timings, stale = chosen
+        if saved.get("attempt") != attempt:  # a new attempt: its nodes start with a clean slate
+            verdicts = NodeVerdicts()
         saved_key = (saved.get("attempt"), saved.get("window_index"))
-        new = not isinstance(saved_key[0], int) or not isinstance(saved_key[1], int) \
-            or (attempt, index) > saved_key
+        # Any other window is new, an earlier index too: after an in-job restart the ranks'
+        # new processes count their windows from 0 again.
+        new = (attempt, index) != saved_key
         history = {int(k): float(v) for k, v in (saved.get("best_history") or {}).items()} \
             if saved.get("attempt") == attempt else {}
         scores = score_window(timings, history, reference, min_samples)

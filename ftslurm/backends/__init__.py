@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import platformdirs
@@ -30,14 +31,17 @@ def mock_home() -> Path:
     return Path(os.environ.get("FTSLURM_MOCK_HOME") or state_dir() / "mock")
 
 
-def create_backend(kind: str = "slurm", home: Path | str | None = None) -> SchedulerBackend:
-    """A backend by name; for "mock", the mock cluster in `home` (default `mock_home()`)."""
+def create_backend(kind: str = "slurm", home: Path | str | None = None, *,
+                   abort: threading.Event | None = None) -> SchedulerBackend:  # fmt: skip
+    """A backend by name; for "mock", the mock cluster in `home` (default `mock_home()`).
+    Setting `abort` cuts short the retries of Slurm commands (the daemon is stopping)."""
     from ftslurm.backends.slurm_cli import SlurmCliBackend
+    from ftslurm.backends.slurm_cli.runner import CommandRunner
 
     if kind not in BACKENDS:
         raise ConfigError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
     if kind == "slurm":
-        return SlurmCliBackend()
+        return SlurmCliBackend(CommandRunner(abort=abort))
     if kind == "mock":
         from ftslurm.backends.mock import MockScheduler
         from ftslurm.backends.mock.controller import ensure_controller
@@ -48,7 +52,7 @@ def create_backend(kind: str = "slurm", home: Path | str | None = None) -> Sched
         return scheduler
     from ftslurm.backends import pyslurm_backend
 
-    cli = SlurmCliBackend()
+    cli = SlurmCliBackend(CommandRunner(abort=abort))
     usable, why = pyslurm_backend.pyslurm_status(cli.cluster_facts().version)
     if usable:
         return pyslurm_backend.PyslurmBackend()

@@ -9,9 +9,10 @@ sleep before the next look (`next_poll_interval`). docs/policy.md is the table i
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -33,10 +34,14 @@ class Cause(str, Enum):
     DO_NOT_RETRY = "do_not_retry"  # exit 93
     DEADLINE = "deadline"
     CANCELLED = "cancelled"
+    # Not an ending: the daemon moved a running job off a persistent straggler node
+    # (`stop_if_straggler`). Counted per cause, capped by cause_budgets; not a failure.
+    STRAGGLER = "straggler"
 
 
 RETRYABLE = frozenset({Cause.NODE_FAIL, Cause.BOOT_FAIL, Cause.PREEMPTED, Cause.TIMEOUT,
                        Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE})  # fmt: skip
+BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER})  # causes `cause_budgets` may cap
 EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY = 16, 17, 93
 EXIT_RESTARTS_EXHAUSTED, EXIT_CONTINUE = 74, 75  # the launcher's (ftslurm.agent.launch)
 _RESERVED_EXITS = {0, EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY,
@@ -67,6 +72,17 @@ class FtSettings(BaseModel):
     section_timeouts: dict[str, float | None] = Field(default_factory=dict)
     out_of_section_timeout: float | None = Field(None, gt=0)
     grace_s: float = Field(120, gt=0)
+    # Straggler detection (ftslurm.agent.straggler): each rank's step times are published
+    # every `straggler_report_interval_s`; a node whose ranks score below
+    # `straggler_threshold` in `straggler_windows` consecutive windows is persistent: it is
+    # kept out of later attempts (`exclude_stragglers`), and with `stop_if_straggler` the
+    # running job is moved off it at once (requeue held, exclude, release).
+    straggler_report_interval_s: float = Field(60, gt=0)
+    straggler_threshold: float = Field(0.75, gt=0, le=1)
+    straggler_windows: int = Field(3, ge=1)
+    straggler_reference: Literal["best", "median"] = "best"
+    exclude_stragglers: bool = True
+    stop_if_straggler: bool = False
 
     @field_validator("checkpoint_signal")
     @classmethod
@@ -90,7 +106,7 @@ class FtSettings(BaseModel):
     @classmethod
     def _budgets(cls, value: dict[Cause, int]) -> dict[Cause, int]:
         for cause, n in value.items():
-            if cause not in RETRYABLE:
+            if cause not in BUDGETED:
                 raise ValueError(f"{cause.value} is never retried; it takes no budget")
             if n < 0:
                 raise ValueError(f"budget for {cause.value} must be >= 0")
@@ -246,6 +262,53 @@ def _exclusions(cause: Cause, e: Ending, settings: FtSettings) -> tuple[tuple[st
     if cause is Cause.RESUME_ELSEWHERE and e.suspect_node:
         return ((e.suspect_node, "named by the job (exit 16)"),)
     return ()
+
+
+def straggler_flags(report: Mapping[str, Any] | None, attempt: int, settings: FtSettings,
+                    already_flagged: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """The (node, why) pairs to flag from the straggler report of a running attempt: its
+    persistent nodes (below the threshold for `straggler_windows` windows) not flagged yet.
+    Nothing when straggler exclusion is off or the report is of another attempt."""
+    if not (settings.exclude_stragglers or settings.stop_if_straggler) or not report:
+        return ()
+    if report.get("attempt") != attempt:
+        return ()
+    flagged = set(already_flagged)
+    worst: dict[str, float] = {}
+    for s in report.get("scores") or []:
+        if isinstance(s, dict) and isinstance(s.get("node"), str):
+            score = min(float(s.get("relative", 1.0)), float(s.get("individual", 1.0)))
+            worst[s["node"]] = min(score, worst.get(s["node"], 1.0))
+    found = []
+    for node in report.get("persistent_nodes") or []:
+        if isinstance(node, str) and node not in flagged:
+            score = f"score {worst[node]:.2f} " if node in worst else ""
+            found.append((node, f"straggler: {score}below {report.get('threshold')} for "
+                                f"{settings.straggler_windows} windows"))
+    return tuple(found)
+
+
+def straggler_move(new_flags: Iterable[str], allocation: Iterable[str],
+                   exclusions: Iterable[str], budget: Budget,
+                   settings: FtSettings) -> Decision | None:  # fmt: skip
+    """Whether to move a running attempt off straggler nodes just flagged: only with
+    `stop_if_straggler`, when one of them is in the allocation AND will be excluded (never
+    when the job could not be placed without it), and while the straggler budget lasts.
+    The move spends no failure budget; each one excludes a node more, so they are few."""
+    if not settings.stop_if_straggler:
+        return None
+    moving = sorted(set(new_flags) & set(allocation) & set(exclusions))
+    if not moving:
+        return None
+    spent = budget.cause_counts.get(Cause.STRAGGLER.value, 0)
+    cap = settings.cause_budgets.get(Cause.STRAGGLER)
+    if cap is not None and spent >= cap:
+        return None
+    counts = {**budget.cause_counts, Cause.STRAGGLER.value: spent + 1}
+    new = Budget(budget.job_retries_used, counts, budget.continuations,
+                 budget.stalled_continuations)  # fmt: skip
+    return Decision(Verdict.CONTINUE, Cause.STRAGGLER,
+                    f"moved off straggler node(s) {', '.join(moving)}", new)
 
 
 def plan_exclusions(flagged: Sequence[str], usable_nodes: Iterable[str],

@@ -16,12 +16,14 @@ tag; a requeue intent checks the job's restart count before requeueing again.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ftslurm.agent.straggler import REPORT_FILE, STRAGGLER_DIR
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import policy
@@ -79,8 +81,10 @@ def current_exclusions(store: Store, backend: SchedulerBackend, run: Run,
 
 class Reconciler:
     def __init__(self, store: Store, backends: Callable[[str], SchedulerBackend],
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.time,
+                 stop: threading.Event | None = None) -> None:  # fmt: skip
         self.store = store
+        self.stop = stop  # set when the daemon is asked to stop: the cycle ends early
         self.backends = backends  # backend kind ("slurm", "mock") -> backend
         self.clock = clock
         self.interval = 1.0
@@ -94,6 +98,8 @@ class Reconciler:
         deadlines: list[float] = []
         by_backend: dict[str, list[tuple[Run, Attempt]]] = {}
         for run in self.store.list_runs(active_only=True):
+            if self.stop is not None and self.stop.is_set():
+                return 0.0  # the daemon is stopping: intents stay recorded for next time
             a = self.store.latest_attempt(run.run_id)
             if a is None:
                 continue
@@ -106,10 +112,17 @@ class Reconciler:
                     continue
             by_backend.setdefault(backend_key(run.spec), []).append((run, a))
         for kind, items in by_backend.items():
+            if self.stop is not None and self.stop.is_set():
+                break
             backend = self.backends(kind)
             self._note_facts(kind, backend)  # once per backend: MinJobAge bounds the poll
             ids = [a.job_id for _, a in items if a.job_id]
-            observed = backend.query(ids) if ids else {}  # ONE command for all of them
+            try:
+                observed = backend.query(ids) if ids else {}  # ONE command for all of them
+            except SchedulerUnavailable as exc:  # the other backends' runs go on
+                log.warning("%s: scheduler unavailable, will look again: %s", kind, exc)
+                deadlines.append(self.clock() + 5.0)
+                continue
             nodes_cache: dict[str, bool] | None = None
             for run, a in items:
                 info = observed.get(a.job_id or "")
@@ -171,7 +184,8 @@ class Reconciler:
         job = a.job_id or ""
         try:
             if info.restart_count < a.restart_count:
-                if not info.state.is_terminal:
+                if not info.state.is_terminal and not (
+                        info.state is JobState.RUNNING and self._moving(run, a)):
                     return a  # still ending; look again next cycle
                 backend.requeue(job, hold=True)
                 return a  # it shows as pending in a moment
@@ -216,9 +230,13 @@ class Reconciler:
         if run.cancel_requested:
             backend.cancel(a.job_id or "")
             return None
-        if info.state is not JobState.RUNNING or a.checkpoint_signal_at is not None:
+        if info.state is not JobState.RUNNING:
             return None
         settings = FtSettings(**run.settings)
+        if self._stragglers(backend, run, a, info, settings, now):
+            return None  # moved off a straggler: the requeue intent takes it from here
+        if a.checkpoint_signal_at is not None:
+            return None
         progress = read_json(Path(run.spec["run_dir"]) / "progress.json") or {}
         lead, warning = policy.checkpoint_lead(settings.preempt_time,
                                                progress.get("max_checkpoint_save_s"))
@@ -238,6 +256,58 @@ class Reconciler:
         except JobStateConflict:
             pass  # it ended meanwhile; the next cycle sees how
         return None
+
+    def _stragglers(self, backend: SchedulerBackend, run: Run, a: Attempt, info: JobInfo,
+                    settings: FtSettings, now: float) -> bool:  # fmt: skip
+        """Flag the nodes the straggler report names as persistent; with
+        `stop_if_straggler`, move the running job off them at once: the attempt ends here
+        and a requeue intent (held, exclusions updated, released) begins the next one.
+        Returns whether it moved the job."""
+        report = read_json(Path(run.spec["run_dir"]) / STRAGGLER_DIR / REPORT_FILE)
+        flags = policy.straggler_flags(report if isinstance(report, dict) else None,
+                                       a.attempt, settings,
+                                       [f.node for f in self.store.node_flags(now)])  # fmt: skip
+        if not flags:
+            return False
+        new = [node for node, _ in flags]
+        with self.store.transaction():
+            for node, why in flags:
+                self.store.flag_node(NodeFlag(node=node, reason=why, since=now,
+                                              expires_at=now + settings.node_exclusion_ttl_s,
+                                              run_id=run.run_id))  # fmt: skip
+            self.store.append_event(run.run_id, "straggler", {
+                "attempt": a.attempt, "job_id": a.job_id, "nodes": new,
+                "reasons": dict(flags)}, now)  # fmt: skip
+        log.info("run %s: straggler node(s) %s flagged", run.run_id, ", ".join(new))
+        exclusions = current_exclusions(self.store, backend, run, now)
+        budget = Budget(run.job_retries_used, dict(run.cause_counts), run.continuations,
+                        run.stalled_continuations)  # fmt: skip
+        d = policy.straggler_move(new, info.nodes or a.nodes, exclusions, budget, settings)
+        if d is None:
+            return False
+        moved = replace(a, state=JobState.REQUEUED.value, end=now, reason=d.reason,
+                        cause=d.cause.value, failure_seen_at=now)  # fmt: skip
+        run = replace(run, cause_counts=dict(d.budget.cause_counts), reason=d.reason)
+        nxt = Attempt(run.run_id, a.attempt + 1, REQUEUING, job_id=a.job_id, tag=a.tag,
+                      restart_count=a.restart_count + 1)  # fmt: skip
+        with self.store.transaction():  # the intent first: a crash after it repeats the move
+            self.store.update_attempt(moved)
+            self.store.update_run(run)
+            self.store.add_attempt(nxt)
+            self.store.append_event(run.run_id, "ended", {
+                "attempt": a.attempt, "job_id": a.job_id, "state": moved.state,
+                "cause": d.cause.value, "verdict": d.verdict.value, "reason": d.reason,
+                "exit_code": None, "excluded": new}, now)  # fmt: skip
+        self._trusted_intents.add((run.run_id, nxt.attempt))
+        self.last_change = now
+        self._try(run, nxt, lambda: self._requeue(backend, run, nxt, info))
+        return True
+
+    def _moving(self, run: Run, a: Attempt) -> bool:
+        """Whether requeue intent `a` moves a job that is still running (off a straggler)."""
+        before = [x for x in self.store.attempts(run.run_id) if x.attempt == a.attempt - 1]
+        return bool(before) and before[0].cause == policy.Cause.STRAGGLER.value \
+            and before[0].job_id == a.job_id
 
     def _started(self, run: Run, a: Attempt, now: float) -> None:
         """The attempt was seen running at `now`: the recovery latency is measured from the

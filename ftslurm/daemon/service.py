@@ -49,10 +49,10 @@ def serve(home: Path, stop: threading.Event | None = None) -> None:
     def backends(key: str) -> SchedulerBackend:
         if key not in cache:
             kind, _, where = key.partition(":")
-            cache[key] = create_backend(kind, where or None)
+            cache[key] = create_backend(kind, where or None, abort=stop)
         return cache[key]
 
-    reconciler = Reconciler(store, backends)
+    reconciler = Reconciler(store, backends, stop=stop)
     log.info("daemon %d serving %s", os.getpid(), home)
     wake_path = home / WAKE_FILE
     try:

@@ -101,6 +101,12 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         # submitted as plus Slurm's restart count (the daemon numbers its attempts alike).
         "FTSLURM_ATTEMPT_BASE": str(attempt),
         "FTSLURM_CHECKPOINT_SIGNAL": signal,
+        # Straggler scores (ftslurm.agent.straggler): ranks publish their step times each
+        # interval; the launcher on node 0 scores them into stragglers/report.json.
+        "FTSLURM_STRAGGLER_INTERVAL_S": str(settings.get("straggler_report_interval_s", 60)),
+        "FTSLURM_STRAGGLER_THRESHOLD": str(settings.get("straggler_threshold", 0.75)),
+        "FTSLURM_STRAGGLER_WINDOWS": str(settings.get("straggler_windows", 3)),
+        "FTSLURM_STRAGGLER_REFERENCE": str(settings.get("straggler_reference", "best")),
     }  # fmt: skip
     if any(i.kind.in_job for i in injections):
         env["FTSLURM_INJECT"] = env_value(injections)

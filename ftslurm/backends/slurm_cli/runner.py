@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_delay,
+    stop_when_event_set,
     wait_exponential,
     wait_random,
 )
@@ -95,6 +97,7 @@ class CommandRunner:
     env: Mapping[str, str] | None = None
     max_wait_s: float = 5.0  # the longest pause between two tries
     commands: int = 0  # number of processes started, retries included
+    abort: threading.Event | None = None  # once set, no more tries and no more waiting
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def run(
@@ -115,8 +118,10 @@ class CommandRunner:
         """
         retrying = Retrying(
             retry=retry_if_exception(lambda e: _may_repeat(e, idempotent)),
-            stop=stop_after_delay(budget_s),
+            stop=stop_after_delay(budget_s) | stop_when_event_set(self.abort)
+            if self.abort is not None else stop_after_delay(budget_s),
             wait=wait_exponential(multiplier=0.5, max=self.max_wait_s) + wait_random(0, 0.5),
+            sleep=self.abort.wait if self.abort is not None else time.sleep,
             reraise=True,
             before_sleep=lambda rs: log.warning(
                 "%s failed (%s); retrying", argv[0], rs.outcome.exception() if rs.outcome else ""
