@@ -190,7 +190,8 @@ class Reconciler:
                 backend.requeue(job, hold=True)
                 return a  # it shows as pending in a moment
             if info.state not in (JobState.PENDING, JobState.REQUEUED):
-                return a
+                # back already: a daemon released it and died before recording that
+                return self._requeued(run, a, None)
             exclude = current_exclusions(self.store, backend, run, self.clock())
             merged = tuple(sorted(set(run.spec["options"]["exclude"]) | set(exclude)))
             backend.update_excluded_nodes(job, merged)
@@ -207,10 +208,15 @@ class Reconciler:
                 self._trusted_intents.add((run.run_id, a.attempt))
                 return self._submit(run, a)
             return a  # not pending yet: next cycle
+        return self._requeued(run, a, list(merged))
+
+    def _requeued(self, run: Run, a: Attempt, exclude: list[str] | None) -> Attempt:
+        """Record that the job is back for attempt `a` (the next cycle watches it)."""
         a = replace(a, state=JobState.PENDING.value)
         self.store.update_attempt(a)
-        self.store.append_event(run.run_id, "requeued", {"attempt": a.attempt, "job_id": job,
-                                                         "exclude": list(merged)}, self.clock())
+        self.store.append_event(run.run_id, "requeued", {"attempt": a.attempt,
+                                                         "job_id": a.job_id,
+                                                         "exclude": exclude}, self.clock())
         self.last_change = self.clock()
         return a
 
