@@ -377,6 +377,31 @@ def test_straggler_slows_the_child(tmp_path: Path) -> None:
     assert report(tmp_path / "run-slow")["injected"] == ["straggler@0:4"]
 
 
+def test_a_straggler_stays_on_the_node_it_first_slowed(tmp_path: Path) -> None:
+    """Like a bad node: in a later attempt the same rank on another node runs at full speed,
+    and any rank that lands on the slowed node is slow again."""
+    run_dir = tmp_path / "run"
+    base = clean_env(FTSLURM_RUN_DIR=str(run_dir), FTSLURM_INJECT="straggler@0:1*4",
+                     FTSLURM_ATTEMPT_BASE="0", SLURM_NNODES="2")  # fmt: skip
+
+    def ran(name: str, **env: str) -> list[str]:
+        done = run([sys.executable, "-c", BUSY_CHILD, str(tmp_path / name), "0.5"],
+                   {**base, **env})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return report(run_dir, attempt=int(env.get("SLURM_RESTART_COUNT", "0")),
+                      rank=int(env["SLURM_PROCID"]))["injected"]  # fmt: skip
+
+    assert ran("first", SLURM_PROCID="2", SLURM_NODEID="1", SLURMD_NODENAME="n2") \
+        == ["straggler@0:1*4"]
+    assert json.loads((run_dir / "attempts" / "straggler-nodes.json").read_text()) == {
+        "straggler@0:1*4": "n2"}
+    # attempt 1: node index 1 is now n4 (n2 excluded): spared; n2 as index 0: slowed again
+    assert ran("moved", SLURM_PROCID="2", SLURM_NODEID="1", SLURMD_NODENAME="n4",
+               SLURM_RESTART_COUNT="1") == []
+    assert ran("back", SLURM_PROCID="0", SLURM_NODEID="0", SLURMD_NODENAME="n2",
+               SLURM_RESTART_COUNT="1") == ["straggler@0:1*4"]
+
+
 # ---------------------------------------------------------------------- progress
 def test_progress_api_rank_zero_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTSLURM_RUN_DIR", str(tmp_path))

@@ -135,6 +135,23 @@ def test_requeue_waits_the_delay_and_start_now_skips_it(harness, submitted, meas
     assert waited >= harness.requeue_delay_s * 0.5 and info.restart_count == 1
 
 
+def test_a_held_requeue_counts_the_restart_while_the_job_is_still_completing(harness,
+                                                                            submitted):  # fmt: skip
+    """The daemon's move off a straggler relies on this: right after `requeue --hold` of a
+    running job whose processes ignore SIGTERM, Restarts is already 1 and the job COMPLETING
+    (until KillWait ends it); then it is PENDING, held, until released."""
+    backend = harness.backend
+    job = backend.submit("#!/bin/bash\ntrap '' TERM\nsleep 600 & wait\nsleep 600\n",
+                         JobOptions())
+    submitted.append(job)
+    wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING")
+    backend.requeue(job, hold=True)
+    info = backend.query([job])[job]
+    assert (info.state, info.restart_count) == (JobState.COMPLETING, 1)
+    info = wait_job(backend, job, lambda i: i.state is JobState.PENDING, 60, "PENDING")
+    assert (info.restart_count, info.reason) == (1, "job requeued in held state")
+
+
 def test_excluded_nodes_are_honoured_by_the_next_placement(harness, submitted):
     backend = harness.backend
     job = backend.submit(SLEEP, JobOptions(hold=True))

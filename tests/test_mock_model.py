@@ -103,7 +103,7 @@ def test_requeue_hold_then_release():
     model.requeue(st, job, True, T0)
     model.advance(st, T0, {job: (0, 15)})
     model.start_now(st, job, T0)
-    assert model.advance(st, T0 + 1, {}) == [] and st.jobs[job].reason == "JobHeldUser"
+    assert model.advance(st, T0 + 1, {}) == [] and st.jobs[job].reason == model.REQUEUE_HELD
     model.release(st, job)
     assert model.advance(st, T0 + 1, {}) == [Launch(job)]
 

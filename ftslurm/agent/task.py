@@ -8,8 +8,11 @@ For every task (rank) of an attempt it
 - forwards TERM, INT, HUP, USR1, USR2 and CONT to that group (the handler only records and
   forwards), remembering when the checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL, default
   USR2) or TERM first came;
-- carries out the in-job fault injections of FTSLURM_INJECT (crash, hang, straggler), each
-  once per run: a spec already listed in an earlier attempt's report of this rank is skipped;
+- carries out the in-job fault injections of FTSLURM_INJECT (crash, hang, straggler): a
+  crash or hang once per run (a spec already listed in an earlier attempt's report of this
+  rank is skipped); a straggler slows the node it first hits and, like a bad node, that node
+  stays slow for every rank that runs on it later in the run (recorded in
+  `$FTSLURM_RUN_DIR/attempts/straggler-nodes.json`), while other nodes are spared;
 - when the command ends, writes `$FTSLURM_RUN_DIR/attempts/<attempt>/rank-<rank>.json`
   (atomic) for the daemon:
       {"rank", "node", "job_id", "restart_count", "attempt", "exit_code", "signal",
@@ -247,6 +250,18 @@ class Task:
         fired = set(read_json(path) or [])
         write_json_atomic(path, sorted(fired | {spec}))
 
+    def _straggler_nodes(self) -> dict[str, str]:
+        """Straggler spec -> the node it slowed first in this run (it stays slow)."""
+        if self.run_dir is None:
+            return {}
+        return read_json(self.run_dir / "attempts" / "straggler-nodes.json") or {}
+
+    def _record_straggler_node(self, spec: str) -> None:
+        if self.run_dir is None or spec in self._straggler_nodes():
+            return
+        path = self.run_dir / "attempts" / "straggler-nodes.json"
+        write_json_atomic(path, {**self._straggler_nodes(), spec: self.node})
+
     def _fired_before(self) -> set[str]:
         """Specs this rank already carried out in an earlier attempt of the run, or earlier
         in this attempt before an in-job restart (its report is then already there)."""
@@ -274,6 +289,7 @@ class Task:
                     self.hung = True
                     self._signal_group(signals.SIGSTOP)
                 else:
+                    self._record_straggler_node(inj.spec())
                     slow = inj
             if slow is not None and not self.hung:
                 run_s = STRAGGLER_PERIOD_S / (slow.factor or 2.0)
@@ -319,9 +335,12 @@ class Task:
         fired = self._fired_before()
         if self.attempt_report_exists():  # an in-job restart: keep what already fired here
             self.injected = sorted(fired)
+        slow_nodes = self._straggler_nodes()
         pending = sorted((i for i in parse_inject_env(self.environ.get("FTSLURM_INJECT"))
-                          if i.spec() not in fired
-                          and _applies(i, self.rank, self.node, self.node_id, nnodes)),
+                          if (slow_nodes.get(i.spec()) == self.node
+                              if i.spec() in slow_nodes else
+                              i.spec() not in fired
+                              and _applies(i, self.rank, self.node, self.node_id, nnodes))),
                          key=lambda i: i.at_s)  # fmt: skip
         injector = threading.Thread(target=self._inject, args=(pending, done), daemon=True)
         if pending:

@@ -13,7 +13,8 @@ TIME is how long after the job (each attempt) starts: `90`, `90s`, `5m`, `2h`, `
 | straggler | a node runs slower by a factor          | NODE*FACTOR or FACTOR (last, 2)  |
 | timeout   | the attempt's wall limit becomes TIME   | none                             |
 
-Each injection fires once, in the first attempt that runs long enough to reach it. On the
+Each injection fires once, in the first attempt that runs long enough to reach it; the node
+a straggler slows stays slow for the rest of the run (a bad node: moving off it helps). On the
 mock scheduler node_fail, preempt, crash, hang and timeout act on the simulated cluster; the
 kinds a job can do to itself (crash, hang, straggler) also travel to the job in the
 `FTSLURM_INJECT` environment variable, for the rank agent to act on, on a real cluster too.

@@ -189,9 +189,11 @@ class Reconciler:
                     return a  # still ending; look again next cycle
                 backend.requeue(job, hold=True)
                 return a  # it shows as pending in a moment
-            if info.state not in (JobState.PENDING, JobState.REQUEUED):
+            if info.state is JobState.RUNNING or info.state.is_terminal:
                 # back already: a daemon released it and died before recording that
                 return self._requeued(run, a, None)
+            if info.state not in (JobState.PENDING, JobState.REQUEUED):
+                return a  # e.g. still COMPLETING after the requeue: next cycle
             exclude = current_exclusions(self.store, backend, run, self.clock())
             merged = tuple(sorted(set(run.spec["options"]["exclude"]) | set(exclude)))
             backend.update_excluded_nodes(job, merged)

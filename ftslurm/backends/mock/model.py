@@ -144,6 +144,7 @@ class MockJob(BaseModel):
     ending: JobState | None = None  # the state to take once the processes are gone
     requeue_on_end: bool = False
     hold_on_requeue: bool = False
+    restart_counted: bool = False  # an explicit requeue counted the restart already
     kill_at: float | None = None  # when SIGKILL follows the SIGTERM already sent
 
 
@@ -297,6 +298,8 @@ def requeue(st: MockState, job_id: str, hold: bool, now: float) -> list[Effect]:
         return []
     effects = _terminate(job, JobState.REQUEUED, now, st.config.kill_wait_s)
     job.requeue_on_end, job.hold_on_requeue = True, hold
+    # as Slurm: Restarts counts up at once, while the job is still COMPLETING
+    job.restart_count, job.restart_counted = job.restart_count + 1, True
     return effects
 
 
@@ -495,8 +498,13 @@ def _finish(st: MockState, job: MockJob, state: JobState, now: float) -> None:
         job.start_time = now
 
 
+REQUEUE_HELD = "job requeued in held state"  # squeue's reason after `scontrol requeuehold`
+
+
 def _back_to_queue(st: MockState, job: MockJob, hold: bool, now: float) -> None:
-    job.state, job.restart_count = JobState.PENDING, job.restart_count + 1
+    job.state = JobState.PENDING
+    job.restart_count += 0 if job.restart_counted else 1
+    job.restart_counted = False
     job.nodes, job.start_time, job.end_time = [], None, None
     job.exit_code, job.signal, job.ending, job.kill_at = None, None, None, None
     job.requeue_on_end, job.hold_on_requeue, job.warn_sent = False, False, False
@@ -504,7 +512,7 @@ def _back_to_queue(st: MockState, job: MockJob, hold: bool, now: float) -> None:
     job.submit_time = now
     job.eligible_time = now + st.config.requeue_delay_s + 1
     job.held = hold
-    job.reason = "JobHeldUser" if hold else "BeginTime"
+    job.reason = REQUEUE_HELD if hold else "BeginTime"
 
 
 def _node_failed(st: MockState, node: str, now: float) -> list[Effect]:
@@ -538,7 +546,8 @@ def _schedule(st: MockState, now: float) -> list[Effect]:
                      key=lambda j: (j.eligible_time, int(j.job_id)))  # fmt: skip
     for job in pending:
         if job.held:
-            job.reason = "JobHeldUser"
+            if job.reason != REQUEUE_HELD:
+                job.reason = "JobHeldUser"
             continue
         if now < job.eligible_time:
             job.reason = "BeginTime"
