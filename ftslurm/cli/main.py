@@ -12,7 +12,7 @@ import sys
 import typer
 
 from ftslurm import __version__
-from ftslurm.cli import runs
+from ftslurm.cli import report, runs
 from ftslurm.cli.mock import app as mock_app
 from ftslurm.cli.scheduler import app as scheduler_app
 from ftslurm.errors import FtslurmError
@@ -25,6 +25,7 @@ app = typer.Typer(
     add_completion=False,
 )
 runs.register(app)
+report.register(app)
 app.add_typer(scheduler_app, name="scheduler")
 app.add_typer(mock_app, name="mock")
 

@@ -1,0 +1,245 @@
+"""`ftslurm report RUN_ID [--plot FILE.png] [--json]`: where a run's wall time went.
+
+The numbers come from `ftslurm.daemon.goodput` (pure; the categories are defined there).
+This module reads what it needs: the run's records from the state directory, and from the
+run's files the compute side's facts (`read_compute_facts`): checkpoint records (the
+manifests `ftslurm.checkpoint` writes next to each checkpoint, and `progress.json`), and per
+attempt the launchers' node reports (in-job restarts, hangs) and the ranks' reports (when
+the last round of ranks started).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ftslurm.cli.runs import JsonOpt, _fmt_time, _run_or_fail, _store, console, err
+from ftslurm.daemon.goodput import (
+    CATEGORIES,
+    AttemptFacts,
+    CheckpointRecord,
+    ComputeFacts,
+    GoodputReport,
+    format_duration,
+    goodput,
+)
+from ftslurm.daemon.records import Attempt, Run
+from ftslurm.errors import ConfigError
+from ftslurm.fsutil import read_json
+
+_MANIFEST = re.compile(r"step-(\d+)\.json")
+_CLEAN = {"finished", "checkpointed"}  # a launcher or rank that ended on its own
+_MEANING = {
+    "productive": "compute whose steps were kept",
+    "checkpointing": "recorded checkpoint save time",
+    "lost": "compute after the last checkpoint, lost at an ending",
+    "restarts": "in-job restarts: redone work and the restart itself",
+    "queueing": "waiting for an attempt to start",
+    "detection": "an attempt had ended; the daemon had not seen it yet",
+    "unattributed": "compute the records cannot place (see notes)",
+}
+_COLORS = {
+    "productive": "#2e7d32", "checkpointing": "#1565c0", "lost": "#c62828",
+    "restarts": "#ef6c00", "queueing": "#9e9e9e", "detection": "#6d4c41",
+    "unattributed": "#d1c4e9",
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- reading
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else None
+
+
+def _checkpoints(spec: dict[str, Any], progress: Any) -> tuple[list[CheckpointRecord], float]:
+    """Checkpoint records and the time from which they are complete."""
+    manifests = []
+    folder = spec.get("checkpoint_dir")
+    try:
+        paths = list(Path(folder).iterdir()) if folder else []
+    except OSError:  # not there (yet), or not readable: no records from it
+        paths = []
+    for path in paths:
+        data = read_json(path) if _MANIFEST.fullmatch(path.name) else None
+        if isinstance(data, dict) and _number(data.get("time")) is not None:
+            step = data.get("step")
+            manifests.append(CheckpointRecord(step if isinstance(step, int) else None,
+                                              _number(data["time"]),
+                                              _number(data.get("save_s"))))  # fmt: skip
+    told = progress.get("checkpoint_step") if isinstance(progress, dict) else None
+    records = sorted(manifests, key=lambda r: r.time or 0.0)
+    if isinstance(told, int) and told not in {r.step for r in records}:
+        records.append(CheckpointRecord(told, None, _number(progress.get("checkpoint_save_s"))))
+    if manifests:
+        newest = max((r.step for r in manifests if r.step is not None), default=None)
+        # Only the newest checkpoints are kept: complete from the oldest one left, unless
+        # the script told of a later checkpoint saved elsewhere.
+        behind = isinstance(told, int) and (newest is None or told > newest)
+        return records, math.inf if behind else min(r.time or math.inf for r in manifests)
+    if isinstance(progress, dict) and told is None:
+        return records, -math.inf  # the script reports progress and told of no checkpoint
+    return records, math.inf
+
+
+def _attempt_facts(folder: Path, recorded_restarts: int) -> AttemptFacts:
+    nodes = [d for d in (read_json(p) for p in sorted(folder.glob("node-*.json")))
+             if isinstance(d, dict)]  # fmt: skip
+    ranks = [d for d in (read_json(p) for p in sorted(folder.glob("rank-*.json")))
+             if isinstance(d, dict)]  # fmt: skip
+    restarts = max(
+        [recorded_restarts] + [int(_number(d.get("in_job_restarts")) or 0) for d in nodes]
+    )
+    hangs = []
+    for d in nodes:
+        for h in d.get("hangs") or []:
+            if isinstance(h, dict) and _number(h.get("time")) is not None:
+                what = f"{d.get('node', '?')} local rank {h.get('local_rank', '?')}"
+                if h.get("reason"):
+                    what += f": {h['reason']}"
+                hangs.append((float(h["time"]), what))
+    starts: tuple[float | None, ...] = ()
+    # A rank's report is rewritten by every round of ranks: when every launcher and rank
+    # ended on its own, the reports are the last round's, and it started with the first.
+    started = [_number(d.get("started_at")) for d in ranks]
+    if (restarts and nodes and ranks and all(d.get("outcome") in _CLEAN for d in nodes + ranks)
+            and all(s is not None for s in started)):  # fmt: skip
+        starts = (min(s for s in started if s is not None),)
+    return AttemptFacts(in_job_restarts=restarts, round_starts=starts,
+                        hangs=tuple(sorted(hangs)))  # fmt: skip
+
+
+def read_compute_facts(run: Run, attempts: Sequence[Attempt]) -> ComputeFacts:
+    """What the compute side left in the run's files (missing files: nothing known)."""
+    if not run.spec.get("run_dir"):
+        return ComputeFacts()
+    run_dir = Path(run.spec["run_dir"])
+    records, complete_from = _checkpoints(run.spec, read_json(run_dir / "progress.json"))
+    facts = {a.attempt: _attempt_facts(run_dir / "attempts" / str(a.attempt), a.in_job_restarts)
+             for a in attempts}  # fmt: skip
+    return ComputeFacts(tuple(records), complete_from, facts)
+
+
+# ---------------------------------------------------------------------------- output
+def _breakdown_table(rep: GoodputReport, title: str) -> Table:
+    table = Table("category", "seconds", "% of wall", "time", "what", title=title)
+    b = rep.breakdown
+    for category, seconds in b.seconds().items():
+        table.add_row(category, f"{seconds:.1f}", f"{100 * b.share(category):.1f}",
+                      format_duration(seconds), _MEANING[category])  # fmt: skip
+    table.add_row("wall", f"{b.wall_s:.1f}", "100.0", format_duration(b.wall_s),
+                  "creation to end (or now)", style="bold")  # fmt: skip
+    return table
+
+
+def _timeline_table(rep: GoodputReport) -> Table:
+    table = Table("time", "+elapsed", "attempt", "kind", "what", title="timeline")
+    for e in rep.timeline:
+        table.add_row(_fmt_time(e.time), format_duration(max(0.0, e.time - rep.begin)),
+                      "-" if e.attempt is None else str(e.attempt), e.kind, e.text)  # fmt: skip
+    return table
+
+
+def write_plot(rep: GoodputReport, path: Path, title: str) -> None:
+    """A PNG: the attempts' pieces on a time axis (one row per attempt) with checkpoints and
+    restarts marked, and the breakdown as one bar of shares."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib, which is not installed",
+                          hint="pip install matplotlib") from None  # fmt: skip
+    wall = rep.breakdown.wall_s
+    unit, scale = ("h", 3600.0) if wall > 7200 else ("min", 60.0) if wall > 120 else ("s", 1.0)
+    rows = sorted({s.attempt for s in rep.segments if s.attempt is not None}) or [0]
+    y = {k: n for n, k in enumerate(rows)}
+    fig = Figure(figsize=(11, 2.6 + 0.4 * len(rows)))
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [max(2, len(rows)), 1]})
+    for category in CATEGORIES:
+        for k in rows:
+            bars = [((s.start - rep.begin) / scale, s.seconds / scale) for s in rep.segments
+                    if s.category == category and (s.attempt if s.attempt is not None
+                                                   else rows[0]) == k]  # fmt: skip
+            if bars:
+                top.broken_barh(bars, (y[k] - 0.35, 0.7), facecolors=_COLORS[category])
+    marks = {"checkpoint": ("|", "black", "checkpoint"), "restart": ("x", "#ef6c00",
+             "in-job restart"), "hang": ("v", "#c62828", "hang")}  # fmt: skip
+    for kind, (marker, color, label) in marks.items():
+        pts = [((e.time - rep.begin) / scale, y.get(e.attempt, 0)) for e in rep.timeline
+               if e.kind == kind and "unrecorded" not in e.text]  # fmt: skip
+        if pts:
+            top.plot(*zip(*pts, strict=True), linestyle="", marker=marker, color=color,
+                     markersize=10, label=label)  # fmt: skip
+    top.set_yticks(range(len(rows)), [f"attempt {k}" for k in rows])
+    top.invert_yaxis()
+    top.set_xlim(0, max(wall / scale, 1e-9))
+    top.set_xlabel(f"time since the run was created ({unit})")
+    top.set_title(title)
+    left = 0.0
+    for category in CATEGORIES:
+        share = 100 * rep.breakdown.share(category)
+        if share <= 0:
+            continue
+        bottom.barh(0, share, left=left, color=_COLORS[category])
+        if share >= 6:
+            bottom.text(left + share / 2, 0, f"{share:.0f}%", ha="center", va="center",
+                        color="white", fontsize=9)  # fmt: skip
+        left += share
+    bottom.set_xlim(0, 100)
+    bottom.set_yticks([])
+    bottom.set_xlabel("% of wall time")
+    handles = [Patch(color=_COLORS[c], label=f"{c} {100 * rep.breakdown.share(c):.1f}%")
+               for c in CATEGORIES if rep.breakdown.share(c) > 0]  # fmt: skip
+    handles += top.get_legend_handles_labels()[0]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8)
+    fig.set_layout_engine("constrained")
+    try:
+        fig.savefig(path, format="png", dpi=110)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def report(
+    run_id: Annotated[str, typer.Argument()],
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot", dir_okay=False, help="Also write a timeline/breakdown plot to this PNG file."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A run's goodput: wall time by category (productive, checkpointing, lost, restarts,
+    queueing, ...) and a timeline of its attempts, in-job restarts and checkpoints."""
+    with _store() as store:
+        run = _run_or_fail(store, run_id)
+        attempts = store.attempts(run_id)
+        events = store.events(run_id)
+    rep = goodput(run, attempts, events, read_compute_facts(run, attempts), time.time())
+    title = (
+        f"run {run.run_id} ({run.name}): {run.state.value}, goodput "
+        f"{100 * rep.breakdown.goodput:.1f}% of {format_duration(rep.breakdown.wall_s)}"
+    )
+    if plot is not None:
+        write_plot(rep, plot, title)
+        err.print(f"plot written to {plot}", markup=False, highlight=False)
+    if as_json:
+        typer.echo(json.dumps({"name": run.name, "state": run.state.value, **rep.to_dict()}))
+        return
+    console.print(_breakdown_table(rep, title))
+    console.print(_timeline_table(rep))
+    for note in rep.notes:
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(report)

@@ -1,0 +1,473 @@
+"""Goodput of one run: where its wall time went, and a timeline of what happened (pure).
+
+`goodput(run, attempts, events, facts, now)` reads no file and no clock: the caller passes
+the run's records from the store, the compute-side facts read from the run's files
+(`ComputeFacts`) and the time up to which a live run is counted.
+
+Wall time runs from the run's creation (`Run.created_at`) to its end (`Run.ended_at`; `now`
+while it is active). It is cut into consecutive pieces, each in exactly one category, so the
+categories add up to the wall time:
+
+    queueing       an attempt was asked for but was not running: from the run's creation
+                   (attempt 0), or from the daemon's decision to run the next attempt (the
+                   `ended` event of the one before), until the attempt started (or ended
+                   without starting).
+    detection      an attempt had ended (the scheduler's end time) and the daemon had not
+                   seen it yet (its `ended` event); for the last attempt, until the run was
+                   marked ended. (The time Slurm takes to declare a dead node down comes
+                   before the end time: it is part of the attempt, lost.)
+    productive     compute whose steps were kept: everything before the last checkpoint of
+                   an attempt (or of a round of ranks, see restarts), and the whole of an
+                   attempt that finished training.
+    checkpointing  the recorded save time of every checkpoint whose completion time is
+                   known: the `save_s` seconds before its `time`.
+    lost           compute after the last checkpoint of an attempt that did not keep it: a
+                   failure (node failure, crash, timeout, preemption, OOM, ...), a
+                   cancellation, a move off a straggler node, and the exit after a
+                   continuation's final save (seconds, normally).
+    restarts       the cost of in-job restarts (the launcher restarting every rank inside
+                   the same allocation): for each, from the last checkpoint before it until
+                   the next round of ranks started, i.e. the work redone plus the restart.
+    unattributed   compute whose fate the recorded facts cannot tell, or cannot tell yet (a
+                   running attempt's work since its last checkpoint); `notes` say why.
+
+An attempt's compute is its scheduler start to its end. How it ended comes from its cause:
+`finished` keeps all of it; `checkpointed` (a continuation) keeps it up to its last
+checkpoint, or all of it when that checkpoint's time is not recorded (it is then taken to
+have saved at its end: what the job's exit after the checkpoint signal says); a
+continuation the daemon failed for making no checkpoint progress kept nothing of it; every
+other cause loses what came after the last checkpoint.
+
+What is exact and what is approximated:
+- Times come from three clocks taken to agree: the scheduler's (attempt start and end), the
+  daemon's (decisions) and the compute nodes' (checkpoints, rank starts). Where they
+  disagree a little, pieces are clamped so that none overlaps another.
+- Checkpoints are records of (step, completion time, save seconds) plus the time from which
+  the records are complete (`checkpoints_complete_from`; before it a checkpoint may have
+  been saved without a record left, e.g. pruned). In a span of compute the last checkpoint
+  is known when a record falls in the span, or when the records are complete over the span
+  and none falls in it (nothing was saved). Otherwise the whole span is unattributed,
+  unless its ending kept it anyway (finished, or a continuation: productive).
+- A recorded save counts as checkpointing even when it was asynchronous and overlapped
+  training: checkpointing is then overstated and productive understated by as much. Saves
+  without a recorded time cannot be placed: they stay in the compute around them and a
+  note says so.
+- An attempt resumes from the checkpoint that completed last before it started (and a
+  round of ranks from the last one before it started).
+- In-job restarts: each one's cost needs the time the next round of ranks started. When
+  those times are not all recorded, a span between two known round starts (or the
+  attempt's start and end) holds restarts at unknown times: up to its last checkpoint it is
+  unattributed (its recorded saves aside); after that it is waste, counted as restarts when
+  the span ends at a known restart and as lost when it ends in a failure (restart costs and
+  the failure's loss cannot be told apart), and unattributed when it finished or runs.
+- An attempt's startup (rendezvous, loading the checkpoint) is part of its compute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftslurm.daemon.records import Attempt, Event, Run
+
+QUEUEING = "queueing"
+DETECTION = "detection"
+PRODUCTIVE = "productive"
+CHECKPOINTING = "checkpointing"
+LOST = "lost"
+RESTARTS = "restarts"
+UNATTRIBUTED = "unattributed"
+CATEGORIES = (PRODUCTIVE, CHECKPOINTING, LOST, RESTARTS, QUEUEING, DETECTION, UNATTRIBUTED)
+
+# How a span of compute ended (see the module docstring).
+_FINISHED, _CONTINUED, _STALLED, _FAILED = "finished", "continued", "stalled", "failed"
+_RESTART, _RUNNING, _UNKNOWN = "restart", "running", "unknown"
+
+
+# ---------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One saved checkpoint, as far as it was recorded."""
+
+    step: int | None
+    time: float | None  # when the save completed (unix time); None: not recorded
+    save_s: float | None = None  # how long the save took; None: not recorded
+
+
+@dataclass(frozen=True)
+class AttemptFacts:
+    """What the compute side recorded about one attempt."""
+
+    in_job_restarts: int = 0
+    # When the ranks started again after each in-job restart, oldest first; None where not
+    # recorded. May list only the latest ones: earlier restarts are then of unknown time.
+    round_starts: tuple[float | None, ...] = ()
+    hangs: tuple[tuple[float, str], ...] = ()  # (time, what) hangs the launchers detected
+
+
+@dataclass(frozen=True)
+class ComputeFacts:
+    checkpoints: tuple[CheckpointRecord, ...] = ()
+    # Every checkpoint that completed at or after this time has a record (with its time);
+    # -inf: all of them, inf: no such guarantee.
+    checkpoints_complete_from: float = math.inf
+    attempts: Mapping[int, AttemptFacts] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- outputs
+@dataclass(frozen=True)
+class Segment:
+    start: float
+    end: float
+    category: str
+    attempt: int | None
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    time: float
+    kind: str  # submitted, requeued, adopted, started, ended, checkpoint, restart, hang, ...
+    text: str
+    attempt: int | None = None
+    end: float | None = None  # for spans (an attempt's compute)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds per category; they add up to `wall_s`."""
+
+    wall_s: float
+    productive_s: float = 0.0
+    checkpointing_s: float = 0.0
+    lost_s: float = 0.0
+    restarts_s: float = 0.0
+    queueing_s: float = 0.0
+    detection_s: float = 0.0
+    unattributed_s: float = 0.0
+
+    def seconds(self) -> dict[str, float]:
+        return {c: float(getattr(self, f"{c}_s")) for c in CATEGORIES}
+
+    def share(self, category: str) -> float:
+        """The category's fraction of the wall time (0 when no time passed)."""
+        return getattr(self, f"{category}_s") / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def goodput(self) -> float:
+        return self.share(PRODUCTIVE)
+
+
+@dataclass(frozen=True)
+class GoodputReport:
+    run_id: str
+    begin: float
+    end: float
+    breakdown: Breakdown
+    segments: tuple[Segment, ...]
+    timeline: tuple[TimelineEntry, ...]
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.breakdown
+        return {
+            "run_id": self.run_id, "begin": self.begin, "end": self.end, "wall_s": b.wall_s,
+            "goodput": b.goodput,
+            "breakdown": {c: {"seconds": s, "share": b.share(c)}
+                          for c, s in b.seconds().items()},
+            "timeline": [{"time": e.time, "offset_s": e.time - self.begin, "kind": e.kind,
+                          "attempt": e.attempt, "end": e.end, "text": e.text}
+                         for e in self.timeline],
+            "segments": [{"start": s.start, "end": s.end, "category": s.category,
+                          "attempt": s.attempt} for s in self.segments],
+            "notes": list(self.notes),
+        }  # fmt: skip
+
+
+def format_duration(seconds: float) -> str:
+    """3725 -> '1h02m05s', 65 -> '1m05s', 4.25 -> '4.2s', 90061 -> '1d01h01m'."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = int(round(seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    return f"{hours}h{minutes:02d}m{s:02d}s" if hours else f"{minutes}m{s:02d}s"
+
+
+# ---------------------------------------------------------------------------- the cut
+class _Cutter:
+    """Lays consecutive pieces from `begin` on; never past `end`, never overlapping."""
+
+    def __init__(self, begin: float, end: float) -> None:
+        self.pos, self.end = begin, end
+        self.segments: list[Segment] = []
+
+    def put(self, until: float, category: str, attempt: int | None) -> float:
+        """The piece from where the last one stopped to `until`; returns its seconds."""
+        until = min(until, self.end)
+        if until <= self.pos:
+            return 0.0
+        added = until - self.pos
+        last = self.segments[-1] if self.segments else None
+        if last and last.category == category and last.attempt == attempt:
+            self.segments[-1] = Segment(last.start, until, category, attempt)
+        else:
+            self.segments.append(Segment(self.pos, until, category, attempt))
+        self.pos = until
+        return added
+
+
+def _span_pieces(start: float, stop: float, ending: str, unknown_restarts: int,
+                 facts: ComputeFacts) -> tuple[list[tuple[float, str]], str | None]:  # fmt: skip
+    """The pieces [(until, category)] of one span of compute, and why part of it could not
+    be attributed (None when all of it could)."""
+    records = sorted((r for r in facts.checkpoints
+                      if r.time is not None and start < r.time <= stop),
+                     key=lambda r: r.time or 0.0)  # fmt: skip
+    if records:
+        last: float | None = records[-1].time
+    elif facts.checkpoints_complete_from <= start or ending == _STALLED:
+        last = start  # nothing was saved in this span
+    else:
+        last = None
+    if last is None:  # where the last checkpoint is, is not known
+        if ending in (_FINISHED, _CONTINUED) and not unknown_restarts:
+            return [(stop, PRODUCTIVE)], None
+        if unknown_restarts:
+            return [(stop, UNATTRIBUTED)], "restarts"
+        return [(stop, UNATTRIBUTED)], _RUNNING if ending == _RUNNING else "checkpoint"
+    head = UNATTRIBUTED if unknown_restarts else PRODUCTIVE
+    pieces: list[tuple[float, str]] = []
+    pos = start
+    for r in records:
+        if not r.save_s or r.save_s <= 0 or r.time is None or r.time <= pos:
+            continue
+        pieces += [(max(pos, r.time - r.save_s), head), (r.time, CHECKPOINTING)]
+        pos = r.time
+    pieces.append((last, head))
+    if ending == _RESTART:
+        tail = RESTARTS
+    elif ending in (_CONTINUED, _STALLED, _FAILED):
+        tail = LOST
+    elif ending == _FINISHED and not unknown_restarts:
+        tail = PRODUCTIVE
+    else:
+        tail = UNATTRIBUTED
+    pieces.append((stop, tail))
+    if unknown_restarts:
+        return pieces, "restarts"
+    return pieces, _RUNNING if tail == UNATTRIBUTED and ending == _RUNNING else (
+        "ending" if tail == UNATTRIBUTED else None)  # fmt: skip
+
+
+def _ending(a: Attempt, ended: Event | None, run_active: bool) -> str:
+    if a.end is None:
+        return _RUNNING if run_active else _UNKNOWN
+    cause = a.cause or (ended.data.get("cause") if ended else None)
+    verdict = ended.data.get("verdict") if ended else None
+    if cause == "finished":
+        return _FINISHED
+    if cause == "checkpointed":
+        return _STALLED if verdict == "fail" else _CONTINUED
+    return _UNKNOWN if cause is None else _FAILED
+
+
+def _round_starts(a: Attempt, af: AttemptFacts) -> tuple[float | None, ...]:
+    n = max(a.in_job_restarts, af.in_job_restarts, len(af.round_starts))
+    return (None,) * (n - len(af.round_starts)) + tuple(af.round_starts)
+
+
+# ---------------------------------------------------------------------------- the report
+def goodput(run: Run, attempts: Sequence[Attempt], events: Sequence[Event],
+            facts: ComputeFacts, now: float) -> GoodputReport:  # fmt: skip
+    """The breakdown, the pieces it sums and the timeline of one run (see the docstring)."""
+    begin = run.created_at
+    active = not run.state.is_terminal
+    finish = now if active or run.ended_at is None else run.ended_at
+    finish = max(finish, begin)
+    attempts = sorted(attempts, key=lambda a: a.attempt)
+    ended: dict[int, Event] = {}
+    for e in events:
+        if e.kind == "ended" and isinstance(e.data.get("attempt"), int):
+            ended[e.data["attempt"]] = e
+    cut = _Cutter(begin, finish)
+    notes: list[str] = []
+    for i, a in enumerate(attempts):
+        if i:
+            prev = attempts[i - 1]
+            seen = ended[prev.attempt].time if prev.attempt in ended else prev.failure_seen_at
+            if prev.end is not None and seen is not None:
+                cut.put(seen, DETECTION, prev.attempt)
+        if a.start is None:
+            cut.put(a.end if a.end is not None else finish, QUEUEING, a.attempt)
+            continue
+        cut.put(a.start, QUEUEING, a.attempt)
+        notes += _compute(cut, a, ended.get(a.attempt), active, facts, finish)
+    if attempts and attempts[-1].end is not None:
+        cut.put(finish, DETECTION, attempts[-1].attempt)
+    cut.put(finish, QUEUEING, attempts[-1].attempt if attempts else None)
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    for s in cut.segments:
+        totals[s.category] += s.seconds
+    breakdown = Breakdown(wall_s=finish - begin, **{f"{c}_s": v for c, v in totals.items()})
+    for r in facts.checkpoints:
+        if r.time is None:
+            step = f"step {r.step}" if r.step is not None else "a checkpoint"
+            took = f" took {format_duration(r.save_s)} to save;" if r.save_s else ""
+            notes.append(f"the checkpoint of {step}{took} when it was saved is not recorded, "
+                         "so its save time is not in checkpointing")  # fmt: skip
+    return GoodputReport(run.run_id, begin, finish, breakdown, tuple(cut.segments),
+                         _timeline(run, attempts, events, facts, begin, finish),
+                         tuple(notes))  # fmt: skip
+
+
+def _compute(cut: _Cutter, a: Attempt, ended: Event | None, active: bool, facts: ComputeFacts,
+             finish: float) -> list[str]:  # fmt: skip
+    """Lay the pieces of attempt `a`'s compute; returns notes on what it could not place."""
+    assert a.start is not None
+    stop = a.end if a.end is not None else finish
+    ending = _ending(a, ended, active)
+    af = facts.attempts.get(a.attempt, AttemptFacts())
+    spans: list[tuple[float, float, str, int]] = []
+    start, unknown = a.start, 0
+    for r in _round_starts(a, af):
+        if r is None or not start < r < stop:
+            unknown += 1
+            continue
+        spans.append((start, r, _RESTART, unknown))
+        start, unknown = r, 0
+    spans.append((start, stop, ending, unknown))
+    unplaced: dict[str, float] = {}
+    before: list[str] = []  # what the unknown last checkpoints came before
+    lost_to_restarts = 0.0
+    for span_start, span_stop, span_ending, span_unknown in spans:
+        pieces, why = _span_pieces(span_start, span_stop, span_ending, span_unknown, facts)
+        for until, category in pieces:
+            added = cut.put(until, category, a.attempt)
+            if category == UNATTRIBUTED and why:
+                unplaced[why] = unplaced.get(why, 0.0) + added
+            if category == LOST and span_unknown:
+                lost_to_restarts += added
+        if why == "checkpoint":
+            before.append("an in-job restart" if span_ending == _RESTART else
+                          f"its ending ({a.cause or 'cause not recorded'})")  # fmt: skip
+    notes = []
+    k = f"attempt {a.attempt}"
+    if unplaced.get("checkpoint"):
+        notes.append(f"{k}: {format_duration(unplaced['checkpoint'])} unattributed: no "
+                     f"checkpoint record tells when its last checkpoint before "
+                     f"{' and before '.join(dict.fromkeys(before))} was saved")  # fmt: skip
+    if unplaced.get("ending"):
+        notes.append(f"{k}: {format_duration(unplaced['ending'])} after its last checkpoint "
+                     "unattributed: how it ended is not recorded")  # fmt: skip
+    if unplaced.get(_RUNNING):
+        notes.append(f"{k} is running: {format_duration(unplaced[_RUNNING])} of work since "
+                     "its last checkpoint is not kept yet (unattributed)")  # fmt: skip
+    unknown_total = sum(span[3] for span in spans)
+    if unknown_total and (unplaced.get("restarts") or lost_to_restarts):
+        extra = (f"; the {format_duration(lost_to_restarts)} counted as lost includes their "
+                 "cost") if lost_to_restarts else ""  # fmt: skip
+        notes.append(
+            f"{k}: {unknown_total} in-job restart(s) at unrecorded times: "
+            f"{format_duration(unplaced.get('restarts', 0.0))} unattributed{extra}"
+        )
+    if ending == _CONTINUED and not any(
+        r.time is not None and a.start < r.time <= stop for r in facts.checkpoints
+    ):
+        notes.append(f"{k} ended checkpointed; no record gives its save's time, so it is "
+                     "taken to have saved at its end")  # fmt: skip
+    return notes
+
+
+# ---------------------------------------------------------------------------- timeline
+def _timeline(
+    run: Run,
+    attempts: Sequence[Attempt],
+    events: Iterable[Event],
+    facts: ComputeFacts,
+    begin: float,
+    finish: float,
+) -> tuple[TimelineEntry, ...]:
+    entries: list[TimelineEntry] = [TimelineEntry(begin, "created", f"run {run.run_id} created")]
+    verdicts: dict[int, str] = {}
+    for e in events:
+        d = e.data
+        k = d.get("attempt") if isinstance(d.get("attempt"), int) else None
+        job = f"job {d.get('job_id')}"
+        if e.kind == "submitted":
+            excl = f", excluding {','.join(d['exclude'])}" if d.get("exclude") else ""
+            entries.append(TimelineEntry(e.time, e.kind, f"attempt {k} submitted as {job}{excl}",
+                                         k))  # fmt: skip
+        elif e.kind == "requeued":
+            excl = f", excluding {','.join(d['exclude'])}" if d.get("exclude") else ""
+            entries.append(TimelineEntry(e.time, e.kind, f"attempt {k}: {job} requeued{excl}", k))
+        elif e.kind == "adopted":
+            entries.append(TimelineEntry(e.time, e.kind, f"attempt {k}: adopted {job}", k))
+        elif e.kind == "checkpoint_signal":
+            lead = f" ({d['lead_s']:g}s before the wall limit)" if isinstance(
+                d.get("lead_s"), (int, float)) else ""  # fmt: skip
+            entries.append(TimelineEntry(e.time, e.kind, f"checkpoint signal {d.get('signal')} "
+                                         f"sent to attempt {k}{lead}", k))  # fmt: skip
+        elif e.kind == "recovered" and isinstance(d.get("latency_s"), (int, float)):
+            entries.append(TimelineEntry(e.time, e.kind, f"attempt {k} running "
+                                         f"{format_duration(d['latency_s'])} after the previous "
+                                         "ending was seen", k))  # fmt: skip
+        elif e.kind == "straggler":
+            entries.append(TimelineEntry(e.time, e.kind, "straggler node(s) flagged: "
+                                         f"{', '.join(d.get('nodes') or [])}", k))  # fmt: skip
+        elif e.kind == "warning":
+            entries.append(TimelineEntry(e.time, e.kind, f"warning: {d.get('message')}", k))
+        elif e.kind == "cancel_requested":
+            entries.append(TimelineEntry(e.time, e.kind, "cancel requested"))
+        elif e.kind == "ended" and k is not None and d.get("verdict"):
+            verdicts[k] = str(d["verdict"])
+    for a in attempts:
+        k = a.attempt
+        if a.start is not None:
+            nodes = ",".join(a.nodes) or "?"
+            entries.append(TimelineEntry(a.start, "started", f"attempt {k} started on {nodes} "
+                                         f"(job {a.job_id})", k, a.end))  # fmt: skip
+        if a.end is not None:
+            ran = f" after {format_duration(a.end - a.start)}" if a.start is not None else (
+                " before starting")  # fmt: skip
+            how = ", ".join(x for x in (a.state, a.cause) if x)
+            then = f" -> {verdicts[k]}" if k in verdicts else ""
+            why = f" ({a.reason})" if a.reason else ""
+            entries.append(TimelineEntry(a.end, "ended", f"attempt {k} ended{ran}: "
+                                         f"{how}{then}{why}", k))  # fmt: skip
+        af = facts.attempts.get(k, AttemptFacts())
+        starts = _round_starts(a, af)
+        for n, r in enumerate(starts, 1):
+            if r is not None:
+                entries.append(TimelineEntry(r, "restart", f"attempt {k}: ranks running again "
+                                             f"after in-job restart {n}", k))  # fmt: skip
+        missing = sum(r is None for r in starts)
+        if missing:
+            at = a.end if a.end is not None else (a.start if a.start is not None else finish)
+            entries.append(TimelineEntry(at, "restart", f"attempt {k}: {missing} in-job "
+                                         "restart(s) at unrecorded times", k))  # fmt: skip
+        for t, what in af.hangs:
+            entries.append(TimelineEntry(t, "hang", f"attempt {k}: hang detected ({what})", k))
+    ranges = [(a.start, a.end if a.end is not None else finish, a.attempt)
+              for a in attempts if a.start is not None]  # fmt: skip
+    for r in facts.checkpoints:
+        if r.time is None:
+            continue
+        k = next((n for s, e, n in ranges if s <= r.time <= e), None)
+        took = f" ({format_duration(r.save_s)})" if r.save_s else ""
+        step = f"step {r.step}" if r.step is not None else "a checkpoint"
+        entries.append(TimelineEntry(r.time, "checkpoint", f"checkpoint of {step} saved{took}",
+                                     k))  # fmt: skip
+    if run.state.is_terminal:
+        why = f": {run.reason}" if run.reason else ""
+        entries.append(TimelineEntry(finish, "run_ended", f"run {run.state.value}{why}"))
+    order = {id(e): n for n, e in enumerate(entries)}
+    return tuple(sorted(entries, key=lambda e: (e.time, order[id(e)])))
