@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +24,8 @@ from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
 
 from .daemon_scenarios import Cli, ended, straggler_is_moved_off, write_train
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -192,3 +197,29 @@ def test_injected_crash_is_retried_and_fires_once(cli, tmp_path):
 
 def test_a_straggler_node_is_excluded_and_the_job_moved_off_it(cli, tmp_path):
     straggler_is_moved_off(cli, tmp_path, "--dry-run")
+
+
+def test_a_submitit_checkpointable_continues_through_the_daemon_and_reports_goodput(
+        cli, tmp_path):  # fmt: skip
+    """examples/submitit_recipe.py as it is: the daemon's checkpoint signal before the wall
+    limit makes `checkpoint()` store a continuation, the next attempt resumes it and ends
+    with the parameters of an uninterrupted run; `ftslurm report` accounts the wall time."""
+    recipe = ROOT / "examples" / "submitit_recipe.py"
+    ref = subprocess.run([sys.executable, str(recipe), "--steps", "250", "--output-dir",
+                          str(tmp_path / "ref")], capture_output=True, text=True, timeout=120)
+    assert ref.returncode == 0, ref.stderr
+    # the signal 20 s after the start: past the start-up (imports), before the last step
+    out = cli.submit("--dry-run", "-t", "0:30", "--preempt-time", "10", "--retries", "0",
+                     str(recipe), "--", "--steps", "250", "--step-time", "0.1",
+                     "--output-dir", str(tmp_path / "out"))  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert s["attempts"][0]["cause"] == "checkpointed" and s["job_retries_used"] == 0
+    log = cli("logs", out["run_id"], "--attempt", "1").stdout
+    assert "starting at step 0 " not in log and "starting at step" in log
+    final = json.loads((tmp_path / "out" / "final.json").read_text())
+    assert final == json.loads((tmp_path / "ref" / "final.json").read_text())
+    report = json.loads(cli("report", out["run_id"], "--json").stdout)
+    seconds = sum(v["seconds"] for v in report["breakdown"].values())
+    assert seconds == pytest.approx(report["wall_s"], abs=0.5)
+    assert 0 < report["goodput"] < 1 and report["breakdown"]["productive"]["seconds"] > 5

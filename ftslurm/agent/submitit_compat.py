@@ -1,0 +1,406 @@
+"""Run a submitit-style checkpointable callable under ftslurm, as it is.
+
+    from ftslurm.agent import submitit_compat
+
+    class Trainer(submitit.helpers.Checkpointable):
+        def __call__(self, steps): ...               # state in attributes
+        def checkpoint(self, *args, **kwargs):       # optional: the default resubmits self
+            return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+    if __name__ == "__main__":
+        submitit_compat.run(Trainer(), steps=1000)
+
+What submitit (1.5) does, and what `run` does in its place:
+
+* submitit stores `DelayedSubmission(fn, *args, **kwargs)`, pickled with cloudpickle, as the
+  job's `<job id>_submitted.pkl`; every task of the job loads that file when it starts and
+  calls `fn(*args, **kwargs)`. Here the first attempt calls the callable it is given, and an
+  attempt that finds a saved continuation in `$FTSLURM_CHECKPOINT_DIR` (else ./checkpoints)
+  loads it on every rank and calls that instead. The arguments of a continuation are the ones
+  `checkpoint()` returned: what the command line says on later attempts is not used.
+* On the preemption signal (USR2) submitit's handler, on global rank 0 only, calls
+  `fn.__submitit_checkpoint__` (else `fn.checkpoint`) with the call's arguments, stores the
+  `DelayedSubmission` it returns over the submitted pickle (temporary file, rename), requeues
+  the job with `scontrol requeue` and exits; the other ranks return from the handler and run
+  on until the requeue kills them; SIGTERM is ignored. Here the same method is called at the
+  same place (inside the signal handler) on the same rank, for the checkpoint signal
+  (FTSLURM_CHECKPOINT_SIGNAL, default USR2) and for SIGTERM (ftslurm gives ranks a grace
+  period on TERM to save). The continuation is stored atomically, reported to the daemon
+  (`ftslurm.agent.progress`), and the process exits 0: "checkpointed, continue me". There is
+  no `scontrol requeue`: the daemon owns requeueing, and submits the continuation without
+  spending the failure budget. The other ranks do not call `checkpoint()` either; they wait
+  (up to FTSLURM_GRACE_S, default 120 s) until rank 0's continuation is stored and exit 0
+  too, so no rank leaves rank 0 waiting in a collective while it saves.
+* When the callable returns, `run` reports the end of training (`progress.finished`, which
+  writes the FINISHED marker) and returns its result.
+
+The other endings:
+
+* `checkpoint()` returns None: submitit does not requeue the job ("checkpoint function
+  returned None"). Here nothing is stored and the process exits 93, which asks the daemon
+  not to retry the run.
+* The callable has no checkpoint method (a plain function): nothing can be saved, so the
+  process ends as the signal would have ended it without a handler; the daemon treats that
+  like any failure (a retry from the last continuation, if there is one, spends the budget).
+* `checkpoint()` raises, or storing the continuation fails: the traceback is printed and the
+  process exits 1, a failure; the previous continuation is left intact.
+* The saved continuation cannot be used (missing, truncated or altered so that its size or
+  sha256 no longer match its manifest, or it cannot be unpickled): one line on stderr and
+  exit 93. It is neither replaced by a silent start from scratch, which would throw away
+  the run's progress and might overwrite the files the training keeps next to it, nor
+  retried, which would fail the same way. Delete the folder below to start over.
+
+Trade-off. Like submitit, this calls `checkpoint()` from the signal handler, that is between
+any two Python instructions of the callable: possibly halfway through an optimizer step,
+with the model updated and the step counter not yet. Existing submitit code keeps working
+unchanged (with the same caveat: its `checkpoint()` must save a consistent state, e.g. the
+one of the last complete step, as `examples/submitit_recipe.py` does), and on several ranks
+only rank 0's state is kept. The rank agent (`ftslurm.agent.rank`: `should_checkpoint()`, a
+collective every rank answers the same at a step boundary) is the safer path for multi-rank
+training; prefer it for new code.
+
+Steps. The daemon stops a run whose checkpoint step does not advance over continuations. A
+callable that reports its step (`progress.report_step(step)`, which also works under plain
+submitit, or `ftslurm.agent.rank.init().heartbeat(step)`) has its checkpoints reported at the
+step it last reported (as `progress.json` has it: at most a second old), or, when it reported
+none during the attempt, at the step of the continuation it resumed from. A callable that
+reports no steps has each continuation reported at its sequence number (1, 2, ...), so every
+one counts as progress, as in submitit, which has no such check. Such a callable sends no
+heartbeats either: leave the launcher's `initial` and `out_of_section` timeouts unset for it.
+
+On-disk layout, in `<checkpoint dir>/submitit/` (only global rank 0 writes):
+
+    continuation.json        the manifest: {"format", "file", "size", "sha256", "sequence",
+                             "step", "training_step", "attempt", "callable", "time"};
+                             written atomically, after the file it names
+    continuation-<n>.pkl     the n-th continuation: cloudpickle of the DelayedSubmission
+                             (`pickle.load` reads it, as submitit's `DelayedSubmission.load`)
+
+A continuation file is written to a temporary file, fsynced and renamed, then the manifest
+is replaced the same way; older continuation files are removed after that, so a crash at any
+point leaves the previous manifest naming a complete file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from ftslurm.agent import rank as fta
+from ftslurm.agent.progress import PROGRESS_FILE
+from ftslurm.fsutil import read_json, write_json_atomic
+
+FOLDER = "submitit"
+MANIFEST = "continuation.json"
+FORMAT = 1
+EXIT_CHECKPOINTED = 0  # "checkpointed, continue me"
+EXIT_FAILED = 1
+EXIT_DO_NOT_RETRY = 93  # the daemon's "do not retry" (ftslurm.agent.launch)
+UNWIND_TIMEOUT_S = 30.0  # after saving, how long the callable's own cleanup may take
+_POLL_S = 0.1
+
+
+class ContinuationError(Exception):
+    """The saved continuation exists but cannot be used (one-line message)."""
+
+
+class _Exit(SystemExit):
+    """Raised from the signal handler to leave the callable with a decided exit code."""
+
+
+# --------------------------------------------------------------------------- storage
+def continuation_folder(checkpoint_dir: str | Path | None = None) -> Path:
+    """Where continuations live: `<checkpoint dir>/submitit`; the checkpoint directory is
+    $FTSLURM_CHECKPOINT_DIR unless given, else ./checkpoints."""
+    base = checkpoint_dir or os.environ.get("FTSLURM_CHECKPOINT_DIR") or "checkpoints"
+    return Path(base) / FOLDER
+
+
+def _checkpoint_method(function: Any) -> Any:
+    """submitit's lookup: `__submitit_checkpoint__` first, then `checkpoint`."""
+    method = getattr(function, "__submitit_checkpoint__", None)
+    return method if method is not None else getattr(function, "checkpoint", None)
+
+
+def _describe(function: Any) -> str:
+    """`module.Name` of a function or class, else of the instance's class."""
+    target = function if hasattr(function, "__qualname__") else type(function)
+    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Readers see the old file or the new one: temporary file, fsync, rename, fsync dir."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_continuation(folder: Path, delayed: Any, sequence: int, step: int,
+                      training_step: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Store `delayed` (a DelayedSubmission) as continuation number `sequence`; returns the
+    manifest. The manifest is replaced only once the file it names is complete."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = cloudpickle.dumps(delayed, protocol=pickle.HIGHEST_PROTOCOL)
+    name = f"continuation-{sequence:06d}.pkl"
+    _write_bytes_atomic(folder / name, data)
+    manifest = {
+        "format": FORMAT, "file": name, "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(), "sequence": sequence, "step": step,
+        "training_step": training_step, "attempt": os.environ.get("FTSLURM_ATTEMPT"),
+        "callable": _describe(getattr(delayed, "function", delayed)), "time": time.time(),
+    }  # fmt: skip
+    write_json_atomic(folder / MANIFEST, manifest)
+    for old in folder.iterdir():  # earlier continuations, and temporary files of crashed saves
+        stale = old.name.startswith("continuation-") and old.suffix == ".pkl"
+        if (stale and old.name != name) or (old.name.startswith(".") and old.suffix == ".tmp"):
+            old.unlink(missing_ok=True)
+    return manifest
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The manifest, or None when there is none; ContinuationError when it is unreadable."""
+    path = folder / MANIFEST
+    if not path.exists():
+        return None
+    manifest = read_json(path)
+    keys = ("file", "size", "sha256", "sequence")
+    if not isinstance(manifest, dict) or any(k not in manifest for k in keys):
+        raise ContinuationError(f"{path} is not a readable continuation manifest")
+    if not isinstance(manifest.get("format"), int) or manifest["format"] > FORMAT:
+        raise ContinuationError(f"{path} has format {manifest.get('format')!r}; this "
+                                f"ftslurm reads format {FORMAT}")  # fmt: skip
+    return manifest
+
+
+def load_continuation(folder: Path) -> tuple[Any, dict[str, Any]] | None:
+    """The saved DelayedSubmission and its manifest, None when nothing was saved, or
+    ContinuationError when what was saved cannot be used."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    path = folder / str(manifest["file"])
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ContinuationError(f"{path}: {exc.strerror or exc}") from None
+    if size != manifest["size"]:
+        raise ContinuationError(f"{path} has {size} bytes where its manifest says "
+                                f"{manifest['size']}: truncated or overwritten")  # fmt: skip
+    if digest.hexdigest() != manifest["sha256"]:
+        raise ContinuationError(f"{path} does not match the sha256 of its manifest: corrupt")
+    try:
+        with open(path, "rb") as f:
+            delayed = pickle.load(f)
+    except Exception as exc:  # a class renamed or a module gone since it was saved
+        raise ContinuationError(f"{path} cannot be unpickled: "
+                                f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+    if not all(hasattr(delayed, a) for a in ("function", "args", "kwargs")):
+        raise ContinuationError(f"{path} holds a {type(delayed).__name__}, "
+                                "not a DelayedSubmission")  # fmt: skip
+    return delayed, manifest
+
+
+# --------------------------------------------------------------------------- running
+def _say(message: str) -> None:
+    print(f"ftslurm: {message}", file=sys.stderr, flush=True)
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _hard_exit(code: int) -> None:
+    _flush_stdio()
+    os._exit(code)
+
+
+class _Runner:
+    def __init__(self, function: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 folder: Path, resumed: dict[str, Any] | None) -> None:  # fmt: skip
+        self.function, self.args, self.kwargs = function, args, kwargs
+        self.folder = folder
+        self.resumed = resumed
+        self.agent = fta.init()  # heartbeat record (the task wrapper waits for it), progress
+        self.rank = self.agent.rank
+        self.started_at = time.time()
+        self.exit_code: int | None = None  # decided by the signal handler
+        self.handling = False
+        self.returned = False
+
+    # ------------------------------------------------------------------ signals
+    def install(self) -> None:
+        for sig in {self.agent.checkpoint_signal, signal.SIGTERM}:
+            signal.signal(sig, self.on_signal)
+        if getattr(self.agent, "_requested", False):  # came before our handlers were in
+            self.on_signal(self.agent.checkpoint_signal, None)
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        if self.handling or self.returned:
+            return  # a second signal while saving, or the training is already complete
+        self.handling = True
+        name = signal.Signals(signum).name
+        method = _checkpoint_method(self.function)
+        if method is None:  # on every rank: rank 0 has nothing to store either
+            _say(f"{name}: {_describe(self.function)} has no checkpoint() method: nothing is "
+                 f"saved; ending as {name} would without a handler")  # fmt: skip
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
+        if self.rank != 0:
+            _say(f"rank {self.rank}: {name}: rank 0 stores the continuation; waiting for it")
+            threading.Thread(target=self._await_rank0, daemon=True).start()
+            return  # run on, as submitit's other ranks do, until rank 0 has saved
+        started = time.monotonic()
+        try:
+            delayed = method(*self.args, **self.kwargs)
+            if delayed is None:
+                _say(f"{name}: checkpoint() returned None: the run is not to be continued "
+                     f"(exit {EXIT_DO_NOT_RETRY})")  # fmt: skip
+                self._leave(EXIT_DO_NOT_RETRY)
+            sequence = int(self.resumed["sequence"]) + 1 if self.resumed else 1
+            training_step = self._training_step()
+            step = training_step if training_step is not None else sequence
+            manifest = save_continuation(self.folder, delayed, sequence, step, training_step)
+            self.agent.checkpoint_saved(step, time.monotonic() - started)
+        except _Exit:
+            raise
+        except Exception:
+            traceback.print_exc()
+            _say(f"{name}: checkpoint() or storing its continuation failed; exit {EXIT_FAILED}")
+            self._leave(EXIT_FAILED)
+        _say(f"{name}: continuation {sequence} stored ({manifest['size']} bytes, step {step}) "
+             f"in {self.folder}; exiting {EXIT_CHECKPOINTED} to be continued")  # fmt: skip
+        self._leave(EXIT_CHECKPOINTED)
+
+    def _leave(self, code: int) -> None:
+        """Unwind the callable with `code`; cleanup that outlasts UNWIND_TIMEOUT_S (waiting
+        for ranks that already left, say) must not turn a stored continuation into a kill."""
+        self.exit_code = code
+        timer = threading.Timer(UNWIND_TIMEOUT_S, _hard_exit, (code,))
+        timer.daemon = True
+        timer.start()
+        raise _Exit(code)
+
+    def _training_step(self) -> int | None:
+        """The step the callable last reported in this process, else the one the resumed
+        continuation was saved at (no progress since), else None (it reports no steps)."""
+        if self.agent.step is not None:
+            return self.agent.step
+        run_dir = os.environ.get("FTSLURM_RUN_DIR")
+        data = read_json(Path(run_dir) / PROGRESS_FILE) if run_dir else None
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("step"), int)
+            and float(data.get("updated_at") or 0) >= self.started_at
+        ):
+            return data["step"]  # progress.report_step() from the callable, this attempt
+        if self.resumed and isinstance(self.resumed.get("training_step"), int):
+            return int(self.resumed["training_step"])
+        return None
+
+    def _await_rank0(self) -> None:
+        """Another rank: exit 0 once rank 0 has stored a continuation newer than the one
+        this process started from; exit 1 if none comes within the grace period."""
+        start_sequence = int(self.resumed["sequence"]) if self.resumed else 0
+        try:
+            grace = float(os.environ.get("FTSLURM_GRACE_S") or 120)
+        except ValueError:
+            grace = 120.0
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                manifest = read_manifest(self.folder)
+            except ContinuationError:
+                manifest = None  # rank 0 may be replacing it right now
+            if manifest and int(manifest["sequence"]) > start_sequence:
+                _say(f"rank {self.rank}: rank 0 stored continuation {manifest['sequence']}; "
+                     f"exiting {EXIT_CHECKPOINTED}")  # fmt: skip
+                try:
+                    self.agent.save_observed()
+                except OSError:
+                    pass
+                _hard_exit(EXIT_CHECKPOINTED)
+            time.sleep(_POLL_S)
+        _say(f"rank {self.rank}: rank 0 stored no continuation within {grace:g}s; "
+             f"exit {EXIT_FAILED}")  # fmt: skip
+        _hard_exit(EXIT_FAILED)
+
+    # ------------------------------------------------------------------ the call
+    def call(self) -> Any:
+        try:
+            self.install()
+            result = self.function(*self.args, **self.kwargs)
+        except BaseException as exc:
+            if self.exit_code is None:
+                raise
+            if not isinstance(exc, _Exit):  # e.g. a collective whose peers already left
+                _say(f"ignoring {type(exc).__name__} raised while the callable unwound "
+                     f"after the checkpoint signal")  # fmt: skip
+            self.agent.close()
+            raise SystemExit(self.exit_code) from None
+        self.returned = True
+        self.agent.finished(self.agent.step)  # None keeps the last step progress.json has
+        self.agent.close()
+        return result
+
+
+def run(function: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """Call `function(*args, **kwargs)` -- or, when this run saved a continuation before,
+    the continuation -- with submitit's checkpoint-on-signal semantics under ftslurm (see
+    the module's docstring). Returns the callable's result when it completes; after the
+    checkpoint signal the process exits instead (0: stored, continue the run)."""
+    folder = continuation_folder()
+    try:
+        loaded = load_continuation(folder)
+    except ContinuationError as exc:
+        _say(f"cannot resume: {exc}; refusing to start over from scratch; delete {folder} to "
+             f"do so (exit {EXIT_DO_NOT_RETRY})")  # fmt: skip
+        raise SystemExit(EXIT_DO_NOT_RETRY) from None
+    resumed = None
+    if loaded is not None:
+        delayed, resumed = loaded
+        function, args, kwargs = delayed.function, tuple(delayed.args), dict(delayed.kwargs)
+        if fta.init().rank == 0:
+            _say(f"resuming continuation {resumed['sequence']} ({resumed.get('callable')}, "
+                 f"saved at step {resumed.get('step')})")  # fmt: skip
+    return _Runner(function, args, kwargs, folder, resumed).call()
