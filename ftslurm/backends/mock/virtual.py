@@ -8,6 +8,13 @@ restart costs) instead of processes, so a month of a 2048-node job simulates in 
 `VirtualCluster` is the engine; `simulate_campaign` drives one long job to completion
 under a simple continuation policy (requeue whatever ended early, at once), with node
 failures drawn from a seeded Poisson process. The benchmarks build their policies on it.
+
+What happens inside the allocation, for policies that act there (benchmarks/goodput.py):
+`set_speed` slows a run (a straggler node) or stalls it (a hang), `restart_in_job` restarts
+the ranks in the same allocation, `end_processes` makes the job's processes exit by
+themselves (a crash, a watchdog), `preempt` is Slurm preemption with a grace time, and the
+`on_start` / `on_run_end` hooks report every run with a breakdown of its wall time
+(`RunBreakdown`). None of them is used by `simulate_campaign`.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import math
 import random
 import signal as _signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, MockState
@@ -60,6 +67,33 @@ class _Run:
     remaining_at_start: float
     finish_at: float
     saved_on_exit: float | None = None  # set by a checkpoint-on-signal: what it will keep
+    serial: int = 0  # counts the runs of the cluster, from 1
+    job: JobModel | None = None  # this run's model when it differs (an in-job restart)
+    speed: float = 1.0  # progress per wall second: 1 full speed, < 1 slowed, 0 stalled
+    speed_since: float | None = None  # when `speed` began (None: at `started`)
+    progress_before: float = 0.0  # progress (model seconds) made before `speed_since`
+    slow_s: float = 0.0  # wall time lost to running below full speed, before `speed_since`
+    stalled_s: float = 0.0  # wall time at speed 0, before `speed_since`
+    signal_progress: float | None = None  # progress when the checkpoint signal came
+
+
+@dataclass(frozen=True)
+class RunBreakdown:
+    """Where the wall time of one run went: started-ended = startup + checkpoint + computed
+    + slow + stalled, and saved (kept) <= computed."""
+
+    job_id: str
+    serial: int
+    started: float
+    ended: float
+    completed: bool  # ended by itself (work done, or exit after the checkpoint signal)
+    signalled: bool  # it got a checkpoint signal (warning or preemption) and began saving
+    saved_s: float  # work kept
+    computed_s: float  # work computed (kept or lost)
+    startup_s: float  # start-up and checkpoint loading
+    checkpoint_s: float  # writing checkpoints (periodic and on the signal)
+    slow_s: float  # wall time lost to running below full speed
+    stalled_s: float  # wall time at speed 0
 
 
 @dataclass
@@ -92,6 +126,10 @@ class VirtualCluster:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
         self.on_end: Callable[[str, JobState], None] | None = None
+        self.on_start: Callable[[str], None] | None = None  # a run began (after Launch)
+        self.on_run_end: Callable[[RunBreakdown], None] | None = None
+        self._exits: dict[str, model.Exited] = {}  # processes that ended by themselves
+        self._serial = 0
 
     # ----------------------------------------------------------------- API
     def submit(self, options: JobOptions, job: JobModel) -> str:
@@ -111,7 +149,7 @@ class VirtualCluster:
 
     def run(self, until: float, stop: Callable[[], bool] = lambda: False) -> None:
         """Process events in time order up to `until` or until `stop()` holds."""
-        self._step({})
+        self._step(self._take_exits())
         while not stop():
             candidates = [t for t in (
                 model.next_event_time(self.st),
@@ -128,7 +166,72 @@ class VirtualCluster:
             finished = {j: (0, None) for j, r in list(self.runs.items()) if r.finish_at <= self.now}
             for job_id in finished:
                 self._end_run(job_id, completed=True)
-            self._step(finished)
+            self._step({**self._take_exits(), **finished})
+
+    # ------------------------------------------------ inside the allocation
+    def act(self, effects: list[model.Effect]) -> None:
+        """Carry out effects of a `model` operation (e.g. `model.requeue` of a running job)
+        from a timer: the runs they end are reported at the next step."""
+        self._exits.update(self._apply(effects))
+
+    def set_speed(self, job_id: str, speed: float) -> None:
+        """From now on the job's current run progresses at `speed` (1: full speed; below 1:
+        held back by a slow node; 0: stalled, e.g. hung). The wall time lost is recorded."""
+        run = self.runs.get(job_id)
+        if run is None or speed == run.speed:
+            return
+        self._settle(run)
+        run.speed = speed
+        run.finish_at = self._finish_time(run, self._model(job_id, run))
+
+    def restart_in_job(self, job_id: str, restart_cost_s: float) -> None:
+        """The job's launcher restarts the ranks in the same allocation: the current run ends
+        (work since its last checkpoint is lost) and a new one starts now, paying
+        `restart_cost_s` to start up and load the checkpoint. Slurm sees nothing."""
+        if job_id in self.runs:
+            self._end_run(job_id, completed=False)
+        job = self.st.jobs.get(job_id)
+        if job is not None and job.state is JobState.RUNNING:
+            self._start_run(job_id, restart_cost_s=restart_cost_s)
+
+    def end_processes(self, job_id: str, code: int = 1) -> None:
+        """The job's processes exit by themselves now with `code` (a crash that srun
+        propagates, a watchdog abort, a launcher that gives up): work since the last
+        checkpoint is lost and Slurm sees the exit at the next step."""
+        if job_id in self.runs:
+            self._end_run(job_id, completed=False)
+        job = self.st.jobs.get(job_id)
+        if job is not None and job.state in (JobState.RUNNING, JobState.COMPLETING):
+            self._exits[job_id] = (code, None)
+
+    def preempt(self, job_id: str, grace_s: float, save: bool) -> None:
+        """Slurm preempts the job (PreemptMode=REQUEUE): SIGTERM now, SIGKILL after
+        `grace_s` (GraceTime), then the job goes back to the queue. With `save` the job
+        checkpoints on the signal and exits once saved (if the save fits in the grace)."""
+        job = self.st.jobs.get(job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            return
+        model._terminate(job, JobState.PREEMPTED, self.now, 0)
+        job.kill_at = self.now + grace_s
+        job.requeue_on_end = self.st.config.preempt_requeue and job.requeue_allowed
+        if job_id not in self.runs:
+            self._exits[job_id] = (0, int(_signal.SIGTERM))
+        elif save and self.models[job_id].checkpoint_on_signal:
+            self._checkpoint_and_exit(job_id)
+        else:
+            self._end_run(job_id, completed=False)
+            self._exits[job_id] = (0, int(_signal.SIGTERM))
+
+    def breakdown(self, job_id: str) -> RunBreakdown | None:
+        """The breakdown of the job's current run so far (None when it has none)."""
+        run = self.runs.get(job_id)
+        if run is None:
+            return None
+        job = self._model(job_id, run)
+        progress = self._progress(run)
+        saved = job.saved_after(progress, run.remaining_at_start)
+        computed = job.computed_after(progress, run.remaining_at_start)
+        return self._breakdown(job_id, run, job, False, saved, computed)
 
     # ----------------------------------------------------------- internals
     def _step(self, exited: dict[str, model.Exited]) -> None:
@@ -161,16 +264,22 @@ class VirtualCluster:
                     exited[job_id] = (1, None)
         return exited
 
-    def _start_run(self, job_id: str) -> None:
+    def _start_run(self, job_id: str, restart_cost_s: float | None = None) -> None:
         job = self.models[job_id]
+        own = None if restart_cost_s is None else replace(job, restart_cost_s=restart_cost_s)
+        job = own or job
         remaining = self.remaining[job_id]
         self.stats.attempts += 1
-        self.runs[job_id] = _Run(self.now, remaining, self.now + job.finish_after(remaining))
+        self._serial += 1
+        self.runs[job_id] = _Run(self.now, remaining, self.now + job.finish_after(remaining),
+                                 serial=self._serial, job=own)  # fmt: skip
+        if self.on_start:
+            self.on_start(job_id)
 
     def _end_run(self, job_id: str, completed: bool) -> None:
         run = self.runs.pop(job_id)
-        job = self.models[job_id]
-        elapsed = self.now - run.started
+        job = self._model(job_id, run)
+        elapsed = self._progress(run)
         if completed and run.saved_on_exit is not None:
             saved = computed = run.saved_on_exit
         elif completed:
@@ -181,13 +290,65 @@ class VirtualCluster:
         self.remaining[job_id] = run.remaining_at_start - saved
         self.stats.productive_s += saved
         self.stats.lost_s += computed - saved
+        if self.on_run_end:
+            self.on_run_end(self._breakdown(job_id, run, job, completed, saved, computed))
 
     def _checkpoint_and_exit(self, job_id: str) -> None:
         """Warning signal: save what was computed, then leave (a continuation)."""
         run = self.runs[job_id]
-        job = self.models[job_id]
-        run.saved_on_exit = job.computed_after(self.now - run.started, run.remaining_at_start)
-        run.finish_at = min(run.finish_at, self.now + job.checkpoint_cost_s)
+        job = self._model(job_id, run)
+        progress = self._progress(run)
+        run.saved_on_exit = job.computed_after(progress, run.remaining_at_start)
+        run.signal_progress = progress
+        if run.speed == 1.0 and run.speed_since is None:
+            run.finish_at = min(run.finish_at, self.now + job.checkpoint_cost_s)
+        else:
+            run.finish_at = self._finish_time(run, job)
+
+    def _take_exits(self) -> dict[str, model.Exited]:
+        exits, self._exits = self._exits, {}
+        return exits
+
+    def _model(self, job_id: str, run: _Run) -> JobModel:
+        return run.job or self.models[job_id]
+
+    def _progress(self, run: _Run) -> float:
+        """Progress of a run by now, in model seconds (wall seconds at full speed)."""
+        since = run.started if run.speed_since is None else run.speed_since
+        return run.progress_before + (self.now - since) * run.speed
+
+    def _lost_to_speed(self, run: _Run) -> tuple[float, float]:
+        """(slow_s, stalled_s) by now."""
+        since = run.started if run.speed_since is None else run.speed_since
+        span = self.now - since
+        if run.speed == 0:
+            return run.slow_s, run.stalled_s + span
+        return run.slow_s + span * (1.0 - run.speed), run.stalled_s
+
+    def _settle(self, run: _Run) -> None:
+        run.slow_s, run.stalled_s = self._lost_to_speed(run)
+        run.progress_before = self._progress(run)
+        run.speed_since = self.now
+
+    def _finish_time(self, run: _Run, job: JobModel) -> float:
+        target = job.finish_after(run.remaining_at_start)
+        if run.signal_progress is not None:
+            target = min(target, run.signal_progress + job.checkpoint_cost_s)
+        if run.speed <= 0:
+            return math.inf
+        return self.now + max(0.0, target - self._progress(run)) / run.speed
+
+    def _breakdown(self, job_id: str, run: _Run, job: JobModel, completed: bool,
+                   saved: float, computed: float) -> RunBreakdown:  # fmt: skip
+        progress = self._progress(run)
+        slow, stalled = self._lost_to_speed(run)
+        startup = min(progress, job.restart_cost_s)
+        return RunBreakdown(
+            job_id=job_id, serial=run.serial, started=run.started, ended=self.now,
+            completed=completed, signalled=run.signal_progress is not None, saved_s=saved,
+            computed_s=computed, startup_s=startup, checkpoint_s=progress - startup - computed,
+            slow_s=slow, stalled_s=stalled,
+        )  # fmt: skip
 
 
 def simulate_campaign(

@@ -1,0 +1,931 @@
+"""Goodput of a month-long training job under four fault-tolerance policies, on the same
+seeded failure traces, against the ideal (Young/Daly) bound.
+
+For each job size (`--sizes`, nodes) one failure trace is drawn from `--seed` over `--days`
+and replayed, unchanged, under each policy on the virtual-clock mock scheduler
+(`ftslurm.backends.mock.virtual`): the same Slurm state machine decides placement, time
+limits, warning signals, the requeue delay and node-failure detection; the policy decides
+what happens inside the allocation and after an attempt ends. Reported per size and policy:
+ETTR (productive time / wall time), where the rest of the wall time went, and the ETTR as a
+share of the ideal bound.
+
+    python benchmarks/goodput.py [--sizes 128,1024,2048] [--days 30] [--seed 1]
+                                 [--plot goodput.png] [--json]
+
+Policies
+  plain     `sbatch --requeue` with periodic checkpoints. Every early ending is requeued
+            with Slurm's requeue delay: by Slurm itself after a node failure (NODE_FAIL,
+            detected after SlurmdTimeout) or a preemption (PreemptMode=REQUEUE), by the
+            batch script's `scontrol requeue` after a failed step or a wall-limit SIGTERM (the
+            pattern of TorchX's template). No checkpoint on any signal; a hang waits for the
+            NCCL watchdog; repaired nodes (lemons too) come back and are allocated again.
+  submitit  submitit-style checkpoint-on-timeout: USR2 90 s before the wall limit and on
+            preemption (PreemptParameters=send_user_signal assumed) it checkpoints and
+            requeues itself (requeue delay applies). Any other ending (crash, hang killed by
+            the watchdog, node failure) needs a person to resubmit: after
+            HUMAN_RESUBMIT_MEDIAN_S = 2 h median (assumed; log-normal, sigma 1, so a mean of
+            3.3 h: nights and weekends), as a fresh job (no requeue delay) that resumes from
+            the last periodic checkpoint. Slurm's own NODE_FAIL requeue is not credited to it
+            (its job is submitted without --requeue): the specified baseline. With it,
+            submitit would match plain requeue on node failures.
+  nemo      NeMo-Run-style: `sbatch --requeue` plus the in-script `scontrol requeue` of its
+            template, NVIDIA's ft_launcher with up to 3 in-job restarts per allocation for
+            crashes and hangs, fixed heartbeat timeouts (rank 300 s, initial 1800 s: the
+            FaultTolerancePlugin defaults), the PreemptionPlugin's TERM@60 checkpoint (its
+            handler also outlives the limit's SIGTERM by KillWait: a 90 s lead). Node
+            failures need a requeue (requeue delay); no node exclusion; stragglers are only
+            logged.
+  ftslurm   ftslurm with everything on (FtSettings with num_in_job_restarts=3,
+            stop_if_straggler=True, budgets unlimited, the rest default): the daemon (polls on
+            a 60 s grid) requeues at once with start-now (no requeue delay) and keeps the
+            nodes it finds down after an ending (`policy.classify`/`decide`: a NODE_FAIL's,
+            a node drained for maintenance) and persistent straggler nodes out of later
+            attempts for node_exclusion_ttl_s (24 h; `policy.plan_exclusions`); the launcher
+            restarts ranks in the job after a crash or a hang, with hang timeouts learned
+            from earlier attempts (3 x the longest step seen, at least 30 s;
+            `ftslurm.agent.launch.tightened`) plus its 0.5 s monitor interval; the
+            checkpoint signal comes `checkpoint_lead(preempt_time=60, save=60 s)` = 125 s
+            before the wall limit; a straggler node below the 0.75 score threshold for 3
+            report windows of 60 s moves the job off it (requeue held, exclude, release: the
+            work since the last checkpoint is lost, as a requeue's SIGTERM + KillWait 30 s
+            leaves no time to save).
+  Every policy's retry budgets are unlimited (a month-long run raises submitit's
+  max_num_timeout=3, NeMo's num_job_retries_on_failure=2 and ftslurm's 2).
+
+The failure trace (per node of the pool: the job's nodes plus SPARE_FRACTION = 5% spares, at
+least 2 (Bekman: 5-10%; NCSA Delta: 5%); a fault on a node outside the allocation only takes
+that node away):
+  FAILURES_PER_NODE_DAY = 3.79e-3    Llama 3 (arXiv 2407.21783, Table 5): 419 unexpected
+      interruptions on 2048 nodes in 54 days; the fleet average, lemons included. By
+      symptom: SHARE_CRASH = 56/419 (Llama 3: software bug, dependency; the process dies,
+      the node is fine), SHARE_HANG = 0.135 (ByteRobust, SOSP'25: 5,948 of 44,184 failures
+      were implicit, i.e. hangs and the like, against Llama 3's 7 NCCL-watchdog root causes:
+      many hardware faults show up as hangs), both transient and on any node; the rest are
+      hardware faults (GPU, memory, network, host) taken as node failures: the node's
+      processes die at once, Slurm marks it down after SlurmdTimeout (300 s) and it is
+      repaired in REPAIR_S = 4 h (OPT-175B: node replacement "took hours"; assumed 4 h).
+  LEMON_FRACTION = 0.012, LEMON_SHARE = 10/14    Kokolis et al. (arXiv 2410.21680): lemon
+      nodes were 1.2% of RSC-1 and removing them cut the failure rate of 512+-GPU jobs from
+      14% to 4%, so they carried 10/14 of the (hardware) failures: a lemon fails 206 times
+      as often as a healthy node (every ~6 days here), and a repair does not cure it.
+  PLANNED_PER_NODE_DAY = 0.425e-3    Llama 3: 47 planned interruptions (automated
+      maintenance) in the same 54 days; modelled as Slurm preemption with GraceTime
+      PREEMPT_GRACE_S = 120 s (assumed: room for one 60 s save), the node drained for
+      MAINTENANCE_S = 1 h (assumed).
+  STRAGGLER_EPISODES_PER_NODE_DAY = 0.002, lasting log-uniform 30 s to 10 h (FALCON:
+      fail-slows last tens of seconds to about 10 h), each slowing its node by a factor
+      uniform in [1.1, 1.6] (MegaScale: ~10% slower hosts; FALCON: 1.34x average JCT
+      stretch). The rate is a calibration (assumed): node-caused straggling should cost an
+      unmanaged 2048-node job a few percent, below the 10.4% of GPU-hours the OSDI'25
+      what-if study charges to all straggling (worker hardware dominates only 1.7% of it).
+      A synchronous job runs at 1 / the largest slowdown among its nodes.
+
+The job (the same for every policy):
+  CHECKPOINT_INTERVAL_S = 1800, CHECKPOINT_COST_S = 60 (blocking)    Check-N-Run's 30 min
+      default; a 60 s synchronous save (BLOOM: 40 s for 2.3 TB; 149 s for 7B sync DCP).
+  RESTART_COST_S = 300    start-up plus checkpoint load at every start, in-job restarts
+      included (Kokolis: u0 of 5-20 min typical; the low end).
+  STEP_S = 10    training step time (assumed), from which ftslurm's hang timeout is learned.
+  WALL_LIMIT_S = 20 h    typical HPC wall limit (Bekman, ml-engineering).
+Slurm (mock defaults): SlurmdTimeout 300 s, requeue delay 120 s (cred_expire; BeginTime is
++121 s), KillWait 30 s, MinJobAge 300 s. PyTorch's NCCL watchdog: 600 s (10 min default).
+
+Where the wall time goes (the categories add up to the wall time):
+  productive  work computed and kept (the run in flight at the end counts in full)
+  lost work   work computed, then lost to an interruption (redone later)
+  startup     start-up and checkpoint loading, at every start and in-job restart
+  checkpoint  blocking checkpoint writes, periodic and on a signal
+  detection   nobody has acted yet: a dead node until Slurm notices, a crashed rank until
+              the launcher sees it, an ended job until the daemon's next look
+  hung        a hang until a watchdog or heartbeat timeout fires
+  requeue     back in the queue: the requeue delay, then waiting for nodes
+  human       a failed job waiting for a person to resubmit it (submitit)
+  stragglers  running below full speed because a node of the allocation is slow
+
+The ideal bound per size: the queue-aware Kokolis formula with q = 0,
+E[ETTR] = (1 - lam (u0 + dt/2)) / (1 + w/dt), at the Young/Daly interval dt* = sqrt(2 w /
+lam), with u0 = RESTART_COST_S, w = CHECKPOINT_COST_S and lam = N x the trace's own rate of
+the failures a job on healthy nodes sees (crashes and hangs counted over the pool, node
+failures over its healthy nodes): zero detection and requeue latency, lemons known in
+advance and never used, planned preemptions, wall limits and stragglers free. Every
+policy's ETTR should stay below it, and the script checks that it does.
+
+Cost: the simulation is single-threaded; 30 days x 2048 nodes under all four policies takes
+about 7-8 s of one core (the default three sizes about 10 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftslurm.agent.heartbeat import Timeouts
+from ftslurm.agent.launch import parse_args as launcher_args
+from ftslurm.agent.launch import tightened
+from ftslurm.backends.mock import model
+from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, NodeStatus
+from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualCluster
+from ftslurm.core.types import JobOptions, JobState
+from ftslurm.daemon import policy as ftpolicy
+
+DAY = 86400.0
+HOUR = 3600.0
+
+# ---------------------------------------------------------------- the failure trace
+# Llama 3 (arXiv 2407.21783, Table 5): 419 unexpected interruptions, 2048 nodes, 54 days.
+FAILURES_PER_NODE_DAY = 419 / (2048 * 54)  # 3.79e-3, the fleet average (lemons included)
+SHARE_CRASH = 56 / 419  # Llama 3: software bug 54 + dependency 2 (the node is fine)
+SHARE_HANG = 5948 / (38236 + 5948)  # ByteRobust: implicit failures (hangs), by symptom
+SHARE_NODE = 1 - SHARE_CRASH - SHARE_HANG  # hardware (GPU, memory, network, host)
+# Kokolis et al. (arXiv 2410.21680): lemons were 1.2% of RSC-1 nodes; removing them cut
+# the failure rate of 512+-GPU jobs from 14% to 4%: they carried 10/14 of the failures.
+LEMON_FRACTION = 0.012
+LEMON_SHARE = 10 / 14  # of the hardware failures
+HEALTHY_NODE_FAILURES_PER_NODE_DAY = (FAILURES_PER_NODE_DAY * SHARE_NODE * (1 - LEMON_SHARE)
+                                      / (1 - LEMON_FRACTION))  # fmt: skip
+LEMON_NODE_FAILURES_PER_NODE_DAY = (FAILURES_PER_NODE_DAY * SHARE_NODE * LEMON_SHARE
+                                    / LEMON_FRACTION)  # fmt: skip  # 206x: every ~6 days
+REPAIR_S = 4 * HOUR  # OPT-175B logbook: cloud node replacement "took hours" (assumed 4 h)
+# Llama 3: 47 planned interruptions (automated maintenance) in the same 54 days.
+PLANNED_PER_NODE_DAY = 47 / (2048 * 54)  # 0.425e-3
+PREEMPT_GRACE_S = 120.0  # partition GraceTime (assumed; Slurm's default 0 allows no save)
+MAINTENANCE_S = 1 * HOUR  # a node drained for maintenance comes back after (assumed)
+# Fail-slow episodes: FALCON (tens of seconds to ~10 h; 1.34x average JCT stretch),
+# MegaScale (~10% slower hosts). The rate is a calibration (assumed, see the docstring).
+STRAGGLER_EPISODES_PER_NODE_DAY = 0.002
+STRAGGLER_DURATION_S = (30.0, 10 * HOUR)  # log-uniform
+STRAGGLER_SLOWDOWN = (1.1, 1.6)  # uniform
+SPARE_FRACTION = 0.05  # spare nodes in the pool (Bekman: 5-10%; NCSA Delta: 5%)
+
+# ------------------------------------------------------------------------ the job
+CHECKPOINT_INTERVAL_S = 1800.0  # Check-N-Run's 30 min default (RSC assumes 1 h)
+CHECKPOINT_COST_S = 60.0  # blocking save (BLOOM 40 s for 2.3 TB; 7B sync DCP 149 s)
+RESTART_COST_S = 300.0  # start-up + checkpoint load, every start (Kokolis: u0 5-20 min)
+STEP_S = 10.0  # training step (assumed); ftslurm learns its hang timeout from it
+WALL_LIMIT_S = 20 * HOUR  # typical HPC wall limit (Bekman, ml-engineering)
+
+# ---------------------------------------------------------------------- Slurm (mock)
+SLURMD_TIMEOUT_S = 300  # SlurmdTimeout default
+REQUEUE_DELAY_S = 120  # requeue_delay = cred_expire default (BeginTime = now + 121 s)
+KILL_WAIT_S = 30  # KillWait default
+MIN_JOB_AGE_S = 300  # MinJobAge default
+
+# ---------------------------------------------------------------------- the policies
+NCCL_WATCHDOG_S = 600.0  # ProcessGroupNCCL timeout, 10 min default since PyTorch PR #110947
+SUBMITIT_SIGNAL_DELAY_S = 90  # submitit: --signal=USR2@90 (signal_delay_s default)
+HUMAN_RESUBMIT_MEDIAN_S = 2 * HOUR  # a person notices and resubmits (assumed), log-normal
+HUMAN_RESUBMIT_SIGMA = 1.0  # spread of that delay (nights, weekends): mean ~3.3 h
+NEMO_RANK_HEARTBEAT_S = 300.0  # NeMo-Run FaultTolerancePlugin rank_heartbeat_timeout
+NEMO_INITIAL_HEARTBEAT_S = 1800.0  # ... initial_rank_heartbeat_timeout (to the 1st beat)
+NVRX_CHECK_INTERVAL_S = 5.0  # NVRx workload_check_interval
+NVRX_MONITOR_S = 0.3  # ft_launcher --monitor-interval
+NEMO_IN_JOB_RESTARTS = 3  # FaultTolerancePlugin num_in_job_restarts
+# PreemptionPlugin preempt_time 60 s gives TERM@60; its handler survives the SIGTERM at the
+# limit for KillWait more. The mock treats SIGTERM as a kill, so it is modelled as USR2@90.
+NEMO_SIGNAL_LEAD_S = 60 + KILL_WAIT_S
+FTSLURM = ftpolicy.FtSettings(num_in_job_restarts=NEMO_IN_JOB_RESTARTS, stop_if_straggler=True,
+                              num_job_retries_on_failure=10**9)  # fmt: skip
+_LAUNCHER = launcher_args(["--", "train"])  # the launcher's defaults
+FTSLURM_MONITOR_S = _LAUNCHER.monitor_interval  # 0.5 s
+FTSLURM_SETUP_TIMEOUT_S = 600.0  # configured "setup" section timeout (never tightened)
+FTSLURM_HANG_TIMEOUT_S = tightened(Timeouts(sections={"setup": FTSLURM_SETUP_TIMEOUT_S,
+                                                      "step": 180.0}, out_of_section=300.0),
+                                   [{"step": STEP_S}], _LAUNCHER.safety_factor
+                                   ).sections["step"]  # fmt: skip  # max(30, 3 x 10 s)
+FTSLURM_SIGNAL_LEAD_S, _ = ftpolicy.checkpoint_lead(FTSLURM.preempt_time, CHECKPOINT_COST_S)
+DAEMON_POLL_S = 60.0  # the daemon looks at least this often (next_poll_interval's ceiling)
+DAEMON_FAST_POLL_S = 1.0  # ... and this soon after its own action (its floor)
+
+CAUSES = ("lost_work", "startup", "checkpoint", "detection", "hung", "requeue", "human",
+          "stragglers")  # fmt: skip
+CAUSE_LABELS = {"lost_work": "lost work", "startup": "startup", "checkpoint": "checkpoint",
+                "detection": "detection", "hung": "hung", "requeue": "requeue",
+                "human": "human", "stragglers": "stragglers"}  # fmt: skip
+
+
+# -------------------------------------------------------------- the ideal bound (pure)
+def young_daly_interval(checkpoint_cost_s: float, failure_rate_per_s: float) -> float:
+    """Young's (and Kokolis') optimal checkpoint interval sqrt(2 w / lam); inf without
+    failures."""
+    if failure_rate_per_s <= 0:
+        return math.inf
+    return math.sqrt(2 * max(0.0, checkpoint_cost_s) / failure_rate_per_s)
+
+
+def kokolis_ettr(failure_rate_per_s: float, restart_s: float, interval_s: float,
+                 checkpoint_cost_s: float = 0.0, queue_s: float = 0.0) -> float:  # fmt: skip
+    """E[ETTR] ~ (1 - lam (u0 + dt/2)) / ((1 + w/dt)(1 + lam q)) (Kokolis et al., with the
+    queue time per failure q), clamped at 0. An infinite interval never checkpoints."""
+    lam = failure_rate_per_s
+    if interval_s <= 0:
+        raise ValueError("the checkpoint interval must be positive")
+    if math.isinf(interval_s):
+        return 1.0 if lam <= 0 else 0.0
+    lost = lam * (restart_s + interval_s / 2)
+    return max(0.0, (1 - lost) / ((1 + checkpoint_cost_s / interval_s) * (1 + lam * queue_s)))
+
+
+def ideal_bound(nodes: int, failures_per_node_day: float, restart_s: float,
+                checkpoint_cost_s: float) -> dict[str, float]:  # fmt: skip
+    """The bound: Kokolis with q = 0 at the Young/Daly interval (free checkpoints: at
+    every step, losing nothing but the restart)."""
+    lam = nodes * failures_per_node_day / DAY
+    dt = young_daly_interval(checkpoint_cost_s, lam)
+    if lam <= 0:
+        ettr = 1.0
+    elif dt == 0:
+        ettr = max(0.0, 1 - lam * restart_s)
+    else:
+        ettr = kokolis_ettr(lam, restart_s, dt, checkpoint_cost_s)
+    return {"ettr": ettr, "failures_per_day": lam * DAY,
+            "mttf_h": math.inf if lam <= 0 else 1 / lam / HOUR,
+            "interval_s": dt, "restart_s": restart_s, "checkpoint_cost_s": checkpoint_cost_s}
+
+
+# ---------------------------------------------------------------------- the trace
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    kind: str  # node | crash | hang | straggler | maintenance
+    node: str
+    lemon: bool = False  # a lemon's extra hardware failure
+    duration_s: float = 0.0  # straggler
+    slowdown: float = 1.0  # straggler
+
+
+@dataclass(frozen=True)
+class Trace:
+    nodes: int
+    days: float
+    pool: tuple[str, ...]
+    lemons: frozenset[str]
+    faults: tuple[Fault, ...]
+    human_delays_s: tuple[float, ...]
+
+    @property
+    def horizon_s(self) -> float:
+        return self.days * DAY
+
+    def ordinary_failures_per_node_day(self) -> float:
+        """The trace's own rate of the failures a job on healthy nodes sees: crashes and
+        hangs over the pool, node failures over its healthy nodes."""
+        if self.days <= 0:
+            return 0.0
+        anywhere = sum(1 for f in self.faults if f.kind in ("crash", "hang"))
+        healthy = sum(1 for f in self.faults if f.kind == "node" and not f.lemon)
+        return (anywhere / len(self.pool)
+                + healthy / max(1, len(self.pool) - len(self.lemons))) / self.days
+
+    def facts(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for f in self.faults:
+            key = "lemon_node" if f.lemon else f.kind
+            counts[key] = counts.get(key, 0) + 1
+        return {"nodes": self.nodes, "pool_nodes": len(self.pool),
+                "spare_nodes": len(self.pool) - self.nodes, "lemon_nodes": len(self.lemons),
+                "days": self.days, "faults_in_pool": counts,
+                "ordinary_failures_per_1000_node_days":
+                    1000 * self.ordinary_failures_per_node_day(),
+                "fleet_failures_per_1000_node_days": 1000 * FAILURES_PER_NODE_DAY,
+                "lemon_failures_per_1000_node_days": 1000 * LEMON_NODE_FAILURES_PER_NODE_DAY}
+
+
+def draw_trace(seed: int, nodes: int, days: float) -> Trace:
+    """Everything that will go wrong, per node of the pool, over `days` (deterministic)."""
+    rng = random.Random(f"goodput/{seed}/{nodes}/{float(days)!r}")
+    pool = tuple(f"n{i}" for i in range(1, nodes + max(2, round(nodes * SPARE_FRACTION)) + 1))
+    lemons = frozenset(rng.sample(pool, round(len(pool) * LEMON_FRACTION)))
+    horizon = days * DAY
+    faults: list[Fault] = []
+
+    def poisson(per_node_day: float, among: tuple[str, ...],
+                make: Callable[[float, str], Fault]) -> None:  # fmt: skip
+        rate = per_node_day * len(among) / DAY
+        t = 0.0
+        while rate > 0:
+            t += rng.expovariate(rate)
+            if t >= horizon:
+                return
+            faults.append(make(t, rng.choice(among)))
+
+    healthy = tuple(n for n in pool if n not in lemons)
+    poisson(FAILURES_PER_NODE_DAY * SHARE_CRASH, pool, lambda t, n: Fault(t, "crash", n))
+    poisson(FAILURES_PER_NODE_DAY * SHARE_HANG, pool, lambda t, n: Fault(t, "hang", n))
+    poisson(HEALTHY_NODE_FAILURES_PER_NODE_DAY, healthy, lambda t, n: Fault(t, "node", n))
+    poisson(LEMON_NODE_FAILURES_PER_NODE_DAY, tuple(sorted(lemons)),
+            lambda t, n: Fault(t, "node", n, lemon=True))  # fmt: skip
+    poisson(PLANNED_PER_NODE_DAY, pool, lambda t, n: Fault(t, "maintenance", n))
+    lo, hi = STRAGGLER_DURATION_S
+    poisson(STRAGGLER_EPISODES_PER_NODE_DAY, pool, lambda t, n: Fault(
+        t, "straggler", n, duration_s=math.exp(rng.uniform(math.log(lo), math.log(hi))),
+        slowdown=rng.uniform(*STRAGGLER_SLOWDOWN)))  # fmt: skip
+    faults.sort(key=lambda f: (f.at, f.kind, f.node))
+    human = tuple(rng.lognormvariate(math.log(HUMAN_RESUBMIT_MEDIAN_S), HUMAN_RESUBMIT_SIGMA)
+                  for _ in range(4096))  # fmt: skip
+    return Trace(nodes, days, pool, lemons, tuple(faults), human)
+
+
+# ---------------------------------------------------------------------- the policies
+@dataclass(frozen=True)
+class Policy:
+    key: str
+    label: str
+    requeue: bool  # sbatch --requeue (Slurm requeues NODE_FAIL and preemption)
+    auto_continue: bool  # a failed attempt is continued without a person
+    signal_lead_s: float | None  # checkpoint signal this long before the wall limit
+    save_on_preempt: bool
+    hang_timeout_s: float  # from the hang to the kill or in-job restart
+    startup_hang_timeout_s: float  # same, for a hang during start-up
+    in_job_restarts: int  # per allocation
+    crash_detect_s: float  # an in-job launcher sees a dead rank after this
+    daemon: bool  # ftslurm: start now, node exclusion, straggler moves
+
+
+POLICIES = (
+    Policy("plain", "plain requeue", requeue=True, auto_continue=True, signal_lead_s=None,
+           save_on_preempt=False, hang_timeout_s=NCCL_WATCHDOG_S,
+           startup_hang_timeout_s=NCCL_WATCHDOG_S, in_job_restarts=0, crash_detect_s=0.0,
+           daemon=False),
+    Policy("submitit", "submitit", requeue=False, auto_continue=False,
+           signal_lead_s=SUBMITIT_SIGNAL_DELAY_S, save_on_preempt=True,
+           hang_timeout_s=NCCL_WATCHDOG_S, startup_hang_timeout_s=NCCL_WATCHDOG_S,
+           in_job_restarts=0, crash_detect_s=0.0, daemon=False),
+    Policy("nemo", "NeMo-Run", requeue=True, auto_continue=True,
+           signal_lead_s=NEMO_SIGNAL_LEAD_S, save_on_preempt=True,
+           hang_timeout_s=NEMO_RANK_HEARTBEAT_S + NVRX_CHECK_INTERVAL_S,
+           startup_hang_timeout_s=NEMO_INITIAL_HEARTBEAT_S + NVRX_CHECK_INTERVAL_S,
+           in_job_restarts=NEMO_IN_JOB_RESTARTS, crash_detect_s=NVRX_MONITOR_S, daemon=False),
+    Policy("ftslurm", "ftslurm", requeue=True, auto_continue=True,
+           signal_lead_s=FTSLURM_SIGNAL_LEAD_S, save_on_preempt=True,
+           hang_timeout_s=FTSLURM_HANG_TIMEOUT_S + FTSLURM_MONITOR_S,
+           startup_hang_timeout_s=FTSLURM_SETUP_TIMEOUT_S + FTSLURM_MONITOR_S,
+           in_job_restarts=FTSLURM.num_in_job_restarts, crash_detect_s=FTSLURM_MONITOR_S,
+           daemon=True),
+)  # fmt: skip
+
+
+@dataclass
+class Result:
+    wall_s: float = 0.0
+    productive_s: float = 0.0
+    lost_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def count(self, what: str, n: int = 1) -> None:
+        self.counts[what] = self.counts.get(what, 0) + n
+
+    @property
+    def ettr(self) -> float:
+        return self.productive_s / self.wall_s if self.wall_s else 0.0
+
+
+class Campaign:
+    """One policy replaying one trace on a fresh virtual cluster."""
+
+    def __init__(self, trace: Trace, pol: Policy) -> None:
+        self.trace, self.pol = trace, pol
+        cfg = MockConfig(nodes=[MockNodeSpec(name=n, cpus=1) for n in trace.pool],
+                         requeue_delay_s=REQUEUE_DELAY_S, slurmd_timeout_s=SLURMD_TIMEOUT_S,
+                         kill_wait_s=KILL_WAIT_S, min_job_age_s=MIN_JOB_AGE_S)  # fmt: skip
+        self.c = VirtualCluster(cfg)
+        self.job = JobModel(work_s=10 * trace.horizon_s + DAY,
+                            checkpoint_interval_s=CHECKPOINT_INTERVAL_S,
+                            checkpoint_cost_s=CHECKPOINT_COST_S, restart_cost_s=RESTART_COST_S)
+        lead = None if pol.signal_lead_s is None else f"USR2@{int(round(pol.signal_lead_s))}"
+        self.options = JobOptions(nodes=trace.nodes, time_limit=f"0:{int(WALL_LIMIT_S)}",
+                                  requeue=pol.requeue, signal=lead)  # fmt: skip
+        self.r = Result()
+        self.humans = 0  # resubmissions by hand so far
+        # the current run and allocation
+        self.alloc: list[str] = []
+        self.alloc_serial = 0
+        self.alloc_saved = 0.0
+        self.run_serial = 0
+        self.run_start = 0.0
+        self.restarts_left = 0
+        self.in_job = False  # the next start is an in-job restart
+        self.stall: str | None = None  # why the current run is stalled (hung, detection)
+        self.last_end = 0.0  # when the last run ended
+        self.ended_at: float | None = None  # when the job became terminal (human path)
+        self.resubmit_at: float | None = None  # when a person resubmits it
+        self.carry: float | None = None  # work left while the job is out of the controller
+        # node state seen by the policy
+        self.slow: dict[str, list[float]] = {}  # node -> slowdowns of its current episodes
+        self.flags: dict[str, tuple[float, float]] = {}  # ftslurm: node -> (since, expires)
+        self.budget = ftpolicy.Budget()
+        self.looks: set[float] = set()  # times of the daemon's scheduled looks
+        self.seen_restarts = 0  # the job's restart count the daemon has seen
+        self.moved = False  # the daemon itself requeued the job (off a straggler)
+        self.c.on_start = self._on_start
+        self.c.on_run_end = self._on_run_end
+        self.c.on_end = self._on_end
+        self.jid = self.c.submit(self.options, self.job)
+
+    # ------------------------------------------------------------------ driving
+    def run(self) -> Result:
+        for f in self.trace.faults:
+            self.c.at(f.at, lambda f=f: self._fault(f))
+        horizon = self.trace.horizon_s
+        self.c.run(horizon)
+        self.c.now = horizon
+        self._finish(horizon)
+        self.r.wall_s = horizon
+        return self.r
+
+    def _finish(self, now: float) -> None:
+        """Account the end of the horizon: the run in flight, or the gap since the last."""
+        b = self.c.breakdown(self.jid)
+        if b is not None:
+            self._account(b, in_flight=True)
+            return
+        job = self.c.st.jobs.get(self.jid)
+        if self.resubmit_at is not None and self.ended_at is not None:
+            self._add("detection", self.ended_at - self.last_end)
+            self._add("human", min(now, self.resubmit_at) - self.ended_at)
+            self._add("requeue", now - self.resubmit_at)
+        elif job is not None and job.state is JobState.PENDING:
+            back = min(max(job.submit_time, self.last_end), now)
+            self._add("detection", back - self.last_end)
+            self._add("requeue", now - back)
+        else:
+            self._add("detection", now - self.last_end)
+
+    def _add(self, cause: str, seconds: float) -> None:
+        self.r.lost_s[cause] += max(0.0, seconds)
+
+    def _account(self, b: RunBreakdown, in_flight: bool = False) -> None:
+        r = self.r
+        r.productive_s += b.computed_s if in_flight else b.saved_s
+        self._add("lost_work", 0.0 if in_flight else b.computed_s - b.saved_s)
+        self._add("startup", b.startup_s)
+        self._add("checkpoint", b.checkpoint_s)
+        self._add("stragglers", b.slow_s)
+        self._add(self.stall or "hung", b.stalled_s)
+
+    # -------------------------------------------------------------- cluster hooks
+    def _on_start(self, jid: str) -> None:
+        now = self.c.now
+        self.run_serial += 1
+        self.run_start = now
+        self.stall = None
+        if self.in_job:
+            self.in_job = False
+        else:
+            self._gap(jid, now)
+            self.alloc = list(self.c.st.jobs[jid].nodes)
+            self.alloc_serial += 1
+            self.alloc_saved = 0.0
+            self.restarts_left = self.pol.in_job_restarts
+            self.r.count("allocations")
+            if self.pol.daemon:
+                for node in self.alloc:
+                    if self.slow.get(node):
+                        self._watch_straggler(node, now)
+        self._speed()
+
+    def _gap(self, jid: str, now: float) -> None:
+        """Account the time from the last run's end to this start."""
+        if self.resubmit_at is not None and self.ended_at is not None:
+            self._add("detection", self.ended_at - self.last_end)
+            self._add("human", self.resubmit_at - self.ended_at)
+            self._add("requeue", now - self.resubmit_at)
+            self.resubmit_at = self.ended_at = None
+            return
+        back = min(max(self.c.st.jobs[jid].submit_time, self.last_end), now)
+        self._add("detection", back - self.last_end)
+        self._add("requeue", now - back)
+
+    def _on_run_end(self, b: RunBreakdown) -> None:
+        self._account(b)
+        self.alloc_saved += b.saved_s
+        self.last_end = b.ended
+        self.stall = None
+
+    def _on_end(self, jid: str, state: JobState) -> None:
+        """The job ended (terminal): continue it as the policy does."""
+        if jid != self.jid:
+            return
+        self.carry = self.c.remaining.pop(jid)
+        now = self.c.now
+        self.r.count(f"ended_{state.value.lower()}")
+        if state in (JobState.COMPLETED, JobState.TIMEOUT):
+            self.r.count("wall_limits")  # a continuation (checkpointed) or a wall-limit kill
+        if self.pol.daemon:
+            self._arm(now)
+        elif state in (JobState.COMPLETED, JobState.TIMEOUT, JobState.PREEMPTED) or (
+                self.pol.auto_continue):  # fmt: skip
+            self._slurm_requeue(jid)  # the batch script's / signal handler's requeue
+        else:
+            self.ended_at = now
+            delays = self.trace.human_delays_s
+            self.resubmit_at = now + delays[self.humans % len(delays)]
+            self.humans += 1
+            self.r.count("human_resubmits")
+            self.c.at(self.resubmit_at, self._resubmit)
+
+    def _slurm_requeue(self, jid: str) -> None:
+        job = self.c.st.jobs[jid]
+        allowed, job.requeue_allowed = job.requeue_allowed, True  # its own scontrol requeue
+        model.requeue(self.c.st, jid, False, self.c.now)
+        job.requeue_allowed = allowed
+        self.c.remaining[jid] = self.carry if self.carry is not None else 0.0
+        self.carry = None
+        self.r.count("requeues")
+
+    def _resubmit(self) -> None:
+        """A person submits the job again (a fresh job: no requeue delay)."""
+        self.jid = self.c.submit(self.options, self.job)
+        self.c.remaining[self.jid] = self.carry if self.carry is not None else 0.0
+        self.carry = None
+
+    # ----------------------------------------------------------------- the faults
+    def _running(self, node: str | None = None) -> bool:
+        """Whether the job has a live run (on `node`, when given) that a fault can hit."""
+        job = self.c.st.jobs.get(self.jid)
+        run = self.c.runs.get(self.jid)
+        return (job is not None and job.state is JobState.RUNNING and run is not None
+                and run.saved_on_exit is None and (node is None or node in job.nodes))
+
+    def _fault(self, f: Fault) -> None:
+        st, now = self.c.st, self.c.now
+        n = st.nodes[f.node]
+        usable = n.status is NodeStatus.UP and n.dead_since is None
+        job = st.jobs.get(self.jid)
+        on_job = job is not None and f.node in job.nodes and job.state in (
+            JobState.RUNNING, JobState.COMPLETING)  # fmt: skip
+        if f.kind == "straggler":
+            self.slow.setdefault(f.node, []).append(f.slowdown)
+            self.c.at(now + f.duration_s, lambda: self._straggler_over(f))
+            if on_job:
+                self._speed()
+                if self.pol.daemon:
+                    self._watch_straggler(f.node, now)
+            return
+        if f.kind in ("node", "maintenance") and not usable:
+            return  # already out of service
+        if f.kind == "node":
+            if on_job and self.jid in self.c.runs:
+                self.r.count("hit_lemon" if f.lemon else "hit_node_failure")
+            self.c.fail_node(f.node)
+            self.c.at(now + REPAIR_S, lambda: model.revive_node(st, f.node))
+            if on_job and self.pol.daemon:
+                self._arm(now + SLURMD_TIMEOUT_S)
+            return
+        if f.kind == "maintenance":
+            if on_job and job is not None and job.state is JobState.RUNNING:
+                self.r.count("hit_preemption")
+                self.c.preempt(self.jid, PREEMPT_GRACE_S, self.pol.save_on_preempt)
+                if self.pol.daemon:
+                    self._arm(now)
+            model.drain_node(st, f.node, "maintenance")
+            self.c.at(now + MAINTENANCE_S, lambda: model.revive_node(st, f.node))
+            return
+        if not self._running(f.node) or self.stall is not None:
+            return
+        self.r.count(f"hit_{f.kind}")
+        if f.kind == "crash":
+            if self.restarts_left > 0:
+                self._stall("detection")
+                self._later(self.pol.crash_detect_s, self._recover)
+            else:
+                self.c.end_processes(self.jid, 1)  # srun --kill-on-bad-exit: step fails
+        elif f.kind == "hang":
+            self._stall("hung")
+            startup = now - self.run_start < RESTART_COST_S
+            wait = self.pol.startup_hang_timeout_s if startup else self.pol.hang_timeout_s
+            self._later(wait, self._recover)
+
+    def _stall(self, why: str) -> None:
+        self.stall = why
+        self.c.set_speed(self.jid, 0.0)
+
+    def _later(self, delay: float, action: Callable[[], None]) -> None:
+        """Run `action` after `delay` if the current run is still the same then."""
+        serial = self.run_serial
+        self.c.at(self.c.now + delay, lambda: action() if serial == self.run_serial
+                  and self.jid in self.c.runs else None)  # fmt: skip
+
+    def _recover(self) -> None:
+        """The launcher (or the watchdog) acts on a dead or hung rank."""
+        if self.restarts_left > 0:
+            self.restarts_left -= 1
+            self.r.count("in_job_restarts")
+            self.in_job = True
+            self.c.restart_in_job(self.jid, RESTART_COST_S)
+        else:
+            self.c.end_processes(self.jid, 1)
+
+    def _speed(self) -> None:
+        if self.stall is not None or self.jid not in self.c.runs:
+            return
+        job = self.c.st.jobs[self.jid]
+        worst = max((max(self.slow[n]) for n in job.nodes if self.slow.get(n)), default=1.0)
+        self.c.set_speed(self.jid, 1.0 / worst)
+
+    def _straggler_over(self, f: Fault) -> None:
+        self.slow[f.node].remove(f.slowdown)
+        self._speed()
+
+    # ---------------------------------------------------------- ftslurm's daemon
+    def _tick(self, t: float) -> float:
+        return (math.floor(t / DAEMON_POLL_S) + 1) * DAEMON_POLL_S
+
+    def _arm(self, t: float, fast: bool = False) -> None:
+        when = t + DAEMON_FAST_POLL_S if fast else self._tick(t)
+        if when not in self.looks:
+            self.looks.add(when)
+            self.c.at(when, lambda: self._look(when))
+
+    def _usable(self) -> list[str]:
+        return [n.name for n in self.c.st.nodes.values()
+                if n.status is NodeStatus.UP and n.dead_since is None]  # fmt: skip
+
+    def _look(self, when: float) -> None:
+        """One daemon cycle for the run: see an ending, requeue, exclude, release, start."""
+        self.looks.discard(when)
+        st, now, jid = self.c.st, self.c.now, self.jid
+        job = st.jobs.get(jid)
+        if job is None or (job.state is JobState.RUNNING and jid in self.c.runs):
+            return
+        if self.carry is not None and job.state.is_terminal:
+            self._decide(job, requeued=False)
+            model.requeue(st, jid, False, now)
+            self.c.remaining[jid], self.carry = self.carry, None
+            self.seen_restarts = job.restart_count
+            self.r.count("requeues")
+        if job.state is JobState.PENDING:
+            if job.restart_count > self.seen_restarts:  # Slurm requeued it, or we moved it
+                if not self.moved:
+                    self._decide(job, requeued=True)
+                self.moved = False
+                self.seen_restarts = job.restart_count
+            exclude = ftpolicy.plan_exclusions(self._flagged(now), self._usable(),
+                                               self.trace.nodes)  # fmt: skip
+            model.update_excluded_nodes(st, jid, list(exclude))
+            model.release(st, jid)
+            model.start_now(st, jid, now)
+        self._arm(now)  # look again until it runs
+
+    def _decide(self, job: model.MockJob, requeued: bool) -> None:
+        """The daemon's classification of the ending, for the nodes it keeps out."""
+        usable = set(self._usable())
+        ending = ftpolicy.Ending(
+            state=job.state, exit_code=job.exit_code, signal=job.signal,
+            requeued_by_scheduler=requeued, nodes=tuple(self.alloc),
+            down_nodes=tuple(n for n in self.alloc if n not in usable),
+            checkpoint_signal_sent=job.warn_sent or job.state is JobState.COMPLETED,
+            checkpoint_advanced=self.alloc_saved > 0)  # fmt: skip
+        cause = ftpolicy.classify(ending, FTSLURM)
+        d = ftpolicy.decide(cause, ending, self.budget, FTSLURM)
+        self.budget = d.budget
+        self.r.count(f"cause_{cause.value}")
+        for node, _why in d.exclude:
+            self._flag(node)
+
+    def _flag(self, node: str) -> None:
+        now = self.c.now
+        self.flags[node] = (now, now + FTSLURM.node_exclusion_ttl_s)
+        self.r.count("nodes_excluded")
+
+    def _flagged(self, now: float) -> list[str]:
+        live = [(since, n) for n, (since, exp) in self.flags.items() if exp > now]
+        return [n for _, n in sorted(live, reverse=True)]  # newest first
+
+    def _watch_straggler(self, node: str, since: float) -> None:
+        """The straggler report flags `node` after `straggler_windows` full windows below
+        the threshold; the daemon sees it at that look."""
+        interval = FTSLURM.straggler_report_interval_s
+        due = (math.floor(since / interval) + 1 + FTSLURM.straggler_windows) * interval
+        alloc = self.alloc_serial
+        self.c.at(due, lambda: self._straggler_due(node, alloc))
+
+    def _straggler_due(self, node: str, alloc: int) -> None:
+        slow = self.slow.get(node)
+        if alloc != self.alloc_serial or not slow or not self._running(node):
+            return
+        if 1.0 / max(slow) >= FTSLURM.straggler_threshold:
+            return  # not slow enough to score below the threshold
+        live = self._flagged(self.c.now)
+        if node in live:
+            return
+        self._flag(node)
+        self.r.count("stragglers_flagged")
+        exclusions = ftpolicy.plan_exclusions(self._flagged(self.c.now), self._usable(),
+                                              self.trace.nodes)  # fmt: skip
+        d = ftpolicy.straggler_move([node], self.alloc, exclusions, self.budget, FTSLURM)
+        if d is None:
+            return
+        self.budget = d.budget
+        self.r.count("straggler_moves")
+        self.moved = True
+        self.c.act(model.requeue(self.c.st, self.jid, True, self.c.now))
+        self._arm(self.c.now, fast=True)
+
+
+# ----------------------------------------------------------------------- reporting
+def simulate(seed: int, sizes: list[int], days: float) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for size in sizes:
+        trace = draw_trace(seed, size, days)
+        bound = ideal_bound(size, trace.ordinary_failures_per_node_day(), RESTART_COST_S,
+                            CHECKPOINT_COST_S)  # fmt: skip
+        per: dict[str, Any] = {}
+        for pol in POLICIES:
+            started = time.perf_counter()
+            res = Campaign(trace, pol).run()
+            per[pol.key] = {
+                "label": pol.label, "ettr": res.ettr,
+                "ratio_to_bound": res.ettr / bound["ettr"] if bound["ettr"] else 0.0,
+                "wall_s": res.wall_s, "productive_s": res.productive_s,
+                "lost_s": dict(res.lost_s), "counts": dict(sorted(res.counts.items())),
+                "sim_s": time.perf_counter() - started,
+            }  # fmt: skip
+        results[str(size)] = {"trace": trace.facts(), "bound": bound, "policies": per}
+    return results
+
+
+def assumptions() -> dict[str, Any]:
+    names = ("FAILURES_PER_NODE_DAY", "SHARE_CRASH", "SHARE_HANG", "SHARE_NODE",
+             "LEMON_FRACTION", "LEMON_SHARE", "HEALTHY_NODE_FAILURES_PER_NODE_DAY",
+             "LEMON_NODE_FAILURES_PER_NODE_DAY", "REPAIR_S", "PLANNED_PER_NODE_DAY",
+             "PREEMPT_GRACE_S", "MAINTENANCE_S", "STRAGGLER_EPISODES_PER_NODE_DAY",
+             "STRAGGLER_DURATION_S", "STRAGGLER_SLOWDOWN", "SPARE_FRACTION",
+             "CHECKPOINT_INTERVAL_S", "CHECKPOINT_COST_S", "RESTART_COST_S", "STEP_S",
+             "WALL_LIMIT_S", "SLURMD_TIMEOUT_S", "REQUEUE_DELAY_S", "KILL_WAIT_S",
+             "NCCL_WATCHDOG_S", "SUBMITIT_SIGNAL_DELAY_S", "HUMAN_RESUBMIT_MEDIAN_S",
+             "HUMAN_RESUBMIT_SIGMA", "NEMO_RANK_HEARTBEAT_S", "NEMO_INITIAL_HEARTBEAT_S",
+             "NEMO_IN_JOB_RESTARTS", "NEMO_SIGNAL_LEAD_S", "FTSLURM_HANG_TIMEOUT_S",
+             "FTSLURM_SETUP_TIMEOUT_S", "FTSLURM_SIGNAL_LEAD_S", "DAEMON_POLL_S")
+    g = globals()
+    out: dict[str, Any] = {n: g[n] for n in names}
+    out["FTSLURM_EXCLUSION_TTL_S"] = FTSLURM.node_exclusion_ttl_s
+    out["FTSLURM_STRAGGLER"] = {"interval_s": FTSLURM.straggler_report_interval_s,
+                                "windows": FTSLURM.straggler_windows,
+                                "threshold": FTSLURM.straggler_threshold}  # fmt: skip
+    return out
+
+
+def _pct(x: float, wall: float) -> str:
+    return f"{100 * x / wall:.1f}" if wall else "-"
+
+
+EVENT_COLUMNS = (("allocations", "starts"), ("hit_node_failure", "node fail"),
+                 ("hit_lemon", "lemon fail"), ("hit_crash", "crash"), ("hit_hang", "hang"),
+                 ("hit_preemption", "preempt"), ("wall_limits", "wall limit"),
+                 ("in_job_restarts", "in-job restart"), ("straggler_moves", "straggler move"),
+                 ("nodes_excluded", "excluded"), ("human_resubmits", "by hand"))
+
+
+def print_tables(out: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 140))
+    for size, entry in out["results"].items():
+        b, tr = entry["bound"], entry["trace"]
+        faults = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in
+                           sorted(tr["faults_in_pool"].items()))  # fmt: skip
+        caption = (f"ideal bound {b['ettr']:.3f}: lam = {b['failures_per_day']:.2f}/day "
+                   f"(MTTF {b['mttf_h']:.1f} h), Young/Daly interval "
+                   f"{b['interval_s'] / 60:.0f} min, u0 = {b['restart_s']:.0f} s, "
+                   f"w = {b['checkpoint_cost_s']:.0f} s, q = 0\n"
+                   f"trace: {tr['pool_nodes']} nodes in the pool ({tr['lemon_nodes']} lemons): "
+                   f"{faults}")  # fmt: skip
+        t = Table(title=f"{size} nodes, {out['days']:g} days, seed {out['seed']}: ETTR, and "
+                  "the rest of the wall time by cause (%)", caption=caption)  # fmt: skip
+        t.add_column("policy", no_wrap=True)
+        t.add_column("ETTR", justify="right")
+        t.add_column("x bound", justify="right")
+        for cause in CAUSES:
+            t.add_column(CAUSE_LABELS[cause], justify="right")
+        for p in entry["policies"].values():
+            t.add_row(p["label"], f"{p['ettr']:.3f}", f"{p['ratio_to_bound']:.3f}",
+                      *(_pct(p["lost_s"][k], p["wall_s"]) for k in CAUSES))  # fmt: skip
+        console.print(t)
+    t = Table(title="What hit the job, and what the policy did (counts)")
+    t.add_column("nodes", justify="right")
+    t.add_column("policy", no_wrap=True)
+    for _key, label in EVENT_COLUMNS:
+        t.add_column(label, justify="right")
+    for size, entry in out["results"].items():
+        for i, p in enumerate(entry["policies"].values()):
+            t.add_row(size if i == 0 else "", p["label"],
+                      *(str(p["counts"].get(k, 0)) for k, _ in EVENT_COLUMNS),
+                      end_section=i == len(entry["policies"]) - 1)  # fmt: skip
+    console.print(t)
+    console.print(f"simulated {len(out['results'])} sizes x {len(POLICIES)} policies x "
+                  f"{out['days']:g} days in {out['elapsed_s']:.1f} s")
+    for note in out["checks"]:
+        console.print(f"check: {note}")
+
+
+def checks(out: dict[str, Any]) -> list[str]:
+    """Plausibility: what should hold, and whether it did."""
+    notes: list[str] = []
+    sizes = list(out["results"])
+    for size in sizes:
+        pols = out["results"][size]["policies"]
+        best = max(pols, key=lambda k: pols[k]["ettr"])
+        over = [k for k, p in pols.items() if p["ratio_to_bound"] > 1]
+        notes.append(f"{size} nodes: highest ETTR {best}; "
+                     + (f"ABOVE the bound: {', '.join(over)}" if over else "all below the bound"))
+    if len(sizes) > 1:
+        plain = [out["results"][s]["policies"]["plain"]["ettr"] for s in sizes]
+        falls = all(a >= b for a, b in zip(plain, plain[1:], strict=False))
+        notes.append(f"plain requeue ETTR by size {' > '.join(f'{x:.3f}' for x in plain)}: "
+                     + ("falls with size" if falls else "does NOT fall monotonically"))
+    return notes
+
+
+def plot(out: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(out["results"])
+    keys = [p.key for p in POLICIES]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        ys = [out["results"][s]["policies"][key]["ettr"] for s in sizes]
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(sizes))]
+        ax1.bar(xs, ys, width, label=out["results"][sizes[0]]["policies"][key]["label"])
+    for j, s in enumerate(sizes):
+        ax1.hlines(out["results"][s]["bound"]["ettr"], j - 0.45, j + 0.45, colors="black",
+                   linestyles="dashed", label="ideal bound" if j == 0 else None)  # fmt: skip
+    ax1.set_xticks(range(len(sizes)), [f"{s} nodes" for s in sizes])
+    ax1.set_ylabel("ETTR (productive / wall time)")
+    lo = min(p["ettr"] for e in out["results"].values() for p in e["policies"].values())
+    ax1.set_ylim(max(0.0, lo - 0.1), 1.0)
+    ax1.set_title(f"ETTR, {out['days']:g} days, seed {out['seed']}")
+    ax1.legend(fontsize=8, loc="lower left")
+    big = sizes[-1]
+    bottom = [0.0] * len(keys)
+    for cause in CAUSES:
+        vals = [100 * out["results"][big]["policies"][k]["lost_s"][cause]
+                / out["results"][big]["policies"][k]["wall_s"] for k in keys]  # fmt: skip
+        ax2.bar(keys, vals, bottom=bottom, label=CAUSE_LABELS[cause])
+        bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
+    ax2.set_ylabel("% of wall time")
+    ax2.set_title(f"Where the time went, {big} nodes")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _finite(x: Any) -> Any:
+    """The same structure with infinities (no failures: no interval) as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="128,1024,2048", help="job sizes in nodes")
+    parser.add_argument("--days", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--plot", default="goodput.png", help="PNG to write ('' for none)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        parser.error("--sizes takes comma-separated integers")
+    if not sizes or min(sizes) < 1 or args.days <= 0:
+        parser.error("sizes must be positive, and --days too")
+    started = time.perf_counter()
+    results = simulate(args.seed, sizes, args.days)
+    out: dict[str, Any] = {"seed": args.seed, "days": args.days, "sizes": sizes,
+                           "policies": {p.key: p.label for p in POLICIES},
+                           "causes": list(CAUSES), "results": results,
+                           "elapsed_s": time.perf_counter() - started,
+                           "assumptions": assumptions()}  # fmt: skip
+    out["checks"] = checks(out)
+    if args.plot:
+        plot(out, args.plot)
+    if args.json:
+        json.dump(_finite(out), sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        print_tables(out)
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""The goodput benchmark (benchmarks/goodput.py): its ideal bound against the published
+worked cases, its traces, each policy's reaction to single faults on the virtual clock, and
+a smoke run of the script. No timing is asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "goodput.py"
+DAY = 86400.0
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("goodput_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+gp = _load()
+POLICY = {p.key: p for p in gp.POLICIES}
+
+
+# ------------------------------------------------------------------- the bound
+def per_s(nodes: int, per_node_day: float) -> float:
+    return nodes * per_node_day / DAY
+
+
+@pytest.mark.parametrize(("nodes", "interval_min", "queue_min", "expected"), [
+    (2048, 60, 0, 0.68),  # 16k GPUs on RSC-1, u0 = 5 min, w = 0
+    (2048, 5, 0, 0.93),
+    (1000, 30, 1, 0.906),  # 8k GPUs, q = 1 min
+    (12500, 7, 0, 0.52),  # 100k GPUs: 7 min for about 0.5
+])  # fmt: skip
+def test_kokolis_formula_reproduces_the_worked_cases(nodes, interval_min, queue_min, expected):
+    ettr = gp.kokolis_ettr(per_s(nodes, 6.5e-3), 300, interval_min * 60, 0.0, queue_min * 60)
+    assert ettr == pytest.approx(expected, abs=0.005)
+
+
+@pytest.mark.parametrize(("write_s", "restart_s", "interval_min", "expected"), [
+    (10, 600, 8, 0.91), (60, 600, 19, 0.85), (300, 600, 43, 0.74), (10, 120, 8, 0.95),
+])  # fmt: skip
+def test_bound_at_the_young_daly_interval_llama3_rate(write_s, restart_s, interval_min, expected):
+    b = gp.ideal_bound(2048, 3.79e-3, restart_s, write_s)
+    assert b["interval_s"] / 60 == pytest.approx(interval_min, abs=0.6)
+    assert b["ettr"] == pytest.approx(expected, abs=0.005)
+    assert b["mttf_h"] == pytest.approx(24 / (2048 * 3.79e-3))
+
+
+def test_young_daly_interval_worked_case_and_edges():
+    # 1024 GPUs at the RSC-1 rate, 30 s writes: 42 min
+    assert gp.young_daly_interval(30, per_s(128, 6.5e-3)) / 60 == pytest.approx(42, abs=0.6)
+    assert gp.young_daly_interval(30, 0.0) == math.inf
+    b = gp.ideal_bound(64, 0.0, 300, 60)
+    assert b["ettr"] == 1.0 and b["interval_s"] == math.inf
+
+
+def test_the_bound_is_the_best_ettr_over_intervals():
+    lam = per_s(2048, 3.79e-3)
+    best = gp.ideal_bound(2048, 3.79e-3, 300, 60)["ettr"]
+    for minutes in (5, 10, 20, 40, 60, 120):
+        assert gp.kokolis_ettr(lam, 300, minutes * 60, 60) <= best + 1e-3
+
+
+# ------------------------------------------------------------------- the trace
+def test_traces_are_deterministic_per_seed_and_follow_the_rates():
+    a, b = gp.draw_trace(7, 2048, 30), gp.draw_trace(7, 2048, 30.0)
+    assert a == b
+    assert gp.draw_trace(8, 2048, 30).faults != a.faults
+    assert len(a.pool) == 2048 + round(2048 * gp.SPARE_FRACTION)
+    assert len(a.lemons) == round(len(a.pool) * gp.LEMON_FRACTION)
+    assert [f.at for f in a.faults] == sorted(f.at for f in a.faults)
+    assert all(0 <= f.at < 30 * DAY and f.node in a.pool for f in a.faults)
+    assert all(f.node in a.lemons for f in a.faults if f.lemon)
+    everything = len([f for f in a.faults if f.kind in ("node", "crash", "hang")])
+    expected = gp.FAILURES_PER_NODE_DAY * len(a.pool) * 30
+    assert 0.75 * expected < everything < 1.25 * expected  # the fleet average (Llama 3)
+    ordinary = gp.HEALTHY_NODE_FAILURES_PER_NODE_DAY + gp.FAILURES_PER_NODE_DAY * (
+        gp.SHARE_CRASH + gp.SHARE_HANG)
+    assert a.ordinary_failures_per_node_day() == pytest.approx(ordinary, rel=0.3)
+    assert gp.LEMON_NODE_FAILURES_PER_NODE_DAY / gp.HEALTHY_NODE_FAILURES_PER_NODE_DAY \
+        == pytest.approx(206, abs=1)  # fmt: skip
+
+
+# --------------------------------------------------- single faults, each policy
+def trace(*faults, days: float = 0.5, human: float = 1800.0):
+    pool = tuple(f"n{i}" for i in range(1, 7))
+    return gp.Trace(4, days, pool, frozenset(), tuple(faults), (human,) * 8)
+
+
+def run(key: str, tr):
+    camp = gp.Campaign(tr, POLICY[key])
+    result = camp.run()
+    total = result.productive_s + sum(result.lost_s.values())
+    assert total == pytest.approx(result.wall_s)
+    return camp, result
+
+
+def test_without_faults_only_startup_and_checkpoints_cost():
+    for key in POLICY:
+        _, r = run(key, trace())
+        assert r.lost_s["startup"] == pytest.approx(gp.RESTART_COST_S)
+        others = {k: v for k, v in r.lost_s.items() if k not in ("startup", "checkpoint")}
+        assert all(v == 0 for v in others.values()), (key, others)
+
+
+def test_a_hang_waits_for_each_policys_timeout():
+    tr = trace(gp.Fault(3600.0, "hang", "n1"))
+    hung = {key: run(key, tr)[1].lost_s for key in POLICY}
+    assert hung["plain"]["hung"] == pytest.approx(gp.NCCL_WATCHDOG_S)
+    assert hung["plain"]["requeue"] == pytest.approx(gp.REQUEUE_DELAY_S + 1)
+    assert hung["submitit"]["human"] == pytest.approx(1800)
+    assert hung["nemo"]["hung"] == pytest.approx(305)  # heartbeat 300 s + 5 s check
+    assert hung["nemo"]["requeue"] == 0  # restarted in the job
+    assert hung["ftslurm"]["hung"] == pytest.approx(30.5)  # 3 x 10 s step + 0.5 s
+    assert hung["ftslurm"]["requeue"] == 0
+
+
+def test_a_hang_during_startup_meets_the_initial_timeouts():
+    tr = trace(gp.Fault(100.0, "hang", "n2"))
+    assert run("nemo", tr)[1].lost_s["hung"] == pytest.approx(1805)
+    assert run("ftslurm", tr)[1].lost_s["hung"] == pytest.approx(600.5)
+
+
+def test_a_node_failure_is_detected_by_slurm_then_requeued():
+    tr = trace(gp.Fault(3600.0, "node", "n1"))
+    # 300 s start-up, then one checkpoint cycle of 1800 + 60 s: 1440 s unsaved at 3600 s
+    for key in POLICY:
+        _, r = run(key, tr)
+        assert r.lost_s["lost_work"] == pytest.approx(1440), key
+        assert r.lost_s["detection"] == pytest.approx(gp.SLURMD_TIMEOUT_S), key
+    assert run("plain", tr)[1].lost_s["requeue"] == pytest.approx(121)
+    assert run("nemo", tr)[1].lost_s["requeue"] == pytest.approx(121)
+    assert run("ftslurm", tr)[1].lost_s["requeue"] == pytest.approx(60)  # next daemon look
+    assert run("submitit", tr)[1].lost_s["human"] == pytest.approx(1800)
+
+
+def test_a_crash_restarts_in_the_job_with_a_launcher():
+    tr = trace(gp.Fault(3600.0, "crash", "n3"))
+    plain = run("plain", tr)[1]
+    assert plain.lost_s["requeue"] == pytest.approx(121) and plain.counts["requeues"] == 1
+    for key in ("nemo", "ftslurm"):
+        _, r = run(key, tr)
+        assert r.counts["in_job_restarts"] == 1 and r.counts["allocations"] == 1
+        assert r.lost_s["requeue"] == 0 and r.lost_s["detection"] < 1
+
+
+def test_wall_limit_continuations_lose_no_work_with_a_checkpoint_signal():
+    tr = trace(days=1.5)
+    lost = {key: run(key, tr)[1] for key in POLICY}
+    assert lost["plain"].lost_s["lost_work"] > 0  # SIGTERM at the limit, no save
+    for key in ("submitit", "nemo", "ftslurm"):
+        assert lost[key].lost_s["lost_work"] == 0, key
+        assert lost[key].counts["wall_limits"] == 1
+    assert lost["ftslurm"].lost_s["requeue"] < lost["nemo"].lost_s["requeue"]
+
+
+def test_ftslurm_keeps_a_failed_node_out_where_plain_requeue_takes_it_back():
+    # n1 dies at 1 h and is repaired at 5 h; maintenance preempts the job at 6 h
+    tr = trace(gp.Fault(3600.0, "node", "n1"), gp.Fault(6 * 3600.0, "maintenance", "n2"))
+    plain, _ = run("plain", tr)
+    assert "n1" in plain.alloc
+    ft, r = run("ftslurm", tr)
+    assert "n1" not in ft.alloc and "n2" not in ft.alloc
+    assert r.lost_s["lost_work"] < run("plain", tr)[1].lost_s["lost_work"]  # saved on SIGTERM
+
+
+def test_a_persistent_straggler_slows_others_and_ftslurm_moves_off_it():
+    tr = trace(gp.Fault(3600.0, "straggler", "n2", duration_s=6 * 3600.0, slowdown=1.5))
+    plain = run("plain", tr)[1]
+    assert plain.lost_s["stragglers"] == pytest.approx(6 * 3600 * (1 - 1 / 1.5))
+    ft, r = run("ftslurm", tr)
+    assert r.counts["straggler_moves"] == 1 and "n2" not in ft.alloc
+    assert r.lost_s["stragglers"] < 300  # about 4 report windows at 2/3 speed
+    assert r.ettr > plain.ettr
+    mild = trace(gp.Fault(3600.0, "straggler", "n2", duration_s=6 * 3600.0, slowdown=1.2))
+    assert run("ftslurm", mild)[1].counts.get("straggler_moves", 0) == 0  # score 0.83 > 0.75
+
+
+# ---------------------------------------------------------------- the script
+def bench(tmp_path: Path, *args: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--sizes", "32,128", "--days", "10", "--seed", "3",
+         "--json", *args],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_script_smoke_json_plot_and_determinism(tmp_path):
+    png = tmp_path / "out.png"
+    out = bench(tmp_path, "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out["sizes"] == [32, 128] and out["days"] == 10 and out["seed"] == 3
+    assert set(out["policies"]) == {"plain", "submitit", "nemo", "ftslurm"}
+    assert set(out["results"]) == {"32", "128"}
+    for entry in out["results"].values():
+        assert 0 < entry["bound"]["ettr"] <= 1
+        assert entry["trace"]["pool_nodes"] > entry["trace"]["nodes"]
+        assert set(entry["policies"]) == set(out["policies"])
+        for p in entry["policies"].values():
+            assert set(p["lost_s"]) == set(out["causes"])
+            assert p["wall_s"] == pytest.approx(10 * DAY)
+            total = p["productive_s"] + sum(p["lost_s"].values())
+            assert total == pytest.approx(p["wall_s"], rel=1e-6)
+            assert p["ettr"] == pytest.approx(p["productive_s"] / p["wall_s"])
+            assert 0 < p["ratio_to_bound"] <= 1
+            assert p["ratio_to_bound"] == pytest.approx(p["ettr"] / entry["bound"]["ettr"])
+    again = bench(tmp_path, "--plot", "")
+
+    def strip(o: dict) -> dict:
+        o = json.loads(json.dumps(o))
+        o.pop("elapsed_s")
+        for entry in o["results"].values():
+            for p in entry["policies"].values():
+                p.pop("sim_s")
+        return o
+
+    assert strip(again) == strip(out)
