@@ -40,7 +40,8 @@ Policies
             a 60 s grid) requeues at once with start-now (no requeue delay) and keeps the
             nodes it finds down after an ending (`policy.classify`/`decide`: a NODE_FAIL's,
             a node drained for maintenance) and persistent straggler nodes out of later
-            attempts for node_exclusion_ttl_s (24 h; `policy.plan_exclusions`); the launcher
+            attempts for node_exclusion_ttl_s (24 h, doubled for a node flagged again soon,
+            up to node_exclusion_max_ttl_s, 7 d: `policy.flag_ttl`, `plan_exclusions`); the launcher
             restarts ranks in the job after a crash or a hang, with hang timeouts learned
             from earlier attempts (3 x the longest step seen, at least 30 s;
             `ftslurm.agent.launch.tightened`) plus its 0.5 s monitor interval; the
@@ -691,7 +692,8 @@ class Campaign:
 
     def _flag(self, node: str) -> None:
         now = self.c.now
-        self.flags[node] = (now, now + FTSLURM.node_exclusion_ttl_s)
+        ttl = ftpolicy.flag_ttl(self.flags.get(node), now, FTSLURM)  # repeat offenders: longer
+        self.flags[node] = (now, now + (ttl if ttl is not None else math.inf))
         self.r.count("nodes_excluded")
 
     def _flagged(self, now: float) -> list[str]:
@@ -766,6 +768,7 @@ def assumptions() -> dict[str, Any]:
     g = globals()
     out: dict[str, Any] = {n: g[n] for n in names}
     out["FTSLURM_EXCLUSION_TTL_S"] = FTSLURM.node_exclusion_ttl_s
+    out["FTSLURM_EXCLUSION_MAX_TTL_S"] = FTSLURM.node_exclusion_max_ttl_s
     out["FTSLURM_STRAGGLER"] = {"interval_s": FTSLURM.straggler_report_interval_s,
                                 "windows": FTSLURM.straggler_windows,
                                 "threshold": FTSLURM.straggler_threshold}  # fmt: skip

@@ -24,6 +24,7 @@ from ftslurm.daemon.policy import (
     checkpoint_lead,
     classify,
     decide,
+    flag_ttl,
     next_poll_interval,
     plan_exclusions,
     signal_due,
@@ -614,6 +615,7 @@ def test_settings_defaults():
         "checkpoint_signal": "USR2", "signal_backstop": True, "cause_budgets": {},
         "max_stalled_continuations": 3, "user_error_exit_codes": (),
         "exclude_failed_nodes": True, "node_exclusion_ttl_s": 86400,
+        "node_exclusion_max_ttl_s": 604800,
         "use_launcher": True, "section_timeouts": {}, "out_of_section_timeout": None,
         "grace_s": 120, "straggler_report_interval_s": 60, "straggler_threshold": 0.75,
         "straggler_windows": 3, "straggler_reference": "best", "exclude_stragglers": True,
@@ -803,3 +805,39 @@ def test_straggler_moves_are_bounded_by_the_nodes(flags, allocation, cap):
         if d is not None:
             budget, moves = d.budget, moves + 1
     assert moves <= min(cap, len(set(allocation)))
+
+
+# ---------------------------------------------------------------------------- flag_ttl
+DAY = 86400.0
+
+
+@pytest.mark.parametrize(("previous", "now", "expected"), [
+    pytest.param(None, 100 * DAY, DAY, id="first-flag"),
+    pytest.param((0.0, DAY), 1.5 * DAY, 2 * DAY, id="again-soon-after-expiry-doubles"),
+    pytest.param((0.0, DAY), 0.5 * DAY, 2 * DAY, id="again-while-flagged-doubles"),
+    pytest.param((0.0, DAY), 6 * DAY, 2 * DAY, id="again-within-a-week-doubles"),
+    pytest.param((0.0, DAY), 8 * DAY + 1, DAY, id="behaved-for-a-week-starts-over"),
+    pytest.param((0.0, 2 * DAY), 3 * DAY, 4 * DAY, id="keeps-doubling"),
+    pytest.param((0.0, 4 * DAY), 5 * DAY, 7 * DAY, id="capped"),
+    pytest.param((0.0, 7 * DAY), 8 * DAY, 7 * DAY, id="stays-at-the-cap"),
+    pytest.param((0.0, None), 5 * DAY, None, id="no-expiry-stays"),
+    pytest.param((0.0, 60.0), 120.0, 2 * DAY, id="short-manual-flag-counts-as-the-base"),
+])  # fmt: skip
+def test_flag_ttl_escalates_for_repeat_offenders(previous, now, expected):
+    assert flag_ttl(previous, now, FtSettings()) == expected
+
+
+def test_flag_ttl_without_escalation_when_the_cap_is_the_base():
+    s = FtSettings(node_exclusion_ttl_s=DAY, node_exclusion_max_ttl_s=DAY)
+    assert flag_ttl((0.0, DAY), 1.5 * DAY, s) == DAY
+    assert flag_ttl((0.0, DAY), 2.5 * DAY, s) == DAY
+
+
+@given(st.lists(st.floats(0, 30 * DAY), max_size=20))
+def test_flag_ttl_stays_within_base_and_cap(gaps):
+    s, previous, now = FtSettings(), None, 0.0
+    for gap in gaps:
+        now += gap
+        ttl = flag_ttl(previous, now, s)
+        assert ttl is not None and s.node_exclusion_ttl_s <= ttl <= s.node_exclusion_max_ttl_s
+        previous = (now, now + ttl)

@@ -281,3 +281,14 @@ def _check(store: Store, backend: ModelBackend, runs: list[str], ft: FtSettings)
         assert run.stalled_continuations <= ft.max_stalled_continuations
         active = backend.active_by_comment_prefix(f"ftslurm:{run_id}:")
         assert len(active) <= 1, (run_id, active)
+
+
+def test_a_node_flagged_again_soon_is_kept_out_longer(tmp_path):
+    store = Store(tmp_path / "home")
+    rec = Reconciler(store, lambda _kind: ModelBackend(), clock=lambda: 0.0)
+    ft = FtSettings()
+    day = ft.node_exclusion_ttl_s
+    rec._flag("n2", "node_fail", 0.0, ft, "r0")
+    rec._flag("n2", "node_fail", 1.5 * day, ft, "r1")  # back for half a day, failed again
+    (flag,) = store.node_flags()
+    assert (flag.since, flag.expires_at, flag.run_id) == (1.5 * day, 3.5 * day, "r1")

@@ -65,6 +65,9 @@ class FtSettings(BaseModel):
     user_error_exit_codes: tuple[int, ...] = ()
     exclude_failed_nodes: bool = True
     node_exclusion_ttl_s: float = Field(24 * 3600, gt=0)
+    # A node flagged again within this long after its flag ran out (a "lemon") is kept out
+    # twice as long as the last time, up to this long.
+    node_exclusion_max_ttl_s: float = Field(7 * 24 * 3600, gt=0)
     # The compute side (ftslurm.agent.launch): one launcher per node restarts ranks in-job
     # and watches these timeouts (seconds; None = infinite; tightened from what earlier
     # attempts observed); `grace_s` is how long ranks get to checkpoint after SIGTERM.
@@ -309,6 +312,27 @@ def straggler_move(new_flags: Iterable[str], allocation: Iterable[str],
                  budget.stalled_continuations)  # fmt: skip
     return Decision(Verdict.CONTINUE, Cause.STRAGGLER,
                     f"moved off straggler node(s) {', '.join(moving)}", new)
+
+
+def flag_ttl(previous: tuple[float, float | None] | None, now: float,
+             settings: FtSettings) -> float | None:
+    """How long a new flag on a node lasts, given its previous flag (since, expires_at) if it
+    had one. A first flag, or one after the node behaved for `node_exclusion_max_ttl_s`
+    since its last flag ran out, gets `node_exclusion_ttl_s`. A node flagged again sooner
+    (a healthy node fails about once in 250 node-years: twice within a week marks a lemon)
+    gets twice its last TTL, at most `node_exclusion_max_ttl_s`. A flag without expiry
+    (`ftslurm nodes add` without one) stays without expiry (None)."""
+    base = settings.node_exclusion_ttl_s
+    cap = max(base, settings.node_exclusion_max_ttl_s)
+    if previous is None:
+        return base
+    since, expires_at = previous
+    if expires_at is None:
+        return None
+    last = max(expires_at - since, base)
+    if now - expires_at < cap:
+        return min(2 * last, cap)
+    return base
 
 
 def plan_exclusions(flagged: Sequence[str], usable_nodes: Iterable[str],

@@ -212,6 +212,16 @@ class Reconciler:
             return a  # not pending yet: next cycle
         return self._requeued(run, a, list(merged))
 
+    def _flag(self, node: str, why: str, now: float, settings: FtSettings,
+              run_id: str) -> None:  # fmt: skip
+        """Flag a node, for longer when it is a repeat offender (`policy.flag_ttl`)."""
+        previous = {f.node: f for f in self.store.node_flags()}.get(node)
+        ttl = policy.flag_ttl(None if previous is None else (previous.since, previous.expires_at),
+                              now, settings)  # fmt: skip
+        self.store.flag_node(NodeFlag(node=node, reason=why, since=now,
+                                      expires_at=None if ttl is None else now + ttl,
+                                      run_id=run_id))  # fmt: skip
+
     def _requeued(self, run: Run, a: Attempt, exclude: list[str] | None) -> Attempt:
         """Record that the job is back for attempt `a` (the next cycle watches it)."""
         a = replace(a, state=JobState.PENDING.value)
@@ -280,9 +290,7 @@ class Reconciler:
         new = [node for node, _ in flags]
         with self.store.transaction():
             for node, why in flags:
-                self.store.flag_node(NodeFlag(node=node, reason=why, since=now,
-                                              expires_at=now + settings.node_exclusion_ttl_s,
-                                              run_id=run.run_id))  # fmt: skip
+                self._flag(node, why, now, settings, run.run_id)
             self.store.append_event(run.run_id, "straggler", {
                 "attempt": a.attempt, "job_id": a.job_id, "nodes": new,
                 "reasons": dict(flags)}, now)  # fmt: skip
@@ -388,9 +396,7 @@ class Reconciler:
         with self.store.transaction():
             self.store.update_attempt(finished)
             for node, why in d.exclude:
-                self.store.flag_node(NodeFlag(node=node, reason=why, since=now,
-                                              expires_at=now + settings.node_exclusion_ttl_s,
-                                              run_id=run.run_id))  # fmt: skip
+                self._flag(node, why, now, settings, run.run_id)
             self.store.append_event(run.run_id, "ended", {
                 "attempt": a.attempt, "job_id": a.job_id, "state": ended_state,
                 "cause": cause.value, "verdict": d.verdict.value, "reason": d.reason,
