@@ -65,11 +65,16 @@ slurm-status: install
 slurm-destroy: install
 	$(CLUSTER) destroy
 
+# Every benchmark; results and what they mean: docs/performance.md.
 bench: install
+	$(PY) benchmarks/goodput.py --plot goodput.png
+	$(PY) benchmarks/virtual_campaign.py
+	$(PY) benchmarks/daemon_scale.py
+	$(PY) benchmarks/agent_overhead.py
+	$(PY) benchmarks/checkpoint_throughput.py
 	$(CLUSTER) up
 	$(PY) benchmarks/query_scaling.py
-	$(PY) benchmarks/virtual_campaign.py
-	$(PY) benchmarks/checkpoint_throughput.py
+	$(PY) benchmarks/slurm_recovery.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

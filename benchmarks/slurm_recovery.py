@@ -1,0 +1,552 @@
+"""Recovery latency and checkpoint-signal precision: ftslurm versus Slurm's own, on a real cluster.
+
+Two measurements, each taken for ftslurm and for plain Slurm side by side in the same run:
+
+1. Recovery latency after a node failure. Each round starts a 2-node ftslurm run (a small
+   recipe submitted with `ftslurm submit`, its own state directory and daemon) and, on the
+   two other nodes, an equivalent `sbatch --requeue` job (`srun` of the same sleeping task).
+   Both are killed at once: the slurmd of one node of each (with every job process on it,
+   as `LocalCluster.fail_node` does). Timed from the kill, and from the moment the job was
+   first seen out of RUNNING (Slurm marked it NODE_FAIL / requeued it), to the replacement
+   RUNNING again: for ftslurm the run's next attempt (the daemon's own "recovered" event,
+   failure observed -> replacement running, is reported too); for Slurm the same job id
+   running again after its own requeue (which waits its requeue delay), with a deadline of
+   240 s. Killed nodes are revived as soon as ftslurm's replacement runs, so that Slurm's
+   restart waits only for Slurm. Rounds run one after another (`--repeat` of them).
+2. Checkpoint-signal precision. `--repeat` ftslurm runs (1 node, `time="2"`,
+   `preempt_time=60`, Slurm's `--signal` backstop off: the daemon sends the signal) and
+   `--repeat` `sbatch -t 2 --signal=USR2@60` jobs (a step task) run concurrently; each rank
+   writes the wall time at which SIGUSR2 reached it. The error is arrival - due, where
+   due = StartTime + TimeLimit - 60 from `scontrol show job`.
+
+Detection time depends on the cluster's SlurmdTimeout (and the kill on KillWait): the
+settings found are printed with the results. Needs a running cluster (`make slurm-up`) and
+root (to kill a node's slurmd); every job is cancelled and every node revived, even on error.
+
+    python benchmarks/slurm_recovery.py [--repeat 3] [--only recovery|preempt] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ftslurm.daemon.store import Store
+from ftslurm.localcluster import ClusterError, LocalCluster
+
+PREEMPT_S = 60  # seconds before the wall limit the checkpoint signal is asked for
+PREEMPT_LIMIT_MIN = 2  # wall limit (minutes) of the signal jobs
+SLURM_DEADLINE_S = 240.0  # how long Slurm's own requeue gets to run the job again
+FTSLURM_DEADLINE_S = 120.0
+POLL_S = 0.25
+CONFIG_KEYS = ("SLURM_VERSION", "SlurmdTimeout", "KillWait", "MessageTimeout", "JobRequeue",
+               "MinJobAge", "SchedulerType", "SchedulerParameters", "SchedulerTimeSlice",
+               "ReturnToService", "OverTimeLimit")  # fmt: skip
+
+# The rank: records when SIGUSR2 reaches it (wall time, atomically), then sleeps on until
+# it is cancelled; the file `<out>.ready` says when it was able to catch the signal.
+RANK = r'''
+import os, signal, sys, time
+out = sys.argv[1]
+
+def write(path, value):
+    with open(path + ".tmp", "w") as f:
+        f.write(repr(value))
+    os.replace(path + ".tmp", path)
+
+def caught(signum, frame):
+    if not os.path.exists(out):
+        write(out, time.time())
+
+signal.signal(signal.SIGUSR2, caught)
+write(out + ".ready", time.time())
+while True:
+    time.sleep(1)
+'''
+
+
+# ------------------------------------------------------------------------ helpers
+def sh(*argv: str, check: bool = True, timeout: float = 30) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: "
+                           f"{(proc.stderr or proc.stdout).strip()}")  # fmt: skip
+    return proc.stdout
+
+
+def slurm_config() -> dict[str, str]:
+    found = {}
+    for line in sh("scontrol", "show", "config").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() in CONFIG_KEYS:
+            found[key.strip()] = value.strip()
+    return found
+
+
+def show_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o` as a dict ({} once the job is gone)."""
+    out = sh("scontrol", "show", "job", "-o", job_id, check=False)
+    fields = {}
+    for token in out.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields.setdefault(key, value)
+    return fields
+
+
+def states(job_ids: list[str]) -> dict[str, str]:
+    """{job id: state} for these jobs, in one squeue call (finished ones included)."""
+    ids = [j for j in job_ids if j]
+    if not ids:
+        return {}
+    out = sh("squeue", "-h", "--states=all", "-j", ",".join(ids), "-o", "%i|%T", check=False)
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def epoch(slurm_time: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(slurm_time, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def limit_s(text: str) -> float:
+    """Slurm's TimeLimit ([D-]HH:MM:SS or MM:SS) in seconds."""
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def sbatch(*args: str) -> str:
+    return sh("sbatch", "--parsable", *args).strip().split(";")[0]
+
+
+def summary(values: list[float | None], absolute: bool = False) -> dict[str, Any]:
+    got = [abs(v) if absolute else v for v in values if v is not None]
+    if not got:
+        return {"n": 0, "median": None, "min": None, "max": None}
+    return {"n": len(got), "median": round(statistics.median(got), 3),
+            "min": round(min(got), 3), "max": round(max(got), 3)}  # fmt: skip
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
+
+
+def rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+class Ftslurm:
+    """`ftslurm` as a user runs it, with its own state directory (and so its own daemon)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = dict(os.environ, FTSLURM_HOME=str(home))
+        self.runs: list[str] = []
+        self._store: Store | None = None
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        proc = subprocess.run([sys.executable, "-m", "ftslurm", *args], env=self.env,
+                              cwd=self.home.parent, capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"ftslurm {' '.join(args)} exited {proc.returncode}: "
+                               f"{proc.stderr.strip() or proc.stdout.strip()}")  # fmt: skip
+        return proc.stdout
+
+    def submit(self, recipe: Path) -> str:
+        run_id = json.loads(self("submit", "--json", str(recipe)))["run_id"]
+        self.runs.append(run_id)
+        return run_id
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(self.home)
+        return self._store
+
+    def cancel(self, run_id: str) -> None:
+        self("cancel", run_id, check=False)
+
+    def close(self) -> None:
+        for run_id in self.runs:
+            self.cancel(run_id)
+        self("daemon", "stop", check=False)
+        if self._store is not None:
+            self._store.close()
+
+
+def write_recipe(folder: Path, name: str, rank: Path, out: Path, **settings: Any) -> Path:
+    path = folder / f"{name}.py"
+    fields = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+    path.write_text("import sys\nimport ftslurm\n"
+                    f"recipe = ftslurm.Recipe(command=[sys.executable, {str(rank)!r}, "
+                    f"{str(out)!r}], {fields})\n")  # fmt: skip
+    return path
+
+
+def wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(POLL_S)
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class Bench:
+    def __init__(self, cluster: LocalCluster, tmp: Path) -> None:
+        self.cluster = cluster
+        self.tmp = tmp
+        self.rank = tmp / "rank.py"
+        self.rank.write_text(RANK)
+        self.jobs: list[str] = []  # plain sbatch jobs to cancel
+        self.clis: list[Ftslurm] = []
+        self.killed: set[str] = set()
+        self.lock = threading.Lock()
+
+    # ------------------------------------------------------------------ cleanup
+    def revive(self, nodes: list[str]) -> None:
+        for node in nodes:
+            with self.lock:
+                if node not in self.killed:
+                    continue
+            self.cluster.revive_node(node, timeout=90)
+            with self.lock:
+                self.killed.discard(node)
+
+    def cleanup(self) -> None:
+        for job in self.jobs:
+            sh("scancel", job, check=False)
+        for cli in self.clis:
+            with contextlib.suppress(Exception):
+                cli.close()
+        for node in sorted(self.killed):
+            with contextlib.suppress(Exception):
+                self.cluster.revive_node(node, timeout=90)
+        self.killed.clear()
+
+    def slurm_job(self, *args: str, out: Path) -> str:
+        job = sbatch(f"--output={self.tmp / 'slurm-%j.out'}", f"--chdir={self.tmp}", *args,
+                     f"--wrap=srun {sys.executable} {self.rank} {out}")  # fmt: skip
+        self.jobs.append(job)
+        return job
+
+    # ---------------------------------------------------------------- recovery
+    def recovery_round(self, i: int, log: Callable[[str], None]) -> dict[str, Any]:
+        self.cluster.wait_nodes_idle(timeout=120)
+        folder = self.tmp / f"recovery-{i}"
+        folder.mkdir()
+        cli = Ftslurm(folder / "home")
+        self.clis.append(cli)
+        recipe = write_recipe(folder, "sleeper", self.rank, folder / "ft.signal", nodes=2,
+                              ntasks_per_node=1, time="10", num_job_retries_on_failure=3)
+        run_id = cli.submit(recipe)
+
+        def ft_running() -> Any:
+            a = cli.store.latest_attempt(run_id)
+            return a if a and a.state == "RUNNING" and len(a.nodes) == 2 else None
+
+        first = wait(ft_running, 90, "the ftslurm run to be RUNNING")
+        ft_job = first.job_id or ""
+        others = [n for n in self.cluster.layout.node_names if n not in first.nodes][:2]
+        sl_job = self.slurm_job("--requeue", "-N", "2", "--ntasks-per-node=1", "-t", "10",
+                                f"--nodelist={','.join(others)}", out=folder / "sl.signal")
+        wait(lambda: states([sl_job]).get(sl_job) == "RUNNING", 60,
+             "the sbatch job to be RUNNING")  # fmt: skip
+        sl_nodes = sh("squeue", "-h", "-j", sl_job, "-o", "%N").strip()
+        time.sleep(2.0)  # both tasks started
+        ft_victim, sl_victim = first.nodes[1], others[1]
+        with self.lock:
+            self.killed.update({ft_victim, sl_victim})
+        self.cluster.fail_node(ft_victim)
+        ft_kill = time.time()
+        self.cluster.fail_node(sl_victim)
+        sl_kill = time.time()
+        log(f"recovery {i + 1}: killed {ft_victim} (ftslurm job {ft_job} on "
+            f"{','.join(first.nodes)}) and {sl_victim} (sbatch job {sl_job} on {sl_nodes})")
+        ft_marked = ft_running_at = sl_marked = sl_running_at = None
+        after: threading.Thread | None = None
+        replacement = None
+
+        def release() -> None:  # ftslurm measured: its run goes, the nodes come back
+            cli.cancel(run_id)
+            self.revive([ft_victim, sl_victim])
+
+        while True:
+            now = time.time()
+            seen = states([ft_job, sl_job])
+            latest = cli.store.latest_attempt(run_id)
+            if ft_marked is None and (seen.get(ft_job) != "RUNNING" or latest.attempt > 0):
+                ft_marked = now
+            if ft_running_at is None and after is None:
+                if latest.attempt > 0 and latest.state == "RUNNING":
+                    ft_running_at, replacement = now, latest
+                if ft_running_at is not None or now - ft_kill > FTSLURM_DEADLINE_S:
+                    after = threading.Thread(target=release, daemon=True)
+                    after.start()
+            if sl_marked is None and seen.get(sl_job) != "RUNNING":
+                sl_marked = now
+            elif sl_marked is not None and seen.get(sl_job) == "RUNNING":
+                sl_running_at = now
+            if sl_running_at is not None or now - sl_kill > SLURM_DEADLINE_S:
+                if after is not None:
+                    break
+            time.sleep(POLL_S)
+        sl_info = show_job(sl_job)
+        sh("scancel", sl_job, check=False)
+        after.join(timeout=150)
+        recovered = [e for e in cli.store.events(run_id) if e.kind == "recovered"]
+        sl_start = epoch(sl_info.get("StartTime", "")) if sl_running_at else None
+        result = {
+            "ftslurm": {
+                "run_id": run_id, "job_id": ft_job, "nodes": first.nodes, "killed": ft_victim,
+                "replacement_nodes": replacement.nodes if replacement else None,
+                "replacement_job_id": replacement.job_id if replacement else None,
+                "kill_to_marked_s": rounded(ft_marked - ft_kill if ft_marked else None),
+                "kill_to_running_s": rounded(ft_running_at - ft_kill if ft_running_at
+                                             else None),
+                "marked_to_running_s": rounded(ft_running_at - ft_marked
+                                               if ft_running_at and ft_marked else None),
+                "daemon_recovered_latency_s": recovered[0].data["latency_s"] if recovered
+                else None,
+            },
+            "slurm": {
+                "job_id": sl_job, "nodes": sl_nodes, "killed": sl_victim,
+                "restarted": sl_running_at is not None,
+                "restarts": sl_info.get("Restarts"),
+                "kill_to_marked_s": rounded(sl_marked - sl_kill if sl_marked else None),
+                "kill_to_running_s": rounded(sl_running_at - sl_kill if sl_running_at
+                                             else None),
+                "marked_to_running_s": rounded(sl_running_at - sl_marked
+                                               if sl_running_at and sl_marked else None),
+                "start_time_minus_kill_s": rounded(sl_start - sl_kill if sl_start else None, 1),
+            },
+        }  # fmt: skip
+        log(f"recovery {i + 1}: ftslurm {result['ftslurm']['kill_to_running_s']} s, "
+            f"slurm {result['slurm']['kill_to_running_s']} s")
+        cli.close()
+        return result
+
+    def recovery(self, repeat: int, log: Callable[[str], None]) -> dict[str, Any]:
+        rounds = [self.recovery_round(i, log) for i in range(repeat)]
+        out: dict[str, Any] = {"rounds": rounds}
+        for side in ("ftslurm", "slurm"):
+            out[side] = {key: summary([r[side][key] for r in rounds]) for key in
+                         ("kill_to_running_s", "marked_to_running_s", "kill_to_marked_s")}
+        out["ftslurm"]["daemon_recovered_latency_s"] = summary(
+            [r["ftslurm"]["daemon_recovered_latency_s"] for r in rounds])
+        out["slurm"]["restarted"] = sum(r["slurm"]["restarted"] for r in rounds)
+        out["slurm"]["deadline_s"] = SLURM_DEADLINE_S
+        out["ratio_slurm_to_ftslurm"] = ratio(out["slurm"]["kill_to_running_s"]["median"],
+                                              out["ftslurm"]["kill_to_running_s"]["median"])
+        return out
+
+    # ----------------------------------------------------------------- preempt
+    def preempt(self, repeat: int, log: Callable[[str], None]) -> dict[str, Any]:
+        self.cluster.wait_nodes_idle(timeout=120)
+        folder = self.tmp / "preempt"
+        folder.mkdir()
+        cli = Ftslurm(folder / "home")
+        self.clis.append(cli)
+        items: list[dict[str, Any]] = []
+        for i in range(repeat):
+            out = folder / f"ftslurm-{i}.signal"
+            recipe = write_recipe(folder, f"signal{i}", self.rank, out, nodes=1,
+                                  ntasks_per_node=1, time=str(PREEMPT_LIMIT_MIN),
+                                  preempt_time=PREEMPT_S, signal_backstop=False,
+                                  num_job_retries_on_failure=0)  # fmt: skip
+            items.append({"source": "ftslurm", "run_id": cli.submit(recipe), "out": out})
+        for i in range(repeat):
+            out = folder / f"slurm-{i}.signal"
+            job = self.slurm_job("-N", "1", "-n", "1", "-t", str(PREEMPT_LIMIT_MIN),
+                                 f"--signal=USR2@{PREEMPT_S}", out=out)  # fmt: skip
+            items.append({"source": "slurm", "job_id": job, "out": out})
+        log(f"preempt: {repeat} ftslurm runs and {repeat} sbatch --signal jobs submitted")
+        deadline = time.time() + 90 + PREEMPT_LIMIT_MIN * 60 + 15
+        while time.time() < deadline:
+            pending = False
+            for item in items:
+                if "run_id" in item and not item.get("job_id"):
+                    a = cli.store.latest_attempt(item["run_id"])
+                    item["job_id"] = a.job_id if a else None
+                if "done" in item:
+                    continue
+                pending = True
+                if item.get("job_id") and "start" not in item:
+                    info = show_job(item["job_id"])
+                    if info.get("JobState") == "RUNNING":
+                        item["start"] = epoch(info["StartTime"])
+                        item["limit_s"] = limit_s(info["TimeLimit"])
+                        item["due"] = item["start"] + item["limit_s"] - PREEMPT_S
+                out: Path = item["out"]
+                if out.exists():
+                    item["arrival"] = float(out.read_text())
+                    item["done"] = True
+                elif "start" in item and time.time() > item["start"] + item["limit_s"] + 10:
+                    item["done"] = True  # the limit passed without a signal
+            if not pending:
+                break
+            time.sleep(POLL_S)
+        for item in items:
+            if "run_id" in item:
+                cli.cancel(item["run_id"])
+            elif item.get("job_id"):
+                sh("scancel", item["job_id"], check=False)
+        repeats = []
+        for item in items:
+            ready = item["out"].with_name(item["out"].name + ".ready")
+            arrival, due, start = item.get("arrival"), item.get("due"), item.get("start")
+            row = {"source": item["source"], "job_id": item.get("job_id"),
+                   "start": start, "due": due, "arrival": rounded(arrival),
+                   "received": arrival is not None,
+                   "error_s": rounded(arrival - due if arrival is not None and due else None),
+                   "rank_ready_after_start_s": rounded(float(ready.read_text()) - start
+                                                       if ready.exists() and start else None)}
+            if "run_id" in item:
+                row["run_id"] = item["run_id"]
+                sent = [e for e in cli.store.events(item["run_id"])
+                        if e.kind == "checkpoint_signal"]  # fmt: skip
+                row["daemon_sent_minus_due_s"] = rounded(sent[0].time - sent[0].data["due"]
+                                                         if sent else None)  # fmt: skip
+            repeats.append(row)
+        cli.close()
+        out: dict[str, Any] = {"preempt_time_s": PREEMPT_S, "time_limit_s":
+                               PREEMPT_LIMIT_MIN * 60, "repeats": repeats}  # fmt: skip
+        for side in ("ftslurm", "slurm"):
+            errors = [r["error_s"] for r in repeats if r["source"] == side]
+            out[side] = {"received": sum(r["received"] for r in repeats if r["source"] == side),
+                         "error_s": summary(errors), "abs_error_s": summary(errors, True)}
+        out["ratio_median_abs_error_slurm_to_ftslurm"] = ratio(
+            out["slurm"]["abs_error_s"]["median"], out["ftslurm"]["abs_error_s"]["median"])
+        out["ratio_max_abs_error_slurm_to_ftslurm"] = ratio(
+            out["slurm"]["abs_error_s"]["max"], out["ftslurm"]["abs_error_s"]["max"])
+        return out
+
+
+# -------------------------------------------------------------------------- output
+def fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def report(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    cfg = result["cluster"]
+    console.print("cluster: " + ", ".join(f"{k}={v}" for k, v in cfg.items()))
+    rec = result.get("recovery")
+    if rec:
+        table = Table(title="Recovery after a node failure (s): kill -> replacement RUNNING")
+        for col in ("round", "ftslurm kill->run", "ftslurm marked->run", "daemon latency",
+                    "slurm kill->marked", "slurm kill->run", "slurm marked->run"):
+            table.add_column(col, justify="right")
+        for i, r in enumerate(rec["rounds"]):
+            f, s = r["ftslurm"], r["slurm"]
+            table.add_row(str(i + 1), fmt(f["kill_to_running_s"]), fmt(f["marked_to_running_s"]),
+                          fmt(f["daemon_recovered_latency_s"]), fmt(s["kill_to_marked_s"]),
+                          fmt(s["kill_to_running_s"]) if s["restarted"] else "never",
+                          fmt(s["marked_to_running_s"]))  # fmt: skip
+        console.print(table)
+        table = Table(title="Recovery summary (s)")
+        for col in ("source", "measure", "n", "median", "min", "max"):
+            table.add_column(col, justify="right")
+        for side, key in (("ftslurm", "kill_to_running_s"), ("ftslurm", "marked_to_running_s"),
+                          ("ftslurm", "daemon_recovered_latency_s"),
+                          ("slurm", "kill_to_running_s"), ("slurm", "marked_to_running_s")):
+            s = rec[side][key]
+            table.add_row(side, key, str(s["n"]), fmt(s["median"]), fmt(s["min"]),
+                          fmt(s["max"]))
+        console.print(table)
+        console.print(f"Slurm restarted {rec['slurm']['restarted']}/{len(rec['rounds'])} "
+                      f"within {SLURM_DEADLINE_S:.0f}s; median kill->running ratio "
+                      f"Slurm / ftslurm = {fmt(rec['ratio_slurm_to_ftslurm'])}")
+    pre = result.get("preempt")
+    if pre:
+        table = Table(title=f"Checkpoint signal arrival - due (s), due = start + limit - "
+                            f"{pre['preempt_time_s']}s, limit {pre['time_limit_s']}s")
+        for col in ("source", "job", "received", "error", "rank ready after start"):
+            table.add_column(col, justify="right")
+        for r in pre["repeats"]:
+            table.add_row(r["source"], str(r["job_id"]), "yes" if r["received"] else "no",
+                          fmt(r["error_s"]), fmt(r["rank_ready_after_start_s"]))
+        console.print(table)
+        table = Table(title="Checkpoint signal error summary (s)")
+        for col in ("source", "received", "median error", "median |error|", "max |error|"):
+            table.add_column(col, justify="right")
+        for side in ("ftslurm", "slurm"):
+            s = pre[side]
+            table.add_row(side, str(s["received"]), fmt(s["error_s"]["median"]),
+                          fmt(s["abs_error_s"]["median"]), fmt(s["abs_error_s"]["max"]))
+        console.print(table)
+        console.print("ratio Slurm / ftslurm: median |error| "
+                      f"{fmt(pre['ratio_median_abs_error_slurm_to_ftslurm'])}, max |error| "
+                      f"{fmt(pre['ratio_max_abs_error_slurm_to_ftslurm'])}")
+    console.print(f"wall time {result['wall_s']:.0f}s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", choices=("recovery", "preempt"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    started = time.time()
+    cluster = LocalCluster()
+    os.environ.setdefault("SLURM_CONF", str(cluster.layout.slurm_conf))
+    try:
+        sh("scontrol", "ping", timeout=15)
+        config = slurm_config()
+        cluster.wait_nodes_idle(timeout=120)
+    except (OSError, RuntimeError, ClusterError, subprocess.TimeoutExpired) as exc:
+        if isinstance(exc, subprocess.TimeoutExpired):
+            why = f"{' '.join(exc.cmd)} did not answer within {exc.timeout:.0f}s"
+        else:
+            why = (str(exc).strip().splitlines() or [repr(exc)])[-1]
+        print(f"slurm_recovery: no usable Slurm cluster: {why}", file=sys.stderr)
+        return 2
+
+    def log(line: str) -> None:
+        print(f"[{time.time() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    tmp = Path(tempfile.mkdtemp(prefix="ftslurm-recovery-bench-"))
+    bench = Bench(cluster, tmp)
+    result: dict[str, Any] = {"cluster": config, "repeat": args.repeat}
+    try:
+        if args.only in (None, "preempt"):
+            result["preempt"] = bench.preempt(args.repeat, log)
+        if args.only in (None, "recovery"):
+            result["recovery"] = bench.recovery(args.repeat, log)
+    finally:
+        bench.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+    result["wall_s"] = round(time.time() - started, 1)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        report(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
