@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 
 from ftslurm.agent import progress
-from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.fsutil import fsync_dir, read_json, write_json_atomic
 
 log = logging.getLogger("ftslurm.checkpoint")
 
@@ -86,19 +86,6 @@ def _env_int(name: str, default: int) -> int:
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _sha256_file(path: Path) -> str:
@@ -321,7 +308,7 @@ class CheckpointManager:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         seconds = time.monotonic() - started
         write_json_atomic(manifest, {
             "format": MANIFEST_FORMAT, "step": int(step), "file": path.name,
@@ -510,7 +497,7 @@ def save_sharded(directory: str | Path, step: int, state_dict: dict[str, Any]) -
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     _barrier()
     return final
 

@@ -8,31 +8,42 @@ from pathlib import Path
 from typing import Any
 
 
-def write_json_atomic(path: Path | str, data: Any, mode: int = 0o644) -> None:
-    """Write `data` as JSON so that readers see the old file or the new one, never a torn
-    one: a temporary file in the same folder, fsync, rename, then fsync of the folder."""
+def fsync_dir(path: Path | str) -> None:
+    """Make a rename or creation in folder `path` durable (best effort: not every
+    filesystem lets a folder be fsynced)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(path: Path | str, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` so that readers see the old file or the new one, never a torn one: a
+    temporary file in the same folder, fsync, rename, then fsync of the folder."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path | str, data: Any, mode: int = 0o644) -> None:
+    """`data` as JSON, written atomically (`write_bytes_atomic`)."""
+    write_bytes_atomic(path, json.dumps(data).encode(), mode)
 
 
 def read_json(path: Path | str) -> Any:

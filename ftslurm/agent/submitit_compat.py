@@ -98,7 +98,7 @@ import cloudpickle
 
 from ftslurm.agent import rank as fta
 from ftslurm.agent.progress import PROGRESS_FILE
-from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.fsutil import read_json, write_bytes_atomic, write_json_atomic
 
 FOLDER = "submitit"
 MANIFEST = "continuation.json"
@@ -138,35 +138,6 @@ def _describe(function: Any) -> str:
     return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Readers see the old file or the new one: temporary file, fsync, rename, fsync dir."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def save_continuation(folder: Path, delayed: Any, sequence: int, step: int,
                       training_step: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Store `delayed` (a DelayedSubmission) as continuation number `sequence`; returns the
@@ -174,7 +145,7 @@ def save_continuation(folder: Path, delayed: Any, sequence: int, step: int,
     folder.mkdir(parents=True, exist_ok=True)
     data = cloudpickle.dumps(delayed, protocol=pickle.HIGHEST_PROTOCOL)
     name = f"continuation-{sequence:06d}.pkl"
-    _write_bytes_atomic(folder / name, data)
+    write_bytes_atomic(folder / name, data)
     manifest = {
         "format": FORMAT, "file": name, "size": len(data),
         "sha256": hashlib.sha256(data).hexdigest(), "sequence": sequence, "step": step,
