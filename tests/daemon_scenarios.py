@@ -131,12 +131,14 @@ def recipe_file(tmp_path: Path, name: str, **settings: Any) -> Path:
 
 def straggler_is_moved_off(cli: Cli, tmp_path: Path, *submit_args: str) -> dict[str, Any]:
     """Scenario: the second node of a 2 x 2 run is slowed 10-fold; its ranks score ~0.5 for
-    two 1 s windows, the daemon flags that node (and no other) and moves the running job off
-    it (requeue held, exclude, release), which then finishes elsewhere. Returns the status."""
+    two 3 s windows, the daemon flags that node (and no other) and moves the running job off
+    it (requeue held, exclude, release), which then finishes elsewhere. Returns the status.
+    (Windows of 3 s hold several steps even when a loaded machine makes a slowed step take
+    a second; a window in which a rank finished no step is not scored.)"""
     recipe = recipe_file(tmp_path, "straggler", args=[
-        "--steps", "200", "--step-time", "0.05", "--ckpt-every", "50",
+        "--steps", "300", "--step-time", "0.05", "--ckpt-every", "50",
         "--checkpoint-dir", str(tmp_path / "ckpt")],
-        straggler_report_interval_s=1.0, straggler_windows=2, stop_if_straggler=True)
+        straggler_report_interval_s=3.0, straggler_windows=2, stop_if_straggler=True)
     out = cli.submit(*submit_args, "--inject", "straggler@2:1*10", str(recipe))
     s = cli.wait_for(out["run_id"], ended, 240, "the run to end")  # under pytest-timeout
     assert s["state"] == "COMPLETED", s

@@ -33,8 +33,8 @@ def log_of(cli: Cli, run_id: str, attempt: int) -> str:
 def test_a_killed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(cli, tmp_path):
     ckpt = tmp_path / "ckpt"
     out = cli.submit("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2",
-                     "--inject", "crash@12:3", str(RECIPE), "--", "--steps", "300",
-                     "--step-time", "0.05", "--ckpt-every", "20",
+                     "--inject", "crash@20:3", str(RECIPE), "--", "--steps", "500",
+                     "--step-time", "0.05", "--ckpt-every", "10",
                      "--checkpoint-dir", str(ckpt))  # fmt: skip
     s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED", s
@@ -45,7 +45,7 @@ def test_a_killed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(cli, 
     starts = [int(n) for n in re.findall(r"starts at step (\d+) \(attempt 0,", log)]
     assert len(starts) >= 2 and starts[0] == 0 and starts[1] > 0, log[-3000:]
     report = json.loads((Path(s["run_dir"]) / "attempts" / "0" / "rank-3.json").read_text())
-    assert "crash@12:3" in report["injected"]
+    assert "crash@20:3" in report["injected"]
 
 
 def test_a_stopped_rank_is_detected_as_hung_and_restarted(cli, tmp_path):
