@@ -195,7 +195,7 @@ class MemoryScheduler:
             for j in job_ids
         }
 
-    def find_jobs(self, comment: str) -> list[JobInfo]:
+    def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
         now = time.time()
         return [self._info(j, now) for j in self.jobs.values() if j.comment == comment]
 

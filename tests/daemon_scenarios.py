@@ -1,7 +1,9 @@
 """Daemon scenarios shared by the mock and the real-cluster suites.
 
 Each scenario submits through the real CLI (`python -m ftslurm submit ...`), so the daemon
-is a separate process, as in production; the test only reads `status --json`.
+is a separate process, as in production. The test reads `status --json`; while it waits
+for a condition it reads the same summary in process from the store (a `status` process
+per poll would take most of a core from the jobs under test on a small machine).
 """
 
 from __future__ import annotations
@@ -94,17 +96,30 @@ class Cli:
     def status(self, run_id: str) -> dict[str, Any]:
         return json.loads(self("status", run_id, "--json").stdout)
 
+    def summary(self, run_id: str) -> dict[str, Any]:
+        """What `status RUN_ID --json` prints, read in this process."""
+        from ftslurm.cli.runs import run_summary
+        from ftslurm.daemon.store import Store
+
+        store = Store(self.home)
+        try:
+            run = store.get_run(run_id)
+            assert run is not None, f"no run {run_id}"
+            return json.loads(json.dumps(run_summary(store, run)))
+        finally:
+            store.close()
+
     def wait_for(self, run_id: str, pred: Callable[[dict], bool], timeout: float,
                  what: str) -> dict[str, Any]:  # fmt: skip
         deadline = time.monotonic() + timeout
-        s = self.status(run_id)
-        while time.monotonic() < deadline:
-            s = self.status(run_id)
-            if pred(s):
-                return s
-            time.sleep(0.3)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last "
-                             f"status:\n{json.dumps(s, indent=1)}")  # fmt: skip
+        s = self.status(run_id)  # once through the CLI, as a user would
+        while not pred(s):
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last "
+                                     f"status:\n{json.dumps(s, indent=1)}")  # fmt: skip
+            time.sleep(0.25)
+            s = self.summary(run_id)
+        return s
 
     def stop_daemon(self) -> None:
         self("daemon", "stop", check=False)

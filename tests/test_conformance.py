@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ftslurm.backends.mock import MockConfig, MockScheduler
+from ftslurm.backends.mock import MockConfig, MockScheduler, procs
 from ftslurm.backends.mock import controller as mock_controller
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli import CommandRunner, SlurmCliBackend
@@ -60,11 +61,20 @@ def harness(request, tmp_path, monkeypatch) -> Iterator[Harness]:
                       requeue_delay_s=8, short_limit="0:20", short_limit_s=20,
                       warn_before_s=10, node_fail_timeout_s=20, min_job_age_s=5,
                       live_source="mock")  # fmt: skip
-        stop.set()
-        thread.join()
         for job in backend.query([str(i) for i in range(1, 50)]).values():
             if job.state.is_active:
                 backend.cancel(job.job_id)
+        # the controller stays up until every process is gone (SIGKILL comes after KillWait)
+        job_dirs = [d for d in backend.store.jobs_dir.glob("*") if d.is_dir()]
+        deadline = time.monotonic() + 30
+        while any(procs.job_processes_alive(d) for d in job_dirs):
+            if time.monotonic() > deadline:
+                for d in job_dirs:
+                    procs.kill_job(d)
+                break
+            time.sleep(0.2)
+        stop.set()
+        thread.join()
         return
     cluster = request.getfixturevalue("healthy_nodes")
     backend = SlurmCliBackend(CommandRunner(timeout_s=30))
@@ -238,11 +248,19 @@ def test_finished_jobs_leave_the_controller_after_min_job_age_and_accounting_kee
 ):
     backend = harness.backend
     assert backend.cluster_facts().min_job_age_s == harness.min_job_age_s
-    job = backend.submit("#!/bin/bash\nexit 0\n", JobOptions(name="aged"))
+    before = time.time()
+    tag = f"ftslurm:aged-{uuid.uuid4().hex[:8]}:0"
+    job = backend.submit("#!/bin/bash\nexit 0\n", JobOptions(name="aged|x", comment=tag))
     submitted.append(job)
     info = wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
     assert (info.state, info.source) == (JobState.COMPLETED, harness.live_source)
+    assert [j.job_id for j in backend.find_jobs(tag)] == [job]  # the controller has it
     # Slurm purges every 60 s at most: allow MinJobAge plus one purge period and slack.
     aged = wait_job(backend, job, lambda i: i.source != harness.live_source,
                     harness.min_job_age_s + 90, "the job to age out", interval=2)  # fmt: skip
-    assert (aged.state, aged.exit_code, aged.name) == (JobState.COMPLETED, 0, "aged")
+    assert (aged.state, aged.exit_code, aged.name) == (JobState.COMPLETED, 0, "aged|x")
+    # How the daemon adopts a job it submitted but had not recorded, once it is forgotten:
+    assert backend.find_jobs(tag) == []  # the controller alone no longer knows it
+    found = backend.find_jobs(tag, since=before)  # accounting does
+    assert [(j.job_id, j.state, j.comment) for j in found] == [(job, JobState.COMPLETED, tag)]
+    assert backend.find_jobs(tag + "x", since=before) == []

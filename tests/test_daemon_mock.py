@@ -18,7 +18,7 @@ import pytest
 
 from ftslurm.backends.mock import MockScheduler
 from ftslurm.daemon.reconcile import new_run_record
-from ftslurm.daemon.records import SUBMITTING
+from ftslurm.daemon.records import SUBMITTING, Run, RunState
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
@@ -173,6 +173,19 @@ def test_unknown_run_id_is_one_line(cli):
         assert proc.returncode != 0
         assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
         assert "no run 'nope'" in proc.stderr
+
+
+def test_a_run_is_named_by_a_unique_prefix_of_its_id(cli, tmp_path):
+    train = write_train(tmp_path)
+    first = cli.submit("--dry-run", str(train), "--", "--steps", "1")
+    run_id = first["run_id"]
+    assert cli.status(run_id[:4])["run_id"] == run_id
+    Store(cli.home).add_run(Run(run_id[:4] + "zz", "other", RunState.COMPLETED, 1.0,
+                                spec={}, settings={}))  # fmt: skip
+    proc = cli("status", run_id[:4], check=False)
+    assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0
+    assert "ambiguous" in proc.stderr and run_id in proc.stderr
+    assert cli.status(run_id[:6])["run_id"] == run_id
 
 
 def test_print_script_submits_nothing(cli, tmp_path):

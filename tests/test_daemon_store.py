@@ -75,6 +75,17 @@ def test_run_round_trip(store: Store) -> None:
     assert store.get_run("r2") == minimal
 
 
+def test_find_runs_by_unique_prefix_and_exact_id(store: Store) -> None:
+    for run_id in ("ab12", "ab12cd", "ab9", "Ab1x", "a%1"):
+        store.add_run(make_run(run_id))
+    ids = lambda prefix: [r.run_id for r in store.find_runs(prefix)]  # noqa: E731
+    assert ids("ab12") == ["ab12"]  # an exact id wins over longer ids it prefixes
+    assert ids("ab1") == ["ab12", "ab12cd"]  # ambiguous: both, for the error message
+    assert ids("ab9") == ["ab9"] and ids("ab12c") == ["ab12cd"]
+    assert ids("A") == ["Ab1x"]  # case-sensitive
+    assert ids("a%") == ["a%1"] and ids("%") == [] and ids("zz") == []  # no wildcards
+
+
 def test_add_run_twice_raises(store: Store) -> None:
     store.add_run(make_run())
     with pytest.raises(StateError, match="already exists"):

@@ -163,6 +163,22 @@ def test_min_job_age_moves_ended_jobs_to_accounting():
     assert model.query(no_acct, [other], T0 + 301)[other].state is JobState.UNKNOWN
 
 
+def test_find_jobs_asks_accounting_only_with_since_and_only_when_the_controller_has_none():
+    st = cluster(min_job_age_s=300)
+    job = start(st, comment="tag-a")
+    other = start(st, T0 + 50, comment="tag-b")
+    model.advance(st, T0, {})
+    assert [j.job_id for j in model.find_jobs(st, "tag-a", None, T0)] == [job]
+    model.advance(st, T0 + 1, {job: (0, None)})
+    model.advance(st, T0 + 400, {other: (0, None)})
+    model.advance(st, T0 + 301 + 400, {})
+    assert model.find_jobs(st, "tag-a", None, T0 + 800) == []  # squeue forgot it
+    found = model.find_jobs(st, "tag-a", T0, T0 + 800)
+    assert [(j.job_id, j.source) for j in found] == [(job, "mock-accounting")]
+    assert model.find_jobs(st, "tag-a", T0 + 10, T0 + 800) == []  # submitted before `since`
+    assert [j.job_id for j in model.find_jobs(st, "tag-b", T0 + 10, T0 + 800)] == [other]
+
+
 def test_cancel_pending_is_immediate_running_goes_through_term():
     st = cluster()
     running = start(st)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ftslurm.backends.mock import MockConfig, MockScheduler
+from ftslurm.backends.mock import MockConfig, MockScheduler, procs
 from ftslurm.backends.mock.controller import controller_pid
 from ftslurm.core.types import JobOptions, JobState
 
@@ -112,3 +112,22 @@ def test_config_applies_to_new_clusters_only(tmp_path):
     home = tmp_path / "direct"
     MockScheduler(home, MockConfig(min_job_age_s=7))
     assert MockScheduler(home, MockConfig(min_job_age_s=99)).cluster_facts().min_job_age_s == 7
+
+
+def test_a_relaunched_job_is_not_ended_by_the_wrapper_of_its_previous_run(tmp_path):
+    """A node failure kills a run; the requeued run starts in the same job folder at once.
+    The first run's jobwrap must neither record its exit for the new run nor kill its
+    steps (it used to, a moment after the relaunch, and the new run "failed" with exit 0)."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    env = dict(os.environ)
+    out = str(tmp_path / "out.txt")
+    procs.launch_batch(job_dir, "#!/bin/bash\nsleep 60\n", env, str(tmp_path), out, out,
+                       kill_wait_s=0.5)  # fmt: skip
+    wait_until(lambda: procs.batch_alive(job_dir) and (job_dir / "shell.json").exists(), 10,
+               "the first run")  # fmt: skip
+    procs.kill_job(job_dir)  # the batch shell dies; its jobwrap would write exit.json next
+    procs.launch_batch(job_dir, "#!/bin/bash\nsleep 1.5\nexit 7\n", env, str(tmp_path),
+                       out, out, kill_wait_s=0.5)  # fmt: skip
+    wait_until(lambda: procs.exit_status(job_dir) is not None, 15, "the second run's end")
+    assert procs.exit_status(job_dir) == (7, None)

@@ -90,10 +90,9 @@ class ModelBackend:
         self._call("query", ",".join(job_ids))
         return self._step(lambda: (model.query(self.st, list(job_ids), self.now), []))
 
-    def find_jobs(self, comment: str) -> list[JobInfo]:
+    def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
         self._call("find_jobs", comment)
-        jobs = [*self.st.jobs.values(), *self.st.accounting.values()]
-        return [model.job_info(j, self.now, "mock") for j in jobs if j.comment == comment]
+        return self._step(lambda: (model.find_jobs(self.st, comment, since, self.now), []))
 
     def _act(self, method: str, job_id: str, fn) -> None:  # type: ignore[no-untyped-def]
         self._call(method, job_id)

@@ -50,6 +50,17 @@ def test_sacct_duplicates_count_restarts_and_last_row_is_current():
     assert jobs["68"].start_time is None and jobs["68"].end_time is None
 
 
+def test_sacct_find_format_keeps_free_text_and_reads_the_comment():
+    """Recorded with --delimiter=<unit separator>: a '|' in a job name is just text."""
+    jobs = parse.parse_sacct(recorded("sacct_find_22.05.txt"), NOW, parse.SACCT_FIND_FIELDS,
+                             parse.SEP)  # fmt: skip
+    assert (jobs["1"].name, jobs["1"].comment, jobs["1"].exit_code) == (
+        "odd|name", "ftslurm:rec1:0", 3)
+    assert (jobs["2"].state, jobs["2"].comment, jobs["2"].source) == (
+        JobState.COMPLETED, "ftslurm:rec2:1", "sacct")
+    assert parse.parse_sacct(recorded("sacct_22.05.txt"), NOW)["65"].comment is None
+
+
 def test_scontrol_records_keep_values_with_spaces():
     rec = parse.parse_scontrol_record("JobId=5 JobName=a b c Reason=Not responding ExitCode=0:9")
     assert rec == {"JobId": "5", "JobName": "a b c", "Reason": "Not responding", "ExitCode": "0:9"}

@@ -31,9 +31,11 @@ class SchedulerBackend(Protocol):
         """One observation per id, keyed by id."""
         ...
 
-    def find_jobs(self, comment: str) -> list[JobInfo]:
-        """The jobs the controller still holds whose comment is exactly `comment` (one
-        command): how the daemon finds a job it submitted but had not recorded."""
+    def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
+        """The jobs whose comment is exactly `comment`: how the daemon finds a job it
+        submitted but had not recorded. The controller is asked first (one command); when it
+        holds none and `since` is given (the earliest the job can have been submitted), the
+        accounting database is asked for jobs it has already forgotten (one more)."""
         ...
 
     def cancel(self, job_id: str) -> None:

@@ -215,10 +215,17 @@ class PyslurmBackend:
         why = "unknown to the controller and accounting"
         return {j: found.get(j) or JobInfo.unknown(j, now, why) for j in ids}
 
-    def find_jobs(self, comment: str) -> list[JobInfo]:
+    def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
         now = self.clock()
         jobs = self._call(self.pyslurm.Jobs.load, self.query_budget_s)
         infos = (job_info_from_pyslurm(job, now) for job in jobs.values())
+        live = [info for info in infos if info.comment == comment]
+        if live or since is None or not self.cluster_facts().accounting:
+            return live
+        db = self.pyslurm.db
+        flt = db.JobFilter(start_time=int(max(0.0, since - 60)))
+        ended = self._call(lambda: db.Jobs.load(flt), self.query_budget_s)
+        infos = (job_info_from_pyslurm(job, now) for job in ended.values())
         return [info for info in infos if info.comment == comment]
 
     def _job(self, job_id: str) -> Any:

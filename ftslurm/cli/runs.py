@@ -41,10 +41,14 @@ def _store() -> Store:
 
 
 def _run_or_fail(store: Store, run_id: str) -> Run:
-    run = store.get_run(run_id)
-    if run is None:
+    """The run named by its id or by a unique prefix of it (as `git` takes a commit)."""
+    runs = store.find_runs(run_id) if run_id else []
+    if not runs:
         raise ConfigError(f"no run {run_id!r} in {store.path.parent}")
-    return run
+    if len(runs) > 1:
+        names = ", ".join(r.run_id for r in runs[:5]) + (", ..." if len(runs) > 5 else "")
+        raise ConfigError(f"run id prefix {run_id!r} is ambiguous: {names}")
+    return runs[0]
 
 
 # ---------------------------------------------------------------------------- submit

@@ -50,7 +50,8 @@ def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt
                    clock: Callable[[], float] = time.time,
                    adopt: bool = True) -> Attempt:  # fmt: skip
     """Carry out a SUBMITTING intent: adopt the job that carries its tag, else submit."""
-    found = backend.find_jobs(a.tag) if adopt else []
+    # since: the run's creation, before which no job of it can have been submitted
+    found = backend.find_jobs(a.tag, since=run.created_at) if adopt else []
     if found:
         job = max(found, key=lambda j: int(j.job_id.split("_")[0]))
         a = replace(a, job_id=job.job_id, state=job.state.value,

@@ -265,6 +265,15 @@ class Store:
         rows = self._read("SELECT * FROM runs WHERE run_id = ?", (run_id,))
         return self._run(rows[0]) if rows else None
 
+    def find_runs(self, prefix: str) -> list[Run]:
+        """The runs whose id is `prefix` or starts with it (an exact id wins)."""
+        run = self.get_run(prefix)
+        if run is not None:
+            return [run]
+        rows = self._read("SELECT * FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY run_id",
+                          (len(prefix), prefix))
+        return [self._run(r) for r in rows]
+
     def list_runs(self, active_only: bool = False) -> list[Run]:
         """All runs (or those not yet in a terminal state), oldest first."""
         sql, params = "SELECT * FROM runs", ()

@@ -145,6 +145,7 @@ JobRequeue=1
 SchedulerType=sched/backfill
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/slurmdbd
+AccountingStoreFlags=job_comment
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort={lay.dbd_port}
 # The munge socket to use for slurmdbd connections (Slurm reuses this key for it).

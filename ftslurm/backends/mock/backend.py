@@ -149,9 +149,8 @@ class MockScheduler:
         ids = list(dict.fromkeys(str(j) for j in job_ids))
         return self._op(lambda st, now: (model.query(st, ids, now), []))
 
-    def find_jobs(self, comment: str) -> list[JobInfo]:
-        return self._op(lambda st, now: ([model.job_info(j, now, "mock") for j in st.jobs.values()
-                                          if j.comment == comment], []))  # fmt: skip
+    def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
+        return self._op(lambda st, now: (model.find_jobs(st, comment, since, now), []))
 
     def cancel(self, job_id: str) -> None:
         self._op(lambda st, now: (None, model.cancel(st, str(job_id), now)))

@@ -588,6 +588,15 @@ def job_info(job: MockJob, now: float, source: str) -> JobInfo:
     )  # fmt: skip
 
 
+def find_jobs(st: MockState, comment: str, since: float | None, now: float) -> list[JobInfo]:
+    """squeue's answer; when empty and `since` is given, sacct's (jobs aged out since)."""
+    live = [job_info(j, now, "mock") for j in st.jobs.values() if j.comment == comment]
+    if live or since is None:
+        return live
+    return [job_info(j, now, "mock-accounting") for j in st.accounting.values()
+            if j.comment == comment and j.submit_time >= since]  # fmt: skip
+
+
 def query(st: MockState, job_ids: list[str], now: float) -> dict[str, JobInfo]:
     result = {}
     for job_id in job_ids:

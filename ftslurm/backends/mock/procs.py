@@ -40,6 +40,7 @@ def launch_batch(
 ) -> int:
     """Start the job's batch script under a detached `jobwrap`; return jobwrap's pid."""
     job_dir = Path(job_dir)
+    reap_previous_run(job_dir)
     for stale in ("exit.json", "batch.json", "shell.json", "next_step"):
         (job_dir / stale).unlink(missing_ok=True)
     for stale in ("steps", "lost"):
@@ -66,6 +67,40 @@ def launch_batch(
     write_json_atomic(job_dir / "batch.json", {"wrapper": proc.pid})
     _forget(proc)
     return proc.pid
+
+
+def reap_previous_run(job_dir: Path, timeout_s: float = 10.0) -> None:
+    """SIGKILL what is left of the job's previous run (a requeued job) and wait until it is
+    gone: its jobwrap must not record an exit, or kill steps, after the next run started."""
+    import time
+
+    batch = _batch(job_dir)
+    wrapper = batch.get("wrapper")
+    if not _is_wrapper(wrapper, job_dir):
+        wrapper = None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if wrapper and _alive(wrapper):
+            os.kill(wrapper, signal.SIGKILL)
+        _killpg(batch.get("pgid"), signal.SIGKILL)
+        signal_steps(job_dir, signal.SIGKILL)
+        left = (wrapper and _alive(wrapper)) or _group_alive(batch.get("pgid")) or \
+            steps_alive(job_dir)
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
+
+
+def _is_wrapper(pid: int | None, job_dir: Path) -> bool:
+    """Whether `pid` is still this job's jobwrap (and not a reused pid)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"ftslurm.backends.mock.jobwrap" in argv and str(job_dir).encode() in argv
 
 
 def _forget(proc: subprocess.Popen) -> None:

@@ -122,13 +122,24 @@ class SlurmCliBackend:
             result.update(self._query_ended(missing, now))
         return {j: result[j] for j in ids}
 
-    def find_jobs(self, comment: str) -> list[JobInfo]:
+    def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
         out = self.runner.run(
             ["squeue", "-h", "--states=all", "--me", "-O", parse.SQUEUE_FORMAT],
             budget_s=self.query_budget_s,
         )  # fmt: skip
         found = parse.parse_squeue(out, self.clock())
-        return [job for job in found.values() if job.comment == comment]
+        live = [job for job in found.values() if job.comment == comment]
+        if live or since is None or not self.cluster_facts().accounting:
+            return live
+        # Ended and purged after MinJobAge: accounting still has it. A failure here raises,
+        # so the caller retries rather than submitting a duplicate.
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(0.0, since - 60)))
+        out = self.runner.run(
+            ["sacct", "-X", "-D", "-P", "-n", f"--delimiter={parse.SEP}", f"--starttime={start}",
+             "-o", parse.SACCT_FIND_FORMAT], budget_s=self.query_budget_s,
+        )  # fmt: skip
+        ended = parse.parse_sacct(out, self.clock(), parse.SACCT_FIND_FIELDS, parse.SEP)
+        return [job for job in ended.values() if job.comment == comment]
 
     def _query_ended(self, ids: list[str], now: float) -> dict[str, JobInfo]:
         """Jobs the controller has forgotten: ask accounting, or admit we cannot know."""

@@ -25,6 +25,10 @@ SQUEUE_FORMAT = ",".join(f"{f}:{SEP}" for f in SQUEUE_FIELDS)
 SACCT_FIELDS = ("JobIDRaw", "State", "ExitCode", "NodeList", "Submit", "Start", "End",
                 "TimelimitRaw", "Reason", "JobName")  # fmt: skip
 SACCT_FORMAT = ",".join(SACCT_FIELDS)
+# For finding a job by its comment in accounting (stored with AccountingStoreFlags=job_comment):
+# two free-text fields, so the unit separator delimits them (sacct -P --delimiter=SEP).
+SACCT_FIND_FIELDS = (*SACCT_FIELDS, "Comment")
+SACCT_FIND_FORMAT = ",".join(SACCT_FIND_FIELDS)
 
 _NULLS = frozenset({"", "(null)", "none", "n/a", "unknown", "none assigned"})
 
@@ -113,8 +117,10 @@ def parse_squeue(text: str, observed_at: float) -> dict[str, JobInfo]:
     return jobs
 
 
-def parse_sacct(text: str, observed_at: float) -> dict[str, JobInfo]:
-    """Parse `sacct -X -D -P -n -o SACCT_FORMAT` output.
+def parse_sacct(text: str, observed_at: float, fields: tuple[str, ...] = SACCT_FIELDS,
+                sep: str = "|") -> dict[str, JobInfo]:  # fmt: skip
+    """Parse `sacct -X -D -P -n -o SACCT_FORMAT` output (or, with `fields` and `sep`,
+    `sacct ... --delimiter=SEP -o SACCT_FIND_FORMAT`).
 
     With -D each run of a requeued job is its own row (22.05 has no Restarts field): the
     last row is the current run and the rows before it count the restarts.
@@ -123,10 +129,10 @@ def parse_sacct(text: str, observed_at: float) -> dict[str, JobInfo]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        cells = line.split("|", len(SACCT_FIELDS) - 1)
-        if len(cells) < len(SACCT_FIELDS):
+        cells = line.split(sep, len(fields) - 1)
+        if len(cells) < len(fields):
             raise SchedulerRejected(f"unexpected sacct line: {line[:120]!r}")
-        row = dict(zip(SACCT_FIELDS, cells, strict=True))
+        row = dict(zip(fields, cells, strict=True))
         rows.setdefault(row["JobIDRaw"].strip(), []).append(row)
     jobs = {}
     for job_id, runs in rows.items():
@@ -139,7 +145,8 @@ def parse_sacct(text: str, observed_at: float) -> dict[str, JobInfo]:
             submit_time=_epoch(row["Submit"]), start_time=_epoch(row["Start"]),
             end_time=_epoch(row["End"]), time_limit_s=_time_limit(row["TimelimitRaw"]),
             restart_count=len(runs) - 1, reason=_text(row["Reason"]),
-            name=_text(row["JobName"]), source="sacct",
+            name=_text(row["JobName"]), comment=_text(row.get("Comment", "")),
+            source="sacct",
         )  # fmt: skip
     return jobs
 
