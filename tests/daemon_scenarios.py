@@ -40,6 +40,11 @@ for sig in (signal.SIGUSR2, signal.SIGTERM):
 step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
 print(f"rank {rank} attempt {os.environ['FTSLURM_ATTEMPT']} starts at step {step}", flush=True)
 
+def leave(code):
+    if world > 1:  # as a real script should: exiting with gloo's threads up may abort
+        dist.destroy_process_group()
+    sys.exit(code)
+
 def save(step):
     if rank == 0:
         tmp = ckpt + ".tmp"
@@ -60,10 +65,11 @@ while step < steps:
     if stop:
         save(step)
         print(f"rank {rank} checkpointed at {step} on request", flush=True)
-        sys.exit(0)
+        leave(0)
 if rank == 0:
     progress.finished(step)
 print(f"rank {rank} finished at {step}", flush=True)
+leave(0)
 '''
 
 
