@@ -29,6 +29,7 @@ from ftslurm.daemon.policy import (
     plan_exclusions,
     signal_due,
     straggler_flags,
+    straggler_look_again,
     straggler_move,
 )
 
@@ -574,6 +575,18 @@ def test_next_poll_interval_properties(now, since_change, offsets, previous, min
         assert i == 1.0
     if not deadlines and (last_change is None or now - last_change >= 30):
         assert i >= min(previous, 60, max(1.0, min_job_age / 3))  # backs off, never shrinks
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({}, 1060.0),  # defaults: exclude_stragglers, reports every 60 s
+    ({"straggler_report_interval_s": 3}, 1003.0),
+    ({"exclude_stragglers": False, "stop_if_straggler": True,
+      "straggler_report_interval_s": 5}, 1005.0),
+    ({"exclude_stragglers": False}, None),  # nothing would act on a report
+    ({"use_launcher": False, "straggler_report_interval_s": 3}, None),  # no report written
+])  # fmt: skip
+def test_straggler_look_again(settings, expected):
+    assert straggler_look_again(FtSettings(**settings), 1000.0) == expected
 
 
 def test_next_poll_interval_backs_off_to_the_ceiling():

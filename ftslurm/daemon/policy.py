@@ -371,6 +371,16 @@ def signal_due(start: float | None, time_limit_s: float | None, lead_s: float,
     return now >= start + time_limit_s - lead_s
 
 
+def straggler_look_again(settings: FtSettings, now: float) -> float | None:
+    """When the daemon should read a running attempt's straggler report again: once per
+    report interval while the run acts on stragglers, so a persistent straggler is moved off
+    (or flagged) within about one interval rather than one back-off period (up to 60 s)."""
+    if not settings.use_launcher or not (settings.exclude_stragglers or
+                                         settings.stop_if_straggler):  # fmt: skip
+        return None
+    return now + settings.straggler_report_interval_s
+
+
 def next_poll_interval(now: float, *, last_change: float | None, deadlines: Iterable[float],
                        previous: float, min_job_age_s: float, floor: float = 1.0,
                        ceiling: float = 60.0) -> float:  # fmt: skip

@@ -236,7 +236,8 @@ class Reconciler:
     # ------------------------------------------------------------------ watching
     def _watch(self, backend: SchedulerBackend, run: Run, a: Attempt,
                info: JobInfo) -> float | None:  # fmt: skip
-        """Record what changed; send the checkpoint signal when due. Returns its deadline."""
+        """Record what changed; act on straggler reports; send the checkpoint signal when
+        due. Returns when this attempt wants the next look (None: no sooner than usual)."""
         now = self.clock()
         changed = info.state.value != a.state or (info.nodes and list(info.nodes) != a.nodes)
         if changed:
@@ -254,6 +255,14 @@ class Reconciler:
         settings = FtSettings(**run.settings)
         if self._stragglers(backend, run, a, info, settings, now):
             return None  # moved off a straggler: the requeue intent takes it from here
+        look_again = policy.straggler_look_again(settings, now)
+        signal_due_at = self._checkpoint_signal(backend, run, a, info, settings, now)
+        return min((t for t in (look_again, signal_due_at) if t is not None), default=None)
+
+    def _checkpoint_signal(self, backend: SchedulerBackend, run: Run, a: Attempt,
+                           info: JobInfo, settings: FtSettings,
+                           now: float) -> float | None:  # fmt: skip
+        """Send the checkpoint signal when due; returns when it will be due, if not yet."""
         if a.checkpoint_signal_at is not None:
             return None
         progress = read_json(Path(run.spec["run_dir"]) / "progress.json") or {}
