@@ -64,17 +64,10 @@ def harness(request, tmp_path, monkeypatch) -> Iterator[Harness]:
         for job in backend.query([str(i) for i in range(1, 50)]).values():
             if job.state.is_active:
                 backend.cancel(job.job_id)
-        # the controller stays up until every process is gone (SIGKILL comes after KillWait)
-        job_dirs = [d for d in backend.store.jobs_dir.glob("*") if d.is_dir()]
-        deadline = time.monotonic() + 30
-        while any(procs.job_processes_alive(d) for d in job_dirs):
-            if time.monotonic() > deadline:
-                for d in job_dirs:
-                    procs.kill_job(d)
-                break
-            time.sleep(0.2)
         stop.set()
         thread.join()
+        for job_dir in backend.store.jobs_dir.glob("*"):  # what ignored SIGTERM is left
+            procs.reap(job_dir)
         return
     cluster = request.getfixturevalue("healthy_nodes")
     backend = SlurmCliBackend(CommandRunner(timeout_s=30))

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def launch_batch(
 ) -> int:
     """Start the job's batch script under a detached `jobwrap`; return jobwrap's pid."""
     job_dir = Path(job_dir)
-    reap_previous_run(job_dir)
+    reap(job_dir)  # a requeued job: what is left of its previous run
     for stale in ("exit.json", "batch.json", "shell.json", "next_step"):
         (job_dir / stale).unlink(missing_ok=True)
     for stale in ("steps", "lost"):
@@ -69,11 +70,10 @@ def launch_batch(
     return proc.pid
 
 
-def reap_previous_run(job_dir: Path, timeout_s: float = 10.0) -> None:
-    """SIGKILL what is left of the job's previous run (a requeued job) and wait until it is
-    gone: its jobwrap must not record an exit, or kill steps, after the next run started."""
-    import time
-
+def reap(job_dir: Path, timeout_s: float = 10.0) -> None:
+    """SIGKILL every process of the job's current run, jobwrap included, and wait until they
+    are gone. Before a relaunch, the old jobwrap must not record an exit, or kill steps,
+    after the next run started."""
     batch = _batch(job_dir)
     wrapper = batch.get("wrapper")
     if not _is_wrapper(wrapper, job_dir):
