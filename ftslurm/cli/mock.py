@@ -50,13 +50,30 @@ def _load_config(path: Path | None, nodes: int | None, **overrides) -> MockConfi
         raise ConfigError(f"bad mock config: {where}: {first['msg']}") from None
 
 
+def _default(setting: str):
+    """A MockConfig setting's default, for the help texts."""
+    field = MockConfig.model_fields[setting]
+    return field.default_factory() if field.default_factory else field.default
+
+
 @app.command()
 def up(
-    config: Annotated[Path | None, typer.Option("--config", help="JSON MockConfig")] = None,
-    nodes: Annotated[int | None, typer.Option("--nodes", min=1)] = None,
-    slurmd_timeout: Annotated[int | None, typer.Option("--slurmd-timeout", min=0)] = None,
-    requeue_delay: Annotated[int | None, typer.Option("--requeue-delay", min=0)] = None,
-    min_job_age: Annotated[int | None, typer.Option("--min-job-age", min=0)] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="A JSON file of MockConfig settings. Default: Slurm's defaults.",
+        show_default=False)] = None,
+    nodes: Annotated[int | None, typer.Option(
+        "--nodes", min=1, help=f"Number of nodes (n1, n2, ...). Default: {len(_default('nodes'))}.",
+        show_default=False)] = None,
+    slurmd_timeout: Annotated[int | None, typer.Option(
+        "--slurmd-timeout", min=0, help="Seconds a failed node stays silent before it is "
+        f"declared DOWN (SlurmdTimeout). Default: {_default('slurmd_timeout_s')}.",
+        show_default=False)] = None,
+    requeue_delay: Annotated[int | None, typer.Option(
+        "--requeue-delay", min=0, help="Seconds a requeued job waits before it may start "
+        f"again. Default: {_default('requeue_delay_s')}.", show_default=False)] = None,
+    min_job_age: Annotated[int | None, typer.Option(
+        "--min-job-age", min=0, help="Seconds an ended job stays visible in the queue "
+        f"(MinJobAge). Default: {_default('min_job_age_s')}.", show_default=False)] = None,
 ) -> None:
     """Create the mock cluster (settings apply only when it is new) and start its controller."""
     home = mock_home()

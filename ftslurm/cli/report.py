@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ftslurm.cli.runs import JsonOpt, _fmt_time, _run_or_fail, _store, console, err
+from ftslurm.cli.runs import JsonOpt, RunArg, _fmt_time, _run_or_fail, _store, console, err
 from ftslurm.daemon.goodput import (
     CATEGORIES,
     AttemptFacts,
@@ -141,8 +141,9 @@ def _breakdown_table(rep: GoodputReport, title: str) -> Table:
 
 def _timeline_table(rep: GoodputReport) -> Table:
     table = Table("time", "+elapsed", "attempt", "kind", "what", title="timeline")
+    now = time.time()
     for e in rep.timeline:
-        table.add_row(_fmt_time(e.time), format_duration(max(0.0, e.time - rep.begin)),
+        table.add_row(_fmt_time(e.time, now), format_duration(max(0.0, e.time - rep.begin)),
                       "-" if e.attempt is None else str(e.attempt), e.kind, e.text)  # fmt: skip
     return table
 
@@ -209,11 +210,12 @@ def write_plot(rep: GoodputReport, path: Path, title: str) -> None:
 
 
 def report(
-    run_id: Annotated[str, typer.Argument()],
+    run_id: RunArg,
     plot: Annotated[
         Path | None,
         typer.Option(
-            "--plot", dir_okay=False, help="Also write a timeline/breakdown plot to this PNG file."
+            "--plot", dir_okay=False, show_default=False,
+            help="Also write a timeline/breakdown plot to this PNG file. Default: no plot.",
         ),
     ] = None,
     as_json: JsonOpt = False,
@@ -222,8 +224,8 @@ def report(
     queueing, ...) and a timeline of its attempts, in-job restarts and checkpoints."""
     with _store() as store:
         run = _run_or_fail(store, run_id)
-        attempts = store.attempts(run_id)
-        events = store.events(run_id)
+        attempts = store.attempts(run.run_id)
+        events = store.events(run.run_id)
     rep = goodput(run, attempts, events, read_compute_facts(run, attempts), time.time())
     title = (
         f"run {run.run_id} ({run.name}): {run.state.value}, goodput "

@@ -7,27 +7,39 @@ user state dir); the daemon owns the runs once submitted.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import uuid
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import hostlist
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from ftslurm.backends import create_backend, mock_home, state_dir
-from ftslurm.core.inject import parse_injections
+from ftslurm.backends import SchedulerBackend, create_backend, mock_home, state_dir
+from ftslurm.backends.slurm_cli.parse import compress_nodes
+from ftslurm.core.inject import Injection, InjectKind, parse_injections
+from ftslurm.core.types import JobState, NodeInfo, NodeState
 from ftslurm.daemon import service
 from ftslurm.daemon.reconcile import new_run_record, submit_attempt
-from ftslurm.daemon.records import SUBMITTING, NodeFlag, Run, RunState
+from ftslurm.daemon.records import SUBMITTING, Attempt, NodeFlag, Run, RunState
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
-from ftslurm.errors import ConfigError, SchedulerRejected, SchedulerUnavailable
+from ftslurm.errors import (
+    ConfigError,
+    FtslurmError,
+    SchedulerRejected,
+    SchedulerUnavailable,
+)
 from ftslurm.fsutil import private_dir
 from ftslurm.recipe import load_recipe
 
@@ -40,15 +52,37 @@ def _store() -> Store:
     return Store(state_dir())
 
 
-def _run_or_fail(store: Store, run_id: str) -> Run:
-    """The run named by its id or by a unique prefix of it (as `git` takes a commit)."""
-    runs = store.find_runs(run_id) if run_id else []
+def _run_or_fail(store: Store, ref: str) -> Run:
+    """The run that `ref` names: its id, a unique prefix of its id (as `git` takes a commit),
+    or its `--name` when no other run has it. An exact id always wins."""
+    if not ref:
+        raise ConfigError("no run given: name it by its id, a prefix of its id, or its name")
+    runs = store.find_runs(ref)
+    if len(runs) == 1 and runs[0].run_id == ref:
+        return runs[0]
+    ids = {r.run_id for r in runs}
+    runs += [r for r in store.list_runs() if r.name == ref and r.run_id not in ids]
     if not runs:
-        raise ConfigError(f"no run {run_id!r} in {store.path.parent}")
+        raise ConfigError(f"no run {ref!r} in {store.path.parent} (give a run id, a prefix "
+                          "of one, or a run's name; `ftslurm status` lists them)")  # fmt: skip
     if len(runs) > 1:
-        names = ", ".join(r.run_id for r in runs[:5]) + (", ..." if len(runs) > 5 else "")
-        raise ConfigError(f"run id prefix {run_id!r} is ambiguous: {names}")
+        shown = ", ".join(f"{r.run_id} ({r.name})" for r in runs[:5])
+        more = f" and {len(runs) - 5} more" if len(runs) > 5 else ""
+        raise ConfigError(f"{ref!r} is ambiguous: it names {shown}{more}")
     return runs[0]
+
+
+def _resolve_run_arg(value: str | None) -> str | None:
+    """The one place a RUN argument is resolved: every command gets the full run id."""
+    if value is None:
+        return None
+    with _store() as store:
+        return _run_or_fail(store, value).run_id
+
+
+_RUN_HELP = "A run id, a unique prefix of one, or a run's name (when no other run has it)."
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help=_RUN_HELP, show_default=False,
+                                       callback=_resolve_run_arg)]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- submit
@@ -118,6 +152,7 @@ def submit(
     job_id: str | None = None
     try:
         backend = create_backend(backend_kind, spec["mock_home"])
+        _warn_injections(injections, backend)
         attempt = submit_attempt(store, backend, run, attempt, adopt=False)
         job_id = attempt.job_id
     except SchedulerUnavailable as exc:
@@ -156,61 +191,218 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _fmt_time(t: float | None) -> str:
-    return datetime.fromtimestamp(t).strftime("%H:%M:%S") if t else "-"
+def _fmt_time(t: float | None, now: float | None = None) -> str:
+    """HH:MM:SS today; with the date on any other day (an expiry tomorrow must say so)."""
+    if not t:
+        return "-"
+    when = datetime.fromtimestamp(t)
+    today = datetime.fromtimestamp(time.time() if now is None else now).date()
+    return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M:%S")
+
+
+def _fmt_nodes(nodes: Sequence[str]) -> str:
+    """A node list as Slurm writes it (`n[1-2],m7`), or "-"."""
+    return compress_nodes(nodes) if nodes else "-"
 
 
 _STYLE = {"COMPLETED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan"}
 
 
-def _table(summaries: list[dict[str, Any]]) -> Table:
-    table = Table("run", "name", "state", "attempt", "job", "job state", "nodes", "retries",
-                  "cont.", "ckpt step", "reason", title="ftslurm runs")  # fmt: skip
-    for s in summaries:
-        last = s["attempts"][-1] if s["attempts"] else {}
-        style = _STYLE.get(s["state"], "")
-        table.add_row(
-            s["run_id"], s["name"], f"[{style}]{s['state']}[/]" if style else s["state"],
-            str(last.get("attempt", "-")), str(last.get("job_id") or "-"),
-            str(last.get("state", "-")), ",".join(last.get("nodes") or []) or "-",
-            f"{s['job_retries_used']}/{s['job_retries_max']}", str(s["continuations"]),
-            str(s["last_checkpoint_step"] if s["last_checkpoint_step"] is not None else "-"),
-            s["reason"] or "",
-        )  # fmt: skip
+@dataclass(frozen=True)
+class Col:
+    """A table column. `keep` ranks what stays when the terminal is narrow (higher stays
+    longer; None: never dropped, never cut: run ids, node names). `wraps`: free text that
+    may fold over several lines, so it does not need its full width."""
+
+    header: str
+    keep: int | None
+    wraps: bool = False
+
+
+_WRAPPED_MIN = 16  # the width a wrapping column is granted when deciding what fits
+_CELL_EXTRA = 3  # a cell's padding and border
+
+
+def fit_columns(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> list[int]:
+    """Which columns (indices, in order) fit `width`: drop the lowest `keep` first.
+
+    Pure: widths are measured on the cells' text (rich markup ignored)."""
+    natural = []
+    for i, col in enumerate(cols):
+        cells = [Text.from_markup(row[i]).cell_len for row in rows]
+        need = max([len(col.header), *cells])
+        natural.append(min(need, _WRAPPED_MIN) if col.wraps else need)
+    shown = list(range(len(cols)))
+    droppable = sorted((i for i, c in enumerate(cols) if c.keep is not None),
+                       key=lambda i: cols[i].keep)  # fmt: skip
+    while sum(natural[i] + _CELL_EXTRA for i in shown) + 1 > width and droppable:
+        shown.remove(droppable.pop(0))
+    return shown
+
+
+def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int,
+                 title: str | None = None) -> Table:  # fmt: skip
+    """A table for a terminal `width` columns wide: the columns that fit (`fit_columns`);
+    ids never cut, never wrapped; other cells fold (wrap) rather than end in an ellipsis."""
+    shown = fit_columns(cols, rows, width)
+    table = Table(title=title)
+    for i in shown:
+        col = cols[i]
+        if col.keep is None:
+            longest = max([len(col.header), *(Text.from_markup(r[i]).cell_len for r in rows)])
+            table.add_column(col.header, no_wrap=True, min_width=longest)
+        else:
+            table.add_column(col.header, overflow="fold")
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
     return table
 
 
+_RUN_COLS = (
+    Col("run", None), Col("name", 60, wraps=True), Col("state", 90), Col("attempt", 40),
+    Col("job", 70), Col("job state", 20), Col("nodes", 50, wraps=True), Col("retries", 30),
+    Col("cont.", 10), Col("ckpt step", 15), Col("reason", 45, wraps=True),
+)  # fmt: skip
+
+
+def _table(summaries: list[dict[str, Any]], width: int | None = None) -> Table:
+    rows = []
+    for s in summaries:
+        last = s["attempts"][-1] if s["attempts"] else {}
+        style = _STYLE.get(s["state"], "")
+        rows.append([
+            s["run_id"], escape(s["name"]),
+            f"[{style}]{s['state']}[/]" if style else s["state"],
+            str(last.get("attempt", "-")), str(last.get("job_id") or "-"),
+            str(last.get("state", "-")), _fmt_nodes(last.get("nodes") or []),
+            f"{s['job_retries_used']}/{s['job_retries_max']}", str(s["continuations"]),
+            str(s["last_checkpoint_step"] if s["last_checkpoint_step"] is not None else "-"),
+            escape(s["reason"] or ""),
+        ])  # fmt: skip
+    return fitted_table(_RUN_COLS, rows, width or console.width, title="ftslurm runs")
+
+
+_ATTEMPT_COLS = (
+    Col("attempt", None), Col("job", 80), Col("state", 90), Col("cause", 70), Col("exit", 55),
+    Col("nodes", 50, wraps=True), Col("start", 45), Col("end", 60),
+    Col("reason", 40, wraps=True),
+)  # fmt: skip
+
+
+def _attempts_table(summary: dict[str, Any], width: int, now: float) -> Table:
+    rows = [[str(a["attempt"]), str(a["job_id"] or "-"), a["state"], a["cause"] or "-",
+             str(a["exit_code"] if a["exit_code"] is not None else "-"),
+             _fmt_nodes(a["nodes"]), _fmt_time(a["start"], now), _fmt_time(a["end"], now),
+             escape(a["reason"] or "")] for a in summary["attempts"]]  # fmt: skip
+    return fitted_table(_ATTEMPT_COLS, rows, width, title=f"attempts of {summary['run_id']}")
+
+
+# ---------------------------------------------------------------------------- lost nodes
+def lost_node_notes(nodes: Sequence[str], infos: Sequence[NodeInfo], slurmd_timeout_s: int,
+                    now: float) -> list[str]:  # fmt: skip
+    """What to say about an allocation's nodes that stopped answering (pure).
+
+    Until SlurmdTimeout has passed the scheduler still counts such a node as up and the job
+    as running, so nothing else shows that anything happened."""
+    by_name = {i.name: i for i in infos}
+    notes = []
+    for name in nodes:
+        info = by_name.get(name)
+        if info is None or info.responding:
+            continue
+        if info.state in (NodeState.DOWN, NodeState.FAIL):
+            notes.append(f"{name} is down ({info.reason or 'not responding'}); the scheduler "
+                         "ends the job on it")  # fmt: skip
+        elif info.not_responding_since is not None:
+            since = info.not_responding_since
+            notes.append(f"{name} not responding since {_fmt_time(since, now)}; the scheduler "
+                         f"declares it down at about {_fmt_time(since + slurmd_timeout_s, now)} "
+                         f"(SlurmdTimeout {slurmd_timeout_s} s)")  # fmt: skip
+        else:
+            notes.append(f"{name} not responding; the scheduler declares it down once it has "
+                         f"been silent for SlurmdTimeout ({slurmd_timeout_s} s)")  # fmt: skip
+    return notes
+
+
+_HOLDING = (JobState.RUNNING.value, JobState.COMPLETING.value)
+
+
+def _lost_nodes(store: Store, runs: Sequence[Run], now: float) -> list[str]:
+    """Notes on the nodes of running attempts that stopped answering: one `nodes()` call per
+    backend, and none when no attempt runs."""
+    groups: dict[tuple[str, str | None], list[tuple[Run, Attempt]]] = {}
+    for run in runs:
+        if run.state.is_terminal:
+            continue
+        attempt = store.latest_attempt(run.run_id)
+        if attempt is None or not attempt.nodes or attempt.state not in _HOLDING:
+            continue
+        key = (run.spec.get("backend") or "slurm", run.spec.get("mock_home"))
+        groups.setdefault(key, []).append((run, attempt))
+    notes = []
+    for (kind, home), items in groups.items():
+        try:
+            backend = create_backend(kind, home)
+            infos = backend.nodes()
+            timeout = backend.cluster_facts().slurmd_timeout_s
+        except FtslurmError as exc:
+            notes.append(f"could not ask the {kind} scheduler about nodes: {exc.message}")
+            continue
+        for run, attempt in items:
+            notes += [f"run {run.run_id}: {note}"
+                      for note in lost_node_notes(attempt.nodes, infos, timeout, now)]  # fmt: skip
+    return notes
+
+
 def status(
-    run_id: Annotated[str | None, typer.Argument()] = None,
+    run_id: Annotated[str | None, typer.Argument(
+        metavar="RUN", help=f"{_RUN_HELP} Default: every run.", show_default=False,
+        callback=_resolve_run_arg)] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show runs (all, or one) with their attempts."""
+    """Show runs (all, or one) with their attempts, and nodes of a running attempt that
+    stopped answering."""
     store = _store()
     runs = [_run_or_fail(store, run_id)] if run_id else store.list_runs()
     summaries = [run_summary(store, r) for r in runs]
+    now = time.time()
+    notes = _lost_nodes(store, runs, now)
     if as_json:
-        typer.echo(json.dumps(summaries[0] if run_id else summaries, indent=1))
+        if run_id:
+            typer.echo(json.dumps({**summaries[0], "notes": notes}, indent=1))
+        else:
+            typer.echo(json.dumps(summaries, indent=1))
         return
     console.print(_table(summaries))
     if run_id:
-        attempts = Table("attempt", "job", "state", "cause", "exit", "nodes", "start", "end",
-                         "reason", title=f"attempts of {run_id}")  # fmt: skip
-        for a in summaries[0]["attempts"]:
-            attempts.add_row(str(a["attempt"]), str(a["job_id"] or "-"), a["state"],
-                             a["cause"] or "-", str(a["exit_code"] if a["exit_code"] is not None
-                                                    else "-"),
-                             ",".join(a["nodes"]) or "-", _fmt_time(a["start"]),
-                             _fmt_time(a["end"]), a["reason"] or "")  # fmt: skip
-        console.print(attempts)
+        console.print(_attempts_table(summaries[0], console.width, now))
         s = summaries[0]
         console.print(f"{s['state']}" + (f": {s['reason']}" if s["reason"] else ""),
                       markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+    for note in notes:
+        console.print(f"warning: {note}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend) -> None:
+    """One line on stderr when a dry run injects a node failure: nothing shows it until the
+    mock, like Slurm, declares the node down after its SlurmdTimeout."""
+    fails = [i for i in injections if i.kind is InjectKind.NODE_FAIL]
+    if not fails:
+        return
+    timeout = backend.cluster_facts().slurmd_timeout_s
+    err.print(f"{', '.join(i.spec() for i in fails)}: the mock notices a failed node after its "
+              f"SlurmdTimeout ({timeout} s), as Slurm does; until then `ftslurm status` shows "
+              "the node as not responding (for a shorter wait: `ftslurm mock destroy`, then "
+              "`ftslurm mock up --slurmd-timeout 20`)", markup=False, highlight=False,
+              soft_wrap=True)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- wait
 def wait(
-    run_id: Annotated[str, typer.Argument()],
-    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds.")] = None,
+    run_id: RunArg,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", help="Give up after this many seconds (exit 124). Default: no limit.",
+        show_default=False)] = None,
 ) -> None:
     """Wait for a run to end: exit 0 COMPLETED, 1 FAILED or CANCELLED, 124 on timeout."""
     store = _store()
@@ -230,7 +422,7 @@ def wait(
 
 
 # ---------------------------------------------------------------------------- cancel
-def cancel(run_id: Annotated[str, typer.Argument()]) -> None:
+def cancel(run_id: RunArg) -> None:
     """Cancel a run: its current job is cancelled and nothing is retried."""
     store = _store()
     run = _run_or_fail(store, run_id)
@@ -267,33 +459,42 @@ def _attempt_sections(text: str) -> dict[int, str]:
 
 
 def logs(
-    run_id: Annotated[str, typer.Argument()],
-    attempt: Annotated[int | None, typer.Option("--attempt", help="Default: the latest.")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+    run_id: RunArg,
+    attempt: Annotated[int | None, typer.Option(
+        "--attempt", help="Which attempt (0, 1, ...). Default: the latest.",
+        show_default=False)] = None,
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="Keep printing as the run goes on, each new attempt's output "
+        "as it starts; stop when the run ends.")] = False,
 ) -> None:
     """Print the output of an attempt (the latest by default)."""
     store = _store()
     run = _run_or_fail(store, run_id)
-    attempts = store.attempts(run_id)
+    attempts = store.attempts(run.run_id)
     chosen = attempts[-1] if attempt is None else next(
         (a for a in attempts if a.attempt == attempt), None)  # fmt: skip
     if chosen is None:
-        raise ConfigError(f"run {run_id} has no attempt {attempt}")
-    if not chosen.job_id:
-        raise ConfigError(f"attempt {chosen.attempt} of run {run_id} has no job yet")
-    path = Path(run.spec["run_dir"]) / "logs" / f"job-{chosen.job_id}.out"
-    shown = 0
+        have = f"attempts 0 to {attempts[-1].attempt}" if attempts else "no attempts"
+        raise ConfigError(f"run {run.run_id} has no attempt {attempt} (it has {have})")
+    if not chosen.job_id and not follow:
+        raise ConfigError(f"attempt {chosen.attempt} of run {run.run_id} has no job yet")
+    folder = Path(run.spec["run_dir"]) / "logs"
+    shown: dict[int, int] = {}
     while True:
-        text = path.read_text(errors="replace") if path.exists() else ""
-        section = _attempt_sections(text).get(chosen.attempt, "")
-        sys.stdout.write(section[shown:])
+        ended = run.state.is_terminal  # read before the files: their last lines are printed
+        for a in store.attempts(run.run_id) if follow else [chosen]:
+            if a.attempt < chosen.attempt or not a.job_id:
+                continue
+            path = folder / f"job-{a.job_id}.out"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            section = _attempt_sections(text).get(a.attempt, "")
+            sys.stdout.write(section[shown.get(a.attempt, 0):])
+            shown[a.attempt] = len(section)
         sys.stdout.flush()
-        shown = len(section)
-        run = _run_or_fail(store, run_id)
-        current = store.latest_attempt(run_id)
-        if not follow or run.state.is_terminal or (current and current.attempt != chosen.attempt):
+        if not follow or ended:
             return
         time.sleep(0.5)
+        run = _run_or_fail(store, run.run_id)
 
 
 # ---------------------------------------------------------------------------- nodes
@@ -307,6 +508,10 @@ def nodes_default(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         nodes_list(as_json)
 
 
+_NODE_COLS = (Col("node", None), Col("reason", 50, wraps=True), Col("since", 60),
+              Col("expires", 70), Col("run", 40))  # fmt: skip
+
+
 @nodes_app.command("list")
 def nodes_list(as_json: JsonOpt = False) -> None:
     """Show excluded nodes with their reasons and expiry."""
@@ -314,32 +519,65 @@ def nodes_list(as_json: JsonOpt = False) -> None:
     if as_json:
         typer.echo(json.dumps([f.__dict__ for f in flags]))
         return
-    table = Table("node", "reason", "since", "expires", "run", title="excluded nodes")
-    for f in flags:
-        table.add_row(f.node, f.reason, _fmt_time(f.since),
-                      _fmt_time(f.expires_at) if f.expires_at else "never", f.run_id or "-")
-    console.print(table)
+    now = time.time()
+    rows = [[f.node, escape(f.reason), _fmt_time(f.since, now),
+             _fmt_time(f.expires_at, now) if f.expires_at else "never", f.run_id or "-"]
+            for f in flags]  # fmt: skip
+    console.print(fitted_table(_NODE_COLS, rows, console.width, title="excluded nodes"))
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def node_names(text: str) -> list[str]:
+    """Node names from `n1`, `n1,n2` or a hostlist expression (`n[1-3]`), as Slurm writes
+    them; blank, whitespace and control characters are refused (pure)."""
+    if not text.strip():
+        raise ConfigError("a node name cannot be empty")
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise ConfigError(f"node name {text!r} contains whitespace or a control character")
+    try:
+        names = hostlist.expand_hostlist(text)
+    except hostlist.BadHostlist:
+        raise ConfigError(f"{text!r} is not a node name or hostlist (like n[1-3])") from None
+    bad = [n for n in names if not _NODE_NAME.fullmatch(n)]
+    if bad or not names:
+        raise ConfigError(f"{text!r} is not a node name or hostlist (like n[1-3])")
+    return names
 
 
 @nodes_app.command("add")
 def nodes_add(
-    node: Annotated[str, typer.Argument()],
-    reason: Annotated[str, typer.Option("--reason")] = "added by hand",
-    ttl: Annotated[float | None, typer.Option("--ttl", help="Seconds; default: never.")] = None,
+    node: Annotated[str, typer.Argument(metavar="NODES", show_default=False, help=(
+        "A node name, or several as Slurm writes them: n1,n2 or n[1-3]."))],
+    reason: Annotated[str, typer.Option("--reason", help="Why, shown in `nodes list`.")
+                      ] = "added by hand",
+    ttl: Annotated[float | None, typer.Option(
+        "--ttl", help="Seconds until the node may be used again. Default: never (until "
+        "`nodes remove`).", show_default=False)] = None,
 ) -> None:
-    """Keep a node out of every later attempt."""
+    """Keep nodes out of every later attempt."""
+    names = node_names(node)
+    if ttl is not None and ttl <= 0:
+        raise ConfigError(f"--ttl must be a positive number of seconds, not {ttl:g}")
     now = time.time()
-    _store().flag_node(NodeFlag(node=node, reason=reason, since=now,
-                                expires_at=now + ttl if ttl else None))  # fmt: skip
-    typer.echo(f"{node} excluded")
+    store = _store()
+    for name in names:
+        store.flag_node(NodeFlag(node=name, reason=reason, since=now,
+                                 expires_at=now + ttl if ttl else None))  # fmt: skip
+    typer.echo(f"{compress_nodes(names)} excluded")
 
 
 @nodes_app.command("remove")
-def nodes_remove(node: Annotated[str, typer.Argument()]) -> None:
-    """Let a node be used again."""
-    if not _store().unflag_node(node):
-        raise ConfigError(f"{node} is not on the exclusion list")
-    typer.echo(f"{node} no longer excluded")
+def nodes_remove(node: Annotated[str, typer.Argument(
+        metavar="NODES", show_default=False, help="A node name, n1,n2 or n[1-3].")]) -> None:
+    """Let nodes be used again."""
+    names = node_names(node)
+    store = _store()
+    missing = [n for n in names if not store.unflag_node(n)]
+    if missing:
+        raise ConfigError(f"{compress_nodes(missing)} not on the exclusion list")
+    typer.echo(f"{compress_nodes(names)} no longer excluded")
 
 
 # ---------------------------------------------------------------------------- daemon
@@ -376,7 +614,8 @@ def daemon_status(as_json: JsonOpt = False) -> None:
 
 
 @daemon_app.command("run")
-def daemon_run(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+def daemon_run(verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Log at debug level (default: info).")] = False) -> None:
     """Run the daemon in the foreground (for a systemd user unit)."""
     service.configure_logging(verbose)
     service.serve(state_dir())
@@ -384,7 +623,8 @@ def daemon_run(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False
 
 # ---------------------------------------------------------------------------- watch
 def watch(
-    interval: Annotated[float, typer.Option("--interval", help="Seconds.")] = 1.0,
+    interval: Annotated[float, typer.Option(
+        "--interval", help="Seconds between refreshes.", min=0.05)] = 1.0,
     until_done: Annotated[bool, typer.Option("--until-done",
                           help="Return when no run is active.")] = False,
 ) -> None:

@@ -57,17 +57,35 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
 @app.command()
 def submit(
     script: Annotated[Path, typer.Argument(help="the batch script to submit")],
-    nodes: Annotated[int | None, typer.Option("-N", "--nodes")] = None,
-    ntasks_per_node: Annotated[int | None, typer.Option("--ntasks-per-node")] = None,
-    time: Annotated[str | None, typer.Option("-t", "--time", help="Slurm time limit")] = None,
-    partition: Annotated[str | None, typer.Option("-p", "--partition")] = None,
-    account: Annotated[str | None, typer.Option("-A", "--account")] = None,
-    exclude: Annotated[str | None, typer.Option("--exclude", help="n1,n2")] = None,
-    name: Annotated[str | None, typer.Option("--name")] = None,
-    comment: Annotated[str | None, typer.Option("--comment")] = None,
-    hold: Annotated[bool, typer.Option("--hold")] = False,
+    nodes: Annotated[int | None, typer.Option(
+        "-N", "--nodes", help="Number of nodes. Default: the scheduler's (1).",
+        show_default=False)] = None,
+    ntasks_per_node: Annotated[int | None, typer.Option(
+        "--ntasks-per-node", help="Tasks per node. Default: the scheduler's (1).",
+        show_default=False)] = None,
+    time: Annotated[str | None, typer.Option(
+        "-t", "--time", help="Time limit in Slurm's forms (MM, HH:MM:SS, D-HH). "
+        "Default: the partition's.", show_default=False)] = None,
+    partition: Annotated[str | None, typer.Option(
+        "-p", "--partition", help="Partition. Default: the cluster's default partition.",
+        show_default=False)] = None,
+    account: Annotated[str | None, typer.Option(
+        "-A", "--account", help="Account to charge. Default: yours.",
+        show_default=False)] = None,
+    exclude: Annotated[str | None, typer.Option(
+        "--exclude", help="Nodes to keep the job off: n1,n2. Default: none.",
+        show_default=False)] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", help="Job name. Default: the script's file name.", show_default=False)
+        ] = None,
+    comment: Annotated[str | None, typer.Option(
+        "--comment", help="Job comment (free text). Default: none.", show_default=False)
+        ] = None,
+    hold: Annotated[bool, typer.Option("--hold", help="Submit held; `release` starts it.")
+                    ] = False,
     inject: Annotated[list[str] | None, typer.Option(
-        "--inject", help="KIND@TIME[:TARGET], repeatable (see docs/fault-injection.md)")] = None,
+        "--inject", help="KIND@TIME[:TARGET], repeatable (see docs/fault-injection.md). "
+        "Default: none.", show_default=False)] = None,
     backend: BackendOpt = "slurm",
     as_json: JsonOpt = False,
 ) -> None:
@@ -140,7 +158,9 @@ def exclude(
 def signal(
     job_id: str,
     sig: Annotated[str, typer.Argument(help="e.g. USR1")],
-    target: Annotated[SignalTarget, typer.Option("--target")] = SignalTarget.STEPS,
+    target: Annotated[SignalTarget, typer.Option(
+        "--target", help="steps: every task of every step; batch: the batch shell; "
+        "all: both.")] = SignalTarget.STEPS,
     backend: BackendOpt = "slurm",
 ) -> None:
     """Send a signal to a job's steps, its batch shell, or both."""

@@ -144,10 +144,16 @@ class JobInfo:
 
 @dataclass(frozen=True)
 class NodeInfo:
+    """One node as the scheduler sees it. Slurm marks a node whose slurmd stopped answering
+    with a `*` after its state (`idle*`, `alloc*`) until SlurmdTimeout has passed and it is
+    declared DOWN; `not_responding_since` is when it stopped answering, where the scheduler
+    says (the mock does; Slurm's sinfo does not)."""
+
     name: str
     state: NodeState
     raw_state: str = ""
     reason: str | None = None
+    not_responding_since: float | None = None
 
     @property
     def responding(self) -> bool:
@@ -164,6 +170,7 @@ class ClusterFacts:
     job_requeue: bool = True
     version: str = ""
     cluster_name: str = ""
+    slurmd_timeout_s: int = 300  # SlurmdTimeout: a node silent this long is declared DOWN
 
 
 @dataclass(frozen=True)

@@ -623,9 +623,12 @@ def node_infos(st: MockState) -> list[NodeInfo]:
             state, raw = NodeState.ALLOCATED, "alloc"
         else:
             state, raw = NodeState.MIXED, "mix"
+        silent_since = None
         if node.dead_since is not None and node.status is not NodeStatus.DOWN:
             raw += "*"  # not responding, not yet marked down
-        infos.append(NodeInfo(name=node.name, state=state, raw_state=raw, reason=node.reason))
+            silent_since = node.dead_since
+        infos.append(NodeInfo(name=node.name, state=state, raw_state=raw, reason=node.reason,
+                              not_responding_since=silent_since))  # fmt: skip
     return infos
 
 
@@ -633,4 +636,5 @@ def cluster_facts(st: MockState) -> ClusterFacts:
     cfg = st.config
     return ClusterFacts(min_job_age_s=cfg.min_job_age_s, accounting=cfg.accounting,
                         kill_wait_s=cfg.kill_wait_s, job_requeue=cfg.job_requeue,
-                        version="mock", cluster_name=cfg.cluster_name)  # fmt: skip
+                        version="mock", cluster_name=cfg.cluster_name,
+                        slurmd_timeout_s=cfg.slurmd_timeout_s)  # fmt: skip

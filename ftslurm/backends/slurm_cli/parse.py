@@ -190,7 +190,10 @@ def parse_scontrol_jobs(text: str, observed_at: float) -> dict[str, JobInfo]:
 
 
 def parse_sinfo_nodes(text: str) -> list[NodeInfo]:
-    """Parse `sinfo -h -N -o '%N|%t|%E'` (a node in several partitions appears once)."""
+    """Parse `sinfo -h -N -o '%N|%t|%E'` (a node in several partitions appears once).
+
+    A node that stopped answering keeps its state with a `*` suffix (`alloc*`) until
+    SlurmdTimeout passes (`NodeInfo.responding`); sinfo does not say since when."""
     nodes: dict[str, NodeInfo] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -223,6 +226,7 @@ def parse_config(text: str) -> ClusterFacts:
         job_requeue=conf.get("JobRequeue", "1") != "0",
         version=conf.get("SLURM_VERSION", ""),
         cluster_name=conf.get("ClusterName", ""),
+        slurmd_timeout_s=seconds("SlurmdTimeout", 300),
     )
 
 
