@@ -12,12 +12,14 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import typer
 from rich.console import Console
 
 from ftslurm import __version__
+from ftslurm.backends import pyslurm_backend
 from ftslurm.backends.mock import MockConfig, MockScheduler
 from ftslurm.backends.slurm_cli import parse
 from ftslurm.cli import report as report_cli
@@ -162,6 +164,14 @@ def test_sinfo_star_means_not_responding():
     assert nodes["n1"].responding
     assert not nodes["n2"].responding and nodes["n2"].state is NodeState.MIXED
     assert nodes["n2"].not_responding_since is None  # sinfo does not say since when
+
+
+def test_pyslurm_states_and_facts_carry_the_same():
+    node = SimpleNamespace(name="n2", state="MIXED+NOT_RESPONDING", reason=None)
+    info = pyslurm_backend.node_info_from_pyslurm(node)
+    assert not info.responding and info.state is NodeState.MIXED
+    facts = pyslurm_backend.facts_from_pyslurm(SimpleNamespace(slurmd_timeout=120), "23.02")
+    assert facts.slurmd_timeout_s == 120
 
 
 def test_mock_reports_a_failed_node_as_not_responding_until_slurmd_timeout(tmp_path):

@@ -123,6 +123,7 @@ def facts_from_pyslurm(config: Any, version: str) -> ClusterFacts:
         kill_wait_s=int(getattr(config, "kill_wait", 30) or 30),
         job_requeue=bool(getattr(config, "job_requeue", True)),
         version=version, cluster_name=str(getattr(config, "cluster_name", "") or ""),
+        slurmd_timeout_s=int(getattr(config, "slurmd_timeout", 300) or 300),
     )  # fmt: skip
 
 

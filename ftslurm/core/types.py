@@ -157,7 +157,9 @@ class NodeInfo:
 
     @property
     def responding(self) -> bool:
-        return not self.raw_state.endswith("*")
+        """False for sinfo's `idle*` and for the flag's name (`IDLE+NOT_RESPONDING`)."""
+        raw = self.raw_state.strip()
+        return not (raw.endswith("*") or "NOT_RESPONDING" in raw.upper())
 
 
 @dataclass(frozen=True)
