@@ -130,7 +130,9 @@ def test_update_replaces_whole_records(store: Store) -> None:
         ended_at=200.0,
     )
     store.update_run(done)
-    assert store.get_run("r1") == done
+    # all but the cancel request, which only `request_cancel` sets (a stale copy must not
+    # undo it)
+    assert store.get_run("r1") == replace(done, cancel_requested=True)
     a = replace(
         make_attempt(),
         state="COMPLETED",

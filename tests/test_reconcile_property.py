@@ -226,7 +226,7 @@ def _run_history(tmp: Path, ops, retries, node_fail_budget, nodes) -> None:  # n
         elif kind == "restart":
             rec = daemon()
         elif kind == "cancel":
-            store.update_run(_with_cancel(store, runs[arg]))
+            store.request_cancel(runs[arg], backend.now)
         _check(store, backend, runs, ft)
 
     # then a calm world (the admins bring the nodes back, the jobs that run finish): every
@@ -258,14 +258,6 @@ def _run_history(tmp: Path, ops, retries, node_fail_budget, nodes) -> None:  # n
         late = [(t, m, k) for t, m, k in backend.log
                 if t > when and m in MUTATING and (k in jobs or k in tags)]
         assert not late, (run_id, late)
-
-
-def _with_cancel(store: Store, run_id: str):  # type: ignore[no-untyped-def]
-    from dataclasses import replace
-
-    run = store.get_run(run_id)
-    assert run is not None
-    return replace(run, cancel_requested=True)
 
 
 def _check(store: Store, backend: ModelBackend, runs: list[str], ft: FtSettings) -> None:

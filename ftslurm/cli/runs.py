@@ -7,12 +7,14 @@ user state dir); the daemon owns the runs once submitted.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,13 +32,15 @@ from ftslurm.backends.slurm_cli.parse import compress_nodes
 from ftslurm.core.inject import Injection, InjectKind, parse_injections
 from ftslurm.core.types import JobState, NodeInfo, NodeState
 from ftslurm.daemon import service
-from ftslurm.daemon.reconcile import new_run_record, submit_attempt
-from ftslurm.daemon.records import SUBMITTING, Attempt, NodeFlag, Run, RunState
+from ftslurm.daemon.reconcile import NEVER_SUBMITTED, new_run_record
+from ftslurm.daemon.records import Attempt, NodeFlag, Run, RunState
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.errors import (
     ConfigError,
     FtslurmError,
+    InvalidJobId,
+    JobStateConflict,
     SchedulerRejected,
     SchedulerUnavailable,
 )
@@ -138,36 +142,70 @@ def submit(
     if print_script:
         typer.echo(script, nl=False)
         return
-    if dry_run and not as_json:
-        err.print("[dim]# dry run on the mock scheduler; attempt 0 runs:[/]")
-        err.print(script, markup=False, highlight=False)
     store = Store(home)
     private_dir(run_dir)
     (run_dir / "logs").mkdir(exist_ok=True)
     run, attempt = new_run_record(run_id, loaded.name or recipe.name, spec, settings, time.time())
-    with store.transaction():
+    with store.transaction():  # the run and its submission intent: the daemon submits it
         store.add_run(run)
         store.add_attempt(attempt)
         store.append_event(run_id, "created", {"recipe": str(recipe)}, time.time())
-    job_id: str | None = None
-    try:
-        backend = create_backend(backend_kind, spec["mock_home"])
-        _warn_injections(injections, backend)
-        attempt = submit_attempt(store, backend, run, attempt, adopt=False)
-        job_id = attempt.job_id
-    except SchedulerUnavailable as exc:
-        err.print(f"the scheduler did not answer ({exc.message}); the daemon will submit "
-                  "as soon as it does", markup=False)  # fmt: skip
-    except SchedulerRejected as exc:
-        store.update_run(replace(run, state=RunState.FAILED, reason=f"rejected: {exc.message}",
-                                 ended_at=time.time()))  # fmt: skip
-        raise
-    service.start(home)
-    service.wake(home)
+    if dry_run:
+        _warn_injections(injections, create_backend(backend_kind, spec["mock_home"]))
+    _pause_for_tests()
+    job_id, note = _await_submission(store, home, run_id)
+    where = " on the mock scheduler" if dry_run else ""
     if as_json:
         typer.echo(json.dumps({"run_id": run_id, "job_id": job_id}))
+    elif job_id:
+        typer.echo(f"run {run_id} submitted as job {job_id}{where}; "
+                   f"see `ftslurm status {run_id}`")  # fmt: skip
     else:
-        typer.echo(f"run {run_id} submitted as job {job_id}" if job_id else f"run {run_id}")
+        typer.echo(f"run {run_id} recorded{where}; {note}; see `ftslurm status {run_id}`")
+
+
+# How long `submit` waits for the daemon to submit the run, and `cancel` for a submission
+# under way to be recorded (seconds).
+SUBMIT_WAIT_S = 60.0
+# Test hook: `submit` stops itself (SIGSTOP) right after recording the run when this is set,
+# so a test can hold it at the worst moment.
+PAUSE_ENV = "FTSLURM_TEST_PAUSE_AFTER_RECORD"
+
+
+def _pause_for_tests() -> None:
+    if os.environ.get(PAUSE_ENV):
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _await_submission(store: Store, home: Path, run_id: str) -> tuple[str | None, str]:
+    """Start or wake the daemon (the only party that submits) and wait, bounded, until it
+    recorded the job id or ended the run. Returns the job id, or None and what happens
+    next; `SchedulerRejected` when the scheduler refused the job."""
+    later = "the daemon will submit it"
+    try:
+        service.start(home)
+        service.wake(home)
+    except FtslurmError as exc:
+        return None, f"{later} once it runs ({exc.user_message()})"
+    deadline = time.monotonic() + SUBMIT_WAIT_S
+    while True:
+        run = store.get_run(run_id)
+        latest = store.latest_attempt(run_id)
+        if latest is not None and latest.job_id:
+            return latest.job_id, ""
+        if run is not None and run.state.is_terminal:
+            if latest is not None and latest.state == NEVER_SUBMITTED:
+                raise SchedulerRejected(f"the scheduler refused the job: {latest.reason}")
+            return None, f"it ended {run.state.value}: {run.reason}"
+        deferred = [e for e in store.events(run_id) if e.kind == "submit_deferred"]
+        if deferred:
+            return None, (f"{later} when the scheduler answers "
+                          f"({deferred[-1].data.get('message')})")  # fmt: skip
+        if time.monotonic() >= deadline:
+            return None, f"{later}: the scheduler did not answer within {SUBMIT_WAIT_S:g}s"
+        if service.running_pid(home) is None:
+            return None, f"{later} once it runs (`ftslurm daemon start`)"
+        time.sleep(0.1)
 
 
 # ---------------------------------------------------------------------------- status
@@ -426,19 +464,31 @@ def cancel(run_id: RunArg) -> None:
     """Cancel a run: its current job is cancelled and nothing is retried."""
     store = _store()
     run = _run_or_fail(store, run_id)
-    if run.state.is_terminal:
-        typer.echo(f"run {run_id} already ended ({run.state.value})")
+    run_id = run.run_id
+    # the flag and the latest attempt in one transaction: the daemon records a new job id
+    # and reads the flag in one too, so either this sees the job or the daemon sees the flag
+    requested, latest = store.request_cancel(run_id, time.time())
+    if not requested:
+        ended = store.get_run(run_id) or run
+        typer.echo(f"run {run_id} already ended ({ended.state.value})")
         return
-    store.update_run(replace(run, cancel_requested=True))
-    store.append_event(run_id, "cancel_requested", {}, time.time())
-    latest = store.latest_attempt(run_id)
-    if latest and latest.job_id and latest.state != SUBMITTING:
+    home = state_dir()
+    service.start(home)
+    service.wake(home)
+    deadline = time.monotonic() + SUBMIT_WAIT_S
+    while latest is not None and not latest.job_id and time.monotonic() < deadline:
+        # a submission may be under way: wait until the daemon recorded its job (and
+        # cancelled it) or ended the run, so that no job starts after this replies
+        current = store.get_run(run_id)
+        if current is None or current.state.is_terminal:
+            break
+        time.sleep(0.1)
+        latest = store.latest_attempt(run_id)
+    if latest is not None and latest.job_id:
         try:
             create_backend(run.spec["backend"], run.spec.get("mock_home")).cancel(latest.job_id)
-        except SchedulerUnavailable:
-            pass  # the daemon cancels it when the scheduler answers
-    service.start(state_dir())
-    service.wake(state_dir())
+        except (SchedulerUnavailable, JobStateConflict, InvalidJobId):
+            pass  # ended already, or the daemon cancels it when the scheduler answers
     typer.echo(f"run {run_id}: cancel requested")
 
 

@@ -15,6 +15,7 @@ tag; a requeue intent checks the job's restart count before requeueing again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from ftslurm.errors import (
     FtslurmError,
     InvalidJobId,
     JobStateConflict,
+    PermanentError,
     SchedulerRejected,
     SchedulerUnavailable,
 )
@@ -43,30 +45,38 @@ from ftslurm.fsutil import read_json
 log = logging.getLogger("ftslurm.daemon")
 
 REQUEUING = "REQUEUING"  # intent: bring job_id back for this attempt (requeue, start now)
+NEVER_SUBMITTED = "NEVER_SUBMITTED"  # the scheduler refused the attempt's submission
 _ENDED_STATES = {s.value for s in JobState if s.is_terminal}
 
 
 def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt,
                    clock: Callable[[], float] = time.time,
                    adopt: bool = True) -> Attempt:  # fmt: skip
-    """Carry out a SUBMITTING intent: adopt the job that carries its tag, else submit."""
+    """Carry out a SUBMITTING intent: adopt the job that carries its tag, else submit.
+
+    The job id is recorded and the run's cancel request read in one transaction: a
+    `cancel` either finds the job id (and cancels the job) or is seen here, and then the
+    job is cancelled at once."""
     # since: the run's creation, before which no job of it can have been submitted
     found = backend.find_jobs(a.tag, since=run.created_at) if adopt else []
     if found:
         job = max(found, key=lambda j: int(j.job_id.split("_")[0]))
         a = replace(a, job_id=job.job_id, state=job.state.value,
                     restart_count=job.restart_count)  # fmt: skip
+        event = ("adopted", {"attempt": a.attempt, "job_id": job.job_id})
+    else:
+        exclude = current_exclusions(store, backend, run, clock())
+        script, options = build_attempt(run.run_id, run.spec, run.settings, a.attempt, exclude)
+        job_id = backend.submit(script, options)
+        a = replace(a, job_id=job_id, state=JobState.PENDING.value, submitted_at=clock())
+        event = ("submitted", {"attempt": a.attempt, "job_id": job_id, "exclude": list(exclude)})
+    with store.transaction():
         store.update_attempt(a)
-        store.append_event(run.run_id, "adopted", {"attempt": a.attempt, "job_id": job.job_id},
-                           clock())  # fmt: skip
-        return a
-    exclude = current_exclusions(store, backend, run, clock())
-    script, options = build_attempt(run.run_id, run.spec, run.settings, a.attempt, exclude)
-    job_id = backend.submit(script, options)
-    a = replace(a, job_id=job_id, state=JobState.PENDING.value, submitted_at=clock())
-    store.update_attempt(a)
-    store.append_event(run.run_id, "submitted", {"attempt": a.attempt, "job_id": job_id,
-                                                 "exclude": list(exclude)}, clock())  # fmt: skip
+        store.append_event(run.run_id, *event, clock())
+        current = store.get_run(run.run_id)
+    if current is not None and current.cancel_requested and a.job_id:
+        with contextlib.suppress(JobStateConflict, InvalidJobId):  # it ended meanwhile
+            backend.cancel(a.job_id)
     return a
 
 
@@ -91,6 +101,7 @@ class Reconciler:
         self.interval = 1.0
         self.last_change: float | None = None
         self._trusted_intents: set[tuple[str, int]] = set()  # created by this process
+        self._deferred: set[tuple[str, int]] = set()  # submissions the scheduler put off
         self._min_job_age: dict[str, float] = {}
 
     # ----------------------------------------------------------------- the cycle
@@ -161,6 +172,10 @@ class Reconciler:
             return action()
         except SchedulerUnavailable as exc:
             log.warning("run %s: scheduler unavailable, will retry: %s", run.run_id, exc)
+            if a.state == SUBMITTING and (run.run_id, a.attempt) not in self._deferred:
+                self._deferred.add((run.run_id, a.attempt))  # said once per attempt
+                self.store.append_event(run.run_id, "submit_deferred", {
+                    "attempt": a.attempt, "message": exc.message}, self.clock())  # fmt: skip
             return None
         except (JobStateConflict, InvalidJobId) as exc:
             log.info("run %s: %s; looking again next cycle", run.run_id, exc)
@@ -170,19 +185,53 @@ class Reconciler:
             return None
 
     # ------------------------------------------------------------------ intents
-    def _submit(self, run: Run, a: Attempt) -> Attempt:
+    def _submit(self, run: Run, a: Attempt) -> Attempt | None:
+        """Carry out a submission intent, unless the run's cancellation was asked for; a
+        permanent refusal ends the run: the attempt was never submitted."""
+        if self._cancel_requested(run.run_id):
+            self._finish(run, RunState.CANCELLED, "cancelled by the user")
+            return None
         backend = self.backends(backend_key(run.spec))
         self._note_facts(backend_key(run.spec), backend)
         adopt = (run.run_id, a.attempt) not in self._trusted_intents
-        a = submit_attempt(self.store, backend, run, a, self.clock, adopt=adopt)
+        try:
+            a = submit_attempt(self.store, backend, run, a, self.clock, adopt=adopt)
+        except (JobStateConflict, InvalidJobId):
+            raise
+        except PermanentError as exc:
+            self._never_submitted(run, a, exc.message)
+            return None
         self.last_change = self.clock()
         return a
+
+    def _never_submitted(self, run: Run, a: Attempt, message: str) -> None:
+        """The scheduler refused the attempt: it is marked so and the run ends FAILED."""
+        now = self.clock()
+        reason = f"never submitted: {message}"
+        log.warning("run %s: attempt %d %s", run.run_id, a.attempt, reason)
+        with self.store.transaction():
+            self.store.update_attempt(replace(a, state=NEVER_SUBMITTED, reason=message,
+                                              end=now))  # fmt: skip
+            self._finish(run, RunState.FAILED, reason)
+        self.last_change = now
+
+    def _cancel_requested(self, run_id: str) -> bool:
+        """The run's cancel flag as stored now (the copy a cycle read may be older)."""
+        current = self.store.get_run(run_id)
+        return bool(current and current.cancel_requested)
 
     def _requeue(self, backend: SchedulerBackend, run: Run, a: Attempt,
                  info: JobInfo) -> Attempt | None:  # fmt: skip
         """Bring the job back for attempt `a`: requeue (held) unless Slurm already did,
         set the exclusions, release, start now. Each step is checked, so it can repeat."""
         job = a.job_id or ""
+        if self._cancel_requested(run.run_id):
+            if info.state.is_terminal:
+                self._finish(run, RunState.CANCELLED, "cancelled by the user")
+                return None
+            with contextlib.suppress(JobStateConflict, InvalidJobId):  # ended meanwhile
+                backend.cancel(job)
+            return a  # the next cycle sees it end
         try:
             if info.restart_count < a.restart_count:
                 if not info.state.is_terminal and not (
@@ -198,6 +247,9 @@ class Reconciler:
             exclude = current_exclusions(self.store, backend, run, self.clock())
             merged = tuple(sorted(set(run.spec["options"]["exclude"]) | set(exclude)))
             backend.update_excluded_nodes(job, merged)
+            if self._cancel_requested(run.run_id):  # asked for meanwhile: it stays held
+                backend.cancel(job)
+                return a
             backend.release(job)
             backend.start_now(job)
         except (JobStateConflict, InvalidJobId) as exc:
@@ -384,7 +436,8 @@ class Reconciler:
         cause = policy.classify(ending, settings)
         budget = Budget(run.job_retries_used, dict(run.cause_counts), run.continuations,
                         run.stalled_continuations)  # fmt: skip
-        d = policy.decide(cause, ending, budget, settings, run.cancel_requested)
+        cancel = self._cancel_requested(run.run_id)  # as stored now, not as the cycle read it
+        d = policy.decide(cause, ending, budget, settings, cancel)
         ended_state = info.state.value if info.state.is_terminal else (
             JobState.NODE_FAIL.value if cause is policy.Cause.NODE_FAIL
             else JobState.REQUEUED.value)  # fmt: skip

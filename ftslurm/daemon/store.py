@@ -254,12 +254,28 @@ class Store:
             raise StateError(f"run {run.run_id!r} already exists in {self.path}") from None
 
     def update_run(self, run: Run) -> None:
-        """Replace the whole stored record of `run.run_id`; `StateError` if there is none."""
-        sets = ",".join(f"{c} = ?" for c in _RUN_COLS[1:])
+        """Replace the stored record of `run.run_id` except its cancel request (only
+        `request_cancel` sets that: a copy read earlier must not undo it); `StateError` if
+        there is none."""
+        cols = [i for i, c in enumerate(_RUN_COLS) if c not in ("run_id", "cancel_requested")]
+        sets = ",".join(f"{_RUN_COLS[i]} = ?" for i in cols)
         row = self._run_row(run)
-        cur = self._write(f"UPDATE runs SET {sets} WHERE run_id = ?", (*row[1:], row[0]))
+        cur = self._write(f"UPDATE runs SET {sets} WHERE run_id = ?",
+                          (*(row[i] for i in cols), row[0]))  # fmt: skip
         if cur.rowcount == 0:
             raise StateError(f"no run {run.run_id!r} in {self.path}")
+
+    def request_cancel(self, run_id: str, now: float) -> tuple[bool, Attempt | None]:
+        """Ask for a run's cancellation: set that one column (and log the event) unless the
+        run has ended, and read its latest attempt in the same transaction. Returns whether
+        the request was recorded, and that attempt."""
+        with self.transaction():
+            cur = self._write(f"UPDATE runs SET cancel_requested = 1 WHERE run_id = ? AND "
+                              f"state NOT IN ({','.join('?' * len(_TERMINAL))})",
+                              (run_id, *_TERMINAL))  # fmt: skip
+            if cur.rowcount:
+                self.append_event(run_id, "cancel_requested", {}, now)
+            return cur.rowcount > 0, self.latest_attempt(run_id)
 
     def get_run(self, run_id: str) -> Run | None:
         rows = self._read("SELECT * FROM runs WHERE run_id = ?", (run_id,))

@@ -282,7 +282,11 @@ def cancel(st: MockState, job_id: str, now: float) -> list[Effect]:
         return []
     if job.state is JobState.RUNNING:
         return _terminate(job, JobState.CANCELLED, now, st.config.kill_wait_s)
-    return []  # already ending or ended
+    if job.state is JobState.COMPLETING and job.requeue_on_end:
+        # being requeued: as Slurm ("prevent job requeue"), it ends CANCELLED instead of
+        # coming back; its processes are already being stopped
+        job.requeue_on_end, job.hold_on_requeue, job.ending = False, False, JobState.CANCELLED
+    return []  # otherwise already ending or ended
 
 
 def requeue(st: MockState, job_id: str, hold: bool, now: float) -> list[Effect]:
