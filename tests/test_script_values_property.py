@@ -83,7 +83,7 @@ def check_header(script: str, expected: list[str]) -> None:
         assert sbatch_words(line[len("#SBATCH"):], "test") == [arg]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(field=st.sampled_from(FIELDS), value=TEXT)
 def test_a_value_is_refused_or_stays_in_its_place(tmp_path_factory, field, value):
     tmp = tmp_path_factory.getbasetemp() / "p"

@@ -66,7 +66,7 @@ _RECIPE = "(default: the recipe's, else Slurm's)"
 _Text = str | None
 
 
-def _opt(*names: str, help: str, hidden: bool = False) -> Any:  # noqa: A002
+def _opt(*names: str, help: str, hidden: bool = False) -> Any:
     return typer.Option(*names, help=help, hidden=hidden, show_default=False)
 
 
