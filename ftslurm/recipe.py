@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import ast
 import runpy
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from ftslurm.core.timefmt import parse_time_limit
+from ftslurm.core.validate import (
+    OWNED_SBATCH_FLAGS,
+    SBATCH_SHORT,
+    SBATCH_SHORT_NO_VALUE,
+    check_command,
+    check_env,
+    check_line,
+    check_sbatch_flag,
+)
 from ftslurm.daemon.policy import FtSettings
 from ftslurm.errors import ConfigError
 
@@ -29,19 +37,44 @@ class Recipe(FtSettings):
     """Resources, the command and the fault-tolerance settings of a training run."""
 
     command: list[str] | None = None  # default: python <the recipe file> ARGS
-    name: str | None = None
+    name: str | None = Field(None, min_length=1)
     nodes: int = Field(1, ge=1)
-    ntasks_per_node: int = Field(1, ge=1)
+    # Ranks per node; default: --gpus-per-node when given (one rank per GPU, as torchrun's
+    # --nproc-per-node), else --ntasks over the nodes, else 1. See `ranks_per_node`.
+    ntasks_per_node: int | None = Field(None, ge=1)
     gpus_per_node: int | None = Field(None, ge=0)
     cpus_per_task: int | None = Field(None, ge=1)
-    time: str | None = None  # Slurm syntax: "30", "1:00:00", "1-00:00:00"
-    partition: str | None = None
-    account: str | None = None
+    time: str | None = None  # Slurm syntax: "30", "1:00:00", "1-00:00:00", "UNLIMITED"
+    partition: str | None = Field(None, min_length=1)
+    account: str | None = Field(None, min_length=1)
     exclude: tuple[str, ...] = ()
-    checkpoint_dir: str | None = None
+    checkpoint_dir: str | None = Field(None, min_length=1)
     setup: tuple[str, ...] = ()  # shell lines run in the batch script before the step
     env: dict[str, str] = Field(default_factory=dict)
-    sbatch_extra: dict[str, str | None] = Field(default_factory=dict)  # other #SBATCH flags
+    sbatch_extra: dict[str, str | None] = Field(default_factory=dict)  # other sbatch flags
+
+    @model_validator(mode="after")
+    def _safe_and_consistent(self) -> Recipe:
+        """Every value that reaches the batch script, and the settings that would silently
+        do nothing; one-line ConfigErrors (pydantic passes them through unchanged)."""
+        for what, value in (("--job-name", self.name), ("--partition", self.partition),
+                            ("--account", self.account), ("--time", self.time),
+                            ("--checkpoint-dir", self.checkpoint_dir)):  # fmt: skip
+            check_line(what, value)
+        for node in self.exclude:
+            check_line("--exclude", node)
+        for key, value in self.sbatch_extra.items():
+            check_sbatch_flag(key, value)
+        check_env(self.env)
+        check_command(self.command or ())
+        limit = self.time_limit_s()
+        if limit is not None and self.preempt_time and self.preempt_time >= limit:
+            raise ConfigError(
+                f"--preempt-time {self.preempt_time}s is not shorter than the time limit "
+                f"{self.time} ({limit}s): the checkpoint signal would be due when the job "
+                "starts and be lost", hint="shorten --preempt-time or lengthen -t")
+        self.ranks_per_node()
+        return self
 
     def settings(self) -> FtSettings:
         return FtSettings(**{k: getattr(self, k) for k in FtSettings.model_fields})
@@ -55,13 +88,40 @@ class Recipe(FtSettings):
     def time_limit_s(self) -> int | None:
         return None if self.time is None else parse_time_limit(self.time)
 
+    def ranks_per_node(self) -> int:
+        """How many ranks the launcher starts on each node."""
+        ntasks_text = self.sbatch_extra.get("ntasks")
+        ntasks = None
+        if ntasks_text is not None:
+            if not str(ntasks_text).isdigit() or int(ntasks_text) < 1:
+                raise ConfigError(f"--ntasks {ntasks_text!r} must be a whole number above 0")
+            ntasks = int(ntasks_text)
+        per_node = self.ntasks_per_node
+        if per_node is None and ntasks is not None:
+            if ntasks % self.nodes:
+                raise ConfigError(
+                    f"--ntasks {ntasks} over {self.nodes} nodes: ftslurm starts the same "
+                    "number of ranks on every node", hint="give a multiple of --nodes")
+            per_node = ntasks // self.nodes
+        if per_node is None:
+            per_node = self.gpus_per_node or 1
+        if ntasks is not None and ntasks != per_node * self.nodes:
+            raise ConfigError(f"--ntasks {ntasks} is not --nodes {self.nodes} times "
+                              f"--ntasks-per-node {per_node}: ftslurm starts that many ranks")
+        return per_node
+
+
+def no_limit_warning(time: str | None) -> str:
+    """What a run without a finite time limit should know about its checkpoint signal."""
+    given = f"-t {time}" if time is not None else "no -t"
+    return (f"{given}: the job runs under the partition's time limit; the daemon sends the "
+            "checkpoint signal only if that limit is finite, and Slurm's own --signal "
+            "backstop is not set, so a checkpoint before the limit is not guaranteed")
+
 
 def _validated(data: dict[str, Any], where: str) -> Recipe:
     try:
-        recipe = Recipe(**data)
-        if recipe.time is not None:
-            parse_time_limit(recipe.time)
-        return recipe
+        return Recipe(**data)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "recipe"
@@ -80,12 +140,28 @@ def defines_recipe(source: str) -> bool:
         for node in tree.body)  # fmt: skip
 
 
+def _read_source(path: Path) -> str:
+    if path.is_dir():
+        raise ConfigError(f"recipe {path} is a directory; give a training script or a recipe file")
+    if not path.is_file():
+        raise ConfigError(f"recipe not found: {path}")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from None
+    try:
+        if b"\0" in data:
+            raise UnicodeError("a NUL byte")
+        return data.decode("utf-8")
+    except UnicodeError:
+        raise ConfigError(f"recipe {path} is not a text file (binary or not UTF-8); give a "
+                          "training script or a recipe file") from None  # fmt: skip
+
+
 def load_recipe(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Read a recipe file of either form; the result always has a command."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"recipe not found: {path}")
-    source = path.read_text()
+    source = _read_source(path)
     if path.suffix == ".py":
         try:
             compile(source, str(path), "exec")
@@ -95,6 +171,8 @@ def load_recipe(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Rec
     if path.suffix == ".py" and defines_recipe(source):
         try:
             namespace = runpy.run_path(str(path), run_name="ftslurm_recipe")
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc.user_message()}") from None
         except Exception as exc:  # the user's file: report it in one line
             raise ConfigError(f"{path}: loading the recipe failed: "
                               f"{type(exc).__name__}: {exc}") from None  # fmt: skip
@@ -106,57 +184,115 @@ def load_recipe(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Rec
             recipe = recipe.model_copy(update={"command": default_command})
         elif args:
             recipe = recipe.model_copy(update={"command": [*recipe.command, *args]})
-        return recipe
-    data = sbatch_header(source)
+        return _validated(recipe.model_dump(), str(path))
+    data = sbatch_header(source, where=f"{path} #SBATCH lines")
     data["command"] = default_command if path.suffix == ".py" else [str(path.resolve()), *args]
     return _validated(data, f"{path} #SBATCH lines")
 
 
-_SBATCH_FLAGS = {
-    "-N": "nodes", "--nodes": "nodes", "--ntasks-per-node": "ntasks_per_node",
-    "--gpus-per-node": "gpus_per_node", "-c": "cpus_per_task", "--cpus-per-task": "cpus_per_task",
-    "-t": "time", "--time": "time", "-p": "partition", "--partition": "partition",
-    "-A": "account", "--account": "account", "-J": "name", "--job-name": "name",
-    "-x": "exclude", "--exclude": "exclude",
+# sbatch's long names that map onto recipe fields; every other flag goes to sbatch_extra.
+_RECIPE_KEYS = {
+    "nodes": "nodes", "ntasks-per-node": "ntasks_per_node", "gpus-per-node": "gpus_per_node",
+    "cpus-per-task": "cpus_per_task", "time": "time", "partition": "partition",
+    "account": "account", "job-name": "name", "exclude": "exclude",
 }  # fmt: skip
-# Flags ftslurm sets itself for every attempt: a recipe's own value would break the contract.
-_OWNED = {"--output", "-o", "--error", "-e", "--signal", "--requeue", "--no-requeue",
-          "--comment", "--open-mode", "--chdir", "-D", "--array", "-a"}  # fmt: skip
+# Long flags that take no value (a following word is not theirs).
+_LONG_NO_VALUE = frozenset({
+    "hold", "requeue", "no-requeue", "contiguous", "overcommit", "oversubscribe", "exclusive",
+    "spread-job", "use-min-nodes", "wait", "parsable", "test-only", "reboot", "no-kill",
+    "immediate", "quiet", "verbose", "ignore-pbs", "get-user-env",
+})  # fmt: skip
 
 
-def sbatch_header(source: str) -> dict[str, Any]:
-    """Resources from the `#SBATCH` lines at the top of a script (before the first command)."""
+_BLANKS = " \t\n\r\f\v"  # C's isspace()
+
+
+def sbatch_words(line: str, where: str) -> list[str]:
+    """The words of one `#SBATCH` line as sbatch splits them: blanks separate, single or
+    double quotes group, a backslash escapes the next character (inside quotes too), and an
+    unquoted `#` starts a comment."""
+    words: list[str] = []
+    i, n = 0, len(line)
+    while True:
+        while i < n and line[i] in _BLANKS:
+            i += 1
+        if i >= n:
+            return words
+        word: list[str] = []
+        quote, escaped = "", False
+        while i < n and (quote or line[i] not in _BLANKS):
+            ch = line[i]
+            i += 1
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+                continue
+            elif quote:
+                if ch == quote:
+                    quote = ""
+                    continue
+            elif ch in "'\"":
+                quote = ch
+                continue
+            elif ch == "#":  # an unquoted, unescaped # : the rest of the line is a comment
+                if word:
+                    words.append("".join(word))
+                return words
+            word.append(ch)
+        if quote:
+            raise ConfigError(f"{where}: unmatched {quote} in {line.strip()!r}")
+        words.append("".join(word))
+
+
+def sbatch_flags(words: list[str], where: str) -> dict[str, Any]:
+    """Recipe values from sbatch flags (long or short, `--k=v`, `--k v`, `-kv`, `-k v`)."""
     data: dict[str, Any] = {}
     extra: dict[str, str | None] = {}
-    for line in source.splitlines():
+    i = 0
+    while i < len(words):
+        word = words[i]
+        value: str | None
+        if word.startswith("--") and len(word) > 2:
+            name, eq, value = word[2:].partition("=")
+            if not eq:
+                value = None
+                if (name not in _LONG_NO_VALUE and i + 1 < len(words)
+                        and not words[i + 1].startswith("-")):  # fmt: skip
+                    i, value = i + 1, words[i + 1]
+        elif word.startswith("-") and len(word) >= 2 and word[:2] in SBATCH_SHORT:
+            name, value = SBATCH_SHORT[word[:2]], word[2:].removeprefix("=") or None
+            if value is None and word[:2] not in SBATCH_SHORT_NO_VALUE:
+                if i + 1 >= len(words):
+                    raise ConfigError(f"{where}: {word} needs a value")
+                i, value = i + 1, words[i + 1]
+        else:
+            raise ConfigError(f"{where}: {word!r} is not an sbatch option")
+        if name in OWNED_SBATCH_FLAGS:
+            raise ConfigError(f"{where}: --{name} is set by ftslurm itself: "
+                              f"{OWNED_SBATCH_FLAGS[name]}")  # fmt: skip
+        key = _RECIPE_KEYS.get(name)
+        if key == "exclude":
+            data[key] = tuple(n for n in (value or "").split(",") if n)
+        elif key:
+            data[key] = value
+        else:
+            check_sbatch_flag(name, value)
+            extra[name] = value
+        i += 1
+    if extra:
+        data["sbatch_extra"] = extra
+    return data
+
+
+def sbatch_header(source: str, where: str = "#SBATCH lines") -> dict[str, Any]:
+    """Resources from the `#SBATCH` lines at the top of a script (before the first command)."""
+    words: list[str] = []
+    for line in source.split("\n"):  # sbatch reads lines as split at \n only
         stripped = line.strip()
         if not stripped or (stripped.startswith("#") and not stripped.startswith("#SBATCH")):
             continue
         if not stripped.startswith("#SBATCH"):
             break  # Slurm stops reading #SBATCH at the first command
-        words = shlex.split(stripped[len("#SBATCH"):], comments=True)
-        i = 0
-        while i < len(words):
-            flag, eq, value = words[i].partition("=")
-            if not eq and not flag.startswith("--") and len(flag) > 2:
-                flag, value, eq = flag[:2], flag[2:], "="
-            if flag in _SBATCH_FLAGS or (flag.startswith("--") and flag not in _OWNED):
-                if not eq and i + 1 < len(words) and not words[i + 1].startswith("-"):
-                    i, value = i + 1, words[i + 1]
-                elif not eq:
-                    value = None
-            key = _SBATCH_FLAGS.get(flag)
-            if key == "exclude":
-                data[key] = tuple(n for n in (value or "").split(",") if n)
-            elif key:
-                data[key] = value
-            elif flag in _OWNED:
-                raise ConfigError(f"#SBATCH {flag} is set by ftslurm itself; remove it")
-            elif flag.startswith("--"):
-                extra[flag[2:]] = value
-            else:
-                raise ConfigError(f"#SBATCH {flag}: use the long form of this option")
-            i += 1
-    if extra:
-        data["sbatch_extra"] = extra
-    return data
+        words += sbatch_words(stripped[len("#SBATCH"):], where)
+    return sbatch_flags(words, where)

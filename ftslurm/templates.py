@@ -6,6 +6,7 @@ golden test pins.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ import jinja2
 from ftslurm import __version__
 from ftslurm.backends.slurm_cli.backend import sbatch_args
 from ftslurm.core.types import JobOptions
+from ftslurm.core.validate import check_command, check_env
 from ftslurm.errors import ConfigError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -22,6 +24,17 @@ TEMPLATE_DIRS = (
     _PACKAGE_DIR / "_sbatch_templates",  # inside an installed wheel
     _PACKAGE_DIR.parent / "sbatch_templates",  # a source checkout or editable install
 )
+
+
+_SBATCH_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+\Z")
+
+
+def sbatch_quote(arg: str) -> str:
+    """One word on an `#SBATCH` line, as sbatch reads it back: quotes group, and a
+    backslash escapes the next character even inside quotes (`recipe.sbatch_words`)."""
+    if _SBATCH_SAFE.match(arg):
+        return arg
+    return "'" + arg.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _environment() -> jinja2.Environment:
@@ -47,13 +60,15 @@ def render_job_script(
     """The batch script that runs `command` once per task over the allocation."""
     if not command:
         raise ConfigError("nothing to run: the command is empty")
+    check_command(command)
+    check_env(env or {})
     try:
         tmpl = _environment().get_template(template)
     except jinja2.TemplateNotFound:
         raise ConfigError(f"sbatch template {template!r} not found") from None
     return tmpl.render(
         version=__version__, run_id=run_id, attempt=attempt,
-        sbatch_flags=[shlex.quote(a) if " " in a else a for a in sbatch_args(options)],
+        sbatch_flags=[sbatch_quote(a) for a in sbatch_args(options)],
         env=dict(env or {}), setup=list(setup), srun_args=list(srun_args),
         command=shlex.join(command),
     )  # fmt: skip

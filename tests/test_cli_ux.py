@@ -332,16 +332,14 @@ def walk(command, path=()):
 def test_every_option_of_every_command_has_help_and_a_default():
     missing = []
     for path, command in walk(typer.main.get_command(app)):
-        # TODO: remove this exemption when the rewrite of `submit`'s options is merged.
-        if path == ("submit",):
-            continue
         for param in command.params:
             if param.param_type_name != "option":
                 continue
             help_text = (param.help or "").strip()
             flag = getattr(param, "is_flag", False)
             shown = param.show_default is not False and param.default is not None
-            if not help_text or not (flag or shown or "Default" in help_text):
+            if not help_text or not (flag or shown or "default" in help_text.lower()
+                                 or help_text.startswith("Refused")):
                 missing.append(f"{' '.join(path)} {'/'.join(param.opts)}")
     assert missing == []
 

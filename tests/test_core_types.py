@@ -47,12 +47,14 @@ def test_node_states():
 @pytest.mark.parametrize("text,seconds", [
     ("1", 60), ("90", 5400), ("1:30", 90), ("2:00:00", 7200), ("1-0", 86400),
     ("1-2:30", 95400), ("0-00:00:45", 45), ("UNLIMITED", None), ("infinite", None),
+    ("0", None), ("0:00:00", None),  # sbatch reads a zero limit as "no limit"
 ])  # fmt: skip
 def test_time_limits(text, seconds):
     assert parse_time_limit(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "1h", "90 minutes", "1:2:3:4", "-5", "0", "1-", "x"])
+@pytest.mark.parametrize("text", ["", "1h", "90 minutes", "1:2:3:4", "-5", "1-", "x",
+                                  "1:99:99x"])
 def test_malformed_time_limits_are_one_line_config_errors(text):
     with pytest.raises(ConfigError) as err:
         parse_time_limit(text)

@@ -14,6 +14,7 @@ import pytest
 from ftslurm.backends.slurm_cli import CommandRunner, SlurmCliBackend
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.errors import ConfigError, InvalidJobId, InvalidPartition
+from ftslurm.templates import render_job_script
 
 from .conftest import in_state, wait_job
 
@@ -143,3 +144,19 @@ def test_cluster_facts(backend, slurm_cluster):
     assert facts.accounting is True
     assert facts.min_job_age_s == slurm_cluster.layout.min_job_age
     assert facts.version.startswith(("22.", "23.", "24.", "25.", "26."))
+
+
+def test_sbatch_reads_the_rendered_header_and_the_new_flags(backend, jobs, tmp_path):
+    """The #SBATCH quoting and the flags `submit` passes on, read by real sbatch: the script
+    is submitted with no command-line flags, so everything comes from its header."""
+    name = "a b'c\\d #e \"f\" $(g)"
+    options = JobOptions(name=name, nodes=1, ntasks_per_node=1, time_limit="UNLIMITED",
+                         comment="x # y", extra={"mem": "10M", "exclusive": None,
+                                                 "mail-type": "NONE", "nodelist": "n2",
+                                                 "no-kill": None})  # fmt: skip
+    script = render_job_script(["true"], options, run_id="r1", attempt=0, setup=[])
+    job = backend.submit(script, JobOptions())
+    jobs.append(job)
+    info = wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
+    assert info.state is JobState.COMPLETED
+    assert (info.name, info.comment, info.nodes) == (name, "x # y", ("n2",))

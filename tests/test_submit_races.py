@@ -93,7 +93,7 @@ def test_a_submit_killed_after_recording_leaves_the_run_to_the_daemon(cli, tmp_p
 
 def test_a_refused_submission_is_one_line_and_a_run_marked_never_submitted(cli, tmp_path):
     train = write_train(tmp_path)
-    proc = cli("submit", "--dry-run", "-N", "99", str(train), check=False)
+    proc = cli("submit", "--dry-run", "-N", "99", "-t", "5", str(train), check=False)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -110,7 +110,7 @@ def test_a_refused_submission_is_one_line_and_a_run_marked_never_submitted(cli, 
 
 def test_a_dry_run_submit_prints_one_line_with_where_to_look(cli, tmp_path):
     train = write_train(tmp_path)
-    proc = cli("submit", "--dry-run", str(train), "--", "5", "0.01", "5")
+    proc = cli("submit", "--dry-run", "-t", "5", str(train), "--", "5", "0.01", "5")
     (line,) = proc.stdout.strip().splitlines()
     (run,) = Store(cli.home).list_runs()
     job = Store(cli.home).latest_attempt(run.run_id).job_id

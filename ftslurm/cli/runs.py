@@ -7,6 +7,7 @@ user state dir); the daemon owns the runs once submitted.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -29,9 +30,11 @@ from rich.text import Text
 
 from ftslurm.backends import SchedulerBackend, create_backend, mock_home, state_dir
 from ftslurm.backends.slurm_cli.parse import compress_nodes
-from ftslurm.core.inject import Injection, InjectKind, parse_injections
+from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_injections
 from ftslurm.core.types import JobState, NodeInfo, NodeState
+from ftslurm.core.validate import OWNED_SBATCH_FLAGS
 from ftslurm.daemon import service
+from ftslurm.daemon.policy import FtSettings
 from ftslurm.daemon.reconcile import NEVER_SUBMITTED, new_run_record
 from ftslurm.daemon.records import Attempt, NodeFlag, Run, RunState
 from ftslurm.daemon.store import Store
@@ -45,7 +48,7 @@ from ftslurm.errors import (
     SchedulerUnavailable,
 )
 from ftslurm.fsutil import private_dir
-from ftslurm.recipe import load_recipe
+from ftslurm.recipe import load_recipe, no_limit_warning, sbatch_flags
 
 console = Console()
 err = Console(stderr=True)
@@ -90,41 +93,136 @@ RunArg = Annotated[str, typer.Argument(metavar="RUN", help=_RUN_HELP, show_defau
 
 
 # ---------------------------------------------------------------------------- submit
+def _default(setting: str, unit: str = "") -> str:
+    """The default of a fault-tolerance setting, for a help text (FtSettings holds it)."""
+    value = FtSettings.model_fields[setting].default
+    return f"(default: the recipe's {setting}, else {value}{unit})"
+
+
+_SBATCH = "Passed to sbatch as is"
+_RECIPE = "(default: the recipe's, else Slurm's)"
+_Text = str | None
+
+
+def _opt(*names: str, help: str, hidden: bool = False) -> Any:
+    return typer.Option(*names, help=help, hidden=hidden, show_default=False)
+
+
 def submit(
     recipe: Annotated[Path, typer.Argument(help="A training script or a recipe file.")],
     args: Annotated[list[str] | None, typer.Argument(help="Arguments after `--`.")] = None,
-    retries: Annotated[int | None, typer.Option("--retries",
-                       help="num_job_retries_on_failure")] = None,
-    in_job_restarts: Annotated[int | None, typer.Option("--in-job-restarts")] = None,
-    preempt_time: Annotated[int | None, typer.Option("--preempt-time",
-                            help="Seconds before the wall limit to ask for a checkpoint.")] = None,
-    nodes: Annotated[int | None, typer.Option("-N", "--nodes")] = None,
-    ntasks_per_node: Annotated[int | None, typer.Option("--ntasks-per-node")] = None,
-    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node")] = None,
-    time_limit: Annotated[str | None, typer.Option("-t", "--time")] = None,
-    partition: Annotated[str | None, typer.Option("-p", "--partition")] = None,
-    account: Annotated[str | None, typer.Option("-A", "--account")] = None,
-    exclude: Annotated[str | None, typer.Option("--exclude")] = None,
-    name: Annotated[str | None, typer.Option("--name")] = None,
-    checkpoint_dir: Annotated[str | None, typer.Option("--checkpoint-dir")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run",
-                       help="Run against the mock scheduler (laptop rehearsal).")] = False,
-    inject: Annotated[list[str] | None, typer.Option("--inject",
-                      help="KIND@TIME[:TARGET], repeatable (docs/fault-injection.md).")] = None,
-    print_script: Annotated[bool, typer.Option("--print-script",
-                            help="Print the sbatch script of the first attempt; submit nothing.")
-                            ] = False,
+    retries: Annotated[int | None, _opt("--retries", help="Job resubmissions after a failure "
+                       f"(num_job_retries_on_failure). {_default('num_job_retries_on_failure')}"
+                       )] = None,
+    in_job_restarts: Annotated[int | None, _opt("--in-job-restarts",
+                               help="Rank restarts inside one job, per attempt. "
+                               f"{_default('num_in_job_restarts')}")] = None,
+    preempt_time: Annotated[_Text, _opt("--preempt-time", help="How long before the time "
+                            "limit to ask for a checkpoint: 90, 90s, 5m, 1h (plain numbers are "
+                            f"seconds; 0: never). {_default('preempt_time', ' s')}")] = None,
+    nodes: Annotated[int | None, _opt("-N", "--nodes", help="Nodes. (default: the recipe's, "
+                     "else 1)")] = None,
+    ntasks_per_node: Annotated[int | None, _opt("--ntasks-per-node", help="Ranks per node. "
+                               "(default: the recipe's, else --gpus-per-node, else --ntasks / "
+                               "--nodes, else 1)")] = None,
+    ntasks: Annotated[int | None, _opt("-n", "--ntasks", help="Ranks in all: a multiple of "
+                      f"--nodes (ftslurm starts as many on each node). {_RECIPE}")] = None,
+    gpus_per_node: Annotated[int | None, _opt("--gpus-per-node", help="GPUs per node; also "
+                             f"the ranks per node unless --ntasks-per-node is given. {_RECIPE}"
+                             )] = None,
+    cpus_per_task: Annotated[int | None, _opt("-c", "--cpus-per-task",
+                             help=f"CPUs per rank. {_RECIPE}")] = None,
+    time_limit: Annotated[_Text, _opt("-t", "--time", help="Wall time limit of each attempt, "
+                          "in sbatch's forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                          "D-HH:MM:SS; UNLIMITED, infinite or 0 for no limit. "
+                          "(default: the recipe's, else the partition's)")] = None,
+    partition: Annotated[_Text, _opt("-p", "--partition", help=f"Partition. {_RECIPE}")] = None,
+    account: Annotated[_Text, _opt("-A", "--account", help=f"Account. {_RECIPE}")] = None,
+    exclude: Annotated[_Text, _opt("-x", "--exclude", help="Nodes never to use, "
+                       "comma-separated (ftslurm adds the nodes it flags). (default: none)")
+                       ] = None,
+    name: Annotated[_Text, _opt("-J", "--job-name", "--name", help="Job name. (default: the "
+                    "recipe's, else ftslurm-RUN_ID)")] = None,
+    mem: Annotated[_Text, _opt("--mem", help=f"Memory per node, e.g. 64G (unit: M if none). "
+                   f"{_SBATCH}. {_RECIPE}")] = None,
+    mem_per_cpu: Annotated[_Text, _opt("--mem-per-cpu", help="Memory per CPU, e.g. 4G (unit: "
+                           f"M if none). {_SBATCH}. {_RECIPE}")] = None,
+    gres: Annotated[_Text, _opt("--gres", help=f"Generic resources per node, e.g. gpu:8. "
+                    f"{_SBATCH}. {_RECIPE}")] = None,
+    gpus: Annotated[_Text, _opt("-G", "--gpus", help=f"GPUs in all, e.g. 16 or a100:16. "
+                    f"{_SBATCH}. {_RECIPE}")] = None,
+    constraint: Annotated[_Text, _opt("-C", "--constraint", help="Node features, e.g. "
+                          f"'a100&ib'. {_SBATCH}. {_RECIPE}")] = None,
+    qos: Annotated[_Text, _opt("-q", "--qos", help=f"Quality of service. {_SBATCH}. {_RECIPE}")
+                   ] = None,
+    dependency: Annotated[_Text, _opt("-d", "--dependency", help="Start after other jobs, e.g. "
+                          f"afterok:123 (first attempt and retries alike). {_SBATCH}. "
+                          f"{_RECIPE}")] = None,
+    mail_type: Annotated[_Text, _opt("--mail-type", help=f"e.g. END,FAIL. {_SBATCH}. "
+                         f"{_RECIPE}")] = None,
+    mail_user: Annotated[_Text, _opt("--mail-user", help=f"Mail address. {_SBATCH}. {_RECIPE}")
+                         ] = None,
+    nodelist: Annotated[_Text, _opt("-w", "--nodelist", help="Nodes to run on, "
+                        f"comma-separated. {_SBATCH}. {_RECIPE}")] = None,
+    exclusive: Annotated[bool, _opt("--exclusive", help="Whole nodes, shared with no other "
+                         "job. (default: off, or the recipe's)")] = False,
+    reservation: Annotated[_Text, _opt("--reservation", help=f"Reservation. {_SBATCH}. "
+                           f"{_RECIPE}")] = None,
+    wckey: Annotated[_Text, _opt("--wckey", help=f"Workload characterization key. {_SBATCH}. "
+                     f"{_RECIPE}")] = None,
+    sbatch_arg: Annotated[list[str] | None, _opt("--sbatch-arg", help="Any other sbatch flag, "
+                          "e.g. --sbatch-arg=--begin=now+1hour; repeatable. Flags ftslurm sets "
+                          "itself are refused. (default: none)")] = None,
+    output: Annotated[_Text, _opt("-o", "--output", "-e", "--error", hidden=True,
+                      help="Refused: ftslurm owns the job's output file.")] = None,
+    array: Annotated[_Text, _opt("-a", "--array", hidden=True,
+                     help="Refused: one run is one job per attempt.")] = None,
+    checkpoint_dir: Annotated[_Text, _opt("--checkpoint-dir", help="Where the run keeps its "
+                              "checkpoints (FTSLURM_CHECKPOINT_DIR), relative to the current "
+                              "folder. (default: the recipe's, else RUN_DIR/checkpoints)")
+                              ] = None,
+    dry_run: Annotated[bool, _opt("--dry-run", help="Run against the mock scheduler (laptop "
+                       "rehearsal). (default: off)")] = False,
+    inject: Annotated[list[str] | None, _opt("--inject", help="KIND@TIME[:TARGET], TIME in "
+                      "seconds or 90s, 5m, 2h; repeatable (docs/fault-injection.md). "
+                      "(default: none)")] = None,
+    print_script: Annotated[bool, _opt("--print-script", help="Print the sbatch script of the "
+                            "first attempt; submit nothing. (default: off)")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a training run; the daemon then owns it until it ends."""
+    if output is not None:
+        raise ConfigError(f"-o/-e: {OWNED_SBATCH_FLAGS['output']}")
+    if array is not None:
+        raise ConfigError(f"--array: {OWNED_SBATCH_FLAGS['array']}")
+    preempt_s = None
+    if preempt_time is not None:
+        try:
+            preempt_s = math.ceil(parse_duration(preempt_time))
+        except ConfigError as exc:
+            raise ConfigError(f"--preempt-time: {exc.user_message()}") from None
     loaded = load_recipe(recipe, list(args or ()))
-    loaded = loaded.with_overrides(
+    # Each --sbatch-arg is one word of sbatch's command line: `--k=v`, `--k`, `-kv`, or
+    # a flag and its value in two (`--sbatch-arg=-q --sbatch-arg=high`).
+    from_args = sbatch_flags(list(sbatch_arg or ()), "--sbatch-arg")
+    flags = {"mem": mem, "mem-per-cpu": mem_per_cpu, "gres": gres, "gpus": gpus,
+             "constraint": constraint, "qos": qos, "dependency": dependency,
+             "mail-type": mail_type, "mail-user": mail_user, "nodelist": nodelist,
+             "ntasks": None if ntasks is None else str(ntasks), "reservation": reservation,
+             "wckey": wckey}  # fmt: skip
+    sbatch_extra = {**loaded.sbatch_extra, **from_args.pop("sbatch_extra", {}),
+                    **{k: v for k, v in flags.items() if v is not None},
+                    **({"exclusive": None} if exclusive else {})}  # fmt: skip
+    loaded = loaded.with_overrides(**{**from_args, **{k: v for k, v in dict(
         num_job_retries_on_failure=retries, num_in_job_restarts=in_job_restarts,
-        preempt_time=preempt_time, nodes=nodes, ntasks_per_node=ntasks_per_node,
-        gpus_per_node=gpus_per_node, time=time_limit, partition=partition, account=account,
+        preempt_time=preempt_s, nodes=nodes, ntasks_per_node=ntasks_per_node,
+        gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, time=time_limit,
+        partition=partition, account=account,
         exclude=tuple(n for n in exclude.split(",") if n) if exclude is not None else None,
-        name=name, checkpoint_dir=checkpoint_dir,
-    )  # fmt: skip
+        name=name, checkpoint_dir=checkpoint_dir, sbatch_extra=sbatch_extra,
+    ).items() if v is not None}})  # fmt: skip
+    # Printed once everything is validated (an error then stays the only line).
+    warning = no_limit_warning(loaded.time) if loaded.time_limit_s() is None else None
     injections = parse_injections(tuple(inject or ()))
     backend_kind = "mock" if dry_run else "slurm"
     cluster_side = [i.kind.value for i in injections if not i.kind.in_job]
@@ -139,6 +237,8 @@ def submit(
                      inject=tuple(i.spec() for i in injections),
                      mock_home=mock_home() if dry_run else None)  # fmt: skip
     script, _ = build_attempt(run_id, spec, settings.model_dump(mode="json"), 0, ())
+    if warning and settings.preempt_time:
+        typer.echo(f"Warning: {warning}", err=True)
     if print_script:
         typer.echo(script, nl=False)
         return

@@ -21,7 +21,8 @@ _SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
 def parse_time_limit(text: str) -> int | None:
-    """Seconds in a Slurm time limit ("90", "1:30:00", "2-12", ...); None for unlimited.
+    """Seconds in a Slurm time limit ("90", "1:30:00", "2-12", ...); None for no limit
+    (UNLIMITED, infinite, and zero, which sbatch reads as "no time limit").
 
     Raises ConfigError with a one-line message for anything `sbatch --time` would reject.
     """
@@ -32,12 +33,10 @@ def parse_time_limit(text: str) -> int | None:
         match = pattern.match(value)
         if match:
             seconds = sum(int(v) * _SECONDS[n] for v, n in zip(match.groups(), names, strict=True))
-            if seconds <= 0:
-                raise ConfigError(f"time limit {text!r} must be longer than zero")
-            return seconds
+            return seconds or None
     raise ConfigError(
         f"malformed time limit {text!r}",
-        hint="use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
+        hint="use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED",
     )
 
 

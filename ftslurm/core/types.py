@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ftslurm.core.validate import check_line, check_sbatch_flag
+
 
 class JobState(str, Enum):
     """The state of one scheduler job, as ftslurm understands it.
@@ -198,3 +200,17 @@ class JobOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, str | None] = field(default_factory=dict)  # raw `--key=value` flags
     inject: tuple[str, ...] = ()  # fault injections, `KIND@TIME[:TARGET]` (core.inject)
+
+    def __post_init__(self) -> None:
+        # Every value here can reach an `#SBATCH` line: one line of printable text each.
+        for attr, flag in _FLAG_OF.items():
+            check_line(flag, getattr(self, attr))
+        for node in self.exclude:
+            check_line("--exclude", node)
+        for key, value in self.extra.items():
+            check_sbatch_flag(key, value, owned_ok=True)
+
+
+_FLAG_OF = {"name": "--job-name", "partition": "--partition", "account": "--account",
+            "time_limit": "--time", "comment": "--comment", "output": "--output",
+            "error": "--error", "workdir": "--chdir", "signal": "--signal"}  # fmt: skip

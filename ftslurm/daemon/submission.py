@@ -9,6 +9,7 @@ job by that tag instead of submitting a duplicate.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,
         "python": sys.executable,
         "options": {
             "name": recipe.name, "nodes": recipe.nodes,
-            "ntasks_per_node": recipe.ntasks_per_node, "cpus_per_task": recipe.cpus_per_task,
+            "ntasks_per_node": recipe.ranks_per_node(), "cpus_per_task": recipe.cpus_per_task,
             "gpus_per_node": recipe.gpus_per_node, "time_limit": recipe.time,
             "partition": recipe.partition, "account": recipe.account,
             "exclude": list(recipe.exclude), "extra": dict(recipe.sbatch_extra),
@@ -59,7 +60,8 @@ def _backstop(time_limit: str | None, preempt_time: int, settings: dict[str, Any
     starting and cannot catch it: only for limits of at least the lead plus 5 minutes."""
     if not (time_limit and preempt_time and settings.get("signal_backstop", True)):
         return False
-    return parse_time_limit(time_limit) >= preempt_time + BACKSTOP_MIN_SPARE_S
+    limit = parse_time_limit(time_limit)  # None: no limit, nothing to signal before
+    return limit is not None and limit >= preempt_time + BACKSTOP_MIN_SPARE_S
 
 
 def backend_key(spec: dict[str, Any]) -> str:
@@ -113,7 +115,7 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
     setup = [
         'export FTSLURM_ATTEMPT=$((FTSLURM_ATTEMPT_BASE + ${SLURM_RESTART_COUNT:-0}))',
         'export MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
-        f'mkdir -p {run_dir}/logs "$FTSLURM_CHECKPOINT_DIR"',
+        f'mkdir -p {shlex.quote(run_dir + "/logs")} "$FTSLURM_CHECKPOINT_DIR"',
         'echo "=== ftslurm run $FTSLURM_RUN_ID attempt $FTSLURM_ATTEMPT: job $SLURM_JOB_ID'
         ' on $SLURM_JOB_NODELIST ==="',
         *spec["setup"],

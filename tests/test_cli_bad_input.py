@@ -1,0 +1,204 @@
+"""`ftslurm submit` with bad input: one line `Error: ...`, nothing recorded, nothing submitted.
+And the sbatch flags it takes reach the batch script, each exactly once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ftslurm.backends.mock import model
+from ftslurm.backends.mock.model import MockConfig, MockState
+from ftslurm.cli.main import main
+from ftslurm.daemon.submission import build_attempt, make_spec
+from ftslurm.recipe import load_recipe
+
+TRAIN = "#!/bin/bash\n#SBATCH -N 1\necho training\n"
+
+
+@pytest.fixture()
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTSLURM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FTSLURM_MOCK_HOME", str(tmp_path / "mock"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.sh").write_text(TRAIN)
+    (tmp_path / "header.sh").write_text("#!/bin/bash\n#SBATCH -q normal -C 'a&b'\n"
+                                        "#SBATCH --mem=4G # per node\necho hi\n")  # fmt: skip
+    (tmp_path / "binary.bin").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\xff\xfe")
+    (tmp_path / "folder").mkdir()
+    for name, header in [("owned_out", "--output=x.log"), ("owned_array", "-a 0-3"),
+                         ("unclosed", "--qos='high"), ("bare", "normal")]:  # fmt: skip
+        (tmp_path / f"{name}.sh").write_text(f"#!/bin/bash\n#SBATCH {header}\necho hi\n")
+    for name, body in [("badkey", "env={'BAD-KEY': 'x'}"), ("nulenv", "env={'A': 'x\\0y'}"),
+                       ("comment", "sbatch_extra={'comment': 'mine'}"),
+                       ("newname", "name='a\\nrm -rf ~'")]:  # fmt: skip
+        (tmp_path / f"{name}.py").write_text(
+            f"import ftslurm\nrecipe = ftslurm.Recipe(command=['true'], {body})\n")
+    return tmp_path
+
+
+def submit(env: Path, capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["submit", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+T = ["-t", "10", "--dry-run"]  # a time limit: no warning line next to the error
+BAD = [
+    (["--name", "a\necho pwned", "train.sh"], "--job-name"),
+    (["-J", "a\rb", "train.sh"], "--job-name"),
+    (["--name", "", "train.sh"], "name"),
+    (["-p", "gpu\n#SBATCH --qos=top", "train.sh"], "--partition"),
+    (["-A", "acct\x1b[2J", "train.sh"], "--account"),
+    (["--exclude", "n1\nn2", "train.sh"], "--exclude"),
+    (["--checkpoint-dir", "ck\npt", "train.sh"], "--checkpoint-dir"),
+    (["--mem", "4G\n", "train.sh"], "--mem"),
+    (["-q", "a\tb", "train.sh"], "--qos"),
+    (["-C", "a\u2028b", "train.sh"], "line separator"),
+    (["--mail-user", "me\x00@x", "train.sh"], "--mail-user"),
+    (["--sbatch-arg", "--begin=now\necho x", "train.sh"], "--begin"),
+    (["--sbatch-arg", "--output=x.log", "train.sh"], "ftslurm writes each attempt's output"),
+    (["--sbatch-arg", "--signal=USR1@60", "train.sh"], "--signal is set by ftslurm"),
+    (["--sbatch-arg", "-a0-3", "train.sh"], "each array task would be a separate run"),
+    (["--sbatch-arg", "--requeue", "train.sh"], "requeues the job itself"),
+    (["--sbatch-arg", "--comment=x", "train.sh"], "tags each job"),
+    (["--sbatch-arg", "high", "train.sh"], "is not an sbatch option"),
+    (["--sbatch-arg", "--bad flag=1", "train.sh"], "is not a flag name"),
+    (["-o", "out.log", "train.sh"], "ftslurm writes each attempt's output"),
+    (["-e", "err.log", "train.sh"], "ftslurm writes each attempt's output"),
+    (["--array", "0-3", "train.sh"], "each array task would be a separate run"),
+    (["owned_out.sh"], "owned_out.sh #SBATCH lines: --output is set by ftslurm"),
+    (["owned_array.sh"], "--array is set by ftslurm itself"),
+    (["unclosed.sh"], "unmatched '"),
+    (["bare.sh"], "'normal' is not an sbatch option"),
+    (["binary.bin"], "is not a text file"),
+    (["missing.sh"], "recipe not found"),
+    (["folder"], "is a directory"),
+    (["--gpus-per-node", "-1", "train.sh"], "gpus_per_node"),
+    (["-N", "0", "train.sh"], "nodes"),
+    (["-n", "3", "-N", "2", "train.sh"], "same number of ranks on every node"),
+    (["-n", "4", "-N", "2", "--ntasks-per-node", "1", "train.sh"], "is not --nodes 2 times"),
+    (["--inject", "explode@3", "train.sh"], "unknown injection kind"),
+    (["--inject", "crash@soon", "train.sh"], "malformed duration"),
+    (["--preempt-time", "5x", "train.sh"], "--preempt-time: malformed duration '5x'"),
+    (["--preempt-time", "-5", "train.sh"], "--preempt-time"),
+    (["--preempt-time", "10m", "train.sh"], "not shorter than the time limit"),
+    (["--preempt-time", "600", "train.sh"], "not shorter than the time limit"),
+    (["badkey.py"], "'BAD-KEY' is not a shell name"),
+    (["nulenv.py"], "NUL byte"),
+    (["comment.py"], "--comment is set by ftslurm itself"),
+    (["newname.py"], "--job-name"),
+    (["train.sh", "--", "a\x00b"], "NUL byte"),
+]
+BAD_TIMES = [
+    (["-t", "1:99:99x", "--dry-run", "train.sh"], "malformed time limit '1:99:99x'"),
+    (["-t", "-5", "--dry-run", "train.sh"], "malformed time limit '-5'"),
+    (["-t", "ten", "--dry-run", "train.sh"], "malformed time limit"),
+    (["-t", "1\n", "--dry-run", "train.sh"], "--time"),
+    (["-t", "1", "--dry-run", "train.sh"], "not shorter than the time limit"),  # 60 s lead
+]
+
+
+@pytest.mark.parametrize("argv,fragment", [(T + a, f) for a, f in BAD] + BAD_TIMES,
+                         ids=lambda v: repr(v)[:60] if isinstance(v, list) else None)
+def test_bad_input_is_one_line_and_records_and_submits_nothing(env, capsys, argv, fragment):
+    code, out, err = submit(env, capsys, *argv)
+    assert code != 0
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    assert fragment in lines[0]
+    assert "Traceback" not in err and out == ""
+    # Nothing recorded (no state folder at all) and nothing reached the mock scheduler.
+    assert not (env / "home").exists() and not (env / "mock").exists()
+
+
+def sbatch_lines(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+NEW_FLAGS = [
+    (["-J", "myrun"], "--job-name=myrun"), (["--name", "other"], "--job-name=other"),
+    (["-c", "2"], "--cpus-per-task=2"), (["--mem", "64G"], "--mem=64G"),
+    (["--mem-per-cpu", "4G"], "--mem-per-cpu=4G"), (["--gres", "gpu:8"], "--gres=gpu:8"),
+    (["-G", "16"], "--gpus=16"), (["-C", "a100"], "--constraint=a100"),
+    (["-q", "high"], "--qos=high"), (["--dependency", "afterok:12"], "--dependency=afterok:12"),
+    (["--mail-type", "END,FAIL"], "--mail-type=END,FAIL"),
+    (["--mail-user", "me@x.org"], "--mail-user=me@x.org"), (["-w", "n1,n2"], "--nodelist=n1,n2"),
+    (["-x", "n3"], "--exclude=n3"), (["--exclusive"], "--exclusive"), (["-n", "1"], "--ntasks=1"),
+    (["--reservation", "r1"], "--reservation=r1"), (["--wckey", "wk"], "--wckey=wk"),
+    (["--sbatch-arg=--begin=now+1hour"], "--begin=now+1hour"),
+    (["--sbatch-arg", "-k"], "--no-kill"),
+    (["--sbatch-arg=-q", "--sbatch-arg=low"], "--qos=low"),
+    (["-J", "a b'c"], "'--job-name=a b\\'c'"),
+]
+
+
+@pytest.mark.parametrize("argv,line", NEW_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list)
+                         else None)  # fmt: skip
+def test_each_sbatch_flag_reaches_the_script_exactly_once(env, capsys, argv, line):
+    # header.sh sets -q, -C and --mem itself: the command line replaces them, never doubles.
+    code, out, err = submit(env, capsys, "--print-script", "-t", "30", *argv, "header.sh")
+    assert code == 0, err
+    lines = sbatch_lines(out)
+    assert lines.count(f"#SBATCH {line}") == 1, lines
+    flag = re.match(r"'?(--[a-z-]+)", line)[1]
+    assert [re.match(r"#SBATCH '?(--[a-z-]+)", x)[1] for x in lines].count(flag) == 1
+    assert err == ""
+    assert not (env / "home").exists()
+
+
+def test_short_sbatch_forms_in_a_script_header_are_read(env, capsys):
+    code, out, err = submit(env, capsys, "--print-script", "-t", "30", "header.sh")
+    assert code == 0, err
+    lines = sbatch_lines(out)
+    for line in ("--qos=normal", "'--constraint=a&b'", "--mem=4G"):
+        assert lines.count(f"#SBATCH {line}") == 1, lines
+
+
+@pytest.mark.parametrize("limit", ["UNLIMITED", "infinite", "0", "0:00:00"])
+def test_no_time_limit_works_and_warns_once(env, capsys, limit):
+    code, out, err = submit(env, capsys, "--print-script", "-t", limit, "train.sh")
+    assert code == 0, err
+    assert "#SBATCH --time=UNLIMITED" in sbatch_lines(out)
+    assert not any("--signal" in x for x in sbatch_lines(out))  # nothing to signal before
+    assert err.count("\n") == 1 and err.startswith("Warning: ") and "checkpoint" in err
+
+
+def test_no_time_limit_given_warns_once(env, capsys):
+    code, out, err = submit(env, capsys, "--print-script", "train.sh")
+    assert code == 0 and not any("--time" in x for x in sbatch_lines(out))
+    assert err.startswith("Warning: no -t") and err.count("\n") == 1
+    _, _, quiet = submit(env, capsys, "--print-script", "--preempt-time", "0", "train.sh")
+    assert quiet == ""  # no checkpoint signal asked for: nothing to warn about
+
+
+@pytest.mark.parametrize("preempt,signal", [("90s", "USR2@90"), ("5m", "USR2@300"),
+                                            ("120", "USR2@120"), ("1.5m", "USR2@90")])
+def test_preempt_time_takes_the_duration_forms_of_inject(env, capsys, preempt, signal):
+    code, out, err = submit(env, capsys, "--print-script", "-t", "60", "--preempt-time",
+                            preempt, "train.sh")  # fmt: skip
+    assert code == 0, err
+    assert f"#SBATCH --signal={signal}" in sbatch_lines(out)
+
+
+@pytest.mark.parametrize("argv,ranks", [
+    (["--gpus-per-node", "8"], 8), (["--gpus-per-node", "8", "--ntasks-per-node", "2"], 2),
+    (["-N", "2", "-n", "8"], 4), ([], 1), (["--gpus-per-node", "0"], 1),
+])  # fmt: skip
+def test_ranks_per_node(env, capsys, argv, ranks):
+    code, out, err = submit(env, capsys, "--print-script", "-t", "30", *argv, "train.sh")
+    assert code == 0, err
+    assert f"--nproc-per-node={ranks} " in out
+    assert f"#SBATCH --ntasks-per-node={ranks}" in sbatch_lines(out)
+
+
+def test_the_mock_takes_sbatch_flags_it_does_not_model(env, tmp_path):
+    recipe = load_recipe(env / "train.sh").with_overrides(
+        time="10", sbatch_extra={"mem": "4G", "gres": "gpu:1", "qos": "high", "exclusive": None,
+                                 "constraint": "a&b", "mail-type": "END", "wckey": "w"})
+    spec = make_spec(recipe, run_dir=tmp_path / "run", backend="mock", workdir=str(tmp_path))
+    script, options = build_attempt("r1", spec, {}, 0, ())
+    st = MockState.create(MockConfig())
+    job_id = model.submit(st, script, options, 0.0)
+    assert st.jobs[job_id].time_limit_s == 600 and st.jobs[job_id].open_mode == "append"
