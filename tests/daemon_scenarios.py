@@ -175,3 +175,66 @@ def straggler_is_moved_off(cli: Cli, tmp_path: Path, *submit_args: str) -> dict[
     assert [f["nodes"] for f in flagged] == [[victim]], flagged  # that node, no other
     assert flagged[0]["reasons"][victim].startswith("straggler:")
     return s
+
+
+def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
+    """The parameter digest of examples/recipe.py run uninterrupted by `world` local ranks
+    (no ftslurm around it), for comparing with a run that was interrupted and resumed."""
+    folder = tmp_path / "reference"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM_"))}
+    port = str(20000 + os.getpid() % 20000)
+    procs = [subprocess.Popen(
+        [sys.executable, str(RECIPE), "--steps", str(steps), "--checkpoint-dir", str(folder)],
+        env={**env, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": port}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True) for r in range(world)]  # fmt: skip
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    final = json.loads((folder / "final.json").read_text())
+    assert final["step"] == steps
+    return final["digest"]
+
+
+def node_hangs(run_dir: Path, attempt: int = 0) -> list[dict[str, Any]]:
+    """The hangs the launchers of an attempt detected (their node reports)."""
+    return [h for p in sorted((run_dir / "attempts" / str(attempt)).glob("node-*.json"))
+            for h in json.loads(p.read_text())["hangs"]]  # fmt: skip
+
+
+def hang_is_caught_in_the_first_attempt(cli: Cli, tmp_path: Path, *submit_args: str) -> None:
+    """Scenario (issue: the first attempt lost its whole wall limit to a hang): rank 1 is
+    stopped 15 s into the first attempt of a run that configures no timeout. The launchers'
+    defaults, learned from the pace after the warm-up steps, catch it within the learned
+    timeout (30 s: 3 x 0.05 s steps, raised to the floor) plus 5 s, restart the ranks in-job
+    from the last checkpoint, and the run ends with the parameters of an uninterrupted one."""
+    steps, ckpt = 400, tmp_path / "ckpt"
+    expected = reference_digest(tmp_path, steps)
+    out = cli.submit(*submit_args, "--retries", "0", "--in-job-restarts", "2", "-N", "2",
+                     "-t", "5", "--inject", "hang@15s:1", str(RECIPE), "--", "--steps",
+                     str(steps), "--step-time", "0.05", "--checkpoint-dir", str(ckpt))  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert len(s["attempts"]) == 1 and s["in_job_restarts_total"] >= 1, s
+    hangs = node_hangs(Path(s["run_dir"]))
+    assert hangs, s
+    reason = hangs[0]["reason"]
+    assert "(timeout 30s)" in reason, reason  # learned from the pace, not the 300 s default
+    silent = float(reason.split("no sign of life for ")[1].split("s ")[0])
+    assert silent < 30 + 5, reason  # detected within the learned timeout + 5 s
+    final = json.loads((ckpt / "final.json").read_text())
+    assert final == {"step": steps, "digest": expected}
+
+
+def straggler_is_not_taken_for_hung(cli: Cli, tmp_path: Path, *submit_args: str) -> None:
+    """Scenario: the second node runs three times slower from 5 s on, with the default (and
+    learned) hang timeouts: it keeps making progress, so nothing is restarted."""
+    ckpt = tmp_path / "ckpt"
+    out = cli.submit(*submit_args, "--retries", "0", "--in-job-restarts", "1", "-N", "2",
+                     "--inject", "straggler@5:1*3", str(RECIPE), "--", "--steps", "150",
+                     "--step-time", "0.05", "--checkpoint-dir", str(ckpt))  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert len(s["attempts"]) == 1 and s["in_job_restarts_total"] == 0, s
+    assert node_hangs(Path(s["run_dir"])) == []
+    assert json.loads((ckpt / "final.json").read_text())["step"] == 150

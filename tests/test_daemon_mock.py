@@ -23,7 +23,15 @@ from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
 
-from .daemon_scenarios import Cli, ended, straggler_is_moved_off, write_train
+from .daemon_scenarios import (
+    Cli,
+    ended,
+    hang_is_caught_in_the_first_attempt,
+    recipe_file,
+    straggler_is_moved_off,
+    straggler_is_not_taken_for_hung,
+    write_train,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -236,3 +244,31 @@ def test_a_submitit_checkpointable_continues_through_the_daemon_and_reports_good
     seconds = sum(v["seconds"] for v in report["breakdown"].values())
     assert seconds == pytest.approx(report["wall_s"], abs=0.5)
     assert 0 < report["goodput"] < 1 and report["breakdown"]["productive"]["seconds"] > 5
+
+
+def test_a_hung_rank_is_caught_in_the_first_attempt_without_configured_timeouts(cli, tmp_path):
+    hang_is_caught_in_the_first_attempt(cli, tmp_path, "--dry-run")
+
+
+def test_a_threefold_straggler_is_not_taken_for_hung(cli, tmp_path):
+    straggler_is_not_taken_for_hung(cli, tmp_path, "--dry-run")
+
+
+def test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending(cli, tmp_path):
+    """Hang detection turned off (running timeout None): rank 1 stops 15 s in and the
+    attempt sits hung until its wall limit (75 s). It checkpointed before the hang, but it
+    is a hang that spends the failure budget (here none), and the reason names the rank, its
+    node and section, and the checkpoint signal that nobody acted on."""
+    recipe = recipe_file(tmp_path, "hang-off", args=[
+        "--steps", "2000", "--step-time", "0.05", "--checkpoint-dir", str(tmp_path / "ckpt")],
+        out_of_section_timeout=None, num_job_retries_on_failure=0, preempt_time=10)
+    out = cli.submit("--dry-run", "--inject", "hang@15s:1", "--inject", "timeout@75s",
+                     str(recipe))  # fmt: skip
+    s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
+    assert s["state"] == "FAILED", s
+    a = s["attempts"][0]
+    assert a["state"] == "TIMEOUT" and a["cause"] == "hang", a
+    assert "retry budget exhausted (0/0); last ending: hang" in s["reason"], s["reason"]
+    assert "hung in section" in a["reason"] and "when the job was told to stop" in a["reason"]
+    assert "rank " in a["reason"] and "(node n" in a["reason"], a["reason"]
+    assert "checkpoint signal sent at" in a["reason"] and "not acted on" in a["reason"]

@@ -38,6 +38,9 @@ TERMINAL = frozenset({Verdict.COMPLETE, Verdict.FAIL, Verdict.CANCEL})
 C, J = Cause, JobState
 
 
+HUNG = "rank 1 (node n2) hung in section 'step' when the job was told to stop: no sign of life"
+
+
 def E(state: JobState = J.FAILED, code: int | None = None, **kw) -> Ending:
     return Ending(state=state, exit_code=code, **kw)
 
@@ -135,6 +138,26 @@ CLASSIFY_ROWS = [
      C.CHECKPOINTED),
     ("timeout/killed-outcome", E(J.TIMEOUT, 0, checkpoint_signal_sent=True,
                                  rank_outcomes=("killed",)), {}, C.TIMEOUT),
+    # ... but not when a rank sat hung until the wall limit, nor, when the run reports its
+    # checkpoints, without a checkpoint newer than the one the attempt started from.
+    ("timeout/hung-at-the-wall-limit", E(J.TIMEOUT, 0, checkpoint_advanced=True,
+                                         checkpoints_known=True, hung=HUNG), {}, C.HANG),
+    ("timeout/hung-beats-checkpointed-outcome", E(J.TIMEOUT, 75, hung=HUNG,
+                                                  rank_outcomes=("checkpointed",)), {}, C.HANG),
+    ("timeout/hung-with-down-node", E(J.TIMEOUT, 0, hung=HUNG, down_nodes=("n1",)), {},
+     C.NODE_FAIL),
+    ("timeout/no-new-checkpoint", E(J.TIMEOUT, 0, rank_outcomes=("checkpointed",),
+                                    checkpoints_known=True), {}, C.TIMEOUT),
+    ("timeout/no-new-checkpoint-after-signal", E(J.TIMEOUT, 0, checkpoint_signal_sent=True,
+                                                 checkpoints_known=True), {}, C.TIMEOUT),
+    ("timeout/new-checkpoint-signal-ignored", E(J.TIMEOUT, 0, checkpoint_signal_sent=True,
+                                                checkpoint_signal_at=1000.0,
+                                                checkpoints_known=True,
+                                                checkpoint_advanced=True), {},
+     C.CHECKPOINTED),
+    ("completed/hung-at-stop-but-saved", E(J.COMPLETED, 0, hung=HUNG,
+                                           rank_outcomes=("checkpointed",)), {},
+     C.CHECKPOINTED),
     # PREEMPTED, or requeued by Slurm itself: continued only with a "checkpointed" report.
     ("preempted", E(J.PREEMPTED, 0), {}, C.PREEMPTED),
     ("preempted/checkpointed-outcome", E(J.PREEMPTED, 0, rank_outcomes=("checkpointed",)), {},
@@ -222,11 +245,33 @@ DECIDE_ROWS = [
      V.RETRY, ["crash: retry 2/2"], B(2, {"crash": 2}, 4, 2), ()),
     ("crash/budget-exhausted", C.CRASH, E(J.FAILED, 1), B(2, {"oom": 2}), {}, False,
      V.FAIL, ["retry budget exhausted (2/2)", "last ending: crash"], B(2, {"oom": 2}), ()),
+    ("timeout/signal-acted-on-no-note", C.CHECKPOINTED, E(J.TIMEOUT, checkpoint_advanced=True,
+     checkpoint_signal_sent=True, checkpoint_signal_at=60.0, checkpoints_known=True,
+     checkpoint_after_signal=True), B(), {}, False, V.CONTINUE, ["checkpointed: continuing"],
+     B(0, {}, 1, 0), ()),
     ("timeout/no-retries-allowed", C.TIMEOUT, E(J.TIMEOUT), B(),
      {"num_job_retries_on_failure": 0}, False,
      V.FAIL, ["retry budget exhausted (0/0)", "timeout"], B(), ()),
     ("timeout/retry", C.TIMEOUT, E(J.TIMEOUT), B(), {}, False,
      V.RETRY, ["timeout: retry 1/2"], B(1, {"timeout": 1}), ()),
+    # A hang at the wall limit spends the failure budget and says which rank and section.
+    ("hang/retry", C.HANG, E(J.TIMEOUT, hung=HUNG), B(), {}, False,
+     V.RETRY, ["hang: retry 1/2", "rank 1 (node n2) hung in section 'step'"],
+     B(1, {"hang": 1}), ()),
+    ("hang/budget-exhausted", C.HANG, E(J.TIMEOUT, hung=HUNG), B(), {"cause_budgets":
+     {C.HANG: 0}}, False, V.FAIL, ["retry budget for hang exhausted (0/0)", HUNG], B(), ()),
+    # The checkpoint signal went out and no checkpoint followed: the reason says so.
+    ("timeout/signal-not-acted-on", C.TIMEOUT, E(J.TIMEOUT, checkpoint_signal_sent=True,
+     checkpoint_signal_at=0.0, checkpoints_known=True), B(), {}, False, V.RETRY,
+     ["timeout: retry 1/2", "checkpoint signal sent at 1970-01-01 00:00:00 UTC, not acted "
+      "on: no checkpoint after it"], B(1, {"timeout": 1}), ()),
+    ("checkpointed/signal-not-acted-on", C.CHECKPOINTED, E(J.TIMEOUT, checkpoint_advanced=True,
+     checkpoint_signal_sent=True, checkpoint_signal_at=60.0, checkpoints_known=True), B(), {},
+     False, V.CONTINUE, ["checkpointed: continuing", "sent at 1970-01-01 00:01:00 UTC, not "
+                         "acted on"], B(0, {}, 1, 0), ()),
+    ("no-heartbeats/note", C.CRASH, E(J.FAILED, 1, heartbeats=False), B(), {}, False,
+     V.RETRY, ["crash: retry 1/2", "no heartbeats", "only by 300s without CPU use"],
+     B(1, {"crash": 1}), ()),
     ("preempted/retry", C.PREEMPTED, E(J.PREEMPTED), B(1, {"crash": 1}), {}, False,
      V.RETRY, ["preempted: retry 2/2"], B(2, {"crash": 1, "preempted": 1}), ()),
     ("oom/retry", C.OOM, E(J.OUT_OF_MEMORY), B(), {}, False,
@@ -315,6 +360,21 @@ def test_decide(cause, ending, budget, overrides, cancel, verdict, words, after,
     assert d.budget == after
     assert d.exclude == exclude
     assert budget == before  # the budget passed in is never changed in place
+
+
+def test_no_note_when_the_signal_was_acted_on_or_the_ranks_beat():
+    e = E(J.TIMEOUT, checkpoint_advanced=True, checkpoint_signal_sent=True,
+          checkpoint_signal_at=60.0, checkpoints_known=True, checkpoint_after_signal=True)
+    assert decide(C.CHECKPOINTED, e, B(), DEFAULT).reason == "checkpointed: continuing"
+
+
+def test_hang_defaults_are_on_and_setup_and_checkpointing_keep_their_own_limits():
+    s = FtSettings(section_timeouts={"step": 60, "setup": None})
+    assert s.section_timeouts == {"setup": None, "checkpointing": 1800, "step": 60}
+    assert FtSettings(out_of_section_timeout=None, initial_timeout=None,
+                      hang_warmup_steps=None).out_of_section_timeout is None  # None: off
+    with pytest.raises(ValueError, match="must be > 0"):
+        FtSettings(section_timeouts={"step": 0})
 
 
 def test_decide_table_covers_every_cause_and_verdict():
@@ -629,7 +689,8 @@ def test_settings_defaults():
         "max_stalled_continuations": 3, "user_error_exit_codes": (),
         "exclude_failed_nodes": True, "node_exclusion_ttl_s": 86400,
         "node_exclusion_max_ttl_s": 604800,
-        "use_launcher": True, "section_timeouts": {}, "out_of_section_timeout": None,
+        "use_launcher": True, "section_timeouts": {"setup": 1800, "checkpointing": 1800},
+        "out_of_section_timeout": 300, "initial_timeout": 1800, "hang_warmup_steps": 20,
         "grace_s": 120, "straggler_report_interval_s": 60, "straggler_threshold": 0.75,
         "straggler_windows": 3, "straggler_reference": "best", "exclude_stragglers": True,
         "stop_if_straggler": False,

@@ -10,12 +10,24 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ftslurm.agent import launch
-from ftslurm.agent.heartbeat import Beat, HeartbeatWriter, Timeouts, hang_reason, read_beat
+from ftslurm.agent.heartbeat import (
+    Beat,
+    HeartbeatWriter,
+    Pace,
+    Timeouts,
+    hang_reason,
+    idle_reason,
+    learned,
+    observe_pace,
+    read_beat,
+    watch_cpu,
+)
 
 TRAIN = r'''
 import json, os, signal, sys, time
@@ -111,6 +123,56 @@ def test_a_hung_rank_is_detected_within_its_timeout_and_restarted(tmp_path):
     assert "round 1 starts at 10" in out
 
 
+PLAIN = r'''
+import json, os, signal, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")  # no rank agent: no heartbeats, no sections
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+ckpt = os.path.join(os.environ["FTSLURM_CHECKPOINT_DIR"], "plain.json")
+step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+print(f"rank {rank} round {restart} starts at {step}", flush=True)
+while step < 40:
+    t = torch.ones(1); dist.all_reduce(t)
+    end = time.perf_counter() + 0.02
+    while time.perf_counter() < end:  # busy, as training is
+        pass
+    step += 1
+    if rank == world - 1 and step == 15 and restart == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if step % 10 == 0 and rank == 0:
+        json.dump({"step": step}, open(ckpt + ".tmp", "w")); os.replace(ckpt + ".tmp", ckpt)
+    if step % 10 == 0:
+        dist.barrier()
+print(f"rank {rank} finished at {step}", flush=True)
+'''
+
+
+def test_a_stopped_rank_of_a_script_without_heartbeats_is_seen_by_its_cpu_time(tmp_path):
+    """A script that never calls the rank agent: the launcher's only evidence is CPU time;
+    a rank that uses none for the running timeout is hung (the old launcher waited forever)."""
+    (tmp_path / "plain.py").write_text(PLAIN)
+    for name in ("run", "ckpt"):
+        (tmp_path / name).mkdir()
+    env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"),
+               FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"), MASTER_ADDR="127.0.0.1",
+               SLURM_JOB_ID=str(os.getpid() % 9000 + 7))  # fmt: skip
+    for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
+        env.pop(key, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node", "2",
+         "--monitor-interval", "0.2", "--max-restarts", "1", "--section-timeouts",
+         '{"out_of_section": 3}', "--", sys.executable, str(tmp_path / "plain.py")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    code, out = finish(proc)
+    assert code == launch.EXIT_FINISHED, out
+    report = node_report(tmp_path)
+    assert report["in_job_restarts"] == 1 and report["heartbeats"] is False
+    assert "no CPU use" in report["hangs"][0]["reason"]
+    assert "timeout 3s" in report["hangs"][0]["reason"]
+    assert "round 1 starts at 10" in out
+
+
 def test_restarts_exhausted_exit_with_the_documented_code(tmp_path):
     code, out = finish(start(tmp_path, "--max-restarts", "1", FAIL_AT="3",
                              FAIL_EVERY_ROUND="1"))  # fmt: skip
@@ -159,6 +221,99 @@ def test_timeouts_are_tightened_from_what_earlier_attempts_observed():
 def test_hang_reason(beat, now, hung):
     timeouts = Timeouts(sections={"step": 10.0, "checkpointing": None}, out_of_section=5.0)
     assert (hang_reason(beat, timeouts, now) is not None) is hung
+
+
+def test_a_section_without_its_own_limit_falls_under_the_running_timeout():
+    timeouts = Timeouts(sections={"checkpointing": 600.0}, out_of_section=30.0)
+    # in "compute" (no limit of its own) since 100, silent since 100: hung after 30 s
+    assert hang_reason(Beat(100.0, "compute", 100.0, 5, 90.0, 1), timeouts, 129.0) is None
+    why = hang_reason(Beat(100.0, "compute", 100.0, 5, 90.0, 1), timeouts, 131.0)
+    assert why and "in section 'compute'" in why and "timeout 30s" in why
+    # a checkpoint keeps its own, looser limit
+    assert hang_reason(Beat(100.0, "checkpointing", 100.0, 5, 90.0, 1), timeouts, 600.0) is None
+    # the running timeout off (None) means off
+    off = Timeouts(sections={}, out_of_section=None)
+    assert hang_reason(Beat(100.0, "compute", 100.0, 5, 90.0, 1), off, 1e6) is None
+
+
+def beats(times: list[float], section: str | None = None) -> list[Beat]:
+    """A rank's record at each step's heartbeat (step i at times[i])."""
+    return [Beat(t, section, None, i, 0.0, 1) for i, t in enumerate(times)]
+
+
+def paced(timeouts: Timeouts, records: list[Beat]) -> Pace:
+    pace = Pace()
+    for beat in records:
+        pace = observe_pace(pace, beat, timeouts)
+    return pace
+
+
+def test_the_running_timeout_is_learned_from_the_pace_after_the_warm_up():
+    t = Timeouts(sections={"checkpointing": 600.0}, out_of_section=300.0, warmup_steps=3)
+    # slow first steps (warm-up: compilation, caches), then 0.5 s per step
+    times = [0.0, 20.0, 40.0, 41.0, 41.5, 42.0, 42.5]
+    pace = paced(t, beats(times))
+    assert pace.longest == pytest.approx(0.5)  # the warm-up steps do not count
+    assert learned(t, pace).out_of_section == 30.0  # 3 x 0.5 s, raised to the 30 s floor
+    assert learned(t, pace, floor_s=1.0).out_of_section == pytest.approx(1.5)
+    assert learned(t, paced(t, beats(times[:4]))) == t  # nothing learned before the warm-up
+    # steps seen several at a time count per step
+    few = [Beat(0.0, None, None, 0, 0.0, 1), Beat(10.0, None, None, 5, 0.0, 1),
+           Beat(12.0, None, None, 9, 0.0, 1), Beat(14.0, None, None, 13, 0.0, 1)]
+    assert paced(t, few).longest == pytest.approx(0.5)
+    # never looser than configured; off stays off
+    assert learned(replace(t, out_of_section=20.0), pace).out_of_section == 20.0
+    assert learned(replace(t, out_of_section=None), pace).out_of_section is None
+    # no learning when warmup_steps is None
+    assert paced(replace(t, warmup_steps=None), beats(times)).longest is None
+
+
+def test_a_step_through_a_checkpoint_does_not_set_the_pace():
+    t = Timeouts(sections={"checkpointing": 600.0}, out_of_section=300.0, warmup_steps=1)
+    records = [*beats([0.0, 1.0, 2.0]), Beat(2.5, "checkpointing", 2.1, 2, 0.0, 1),
+               Beat(60.0, None, None, 3, 0.0, 1), Beat(61.0, None, None, 4, 0.0, 1)]
+    assert paced(t, records).longest == pytest.approx(1.0)  # not the 58 s with the save
+
+
+def test_a_straggler_slowed_threefold_is_not_taken_for_hung():
+    """Steps of 0.1 s, then the node slows threefold (0.3 s a step): the learned timeout
+    (30 s) is far above any silence of a rank that still makes progress."""
+    t = Timeouts(sections={"checkpointing": 600.0}, out_of_section=300.0, warmup_steps=20)
+    times = [0.1 * i for i in range(40)] + [3.9 + 0.3 * i for i in range(1, 40)]
+    pace = Pace()
+    for beat in beats(times):
+        pace = observe_pace(pace, beat, t)
+        limits = learned(t, pace)
+        # looked at just before the next step's heartbeat: 0.3 s of silence at most
+        assert hang_reason(beat, limits, beat.last_beat + 0.3) is None
+    assert pace.longest == pytest.approx(0.3) and learned(t, pace).out_of_section == 30.0
+    # stopped for good: caught once the learned timeout has passed, not after 300 s
+    assert hang_reason(beats(times)[-1], learned(t, pace), times[-1] + 31.0)
+
+
+def test_a_rank_without_heartbeats_is_hung_when_its_cpu_time_stands_still():
+    watch = watch_cpu(None, 5.0, 0.0, window=1.0)
+    for now, cpu in [(1.0, 5.5), (2.0, 6.0), (3.0, 6.5)]:  # busy: half a core
+        watch = watch_cpu(watch, cpu, now, window=1.0)
+    assert watch.busy_at == 3.0
+    for now in (4.0, 5.0, 6.0, 7.0):  # stopped: no CPU at all
+        watch = watch_cpu(watch, 6.5, now, window=1.0)
+    assert idle_reason(watch, 3.0, 6.0) is None
+    why = idle_reason(watch, 3.0, 7.0)
+    assert why and "no CPU use for 4.0s" in why
+    assert idle_reason(watch, None, 1e6) is None  # off
+    # a sample within the window changes nothing
+    assert watch_cpu(watch, 100.0, 7.5, window=1.0) == watch
+
+
+def test_timeouts_left_out_get_the_defaults_and_null_is_off():
+    t = launch.parse_timeouts(None)
+    assert t == Timeouts(sections={"setup": 1800.0, "checkpointing": 1800.0},
+                         out_of_section=300.0, initial=1800.0, warmup_steps=20)
+    t = launch.parse_timeouts('{"step": 8, "out_of_section": null, "warmup_steps": null, '
+                              '"setup": null}')
+    assert t.sections == {"setup": None, "checkpointing": 1800.0, "step": 8.0}
+    assert t.out_of_section is None and t.warmup_steps is None and t.initial == 1800.0
 
 
 def test_heartbeat_record_round_trip(tmp_path):

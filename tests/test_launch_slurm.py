@@ -13,7 +13,14 @@ import pytest
 from ftslurm.daemon.store import Store
 
 from .conftest import wait_file
-from .daemon_scenarios import RECIPE, Cli, ended, recipe_file, straggler_is_moved_off
+from .daemon_scenarios import (
+    RECIPE,
+    Cli,
+    ended,
+    hang_is_caught_in_the_first_attempt,
+    recipe_file,
+    straggler_is_moved_off,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -135,3 +142,7 @@ def test_a_corrupted_newest_checkpoint_is_skipped_on_load(cli, tmp_path):
     assert "step-0000000030" in log  # the warning names the checkpoint it skipped
     assert json.loads((ckpt / "final.json").read_text()) == \
         json.loads((ref / "final.json").read_text())
+
+
+def test_a_hung_rank_is_caught_in_the_first_attempt_without_configured_timeouts(cli, tmp_path):
+    hang_is_caught_in_the_first_attempt(cli, tmp_path)

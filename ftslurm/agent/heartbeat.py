@@ -19,7 +19,7 @@ import mmap
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftslurm.fsutil import read_json, write_json_atomic
@@ -28,6 +28,22 @@ SIZE = 64
 _F64, _I64 = struct.Struct("<d"), struct.Struct("<q")
 # Well-known sections have fixed ids; others are numbered from 16 in order of first use.
 KNOWN_SECTIONS = {"setup": 0, "step": 1, "checkpointing": 2, "compute": 3}
+
+# Hang detection is on by default (seconds): a rank gets DEFAULT_INITIAL_S from its start to
+# its first heartbeat or section, then at most DEFAULT_RUNNING_S without a sign of life (a
+# heartbeat, a section entered or left) unless the open section has its own limit; "setup"
+# and "checkpointing" keep their own, looser ones. After DEFAULT_WARMUP_STEPS steps of a
+# round the running limit is tightened to SAFETY_FACTOR x the longest step seen, never
+# below FLOOR_S (`learned`); the same factor and floor tighten limits across attempts.
+DEFAULT_INITIAL_S = 1800.0
+DEFAULT_RUNNING_S = 300.0
+DEFAULT_SECTION_S: dict[str, float | None] = {"setup": 1800.0, "checkpointing": 1800.0}
+DEFAULT_WARMUP_STEPS = 20
+SAFETY_FACTOR = 3.0
+FLOOR_S = 30.0
+# Written by a launcher told to stop (the checkpoint signal, SIGTERM) while one of its ranks
+# looks hung, inside `$FTSLURM_RUN_DIR/attempts/<attempt>/`; the daemon reads it.
+HUNG_AT_STOP = "hung-node-{}.json"
 
 
 def record_path(directory: Path | str, local_rank: int) -> Path:
@@ -127,19 +143,34 @@ def read_beat(directory: Path | str, local_rank: int) -> Beat | None:
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds a section may stay open, and the longest gap between heartbeats while no
-    section is open. None means infinite. `initial` bounds the time from a rank's start
-    to its first heartbeat or section."""
+    """Seconds a section with its own limit may stay open (`sections`), and the running
+    timeout `out_of_section`: the longest time without a sign of life (a heartbeat, a
+    section entered or left) while no section with its own limit is open. None means
+    infinite. `initial` bounds the time from a rank's start to its first heartbeat or
+    section; `warmup_steps` is how many steps of a round pass before the running timeout
+    is learned from the pace (`learned`; None: not learned)."""
 
     sections: dict[str, float | None]
     out_of_section: float | None = None
     initial: float | None = None
+    warmup_steps: int | None = None
+
+
+def _own_limit(beat: Beat, timeouts: Timeouts) -> bool:
+    return beat.section is not None and beat.section in timeouts.sections
+
+
+def silence(beat: Beat, timeouts: Timeouts, now: float) -> float:
+    """How long the rank has shown no sign of life the rules below look at (pure)."""
+    if _own_limit(beat, timeouts) and beat.section_start is not None:
+        return now - beat.section_start
+    return now - (beat.last_beat if beat.last_beat is not None else beat.attached_at)
 
 
 def hang_reason(beat: Beat, timeouts: Timeouts, now: float) -> str | None:
     """Why this rank counts as hung at `now`, or None (pure)."""
-    if beat.section is not None and beat.section_start is not None:
-        limit = timeouts.sections.get(beat.section)
+    if _own_limit(beat, timeouts) and beat.section_start is not None:
+        limit = timeouts.sections[beat.section]  # type: ignore[index]
         if limit is not None and now - beat.section_start > limit:
             return (f"section {beat.section!r} open for {now - beat.section_start:.1f}s "
                     f"(timeout {limit:g}s)")  # fmt: skip
@@ -149,7 +180,80 @@ def hang_reason(beat: Beat, timeouts: Timeouts, now: float) -> str | None:
             return f"no heartbeat {now - beat.attached_at:.1f}s after start " \
                    f"(timeout {timeouts.initial:g}s)"
         return None
-    if timeouts.out_of_section is not None and now - beat.last_beat > timeouts.out_of_section:
-        return (f"no heartbeat for {now - beat.last_beat:.1f}s outside any section "
-                f"(timeout {timeouts.out_of_section:g}s)")  # fmt: skip
+    limit = timeouts.out_of_section
+    if limit is not None and now - beat.last_beat > limit:
+        where = f"in section {beat.section!r}" if beat.section else "outside any section"
+        return (f"no sign of life for {now - beat.last_beat:.1f}s {where} "
+                f"(timeout {limit:g}s)")  # fmt: skip
     return None
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What the launcher saw of one rank's steps in the current round (a value)."""
+
+    step: int | None = None  # the last step seen
+    at: float | None = None  # its heartbeat time
+    steps: int = 0  # steps seen completed in this round
+    longest: float | None = None  # the longest time per step after the warm-up
+    own_section: bool = False  # the current step passed through a section with its own limit
+
+
+def observe_pace(pace: Pace, beat: Beat, timeouts: Timeouts) -> Pace:
+    """`pace` updated with a new look at the rank's record (pure). A step counts once
+    `timeouts.warmup_steps` steps of the round are done, unless it passed through a section
+    with its own limit (a checkpoint: that one has its own timeout)."""
+    own = _own_limit(beat, timeouts)
+    if beat.step is None or beat.last_beat is None:
+        return pace
+    if pace.step is None or pace.at is None or beat.step < pace.step:
+        return Pace(beat.step, beat.last_beat, own_section=own)
+    if beat.step == pace.step:
+        return replace(pace, own_section=True) if own and not pace.own_section else pace
+    advanced = beat.step - pace.step
+    longest = pace.longest
+    warm = timeouts.warmup_steps is not None and pace.steps >= timeouts.warmup_steps
+    if warm and not (pace.own_section or own):
+        longest = max(longest or 0.0, (beat.last_beat - pace.at) / advanced)
+    return Pace(beat.step, beat.last_beat, pace.steps + advanced, longest, own)
+
+
+def learned(timeouts: Timeouts, pace: Pace, factor: float = SAFETY_FACTOR,
+            floor_s: float = FLOOR_S) -> Timeouts:  # fmt: skip
+    """The running timeout tightened by the pace seen after the warm-up (pure): `factor` x
+    the longest step, at least `floor_s`, never looser than configured; off stays off."""
+    if pace.longest is None or timeouts.out_of_section is None:
+        return timeouts
+    limit = min(timeouts.out_of_section, max(floor_s, factor * pace.longest))
+    return replace(timeouts, out_of_section=limit)
+
+
+@dataclass(frozen=True)
+class CpuWatch:
+    """A rank without a heartbeat record, watched by its CPU time (a value)."""
+
+    cpu: float  # CPU seconds of the rank's processes at the reference sample
+    at: float  # when that sample was taken
+    busy_at: float  # the last time it was seen using CPU
+
+
+IDLE_CPU_SHARE = 0.01  # less CPU than this share of the wall time counts as idle
+
+
+def watch_cpu(watch: CpuWatch | None, cpu: float, now: float, window: float) -> CpuWatch:
+    """`watch` updated with a CPU sample (pure): every `window` seconds, busy if the rank
+    used more than IDLE_CPU_SHARE of the wall time since the last reference sample."""
+    if watch is None:
+        return CpuWatch(cpu, now, now)
+    if now - watch.at < window:
+        return watch
+    busy = cpu - watch.cpu > IDLE_CPU_SHARE * (now - watch.at)
+    return CpuWatch(cpu, now, now if busy else watch.busy_at)
+
+
+def idle_reason(watch: CpuWatch | None, limit: float | None, now: float) -> str | None:
+    """Why a rank that never wrote heartbeats counts as hung: no CPU use for `limit`."""
+    if watch is None or limit is None or now - watch.busy_at <= limit:
+        return None
+    return (f"no CPU use for {now - watch.busy_at:.1f}s and no heartbeats "
+            f"(timeout {limit:g}s)")

@@ -12,9 +12,13 @@ Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it s
   `$FTSLURM_RUN_DIR/attempts/<attempt>/node-<node_rank>.json` (in-job restarts, hangs,
   outcome).
 Timeouts come from `--section-timeouts` (JSON, e.g. {"setup": 600, "step": 180,
-"checkpointing": 600, "out_of_section": 300}; null = infinite) and are tightened from what
-ranks observed in earlier attempts (`--safety-factor` x the longest seen, saved next to the
-checkpoints by the rank agent).
+"checkpointing": 600, "out_of_section": 300, "initial": 1800, "warmup_steps": 20}; null =
+infinite; what is left out gets the defaults of `ftslurm.agent.heartbeat`, so hang detection
+is on by default) and are tightened from what ranks observed in earlier attempts
+(`--safety-factor` x the longest seen, saved next to the checkpoints by the rank agent) and,
+within a round, after its warm-up steps, from the pace of the steps (`heartbeat.learned`).
+A rank that never writes heartbeats (a script that does not use the rank agent) is watched
+by its CPU time alone: idle for the running timeout counts as hung.
 """
 
 from __future__ import annotations
@@ -29,10 +33,30 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ftslurm.agent.heartbeat import Timeouts, hang_reason, read_beat
+from ftslurm.agent.heartbeat import (
+    DEFAULT_INITIAL_S,
+    DEFAULT_RUNNING_S,
+    DEFAULT_SECTION_S,
+    DEFAULT_WARMUP_STEPS,
+    FLOOR_S,
+    HUNG_AT_STOP,
+    SAFETY_FACTOR,
+    Beat,
+    CpuWatch,
+    Pace,
+    Timeouts,
+    hang_reason,
+    idle_reason,
+    learned,
+    observe_pace,
+    read_beat,
+    silence,
+    watch_cpu,
+)  # fmt: skip
 from ftslurm.agent.rank import OBSERVED_DIR
 from ftslurm.agent.straggler import collect_report
 from ftslurm.fsutil import read_json, write_json_atomic
@@ -51,7 +75,7 @@ NOT_TIGHTENED = frozenset({"setup"})
 
 
 def tightened(configured: Timeouts, observed: list[dict[str, float]], factor: float,
-              floor_s: float = 30.0) -> Timeouts:  # fmt: skip
+              floor_s: float = FLOOR_S) -> Timeouts:  # fmt: skip
     """Timeouts tightened by what earlier attempts observed (pure): for every section (and
     the out-of-section gap) seen before, `factor` x the longest duration across ranks, at
     least `floor_s`, and never looser than what was configured."""
@@ -71,16 +95,20 @@ def tightened(configured: Timeouts, observed: list[dict[str, float]], factor: fl
     out = configured.out_of_section
     if "out_of_section" in longest:
         out = tighter(out, longest["out_of_section"])
-    return Timeouts(sections=sections, out_of_section=out, initial=configured.initial)
+    return replace(configured, sections=sections, out_of_section=out)
 
 
 def parse_timeouts(text: str | None) -> Timeouts:
+    """The JSON of `--section-timeouts`; a key left out gets its default, null is off."""
     data: dict[str, Any] = json.loads(text) if text else {}
-    out = data.pop("out_of_section", None)
-    initial = data.pop("initial", None)
-    return Timeouts(sections={k: (None if v is None else float(v)) for k, v in data.items()},
+    out = data.pop("out_of_section", DEFAULT_RUNNING_S)
+    initial = data.pop("initial", DEFAULT_INITIAL_S)
+    warmup = data.pop("warmup_steps", DEFAULT_WARMUP_STEPS)
+    sections = {**DEFAULT_SECTION_S, **data}
+    return Timeouts(sections={k: (None if v is None else float(v)) for k, v in sections.items()},
                     out_of_section=None if out is None else float(out),
-                    initial=None if initial is None else float(initial))  # fmt: skip
+                    initial=None if initial is None else float(initial),
+                    warmup_steps=None if warmup is None else int(warmup))  # fmt: skip
 
 
 def _env_int(name: str, default: int) -> int:
@@ -102,7 +130,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "a port derived from the job)")  # fmt: skip
     p.add_argument("--rdzv-timeout", type=int, default=300)
     p.add_argument("--section-timeouts", default=os.environ.get("FTSLURM_SECTION_TIMEOUTS"))
-    p.add_argument("--safety-factor", type=float, default=3.0)
+    p.add_argument("--safety-factor", type=float, default=SAFETY_FACTOR)
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -143,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         "FTSLURM_ATTEMPT_BASE") else os.environ.get("FTSLURM_ATTEMPT", "0")  # fmt: skip
     os.environ["FTSLURM_ATTEMPT"] = attempt
     run_dir = Path(os.environ["FTSLURM_RUN_DIR"]) if os.environ.get("FTSLURM_RUN_DIR") else None
+    node_name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     hb_dir = Path(os.environ.get("TMPDIR", "/tmp"),
                   f"ftslurm-hb-{job}-{args.node_rank}-{os.getpid()}")
     hb_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if observed:
         log.info("timeouts from earlier attempts: %s", timeouts)
     state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [],
-                             "next_peer_check": 0.0, "next_collect": 0.0}
+                             "next_peer_check": 0.0, "next_collect": 0.0, "pace": {},
+                             "cpu": {}, "heartbeats": False, "look_at_stop": False}
     collector_interval = float(os.environ.get("FTSLURM_STRAGGLER_INTERVAL_S") or 60) / 2
     collector = straggler_collector(run_dir) if args.node_rank == 0 and run_dir else None
 
@@ -168,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
             for old in [*hb_dir.glob("rank-*.hb"), *hb_dir.glob("ready-*")]:
                 old.unlink(missing_ok=True)
+            state["pace"], state["cpu"] = {}, {}  # a new round learns its pace again
             started = super()._start_workers(worker_group)
             while early:  # what came before the ranks existed reaches them when ready
                 forward(early.pop(0), None)
@@ -199,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                             args.grace)  # fmt: skip
                 _kill(pids.values())
                 return RunResult(state=WorkerState.FAILED)
+            if state["look_at_stop"]:  # told to stop: leave word of ranks that look hung
+                state["look_at_stop"] = False
+                hung_at_stop(worker_group, pids, now)
             for local_rank in range(args.nproc_per_node):
-                beat = read_beat(hb_dir, local_rank)
-                why = hang_reason(beat, timeouts, now) if beat else None
+                why, beat = judge(local_rank, pids.get(local_rank), now)
                 if why:
                     log.warning("local rank %d hung: %s; restarting the ranks", local_rank, why)
                     state["hangs"].append({"local_rank": local_rank, "reason": why,
@@ -210,6 +243,54 @@ def main(argv: list[str] | None = None) -> int:
                     _kill(pids.values())
                     return RunResult(state=WorkerState.FAILED)
             return result
+
+    def judge(local_rank: int, pid: int | None, now: float,
+              limits: Timeouts | None = None) -> tuple[str | None, Beat | None]:  # fmt: skip
+        """Whether a rank is hung: by its heartbeat record (with the running timeout learned
+        from its pace), or by its CPU time when it has none."""
+        limits = limits or timeouts
+        beat = read_beat(hb_dir, local_rank)
+        if beat is not None:
+            state["heartbeats"] = True
+            pace = observe_pace(state["pace"].get(local_rank, Pace()), beat, limits)
+            state["pace"][local_rank] = pace
+            return hang_reason(beat, learned(limits, pace, args.safety_factor), now), beat
+        if pid is None:
+            return None, None
+        cpu = _cpu_seconds(pid)
+        if cpu is None:
+            return None, None
+        running = limits.out_of_section
+        window = min(5.0, running / 3) if running else 5.0
+        watch: CpuWatch = watch_cpu(state["cpu"].get(local_rank), cpu, now, window)
+        state["cpu"][local_rank] = watch
+        return idle_reason(watch, running, now), None
+
+    def hung_at_stop(worker_group: Any, pids: dict[int, int], now: float) -> None:
+        """Judged when the checkpoint signal or SIGTERM comes: ranks that look hung, with
+        the default running timeout where it was turned off, so the daemon can tell an
+        attempt that sat hung until its wall limit from one that was merely stopped."""
+        if run_dir is None:
+            return
+        limits = timeouts if timeouts.out_of_section is not None else replace(
+            timeouts, out_of_section=DEFAULT_RUNNING_S)  # fmt: skip
+        hung = []
+        for local_rank in range(args.nproc_per_node):
+            why, beat = judge(local_rank, pids.get(local_rank), now, limits)
+            if why:
+                workers = getattr(worker_group, "workers", None) or []
+                rank = next((w.global_rank for w in workers if w.local_rank == local_rank),
+                            None)  # fmt: skip
+                hung.append({"local_rank": local_rank, "rank": rank, "reason": why,
+                             "section": beat.section if beat else None,
+                             "silent_s": silence(beat, limits, now) if beat else None})
+        path = run_dir / "attempts" / attempt / HUNG_AT_STOP.format(args.node_rank)
+        if hung:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, {"node_rank": args.node_rank, "node": node_name,
+                                     "time": time.time(), "hung": hung})  # fmt: skip
+        else:
+            path.unlink(missing_ok=True)
 
     agent_box: dict[str, Any] = {}
 
@@ -237,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         pcontext = getattr(agent, "_pcontext", None) if agent else None
         if sig != signal.SIGUSR1:
             state["signalled"] = True
+            state["look_at_stop"] = True
         if sig == signal.SIGTERM and state["stop_at"] is None:
             state["stop_at"] = time.monotonic() + args.grace
         for local_rank, pid in (pcontext.pids().items() if pcontext else ()):
@@ -289,13 +371,15 @@ def main(argv: list[str] | None = None) -> int:
         folder = run_dir / "attempts" / attempt
         folder.mkdir(parents=True, exist_ok=True)
         write_json_atomic(folder / f"node-{args.node_rank}.json", {
-            "node_rank": args.node_rank, "node": os.environ.get("SLURMD_NODENAME")
-            or socket.gethostname(), "job_id": job, "attempt": int(attempt),
+            "node_rank": args.node_rank, "node": node_name, "job_id": job,
+            "attempt": int(attempt),
             "in_job_restarts": used, "max_restarts": args.max_restarts,
             "hangs": state["hangs"], "outcome": outcome, "exit_code": code,
             "started_at": started, "ended_at": time.time(),
             "timeouts": {"sections": timeouts.sections,
-                         "out_of_section": timeouts.out_of_section},
+                         "out_of_section": timeouts.out_of_section,
+                         "initial": timeouts.initial, "warmup_steps": timeouts.warmup_steps},
+            "heartbeats": state["heartbeats"],  # False: hangs were judged by CPU use alone
         })  # fmt: skip
     shutil.rmtree(hb_dir, ignore_errors=True)
     log.info("ranks ended: %s after %d in-job restart(s); exit %d", outcome, used, code)
@@ -321,6 +405,39 @@ def straggler_collector(run_dir: Path) -> Callable[[], None]:
                      report["stragglers"])  # fmt: skip
 
     return collect
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU seconds used by the processes below a rank's wrapper (the training script and
+    its children; the wrapper itself polls and is left out), or None when it is gone."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, seen, todo = 0.0, {pid}, [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            if parent == pid:
+                return None
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                kids = []
+            for kid in kids:
+                if kid in seen:
+                    continue
+                seen.add(kid)
+                todo.append(kid)
+                try:
+                    with open(f"/proc/{kid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[-1].split()
+                    total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+                except (OSError, IndexError, ValueError):
+                    pass
+    return total
 
 
 def _kill(pids: Any, wait_s: float = 10.0) -> None:

@@ -12,6 +12,7 @@ atomically (read, update, write) and holds:
     step                   int    the last step reported (by any of the three calls)
     checkpoint_step        int    the step of the last checkpoint saved (absent before one)
     checkpoint_save_s      float  how long that save took (when told)
+    checkpoint_at          float  unix time the daemon learned of that checkpoint
     max_checkpoint_save_s  float  the longest save told of so far
     attempt                int    FTSLURM_ATTEMPT of the writer
     finished               bool   whether `finished()` was called
@@ -83,7 +84,8 @@ def checkpoint_saved(step: int, duration_s: float | None = None) -> None:
     run_dir = _run_dir()
     if run_dir is None:
         return
-    changes: dict[str, Any] = {"step": int(step), "checkpoint_step": int(step)}
+    changes: dict[str, Any] = {"step": int(step), "checkpoint_step": int(step),
+                               "checkpoint_at": time.time()}
     if duration_s is not None:
         changes["checkpoint_save_s"] = float(duration_s)
     _update(run_dir, **changes)

@@ -66,7 +66,8 @@ step it last reported (as `progress.json` has it: at most a second old), or, whe
 none during the attempt, at the step of the continuation it resumed from. A callable that
 reports no steps has each continuation reported at its sequence number (1, 2, ...), so every
 one counts as progress, as in submitit, which has no such check. Such a callable sends no
-heartbeats either: leave the launcher's `initial` and `out_of_section` timeouts unset for it.
+heartbeats either: the launcher's hang detection is on by default, so set `initial_timeout`
+and `out_of_section_timeout` to None for it, or it is taken for hung after 30 minutes.
 
 On-disk layout, in `<checkpoint dir>/submitit/` (only global rank 0 writes):
 

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ftslurm.agent.heartbeat import (
+    DEFAULT_INITIAL_S,
+    DEFAULT_RUNNING_S,
+    DEFAULT_SECTION_S,
+    DEFAULT_WARMUP_STEPS,
+)
 from ftslurm.core.types import JobState
 
 
@@ -26,6 +33,7 @@ class Cause(str, Enum):
     BOOT_FAIL = "boot_fail"
     PREEMPTED = "preempted"  # preempted without a checkpoint at the end
     TIMEOUT = "timeout"  # wall limit without a checkpoint at the end
+    HANG = "hang"  # wall limit reached while a rank was hung
     CRASH = "crash"  # a rank failed
     OOM = "oom"
     RESUME_ELSEWHERE = "resume_elsewhere"  # exit 16: resume on other hardware
@@ -40,7 +48,7 @@ class Cause(str, Enum):
 
 
 RETRYABLE = frozenset({Cause.NODE_FAIL, Cause.BOOT_FAIL, Cause.PREEMPTED, Cause.TIMEOUT,
-                       Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE})  # fmt: skip
+                       Cause.HANG, Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE})  # fmt: skip
 BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER})  # causes `cause_budgets` may cap
 EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY = 16, 17, 93
 EXIT_RESTARTS_EXHAUSTED, EXIT_CONTINUE = 74, 75  # the launcher's (ftslurm.agent.launch)
@@ -69,11 +77,20 @@ class FtSettings(BaseModel):
     # twice as long as the last time, up to this long.
     node_exclusion_max_ttl_s: float = Field(7 * 24 * 3600, gt=0)
     # The compute side (ftslurm.agent.launch): one launcher per node restarts ranks in-job
-    # and watches these timeouts (seconds; None = infinite; tightened from what earlier
-    # attempts observed); `grace_s` is how long ranks get to checkpoint after SIGTERM.
+    # and watches these timeouts (seconds; None = infinite; on by default; tightened from
+    # what earlier attempts observed): `initial_timeout` from a rank's start to its first
+    # heartbeat or section; `out_of_section_timeout`, the running timeout, the longest time
+    # without a sign of life unless the open section has its own limit in
+    # `section_timeouts` ("setup" and "checkpointing" always have one, 30 min unless set);
+    # after `hang_warmup_steps` steps (None: never) the running timeout is learned from the
+    # pace (3 x the longest step, at least 30 s). `grace_s` is how long ranks get to
+    # checkpoint after SIGTERM.
     use_launcher: bool = True
-    section_timeouts: dict[str, float | None] = Field(default_factory=dict)
-    out_of_section_timeout: float | None = Field(None, gt=0)
+    section_timeouts: dict[str, float | None] = Field(
+        default_factory=lambda: dict(DEFAULT_SECTION_S))
+    out_of_section_timeout: float | None = Field(DEFAULT_RUNNING_S, gt=0)
+    initial_timeout: float | None = Field(DEFAULT_INITIAL_S, gt=0)
+    hang_warmup_steps: int | None = Field(DEFAULT_WARMUP_STEPS, ge=1)
     grace_s: float = Field(120, gt=0)
     # Straggler detection (ftslurm.agent.straggler): each rank's step times are published
     # every `straggler_report_interval_s`; a node whose ranks score below
@@ -96,6 +113,14 @@ class FtSettings(BaseModel):
         if f"SIG{name}" not in signal.Signals.__members__ or name in ("KILL", "STOP"):
             raise ValueError(f"not a signal a job can catch: {value!r}")
         return name
+
+    @field_validator("section_timeouts")
+    @classmethod
+    def _sections(cls, value: dict[str, float | None]) -> dict[str, float | None]:
+        for name, limit in value.items():
+            if limit is not None and not limit > 0:
+                raise ValueError(f"timeout of section {name!r} must be > 0 or None (off)")
+        return {**DEFAULT_SECTION_S, **value}  # setup and checkpointing keep their own
 
     @field_validator("user_error_exit_codes")
     @classmethod
@@ -131,6 +156,13 @@ class Ending:
     checkpoint_advanced: bool = False  # the run's checkpoint step moved during this attempt
     finished_marker: bool = False  # the training wrote FINISHED
     suspect_node: str | None = None  # named with exit 16
+    # A rank the launchers found hung when the job was told to stop ("rank 1 (node n2) hung
+    # in section 'step': ..."), empty when none was.
+    hung: str = ""
+    checkpoints_known: bool = False  # the run reports its checkpoints (ftslurm.agent.progress)
+    checkpoint_signal_at: float | None = None  # when the daemon sent it (unix time)
+    checkpoint_after_signal: bool = False  # a checkpoint was reported after the signal
+    heartbeats: bool = True  # False: the ranks wrote no heartbeats (no rank agent)
 
 
 def classify(e: Ending, settings: FtSettings) -> Cause:
@@ -157,6 +189,11 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     for outcome, cause in _SAID_BY_THE_JOB:  # in this order of precedence
         if outcome in said:
             return cause
+    if e.state is JobState.TIMEOUT and not e.down_nodes:
+        if e.hung:  # it sat hung until the wall limit: not a checkpointed ending
+            return Cause.HANG
+        if e.checkpoints_known:  # only a checkpoint newer than the start counts
+            return Cause.CHECKPOINTED if e.checkpoint_advanced else Cause.TIMEOUT
     killed = e.signal is not None and e.signal != 0
     clean = bool(outcomes) and outcomes <= {"checkpointed", "finished"}
     checkpointed = ("checkpointed" in outcomes and clean) or code == EXIT_CONTINUE or (
@@ -213,7 +250,29 @@ class Decision:
 
 def decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
            cancel_requested: bool = False) -> Decision:  # fmt: skip
-    """What to do after an attempt ended for `cause`, given what was spent so far."""
+    """What to do after an attempt ended for `cause`, given what was spent so far. The
+    reason names the hung rank, a checkpoint signal that was not acted on, and a run whose
+    ranks wrote no heartbeats (its hangs are seen only by CPU idleness)."""
+    d = _decide(cause, e, budget, settings, cancel_requested)
+    notes = []
+    if cause is Cause.HANG and e.hung:
+        notes.append(e.hung)
+    if (e.state is JobState.TIMEOUT and e.checkpoint_signal_at is not None
+            and e.checkpoints_known and not e.checkpoint_after_signal):  # fmt: skip
+        at = datetime.fromtimestamp(e.checkpoint_signal_at, timezone.utc)
+        notes.append(f"checkpoint signal sent at {at:%Y-%m-%d %H:%M:%S} UTC, not acted on: "
+                     "no checkpoint after it")  # fmt: skip
+    if not e.heartbeats and settings.use_launcher:
+        limit = settings.out_of_section_timeout
+        notes.append("the ranks wrote no heartbeats (no rank agent): hangs are detected only "
+                     + (f"by {limit:g}s without CPU use" if limit else "never (timeout off)"))
+    if not notes:
+        return d
+    return replace(d, reason="; ".join([d.reason, *notes]))
+
+
+def _decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
+            cancel_requested: bool) -> Decision:  # fmt: skip
     if cause is Cause.FINISHED:
         return Decision(Verdict.COMPLETE, cause, "training finished", budget)
     if cancel_requested or cause is Cause.CANCELLED:

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ftslurm.agent.heartbeat import HUNG_AT_STOP
 from ftslurm.agent.straggler import REPORT_FILE, STRAGGLER_DIR
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.core.types import JobInfo, JobState
@@ -422,6 +423,8 @@ class Reconciler:
                                          or ckpt > run.last_checkpoint_step)  # fmt: skip
         requeued = info.restart_count > a.restart_count
         suspects = [r.get("node") for r in reports if r.get("outcome") == "resume_elsewhere"]
+        signal_at = a.checkpoint_signal_at
+        ckpt_at = progress.get("checkpoint_at")
         ending = Ending(
             state=info.state, exit_code=info.exit_code, signal=info.signal,
             requeued_by_scheduler=requeued, nodes=nodes,
@@ -432,6 +435,10 @@ class Reconciler:
             checkpoint_advanced=advanced,
             finished_marker=(run_dir / "FINISHED").exists(),
             suspect_node=suspects[0] if suspects else None,
+            hung=hung_at_stop(folder), checkpoints_known=ckpt is not None,
+            checkpoint_signal_at=signal_at, checkpoint_after_signal=signal_at is not None
+            and isinstance(ckpt_at, (int, float)) and ckpt_at >= signal_at,
+            heartbeats=all(r.get("heartbeats", True) for r in launchers),
         )  # fmt: skip
         cause = policy.classify(ending, settings)
         budget = Budget(run.job_retries_used, dict(run.cause_counts), run.continuations,
@@ -505,6 +512,24 @@ class Reconciler:
                 self._min_job_age[kind] = float(backend.cluster_facts().min_job_age_s)
             except (SchedulerUnavailable, SchedulerRejected):
                 pass  # asked again next cycle; meanwhile the poll stays conservative
+
+
+def hung_at_stop(folder: Path) -> str:
+    """The rank the launchers found hung when the attempt was told to stop, in words, or
+    "": of several (a rank waiting on a hung peer looks hung too), the one silent longest."""
+    found = []
+    for path in folder.glob(HUNG_AT_STOP.format("*")):
+        report = read_json(path) or {}
+        for h in report.get("hung") or []:
+            if isinstance(h, dict):
+                found.append((float(h.get("silent_s") or 0.0), report.get("node"), h))
+    if not found:
+        return ""
+    _, node, h = max(found, key=lambda f: f[0])
+    rank = h.get("rank") if h.get("rank") is not None else f"local {h.get('local_rank')}"
+    where = f" in section {h['section']!r}" if h.get("section") else ""
+    return f"rank {rank} (node {node}) hung{where} when the job was told to stop: " \
+           f"{h.get('reason')}"
 
 
 def new_run_record(run_id: str, name: str, spec: dict[str, Any], settings: FtSettings,

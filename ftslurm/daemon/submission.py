@@ -124,8 +124,13 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         # One launcher per node starts the node's ranks, restarts them in-job and forwards
         # signals; srun waits for the others after the first launcher ends (no kill on
         # "continue me", which is a non-zero code), then ends the step.
+        # Hang detection (ftslurm.agent.heartbeat); a setting a stored run lacks gets its
+        # default there, None (null) is off.
         timeouts = {**(settings.get("section_timeouts") or {}),
-                    "out_of_section": settings.get("out_of_section_timeout")}
+                    **{key: settings[name] for key, name in (
+                        ("out_of_section", "out_of_section_timeout"),
+                        ("initial", "initial_timeout"),
+                        ("warmup_steps", "hang_warmup_steps")) if name in settings}}
         env.update({"FTSLURM_IN_JOB_RESTARTS": str(settings.get("num_in_job_restarts", 0)),
                     "FTSLURM_SECTION_TIMEOUTS": json.dumps(timeouts, sort_keys=True),
                     "FTSLURM_GRACE_S": str(settings.get("grace_s", 120))})  # fmt: skip
