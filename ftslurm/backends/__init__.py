@@ -20,11 +20,19 @@ from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.errors import BackendUnavailable, ConfigError
 
 BACKENDS = ("auto", "slurm", "pyslurm", "mock")
+HOME_ENV = "FTSLURM_HOME"
 
 
 def state_dir() -> Path:
-    """ftslurm's state directory: FTSLURM_HOME, or the platform's user state dir."""
-    return Path(os.environ.get("FTSLURM_HOME") or platformdirs.user_state_dir("ftslurm"))
+    """ftslurm's state directory: FTSLURM_HOME, or the platform's user state dir.
+    `ConfigError` (one line) when something other than a folder is in its place."""
+    chosen = os.environ.get(HOME_ENV)
+    path = Path(chosen or platformdirs.user_state_dir("ftslurm"))
+    if path.exists() and not path.is_dir():
+        where = f"{HOME_ENV}={path}" if chosen else str(path)
+        raise ConfigError(f"the state directory {where} is not a folder",
+                          hint=f"point {HOME_ENV} at a folder")
+    return path
 
 
 def mock_home() -> Path:
@@ -61,4 +69,4 @@ def create_backend(kind: str = "slurm", home: Path | str | None = None, *,
     return cli
 
 
-__all__ = ["BACKENDS", "SchedulerBackend", "create_backend", "mock_home", "state_dir"]
+__all__ = ["BACKENDS", "HOME_ENV", "SchedulerBackend", "create_backend", "mock_home", "state_dir"]
