@@ -21,6 +21,7 @@ from ftslurm.errors import BackendUnavailable, ConfigError
 
 BACKENDS = ("auto", "slurm", "pyslurm", "mock")
 HOME_ENV = "FTSLURM_HOME"
+MOCK_HOME_ENV = "FTSLURM_MOCK_HOME"
 
 
 def state_dir() -> Path:
@@ -36,7 +37,7 @@ def state_dir() -> Path:
 
 
 def mock_home() -> Path:
-    return Path(os.environ.get("FTSLURM_MOCK_HOME") or state_dir() / "mock")
+    return Path(os.environ.get(MOCK_HOME_ENV) or state_dir() / "mock")
 
 
 def create_backend(kind: str = "slurm", home: Path | str | None = None, *,
@@ -69,4 +70,5 @@ def create_backend(kind: str = "slurm", home: Path | str | None = None, *,
     return cli
 
 
-__all__ = ["BACKENDS", "HOME_ENV", "SchedulerBackend", "create_backend", "mock_home", "state_dir"]
+__all__ = ["BACKENDS", "HOME_ENV", "MOCK_HOME_ENV", "SchedulerBackend", "create_backend",
+           "mock_home", "state_dir"]

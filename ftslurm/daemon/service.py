@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from ftslurm.backends import HOME_ENV, create_backend
@@ -31,6 +32,7 @@ from ftslurm.daemon.store import (
     Restored,
     StateError,
     Store,
+    marked_backends,
     os_state_error,
     restore_backup,
     write_mark,
@@ -56,19 +58,21 @@ class Keeper:
 
     def __init__(self, store: Store, backup_interval_s: float) -> None:
         self.store = store
+        self.backends = set(marked_backends(store.home))  # keys of the backends used
         self.backup_interval_s = backup_interval_s
         self._marked = (-1, -1)  # (connection changes, newest event id) last recorded
         self._backed_up: tuple[int, int] | None = None
         self.next_backup = time.monotonic()
 
-    def after_cycle(self) -> None:
+    def after_cycle(self, backends: Iterable[str] = ()) -> None:
         """Raises `StateError` (e.g. `DiskFull`) when a step could not be done."""
         newest = self.store.newest_event_id()
         seen = (self.store.changes(), newest)
-        if seen != self._marked:
+        if seen != self._marked or not self.backends.issuperset(backends):
             self.store.checkpoint()
+            self.backends.update(backends)
             try:
-                write_mark(self.store.home, newest)
+                write_mark(self.store.home, newest, self.backends)
             except OSError as exc:
                 raise os_state_error(exc, self.store.home) from None
             self._marked = seen
@@ -128,7 +132,7 @@ def serve(home: Path, stop: threading.Event | None = None,
                 log.exception("cycle failed")
                 interval = 5.0
             try:
-                keeper.after_cycle()
+                keeper.after_cycle(cache)
             except DiskFull:
                 full_now = True
             except StateError as exc:

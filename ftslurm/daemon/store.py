@@ -40,7 +40,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,10 +163,19 @@ def read_mark(home: Path) -> int:
     return int(value) if isinstance(value, int) and value > 0 else 0
 
 
-def write_mark(home: Path, event_id: int) -> None:
-    """Record (atomically, 0600) that events up to `event_id` are committed."""
-    write_json_atomic(Path(home) / MARK_NAME, {"event_id": int(event_id), "time": time.time()},
-                      mode=0o600)  # fmt: skip
+def marked_backends(home: Path) -> list[str]:
+    """The scheduler backends (`submission.backend_key`) the daemon has used here."""
+    data = read_json(Path(home) / MARK_NAME)
+    value = data.get("backends") if isinstance(data, dict) else None
+    return [str(b) for b in value] if isinstance(value, list) else []
+
+
+def write_mark(home: Path, event_id: int, backends: Iterable[str] = ()) -> None:
+    """Record (atomically, 0600) that events up to `event_id` are committed, and which
+    backends the daemon used (kept when the database is lost, so `status` knows where to
+    look for jobs of lost runs)."""
+    data = {"event_id": int(event_id), "time": time.time(), "backends": sorted(set(backends))}
+    write_json_atomic(Path(home) / MARK_NAME, data, mode=0o600)
 
 
 class DaemonAlreadyRunning(FtslurmError):
@@ -598,7 +607,7 @@ def restore_backup(home: Path | str, now: float | None = None) -> Restored:
         for suffix in DB_SUFFIXES:
             staging.with_name(staging.name + suffix).unlink(missing_ok=True)
     if newest:
-        write_mark(home, newest)
+        write_mark(home, newest, marked_backends(kept) if kept else ())
     with Store(home) as store:
         store.check_integrity()
     return Restored(runs=int(runs), active_runs=int(active), taken_at=taken_at, kept_in=kept)
