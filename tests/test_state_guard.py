@@ -378,9 +378,10 @@ def test_ftslurm_home_that_is_a_file_is_one_line(home, capsys):
 def test_ftslurm_home_under_a_file_is_one_line(home, tmp_path, capsys, monkeypatch):
     (tmp_path / "afile").write_text("")
     monkeypatch.setenv("FTSLURM_HOME", str(tmp_path / "afile" / "home"))
-    code, _, err = cli(capsys, "status")
-    assert_one_line_error(code, err, "is a file")
-    with pytest.raises(ConfigError):
+    for argv in (["status"], ["daemon", "status"], ["daemon", "stop"], ["nodes"]):
+        code, _, err = cli(capsys, *argv)
+        assert_one_line_error(code, err, "FTSLURM_HOME", "is under a file")
+    with pytest.raises(ConfigError, match="a part of that path is a file"):
         Store(tmp_path / "afile" / "home")
 
 

@@ -29,9 +29,11 @@ def state_dir() -> Path:
     `ConfigError` (one line) when something other than a folder is in its place."""
     chosen = os.environ.get(HOME_ENV)
     path = Path(chosen or platformdirs.user_state_dir("ftslurm"))
-    if path.exists() and not path.is_dir():
+    existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), path)
+    if existing.exists() and not existing.is_dir():
         where = f"{HOME_ENV}={path}" if chosen else str(path)
-        raise ConfigError(f"the state directory {where} is not a folder",
+        what = "is not a folder" if existing == path else f"is under a file ({existing})"
+        raise ConfigError(f"the state directory {where} {what}",
                           hint=f"point {HOME_ENV} at a folder")
     return path
 

@@ -673,7 +673,7 @@ class DaemonLock:
         """
         try:
             fd = os.open(Path(home) / LOCK_NAME, os.O_RDONLY)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             try:
