@@ -95,7 +95,10 @@ def serve(home: Path, stop: threading.Event | None = None,
         try:
             store.check_integrity()
             keeper = Keeper(store, backup_interval_s)
-            keeper.after_cycle()  # the backup at start, once the database passed the check
+            try:
+                keeper.after_cycle()  # the backup at start, once the database passed the check
+            except DiskFull as exc:  # serve all the same; the loop logs the episode
+                log.error("%s; no backup at start", exc.message)
         except BaseException:
             store.close()
             raise
