@@ -280,7 +280,7 @@ def test_failed_migration_changes_nothing(tmp_path: Path, monkeypatch) -> None:
     migrations = [*store_mod.MIGRATIONS, (2, ["CREATE TABLE extra (x)", "NOT SQL AT ALL"])]
     monkeypatch.setattr(store_mod, "MIGRATIONS", migrations)
     monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(StateError, match="syntax error"):
         Store(home)
     with sqlite3.connect(home / "state.db") as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 1

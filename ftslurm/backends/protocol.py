@@ -38,6 +38,12 @@ class SchedulerBackend(Protocol):
         accounting database is asked for jobs it has already forgotten (one more)."""
         ...
 
+    def active_jobs(self) -> list[JobInfo]:
+        """The current user's jobs that have not ended (pending, running, ...), with their
+        comments, in one command: how `status` finds jobs ftslurm tagged for runs the state
+        database no longer has."""
+        ...
+
     def cancel(self, job_id: str) -> None:
         """Cancel the job; cancelling a job that already ended is not an error."""
         ...

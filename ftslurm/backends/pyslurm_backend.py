@@ -13,6 +13,7 @@ with stand-in objects; the live tests skip with the reason `pyslurm_status` give
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -228,6 +229,13 @@ class PyslurmBackend:
         ended = self._call(lambda: db.Jobs.load(flt), self.query_budget_s)
         infos = (job_info_from_pyslurm(job, now) for job in ended.values())
         return [info for info in infos if info.comment == comment]
+
+    def active_jobs(self) -> list[JobInfo]:
+        now = self.clock()
+        jobs = self._call(self.pyslurm.Jobs.load, self.query_budget_s)
+        mine = (job for job in jobs.values() if getattr(job, "user_id", None) == os.getuid())
+        infos = (job_info_from_pyslurm(job, now) for job in mine)
+        return [info for info in infos if not info.state.is_terminal]
 
     def _job(self, job_id: str) -> Any:
         return self.pyslurm.Job(int(job_id))

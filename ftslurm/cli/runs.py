@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -28,17 +29,18 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ftslurm.backends import SchedulerBackend, create_backend, mock_home, state_dir
+from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home, state_dir
+from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli.parse import compress_nodes
 from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_injections
-from ftslurm.core.types import JobState, NodeInfo, NodeState
+from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
 from ftslurm.core.validate import OWNED_SBATCH_FLAGS
 from ftslurm.daemon import service
 from ftslurm.daemon.policy import FtSettings
 from ftslurm.daemon.reconcile import NEVER_SUBMITTED, new_run_record
 from ftslurm.daemon.records import Attempt, NodeFlag, Run, RunState
-from ftslurm.daemon.store import Store
-from ftslurm.daemon.submission import build_attempt, make_spec
+from ftslurm.daemon.store import Store, marked_backends
+from ftslurm.daemon.submission import backend_key, build_attempt, make_spec, tag
 from ftslurm.errors import (
     ConfigError,
     FtslurmError,
@@ -237,12 +239,16 @@ def submit(
                      inject=tuple(i.spec() for i in injections),
                      mock_home=mock_home() if dry_run else None)  # fmt: skip
     script, _ = build_attempt(run_id, spec, settings.model_dump(mode="json"), 0, ())
-    if warning and settings.preempt_time:
-        typer.echo(f"Warning: {warning}", err=True)
+    warn = warning and settings.preempt_time
     if print_script:
+        if warn:
+            typer.echo(f"Warning: {warning}", err=True)
         typer.echo(script, nl=False)
         return
     store = Store(home)
+    store.check_integrity()  # a damaged database is refused before anything is submitted
+    if warn:  # after every check, so that an error stays the only line
+        typer.echo(f"Warning: {warning}", err=True)
     private_dir(run_dir)
     (run_dir / "logs").mkdir(exist_ok=True)
     run, attempt = new_run_record(run_id, loaded.name or recipe.name, spec, settings, time.time())
@@ -502,6 +508,7 @@ def status(
     stopped answering."""
     store = _store()
     runs = [_run_or_fail(store, run_id)] if run_id else store.list_runs()
+    warn_orphan_jobs(store, runs)
     summaries = [run_summary(store, r) for r in runs]
     now = time.time()
     notes = _lost_nodes(store, runs, now)
@@ -533,6 +540,63 @@ def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend)
               "the node as not responding (for a shorter wait: `ftslurm mock destroy`, then "
               "`ftslurm mock up --slurmd-timeout 20`)", markup=False, highlight=False,
               soft_wrap=True)  # fmt: skip
+
+
+def tagged_run(comment: str | None) -> str | None:
+    """The run id in a job's ftslurm tag (`submission.tag`), or None for any other comment."""
+    parts = (comment or "").split(":")
+    if len(parts) == 3 and parts[2].isdigit() and tag(parts[1], int(parts[2])) == comment:
+        return parts[1]
+    return None
+
+
+def orphan_jobs(jobs: list[JobInfo], known: set[str]) -> dict[str, str]:
+    """Job id -> run id of the tagged jobs whose run is not in `known`."""
+    found = {job.job_id: tagged_run(job.comment) for job in jobs}
+    return {job: run for job, run in found.items() if run is not None and run not in known}
+
+
+def _cheap_backends(store: Store, runs: list[Run]) -> list[SchedulerBackend]:
+    """The backends this state directory has used (its runs', those the daemon recorded
+    beside the database, the mock `FTSLURM_MOCK_HOME` names), where asking is cheap: a mock
+    cluster that exists; the Slurm CLI where `squeue` exists, one try with a short timeout."""
+    from ftslurm.backends.mock import MockScheduler
+    from ftslurm.backends.mock.store import DB_FILE
+    from ftslurm.backends.slurm_cli import CommandRunner, SlurmCliBackend
+
+    keys = {backend_key(r.spec) for r in runs if "backend" in r.spec}
+    keys |= set(marked_backends(store.home))
+    if os.environ.get(MOCK_HOME_ENV):
+        keys.add(f"mock:{mock_home()}")
+    found: list[SchedulerBackend] = []
+    for key in sorted(keys):
+        kind, _, where = key.partition(":")
+        if kind == "mock" and (Path(where or mock_home()) / DB_FILE).exists():
+            found.append(MockScheduler(Path(where or mock_home())))
+        elif kind == "slurm" and shutil.which("squeue"):
+            found.append(SlurmCliBackend(CommandRunner(timeout_s=5.0), query_budget_s=0.0))
+    return found
+
+
+def warn_orphan_jobs(store: Store, runs: list[Run]) -> None:
+    """Warn (one line, stderr) about jobs ftslurm tagged for runs this state directory does
+    not have: their runs were lost with the database, and nothing manages them."""
+    orphans: dict[str, str] = {}
+    known = {r.run_id for r in runs}
+    for backend in _cheap_backends(store, runs):
+        try:
+            jobs = backend.active_jobs()
+        except FtslurmError:
+            continue  # a scheduler that does not answer now is not worth a wait here
+        for job, run in orphan_jobs(jobs, known).items():
+            if store.get_run(run) is None:
+                orphans[job] = run
+    if orphans:
+        err.print(f"warning: job(s) {', '.join(sorted(orphans))} carry ftslurm tags of "
+                  f"run(s) {', '.join(sorted(set(orphans.values())))} that are not in "
+                  f"{store.path}: nothing manages them (state lost? see `ftslurm daemon "
+                  "recover`, or cancel them)", markup=False, highlight=False,
+                  soft_wrap=True)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- wait
@@ -761,6 +825,26 @@ def daemon_status(as_json: JsonOpt = False) -> None:
         typer.echo(f"daemon {state}; {active} active run(s) in {home}")
     if pid is None and active:
         raise typer.Exit(1)
+
+
+@daemon_app.command("recover")
+def daemon_recover() -> None:
+    """Restore the state database from its last backup (the daemon must be stopped); the
+    damaged files are kept."""
+    restored = service.recover(state_dir())
+    age = max(0.0, time.time() - restored.taken_at)
+    kept = f"; the replaced files are in {restored.kept_in}" if restored.kept_in else ""
+    typer.echo(f"restored {restored.runs} run(s) ({restored.active_runs} active) from the "
+               f"backup of {datetime.fromtimestamp(restored.taken_at):%Y-%m-%d %H:%M:%S} "
+               f"({_fmt_age(age)} old){kept}")  # fmt: skip
+
+
+def _fmt_age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @daemon_app.command("run")

@@ -31,7 +31,7 @@ from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import policy
 from ftslurm.daemon.policy import Budget, Ending, FtSettings, Verdict
 from ftslurm.daemon.records import SUBMITTING, Attempt, NodeFlag, Run, RunState
-from ftslurm.daemon.store import Store
+from ftslurm.daemon.store import StateError, Store
 from ftslurm.daemon.submission import backend_key, build_attempt, tag
 from ftslurm.errors import (
     FtslurmError,
@@ -181,6 +181,9 @@ class Reconciler:
         except (JobStateConflict, InvalidJobId) as exc:
             log.info("run %s: %s; looking again next cycle", run.run_id, exc)
             return None
+        except StateError:  # the database failed, not the scheduler: the cycle ends here
+            self._trusted_intents.discard((run.run_id, a.attempt))  # look for its job first
+            raise
         except FtslurmError as exc:
             self._finish(run, RunState.FAILED, f"the scheduler refused: {exc}")
             return None

@@ -17,30 +17,54 @@ busy timeout waits out the others. The folder is 0700 and the files 0600.
 
 `DaemonLock` keeps one daemon per state directory: an exclusive `flock` on `daemon.lock`,
 which holds the daemon's pid.
+
+Guarding against lost state (docs/daemon.md, "When the state is damaged"):
+- every sqlite error becomes a one-line `StateError` (`StateDamaged` for a damaged file,
+  `DiskFull` when there is no room); a constraint violation stays `sqlite3.IntegrityError`
+  for the method that expects it;
+- `state.db.mark` (JSON, written atomically by the daemon after a commit) holds the newest
+  event id the daemon saw committed: a database whose newest event is older has lost
+  committed changes (e.g. its `-wal` file was deleted) and is refused;
+- `backup()` writes `state.db.bak` with SQLite's online backup API; `restore_backup()` puts
+  it back, keeping the damaged files in `damaged-<time>/`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from ftslurm.daemon.records import Attempt, Event, NodeFlag, Run, RunState
 from ftslurm.errors import FtslurmError, PermanentError
-from ftslurm.fsutil import private_dir
+from ftslurm.fsutil import (
+    private_dir,
+    read_json,
+    replace_durably,
+    temp_path,
+    write_json_atomic,
+)
 
 DB_NAME = "state.db"
 LOCK_NAME = "daemon.lock"
+BACKUP_NAME = "state.db.bak"
+MARK_NAME = "state.db.mark"
+DAMAGED_PREFIX = "damaged-"
+DB_SUFFIXES = ("", "-wal", "-shm")  # the database file and SQLite's companions
 BUSY_TIMEOUT_S = 10.0
+RECOVER_HINT = "stop the daemon and run `ftslurm daemon recover` to restore the last backup"
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -81,7 +105,77 @@ _TERMINAL = tuple(s.value for s in RunState if s.is_terminal)
 
 
 class StateError(PermanentError):
-    """The state database cannot be used as asked (newer schema, missing or duplicate record)."""
+    """The state database cannot be used as asked (newer schema, missing or duplicate record,
+    or sqlite failed)."""
+
+
+class StateDamaged(StateError):
+    """The state database is damaged or has lost committed changes: recover from the backup."""
+
+
+class DiskFull(StateError):
+    """No room to write the state database; nothing already committed is lost."""
+
+
+def state_error(exc: sqlite3.Error, path: Path) -> StateError:
+    """sqlite's error as one line that says what happened to which file."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    base = code & 0xFF if isinstance(code, int) else None
+    if base in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return StateDamaged(f"the state database {path} is damaged ({exc})", hint=RECOVER_HINT)
+    if base == sqlite3.SQLITE_FULL or (base == sqlite3.SQLITE_IOERR and _no_room(path)):
+        return DiskFull(f"disk full: {path} ({exc})")
+    return StateError(f"the state database {path} failed: {exc}")
+
+
+def _no_room(path: Path) -> bool:
+    """Whether the filesystem of `path` has no block left for us (an ENOSPC that SQLite
+    reported as a plain I/O error, e.g. from fsync)."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return st.f_bavail == 0
+
+
+def os_state_error(exc: OSError, path: Path) -> StateError:
+    if exc.errno == errno.ENOSPC:
+        return DiskFull(f"disk full: {path}")
+    return StateError(f"the state database {path} cannot be used: {exc.strerror or exc}")
+
+
+@contextmanager
+def sqlite_errors(path: Path) -> Iterator[None]:
+    """Turn sqlite's errors (but a constraint violation, which callers expect) into
+    `StateError`s of one line."""
+    try:
+        yield
+    except sqlite3.IntegrityError:
+        raise
+    except sqlite3.Error as exc:
+        raise state_error(exc, path) from None
+
+
+def read_mark(home: Path) -> int:
+    """The newest event id the daemon saw committed (0 when none was recorded)."""
+    data = read_json(Path(home) / MARK_NAME)
+    value = data.get("event_id") if isinstance(data, dict) else None
+    return int(value) if isinstance(value, int) and value > 0 else 0
+
+
+def marked_backends(home: Path) -> list[str]:
+    """The scheduler backends (`submission.backend_key`) the daemon has used here."""
+    data = read_json(Path(home) / MARK_NAME)
+    value = data.get("backends") if isinstance(data, dict) else None
+    return [str(b) for b in value] if isinstance(value, list) else []
+
+
+def write_mark(home: Path, event_id: int, backends: Iterable[str] = ()) -> None:
+    """Record (atomically, 0600) that events up to `event_id` are committed, and which
+    backends the daemon used (kept when the database is lost, so `status` knows where to
+    look for jobs of lost runs)."""
+    data = {"event_id": int(event_id), "time": time.time(), "backends": sorted(set(backends))}
+    write_json_atomic(Path(home) / MARK_NAME, data, mode=0o600)
 
 
 class DaemonAlreadyRunning(FtslurmError):
@@ -98,24 +192,30 @@ class Store:
     def __init__(self, home: Path | str) -> None:
         self.home = private_dir(home)
         self.path = self.home / DB_NAME
-        if not self.path.exists():
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        try:
+            if not self.path.exists():
+                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        except OSError as exc:
+            raise os_state_error(exc, self.path) from None
         self._lock = threading.RLock()
         self._depth = 0
-        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                   check_same_thread=False)  # fmt: skip
+        with sqlite_errors(self.path):
+            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                       check_same_thread=False)  # fmt: skip
         try:
-            self._db.row_factory = sqlite3.Row
-            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            self._check_version()  # before anything that could change the file
-            self._enable_wal()
-            self._db.execute("PRAGMA synchronous = FULL")
-            self._db.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
+            with sqlite_errors(self.path):
+                self._db.row_factory = sqlite3.Row
+                self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+                self._check_version()  # before anything that could change the file
+                self._check_mark()  # likewise: a database that lost changes is not touched
+                self._enable_wal()
+                self._db.execute("PRAGMA synchronous = FULL")
+                self._db.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
         except BaseException:
             self._db.close()
             raise
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in DB_SUFFIXES:
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(self.path.with_name(self.path.name + suffix), 0o600)
 
@@ -129,6 +229,15 @@ class Store:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:  # fmt: skip
         self.close()
+
+    def _check_mark(self) -> None:
+        mark = read_mark(self.home)
+        newest = self.newest_event_id() if mark else 0
+        if newest < mark:
+            raise StateDamaged(
+                f"the state database {self.path} has lost committed changes: its newest event "
+                f"is {newest}, but events up to {mark} were committed (was {DB_NAME}-wal "
+                "deleted or an older copy put back?)", hint=RECOVER_HINT)  # fmt: skip
 
     def _enable_wal(self) -> None:
         """Switch to WAL (it persists in the file). SQLite does not apply the busy timeout to
@@ -152,7 +261,7 @@ class Store:
 
     # ------------------------------------------------------------------ schema
     def schema_version(self) -> int:
-        with self._lock:
+        with self._lock, sqlite_errors(self.path):
             return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
     def _check_version(self) -> None:
@@ -161,6 +270,58 @@ class Store:
             raise StateError(f"{self.path} has schema version {version}, but this ftslurm "
                              f"supports up to version {SCHEMA_VERSION}",
                              hint="upgrade ftslurm, or use another state directory")  # fmt: skip
+
+    def newest_event_id(self) -> int:
+        """The id of the newest committed event (0 in a database without events)."""
+        with self._lock, sqlite_errors(self.path):
+            if int(self._db.execute("PRAGMA user_version").fetchone()[0]) < 1:
+                return 0  # no tables yet
+            row = self._db.execute("SELECT max(event_id) FROM events").fetchone()
+            return int(row[0] or 0)
+
+    def changes(self) -> int:
+        """How many rows this connection has written since it opened (grows with each)."""
+        with self._lock:
+            return int(self._db.total_changes)
+
+    def check_integrity(self) -> None:
+        """`PRAGMA quick_check` (reads every page: for a daemon's start, not the hot path);
+        `StateDamaged` with one line when it finds damage."""
+        with self._lock, sqlite_errors(self.path):
+            rows = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(5)").fetchall()]
+        if rows != ["ok"]:
+            raise StateDamaged(f"the state database {self.path} is damaged ({rows[0]})",
+                               hint=RECOVER_HINT)  # fmt: skip
+
+    def checkpoint(self) -> None:
+        """Copy what the WAL holds into the database file as far as readers allow
+        (`wal_checkpoint(PASSIVE)`: never waits), so the main file is rarely behind."""
+        with self._lock, sqlite_errors(self.path):
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def backup(self) -> Path:
+        """A consistent copy of the database (SQLite's online backup API) as
+        `home/state.db.bak` (0600, one self-contained file, replaced atomically)."""
+        dest = self.home / BACKUP_NAME
+        tmp = temp_path(dest)
+        try:
+            tmp.unlink(missing_ok=True)
+            os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
+            with sqlite_errors(dest):
+                copy = sqlite3.connect(tmp, isolation_level=None)
+                try:
+                    with self._lock:
+                        self._db.backup(copy)
+                    copy.execute("PRAGMA journal_mode = DELETE").fetchall()  # no -wal beside
+                finally:
+                    copy.close()
+            replace_durably(tmp, dest)
+        except OSError as exc:
+            raise os_state_error(exc, dest) from None
+        finally:
+            for suffix in DB_SUFFIXES:
+                tmp.with_name(tmp.name + suffix).unlink(missing_ok=True)
+        return dest
 
     def _migrate(self) -> None:
         if self.schema_version() == SCHEMA_VERSION:
@@ -182,7 +343,7 @@ class Store:
         A nested call joins the outer transaction as a savepoint: an exception that leaves
         it undoes its own writes; the outer transaction decides whether anything commits.
         """
-        with self._lock:
+        with self._lock, sqlite_errors(self.path):
             if self._depth:
                 name = f"ftslurm_sp{self._depth}"
                 self._db.execute(f"SAVEPOINT {name}")
@@ -214,14 +375,14 @@ class Store:
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
         """One statement, atomically: its own transaction unless inside `transaction()`."""
-        with self._lock:
+        with self._lock, sqlite_errors(self.path):
             if self._depth:
                 return self._db.execute(sql, params)
             with self.transaction():
                 return self._db.execute(sql, params)
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        with self._lock:
+        with self._lock, sqlite_errors(self.path):
             return self._db.execute(sql, params).fetchall()
 
     # ------------------------------------------------------------------ runs
@@ -400,6 +561,74 @@ class Store:
                 for r in self._read(sql + " ORDER BY node", params)]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Restored:
+    """What `restore_backup` put back."""
+
+    runs: int
+    active_runs: int
+    taken_at: float  # when the backup was written
+    kept_in: Path | None  # where the replaced files went (None: there were none)
+
+
+def restore_backup(home: Path | str, now: float | None = None) -> Restored:
+    """Put `home/state.db.bak` back as the state database, after checking it; the files it
+    replaces (database, WAL, shared memory, mark) move to `home/damaged-<time>/`. The caller
+    makes sure no daemon runs (it holds the `DaemonLock`)."""
+    home = private_dir(home)
+    backup = home / BACKUP_NAME
+    if not backup.is_file():
+        raise StateError(f"no backup to restore: {backup} does not exist",
+                         hint="the daemon writes one when it starts")  # fmt: skip
+    taken_at = backup.stat().st_mtime
+    staging = temp_path(home / DB_NAME)
+    try:
+        shutil.copyfile(backup, staging)
+        os.chmod(staging, 0o600)
+        with sqlite_errors(backup):
+            db = sqlite3.connect(staging, isolation_level=None)
+            try:
+                rows = [str(r[0]) for r in db.execute("PRAGMA quick_check(5)").fetchall()]
+                if rows != ["ok"]:
+                    raise StateDamaged(f"the backup {backup} is damaged too ({rows[0]})")
+                tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+                runs = active = newest = 0
+                if {"runs", "events"} <= tables:
+                    marks = ",".join("?" * len(_TERMINAL))
+                    runs, active = db.execute(
+                        f"SELECT count(*), count(*) FILTER (WHERE state NOT IN ({marks})) "
+                        "FROM runs", _TERMINAL).fetchone()  # fmt: skip
+                    newest = int(db.execute("SELECT max(event_id) FROM events").fetchone()[0]
+                                 or 0)  # fmt: skip
+            finally:
+                db.close()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None
+                                                               else now))  # fmt: skip
+        kept: Path | None = home / f"{DAMAGED_PREFIX}{stamp}"
+        n = 1
+        while kept.exists():  # type: ignore[union-attr]
+            n += 1
+            kept = home / f"{DAMAGED_PREFIX}{stamp}-{n}"
+        names = [DB_NAME + suffix for suffix in DB_SUFFIXES] + [MARK_NAME]
+        present = [name for name in names if (home / name).exists()]
+        for name in present:
+            private_dir(kept)
+            os.replace(home / name, kept / name)  # type: ignore[operator]
+        if not present:
+            kept = None
+        replace_durably(staging, home / DB_NAME)
+    except OSError as exc:
+        raise os_state_error(exc, home / DB_NAME) from None
+    finally:
+        for suffix in DB_SUFFIXES:
+            staging.with_name(staging.name + suffix).unlink(missing_ok=True)
+    if newest:
+        write_mark(home, newest, marked_backends(kept) if kept else ())
+    with Store(home) as store:
+        store.check_integrity()
+    return Restored(runs=int(runs), active_runs=int(active), taken_at=taken_at, kept_in=kept)
+
+
 class DaemonLock:
     """One daemon per state directory: an exclusive flock on home/"daemon.lock" holding the pid.
 
@@ -460,7 +689,7 @@ class DaemonLock:
         """
         try:
             fd = os.open(Path(home) / LOCK_NAME, os.O_RDONLY)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             try:

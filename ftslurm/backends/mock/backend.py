@@ -152,6 +152,9 @@ class MockScheduler:
     def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
         return self._op(lambda st, now: (model.find_jobs(st, comment, since, now), []))
 
+    def active_jobs(self) -> list[JobInfo]:
+        return self._op(lambda st, now: (model.active_jobs(st, now), []))
+
     def cancel(self, job_id: str) -> None:
         self._op(lambda st, now: (None, model.cancel(st, str(job_id), now)))
 

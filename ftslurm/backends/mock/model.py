@@ -601,6 +601,11 @@ def find_jobs(st: MockState, comment: str, since: float | None, now: float) -> l
             if j.comment == comment and j.submit_time >= since]  # fmt: skip
 
 
+def active_jobs(st: MockState, now: float) -> list[JobInfo]:
+    """squeue's default listing (the mock cluster has one user): the jobs not yet ended."""
+    return [job_info(j, now, "mock") for j in st.jobs.values() if not j.state.is_terminal]
+
+
 def query(st: MockState, job_ids: list[str], now: float) -> dict[str, JobInfo]:
     result = {}
     for job_id in job_ids:

@@ -16,13 +16,14 @@ from pathlib import Path
 from ftslurm.backends.mock.model import MockConfig, MockState
 
 SCHEMA_VERSION = 1
+DB_FILE = "mock.sqlite"  # the mock cluster's state, in its folder
 
 
 class MockStore:
     def __init__(self, home: Path | str) -> None:
         self.home = Path(home)
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.path = self.home / "mock.sqlite"
+        self.path = self.home / DB_FILE
         self.jobs_dir = self.home / "jobs"
         self.jobs_dir.mkdir(exist_ok=True)
 

@@ -141,6 +141,12 @@ class SlurmCliBackend:
         ended = parse.parse_sacct(out, self.clock(), parse.SACCT_FIND_FIELDS, parse.SEP)
         return [job for job in ended.values() if job.comment == comment]
 
+    def active_jobs(self) -> list[JobInfo]:
+        out = self.runner.run(["squeue", "-h", "--me", "-O", parse.SQUEUE_FORMAT],
+                              budget_s=self.query_budget_s)  # fmt: skip
+        jobs = parse.parse_squeue(out, self.clock()).values()
+        return [job for job in jobs if not job.state.is_terminal]
+
     def _query_ended(self, ids: list[str], now: float) -> dict[str, JobInfo]:
         """Jobs the controller has forgotten: ask accounting, or admit we cannot know."""
         try:
