@@ -380,6 +380,8 @@ class Reconciler:
             checkpoint_advanced=advanced,
             finished_marker=(run_dir / "FINISHED").exists(),
             suspect_node=suspects[0] if suspects else None,
+            disk_full_at=next((f"{r.get('node')} at {r.get('disk_full_path') or 'an unknown path'}"
+                               for r in reports if r.get("outcome") == "disk_full"), None),
         )  # fmt: skip
         cause = policy.classify(ending, settings)
         budget = Budget(run.job_retries_used, dict(run.cause_counts), run.continuations,
