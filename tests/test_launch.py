@@ -173,7 +173,9 @@ def test_a_rank_that_aborts_in_teardown_after_recording_its_save_still_checkpoin
     assert "round 1" not in out  # a teardown abort is no reason for an in-job restart
     report = node_report(tmp_path)
     assert report["outcome"] == "checkpointed" and report["in_job_restarts"] == 0
-    assert "rank 1 died while tearing down" in report["teardown_failures"][0]
+    # (rank 0 may be listed too: torch elastic stops the other ranks on a failure)
+    assert any(w.startswith("rank 1 died while tearing down (exit 134)")
+               for w in report["teardown_failures"]), report  # fmt: skip
     saved = json.loads((tmp_path / "ckpt" / "state.json").read_text())["step"]
     one = rank_report(tmp_path, 1)
     assert one["outcome"] == "teardown_failed" and one["signal"] == signal.SIGABRT
