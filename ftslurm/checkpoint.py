@@ -8,6 +8,7 @@
     ...
     ckpt.save_async(step, training_state(model, opt, step, data_position=pos))
     ckpt.wait()                                   # before exiting after the checkpoint signal
+                                                  # (the rank agent's exit() also waits)
 
 On-disk layout of a `CheckpointManager` folder (only rank 0 writes; every rank may read):
 
@@ -53,6 +54,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -170,6 +172,23 @@ def _copy(obj: Any, memo: dict[int, Any], devices: set[torch.device], pin: bool)
 
 
 # --------------------------------------------------------------------------- manager
+_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+
+
+def wait_for_saves() -> None:
+    """Wait for every save still in flight in this process (the rank agent's exit path calls
+    it before leaving with `os._exit`, which would cut a background save short); the first
+    error of a failed save is raised after all of them are done."""
+    error: BaseException | None = None
+    for manager in list(_MANAGERS):
+        try:
+            manager.wait()
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+
+
 class SaveHandle:
     """A save running in the background: `wait()` returns its path or raises its error."""
 
@@ -217,6 +236,7 @@ class CheckpointManager:
         self.report = report
         self.pin_memory = pin_memory
         self._pending: SaveHandle | None = None
+        _MANAGERS.add(self)
 
     # ------------------------------------------------------------------ paths
     def path_of(self, step: int) -> Path:

@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from ftslurm.agent import progress
-from ftslurm.agent.task import _applies, classify_exit, master_port, parse_inject_env, torch_env
+from ftslurm.agent.task import (
+    _applies,
+    classify_exit,
+    disk_full,
+    master_port,
+    parse_inject_env,
+    torch_env,
+)
 from ftslurm.core.inject import parse_injection
 
 from .conftest import wait_for
@@ -146,9 +153,85 @@ TRACEBACK = 'Traceback (most recent call last):\n  File "<string>", line 1, in <
     ((None, 9, False, 1.0, ""), "killed"),
     ((None, 15, True, 1.0, ""), "killed"),
     ((3, None, False, 1.0, ""), "failed"),
+    # recorded "saved step S, stopping", then died in teardown: the save stands
+    ((None, 6, True, 5.0, "terminate called without an active exception\n", True),
+     "teardown_failed"),
+    ((1, None, False, 5.0, "", True), "teardown_failed"),
+    ((0, None, False, 5.0, "", True), "checkpointed"),
+    ((93, None, True, 5.0, "", True), "do_not_retry"),
+    # ENOSPC, from Python or from a C library, not a crash (and not a user error)
+    ((1, None, False, 1.0, TRACEBACK + "OSError: [Errno 28] No space left on device\n"),
+     "disk_full"),
+    ((None, 6, False, 500.0, "write failed: No space left on device\nAborted\n"), "disk_full"),
+    ((1, None, False, 500.0, "No space left on device\n" + "x\n" * 10 + "RuntimeError: y\n"),
+     "failed"),
 ])  # fmt: skip
 def test_classify_exit(args: tuple[Any, ...], outcome: str) -> None:
-    assert classify_exit(*args, user_error_window_s=60.0) == outcome
+    stop_recorded = len(args) > 5 and args[5]
+    assert classify_exit(*args[:5], user_error_window_s=60.0,
+                         stop_recorded=stop_recorded) == outcome  # fmt: skip
+
+
+@pytest.mark.parametrize(("tail", "found"), [
+    ("OSError: [Errno 28] No space left on device: '/ckpt/step-9.pt'", (True, "/ckpt/step-9.pt")),
+    ('cp: error writing "/ckpt/x": No space left on device', (True, None)),
+    ("torch: No space left on device: \"/d/f\"\n", (True, "/d/f")),
+    ("RuntimeError: boom", (False, None)),
+])  # fmt: skip
+def test_disk_full_is_read_from_the_tail(tail: str, found: tuple[bool, str | None]) -> None:
+    assert disk_full(tail) == found
+
+
+def test_a_rank_dying_of_enospc_is_reported_as_disk_full(tmp_path: Path) -> None:
+    child = ("import errno, os\n"
+             "raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), '/ckpt/step-9.pt')")
+    done = run(py(child), clean_env(FTSLURM_RUN_DIR=str(tmp_path), SLURMD_NODENAME="n2"))
+    assert done.returncode == 1
+    r = report(tmp_path)
+    assert (r["outcome"], r["disk_full_path"], r["node"]) == ("disk_full", "/ckpt/step-9.pt",
+                                                              "n2")  # fmt: skip
+
+
+def test_a_rank_that_recorded_its_stop_then_aborted_is_teardown_failed(tmp_path: Path) -> None:
+    stale = tmp_path / "attempts" / "0" / "stopping-rank-0.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text('{"rank": 0, "step": 3, "outcome": "checkpointed"}')  # an older process
+    done = run(py("import os; os.abort()"), clean_env(FTSLURM_RUN_DIR=str(tmp_path)))
+    assert done.returncode == 128 + signal.SIGABRT
+    assert report(tmp_path)["outcome"] == "killed"  # the stale record was not taken for its
+    assert not stale.exists()
+    child = ("import os\nfrom ftslurm.agent import rank as fta\n"
+             "agent = fta.init(); agent.heartbeat(7); agent.record_stop()\nos.abort()")
+    done = run(py(child), clean_env(FTSLURM_RUN_DIR=str(tmp_path)))
+    assert done.returncode == 128 + signal.SIGABRT
+    r = report(tmp_path)
+    assert (r["outcome"], r["saved_step"], r["signal"]) == ("teardown_failed", 7, signal.SIGABRT)
+    assert b"the checkpoint stands" in done.stderr
+
+
+def test_leave_exits_with_the_code_after_waiting_for_saves(tmp_path: Path) -> None:
+    # an async save still running when the rank leaves is finished first; the process group
+    # is torn down within the bound, and the exit code is the one asked for
+    child = f"""
+import threading, time, torch, torch.distributed as dist
+from ftslurm.checkpoint import CheckpointManager
+from ftslurm.agent import rank as fta
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+agent = fta.init()
+ckpt = CheckpointManager({str(tmp_path / "ckpt")!r}, report=False)
+real = ckpt._write
+def slow(*a):
+    time.sleep(0.5)
+    return real(*a)
+ckpt._write = slow
+ckpt.save_async(5, {{"w": torch.ones(3)}})
+agent.exit(3)
+"""
+    done = run(py(child), clean_env(FTSLURM_RUN_DIR=str(tmp_path / "run")), timeout=120)
+    assert done.returncode == 3, done.stderr
+    from ftslurm.checkpoint import CheckpointManager
+
+    assert CheckpointManager(tmp_path / "ckpt").steps() == [5]
 
 
 def test_injection_env_round_trip_and_targets() -> None:

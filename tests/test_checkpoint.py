@@ -549,9 +549,11 @@ result = {"local_equal": torch.equal(fresh["w"].to_local(), local), "r": fresh["
 with open(out, "w") as f:
     json.dump(result, f)
 dist.barrier()  # both ranks are done with every collective
-# gloo's teardown (destroy_process_group or exit-time destructors) now and then aborts one
-# process with "terminate called without an active exception"; it is not under test here.
-os._exit(0)
+# Leave as a rank should: exit-time destructors with gloo's threads up now and then abort
+# ("terminate called without an active exception"); leave() tears the group down within a
+# bound and ends with os._exit.
+from ftslurm.agent.rank import leave
+leave(0)
 """
 
 

@@ -106,6 +106,17 @@ def test_user_error_is_not_retried(cli, tmp_path):
     assert s["attempts"][0]["cause"] == "user_error"
 
 
+def test_a_rank_dying_of_enospc_ends_the_run_at_once_with_the_reason(cli, tmp_path):
+    full = tmp_path / "full.py"
+    full.write_text("import errno, os\n"
+                    "raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), '/ckpt/step-9.pt')\n")
+    out = cli.submit("--dry-run", "--retries", "3", str(full))
+    s = cli.wait_for(out["run_id"], ended, 120, "the run to fail")
+    assert s["state"] == "FAILED" and s["job_retries_used"] == 0
+    assert s["attempts"][0]["cause"] == "disk_full"
+    assert "at /ckpt/step-9.pt: free space and resubmit" in s["attempts"][0]["reason"]
+
+
 def test_wait_exit_codes(cli, tmp_path):
     train = write_train(tmp_path)
     out = cli.submit("--dry-run", str(train), "--", "100", "0.1", "10")

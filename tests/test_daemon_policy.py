@@ -97,6 +97,26 @@ CLASSIFY_ROWS = [
      {}, C.RESUME_ELSEWHERE),
     ("preempted/exit-16", E(J.PREEMPTED, 16), {}, C.RESUME_ELSEWHERE),
     ("outcome/user-error", E(J.FAILED, 1, rank_outcomes=("user_error",)), {}, C.USER_ERROR),
+    # A rank that recorded its save and then died tearing down (exit 134 from the abort):
+    # the node reports and the ranks say checkpointed, Slurm says FAILED; the save stands.
+    ("teardown/abort-after-save", E(J.FAILED, 134, rank_outcomes=(
+        "checkpointed", "teardown_failed", "checkpointed")), {}, C.CHECKPOINTED),
+    ("teardown/every-rank-aborted", E(J.FAILED, 134, signal=6, rank_outcomes=(
+        "teardown_failed", "teardown_failed")), {}, C.CHECKPOINTED),
+    ("teardown/node-fail-still-wins", E(J.NODE_FAIL, rank_outcomes=("teardown_failed",)), {},
+     C.NODE_FAIL),
+    # ... but a rank that died before recording its save makes it a crash
+    ("teardown/one-rank-died-before-its-save", E(J.FAILED, 134, rank_outcomes=(
+        "teardown_failed", "killed", "failed")), {}, C.CRASH),
+    # ENOSPC: its own cause, whatever else the ranks said
+    ("outcome/disk-full", E(J.FAILED, 1, rank_outcomes=("disk_full", "killed"),
+                            disk_full_at="n2 at /ckpt"), {}, C.DISK_FULL),
+    ("outcome/disk-full-beats-checkpointed", E(J.FAILED, 1, rank_outcomes=(
+        "checkpointed", "disk_full")), {}, C.DISK_FULL),
+    ("outcome/disk-full-beats-user-error", E(J.FAILED, 1, rank_outcomes=(
+        "user_error", "disk_full")), {}, C.DISK_FULL),
+    ("outcome/do-not-retry-beats-disk-full", E(J.FAILED, 93, rank_outcomes=("disk_full",)),
+     {}, C.DO_NOT_RETRY),
     ("outcome/user-error-beats-checkpointed", E(J.TIMEOUT, 0,
                                                 rank_outcomes=("checkpointed", "user_error")),
      {}, C.USER_ERROR),
@@ -236,6 +256,12 @@ DECIDE_ROWS = [
      V.FAIL, ["validation failed", "exit 17", "not retried"], B(), ()),
     ("exit-93", C.DO_NOT_RETRY, E(J.FAILED, 93), B(), {}, False,
      V.FAIL, ["asked not to be retried", "exit 93"], B(), ()),
+    ("disk-full/not-retried-not-counted", C.DISK_FULL,
+     E(J.FAILED, 1, rank_outcomes=("disk_full",), disk_full_at="n2 at /ckpt/step-9.pt"),
+     B(1, {"crash": 1}), {}, False, V.FAIL,
+     ["disk full on n2 at /ckpt/step-9.pt: free space and resubmit"], B(1, {"crash": 1}), ()),
+    ("disk-full/unknown-where", C.DISK_FULL, E(J.FAILED, 1), B(), {}, False, V.FAIL,
+     ["disk full on a node: free space and resubmit"], B(), ()),
     ("deadline", C.DEADLINE, E(J.DEADLINE), B(), {}, False,
      V.FAIL, ["deadline passed"], B(), ()),
     # Retries spend the failure budget, overall and per cause.
@@ -408,7 +434,7 @@ def test_progress_in_a_retried_attempt_resets_the_stall_count():
 
 NODES = ("n1", "n2", "n3", "n4")
 OUTCOMES = ("finished", "checkpointed", "user_error", "resume_elsewhere", "failed_validation",
-            "do_not_retry", "killed", "failed")  # fmt: skip
+            "do_not_retry", "killed", "failed", "teardown_failed", "disk_full")  # fmt: skip
 EXIT_CODES = (0, 1, 16, 17, 93, 137, None)
 RETRYABLE_CAUSES = sorted(RETRYABLE, key=lambda c: c.value)
 

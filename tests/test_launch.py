@@ -63,12 +63,24 @@ while step < steps:
                 os.replace(ckpt + ".tmp", ckpt)
             agent.checkpoint_saved(step, 0.01)
         dist.barrier()
+        if os.environ.get("ABORT_BEFORE_STOP") == str(rank) and agent.should_checkpoint():
+            os.abort()  # dies after the save, before recording its stop
         if agent.should_stop():
             print(f"rank {rank} checkpointed at {step}", flush=True)
-            sys.exit(0)
+            if os.environ.get("ABORT_AFTER_STOP") == str(rank):
+                # the stop of every rank is recorded; then this rank aborts in teardown
+                for other in range(world):
+                    path = os.path.join(os.environ["FTSLURM_RUN_DIR"], "attempts", "0",
+                                        f"stopping-rank-{other}.json")
+                    deadline = time.monotonic() + 60
+                    while not os.path.exists(path) and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                os.abort()
+            agent.exit(0)
 if rank == 0:
     agent.finished(step)
 print(f"rank {rank} finished at {step}", flush=True)
+agent.exit(0)
 '''
 
 
@@ -195,6 +207,87 @@ def test_sigterm_makes_every_rank_checkpoint_at_the_same_step_and_ask_to_continu
     saved = json.loads((tmp_path / "ckpt" / "state.json").read_text())["step"]
     assert saved == int(steps[0][1])
     assert node_report(tmp_path)["outcome"] == "checkpointed"
+
+
+def sigterm_when_training(tmp_path: Path, proc: subprocess.Popen) -> tuple[int, str]:
+    deadline = time.monotonic() + 60
+    progress = tmp_path / "run" / "progress.json"
+    while not (progress.exists() and json.loads(progress.read_text()).get("step", 0) >= 12):
+        assert time.monotonic() < deadline and proc.poll() is None, "training did not start"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    return finish(proc)
+
+
+def rank_report(tmp_path: Path, rank: int) -> dict:
+    return json.loads((tmp_path / "run" / "attempts" / "0" / f"rank-{rank}.json").read_text())
+
+
+@pytest.mark.parametrize("restarts", ["0", "2"])
+def test_a_rank_that_aborts_in_teardown_after_recording_its_save_still_checkpoints(
+        tmp_path, restarts):  # fmt: skip
+    # Forced timing: rank 1 waits until both ranks recorded their stop, then aborts
+    # (SIGABRT, exit 134) as gloo's teardown does now and then.
+    proc = start(tmp_path, "--grace", "30", "--max-restarts", restarts, steps=400,
+                 ABORT_AFTER_STOP="1")  # fmt: skip
+    code, out = sigterm_when_training(tmp_path, proc)
+    assert code == launch.EXIT_CONTINUE, out
+    assert "round 1" not in out  # a teardown abort is no reason for an in-job restart
+    report = node_report(tmp_path)
+    assert report["outcome"] == "checkpointed" and report["in_job_restarts"] == 0
+    # (rank 0 may be listed too: torch elastic stops the other ranks on a failure)
+    assert any(w.startswith("rank 1 died while tearing down (exit 134)")
+               for w in report["teardown_failures"]), report  # fmt: skip
+    saved = json.loads((tmp_path / "ckpt" / "state.json").read_text())["step"]
+    one = rank_report(tmp_path, 1)
+    assert one["outcome"] == "teardown_failed" and one["signal"] == signal.SIGABRT
+    assert one["saved_step"] == saved
+    assert rank_report(tmp_path, 0)["outcome"] == "checkpointed"
+
+
+def test_a_rank_that_dies_before_recording_its_save_is_a_failure(tmp_path):
+    proc = start(tmp_path, "--grace", "30", steps=400, ABORT_BEFORE_STOP="1")
+    code, out = sigterm_when_training(tmp_path, proc)
+    assert code == 128 + signal.SIGABRT, out
+    assert node_report(tmp_path)["outcome"] == "failed"
+    assert rank_report(tmp_path, 1)["outcome"] == "killed"
+
+
+def outcome(**kw):
+    base = dict(succeeded=False, failures={}, ranks={0, 1}, stopped={}, signalled=True,
+                finished=False, max_restarts=0)  # fmt: skip
+    return launch.decide_outcome(**{**base, **kw})
+
+
+CKPT = {0: "checkpointed", 1: "checkpointed"}
+
+
+@pytest.mark.parametrize("kw,code,name,warned", [
+    (dict(succeeded=True), 75, "checkpointed", False),
+    (dict(succeeded=True, signalled=False), 0, "finished", False),
+    (dict(succeeded=True, finished=True), 0, "finished", False),
+    # the signal reached another node only: the ranks' records still say checkpointed
+    (dict(succeeded=True, signalled=False, stopped=CKPT), 75, "checkpointed", False),
+    # every rank recorded its save, then one aborted (134) or hung and was killed (137)
+    (dict(failures={1: 134}, stopped=CKPT), 75, "checkpointed", True),
+    (dict(failures={0: 137, 1: 134}, stopped=CKPT, signalled=False), 75, "checkpointed",
+     True),
+    (dict(failures={1: 134}, stopped=CKPT, max_restarts=3), 75, "checkpointed", True),
+    (dict(failures={1: 134}, stopped={0: "finished", 1: "finished"}), 0, "finished", True),
+    # one rank did not record its save: a failure
+    (dict(failures={1: 134}, stopped={0: "checkpointed"}), 134, "failed", False),
+    (dict(failures={1: 134}), 134, "failed", False),
+    (dict(failures={1: 134}, stopped={0: "checkpointed"}, max_restarts=2), 74,
+     "restarts_exhausted", False),
+    (dict(failures={1: 134}, stopped=CKPT, ranks=set()), 134, "failed", False),
+    # a named exit after the stop is meant
+    (dict(failures={1: 93}, stopped=CKPT), 93, "do_not_retry", False),
+    (dict(failures={0: 17, 1: 16}), 17, "failed_validation", False),
+    (dict(failures={1: -6}), 1, "failed", False),
+])  # fmt: skip
+def test_decide_outcome(kw, code, name, warned):
+    decided = outcome(**kw)
+    assert (decided.code, decided.outcome, bool(decided.warnings)) == (code, name, warned)
 
 
 def test_timeouts_are_tightened_from_what_earlier_attempts_observed():

@@ -10,7 +10,11 @@ Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it s
   killing them (not a fixed 30 s);
 - exits with a code the daemon understands (see EXIT_*), and writes
   `$FTSLURM_RUN_DIR/attempts/<attempt>/node-<node_rank>.json` (in-job restarts, hangs,
-  outcome).
+  outcome, teardown failures). The outcome comes from what the ranks recorded as well as
+  from their exit codes (`decide_outcome`): when every rank of the node recorded "saved
+  step S, stopping" (`ftslurm.agent.rank`) and one then died while tearing down its
+  process group, the node still exits 75 "checkpointed", with a warning; a rank that
+  died before recording its save stays a failure.
 Timeouts come from `--section-timeouts` (JSON, e.g. {"setup": 600, "step": 180,
 "checkpointing": 600, "out_of_section": 300, "initial": 1800, "warmup_steps": 20}; null =
 infinite; what is left out gets the defaults of `ftslurm.agent.heartbeat`, so hang detection
@@ -33,7 +37,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +61,7 @@ from ftslurm.agent.heartbeat import (
     silence,
     watch_cpu,
 )  # fmt: skip
-from ftslurm.agent.rank import OBSERVED_DIR
+from ftslurm.agent.rank import OBSERVED_DIR, read_stop_record
 from ftslurm.agent.straggler import collect_report
 from ftslurm.fsutil import read_json, write_json_atomic
 
@@ -67,7 +71,48 @@ EXIT_FAILED_VALIDATION = 17
 EXIT_RESTARTS_EXHAUSTED = 74  # in-job restarts used up: the daemon may retry the job
 EXIT_CONTINUE = 75  # every rank checkpointed after the signal: continue me
 EXIT_DO_NOT_RETRY = 93
+NAMED_EXITS = {EXIT_DO_NOT_RETRY: "do_not_retry", EXIT_FAILED_VALIDATION: "failed_validation",
+               EXIT_RESUME_ELSEWHERE: "resume_elsewhere"}  # in order of precedence
 log = logging.getLogger("ftslurm.launch")
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    code: int
+    outcome: str
+    warnings: tuple[str, ...] = field(default=())
+
+
+def decide_outcome(*, succeeded: bool, failures: dict[int, int], ranks: set[int],
+                   stopped: dict[int, str], signalled: bool, finished: bool,
+                   max_restarts: int) -> NodeOutcome:  # fmt: skip
+    """The node's exit code and outcome (pure), from how its ranks ended and what they
+    recorded. `failures`: rank -> exit code of the ranks that failed; `ranks`: every rank
+    of this node; `stopped`: rank -> the outcome it recorded ("checkpointed"/"finished")
+    before its teardown. Failures after every rank recorded its stop are teardown
+    failures: the save stands (75, or 0 when finished), with a warning each. A named exit
+    code (16, 17, 93) is never a teardown failure."""
+    all_stopped = bool(ranks) and ranks <= set(stopped)
+    stopped_finished = all_stopped and all(stopped[r] == "finished" for r in ranks)
+    teardown = bool(failures) and all_stopped and not set(failures.values()) & set(NAMED_EXITS)
+    if succeeded or teardown:
+        done = finished or stopped_finished
+        code = EXIT_CONTINUE if (signalled or all_stopped) and not done else EXIT_FINISHED
+        warnings = tuple(
+            f"rank {r} died while tearing down (exit {c}) after it recorded its save: "
+            "the checkpoint stands" for r, c in sorted(failures.items())) if teardown else ()
+        return NodeOutcome(code, "checkpointed" if code == EXIT_CONTINUE else "finished",
+                           warnings)  # fmt: skip
+    codes = sorted(set(failures.values()))
+    named = [c for c in NAMED_EXITS if c in codes]
+    if named:
+        code = named[0]
+    elif max_restarts > 0:
+        code = EXIT_RESTARTS_EXHAUSTED
+    else:
+        code = next((c for c in codes if c > 0), 1)
+    outcome = {**NAMED_EXITS, EXIT_RESTARTS_EXHAUSTED: "restarts_exhausted"}.get(code, "failed")
+    return NodeOutcome(code, outcome)
 
 
 # "setup" is never tightened: the first attempt's setup usually loaded no checkpoint.
@@ -190,7 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         log.info("timeouts from earlier attempts: %s", timeouts)
     state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [],
                              "next_peer_check": 0.0, "next_collect": 0.0, "pace": {},
-                             "cpu": {}, "heartbeats": False, "look_at_stop": False}
+                             "cpu": {}, "heartbeats": False, "look_at_stop": False,
+                             "teardown": {}, "ranks": set()}  # fmt: skip
+
+    def stopped_ranks(ranks: set[int]) -> dict[int, str]:
+        records = {r: read_stop_record(run_dir, attempt, r) for r in ranks}
+        return {r: str(rec.get("outcome") or "checkpointed") for r, rec in records.items()
+                if rec is not None}  # fmt: skip
     collector_interval = float(os.environ.get("FTSLURM_STRAGGLER_INTERVAL_S") or 60) / 2
     collector = straggler_collector(run_dir) if args.node_rank == 0 and run_dir else None
 
@@ -206,6 +257,19 @@ def main(argv: list[str] | None = None) -> int:
 
         def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
             result = super()._monitor_workers(worker_group)
+            ranks = {w.global_rank for w in worker_group.workers}
+            state["ranks"] = ranks
+            if result.state is WorkerState.FAILED and result.failures:
+                # All ranks are gone by now (torch elastic stops the rest on a failure):
+                # were these failures only teardown after every rank recorded its save?
+                failures = {r: f.exitcode for r, f in result.failures.items()}
+                d = decide_outcome(succeeded=False, failures=failures, ranks=ranks,
+                                   stopped=stopped_ranks(ranks), signalled=state["signalled"],
+                                   finished=False, max_restarts=0)  # fmt: skip
+                if d.warnings:  # no in-job restart: the ranks are done, the save stands
+                    state["teardown"] = failures
+                    return RunResult(state=WorkerState.SUCCEEDED,
+                                     return_values={r: None for r in ranks})
             if result.state is not WorkerState.HEALTHY:
                 return result
             now = time.monotonic()
@@ -351,22 +415,14 @@ def main(argv: list[str] | None = None) -> int:
         spec.rdzv_handler.shutdown()  # closes the rendezvous: the other launchers stop too
     used = args.max_restarts - agent._remaining_restarts
     finished = run_dir is not None and (run_dir / "FINISHED").exists()
-    if result.state is WorkerState.SUCCEEDED:
-        code = EXIT_CONTINUE if state["signalled"] and not finished else EXIT_FINISHED
-        outcome = "checkpointed" if code == EXIT_CONTINUE else "finished"
-    else:
-        codes = sorted({f.exitcode for f in result.failures.values()})
-        named = [c for c in (EXIT_DO_NOT_RETRY, EXIT_FAILED_VALIDATION, EXIT_RESUME_ELSEWHERE)
-                 if c in codes]  # fmt: skip
-        if named:
-            code = named[0]
-        elif args.max_restarts > 0:
-            code = EXIT_RESTARTS_EXHAUSTED
-        else:
-            code = next((c for c in codes if c > 0), 1)
-        outcome = {EXIT_DO_NOT_RETRY: "do_not_retry", EXIT_FAILED_VALIDATION:
-                   "failed_validation", EXIT_RESUME_ELSEWHERE: "resume_elsewhere",
-                   EXIT_RESTARTS_EXHAUSTED: "restarts_exhausted"}.get(code, "failed")
+    failures = state["teardown"] or {r: f.exitcode for r, f in result.failures.items()}
+    decided = decide_outcome(
+        succeeded=result.state is WorkerState.SUCCEEDED and not state["teardown"],
+        failures=failures, ranks=state["ranks"], stopped=stopped_ranks(state["ranks"]),
+        signalled=state["signalled"], finished=finished, max_restarts=args.max_restarts)
+    code, outcome = decided.code, decided.outcome
+    for warning in decided.warnings:
+        log.warning("%s", warning)
     if run_dir is not None:
         folder = run_dir / "attempts" / attempt
         folder.mkdir(parents=True, exist_ok=True)
@@ -375,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             "attempt": int(attempt),
             "in_job_restarts": used, "max_restarts": args.max_restarts,
             "hangs": state["hangs"], "outcome": outcome, "exit_code": code,
+            "teardown_failures": list(decided.warnings),
             "started_at": started, "ended_at": time.time(),
             "timeouts": {"sections": timeouts.sections,
                          "out_of_section": timeouts.out_of_section,
@@ -467,4 +524,10 @@ def _kill(pids: Any, wait_s: float = 10.0) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    # The node report is written: leave without the interpreter's teardown, where torch's
+    # native threads (the rendezvous store's) could still abort and change the exit code.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

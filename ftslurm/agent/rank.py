@@ -11,9 +11,10 @@
             with agent.section("checkpointing"):
                 save(...)
             agent.checkpoint_saved(step, seconds)
-            if agent.should_stop():
-                break                       # exit 0: "checkpointed, continue me"
+            if agent.should_stop():         # records "saved step S, stopping"
+                agent.exit(0)               # "checkpointed, continue me" (see below)
     agent.finished(step)
+    agent.exit(0)
 
 The checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL, default USR2) and SIGTERM only set a flag
 in the handler; `should_checkpoint()` turns the flags of all ranks into one answer with a
@@ -22,12 +23,26 @@ left waiting in a collective. Heartbeats and sections go to a shared-memory reco
 launcher reads from outside the process (`agent.heartbeat`); section durations are
 remembered and saved next to the checkpoints so the next attempt's launcher can tighten
 its timeouts.
+
+Leaving: `should_stop()` answering True and `finished()` record, durably (an atomic write into
+`$FTSLURM_RUN_DIR/attempts/<attempt>/stopping-rank-<rank>.json`), that this rank saved
+step S and is stopping. `agent.exit(code)` (or `leave(code)` without an agent) then waits
+for checkpoint saves still in flight (`ftslurm.checkpoint`), flushes the reports, tears the
+process group down in a thread for at most `TEARDOWN_TIMEOUT_S`, and ends the process with
+`os._exit(code)`: gloo's and NCCL's native threads can abort (std::terminate, exit 134) or
+hang in `destroy_process_group` and in the interpreter's exit-time destructors, and neither
+may turn a good checkpoint into a failure. The launcher and the daemon also read the
+record: a rank that recorded its stop and then died in teardown still counts as
+checkpointed (docs/policy.md).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +55,23 @@ from ftslurm.agent.straggler import StepTimer
 from ftslurm.fsutil import read_json, write_json_atomic
 
 OBSERVED_DIR = ".ftslurm-observed"  # inside the checkpoint directory
+STOP_RECORD = "stopping-rank-{rank}.json"  # in $FTSLURM_RUN_DIR/attempts/<attempt>/
+TEARDOWN_TIMEOUT_S = 10.0  # how long `leave` lets destroy_process_group take
+log = logging.getLogger("ftslurm.rank")
+
+
+def stop_record_path(run_dir: str | Path, attempt: str | int, rank: int) -> Path:
+    """Where rank `rank` records that it saved its checkpoint and is stopping."""
+    return Path(run_dir) / "attempts" / str(attempt) / STOP_RECORD.format(rank=rank)
+
+
+def read_stop_record(run_dir: str | Path | None, attempt: str | int,
+                     rank: int) -> dict[str, Any] | None:  # fmt: skip
+    """The rank's stop record, or None when it recorded none (or it is unreadable)."""
+    if run_dir is None:
+        return None
+    record = read_json(stop_record_path(run_dir, attempt, rank))
+    return record if isinstance(record, dict) else None
 
 
 class RankAgent:
@@ -55,6 +87,10 @@ class RankAgent:
         self._checkpoint_dir = env.get("FTSLURM_CHECKPOINT_DIR")
         self._open: list[tuple[str, float]] = []  # the sections entered, innermost last
         self._compute_seen = False
+        self._run_dir = env.get("FTSLURM_RUN_DIR") or None
+        self._attempt = env.get("FTSLURM_ATTEMPT") or "0"
+        self._saved_step: int | None = None
+        self._stop_recorded = False
         # Step times for straggler scores, published once per interval to the run folder.
         self._timer: StepTimer | None = None
         if env.get("FTSLURM_RUN_DIR"):
@@ -131,17 +167,41 @@ class RankAgent:
         return self._decided
 
     def should_stop(self) -> bool:
-        """After the checkpoint that `should_checkpoint` asked for: stop and exit 0."""
-        return self.should_checkpoint()
+        """After the checkpoint that `should_checkpoint` asked for: stop and exit 0. Call it
+        once the save is complete on this rank: a True answer records (durably) that this
+        rank saved its step and is stopping."""
+        stop = self.should_checkpoint()
+        if stop:
+            self.record_stop("checkpointed")
+        return stop
+
+    def record_stop(self, outcome: str = "checkpointed", step: int | None = None) -> None:
+        """Record, atomically and before any teardown, "I saved step S and am stopping"
+        (`outcome`: "checkpointed" or "finished"); once per process."""
+        if self._stop_recorded or self._run_dir is None:
+            return
+        step = step if step is not None else (
+            self._saved_step if self._saved_step is not None else self.step)  # fmt: skip
+        path = stop_record_path(self._run_dir, self._attempt, self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"rank": self.rank, "step": step, "outcome": outcome,
+                                 "pid": os.getpid(), "time": time.time()})  # fmt: skip
+        self._stop_recorded = True
+
+    def exit(self, code: int = 0, teardown_timeout_s: float = TEARDOWN_TIMEOUT_S) -> None:
+        """Leave the process with `code` (see the module doc): never returns."""
+        leave(code, teardown_timeout_s, agent=self)
 
     # ------------------------------------------------------------------ reports
     def checkpoint_saved(self, step: int, seconds: float | None = None) -> None:
+        self._saved_step = step
         progress.checkpoint_saved(step, seconds)
         self.save_observed()
 
     def finished(self, step: int | None = None) -> None:
         progress.finished(step)
         self.save_observed()
+        self.record_stop("finished", step)
 
     def save_observed(self) -> None:
         """Longest section durations and heartbeat gaps seen on this rank, next to the
@@ -175,6 +235,61 @@ def _any_rank(flag: bool) -> bool:
     value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def _destroy_process_group() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as exc:  # the checkpoint is safe: nothing here changes the outcome
+        log.warning("destroy_process_group failed: %s", exc)
+
+
+def leave(code: int = 0, teardown_timeout_s: float = TEARDOWN_TIMEOUT_S,
+          agent: RankAgent | None = None) -> None:  # fmt: skip
+    """End this rank's process with `code`, whatever native threads do at teardown: wait
+    for checkpoint saves in flight, flush the reports and stdio, give
+    `destroy_process_group` `teardown_timeout_s` in a daemon thread, then `os._exit(code)`
+    (no interpreter finalisation: no exit-time C++ destructors, whose joinable gloo threads
+    are what std::terminate aborts on). A save that failed turns `code` into 1 and takes
+    back the stop record. Never returns."""
+    agent = agent if agent is not None else _AGENT
+    checkpoint = sys.modules.get("ftslurm.checkpoint")
+    if checkpoint is not None:
+        try:
+            checkpoint.wait_for_saves()
+        except Exception as exc:
+            print(f"ftslurm: checkpoint save failed before exit: {exc!r}", file=sys.stderr)
+            code = code or 1
+            if agent is not None and agent._run_dir is not None:
+                stop_record_path(agent._run_dir, agent._attempt, agent.rank).unlink(
+                    missing_ok=True)  # fmt: skip
+    if agent is not None:
+        try:
+            agent.close()
+        except OSError as exc:
+            print(f"ftslurm: could not save the rank agent's records: {exc}", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    worker = threading.Thread(target=_destroy_process_group, name="ftslurm-teardown",
+                              daemon=True)  # fmt: skip
+    worker.start()
+    worker.join(teardown_timeout_s)
+    if worker.is_alive():
+        print(f"ftslurm: destroy_process_group still running after {teardown_timeout_s:.0f}s;"
+              " leaving without it", file=sys.stderr)  # fmt: skip
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 _AGENT: RankAgent | None = None

@@ -17,10 +17,14 @@ For every task (rank) of an attempt it
   (atomic) for the daemon:
       {"rank", "node", "job_id", "restart_count", "attempt", "exit_code", "signal",
        "started_at", "ended_at", "checkpoint_signal_at", "injected", "outcome",
-       "error_tail"}
+       "error_tail", "saved_step", "disk_full_path"}
   where outcome is one of "finished", "checkpointed" (exit 0 after the checkpoint signal:
-  continue me), "user_error", "resume_elsewhere" (16), "failed_validation" (17),
-  "do_not_retry" (93), "killed" or "failed" (see `classify_exit`);
+  continue me), "teardown_failed" (the rank recorded "saved step S, stopping" through the
+  rank agent, `saved_step`, and then died while tearing down: the save stands),
+  "resume_elsewhere" (16), "failed_validation" (17), "do_not_retry" (93), "disk_full" (it
+  died of ENOSPC, "No space left on device", at `disk_full_path` when its stderr names
+  it), "user_error", "killed" or "failed" (see `classify_exit`); a stop record left by an
+  earlier process of this rank is removed before the command starts;
 - exits with the command's code (128+N when signal N killed it; 127 when it cannot start).
 """
 
@@ -40,6 +44,7 @@ from typing import IO
 
 import hostlist
 
+from ftslurm.agent.rank import read_stop_record, stop_record_path
 from ftslurm.core.inject import Injection, InjectKind, parse_injection
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
@@ -54,6 +59,10 @@ NAMED_EXITS = {16: "resume_elsewhere", 17: "failed_validation", 93: "do_not_retr
 _USER_ERROR = re.compile(
     r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError)(:|$)"
     r"|can't open file")  # fmt: skip
+# ENOSPC as Python and C libraries print it; the path when the message names one.
+_DISK_FULL = re.compile(r"\[Errno 28\]|No space left on device|ENOSPC")
+_DISK_FULL_PATH = re.compile(r"No space left on device: ('([^']*)'|\"([^\"]*)\")")
+DISK_FULL_LINES = 5  # how far from the end of the tail the fatal error may be
 
 
 def _int(value: str | None, default: int = 0) -> int:
@@ -114,13 +123,30 @@ def torch_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def disk_full(stderr_tail: str) -> tuple[bool, str | None]:
+    """Whether the last lines of a rank's stderr say it died of ENOSPC, and the path
+    named when there is one."""
+    lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
+    for line in reversed(lines[-DISK_FULL_LINES:]):
+        if _DISK_FULL.search(line):
+            match = _DISK_FULL_PATH.search(line)
+            return True, (match.group(2) or match.group(3)) if match else None
+    return False, None
+
+
 def classify_exit(exit_code: int | None, signal: int | None, checkpoint_signal_seen: bool,
-                  runtime_s: float, stderr_tail: str, user_error_window_s: float) -> str:
-    """How a task ended, in the daemon's words (see the module docstring)."""
+                  runtime_s: float, stderr_tail: str, user_error_window_s: float,
+                  stop_recorded: bool = False) -> str:  # fmt: skip
+    """How a task ended, in the daemon's words (see the module docstring). `stop_recorded`:
+    the rank recorded "saved step S, stopping" before it ended."""
     if signal is None and exit_code == 0:
-        return "checkpointed" if checkpoint_signal_seen else "finished"
+        return "checkpointed" if checkpoint_signal_seen or stop_recorded else "finished"
     if signal is None and exit_code in NAMED_EXITS:
         return NAMED_EXITS[exit_code]
+    if stop_recorded:
+        return "teardown_failed"
+    if disk_full(stderr_tail)[0]:
+        return "disk_full"
     lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
     if runtime_s <= user_error_window_s and lines and _USER_ERROR.search(lines[-1]):
         return "user_error"
@@ -308,6 +334,8 @@ class Task:
     def run(self) -> int:
         for sig in FORWARDED:
             signals.signal(sig, self._forward)
+        if self.run_dir is not None:  # only this process of the rank may record its stop
+            stop_record_path(self.run_dir, self.attempt, self.rank).unlink(missing_ok=True)
         hb_dir = self.environ.get("FTSLURM_HEARTBEAT_DIR")
         if hb_dir:  # tell the launcher our handlers are in place: it may signal us now
             Path(hb_dir, f"ready-{self.env.get('LOCAL_RANK', '0')}").touch()
@@ -359,13 +387,22 @@ class Task:
             window = float(self.environ.get("FTSLURM_USER_ERROR_WINDOW_S") or 60)
         except ValueError:
             window = 60.0
+        stop = read_stop_record(self.run_dir, self.attempt, self.rank)
         outcome = classify_exit(code, sig, self.checkpoint_signal_at is not None,
-                                time.monotonic() - self.started, tail, window)  # fmt: skip
-        self._report(code, sig, outcome, tail if status != 0 else None)
+                                time.monotonic() - self.started, tail, window,
+                                stop is not None)  # fmt: skip
+        if outcome == "teardown_failed":
+            print(f"ftslurm: rank {self.rank} died while tearing down ("
+                  f"{f'signal {sig}' if sig else f'exit {code}'}) after it saved step "
+                  f"{stop.get('step') if stop else None}: the checkpoint stands",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        self._report(code, sig, outcome, tail if status != 0 else None,
+                     saved_step=stop.get("step") if stop else None,
+                     disk_full_path=disk_full(tail)[1] if outcome == "disk_full" else None)
         return code if code is not None else 128 + (sig or 0)
 
-    def _report(self, code: int | None, sig: int | None, outcome: str,
-                tail: str | None) -> None:  # fmt: skip
+    def _report(self, code: int | None, sig: int | None, outcome: str, tail: str | None,
+                saved_step: int | None = None, disk_full_path: str | None = None) -> None:
         if self.run_dir is None:
             return
         folder = self.run_dir / "attempts" / self.attempt
@@ -378,6 +415,7 @@ class Task:
             "checkpoint_signal_at": self.checkpoint_signal_at, "injected": self.injected,
             "outcome": outcome,
             "error_tail": "\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
+            "saved_step": saved_step, "disk_full_path": disk_full_path,
         })  # fmt: skip
 
 

@@ -40,6 +40,7 @@ class Cause(str, Enum):
     USER_ERROR = "user_error"  # will fail again the same way: do not retry
     FAILED_VALIDATION = "failed_validation"  # exit 17
     DO_NOT_RETRY = "do_not_retry"  # exit 93
+    DISK_FULL = "disk_full"  # a rank died of ENOSPC: retrying would fill the disk again
     DEADLINE = "deadline"
     CANCELLED = "cancelled"
     # Not an ending: the daemon moved a running job off a persistent straggler node
@@ -163,6 +164,7 @@ class Ending:
     checkpoint_signal_at: float | None = None  # when the daemon sent it (unix time)
     checkpoint_after_signal: bool = False  # a checkpoint was reported after the signal
     heartbeats: bool = True  # False: the ranks wrote no heartbeats (no rank agent)
+    disk_full_at: str | None = None  # "NODE at PATH" of a rank that died of ENOSPC
 
 
 def classify(e: Ending, settings: FtSettings) -> Cause:
@@ -195,8 +197,12 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
         if e.checkpoints_known:  # only a checkpoint newer than the start counts
             return Cause.CHECKPOINTED if e.checkpoint_advanced else Cause.TIMEOUT
     killed = e.signal is not None and e.signal != 0
-    clean = bool(outcomes) and outcomes <= {"checkpointed", "finished"}
-    checkpointed = ("checkpointed" in outcomes and clean) or code == EXIT_CONTINUE or (
+    # "teardown_failed": a rank recorded its save and stop, then died tearing down. With
+    # every other rank and node saying checkpointed, the save stands whatever Slurm's exit
+    # code says (the abort's 134, say); next to a rank that failed first it is a crash.
+    clean = bool(outcomes) and outcomes <= {"checkpointed", "finished", "teardown_failed"}
+    saved = bool(outcomes & {"checkpointed", "teardown_failed"})
+    checkpointed = (saved and clean) or code == EXIT_CONTINUE or (
         not outcomes and e.checkpoint_signal_sent and code == 0 and not killed)
     if e.state is JobState.COMPLETED:
         return Cause.CHECKPOINTED if checkpointed else Cause.FINISHED
@@ -217,7 +223,8 @@ _NAMED_CODES = {"do_not_retry": EXIT_DO_NOT_RETRY, "failed_validation": EXIT_FAI
                 "resume_elsewhere": EXIT_RESUME_ELSEWHERE}
 _SAID_BY_THE_JOB = (
     ("do_not_retry", Cause.DO_NOT_RETRY), ("failed_validation", Cause.FAILED_VALIDATION),
-    ("resume_elsewhere", Cause.RESUME_ELSEWHERE), ("user_error", Cause.USER_ERROR),
+    ("resume_elsewhere", Cause.RESUME_ELSEWHERE), ("disk_full", Cause.DISK_FULL),
+    ("user_error", Cause.USER_ERROR),
 )  # fmt: skip
 
 
@@ -288,6 +295,9 @@ def _decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
         new = Budget(budget.job_retries_used, dict(budget.cause_counts),
                      budget.continuations + 1, stalled)  # fmt: skip
         return Decision(Verdict.CONTINUE, cause, "checkpointed: continuing", new)
+    if cause is Cause.DISK_FULL:
+        return Decision(Verdict.FAIL, cause, f"disk full on {e.disk_full_at or 'a node'}: "
+                        "free space and resubmit", budget)  # fmt: skip
     if cause not in RETRYABLE:
         return Decision(Verdict.FAIL, cause, _NO_RETRY[cause], budget)
     exclude = _exclusions(cause, e, settings)

@@ -442,6 +442,8 @@ class Reconciler:
             checkpoint_signal_at=signal_at, checkpoint_after_signal=signal_at is not None
             and isinstance(ckpt_at, (int, float)) and ckpt_at >= signal_at,
             heartbeats=all(r.get("heartbeats", True) for r in launchers),
+            disk_full_at=next((f"{r.get('node')} at {r.get('disk_full_path') or 'an unknown path'}"
+                               for r in reports if r.get("outcome") == "disk_full"), None),
         )  # fmt: skip
         cause = policy.classify(ending, settings)
         budget = Budget(run.job_retries_used, dict(run.cause_counts), run.continuations,
