@@ -1,16 +1,24 @@
 """Goodput of a month-long training job under four fault-tolerance policies, on the same
-seeded failure traces, against the ideal (Young/Daly) bound.
+seeded failure traces, against two bounds.
 
 For each job size (`--sizes`, nodes) one failure trace is drawn from `--seed` over `--days`
 and replayed, unchanged, under each policy on the virtual-clock mock scheduler
-(`ftslurm.backends.mock.virtual`): the same Slurm state machine decides placement, time
-limits, warning signals, the requeue delay and node-failure detection; the policy decides
-what happens inside the allocation and after an attempt ends. Reported per size and policy:
-ETTR (productive time / wall time), where the rest of the wall time went, and the ETTR as a
-share of the ideal bound.
+(`ftslurm.backends.mock.virtual`), once per queue wait q (`--queue-wait`): the same Slurm
+state machine decides placement, time limits, warning signals, the requeue delay and
+node-failure detection; the policy decides what happens inside the allocation and after an
+attempt ends. Reported per size, q and policy: ETTR (productive time / wall time), where the
+rest of the wall time went, and the ETTR as a share of each bound.
 
     python benchmarks/goodput.py [--sizes 128,1024,2048] [--days 30] [--seed 1]
-                                 [--plot goodput.png] [--json]
+        [--failure-rate 3.79] [--lemon-share 0.714] [--straggler-rate 0.002]
+        [--interval 1800] [--checkpoint-write 60] [--restart 300] [--queue-wait 0,600]
+        [--plot goodput.png] [--json | --markdown]
+    python benchmarks/goodput.py --calibrate [--days 30] [--seed 1]
+
+The code keeps three things apart: the failure trace (`FailureModel`, `draw_trace`), the
+policies (`JobSetup`, `Policy`, `policies`, `Campaign`, which replays a trace under one
+policy) and the reporting (`simulate`, `bounds`, the tables). Every knob has a flag; the
+defaults are the sourced constants below (q: 0 and 10 min, both reported).
 
 Policies
   plain     `sbatch --requeue` with periodic checkpoints. Every early ending is requeued
@@ -21,20 +29,28 @@ Policies
             NCCL watchdog; repaired nodes (lemons too) come back and are allocated again.
   submitit  submitit-style checkpoint-on-timeout: USR2 90 s before the wall limit and on
             preemption (PreemptParameters=send_user_signal assumed) it checkpoints and
-            requeues itself (requeue delay applies). Any other ending (crash, hang killed by
-            the watchdog, node failure) needs a person to resubmit: after
+            requeues itself (requeue delay applies). Its generated batch script has neither
+            --requeue nor --no-requeue (submitit/slurm/slurm.py, `_make_sbatch_string`; the
+            recorded script submitit/slurm/_sbatch_test_record.txt: `--signal=USR2@90`,
+            `--wckey=submitit`, no requeue flag), so under Slurm's default JobRequeue=1 Slurm
+            itself requeues it after a node failure or a preemption, as for plain requeue.
+            A crash or a hang killed by the watchdog ends the job FAILED, which Slurm never
+            requeues and submitit does not resubmit: a person does, after
             HUMAN_RESUBMIT_MEDIAN_S = 2 h median (assumed; log-normal, sigma 1, so a mean of
-            3.3 h: nights and weekends), as a fresh job (no requeue delay) that resumes from
-            the last periodic checkpoint. Slurm's own NODE_FAIL requeue is not credited to it
-            (its job is submitted without --requeue): the specified baseline. With it,
-            submitit would match plain requeue on node failures.
+            3.3 h: nights and weekends), as a fresh job (no requeue delay; it waits q) that
+            resumes from the last periodic checkpoint. (Until this review the model turned
+            Slurm's requeue off for submitit, which cost it about 20 points at 2048 nodes.)
   nemo      NeMo-Run-style: `sbatch --requeue` plus the in-script `scontrol requeue` of its
             template, NVIDIA's ft_launcher with up to 3 in-job restarts per allocation for
             crashes and hangs, fixed heartbeat timeouts (rank 300 s, initial 1800 s: the
             FaultTolerancePlugin defaults), the PreemptionPlugin's TERM@60 checkpoint (its
             handler also outlives the limit's SIGTERM by KillWait: a 90 s lead). Node
             failures need a requeue (requeue delay); no node exclusion; stragglers are only
-            logged.
+            logged. Its default budget: FaultTolerancePlugin num_job_retries_on_failure = 2
+            (nemo/lightning/run/plugins.py; NeMo-Run's docs list the same default), which
+            its Slurm template turns into "stop once the last 2 attempts in the
+            job-results file all failed" (`is_job_failures_limit_reached` in
+            ft_launcher.j2, a `tail -n $TORCHX_MAX_RETRIES` of that file).
   ftslurm   ftslurm with everything on (FtSettings with num_in_job_restarts=3,
             stop_if_straggler=True, budgets unlimited, the rest default): the daemon (polls on
             a 60 s grid) requeues at once with start-now (no requeue delay) and keeps the
@@ -50,8 +66,16 @@ Policies
             report windows of 60 s moves the job off it (requeue held, exclude, release: the
             work since the last checkpoint is lost, as a requeue's SIGTERM + KillWait 30 s
             leaves no time to save).
-  Every policy's retry budgets are unlimited (a month-long run raises submitit's
-  max_num_timeout=3, NeMo's num_job_retries_on_failure=2 and ftslurm's 2).
+  Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
+  needs ~36 continuations, and whoever plans one raises submitit's max_num_timeout=3,
+  NeMo's num_job_retries_on_failure=2 and ftslurm's 2 (ftslurm gets the same treatment).
+  For NeMo-Run the script also counts, in "default stop", how often its default (2 failed
+  attempts in a row) would have stopped the run, each stop being one more resubmission by
+  hand. Its template (src/nemo_run/core/execution/templates/ft_launcher.j2) writes "X" for
+  an attempt when it starts and turns it into S or F in its teardown, so an attempt that
+  ended FAILED (in-job restarts spent) and one killed before its teardown (a node failure
+  or a preemption that Slurm requeues) both count as failed; only a clean checkpointed
+  continuation (COMPLETED) resets the count.
 
 The failure trace (per node of the pool: the job's nodes plus SPARE_FRACTION = 5% spares, at
 least 2 (Bekman: 5-10%; NCSA Delta: 5%); a fault on a node outside the allocation only takes
@@ -103,16 +127,48 @@ Where the wall time goes (the categories add up to the wall time):
   human       a failed job waiting for a person to resubmit it (submitit)
   stragglers  running below full speed because a node of the allocation is slow
 
-The ideal bound per size: the queue-aware Kokolis formula with q = 0,
-E[ETTR] = (1 - lam (u0 + dt/2)) / (1 + w/dt), at the Young/Daly interval dt* = sqrt(2 w /
-lam), with u0 = RESTART_COST_S, w = CHECKPOINT_COST_S and lam = N x the trace's own rate of
-the failures a job on healthy nodes sees (crashes and hangs counted over the pool, node
-failures over its healthy nodes): zero detection and requeue latency, lemons known in
-advance and never used, planned preemptions, wall limits and stragglers free. Every
-policy's ETTR should stay below it, and the script checks that it does.
+Queue wait q (`--queue-wait`, seconds, default 0 and 600): other jobs hold the nodes for q
+after every requeue and resubmission, so the job cannot start before it went back to the
+queue + q, whatever its BeginTime (a start-now included; Slurm's 121 s requeue delay runs
+within q). It is charged to "requeue". An in-job restart does not leave the allocation and
+pays no q.
 
-Cost: the simulation is single-threaded; 30 days x 2048 nodes under all four policies takes
-about 7-8 s of one core (the default three sizes about 10 s).
+The bounds per size and q, both Kokolis' queue-aware formula at the Young/Daly interval
+dt* = sqrt(2 w / lam):
+  E[ETTR] = (1 - lam (u0 + dt/2)) / ((1 + w/dt)(1 + lam_q q))
+with w = the job's checkpoint write and lam_q = N x the trace's node-failure rate (only a
+dead node needs a new allocation and so waits in the queue; crashes and hangs can be
+restarted inside it). Zero detection and requeue latency; planned preemptions, wall
+limits and stragglers free.
+  today's   u0 = the job's restart cost (300 s), lam = N x the trace's rate of the failures
+            a job on healthy nodes sees (crashes and hangs over the pool, node failures over
+            its healthy nodes): lemons known in advance and never used.
+  strict    u0 = 0, lam = N x the trace's rate of every failure in the pool, lemons
+            included (lam_q: every node failure): nothing known in advance, restarts free.
+At the published rates the strict bound is the lower one (lemons double lam at 2048
+nodes, more than u0 costs); neither is above the other for every input. The script checks
+and reports each policy against both.
+
+Calibration (`--calibrate`): Kokolis et al., "Revisiting Reliability in Large-Scale Machine
+Learning Research Clusters" (HPCA 2025, arXiv 2410.21680) estimate ETTR for a job of N
+nodes from r_f failures per node-day, each costing a restart overhead u0 (from the failure
+to training again: rescheduling, initialisation, checkpoint load), the work since the last
+checkpoint (dt/2 on average) and a queue time q, with w per checkpoint:
+E[ETTR] ~ (1 - N r_f (u0 + dt/2)) / ((1 + w/dt)(1 + N r_f q)). For RSC-1 (16k GPUs = 2048
+nodes, r_f = 6.5 per 1000 node-days, u0 = 5 min, w = 0, q = 0) ETTR ~0.70 with a
+checkpoint every 60 min and ~0.93 every 5 min. The script replays plain requeue under those
+assumptions: every failure stops the job at once and is seen at once (a crash that the
+batch script requeues: no hang, no SlurmdTimeout, no lemons, stragglers or maintenance),
+requeue delay 0 (q = 0: no BeginTime either), u0 = 300 s at every start, no wall limit,
+w = 0; failures strike at any time (also during a restart), as Poisson events over the
+job's 2048 nodes. The lost work is what the job computed since its last checkpoint, not
+dt/2 by assumption. It prints its ETTR beside the paper's figure, the first-order formula
+and the exact expectation of the same model (renewal: dt lam / (e^(lam u0)(e^(lam dt) -
+1)) = 0.714 and 0.933; the first-order formula drops the higher terms and gives 0.676 at
+60 min), and exits 1 if a figure is more than 0.03 from the paper's.
+
+Cost: the simulation is single-threaded; the default three sizes under two queue waits and
+all four policies (24 simulations) take about 22 s of one core, `--calibrate` about 2 s.
 """
 
 from __future__ import annotations
@@ -527,6 +583,7 @@ class Campaign:
                                   signal=lead)  # fmt: skip
         self.r = Result()
         self.failed_in_row = 0  # consecutive failed attempts (for default_failure_budget)
+        self.attempt_ended = False  # the current attempt's batch script saw its end
         self.humans = 0  # resubmissions by hand so far
         # the current run and allocation
         self.alloc: list[str] = []
@@ -604,6 +661,9 @@ class Campaign:
             self.in_job = False
         else:
             self._gap(jid, now)
+            if self.alloc_serial > 0 and not self.attempt_ended:
+                self._attempt_result(ok=False)  # killed and requeued by Slurm itself
+            self.attempt_ended = False
             self.alloc = list(self.c.st.jobs[jid].nodes)
             self.alloc_serial += 1
             self.alloc_saved = 0.0
@@ -642,13 +702,8 @@ class Campaign:
         self.r.count(f"ended_{state.value.lower()}")
         if state in (JobState.COMPLETED, JobState.TIMEOUT):
             self.r.count("wall_limits")  # a continuation (checkpointed) or a wall-limit kill
-        if state in (JobState.COMPLETED, JobState.TIMEOUT, JobState.PREEMPTED):
-            self.failed_in_row = 0
-        else:
-            self.failed_in_row += 1
-            if self.failed_in_row == self.pol.default_failure_budget:
-                self.r.count("over_default_budget")  # the tool's default would stop here
-                self.failed_in_row = 0
+        self.attempt_ended = True
+        self._attempt_result(ok=state is JobState.COMPLETED)
         if self.pol.daemon:
             self._arm(now)
         elif state in (JobState.COMPLETED, JobState.TIMEOUT, JobState.PREEMPTED) or (
@@ -661,6 +716,16 @@ class Campaign:
             self.humans += 1
             self.r.count("human_resubmits")
             self.c.at(self.resubmit_at, self._resubmit)
+
+    def _attempt_result(self, ok: bool) -> None:
+        """NeMo-Run's job-results file: an attempt writes "X" when it starts and turns it
+        into S (every step succeeded) or F in its teardown; one killed before the teardown
+        (a node failure, Slurm's requeue) keeps its X. The default stops the run once the
+        last `default_failure_budget` lines are all X or F (counted, the run goes on)."""
+        self.failed_in_row = 0 if ok else self.failed_in_row + 1
+        if self.failed_in_row == self.pol.default_failure_budget:
+            self.r.count("over_default_budget")
+            self.failed_in_row = 0
 
     def _slurm_requeue(self, jid: str) -> None:
         job = self.c.st.jobs[jid]

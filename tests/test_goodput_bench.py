@@ -358,6 +358,15 @@ def test_nemo_default_budget_would_stop_after_two_failed_attempts_in_a_row():
     assert "over_default_budget" not in run("plain", trace(*crashes, *again))[1].counts
     one = run("nemo", trace(*crashes))[1]  # one failed attempt: within the default
     assert "over_default_budget" not in one.counts
+    # an attempt killed by a node failure keeps its "X" in the results file: failed too
+    nodes = trace(gp.Fault(3600.0, "node", "n1"), gp.Fault(3 * 3600.0, "node", "n2"))
+    assert run("nemo", nodes)[1].counts["over_default_budget"] == 1
+    # a clean checkpointed continuation between the two resets the count
+    apart = trace(gp.Fault(3600.0, "node", "n1"), gp.Fault(30 * 3600.0, "node", "n2"),
+                  days=1.5)  # fmt: skip
+    r = run("nemo", apart)[1]
+    assert r.counts["hit_node_failure"] == 2 and r.counts["wall_limits"] == 1
+    assert "over_default_budget" not in r.counts
 
 
 def test_virtual_cluster_queue_wait_holds_a_requeued_job_against_start_now():
