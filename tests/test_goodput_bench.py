@@ -97,8 +97,9 @@ def trace(*faults, days: float = 0.5, human: float = 1800.0):
     return gp.Trace(4, days, pool, frozenset(), tuple(faults), (human,) * 8)
 
 
-def run(key: str, tr):
-    camp = gp.Campaign(tr, POLICY[key])
+def run(key: str, tr, setup=None):
+    setup = setup or gp.JobSetup()
+    camp = gp.Campaign(tr, {p.key: p for p in gp.policies(setup)}[key], setup)
     result = camp.run()
     total = result.productive_s + sum(result.lost_s.values())
     assert total == pytest.approx(result.wall_s)
@@ -141,7 +142,9 @@ def test_a_node_failure_is_detected_by_slurm_then_requeued():
     assert run("plain", tr)[1].lost_s["requeue"] == pytest.approx(121)
     assert run("nemo", tr)[1].lost_s["requeue"] == pytest.approx(121)
     assert run("ftslurm", tr)[1].lost_s["requeue"] == pytest.approx(60)  # next daemon look
-    assert run("submitit", tr)[1].lost_s["human"] == pytest.approx(1800)
+    # submitit's job has no --no-requeue: Slurm's JobRequeue=1 requeues the NODE_FAIL
+    sub = run("submitit", tr)[1]
+    assert sub.lost_s["requeue"] == pytest.approx(121) and sub.lost_s["human"] == 0
 
 
 def test_a_crash_restarts_in_the_job_with_a_launcher():
@@ -202,28 +205,187 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
     out = bench(tmp_path, "--plot", str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["sizes"] == [32, 128] and out["days"] == 10 and out["seed"] == 3
+    assert out["queue_waits_s"] == [0, 600]
     assert set(out["policies"]) == {"plain", "submitit", "nemo", "ftslurm"}
     assert set(out["results"]) == {"32", "128"}
     for entry in out["results"].values():
-        assert 0 < entry["bound"]["ettr"] <= 1
         assert entry["trace"]["pool_nodes"] > entry["trace"]["nodes"]
-        assert set(entry["policies"]) == set(out["policies"])
-        for p in entry["policies"].values():
-            assert set(p["lost_s"]) == set(out["causes"])
-            assert p["wall_s"] == pytest.approx(10 * DAY)
-            total = p["productive_s"] + sum(p["lost_s"].values())
-            assert total == pytest.approx(p["wall_s"], rel=1e-6)
-            assert p["ettr"] == pytest.approx(p["productive_s"] / p["wall_s"])
-            assert 0 < p["ratio_to_bound"] <= 1
-            assert p["ratio_to_bound"] == pytest.approx(p["ettr"] / entry["bound"]["ettr"])
+        assert [r["queue_wait_s"] for r in entry["runs"]] == [0, 600]
+        for one in entry["runs"]:
+            bound = one["bounds"]["today"]
+            assert 0 < one["bounds"]["strict"]["ettr"] <= bound["ettr"] <= 1
+            assert set(one["policies"]) == set(out["policies"])
+            for p in one["policies"].values():
+                assert set(p["lost_s"]) == set(out["causes"])
+                assert p["wall_s"] == pytest.approx(10 * DAY)
+                total = p["productive_s"] + sum(p["lost_s"].values())
+                assert total == pytest.approx(p["wall_s"], rel=1e-6)
+                assert p["ettr"] == pytest.approx(p["productive_s"] / p["wall_s"])
+                assert 0 < p["ratio_to_bound"] <= 1
+                assert p["ratio_to_bound"] == pytest.approx(p["ettr"] / bound["ettr"])
     again = bench(tmp_path, "--plot", "")
 
     def strip(o: dict) -> dict:
         o = json.loads(json.dumps(o))
         o.pop("elapsed_s")
         for entry in o["results"].values():
-            for p in entry["policies"].values():
-                p.pop("sim_s")
+            for one in entry["runs"]:
+                for p in one["policies"].values():
+                    p.pop("sim_s")
         return o
 
     assert strip(again) == strip(out)
+
+
+def test_markdown_table_has_both_bounds_and_both_queue_waits(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--sizes", "32", "--days", "2", "--markdown", "--plot", ""],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert "today's bound" in lines[0] and "strict bound" in lines[0]
+    assert [line.split("|")[2].strip() for line in lines[2:]] == ["0 min", "10 min"]
+
+
+# ------------------------------------------------------------ the calibration
+def test_renewal_model_is_what_the_first_order_formula_expands():
+    lam = per_s(2048, 6.5e-3)
+    assert gp.renewal_ettr(lam, 300, 3600) == pytest.approx(0.714, abs=0.001)
+    assert gp.renewal_ettr(lam, 300, 300) == pytest.approx(0.933, abs=0.001)
+    small = per_s(16, 6.5e-3)
+    assert gp.renewal_ettr(small, 300, 1800) == pytest.approx(
+        gp.kokolis_ettr(small, 300, 1800), abs=1e-4)  # fmt: skip
+    assert gp.renewal_ettr(0.0, 300, 1800) == 1.0
+
+
+def test_calibration_reproduces_kokolis_for_plain_requeue(capsys):
+    rows = gp.calibrate(seed=1, days=30)
+    assert [r["interval_s"] for r in rows] == [3600, 300]
+    for r in rows:
+        assert abs(r["simulated"] - r["paper"]) <= gp.CALIBRATION_TOLERANCE, r
+        assert r["simulated"] == pytest.approx(r["renewal"], abs=0.02)
+        assert r["failures_hit"] > 300  # 13.3 a day over 30 days
+    assert gp.main(["--calibrate", "--days", "30"]) == 0
+    printed = capsys.readouterr().out
+    assert "0.70" in printed and "0.93" in printed
+
+
+def test_calibration_fails_when_the_simulator_is_off(monkeypatch, capsys):
+    monkeypatch.setattr(gp, "CALIBRATION_CASES", ((3600.0, 0.80),))
+    assert gp.main(["--calibrate", "--days", "10"]) == 1
+    assert "OFF" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the bounds
+def test_strict_bound_is_below_todays_with_the_published_rates():
+    for size in (128, 2048):
+        tr = gp.draw_trace(1, size, 30)
+        b = gp.bounds(tr, gp.JobSetup())
+        assert b["strict"]["ettr"] <= b["today"]["ettr"]
+        assert b["strict"]["restart_s"] == 0 and b["today"]["restart_s"] == gp.RESTART_COST_S
+        assert b["strict"]["failures_per_day"] > b["today"]["failures_per_day"]
+        queued = gp.bounds(tr, gp.JobSetup(queue_wait_s=600))
+        assert queued["today"]["ettr"] < b["today"]["ettr"]
+        assert queued["strict"]["ettr"] < b["strict"]["ettr"]
+
+
+# ------------------------------------------- each knob moves ETTR the right way
+def test_queue_wait_delays_every_requeue_even_a_start_now():
+    tr = trace(gp.Fault(3600.0, "node", "n1"))
+    waited = gp.JobSetup(queue_wait_s=600)
+    for key in ("plain", "nemo", "ftslurm", "submitit"):
+        base, slow = run(key, tr)[1], run(key, tr, waited)[1]
+        assert slow.lost_s["requeue"] == pytest.approx(600), key  # q covers the 121 s delay
+        assert slow.ettr < base.ettr, key
+    crash = trace(gp.Fault(3600.0, "crash", "n1"))  # submitit: a person resubmits, then q
+    sub = run("submitit", crash, waited)[1]
+    assert sub.lost_s["human"] == pytest.approx(1800)
+    assert sub.lost_s["requeue"] == pytest.approx(600)
+
+
+def test_checkpoint_write_restart_and_interval_move_ettr():
+    quiet = trace()
+    base = run("plain", quiet)[1].ettr
+    assert run("plain", quiet, gp.JobSetup(checkpoint_cost_s=120))[1].ettr < base
+    assert run("plain", quiet, gp.JobSetup(restart_cost_s=900))[1].ettr < base
+    assert run("plain", quiet, gp.JobSetup(checkpoint_interval_s=3600))[1].ettr > base
+    hit = trace(gp.Fault(3 * 3600.0, "node", "n1"))
+    often = run("plain", hit, gp.JobSetup(checkpoint_interval_s=600))[1]
+    rarely = run("plain", hit, gp.JobSetup(checkpoint_interval_s=7200))[1]
+    assert often.lost_s["lost_work"] < rarely.lost_s["lost_work"]
+
+
+def sim(fm, size=64, days=5.0, key="plain"):
+    return gp.Campaign(gp.draw_trace(2, size, days, fm), POLICY[key]).run()
+
+
+def test_failure_rate_straggler_rate_and_lemon_share_move_ettr():
+    base = sim(gp.FailureModel())
+    assert sim(gp.FailureModel(failures_per_node_day=4 * gp.FAILURES_PER_NODE_DAY)).ettr \
+        < base.ettr  # fmt: skip
+    slow = sim(gp.FailureModel(straggler_episodes_per_node_day=0.05))
+    assert slow.lost_s["stragglers"] > base.lost_s["stragglers"] and slow.ettr < base.ettr
+    more = gp.FailureModel(lemon_share=0.95)
+    default = gp.FailureModel()
+    assert more.healthy_node_failures_per_node_day < default.healthy_node_failures_per_node_day
+    tr, tr_more = gp.draw_trace(1, 1024, 30), gp.draw_trace(1, 1024, 30, more)
+    assert gp.bounds(tr_more, gp.JobSetup())["today"]["ettr"] \
+        > gp.bounds(tr, gp.JobSetup())["today"]["ettr"]  # fmt: skip
+    assert gp.FailureModel(lemon_fraction=0.0).lemon_node_failures_per_node_day == 0
+
+
+def test_command_line_knobs_reach_the_simulation_and_bad_ones_are_refused(capsys):
+    args = gp.parse_args(["--failure-rate", "6.5", "--checkpoint-write", "0", "--restart", "60",
+                          "--interval", "300", "--queue-wait", "0,600,1200",
+                          "--lemon-share", "0.5", "--straggler-rate", "0"])  # fmt: skip
+    assert args.failure_rate == 6.5 and args.queue_wait == (0, 600, 1200)
+    for bad in (["--lemon-share", "2"], ["--interval", "0"], ["--queue-wait", "-5"],
+                ["--restart", "-1"], ["--queue-wait", "soon"]):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            gp.parse_args(bad)
+        assert e.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+# ------------------------------------------------------ baselines, fairly
+def test_nemo_default_budget_would_stop_after_two_failed_attempts_in_a_row():
+    crashes = [gp.Fault(t, "crash", "n1") for t in (1000, 1500, 2000, 2500)]
+    again = [gp.Fault(t, "crash", "n2") for t in (4000, 4500, 5000, 5500)]
+    camp, r = run("nemo", trace(*crashes, *again))
+    assert r.counts["over_default_budget"] == 1  # NeMo-Run would have stopped here
+    assert r.counts["allocations"] == 3  # the simulated budget is unlimited: it goes on
+    assert "over_default_budget" not in run("plain", trace(*crashes, *again))[1].counts
+    one = run("nemo", trace(*crashes))[1]  # one failed attempt: within the default
+    assert "over_default_budget" not in one.counts
+    # an attempt killed by a node failure keeps its "X" in the results file: failed too
+    nodes = trace(gp.Fault(3600.0, "node", "n1"), gp.Fault(3 * 3600.0, "node", "n2"))
+    assert run("nemo", nodes)[1].counts["over_default_budget"] == 1
+    # a clean checkpointed continuation between the two resets the count
+    apart = trace(gp.Fault(3600.0, "node", "n1"), gp.Fault(30 * 3600.0, "node", "n2"),
+                  days=1.5)  # fmt: skip
+    r = run("nemo", apart)[1]
+    assert r.counts["hit_node_failure"] == 2 and r.counts["wall_limits"] == 1
+    assert "over_default_budget" not in r.counts
+
+
+def test_virtual_cluster_queue_wait_holds_a_requeued_job_against_start_now():
+    from ftslurm.backends.mock import model
+    from ftslurm.backends.mock.model import MockConfig, MockNodeSpec
+    from ftslurm.backends.mock.virtual import JobModel, VirtualCluster
+    from ftslurm.core.types import JobOptions, JobState
+
+    cfg = MockConfig(nodes=[MockNodeSpec(name="a", cpus=1)], requeue_delay_s=0)
+    c = VirtualCluster(cfg, queue_wait_s=500)
+    jid = c.submit(JobOptions(nodes=1), JobModel(1e6, 1000, 0))
+    c.run(10)
+    assert c.st.jobs[jid].state is JobState.RUNNING  # the first submission does not wait
+    c.at(100, lambda: c.act(model.requeue(c.st, jid, False, c.now)))
+    c.run(200)
+    job = c.st.jobs[jid]
+    assert job.state is JobState.PENDING
+    model.start_now(c.st, jid, c.now)  # asks to start at once: the nodes are still busy
+    c.run(job.submit_time + 499)
+    assert job.state is JobState.PENDING
+    c.run(job.submit_time + 501)
+    assert job.state is JobState.RUNNING

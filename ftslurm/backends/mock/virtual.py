@@ -116,8 +116,14 @@ class CampaignStats:
 class VirtualCluster:
     """Drive `model` with a virtual clock; jobs are `JobModel`s."""
 
-    def __init__(self, config: MockConfig, start: float = 0.0) -> None:
+    def __init__(self, config: MockConfig, start: float = 0.0,
+                 queue_wait_s: float = 0.0) -> None:  # fmt: skip
+        """`queue_wait_s`: other jobs hold the nodes this long after every requeue, so a job
+        back in the queue is not started before it went there + `queue_wait_s`, whatever
+        its BeginTime says (a start-now included); the requeue delay runs concurrently."""
         self.st = MockState.create(config)
+        self.queue_wait_s = queue_wait_s
+        self._queued: dict[str, tuple[int, float]] = {}  # job -> (restart count, not before)
         self.now = start
         self.models: dict[str, JobModel] = {}
         self.remaining: dict[str, float] = {}  # work left after the last checkpoint
@@ -132,8 +138,12 @@ class VirtualCluster:
         self._serial = 0
 
     # ----------------------------------------------------------------- API
-    def submit(self, options: JobOptions, job: JobModel) -> str:
+    def submit(self, options: JobOptions, job: JobModel, queue_wait_s: float = 0.0) -> str:
+        """Submit a job; it waits `queue_wait_s` for nodes before it can start."""
         job_id = model.submit(self.st, "#!/bin/true\n", options, self.now)
+        if queue_wait_s > 0:
+            self._queued[job_id] = (0, self.now + queue_wait_s)
+            self.st.jobs[job_id].eligible_time = self.now + queue_wait_s
         self.models[job_id] = job
         self.remaining[job_id] = job.work_s
         return job_id
@@ -235,9 +245,11 @@ class VirtualCluster:
 
     # ----------------------------------------------------------- internals
     def _step(self, exited: dict[str, model.Exited]) -> None:
+        self._hold_in_queue()
         effects = model.advance(self.st, self.now, exited)
         while effects:
             exited = self._apply(effects)
+            self._hold_in_queue()
             effects = model.advance(self.st, self.now, exited) if exited else []
         for job_id, job in self.st.jobs.items():
             if job.state.is_terminal and job_id in self.remaining and self.on_end:
@@ -304,6 +316,21 @@ class VirtualCluster:
             run.finish_at = min(run.finish_at, self.now + job.checkpoint_cost_s)
         else:
             run.finish_at = self._finish_time(run, job)
+
+    def _hold_in_queue(self) -> None:
+        """Keep each requeued job out until it has waited `queue_wait_s` in the queue."""
+        if self.queue_wait_s <= 0 and not self._queued:
+            return
+        for job_id, job in self.st.jobs.items():
+            if job.state is not JobState.PENDING:
+                continue
+            seen = self._queued.get(job_id)
+            if seen is None or seen[0] != job.restart_count:
+                if job.restart_count == 0 or self.queue_wait_s <= 0:
+                    continue  # a first submission waits only what submit() was told
+                seen = self._queued[job_id] = (job.restart_count,
+                                               job.submit_time + self.queue_wait_s)  # fmt: skip
+            job.eligible_time = max(job.eligible_time, seen[1])
 
     def _take_exits(self) -> dict[str, model.Exited]:
         exits, self._exits = self._exits, {}
