@@ -29,7 +29,7 @@ from ftslurm.core.validate import (
     check_line,
     check_sbatch_flag,
 )
-from ftslurm.daemon.policy import FtSettings
+from ftslurm.core.settings import FtSettings
 from ftslurm.errors import ConfigError
 
 

@@ -36,7 +36,7 @@ from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_inj
 from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
 from ftslurm.core.validate import OWNED_SBATCH_FLAGS
 from ftslurm.daemon import service
-from ftslurm.daemon.policy import FtSettings
+from ftslurm.core.settings import FtSettings
 from ftslurm.daemon.reconcile import NEVER_SUBMITTED, new_run_record
 from ftslurm.daemon.records import Attempt, NodeFlag, Run, RunState
 from ftslurm.daemon.store import Store, marked_backends
