@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 from ftslurm.cli.main import main
 from ftslurm.cli.report import read_compute_facts
+from ftslurm.daemon.records import Attempt, Event, Run, RunState
+from ftslurm.daemon.store import Store
+from ftslurm.fsutil import write_json_atomic
 from ftslurm.report.goodput import (
     CATEGORIES,
     AttemptFacts,
@@ -20,9 +23,6 @@ from ftslurm.report.goodput import (
     ComputeFacts,
     goodput,
 )
-from ftslurm.daemon.records import Attempt, Event, Run, RunState
-from ftslurm.daemon.store import Store
-from ftslurm.fsutil import write_json_atomic
 
 from .test_architecture import FORBIDDEN_IN_CORE, PACKAGE, imported_modules
 

@@ -22,6 +22,9 @@ import typer
 from rich.table import Table
 
 from ftslurm.cli.runs import JsonOpt, RunArg, _fmt_time, _run_or_fail, _store, console, err
+from ftslurm.daemon.records import Attempt, Run
+from ftslurm.errors import ConfigError
+from ftslurm.fsutil import read_json
 from ftslurm.report.goodput import (
     CATEGORIES,
     AttemptFacts,
@@ -31,9 +34,6 @@ from ftslurm.report.goodput import (
     format_duration,
     goodput,
 )
-from ftslurm.daemon.records import Attempt, Run
-from ftslurm.errors import ConfigError
-from ftslurm.fsutil import read_json
 
 _MANIFEST = re.compile(r"step-(\d+)\.json")
 _CLEAN = {"finished", "checkpointed"}  # a launcher or rank that ended on its own

@@ -336,7 +336,7 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
             if not facts.previous_known:
                 return _need("previous")
             out += _started(a, run, facts, now)
-    if run.cancel_requested:
+    if run.cancel_requested or facts.cancel_requested:
         return [*out, Cancel(a.job_id or "")]
     if info.state is not JobState.RUNNING:
         return out
@@ -458,7 +458,8 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
         heartbeats=all(r.get("heartbeats", True) for r in launchers),
     )  # fmt: skip
     cause = policy.classify(ending, settings)
-    d = policy.decide(cause, ending, _budget(run), settings, bool(facts.cancel_requested))
+    cancel = run.cancel_requested or bool(facts.cancel_requested)  # a cancel is final
+    d = policy.decide(cause, ending, _budget(run), settings, cancel)
     ended_state = info.state.value if info.state.is_terminal else (
         JobState.NODE_FAIL.value if cause is Cause.NODE_FAIL
         else JobState.REQUEUED.value)  # fmt: skip
