@@ -37,8 +37,8 @@ from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
 from ftslurm.core.validate import OWNED_SBATCH_FLAGS
 from ftslurm.daemon import service
-from ftslurm.daemon.reconcile import NEVER_SUBMITTED, new_run_record
-from ftslurm.daemon.records import Attempt, NodeFlag, Run, RunState
+from ftslurm.daemon.reconcile import new_run_record
+from ftslurm.daemon.records import NEVER_SUBMITTED, Attempt, NodeFlag, Run, RunState
 from ftslurm.daemon.store import Store, marked_backends
 from ftslurm.daemon.submission import backend_key, build_attempt, make_spec, tag
 from ftslurm.errors import (
