@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
+from ftslurm.core.settings import FtSettings
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.validate import (
     OWNED_SBATCH_FLAGS,
@@ -29,7 +30,6 @@ from ftslurm.core.validate import (
     check_line,
     check_sbatch_flag,
 )
-from ftslurm.daemon.policy import FtSettings
 from ftslurm.errors import ConfigError
 
 

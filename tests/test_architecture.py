@@ -70,7 +70,17 @@ def test_local_cluster_config_gives_each_slurmd_its_own_files_and_never_uses_etc
     assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
 
 
-def test_daemon_policy_is_pure():
-    bad = {m for m in imported_modules(PACKAGE / "daemon" / "policy.py")
-           if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)}  # fmt: skip
-    assert not bad, f"policy.py imports {sorted(bad)}"
+@pytest.mark.parametrize("name", ["policy.py", "step.py", "records.py"])
+def test_daemon_decisions_are_pure(name):
+    """The daemon's decisions (`step`, `policy`) and the records they read do no I/O, and
+    import nothing of the daemon's shell (the store, the loop, submission, the agent)."""
+    shell = {"ftslurm.daemon.store", "ftslurm.daemon.reconcile", "ftslurm.daemon.service",
+             "ftslurm.daemon.submission", "ftslurm.agent", "ftslurm.fsutil"}  # fmt: skip
+    bad = {m for m in imported_modules(PACKAGE / "daemon" / name)
+           if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE | shell)}
+    assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_settings_live_in_the_core_and_nothing_imports_them_from_the_daemon():
+    assert "ftslurm.daemon.policy" not in imported_modules(PACKAGE / "recipe.py")
+    assert "ftslurm.agent.heartbeat" not in imported_modules(PACKAGE / "core" / "settings.py")

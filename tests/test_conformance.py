@@ -43,7 +43,6 @@ class Harness:
     warn_before_s: int
     node_fail_timeout_s: float
     min_job_age_s: float
-    live_source: str  # JobInfo.source while the controller still remembers a job
 
 
 @pytest.fixture(params=["mock", pytest.param("slurm", marks=pytest.mark.slurm)])
@@ -59,8 +58,7 @@ def harness(request, tmp_path, monkeypatch) -> Iterator[Harness]:
         thread.start()
         yield Harness("mock", backend, backend.fail_node, backend.revive_node,
                       requeue_delay_s=8, short_limit="0:20", short_limit_s=20,
-                      warn_before_s=10, node_fail_timeout_s=20, min_job_age_s=5,
-                      live_source="mock")  # fmt: skip
+                      warn_before_s=10, node_fail_timeout_s=20, min_job_age_s=5)
         for job in backend.query([str(i) for i in range(1, 50)]).values():
             if job.state.is_active:
                 backend.cancel(job.job_id)
@@ -73,8 +71,7 @@ def harness(request, tmp_path, monkeypatch) -> Iterator[Harness]:
     backend = SlurmCliBackend(CommandRunner(timeout_s=30))
     yield Harness("slurm", backend, cluster.fail_node, cluster.revive_node,
                   requeue_delay_s=120, short_limit="1", short_limit_s=60, warn_before_s=50,
-                  node_fail_timeout_s=90, min_job_age_s=cluster.layout.min_job_age,
-                  live_source="squeue")  # fmt: skip
+                  node_fail_timeout_s=90, min_job_age_s=cluster.layout.min_job_age)
 
 
 @pytest.fixture
@@ -246,10 +243,10 @@ def test_finished_jobs_leave_the_controller_after_min_job_age_and_accounting_kee
     job = backend.submit("#!/bin/bash\nexit 0\n", JobOptions(name="aged|x", comment=tag))
     submitted.append(job)
     info = wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
-    assert (info.state, info.source) == (JobState.COMPLETED, harness.live_source)
+    assert (info.state, info.from_accounting) == (JobState.COMPLETED, False)
     assert [j.job_id for j in backend.find_jobs(tag)] == [job]  # the controller has it
     # Slurm purges every 60 s at most: allow MinJobAge plus one purge period and slack.
-    aged = wait_job(backend, job, lambda i: i.source != harness.live_source,
+    aged = wait_job(backend, job, lambda i: i.from_accounting,
                     harness.min_job_age_s + 90, "the job to age out", interval=2)  # fmt: skip
     assert (aged.state, aged.exit_code, aged.name) == (JobState.COMPLETED, 0, "aged|x")
     # How the daemon adopts a job it submitted but had not recorded, once it is forgotten:

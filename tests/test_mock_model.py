@@ -150,10 +150,10 @@ def test_min_job_age_moves_ended_jobs_to_accounting():
     job = start(st)
     model.advance(st, T0, {})
     model.advance(st, T0 + 1, {job: (0, None)})
-    assert model.query(st, [job], T0 + 2)[job].source == "mock"
+    assert model.query(st, [job], T0 + 2)[job].from_accounting is False
     model.advance(st, T0 + 301, {})
     info = model.query(st, [job], T0 + 301)[job]
-    assert (info.state, info.source) == (JobState.COMPLETED, "mock-accounting")
+    assert (info.state, info.from_accounting) == (JobState.COMPLETED, True)
     assert job not in st.jobs
     no_acct = cluster(min_job_age_s=300, accounting=False)
     other = start(no_acct)
@@ -174,7 +174,7 @@ def test_find_jobs_asks_accounting_only_with_since_and_only_when_the_controller_
     model.advance(st, T0 + 301 + 400, {})
     assert model.find_jobs(st, "tag-a", None, T0 + 800) == []  # squeue forgot it
     found = model.find_jobs(st, "tag-a", T0, T0 + 800)
-    assert [(j.job_id, j.source) for j in found] == [(job, "mock-accounting")]
+    assert [(j.job_id, j.from_accounting) for j in found] == [(job, True)]
     assert model.find_jobs(st, "tag-a", T0 + 10, T0 + 800) == []  # submitted before `since`
     assert [j.job_id for j in model.find_jobs(st, "tag-b", T0 + 10, T0 + 800)] == [other]
 

@@ -28,7 +28,7 @@ def test_job_conversion():
     info = pb.job_info_from_pyslurm(fake_job(), NOW)
     assert (info.job_id, info.state, info.nodes) == ("42", JobState.RUNNING, ("n1", "n2"))
     assert (info.time_limit_s, info.restart_count, info.signal) == (5400, 1, None)
-    assert info.start_time == NOW - 5 and info.end_time is None and info.source == "pyslurm"
+    assert info.start_time == NOW - 5 and info.end_time is None and not info.from_accounting
     failed = pb.job_info_from_pyslurm(fake_job(state="FAILED", exit_code=0, exit_code_signal=9,
                                                end_time=NOW), NOW)  # fmt: skip
     assert (failed.state, failed.signal, failed.end_time) == (JobState.FAILED, 9, NOW)

@@ -1,4 +1,4 @@
-"""`ftslurm report`: the goodput breakdown (pure, `ftslurm.daemon.goodput`) and its command."""
+"""`ftslurm report`: the goodput breakdown (pure, `ftslurm.report.goodput`) and its command."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from hypothesis import strategies as st
 
 from ftslurm.cli.main import main
 from ftslurm.cli.report import read_compute_facts
-from ftslurm.daemon.goodput import (
+from ftslurm.daemon.records import Attempt, Event, Run, RunState
+from ftslurm.daemon.store import Store
+from ftslurm.fsutil import write_json_atomic
+from ftslurm.report.goodput import (
     CATEGORIES,
     AttemptFacts,
     CheckpointRecord,
     ComputeFacts,
     goodput,
 )
-from ftslurm.daemon.records import Attempt, Event, Run, RunState
-from ftslurm.daemon.store import Store
-from ftslurm.fsutil import write_json_atomic
 
 from .test_architecture import FORBIDDEN_IN_CORE, PACKAGE, imported_modules
 
@@ -297,7 +297,7 @@ def test_categories_always_add_up_to_the_wall_time(spans, saves, complete_from, 
 
 
 def test_goodput_module_is_pure():
-    bad = {m for m in imported_modules(PACKAGE / "daemon" / "goodput.py")
+    bad = {m for m in imported_modules(PACKAGE / "report" / "goodput.py")
            if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)}  # fmt: skip
     assert not bad, f"goodput.py imports {sorted(bad)}"
 

@@ -27,7 +27,7 @@ def test_submit_query_cancel_round_trip(backend, jobs):
     info = wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING")
     assert info.name == "roundtrip"
     assert info.comment == "ftslurm:run=r1:attempt=0"
-    assert len(info.nodes) == 1 and info.start_time is not None and info.source == "squeue"
+    assert len(info.nodes) == 1 and info.start_time is not None and not info.from_accounting
     backend.cancel(job)
     info = wait_job(backend, job, in_state(JobState.CANCELLED), 30, "CANCELLED")
     assert info.state.is_terminal and info.end_time is not None
@@ -98,7 +98,7 @@ def test_controller_outage_is_retried_and_reads_meanwhile_are_unknown(
     restarter.start()
     try:
         during = backend.query([job])[job]
-        assert during.state is JobState.UNKNOWN and during.source == "none"
+        assert during.state is JobState.UNKNOWN and not during.from_accounting
         assert time.monotonic() - stopped_at < 20, "the read must not wait for the controller"
         # An action keeps trying (bounded, with backoff) and succeeds once it is back.
         nodes = backend.nodes()

@@ -32,7 +32,7 @@ def test_squeue_rows_become_jobinfo_with_decoded_exit_status():
     assert held.state is JobState.PENDING and held.nodes == () and held.start_time is None
     assert held.reason == "JobHeldUser"
     assert jobs["66"].state is JobState.TIMEOUT and jobs["66"].time_limit_s == 60
-    assert all(j.observed_at == NOW and j.source == "squeue" for j in jobs.values())
+    assert all(j.observed_at == NOW and not j.from_accounting for j in jobs.values())
 
 
 def test_squeue_shows_restart_count_after_requeue():
@@ -56,8 +56,8 @@ def test_sacct_find_format_keeps_free_text_and_reads_the_comment():
                              parse.SEP)  # fmt: skip
     assert (jobs["1"].name, jobs["1"].comment, jobs["1"].exit_code) == (
         "odd|name", "ftslurm:rec1:0", 3)
-    assert (jobs["2"].state, jobs["2"].comment, jobs["2"].source) == (
-        JobState.COMPLETED, "ftslurm:rec2:1", "sacct")
+    assert (jobs["2"].state, jobs["2"].comment, jobs["2"].from_accounting) == (
+        JobState.COMPLETED, "ftslurm:rec2:1", True)
     assert parse.parse_sacct(recorded("sacct_22.05.txt"), NOW)["65"].comment is None
 
 

@@ -29,16 +29,10 @@ _F64, _I64 = struct.Struct("<d"), struct.Struct("<q")
 # Well-known sections have fixed ids; others are numbered from 16 in order of first use.
 KNOWN_SECTIONS = {"setup": 0, "step": 1, "checkpointing": 2, "compute": 3}
 
-# Hang detection is on by default (seconds): a rank gets DEFAULT_INITIAL_S from its start to
-# its first heartbeat or section, then at most DEFAULT_RUNNING_S without a sign of life (a
-# heartbeat, a section entered or left) unless the open section has its own limit; "setup"
-# and "checkpointing" keep their own, looser ones. After DEFAULT_WARMUP_STEPS steps of a
-# round the running limit is tightened to SAFETY_FACTOR x the longest step seen, never
-# below FLOOR_S (`learned`); the same factor and floor tighten limits across attempts.
-DEFAULT_INITIAL_S = 1800.0
-DEFAULT_RUNNING_S = 300.0
-DEFAULT_SECTION_S: dict[str, float | None] = {"setup": 1800.0, "checkpointing": 1800.0}
-DEFAULT_WARMUP_STEPS = 20
+# Hang detection defaults (DEFAULT_*) live with the run's settings (ftslurm.core.settings).
+# After DEFAULT_WARMUP_STEPS steps of a round the running limit is tightened to
+# SAFETY_FACTOR x the longest step seen, never below FLOOR_S (`learned`); the same factor
+# and floor tighten limits across attempts.
 SAFETY_FACTOR = 3.0
 FLOOR_S = 30.0
 # Written by a launcher told to stop (the checkpoint signal, SIGTERM) while one of its ranks

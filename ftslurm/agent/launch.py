@@ -42,10 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from ftslurm.agent.heartbeat import (
-    DEFAULT_INITIAL_S,
-    DEFAULT_RUNNING_S,
-    DEFAULT_SECTION_S,
-    DEFAULT_WARMUP_STEPS,
     FLOOR_S,
     HUNG_AT_STOP,
     SAFETY_FACTOR,
@@ -63,6 +59,12 @@ from ftslurm.agent.heartbeat import (
 )  # fmt: skip
 from ftslurm.agent.rank import OBSERVED_DIR, read_stop_record
 from ftslurm.agent.straggler import collect_report
+from ftslurm.core.settings import (
+    DEFAULT_INITIAL_S,
+    DEFAULT_RUNNING_S,
+    DEFAULT_SECTION_S,
+    DEFAULT_WARMUP_STEPS,
+)
 from ftslurm.fsutil import read_json, write_json_atomic
 
 EXIT_FINISHED = 0

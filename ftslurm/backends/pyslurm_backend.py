@@ -105,7 +105,6 @@ def job_info_from_pyslurm(job: Any, observed_at: float) -> JobInfo:
         reason=(getattr(job, "state_reason", None) or None),
         name=getattr(job, "name", None) or None,
         comment=getattr(job, "comment", None) or None,
-        source="pyslurm",
     )
 
 

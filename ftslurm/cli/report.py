@@ -1,6 +1,6 @@
 """`ftslurm report RUN_ID [--plot FILE.png] [--json]`: where a run's wall time went.
 
-The numbers come from `ftslurm.daemon.goodput` (pure; the categories are defined there).
+The numbers come from `ftslurm.report.goodput` (pure; the categories are defined there).
 This module reads what it needs: the run's records from the state directory, and from the
 run's files the compute side's facts (`read_compute_facts`): checkpoint records (the
 manifests `ftslurm.checkpoint` writes next to each checkpoint, and `progress.json`), and per
@@ -22,7 +22,10 @@ import typer
 from rich.table import Table
 
 from ftslurm.cli.runs import JsonOpt, RunArg, _fmt_time, _run_or_fail, _store, console, err
-from ftslurm.daemon.goodput import (
+from ftslurm.daemon.records import Attempt, Run
+from ftslurm.errors import ConfigError
+from ftslurm.fsutil import read_json
+from ftslurm.report.goodput import (
     CATEGORIES,
     AttemptFacts,
     CheckpointRecord,
@@ -31,9 +34,6 @@ from ftslurm.daemon.goodput import (
     format_duration,
     goodput,
 )
-from ftslurm.daemon.records import Attempt, Run
-from ftslurm.errors import ConfigError
-from ftslurm.fsutil import read_json
 
 _MANIFEST = re.compile(r"step-(\d+)\.json")
 _CLEAN = {"finished", "checkpointed"}  # a launcher or rank that ended on its own

@@ -33,12 +33,12 @@ from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home, state_dir
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli.parse import compress_nodes
 from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_injections
+from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
 from ftslurm.core.validate import OWNED_SBATCH_FLAGS
 from ftslurm.daemon import service
-from ftslurm.daemon.policy import FtSettings
-from ftslurm.daemon.reconcile import NEVER_SUBMITTED, new_run_record
-from ftslurm.daemon.records import Attempt, NodeFlag, Run, RunState
+from ftslurm.daemon.reconcile import new_run_record
+from ftslurm.daemon.records import NEVER_SUBMITTED, Attempt, NodeFlag, Run, RunState
 from ftslurm.daemon.store import Store, marked_backends
 from ftslurm.daemon.submission import backend_key, build_attempt, make_spec, tag
 from ftslurm.errors import (

@@ -136,12 +136,14 @@ class JobInfo:
     reason: str | None = None
     name: str | None = None
     comment: str | None = None
-    source: str = ""  # which command or library produced it
+    # True when the job came from the accounting records (sacct): the controller has
+    # forgotten it (ended more than MinJobAge ago), so it can no longer be requeued.
+    from_accounting: bool = False
 
     @classmethod
     def unknown(cls, job_id: str, observed_at: float, reason: str) -> JobInfo:
         return cls(job_id=job_id, state=JobState.UNKNOWN, observed_at=observed_at,
-                   reason=reason, source="none")  # fmt: skip
+                   reason=reason)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -8,138 +8,22 @@ sleep before the next look (`next_poll_interval`). docs/policy.md is the table i
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from ftslurm.agent.heartbeat import (
-    DEFAULT_INITIAL_S,
-    DEFAULT_RUNNING_S,
-    DEFAULT_SECTION_S,
-    DEFAULT_WARMUP_STEPS,
+from ftslurm.core.settings import (
+    EXIT_CONTINUE,
+    EXIT_DO_NOT_RETRY,
+    EXIT_FAILED_VALIDATION,
+    EXIT_RESUME_ELSEWHERE,
+    RETRYABLE,
+    Cause,
+    FtSettings,
 )
 from ftslurm.core.types import JobState
-
-
-class Cause(str, Enum):
-    FINISHED = "finished"  # the training says it is done
-    CHECKPOINTED = "checkpointed"  # it saved a checkpoint and exited: continue it
-    NODE_FAIL = "node_fail"
-    BOOT_FAIL = "boot_fail"
-    PREEMPTED = "preempted"  # preempted without a checkpoint at the end
-    TIMEOUT = "timeout"  # wall limit without a checkpoint at the end
-    HANG = "hang"  # wall limit reached while a rank was hung
-    CRASH = "crash"  # a rank failed
-    OOM = "oom"
-    RESUME_ELSEWHERE = "resume_elsewhere"  # exit 16: resume on other hardware
-    USER_ERROR = "user_error"  # will fail again the same way: do not retry
-    FAILED_VALIDATION = "failed_validation"  # exit 17
-    DO_NOT_RETRY = "do_not_retry"  # exit 93
-    DISK_FULL = "disk_full"  # a rank died of ENOSPC: retrying would fill the disk again
-    DEADLINE = "deadline"
-    CANCELLED = "cancelled"
-    # Not an ending: the daemon moved a running job off a persistent straggler node
-    # (`stop_if_straggler`). Counted per cause, capped by cause_budgets; not a failure.
-    STRAGGLER = "straggler"
-
-
-RETRYABLE = frozenset({Cause.NODE_FAIL, Cause.BOOT_FAIL, Cause.PREEMPTED, Cause.TIMEOUT,
-                       Cause.HANG, Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE})  # fmt: skip
-BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER})  # causes `cause_budgets` may cap
-EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY = 16, 17, 93
-EXIT_RESTARTS_EXHAUSTED, EXIT_CONTINUE = 74, 75  # the launcher's (ftslurm.agent.launch)
-_RESERVED_EXITS = {0, EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY,
-                   EXIT_RESTARTS_EXHAUSTED, EXIT_CONTINUE}
-
-
-class FtSettings(BaseModel):
-    """A run's fault-tolerance settings (from the recipe, overridden by the command line)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    num_job_retries_on_failure: int = Field(2, ge=0)
-    num_in_job_restarts: int = Field(0, ge=0)
-    preempt_time: int = Field(60, ge=0)  # seconds before the wall limit to ask for a checkpoint
-    checkpoint_signal: str = "USR2"
-    # Also ask Slurm itself (`--signal`) for the checkpoint signal, in case the daemon is
-    # down. Slurm may deliver it up to a minute early; the daemon's is within ~1 s.
-    signal_backstop: bool = True
-    cause_budgets: dict[Cause, int] = Field(default_factory=dict)  # per-cause retry caps
-    max_stalled_continuations: int = Field(3, ge=1)
-    user_error_exit_codes: tuple[int, ...] = ()
-    exclude_failed_nodes: bool = True
-    node_exclusion_ttl_s: float = Field(24 * 3600, gt=0)
-    # A node flagged again within this long after its flag ran out (a "lemon") is kept out
-    # twice as long as the last time, up to this long.
-    node_exclusion_max_ttl_s: float = Field(7 * 24 * 3600, gt=0)
-    # The compute side (ftslurm.agent.launch): one launcher per node restarts ranks in-job
-    # and watches these timeouts (seconds; None = infinite; on by default; tightened from
-    # what earlier attempts observed): `initial_timeout` from a rank's start to its first
-    # heartbeat or section; `out_of_section_timeout`, the running timeout, the longest time
-    # without a sign of life unless the open section has its own limit in
-    # `section_timeouts` ("setup" and "checkpointing" always have one, 30 min unless set);
-    # after `hang_warmup_steps` steps (None: never) the running timeout is learned from the
-    # pace (3 x the longest step, at least 30 s). `grace_s` is how long ranks get to
-    # checkpoint after SIGTERM.
-    use_launcher: bool = True
-    section_timeouts: dict[str, float | None] = Field(
-        default_factory=lambda: dict(DEFAULT_SECTION_S))
-    out_of_section_timeout: float | None = Field(DEFAULT_RUNNING_S, gt=0)
-    initial_timeout: float | None = Field(DEFAULT_INITIAL_S, gt=0)
-    hang_warmup_steps: int | None = Field(DEFAULT_WARMUP_STEPS, ge=1)
-    grace_s: float = Field(120, gt=0)
-    # Straggler detection (ftslurm.agent.straggler): each rank's step times are published
-    # every `straggler_report_interval_s`; a node whose ranks score below
-    # `straggler_threshold` in `straggler_windows` consecutive windows is persistent: it is
-    # kept out of later attempts (`exclude_stragglers`), and with `stop_if_straggler` the
-    # running job is moved off it at once (requeue held, exclude, release).
-    straggler_report_interval_s: float = Field(60, gt=0)
-    straggler_threshold: float = Field(0.75, gt=0, le=1)
-    straggler_windows: int = Field(3, ge=1)
-    straggler_reference: Literal["best", "median"] = "best"
-    exclude_stragglers: bool = True
-    stop_if_straggler: bool = False
-
-    @field_validator("checkpoint_signal")
-    @classmethod
-    def _signal_name(cls, value: str) -> str:
-        name = value.upper().removeprefix("SIG")
-        if name.isdigit() and int(name) in {s.value for s in signal.Signals}:
-            name = signal.Signals(int(name)).name.removeprefix("SIG")
-        if f"SIG{name}" not in signal.Signals.__members__ or name in ("KILL", "STOP"):
-            raise ValueError(f"not a signal a job can catch: {value!r}")
-        return name
-
-    @field_validator("section_timeouts")
-    @classmethod
-    def _sections(cls, value: dict[str, float | None]) -> dict[str, float | None]:
-        for name, limit in value.items():
-            if limit is not None and not limit > 0:
-                raise ValueError(f"timeout of section {name!r} must be > 0 or None (off)")
-        return {**DEFAULT_SECTION_S, **value}  # setup and checkpointing keep their own
-
-    @field_validator("user_error_exit_codes")
-    @classmethod
-    def _user_codes(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        reserved = sorted(set(value) & _RESERVED_EXITS)
-        if reserved:
-            raise ValueError(f"exit codes {reserved} have their own meaning")
-        return value
-
-    @field_validator("cause_budgets")
-    @classmethod
-    def _budgets(cls, value: dict[Cause, int]) -> dict[Cause, int]:
-        for cause, n in value.items():
-            if cause not in BUDGETED:
-                raise ValueError(f"{cause.value} is never retried; it takes no budget")
-            if n < 0:
-                raise ValueError(f"budget for {cause.value} must be >= 0")
-        return value
 
 
 @dataclass(frozen=True)

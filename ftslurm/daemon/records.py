@@ -8,8 +8,10 @@ the same job id requeued: Slurm counts those in `restart_count`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
+
+from ftslurm.core.types import JobState
 
 
 class RunState(str, Enum):
@@ -24,9 +26,45 @@ class RunState(str, Enum):
         return self in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 
 
-# Attempt.state holds a core.types.JobState value, or SUBMITTING: the intent to submit was
-# recorded but the scheduler's job id is not known yet (adopted by tag after a crash).
-SUBMITTING = "SUBMITTING"
+class AttemptState(StrEnum):
+    """Where one attempt stands: the scheduler's state of its job (a `JobState` value), or
+    one of the daemon's own. Stored as the plain string (the value)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    CANCELLED = "CANCELLED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    REQUEUED = "REQUEUED"
+    UNKNOWN = "UNKNOWN"
+    # The intent to submit was recorded but the scheduler's job id is not known yet
+    # (adopted by its tag after a crash).
+    SUBMITTING = "SUBMITTING"
+    # The intent to bring `job_id` back for this attempt (requeue held, exclusions, release,
+    # start now) was recorded.
+    REQUEUING = "REQUEUING"
+    NEVER_SUBMITTED = "NEVER_SUBMITTED"  # the scheduler refused the attempt's submission
+
+    @classmethod
+    def of(cls, state: JobState) -> AttemptState:
+        return cls(state.value)
+
+
+SUBMITTING = AttemptState.SUBMITTING
+REQUEUING = AttemptState.REQUEUING
+NEVER_SUBMITTED = AttemptState.NEVER_SUBMITTED
+
+
+def tag(run_id: str, attempt: int) -> str:
+    """What the job of an attempt carries (its comment), so a restarted daemon finds it."""
+    return f"ftslurm:{run_id}:{attempt}"
 
 
 @dataclass
@@ -37,7 +75,7 @@ class Run:
     created_at: float
     # What to submit: the rendered-script inputs, as plain JSON (see daemon.submission).
     spec: dict[str, Any]
-    # Fault-tolerance settings (daemon.policy.FtSettings as a dict).
+    # Fault-tolerance settings (core.settings.FtSettings as a dict).
     settings: dict[str, Any]
     job_retries_used: int = 0
     cause_counts: dict[str, int] = field(default_factory=dict)  # retries spent per cause
@@ -53,7 +91,7 @@ class Run:
 class Attempt:
     run_id: str
     attempt: int  # 0, 1, 2, ... within the run
-    state: str  # a JobState value or SUBMITTING
+    state: AttemptState  # a plain string is accepted and converted
     job_id: str | None = None
     tag: str = ""  # carried by the job (its comment): names run and attempt, for adoption
     restart_count: int = 0  # Slurm's restart count of job_id when this attempt began
@@ -68,6 +106,10 @@ class Attempt:
     in_job_restarts: int = 0
     checkpoint_signal_at: float | None = None  # when the daemon sent the checkpoint signal
     failure_seen_at: float | None = None  # when the daemon observed the previous ending
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.state, AttemptState):
+            self.state = AttemptState(self.state)
 
 
 @dataclass

@@ -17,12 +17,9 @@ from typing import Any
 from ftslurm.core.inject import env_value, parse_injections
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import JobOptions
+from ftslurm.daemon.records import tag
 from ftslurm.recipe import Recipe
 from ftslurm.templates import render_job_script
-
-
-def tag(run_id: str, attempt: int) -> str:
-    return f"ftslurm:{run_id}:{attempt}"
 
 
 def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,

@@ -580,7 +580,7 @@ def _schedule(st: MockState, now: float) -> list[Effect]:
 # ------------------------------------------------------------------------------ views
 
 
-def job_info(job: MockJob, now: float, source: str) -> JobInfo:
+def job_info(job: MockJob, now: float, from_accounting: bool = False) -> JobInfo:
     shown = job.state
     return JobInfo(
         job_id=job.job_id, state=shown, observed_at=now, raw_state=shown.value,
@@ -588,31 +588,32 @@ def job_info(job: MockJob, now: float, source: str) -> JobInfo:
         submit_time=job.submit_time, start_time=job.start_time,
         end_time=job.end_time if shown.is_terminal else None,
         time_limit_s=job.time_limit_s, restart_count=job.restart_count, reason=job.reason,
-        name=job.name, comment=job.comment, source=source,
+        name=job.name, comment=job.comment,
+        from_accounting=from_accounting,
     )  # fmt: skip
 
 
 def find_jobs(st: MockState, comment: str, since: float | None, now: float) -> list[JobInfo]:
     """squeue's answer; when empty and `since` is given, sacct's (jobs aged out since)."""
-    live = [job_info(j, now, "mock") for j in st.jobs.values() if j.comment == comment]
+    live = [job_info(j, now) for j in st.jobs.values() if j.comment == comment]
     if live or since is None:
         return live
-    return [job_info(j, now, "mock-accounting") for j in st.accounting.values()
+    return [job_info(j, now, from_accounting=True) for j in st.accounting.values()
             if j.comment == comment and j.submit_time >= since]  # fmt: skip
 
 
 def active_jobs(st: MockState, now: float) -> list[JobInfo]:
     """squeue's default listing (the mock cluster has one user): the jobs not yet ended."""
-    return [job_info(j, now, "mock") for j in st.jobs.values() if not j.state.is_terminal]
+    return [job_info(j, now) for j in st.jobs.values() if not j.state.is_terminal]
 
 
 def query(st: MockState, job_ids: list[str], now: float) -> dict[str, JobInfo]:
     result = {}
     for job_id in job_ids:
         if job_id in st.jobs:
-            result[job_id] = job_info(st.jobs[job_id], now, "mock")
+            result[job_id] = job_info(st.jobs[job_id], now)
         elif job_id in st.accounting:
-            result[job_id] = job_info(st.accounting[job_id], now, "mock-accounting")
+            result[job_id] = job_info(st.accounting[job_id], now, from_accounting=True)
         else:
             result[job_id] = JobInfo.unknown(job_id, now, "unknown to the mock controller")
     return result

@@ -112,7 +112,6 @@ def parse_squeue(text: str, observed_at: float) -> dict[str, JobInfo]:
             time_limit_s=_time_limit(row["TimeLimit"]),
             restart_count=int(row["RestartCnt"]) if row["RestartCnt"].strip().isdigit() else 0,
             reason=reason, name=_text(row["Name"]), comment=_text(row["Comment"]),
-            source="squeue",
         )  # fmt: skip
     return jobs
 
@@ -146,7 +145,7 @@ def parse_sacct(text: str, observed_at: float, fields: tuple[str, ...] = SACCT_F
             end_time=_epoch(row["End"]), time_limit_s=_time_limit(row["TimelimitRaw"]),
             restart_count=len(runs) - 1, reason=_text(row["Reason"]),
             name=_text(row["JobName"]), comment=_text(row.get("Comment", "")),
-            source="sacct",
+            from_accounting=True,
         )  # fmt: skip
     return jobs
 
@@ -184,7 +183,7 @@ def parse_scontrol_jobs(text: str, observed_at: float) -> dict[str, JobInfo]:
             time_limit_s=_time_limit(rec.get("TimeLimit", "")),
             restart_count=int(rec.get("Restarts", "0") or 0),
             reason=_text(rec.get("Reason", "")), name=_text(rec.get("JobName", "")),
-            comment=_text(rec.get("Comment", "")), source="scontrol",
+            comment=_text(rec.get("Comment", "")),
         )  # fmt: skip
     return jobs
 

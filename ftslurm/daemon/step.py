@@ -1,0 +1,510 @@
+"""What the daemon does next for one attempt: a pure function of what it knows.
+
+`step(attempt, observed, run, facts, now) -> list[Intent]` holds every decision of the
+reconcile loop (`ftslurm.daemon.reconcile`, the shell): submit or adopt, requeue (held, the
+exclusions, release, start now) or submit afresh, record what changed, send the checkpoint
+signal, flag nodes, move a job off a straggler, classify an ending and decide (through the
+pure `policy`), end the run. It reads no file, no clock and no scheduler: `observed` is the
+scheduler's view of the attempt's job (one batched query), `facts` what the shell read
+for it (the run's files, node flags, the node listing, the cancel flag as stored now).
+
+What `step` needs and was not given, it asks for with one `Need` intent (and nothing
+else): the shell gathers that and calls again. So a cycle reads the run's files and
+lists the nodes only where a decision depends on them.
+
+The intents are executed in order by the shell. The records (`Record`, `NewAttempt`,
+`UpdateRun`, `FlagNode`, `Event`, `Finish`, `Trust`) between two actions are written in one
+transaction before the next action, so the intent to act is stored before acting; every
+action is safe to repeat (`reconcile` explains how).
+
+It lives in `ftslurm.daemon` beside `policy` (whose functions it calls) and `records` (the
+records it reads and returns), and like them does no I/O (checked by the architecture test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ftslurm.core.settings import Cause, FtSettings
+from ftslurm.core.types import JobInfo, JobState
+from ftslurm.daemon import policy
+from ftslurm.daemon.policy import Budget, Ending, Verdict
+from ftslurm.daemon.records import Attempt, AttemptState, NodeFlag, Run, RunState, tag
+
+CANCELLED_BY_USER = "cancelled by the user"
+
+
+# ----------------------------------------------------------------------------- facts
+@dataclass(frozen=True)
+class Facts:
+    """What the shell read for one attempt. A field left None was not read (yet)."""
+
+    cancel_requested: bool | None = None  # the run's cancel flag as stored now
+    trusted: bool = False  # this daemon recorded the intent: no job can carry its tag yet
+    found: tuple[JobInfo, ...] | None = None  # jobs carrying the attempt's tag
+    flags: tuple[NodeFlag, ...] = ()  # every node flag, expired ones too (repeat offenders)
+    usable: Mapping[str, bool] | None = None  # node -> usable now, from the node listing
+    previous: Attempt | None = None  # the attempt before this one, if any
+    previous_known: bool = False  # whether `previous` was read
+    files: RunFiles | None = None  # the run directory's reports about this attempt
+    poll_interval: float = 1.0  # the loop's current interval (an ending seen one poll late)
+    requeue_refused: bool = False  # the scheduler refused to requeue the attempt's job
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The run directory's files the decisions read (written by the compute side)."""
+
+    progress: Mapping[str, Any] = field(default_factory=dict)  # progress.json
+    rank_reports: tuple[Mapping[str, Any], ...] = ()  # attempts/N/rank-*.json
+    node_reports: tuple[Mapping[str, Any], ...] = ()  # attempts/N/node-*.json (launchers)
+    finished_marker: bool = False  # FINISHED
+    hung: str = ""  # the hung rank the launchers found at the stop, in words
+    straggler_report: Mapping[str, Any] | None = None
+
+
+# ---------------------------------------------------------------------------- intents
+@dataclass(frozen=True)
+class Need:
+    """Read these facts and call `step` again: "cancel" (the flag as stored now), "found"
+    (jobs by tag), "nodes" (the listing), "previous" (the attempt before), "files" (every
+    report of the run directory) or "watch_files" (progress and the straggler report)."""
+
+    what: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Record:
+    """Store the attempt's record as given."""
+
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class NewAttempt:
+    """Store the next attempt (an intent: SUBMITTING or REQUEUING)."""
+
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class UpdateRun:
+    run: Run
+
+
+@dataclass(frozen=True)
+class Finish:
+    """End the run (and log `run_ended`)."""
+
+    state: RunState
+    reason: str
+
+
+@dataclass(frozen=True)
+class FlagNode:
+    node: str
+    reason: str
+    ttl_s: float | None  # None: no expiry
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Trust:
+    """This daemon recorded attempt N's intent itself: no adoption search needed."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """Record the job found carrying the attempt's tag as the attempt's job."""
+
+    job: JobInfo
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Submit the attempt's job with these exclusions."""
+
+    exclude: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Cancel:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    job_id: str
+    hold: bool = True
+
+
+@dataclass(frozen=True)
+class SetExclusions:
+    job_id: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    """Release the held job (the shell reads the cancel flag again first)."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class StartNow:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """The job is back for the attempt: record it PENDING (and log `requeued`)."""
+
+    exclude: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class Signal:
+    job_id: str
+    signal: str
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Look at this attempt again no later than `at` (a signal due, a report to read)."""
+
+    at: float
+
+
+@dataclass(frozen=True)
+class Changed:
+    """Something changed: the loop polls fast for a while."""
+
+
+Intent = (Need | Record | NewAttempt | UpdateRun | Finish | FlagNode | Event | Trust | Adopt
+          | Submit | Cancel | Requeue | SetExclusions | Release | StartNow | Requeued | Signal
+          | Wake | Changed)  # fmt: skip
+RECORDS = (Record, NewAttempt, UpdateRun, Finish, FlagNode, Event, Trust, Changed)
+
+
+def _need(*what: str) -> list[Intent]:
+    return [Need(frozenset(what))]
+
+
+# ------------------------------------------------------------------------------- step
+def step(a: Attempt, observed: JobInfo | None, run: Run, facts: Facts,
+         now: float) -> list[Intent]:  # fmt: skip
+    """The intents for attempt `a` (the run's latest) given the scheduler's view of its
+    job (`observed`; None or UNKNOWN: not seen) and the facts. See the module doc."""
+    if a.state is AttemptState.SUBMITTING:
+        return _submitting(a, run, facts, now)
+    if observed is None or observed.state is JobState.UNKNOWN or not a.job_id:
+        return []
+    if a.state is AttemptState.REQUEUING:
+        return _requeuing(a, observed, run, facts, now)
+    if observed.state.is_terminal or observed.restart_count > a.restart_count:
+        return _ended(a, observed, run, facts, now)
+    return _watch(a, observed, run, facts, now)
+
+
+def active_flags(facts: Facts, now: float) -> list[str]:
+    """The flagged nodes not expired at `now`, most recent flags first."""
+    live = [f for f in facts.flags if f.expires_at is None or f.expires_at > now]
+    return [f.node for f in sorted(live, key=lambda f: f.since, reverse=True)]
+
+
+def _exclusions(run: Run, flagged: Sequence[str], usable: Mapping[str, bool]) -> tuple[str, ...]:
+    return policy.plan_exclusions(flagged, [n for n, ok in usable.items() if ok],
+                                  int(run.spec["options"]["nodes"]))  # fmt: skip
+
+
+def _submitting(a: Attempt, run: Run, facts: Facts, now: float) -> list[Intent]:
+    if run.cancel_requested:
+        return [Finish(RunState.CANCELLED, CANCELLED_BY_USER)]
+    if facts.cancel_requested is None:
+        return _need("cancel")
+    if facts.cancel_requested:
+        return [Finish(RunState.CANCELLED, CANCELLED_BY_USER)]
+    if not facts.trusted:
+        if facts.found is None:
+            return _need("found")
+        if facts.found:
+            return [Adopt(max(facts.found, key=lambda j: int(j.job_id.split("_")[0])))]
+    flagged = active_flags(facts, now)
+    if not flagged:
+        return [Submit(())]
+    if facts.usable is None:
+        return _need("nodes")
+    return [Submit(_exclusions(run, flagged, facts.usable))]
+
+
+def _requeuing(a: Attempt, info: JobInfo, run: Run, facts: Facts,
+               now: float) -> list[Intent]:  # fmt: skip
+    job = a.job_id or ""
+    if run.cancel_requested:
+        if info.state.is_active:
+            return [Cancel(job)]
+        if info.state.is_terminal:
+            return [Finish(RunState.CANCELLED, CANCELLED_BY_USER)]
+    if facts.cancel_requested is None:
+        return _need("cancel")
+    if facts.cancel_requested:  # as stored now: the copy the cycle read may be older
+        if info.state.is_terminal:
+            return [Finish(RunState.CANCELLED, CANCELLED_BY_USER)]
+        return [Cancel(job)]  # the next cycle sees it end
+    if facts.requeue_refused:
+        if info.state.is_terminal and info.restart_count < a.restart_count:
+            # it can no longer be requeued (e.g. forgotten): submit afresh instead
+            fresh = replace(a, state=AttemptState.SUBMITTING, job_id=None, restart_count=0,
+                            tag=tag(run.run_id, a.attempt))  # fmt: skip
+            return [Record(fresh), Trust(a.attempt)]
+        return []  # not pending yet: next cycle
+    if info.restart_count < a.restart_count:
+        if info.state is JobState.RUNNING and not facts.previous_known:
+            return _need("previous")
+        if not info.state.is_terminal and not (
+                info.state is JobState.RUNNING and _moving(a, facts.previous)):
+            return []  # still ending; look again next cycle
+        return [Requeue(job, hold=True)]  # it shows as pending in a moment
+    if info.state is JobState.RUNNING or info.state.is_terminal:
+        # back already: a daemon released it and died before recording that
+        return [Requeued(None), Changed()]
+    if info.state not in (JobState.PENDING, JobState.REQUEUED):
+        return []  # e.g. still COMPLETING after the requeue: next cycle
+    flagged = active_flags(facts, now)
+    exclude: tuple[str, ...] = ()
+    if flagged:
+        if facts.usable is None:
+            return _need("nodes")
+        exclude = _exclusions(run, flagged, facts.usable)
+    merged = tuple(sorted(set(run.spec["options"]["exclude"]) | set(exclude)))
+    return [SetExclusions(job, merged), Release(job), StartNow(job), Requeued(merged),
+            Changed()]  # fmt: skip
+
+
+def _moving(a: Attempt, before: Attempt | None) -> bool:
+    """Whether requeue intent `a` moves a job that is still running (off a straggler)."""
+    return before is not None and before.attempt == a.attempt - 1 \
+        and before.cause == Cause.STRAGGLER.value and before.job_id == a.job_id
+
+
+def _started(a: Attempt, run: Run, facts: Facts, at: float) -> list[Intent]:
+    """The attempt was seen running at `at`: the recovery latency is measured from the
+    previous attempt's ending being observed to this (at most one poll late)."""
+    out: list[Intent] = []
+    if run.state is RunState.PENDING:
+        out.append(UpdateRun(replace(run, state=RunState.RUNNING)))
+    prev = facts.previous
+    if prev is not None and prev.failure_seen_at is not None:
+        out.append(Event("recovered", {"attempt": a.attempt, "job_id": a.job_id,
+                                       "latency_s": round(at - prev.failure_seen_at, 3)}))
+    out.append(Event("running", {"attempt": a.attempt, "job_id": a.job_id, "nodes": a.nodes}))
+    return out
+
+
+def flag_node(node: str, why: str, flags: Sequence[NodeFlag], now: float,
+          settings: FtSettings) -> FlagNode:  # fmt: skip
+    """Flag a node, for longer when it is a repeat offender (`policy.flag_ttl`)."""
+    previous = {f.node: f for f in flags}.get(node)
+    ttl = policy.flag_ttl(None if previous is None else (previous.since, previous.expires_at),
+                          now, settings)  # fmt: skip
+    return FlagNode(node, why, ttl)
+
+
+def _budget(run: Run) -> Budget:
+    return Budget(run.job_retries_used, dict(run.cause_counts), run.continuations,
+                  run.stalled_continuations)  # fmt: skip
+
+
+def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> list[Intent]:
+    """Record what changed; act on straggler reports; send the checkpoint signal when due."""
+    out: list[Intent] = []
+    if info.state.value != a.state or (info.nodes and list(info.nodes) != a.nodes):
+        a = replace(a, state=AttemptState.of(info.state), nodes=list(info.nodes) or a.nodes,
+                    start=info.start_time if info.state is JobState.RUNNING else a.start)
+        out += [Record(a), Changed()]
+        if info.state is JobState.RUNNING:
+            if not facts.previous_known:
+                return _need("previous")
+            out += _started(a, run, facts, now)
+    if run.cancel_requested or facts.cancel_requested:
+        return [*out, Cancel(a.job_id or "")]
+    if info.state is not JobState.RUNNING:
+        return out
+    settings = FtSettings(**run.settings)
+    wants_report = settings.exclude_stragglers or settings.stop_if_straggler
+    if facts.files is None and (wants_report or a.checkpoint_signal_at is None):
+        return _need("watch_files")
+    files = facts.files or RunFiles()
+    flags = policy.straggler_flags(files.straggler_report, a.attempt, settings,
+                                   active_flags(facts, now))  # fmt: skip
+    if flags:
+        moved = _straggler(a, info, run, facts, settings, flags, now)
+        if moved is None:
+            return _need("nodes")
+        out += moved
+        if any(isinstance(i, NewAttempt) for i in moved):
+            return out  # moved off a straggler: the requeue intent takes it from here
+    deadlines = [t for t in (policy.straggler_look_again(settings, now),
+                             _signal(a, info, run, files, settings, now, out)) if t is not None]
+    if deadlines:
+        out.append(Wake(min(deadlines)))
+    return out
+
+
+def _straggler(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSettings,
+               flags: tuple[tuple[str, str], ...], now: float) -> list[Intent] | None:
+    """Flag the nodes the straggler report names as persistent; with `stop_if_straggler`,
+    move the running job off them at once: the attempt ends here and a requeue intent
+    (held, exclusions updated, released) begins the next one. None: list the nodes first."""
+    new = [node for node, _ in flags]
+    out: list[Intent] = [flag_node(node, why, facts.flags, now, settings) for node, why in flags]
+    out.append(Event("straggler", {"attempt": a.attempt, "job_id": a.job_id, "nodes": new,
+                                   "reasons": dict(flags)}))  # fmt: skip
+    if not settings.stop_if_straggler:
+        return out
+    if facts.usable is None:
+        return None
+    flagged = new + [n for n in active_flags(facts, now) if n not in new]
+    exclusions = _exclusions(run, flagged, facts.usable)
+    d = policy.straggler_move(new, info.nodes or a.nodes, exclusions, _budget(run), settings)
+    if d is None:
+        return out
+    moved = replace(a, state=AttemptState.REQUEUED, end=now, reason=d.reason,
+                    cause=d.cause.value, failure_seen_at=now)  # fmt: skip
+    nxt = Attempt(run.run_id, a.attempt + 1, AttemptState.REQUEUING, job_id=a.job_id,
+                  tag=a.tag, restart_count=a.restart_count + 1)  # fmt: skip
+    return [*out, Record(moved),
+            UpdateRun(replace(run, cause_counts=dict(d.budget.cause_counts), reason=d.reason)),
+            NewAttempt(nxt),
+            Event("ended", {"attempt": a.attempt, "job_id": a.job_id, "state": moved.state.value,
+                            "cause": d.cause.value, "verdict": d.verdict.value,
+                            "reason": d.reason, "exit_code": None, "excluded": new}),
+            Trust(nxt.attempt), Changed()]  # fmt: skip
+
+
+def _signal(a: Attempt, info: JobInfo, run: Run, files: RunFiles, settings: FtSettings,
+            now: float, out: list[Intent]) -> float | None:
+    """Send the checkpoint signal when due (appending its intents to `out`); returns when
+    it will be due, if not yet."""
+    if a.checkpoint_signal_at is not None:
+        return None
+    lead, warning = policy.checkpoint_lead(settings.preempt_time,
+                                           files.progress.get("max_checkpoint_save_s"))
+    if not settings.preempt_time or info.time_limit_s is None or info.start_time is None:
+        return None
+    due = info.start_time + info.time_limit_s - lead
+    if not policy.signal_due(info.start_time, info.time_limit_s, lead, now):
+        return due
+    if warning:
+        out.append(Event("warning", {"message": warning}))
+    out.append(Event("checkpoint_signal", {
+        "attempt": a.attempt, "job_id": a.job_id, "signal": settings.checkpoint_signal,
+        "due": due, "lead_s": lead}))  # fmt: skip
+    # the intent recorded first: a repeat would be harmless
+    out.append(Record(replace(a, checkpoint_signal_at=now)))
+    out.append(Signal(a.job_id or "", settings.checkpoint_signal))
+    return None
+
+
+def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> list[Intent]:
+    """Classify the ending, decide, record it and the next attempt's intent (or the run's
+    end) together."""
+    needs = [w for w, missing in (("cancel", facts.cancel_requested is None),
+                                  ("files", facts.files is None),
+                                  ("previous", not facts.previous_known),
+                                  ("nodes", facts.usable is None)) if missing]  # fmt: skip
+    if needs:
+        return _need(*needs)
+    assert facts.files is not None and facts.usable is not None
+    out: list[Intent] = []
+    if a.start is None and info.start_time is not None and not info.restart_count > (
+            a.restart_count):  # it ran and ended between two looks
+        a = replace(a, start=info.start_time)
+        started = _started(a, run, facts, max(info.start_time, now - facts.poll_interval))
+        out += started
+        run = next((i.run for i in started if isinstance(i, UpdateRun)), run)
+    settings = FtSettings(**run.settings)
+    files = facts.files
+    nodes = tuple(info.nodes) or tuple(a.nodes)
+    reports, launchers = list(files.rank_reports), list(files.node_reports)
+    ckpt = files.progress.get("checkpoint_step")
+    advanced = ckpt is not None and (run.last_checkpoint_step is None
+                                     or ckpt > run.last_checkpoint_step)  # fmt: skip
+    suspects = [r.get("node") for r in reports if r.get("outcome") == "resume_elsewhere"]
+    signal_at = a.checkpoint_signal_at
+    ckpt_at = files.progress.get("checkpoint_at")
+    ending = Ending(
+        state=info.state, exit_code=info.exit_code, signal=info.signal,
+        requeued_by_scheduler=info.restart_count > a.restart_count, nodes=nodes,
+        down_nodes=tuple(n for n in nodes if not facts.usable.get(n, True)),
+        rank_outcomes=tuple(str(r.get("outcome")) for r in reports + launchers
+                            if r.get("outcome")),
+        checkpoint_signal_sent=signal_at is not None,
+        checkpoint_advanced=advanced, finished_marker=files.finished_marker,
+        suspect_node=suspects[0] if suspects else None,
+        hung=files.hung, checkpoints_known=ckpt is not None,
+        checkpoint_signal_at=signal_at, checkpoint_after_signal=signal_at is not None
+        and isinstance(ckpt_at, (int, float)) and ckpt_at >= signal_at,
+        heartbeats=all(r.get("heartbeats", True) for r in launchers),
+        disk_full_at=next((f"{r.get('node')} at {r.get('disk_full_path') or 'an unknown path'}"
+                           for r in reports if r.get("outcome") == "disk_full"), None),
+    )  # fmt: skip
+    cause = policy.classify(ending, settings)
+    cancel = run.cancel_requested or bool(facts.cancel_requested)  # a cancel is final
+    d = policy.decide(cause, ending, _budget(run), settings, cancel)
+    ended_state = info.state.value if info.state.is_terminal else (
+        JobState.NODE_FAIL.value if cause is Cause.NODE_FAIL
+        else JobState.REQUEUED.value)  # fmt: skip
+    again = d.verdict in (Verdict.RETRY, Verdict.CONTINUE)
+    finished = replace(
+        a, state=AttemptState(ended_state), end=info.end_time or now,
+        exit_code=info.exit_code, signal=info.signal, reason=d.reason, cause=cause.value,
+        nodes=list(nodes), failure_seen_at=now if again else None,
+        in_job_restarts=max([int(r.get("in_job_restarts", 0)) for r in launchers] or [0]),
+    )  # fmt: skip
+    run = replace(run, job_retries_used=d.budget.job_retries_used,
+                  cause_counts=dict(d.budget.cause_counts),
+                  continuations=d.budget.continuations,
+                  stalled_continuations=d.budget.stalled_continuations,
+                  last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
+                  reason=d.reason)  # fmt: skip
+    out.append(Record(finished))
+    out += [flag_node(node, why, facts.flags, now, settings) for node, why in d.exclude]
+    out.append(Event("ended", {
+        "attempt": a.attempt, "job_id": a.job_id, "state": ended_state, "cause": cause.value,
+        "verdict": d.verdict.value, "reason": d.reason, "exit_code": info.exit_code,
+        "excluded": [n for n, _ in d.exclude]}))  # fmt: skip
+    if again:
+        nxt = next_attempt(run, finished, info)
+        out += [UpdateRun(run), NewAttempt(nxt), Trust(nxt.attempt)]
+    else:
+        state = {Verdict.COMPLETE: RunState.COMPLETED, Verdict.FAIL: RunState.FAILED,
+                 Verdict.CANCEL: RunState.CANCELLED}[d.verdict]  # fmt: skip
+        out.append(UpdateRun(replace(run, state=state, ended_at=now)))
+    out.append(Changed())
+    return out
+
+
+def next_attempt(run: Run, prev: Attempt, info: JobInfo) -> Attempt:
+    """Requeue the same job when the controller still holds it (fast, keeps its id);
+    otherwise (known only from accounting) a fresh submission."""
+    if info.restart_count > prev.restart_count:  # Slurm already requeued it
+        n = prev.attempt + info.restart_count - prev.restart_count
+        return Attempt(run.run_id, n, AttemptState.REQUEUING, job_id=prev.job_id,
+                       tag=prev.tag, restart_count=info.restart_count)  # fmt: skip
+    if not info.from_accounting:
+        return Attempt(run.run_id, prev.attempt + 1, AttemptState.REQUEUING,
+                       job_id=prev.job_id, tag=prev.tag,
+                       restart_count=prev.restart_count + 1)  # fmt: skip
+    n = prev.attempt + 1
+    return Attempt(run.run_id, n, AttemptState.SUBMITTING, tag=tag(run.run_id, n))

@@ -1,0 +1,138 @@
+"""Properties of `ftslurm.daemon.step` over generated attempts, observations and facts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftslurm.core.settings import FtSettings
+from ftslurm.core.types import JobInfo, JobState
+from ftslurm.daemon import step as core
+from ftslurm.daemon.records import Attempt, AttemptState, Run, RunState, tag
+
+NOW = 50_000.0
+NODES = ("n1", "n2", "n3", "n4")
+STARTS = (core.Submit, core.Adopt, core.Release, core.StartNow, core.NewAttempt, core.Signal,
+          core.Requeue)  # fmt: skip
+
+outcomes = st.sampled_from(["checkpointed", "finished", "failed", "resume_elsewhere",
+                            "restarts_exhausted"])  # fmt: skip
+files = st.builds(
+    core.RunFiles,
+    progress=st.one_of(st.just({}), st.builds(lambda s: {"checkpoint_step": s},
+                                              st.integers(0, 5))),
+    rank_reports=st.lists(st.builds(lambda o, n: {"outcome": o, "node": n}, outcomes,
+                                    st.sampled_from(NODES)), max_size=2).map(tuple),
+    finished_marker=st.booleans(),
+)  # fmt: skip
+observations = st.builds(
+    lambda state, restarts, code, acct, start: JobInfo(
+        job_id="7", state=state, observed_at=NOW, exit_code=code, nodes=NODES[:2],
+        restart_count=restarts, from_accounting=acct, start_time=start, time_limit_s=600),
+    st.sampled_from([s for s in JobState if s is not JobState.UNKNOWN]),
+    st.integers(0, 3), st.one_of(st.none(), st.sampled_from([0, 1, 16, 17, 74, 75, 93])),
+    st.booleans(), st.one_of(st.none(), st.just(NOW - 300)),
+)  # fmt: skip
+
+
+@st.composite
+def runs(draw) -> Run:
+    retries = draw(st.integers(0, 3))
+    used = draw(st.integers(0, retries))
+    ft = FtSettings(num_job_retries_on_failure=retries,
+                    stop_if_straggler=draw(st.booleans()))  # fmt: skip
+    return Run(run_id="r", name="r", state=draw(st.sampled_from([RunState.PENDING,
+                                                                  RunState.RUNNING])),
+               created_at=0.0, spec={"options": {"nodes": 2, "exclude": []}, "run_dir": "/x"},
+               settings=ft.model_dump(mode="json"), job_retries_used=used,
+               continuations=draw(st.integers(0, 3)),
+               cancel_requested=draw(st.booleans()))  # fmt: skip
+
+
+@st.composite
+def attempts(draw) -> Attempt:
+    state = draw(st.sampled_from([s for s in AttemptState
+                                  if s not in (AttemptState.NEVER_SUBMITTED,
+                                               AttemptState.UNKNOWN)]))  # fmt: skip
+    n = draw(st.integers(0, 3))
+    return Attempt("r", n, state, job_id=None if state is AttemptState.SUBMITTING else "7",
+                   tag=tag("r", n), restart_count=draw(st.integers(0, 2)),
+                   nodes=list(NODES[:2]))  # fmt: skip
+
+
+def facts_for(draw_files: core.RunFiles, cancel: bool, down: bool, refused: bool) -> core.Facts:
+    return core.Facts(cancel_requested=cancel, trusted=True, found=(), files=draw_files,
+                      usable={n: not (down and n == "n2") for n in NODES},
+                      previous_known=True, requeue_refused=refused)  # fmt: skip
+
+
+def ended(a: Attempt, info: JobInfo) -> bool:
+    return a.state not in (AttemptState.SUBMITTING, AttemptState.REQUEUING) and (
+        info.state.is_terminal or info.restart_count > a.restart_count)
+
+
+@settings(max_examples=400, deadline=None)
+@given(runs(), attempts(), observations, files, st.booleans(), st.booleans(), st.booleans())
+def test_one_step(run, a, info, run_files, cancel, down, refused):
+    facts = facts_for(run_files, cancel, down, refused)
+    out = core.step(a, info, run, facts, NOW)
+    assert not any(isinstance(i, core.Need) for i in out)  # it had every fact
+    new = [i.attempt for i in out if isinstance(i, core.NewAttempt)]
+    assert all(x.attempt > a.attempt for x in new) and len(new) <= 1
+    # a submission only for an attempt that has no job yet
+    if any(isinstance(i, (core.Submit, core.Adopt)) for i in out):
+        assert a.state is AttemptState.SUBMITTING and a.job_id is None
+    # the budget never goes negative, nor past its cap by spending
+    cap = FtSettings(**run.settings).num_job_retries_on_failure
+    for r in (i.run for i in out if isinstance(i, core.UpdateRun)):
+        assert 0 <= r.job_retries_used <= max(cap, run.job_retries_used)
+        assert r.job_retries_used >= run.job_retries_used
+        assert r.continuations >= run.continuations >= 0
+        assert all(v >= 0 for v in r.cause_counts.values())
+    # a cancel request always wins: nothing starts again, an ended attempt ends the run
+    if cancel or run.cancel_requested:
+        assert not [i for i in out if isinstance(i, STARTS)], out
+    if ended(a, info):
+        # exactly one of: finish (the run ends), retry or continue (one next attempt)
+        verdicts = [i.data["verdict"] for i in out
+                    if isinstance(i, core.Event) and i.kind == "ended"]  # fmt: skip
+        assert len(verdicts) == 1
+        final = [i.run for i in out if isinstance(i, core.UpdateRun)][-1]
+        if verdicts[0] in ("retry", "continue"):
+            assert len(new) == 1 and not final.state.is_terminal
+        else:
+            assert not new and final.state.is_terminal
+        if cancel or run.cancel_requested:  # cancelled, unless the training had finished
+            assert final.state in (RunState.CANCELLED, RunState.COMPLETED)
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs(), st.lists(st.tuples(observations, files, st.booleans()), min_size=1,
+                        max_size=12))  # fmt: skip
+def test_no_attempt_is_submitted_twice(run, looks):
+    """Steps applied one after another, whatever the scheduler shows: each attempt gets at
+    most one submission, and attempt numbers only grow."""
+    run = replace(run, cancel_requested=False)
+    a = Attempt("r", 0, AttemptState.SUBMITTING, tag=tag("r", 0))
+    submitted: list[int] = []
+    for info, run_files, refused in looks:
+        info = replace(info, restart_count=max(info.restart_count, a.restart_count - 1))
+        out = core.step(a, info, run, facts_for(run_files, False, False, refused), NOW)
+        for i in out:
+            if isinstance(i, (core.Submit, core.Adopt)):
+                submitted.append(a.attempt)
+                a = replace(a, job_id="7", state=AttemptState.PENDING)
+            elif isinstance(i, core.Record) and i.attempt.attempt == a.attempt:
+                a = i.attempt
+            elif isinstance(i, core.NewAttempt):
+                assert i.attempt.attempt > a.attempt
+                a = i.attempt
+            elif isinstance(i, core.UpdateRun):
+                run = i.run
+            elif isinstance(i, core.Requeued):
+                a = replace(a, state=AttemptState.PENDING)
+        if run.state.is_terminal or any(isinstance(i, core.Finish) for i in out):
+            break
+    assert len(submitted) == len(set(submitted)), submitted
