@@ -154,11 +154,15 @@ TRACEBACK = 'Traceback (most recent call last):\n  File "<string>", line 1, in <
     ((None, 15, True, 1.0, ""), "killed"),
     ((3, None, False, 1.0, ""), "failed"),
     # recorded "saved step S, stopping", then died in teardown: the save stands
-    ((None, 6, True, 5.0, "terminate called without an active exception\n", True),
+    ((None, 6, True, 5.0, "terminate called without an active exception\n", "checkpointed"),
      "teardown_failed"),
-    ((1, None, False, 5.0, "", True), "teardown_failed"),
-    ((0, None, False, 5.0, "", True), "checkpointed"),
-    ((93, None, True, 5.0, "", True), "do_not_retry"),
+    ((1, None, False, 5.0, "", "checkpointed"), "teardown_failed"),
+    ((1, None, False, 5.0, "", "finished"), "teardown_failed"),
+    ((0, None, False, 5.0, "", "checkpointed"), "checkpointed"),
+    # recorded "finished" (the training is done): finished, even after a signal
+    ((0, None, False, 5.0, "", "finished"), "finished"),
+    ((0, None, True, 5.0, "", "finished"), "finished"),
+    ((93, None, True, 5.0, "", "checkpointed"), "do_not_retry"),
     # ENOSPC, from Python or from a C library, not a crash (and not a user error)
     ((1, None, False, 1.0, TRACEBACK + "OSError: [Errno 28] No space left on device\n"),
      "disk_full"),
@@ -167,9 +171,9 @@ TRACEBACK = 'Traceback (most recent call last):\n  File "<string>", line 1, in <
      "failed"),
 ])  # fmt: skip
 def test_classify_exit(args: tuple[Any, ...], outcome: str) -> None:
-    stop_recorded = len(args) > 5 and args[5]
+    stopped = args[5] if len(args) > 5 else None
     assert classify_exit(*args[:5], user_error_window_s=60.0,
-                         stop_recorded=stop_recorded) == outcome  # fmt: skip
+                         stopped=stopped) == outcome  # fmt: skip
 
 
 @pytest.mark.parametrize(("tail", "found"), [

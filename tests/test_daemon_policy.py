@@ -115,6 +115,11 @@ CLASSIFY_ROWS = [
         "checkpointed", "disk_full")), {}, C.DISK_FULL),
     ("outcome/disk-full-beats-user-error", E(J.FAILED, 1, rank_outcomes=(
         "user_error", "disk_full")), {}, C.DISK_FULL),
+    # in-job restarts used up on hangs: a hang, not a crash
+    ("outcome/restarts-used-up-on-hangs", E(J.FAILED, 74, rank_outcomes=("hung", "failed")),
+     {}, C.HANG),
+    ("outcome/user-error-beats-hung", E(J.FAILED, 1, rank_outcomes=("user_error", "hung")),
+     {}, C.USER_ERROR),
     ("outcome/do-not-retry-beats-disk-full", E(J.FAILED, 93, rank_outcomes=("disk_full",)),
      {}, C.DO_NOT_RETRY),
     ("outcome/user-error-beats-checkpointed", E(J.TIMEOUT, 0,

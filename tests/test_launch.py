@@ -284,6 +284,10 @@ CKPT = {0: "checkpointed", 1: "checkpointed"}
     (dict(failures={1: 93}, stopped=CKPT), 93, "do_not_retry", False),
     (dict(failures={0: 17, 1: 16}), 17, "failed_validation", False),
     (dict(failures={1: -6}), 1, "failed", False),
+    # the last round ended because a rank hung: the daemon counts a hang, not a crash
+    (dict(failures={1: -9}, max_restarts=2, hung=True), 74, "hung", False),
+    (dict(failures={1: -9}, hung=True), 1, "hung", False),
+    (dict(failures={1: 93}, max_restarts=2, hung=True), 93, "do_not_retry", False),
 ])  # fmt: skip
 def test_decide_outcome(kw, code, name, warned):
     decided = outcome(**kw)
@@ -419,4 +423,48 @@ def test_heartbeat_record_round_trip(tmp_path):
     writer.beat(42)
     beat = read_beat(tmp_path, 3)
     assert beat.section is None and beat.step == 42 and beat.pid == os.getpid()
+    assert beat.beats
     assert read_beat(tmp_path, 4) is None
+
+
+def test_a_record_attached_without_heartbeats_says_so_until_the_first_beat(tmp_path):
+    writer = HeartbeatWriter(tmp_path, 0, beats=False)
+    assert read_beat(tmp_path, 0).beats is False
+    writer.beat(1)  # a first sign of life: judged by heartbeats from now on
+    assert read_beat(tmp_path, 0).beats is True
+    HeartbeatWriter(tmp_path, 1, beats=False).open_section("step")
+    assert read_beat(tmp_path, 1).beats is True
+
+
+QUIET = r'''
+import os, sys, time
+from ftslurm.agent import rank as fta
+agent = fta.init(heartbeats=False)  # as a submitit callable: attached, never a heartbeat
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:  # busy, as training is
+    pass
+print("quiet rank done", flush=True)
+'''
+
+
+def test_a_rank_attached_without_heartbeats_is_not_taken_for_hung_by_the_initial_timeout(
+        tmp_path):  # fmt: skip
+    """A submitit callable attaches (its signal handlers are in place) but never beats: the
+    initial timeout must not kill it; the launcher watches its CPU time instead."""
+    (tmp_path / "quiet.py").write_text(QUIET)
+    (tmp_path / "run").mkdir()
+    env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"), MASTER_ADDR="127.0.0.1",
+               SLURM_JOB_ID=str(os.getpid() % 9000 + 11))  # fmt: skip
+    for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
+        env.pop(key, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node", "1",
+         "--monitor-interval", "0.2", "--max-restarts", "1", "--section-timeouts",
+         '{"initial": 1, "out_of_section": 60}', "--", sys.executable,
+         str(tmp_path / "quiet.py"), "4"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    code, out = finish(proc)
+    assert code == launch.EXIT_FINISHED, out
+    report = node_report(tmp_path)
+    assert report["in_job_restarts"] == 0 and report["hangs"] == [], report
+    assert report["heartbeats"] is False

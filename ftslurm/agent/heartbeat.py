@@ -40,6 +40,11 @@ FLOOR_S = 30.0
 HUNG_AT_STOP = "hung-node-{}.json"
 
 
+# The record's word at offset 48: 0 (a record written before this word existed reads 0 too)
+# for a rank that sends heartbeats, CPU_WATCHED for one that only attaches.
+CPU_WATCHED = 1
+
+
 def record_path(directory: Path | str, local_rank: int) -> Path:
     return Path(directory) / f"rank-{local_rank}.hb"
 
@@ -47,7 +52,9 @@ def record_path(directory: Path | str, local_rank: int) -> Path:
 class HeartbeatWriter:
     """The rank's side. Cheap: every call is a couple of 8-byte stores into shared memory."""
 
-    def __init__(self, directory: Path | str, local_rank: int) -> None:
+    def __init__(self, directory: Path | str, local_rank: int, beats: bool = True) -> None:
+        """`beats=False`: the rank attaches (its signal handlers are in place) but sends no
+        heartbeats; the launcher then judges it by its CPU time, as a rank without a record."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         path = record_path(directory, local_rank)
@@ -64,8 +71,18 @@ class HeartbeatWriter:
         _I64.pack_into(self._mm, 24, -1)
         _F64.pack_into(self._mm, 32, time.monotonic())
         _I64.pack_into(self._mm, 40, os.getpid())
+        self._beats = beats
+        _I64.pack_into(self._mm, 48, 0 if beats else CPU_WATCHED)
+
+    def _alive(self) -> None:
+        """A first sign of life from a rank that attached without heartbeats: from now on
+        the launcher judges it by them."""
+        self._beats = True
+        _I64.pack_into(self._mm, 48, 0)
 
     def beat(self, step: int | None = None) -> None:
+        if not self._beats:
+            self._alive()
         if step is not None:
             _I64.pack_into(self._mm, 24, step)
         _F64.pack_into(self._mm, 0, time.monotonic())
@@ -73,6 +90,8 @@ class HeartbeatWriter:
     def open_section(self, name: str, since: float | None = None) -> None:
         """Enter section `name` (opened at `since`, monotonic; default now: an outer
         section resumed after a nested one keeps its own start)."""
+        if not self._beats:
+            self._alive()
         section = self._ids.get(name)
         if section is None:
             section = self._register(name)
@@ -108,6 +127,7 @@ class Beat:
     step: int | None
     attached_at: float
     pid: int
+    beats: bool = True  # False: the rank sends no heartbeats; judge it by its CPU time
 
 
 def read_beat(directory: Path | str, local_rank: int) -> Beat | None:
@@ -132,6 +152,7 @@ def read_beat(directory: Path | str, local_rank: int) -> Beat | None:
         step=step if step >= 0 else None,
         attached_at=_F64.unpack_from(data, 32)[0],
         pid=_I64.unpack_from(data, 40)[0],
+        beats=_I64.unpack_from(data, 48)[0] != CPU_WATCHED,
     )  # fmt: skip
 
 

@@ -87,13 +87,15 @@ class NodeOutcome:
 
 def decide_outcome(*, succeeded: bool, failures: dict[int, int], ranks: set[int],
                    stopped: dict[int, str], signalled: bool, finished: bool,
-                   max_restarts: int) -> NodeOutcome:  # fmt: skip
+                   max_restarts: int, hung: bool = False) -> NodeOutcome:  # fmt: skip
     """The node's exit code and outcome (pure), from how its ranks ended and what they
     recorded. `failures`: rank -> exit code of the ranks that failed; `ranks`: every rank
     of this node; `stopped`: rank -> the outcome it recorded ("checkpointed"/"finished")
     before its teardown. Failures after every rank recorded its stop are teardown
     failures: the save stands (75, or 0 when finished), with a warning each. A named exit
-    code (16, 17, 93) is never a teardown failure."""
+    code (16, 17, 93) is never a teardown failure. `hung`: the last round ended because a
+    rank hung (the launcher killed it): the outcome says "hung", so the daemon counts a hang,
+    not a crash."""
     all_stopped = bool(ranks) and ranks <= set(stopped)
     stopped_finished = all_stopped and all(stopped[r] == "finished" for r in ranks)
     teardown = bool(failures) and all_stopped and not set(failures.values()) & set(NAMED_EXITS)
@@ -114,6 +116,8 @@ def decide_outcome(*, succeeded: bool, failures: dict[int, int], ranks: set[int]
     else:
         code = next((c for c in codes if c > 0), 1)
     outcome = {**NAMED_EXITS, EXIT_RESTARTS_EXHAUSTED: "restarts_exhausted"}.get(code, "failed")
+    if hung and not named:
+        outcome = "hung"
     return NodeOutcome(code, outcome)
 
 
@@ -252,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             for old in [*hb_dir.glob("rank-*.hb"), *hb_dir.glob("ready-*")]:
                 old.unlink(missing_ok=True)
             state["pace"], state["cpu"] = {}, {}  # a new round learns its pace again
+            state["hung_round"] = False
             started = super()._start_workers(worker_group)
             while early:  # what came before the ranks existed reaches them when ready
                 forward(early.pop(0), None)
@@ -306,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                     state["hangs"].append({"local_rank": local_rank, "reason": why,
                                            "step": beat.step if beat else None,
                                            "time": time.time()})  # fmt: skip
+                    state["hung_round"] = True
                     _kill(pids.values())
                     return RunResult(state=WorkerState.FAILED)
             return result
@@ -316,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         from its pace), or by its CPU time when it has none."""
         limits = limits or timeouts
         beat = read_beat(hb_dir, local_rank)
-        if beat is not None:
+        if beat is not None and beat.beats:
             state["heartbeats"] = True
             pace = observe_pace(state["pace"].get(local_rank, Pace()), beat, limits)
             state["pace"][local_rank] = pace
@@ -421,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     decided = decide_outcome(
         succeeded=result.state is WorkerState.SUCCEEDED and not state["teardown"],
         failures=failures, ranks=state["ranks"], stopped=stopped_ranks(state["ranks"]),
-        signalled=state["signalled"], finished=finished, max_restarts=args.max_restarts)
+        signalled=state["signalled"], finished=finished, max_restarts=args.max_restarts,
+        hung=bool(state.get("hung_round")))
     code, outcome = decided.code, decided.outcome
     for warning in decided.warnings:
         log.warning("%s", warning)

@@ -75,7 +75,8 @@ def read_stop_record(run_dir: str | Path | None, attempt: str | int,
 
 
 class RankAgent:
-    def __init__(self, environ: dict[str, str] | None = None) -> None:
+    def __init__(self, environ: dict[str, str] | None = None, *,
+                 heartbeats: bool = True) -> None:  # fmt: skip
         env = dict(os.environ if environ is None else environ)
         self.rank = int(env.get("RANK", "0"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
@@ -98,7 +99,8 @@ class RankAgent:
             self._timer = StepTimer(interval, rank=self.rank, run_dir=env["FTSLURM_RUN_DIR"],
                                     node=env.get("SLURMD_NODENAME") or None)  # fmt: skip
         hb_dir = env.get("FTSLURM_HEARTBEAT_DIR")
-        self._hb = HeartbeatWriter(hb_dir, self.local_rank) if hb_dir else None
+        self._hb = HeartbeatWriter(hb_dir, self.local_rank, beats=heartbeats) if hb_dir \
+            else None
         name = env.get("FTSLURM_CHECKPOINT_SIGNAL", "USR2").upper().removeprefix("SIG")
         self.checkpoint_signal = getattr(signal, f"SIG{name}", signal.SIGUSR2)
         for sig in {self.checkpoint_signal, signal.SIGTERM}:
@@ -295,9 +297,11 @@ def leave(code: int = 0, teardown_timeout_s: float = TEARDOWN_TIMEOUT_S,
 _AGENT: RankAgent | None = None
 
 
-def init() -> RankAgent:
-    """The process's rank agent (created on first call)."""
+def init(*, heartbeats: bool = True) -> RankAgent:
+    """The process's rank agent (created on first call). `heartbeats=False` for code that
+    never calls `heartbeat()` or `section()` (a submitit callable, say): the launcher then
+    watches the rank's CPU time instead of waiting for heartbeats that never come."""
     global _AGENT
     if _AGENT is None:
-        _AGENT = RankAgent()
+        _AGENT = RankAgent(heartbeats=heartbeats)
     return _AGENT

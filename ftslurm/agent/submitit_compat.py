@@ -66,8 +66,9 @@ step it last reported (as `progress.json` has it: at most a second old), or, whe
 none during the attempt, at the step of the continuation it resumed from. A callable that
 reports no steps has each continuation reported at its sequence number (1, 2, ...), so every
 one counts as progress, as in submitit, which has no such check. Such a callable sends no
-heartbeats either: the launcher's hang detection is on by default, so set `initial_timeout`
-and `out_of_section_timeout` to None for it, or it is taken for hung after 30 minutes.
+heartbeats either: its rank attaches without them (`rank.init(heartbeats=False)`), so the
+launcher judges it by its CPU time (idle for the running timeout: hung), not by heartbeats
+that never come; one that calls `heartbeat()` is judged by its heartbeats from then on.
 
 On-disk layout, in `<checkpoint dir>/submitit/` (only global rank 0 writes):
 
@@ -232,7 +233,9 @@ class _Runner:
         self.function, self.args, self.kwargs = function, args, kwargs
         self.folder = folder
         self.resumed = resumed
-        self.agent = fta.init()  # heartbeat record (the task wrapper waits for it), progress
+        # The record tells the task wrapper the handlers are in place; the callable sends
+        # no heartbeats, so the launcher judges it by its CPU time.
+        self.agent = fta.init(heartbeats=False)
         self.rank = self.agent.rank
         self.started_at = time.time()
         self.exit_code: int | None = None  # decided by the signal handler

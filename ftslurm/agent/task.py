@@ -136,14 +136,15 @@ def disk_full(stderr_tail: str) -> tuple[bool, str | None]:
 
 def classify_exit(exit_code: int | None, signal: int | None, checkpoint_signal_seen: bool,
                   runtime_s: float, stderr_tail: str, user_error_window_s: float,
-                  stop_recorded: bool = False) -> str:  # fmt: skip
-    """How a task ended, in the daemon's words (see the module docstring). `stop_recorded`:
-    the rank recorded "saved step S, stopping" before it ended."""
+                  stopped: str | None = None) -> str:  # fmt: skip
+    """How a task ended, in the daemon's words (see the module docstring). `stopped`: what
+    the rank recorded before it ended ("checkpointed": saved step S, stopping; "finished":
+    the training is done), None when it recorded nothing."""
     if signal is None and exit_code == 0:
-        return "checkpointed" if checkpoint_signal_seen or stop_recorded else "finished"
+        return stopped or ("checkpointed" if checkpoint_signal_seen else "finished")
     if signal is None and exit_code in NAMED_EXITS:
         return NAMED_EXITS[exit_code]
-    if stop_recorded:
+    if stopped is not None:
         return "teardown_failed"
     if disk_full(stderr_tail)[0]:
         return "disk_full"
@@ -390,7 +391,7 @@ class Task:
         stop = read_stop_record(self.run_dir, self.attempt, self.rank)
         outcome = classify_exit(code, sig, self.checkpoint_signal_at is not None,
                                 time.monotonic() - self.started, tail, window,
-                                stop is not None)  # fmt: skip
+                                str(stop.get("outcome") or "checkpointed") if stop else None)
         if outcome == "teardown_failed":
             print(f"ftslurm: rank {self.rank} died while tearing down ("
                   f"{f'signal {sig}' if sig else f'exit {code}'}) after it saved step "

@@ -108,7 +108,7 @@ _NAMED_CODES = {"do_not_retry": EXIT_DO_NOT_RETRY, "failed_validation": EXIT_FAI
 _SAID_BY_THE_JOB = (
     ("do_not_retry", Cause.DO_NOT_RETRY), ("failed_validation", Cause.FAILED_VALIDATION),
     ("resume_elsewhere", Cause.RESUME_ELSEWHERE), ("disk_full", Cause.DISK_FULL),
-    ("user_error", Cause.USER_ERROR),
+    ("user_error", Cause.USER_ERROR), ("hung", Cause.HANG),
 )  # fmt: skip
 
 
