@@ -54,6 +54,7 @@ from ftslurm.agent import progress
 from ftslurm.agent.heartbeat import HeartbeatWriter, read_beat
 from ftslurm.agent.rank import RankAgent
 from ftslurm.agent.straggler import StepTimer
+from ftslurm.core.contract import RunDir
 
 ENV_KEYS = (
     "FTSLURM_HEARTBEAT_DIR",
@@ -249,7 +250,7 @@ def measure_rare(root: Path, calls: int) -> tuple[list[dict[str, Any]], dict[str
                 **summary(s, 0),
             }
         )
-    saved = json.loads((root / "rare" / progress.PROGRESS_FILE).read_text())
+    saved = json.loads(RunDir(root / "rare").progress.read_text())
     checks = {"progress_file_step": saved.get("step"), "windows_published": timer.window_index}
     return rows, checks
 

@@ -65,13 +65,14 @@ import torch
 import torch.distributed as dist
 
 from ftslurm.agent import progress
+from ftslurm.core.contract import CHECKPOINT_MANIFEST, JobEnv
 from ftslurm.fsutil import fsync_dir, read_json, write_json_atomic
 
 log = logging.getLogger("ftslurm.checkpoint")
 
 MANIFEST_FORMAT = 1
 _STEP_FILE = re.compile(r"step-(\d+)\.pt")
-_MANIFEST = re.compile(r"step-(\d+)\.json")
+_MANIFEST = CHECKPOINT_MANIFEST
 _TEMP_FILE = re.compile(r"\.step-(\d+)\.(?:pt|json)\..+\.tmp")  # step file or manifest
 _SHARDED = re.compile(r"sharded-step-(\d+)")
 _HASH_IN_PARALLEL = 1 << 20  # writes at least this large are hashed while they are written
@@ -225,7 +226,7 @@ class CheckpointManager:
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
         if directory is None:
-            directory = os.environ.get("FTSLURM_CHECKPOINT_DIR") or "checkpoints"
+            directory = JobEnv.from_environ(os.environ).checkpoint_folder
         self.directory = Path(directory)
         self.keep_last = keep_last
         on = _distributed()

@@ -19,10 +19,10 @@ from ftslurm.agent.task import (
     _applies,
     classify_exit,
     disk_full,
-    master_port,
     parse_inject_env,
     torch_env,
 )
+from ftslurm.core.contract import rendezvous_port
 from ftslurm.core.inject import parse_injection
 
 from .conftest import wait_for
@@ -117,8 +117,9 @@ def test_master_port_is_shared_by_ranks_and_moves_with_restarts() -> None:
     ports = {torch_env({"SLURM_JOB_ID": "123456", "SLURM_RESTART_COUNT": str(n)})["MASTER_PORT"]
              for n in range(10)}  # fmt: skip
     assert len(ports) == 10
-    assert torch_env({"SLURM_JOB_ID": "123456"})["MASTER_PORT"] == str(master_port("123456", 0))
-    assert all(20000 <= master_port(str(j), r) <= 59999 for j in range(0, 10**6, 9973)
+    port = torch_env({"SLURM_JOB_ID": "123456"})["MASTER_PORT"]
+    assert port == str(rendezvous_port("123456", 0))
+    assert all(20000 <= rendezvous_port(str(j), r) <= 59999 for j in range(0, 10**6, 9973)
                for r in range(3))  # fmt: skip
 
 

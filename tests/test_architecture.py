@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,90 @@ def test_daemon_decisions_are_pure(name):
 def test_settings_live_in_the_core_and_nothing_imports_them_from_the_daemon():
     assert "ftslurm.daemon.policy" not in imported_modules(PACKAGE / "recipe.py")
     assert "ftslurm.agent.heartbeat" not in imported_modules(PACKAGE / "core" / "settings.py")
+
+
+# ---------------------------------------------------------------- the compute/daemon contract
+CONTRACT = PACKAGE / "core" / "contract.py"
+# What the contract module may import: parsing and path arithmetic, nothing with I/O.
+CONTRACT_IMPORTS = {"__future__", "json", "re", "signal", "collections.abc", "dataclasses",
+                    "enum", "pathlib", "typing", "pydantic", "ftslurm.errors"}  # fmt: skip
+# FTSLURM_* variables that are not the job's: the login node's state folder, the mock
+# scheduler's own plumbing and the local test cluster's markers. Each is named by the module
+# that owns it; every other FTSLURM_* name lives in the contract module.
+OWN_VARIABLES = {"FTSLURM_HOME", "FTSLURM_MOCK_HOME", "FTSLURM_MOCK_JOB_DIR",
+                 "FTSLURM_TEST_PAUSE_AFTER_RECORD", "FTSLURM_LOCAL_CLUSTER",
+                 "FTSLURM_LOCAL_NODE", "FTSLURM_LOCAL_CLUSTER_DIR"}  # fmt: skip
+# The files the two sides share (ftslurm.core.contract.RunDir, HeartbeatDir): a string that is
+# one of these names, or begins or ends like one, spells a shared file out again.
+SHARED_NAMES = {"progress.json", "FINISHED", "straggler-nodes.json", "report.json",
+                "state.json", "sections.json", ".ftslurm-observed"}  # fmt: skip
+SHARED_PREFIXES = ("rank-", "node-", "stopping-rank-", "hung-node-", "fired-rank-", "ready-",
+                   "ftslurm-hb-", "job-%j")  # fmt: skip
+SHARED_SUFFIXES = (".hb",)
+# Folder names too common to forbid everywhere: forbidden as a path component (`x / "logs"`).
+SHARED_FOLDERS = {"attempts", "logs", "stragglers", "checkpoints"}
+_VARIABLE = re.compile(r"FTSLURM_[A-Z0-9_]+")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants (module, class, function): prose, not code."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                found.add(id(body[0].value))
+    return found
+
+
+def _strings(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, text, used as a path component) of every string literal in code, f-string
+    parts included, docstrings left out."""
+    tree = ast.parse(path.read_text())
+    skip = _docstrings(tree)
+    components = {id(n.right) for n in ast.walk(tree)
+                  if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)}  # fmt: skip
+    return [(n.lineno, n.value, id(n) in components) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+
+
+def _outside_contract() -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if p != CONTRACT]
+
+
+def test_contract_module_imports_nothing_with_io():
+    extra = imported_modules(CONTRACT) - CONTRACT_IMPORTS
+    assert not extra, f"contract.py imports {sorted(extra)}"
+
+
+def test_no_module_outside_the_contract_spells_a_job_variable():
+    from ftslurm.core.contract import EnvName
+
+    contract_names = {n.value for n in EnvName}
+    found = []
+    for path in _outside_contract():
+        for line, text, _ in _strings(path):
+            for name in _VARIABLE.findall(text):
+                if name in contract_names or name not in OWN_VARIABLES:
+                    found.append(f"{path.relative_to(ROOT)}:{line}: {name}")
+    assert not found, "spell these through ftslurm.core.contract.EnvName/JobEnv:\n" + \
+        "\n".join(found)
+
+
+def test_no_module_outside_the_contract_spells_a_shared_file_name():
+    found = []
+    for path in _outside_contract():
+        for line, text, component in _strings(path):
+            if text in SHARED_NAMES or text.startswith(SHARED_PREFIXES) \
+                    or text.endswith(SHARED_SUFFIXES) or (component and text in SHARED_FOLDERS):
+                found.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
+    assert not found, "name these through ftslurm.core.contract.RunDir/HeartbeatDir:\n" + \
+        "\n".join(found)
+
+
+@pytest.mark.parametrize("name", ["reconcile.py", "submission.py", "step.py"])
+def test_the_daemon_reaches_the_compute_side_only_through_the_contract(name):
+    bad = {m for m in imported_modules(PACKAGE / "daemon" / name)
+           if m == "ftslurm.agent" or m.startswith("ftslurm.agent.")}  # fmt: skip
+    assert not bad, f"{name} imports {sorted(bad)}"

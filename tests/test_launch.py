@@ -28,6 +28,7 @@ from ftslurm.agent.heartbeat import (
     read_beat,
     watch_cpu,
 )
+from ftslurm.core.contract import ExitCode
 
 TRAIN = r'''
 import json, os, signal, sys, time
@@ -114,7 +115,7 @@ def node_report(tmp_path: Path) -> dict:
 
 def test_a_crashed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(tmp_path):
     code, out = finish(start(tmp_path, "--max-restarts", "2", FAIL_AT="15"))
-    assert code == launch.EXIT_FINISHED, out
+    assert code == ExitCode.FINISHED, out
     assert "round 1 starts at 10" in out  # the restarted ranks resumed from step 10
     assert "rank 0 finished at 40" in out and "rank 1 finished at 40" in out
     report = node_report(tmp_path)
@@ -125,7 +126,7 @@ def test_a_hung_rank_is_detected_within_its_timeout_and_restarted(tmp_path):
     proc = start(tmp_path, "--max-restarts", "2", "--section-timeouts",
                  '{"step": 2, "out_of_section": 2}', HANG_AT="15")  # fmt: skip
     code, out = finish(proc)
-    assert code == launch.EXIT_FINISHED, out
+    assert code == ExitCode.FINISHED, out
     report = node_report(tmp_path)
     assert report["in_job_restarts"] == 1 and len(report["hangs"]) == 1
     hung_at = float((tmp_path / "hung_at").read_text())
@@ -177,7 +178,7 @@ def test_a_stopped_rank_of_a_script_without_heartbeats_is_seen_by_its_cpu_time(t
          '{"out_of_section": 3}', "--", sys.executable, str(tmp_path / "plain.py")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     code, out = finish(proc)
-    assert code == launch.EXIT_FINISHED, out
+    assert code == ExitCode.FINISHED, out
     report = node_report(tmp_path)
     assert report["in_job_restarts"] == 1 and report["heartbeats"] is False
     assert "no CPU use" in report["hangs"][0]["reason"]
@@ -188,7 +189,7 @@ def test_a_stopped_rank_of_a_script_without_heartbeats_is_seen_by_its_cpu_time(t
 def test_restarts_exhausted_exit_with_the_documented_code(tmp_path):
     code, out = finish(start(tmp_path, "--max-restarts", "1", FAIL_AT="3",
                              FAIL_EVERY_ROUND="1"))  # fmt: skip
-    assert code == launch.EXIT_RESTARTS_EXHAUSTED, out
+    assert code == ExitCode.RESTARTS_EXHAUSTED, out
     assert node_report(tmp_path)["outcome"] == "restarts_exhausted"
 
 
@@ -201,7 +202,7 @@ def test_sigterm_makes_every_rank_checkpoint_at_the_same_step_and_ask_to_continu
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc)
-    assert code == launch.EXIT_CONTINUE, out
+    assert code == ExitCode.CONTINUE, out
     steps = re.findall(r"rank (\d) checkpointed at (\d+)", out)
     assert len(steps) == 2 and steps[0][1] == steps[1][1], out  # the same step on both ranks
     saved = json.loads((tmp_path / "ckpt" / "state.json").read_text())["step"]
@@ -231,7 +232,7 @@ def test_a_rank_that_aborts_in_teardown_after_recording_its_save_still_checkpoin
     proc = start(tmp_path, "--grace", "30", "--max-restarts", restarts, steps=400,
                  ABORT_AFTER_STOP="1")  # fmt: skip
     code, out = sigterm_when_training(tmp_path, proc)
-    assert code == launch.EXIT_CONTINUE, out
+    assert code == ExitCode.CONTINUE, out
     assert "round 1" not in out  # a teardown abort is no reason for an in-job restart
     report = node_report(tmp_path)
     assert report["outcome"] == "checkpointed" and report["in_job_restarts"] == 0
@@ -464,7 +465,7 @@ def test_a_rank_attached_without_heartbeats_is_not_taken_for_hung_by_the_initial
          str(tmp_path / "quiet.py"), "4"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     code, out = finish(proc)
-    assert code == launch.EXIT_FINISHED, out
+    assert code == ExitCode.FINISHED, out
     report = node_report(tmp_path)
     assert report["in_job_restarts"] == 0 and report["hangs"] == [], report
     assert report["heartbeats"] is False

@@ -20,6 +20,7 @@ import pytest
 import submitit
 
 from ftslurm.agent import submitit_compat as compat
+from ftslurm.core.contract import ExitCode
 
 from .conftest import wait_for
 
@@ -201,7 +202,7 @@ def test_damaged_continuation_is_refused_in_one_line(interrupted, tmp_path):
     stored = folder(root) / manifest["file"]
     stored.write_bytes(stored.read_bytes()[: manifest["size"] // 2])  # truncated
     proc = run_example(root, "resume", 1)
-    assert proc.wait() == compat.EXIT_DO_NOT_RETRY
+    assert proc.wait() == ExitCode.DO_NOT_RETRY
     lines = proc.stderr().strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("ftslurm: cannot resume: ") and "truncated" in lines[0]
@@ -350,7 +351,7 @@ def test_checkpoint_returning_none_asks_not_to_be_retried(tmp_path):
     proc = run_counter(tmp_path, "none")
     started(tmp_path, proc)
     proc.signal(signal.SIGUSR2)
-    assert proc.wait() == compat.EXIT_DO_NOT_RETRY
+    assert proc.wait() == ExitCode.DO_NOT_RETRY
     assert "checkpoint() returned None" in proc.stderr()
     assert not (folder(tmp_path) / compat.MANIFEST).exists()
     assert rank_report(tmp_path)["outcome"] == "do_not_retry"
@@ -369,7 +370,7 @@ def test_failing_checkpoint_is_a_failure_and_keeps_the_previous_continuation(tmp
     again = run_counter(tmp_path, "ok", attempt=1)
     started(tmp_path, again, attempt=1)
     again.signal(signal.SIGUSR2)
-    assert again.wait() == compat.EXIT_FAILED
+    assert again.wait() == ExitCode.FAILED
     assert "RuntimeError: no space left" in again.stderr()
     assert (folder(tmp_path) / compat.MANIFEST).read_text() == before
     assert compat.load_continuation(folder(tmp_path)) is not None

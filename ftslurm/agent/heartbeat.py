@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ftslurm.core.contract import HeartbeatDir
 from ftslurm.fsutil import read_json, write_json_atomic
 
 SIZE = 64
@@ -35,9 +36,6 @@ KNOWN_SECTIONS = {"setup": 0, "step": 1, "checkpointing": 2, "compute": 3}
 # and floor tighten limits across attempts.
 SAFETY_FACTOR = 3.0
 FLOOR_S = 30.0
-# Written by a launcher told to stop (the checkpoint signal, SIGTERM) while one of its ranks
-# looks hung, inside `$FTSLURM_RUN_DIR/attempts/<attempt>/`; the daemon reads it.
-HUNG_AT_STOP = "hung-node-{}.json"
 
 
 # The record's word at offset 48: 0 (a record written before this word existed reads 0 too)
@@ -46,7 +44,7 @@ CPU_WATCHED = 1
 
 
 def record_path(directory: Path | str, local_rank: int) -> Path:
-    return Path(directory) / f"rank-{local_rank}.hb"
+    return HeartbeatDir(directory).record(local_rank)
 
 
 class HeartbeatWriter:
@@ -107,7 +105,7 @@ class HeartbeatWriter:
         _F64.pack_into(self._mm, 0, now)
 
     def _register(self, name: str) -> int:
-        path = self.directory / "sections.json"
+        path = HeartbeatDir(self.directory).sections
         names = read_json(path) or {}
         if name not in names:
             names[name] = 16 + len(names)
@@ -143,7 +141,7 @@ def read_beat(directory: Path | str, local_rank: int) -> Beat | None:
     section_id, step = _I64.unpack_from(data, 16)[0], _I64.unpack_from(data, 24)[0]
     names = {v: k for k, v in KNOWN_SECTIONS.items()}
     if section_id >= 16:
-        custom = read_json(Path(directory) / "sections.json") or {}
+        custom = read_json(HeartbeatDir(directory).sections) or {}
         names.update({v: k for k, v in custom.items()})
     return Beat(
         last_beat=last or None,

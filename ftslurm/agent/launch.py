@@ -8,7 +8,7 @@ Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it s
 - forwards the checkpoint signal (USR2 by default) and USR1 to the ranks without stopping
   anything, and on SIGTERM gives them `--grace` seconds to checkpoint and exit before
   killing them (not a fixed 30 s);
-- exits with a code the daemon understands (see EXIT_*), and writes
+- exits with a code the daemon understands (`ftslurm.core.contract.ExitCode`), and writes
   `$FTSLURM_RUN_DIR/attempts/<attempt>/node-<node_rank>.json` (in-job restarts, hangs,
   outcome, teardown failures). The outcome comes from what the ranks recorded as well as
   from their exit codes (`decide_outcome`): when every rank of the node recorded "saved
@@ -43,7 +43,6 @@ from typing import Any
 
 from ftslurm.agent.heartbeat import (
     FLOOR_S,
-    HUNG_AT_STOP,
     SAFETY_FACTOR,
     Beat,
     CpuWatch,
@@ -57,24 +56,28 @@ from ftslurm.agent.heartbeat import (
     silence,
     watch_cpu,
 )  # fmt: skip
-from ftslurm.agent.rank import OBSERVED_DIR, read_stop_record
+from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.straggler import collect_report
+from ftslurm.core.contract import (
+    NAMED_EXITS,
+    RANK_REPORTS,
+    EnvName,
+    ExitCode,
+    HeartbeatDir,
+    JobEnv,
+    RunDir,
+    observed_record,
+    rendezvous_port,
+)
 from ftslurm.core.settings import (
     DEFAULT_INITIAL_S,
     DEFAULT_RUNNING_S,
     DEFAULT_SECTION_S,
     DEFAULT_WARMUP_STEPS,
 )
+from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
 
-EXIT_FINISHED = 0
-EXIT_RESUME_ELSEWHERE = 16  # a rank asked to resume on other hardware
-EXIT_FAILED_VALIDATION = 17
-EXIT_RESTARTS_EXHAUSTED = 74  # in-job restarts used up: the daemon may retry the job
-EXIT_CONTINUE = 75  # every rank checkpointed after the signal: continue me
-EXIT_DO_NOT_RETRY = 93
-NAMED_EXITS = {EXIT_DO_NOT_RETRY: "do_not_retry", EXIT_FAILED_VALIDATION: "failed_validation",
-               EXIT_RESUME_ELSEWHERE: "resume_elsewhere"}  # in order of precedence
 log = logging.getLogger("ftslurm.launch")
 
 
@@ -101,21 +104,23 @@ def decide_outcome(*, succeeded: bool, failures: dict[int, int], ranks: set[int]
     teardown = bool(failures) and all_stopped and not set(failures.values()) & set(NAMED_EXITS)
     if succeeded or teardown:
         done = finished or stopped_finished
-        code = EXIT_CONTINUE if (signalled or all_stopped) and not done else EXIT_FINISHED
+        code = ExitCode.CONTINUE if (signalled or all_stopped) and not done \
+            else ExitCode.FINISHED
         warnings = tuple(
             f"rank {r} died while tearing down (exit {c}) after it recorded its save: "
             "the checkpoint stands" for r, c in sorted(failures.items())) if teardown else ()
-        return NodeOutcome(code, "checkpointed" if code == EXIT_CONTINUE else "finished",
+        return NodeOutcome(code, "checkpointed" if code == ExitCode.CONTINUE else "finished",
                            warnings)  # fmt: skip
     codes = sorted(set(failures.values()))
     named = [c for c in NAMED_EXITS if c in codes]
     if named:
         code = named[0]
     elif max_restarts > 0:
-        code = EXIT_RESTARTS_EXHAUSTED
+        code = ExitCode.RESTARTS_EXHAUSTED
     else:
         code = next((c for c in codes if c > 0), 1)
-    outcome = {**NAMED_EXITS, EXIT_RESTARTS_EXHAUSTED: "restarts_exhausted"}.get(code, "failed")
+    outcome = {**NAMED_EXITS, ExitCode.RESTARTS_EXHAUSTED: "restarts_exhausted"}.get(
+        code, "failed")
     if hung and not named:
         outcome = "hung"
     return NodeOutcome(code, outcome)
@@ -149,9 +154,10 @@ def tightened(configured: Timeouts, observed: list[dict[str, float]], factor: fl
     return replace(configured, sections=sections, out_of_section=out)
 
 
-def parse_timeouts(text: str | None) -> Timeouts:
-    """The JSON of `--section-timeouts`; a key left out gets its default, null is off."""
-    data: dict[str, Any] = json.loads(text) if text else {}
+def parse_timeouts(text: str | dict[str, Any] | None) -> Timeouts:
+    """The JSON of `--section-timeouts` (or it parsed); a key left out gets its default, null
+    is off."""
+    data: dict[str, Any] = dict(json.loads(text) if isinstance(text, str) else text or {})
     out = data.pop("out_of_section", DEFAULT_RUNNING_S)
     initial = data.pop("initial", DEFAULT_INITIAL_S)
     warmup = data.pop("warmup_steps", DEFAULT_WARMUP_STEPS)
@@ -171,19 +177,24 @@ def _env_int(name: str, default: int) -> int:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ftslurm launch", description=__doc__.splitlines()[0])
-    p.add_argument("--nproc-per-node", type=int, default=_env_int("FTSLURM_NPROC_PER_NODE", 1))
+    try:
+        env = JobEnv.from_environ(os.environ)
+    except ConfigError as exc:
+        p.error(exc.message)
+    p.add_argument("--nproc-per-node", type=int, default=env.nproc_per_node)
     p.add_argument("--nnodes", type=int, default=_env_int("SLURM_NNODES", 1))
     p.add_argument("--node-rank", type=int, default=_env_int("SLURM_NODEID", 0))
-    p.add_argument("--max-restarts", type=int, default=_env_int("FTSLURM_IN_JOB_RESTARTS", 0))
+    p.add_argument("--max-restarts", type=int, default=env.in_job_restarts)
     p.add_argument("--monitor-interval", type=float, default=0.5)
-    p.add_argument("--grace", type=float, default=float(os.environ.get("FTSLURM_GRACE_S", 120)))
+    p.add_argument("--grace", type=float, default=env.grace_s)
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT (default MASTER_ADDR and "
                    "a port derived from the job)")  # fmt: skip
     p.add_argument("--rdzv-timeout", type=int, default=300)
-    p.add_argument("--section-timeouts", default=os.environ.get("FTSLURM_SECTION_TIMEOUTS"))
+    p.add_argument("--section-timeouts", default=env.section_timeouts)
     p.add_argument("--safety-factor", type=float, default=SAFETY_FACTOR)
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
+    args.env = env
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if not args.command:
@@ -197,9 +208,8 @@ def _endpoint(args: argparse.Namespace) -> str:
     if args.rdzv_endpoint:
         return args.rdzv_endpoint
     host = os.environ.get("MASTER_ADDR") or socket.gethostname()
-    job = int("".join(c for c in os.environ.get("SLURM_JOB_ID", "0") if c.isdigit()) or 0)
-    restarts = _env_int("SLURM_RESTART_COUNT", 0)
-    return f"{host}:{20000 + (job * 104729 + restarts * 7919 + 17) % 40000}"
+    port = rendezvous_port(os.environ.get("SLURM_JOB_ID"), _env_int("SLURM_RESTART_COUNT", 0))
+    return f"{host}:{port}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,24 +228,26 @@ def main(argv: list[str] | None = None) -> int:
 
     job = os.environ.get("SLURM_JOB_ID", "local")
     restarts = _env_int("SLURM_RESTART_COUNT", 0)
-    attempt = str(_env_int("FTSLURM_ATTEMPT_BASE", 0) + restarts) if os.environ.get(
-        "FTSLURM_ATTEMPT_BASE") else os.environ.get("FTSLURM_ATTEMPT", "0")  # fmt: skip
-    os.environ["FTSLURM_ATTEMPT"] = attempt
-    run_dir = Path(os.environ["FTSLURM_RUN_DIR"]) if os.environ.get("FTSLURM_RUN_DIR") else None
+    env: JobEnv = args.env
+    attempt = env.current_attempt(restarts)
+    os.environ[EnvName.ATTEMPT.value] = str(attempt)
+    run = env.run
+    run_dir = run.root if run is not None else None
     node_name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    hb_dir = Path(os.environ.get("TMPDIR", "/tmp"),
-                  f"ftslurm-hb-{job}-{args.node_rank}-{os.getpid()}")
+    hb = HeartbeatDir.for_launcher(os.environ.get("TMPDIR", "/tmp"), job, args.node_rank,
+                                   os.getpid())  # fmt: skip
+    hb_dir = hb.root
     hb_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["FTSLURM_HEARTBEAT_DIR"] = str(hb_dir)
+    os.environ[EnvName.HEARTBEAT_DIR.value] = str(hb_dir)
     # Every round of ranks gets a fresh store (hosted by rank 0 on a new port): with the
     # agents' shared store, ranks of a restarted round can read the addresses published by
     # the killed round under the same keys and fail to connect.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # Our own handlers for TERM, INT and the checkpoint signals stay in place.
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"
-    ckpt_dir = os.environ.get("FTSLURM_CHECKPOINT_DIR")
-    observed = [read_json(p) or {} for p in sorted(Path(ckpt_dir, OBSERVED_DIR).glob(
-        "rank-*.json"))] if ckpt_dir else []  # fmt: skip
+    ckpt_dir = env.checkpoint_dir
+    observed = [read_json(p) or {} for p in sorted(observed_record(ckpt_dir, 0).parent.glob(
+        RANK_REPORTS))] if ckpt_dir else []  # fmt: skip
     timeouts = tightened(parse_timeouts(args.section_timeouts), observed, args.safety_factor)
     if observed:
         log.info("timeouts from earlier attempts: %s", timeouts)
@@ -248,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         records = {r: read_stop_record(run_dir, attempt, r) for r in ranks}
         return {r: str(rec.get("outcome") or "checkpointed") for r, rec in records.items()
                 if rec is not None}  # fmt: skip
-    collector_interval = float(os.environ.get("FTSLURM_STRAGGLER_INTERVAL_S") or 60) / 2
-    collector = straggler_collector(run_dir) if args.node_rank == 0 and run_dir else None
+    collector_interval = env.straggler_interval_s / 2
+    collector = straggler_collector(run_dir, env) if args.node_rank == 0 and run_dir else None
 
     class Agent(LocalElasticAgent):
         def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
-            for old in [*hb_dir.glob("rank-*.hb"), *hb_dir.glob("ready-*")]:
+            for old in [*hb_dir.glob(hb.RECORDS), *hb_dir.glob(hb.READY)]:
                 old.unlink(missing_ok=True)
             state["pace"], state["cpu"] = {}, {}  # a new round learns its pace again
             state["hung_round"] = False
@@ -356,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                 hung.append({"local_rank": local_rank, "rank": rank, "reason": why,
                              "section": beat.section if beat else None,
                              "silent_s": silence(beat, limits, now) if beat else None})
-        path = run_dir / "attempts" / attempt / HUNG_AT_STOP.format(args.node_rank)
+        path = RunDir(run_dir).hung_node(attempt, args.node_rank)
         if hung:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, {"node_rank": args.node_rank, "node": node_name,
@@ -371,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     def send(local_rank: int, pid: int, sig: int) -> None:
         # A rank's wrapper that has not installed its handlers yet would die of USR1/2:
         # hold the signal until it says it is ready.
-        if not (hb_dir / f"ready-{local_rank}").exists():
+        if not hb.ready(local_rank).exists():
             held.setdefault(local_rank, []).append(sig)
             return
         try:
@@ -381,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def deliver_held(pids: dict[int, int]) -> None:
         for local_rank in list(held):
-            if local_rank in pids and (hb_dir / f"ready-{local_rank}").exists():
+            if local_rank in pids and hb.ready(local_rank).exists():
                 for sig in held.pop(local_rank):
                     send(local_rank, pids[local_rank], sig)
 
@@ -396,8 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         for local_rank, pid in (pcontext.pids().items() if pcontext else ()):
             send(local_rank, pid, sig)
 
-    checkpoint_sig = getattr(signal, "SIG" + os.environ.get(
-        "FTSLURM_CHECKPOINT_SIGNAL", "USR2").upper().removeprefix("SIG"), signal.SIGUSR2)
+    checkpoint_sig = env.checkpoint_signal_number
     for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, checkpoint_sig}:
         signal.signal(sig, forward)
 
@@ -412,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
     )  # fmt: skip
-    agent = Agent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(hb_dir / "logs")),
+    agent = Agent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(hb.torch_logs)),
                   start_method="spawn", shutdown_timeout=int(max(1, args.grace)),
                   exit_barrier_timeout=60)
     agent_box["agent"] = agent
@@ -422,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spec.rdzv_handler.shutdown()  # closes the rendezvous: the other launchers stop too
     used = args.max_restarts - agent._remaining_restarts
-    finished = run_dir is not None and (run_dir / "FINISHED").exists()
+    finished = run is not None and run.finished.exists()
     failures = state["teardown"] or {r: f.exitcode for r, f in result.failures.items()}
     decided = decide_outcome(
         succeeded=result.state is WorkerState.SUCCEEDED and not state["teardown"],
@@ -432,12 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     code, outcome = decided.code, decided.outcome
     for warning in decided.warnings:
         log.warning("%s", warning)
-    if run_dir is not None:
-        folder = run_dir / "attempts" / attempt
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(folder / f"node-{args.node_rank}.json", {
+    if run is not None:
+        path = run.node_report(attempt, args.node_rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {
             "node_rank": args.node_rank, "node": node_name, "job_id": job,
-            "attempt": int(attempt),
+            "attempt": attempt,
             "in_job_restarts": used, "max_restarts": args.max_restarts,
             "hangs": state["hangs"], "outcome": outcome, "exit_code": code,
             "teardown_failures": list(decided.warnings),
@@ -452,13 +463,12 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def straggler_collector(run_dir: Path) -> Callable[[], None]:
-    """Scores the ranks' published step times into `stragglers/report.json` (the launcher
+def straggler_collector(run_dir: Path, env: JobEnv) -> Callable[[], None]:
+    """Scores the ranks' published step times into the run's straggler report (the launcher
     on node 0 calls it twice per report interval); the daemon reads the report."""
-    env = os.environ
-    options = {"threshold": float(env.get("FTSLURM_STRAGGLER_THRESHOLD") or 0.75),
-               "persistent_windows": int(env.get("FTSLURM_STRAGGLER_WINDOWS") or 3),
-               "reference": env.get("FTSLURM_STRAGGLER_REFERENCE") or "best"}  # fmt: skip
+    options = {"threshold": env.straggler_threshold,
+               "persistent_windows": env.straggler_windows,
+               "reference": env.straggler_reference}  # fmt: skip
 
     def collect() -> None:
         try:

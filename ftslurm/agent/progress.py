@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
+from ftslurm.core.contract import JobEnv, RunDir
 from ftslurm.fsutil import read_json, write_json_atomic
 
-PROGRESS_FILE = "progress.json"
-FINISHED_FILE = "FINISHED"
 _last_step_write: float | None = None
 
 
@@ -44,16 +42,18 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def _run_dir() -> Path | None:
-    """Where to write, or None when this process should not write."""
-    run_dir = os.environ.get("FTSLURM_RUN_DIR")
-    if not run_dir or _int(os.environ.get("RANK")) != 0:
+def _target() -> tuple[RunDir, JobEnv] | None:
+    """Where to write and the job's environment, or None when this process should not
+    write."""
+    if _int(os.environ.get("RANK")) != 0:
         return None
-    return Path(run_dir)
+    job = JobEnv.from_environ(os.environ)
+    return (job.run, job) if job.run is not None else None
 
 
-def _update(run_dir: Path, **changes: Any) -> dict[str, Any]:
-    path = run_dir / PROGRESS_FILE
+def _update(where: tuple[RunDir, JobEnv], **changes: Any) -> dict[str, Any]:
+    run, job = where
+    path = run.progress
     data = read_json(path)
     data = data if isinstance(data, dict) else {}
     if changes.get("checkpoint_save_s") is not None:
@@ -61,9 +61,9 @@ def _update(run_dir: Path, **changes: Any) -> dict[str, Any]:
             changes["checkpoint_save_s"], float(data.get("max_checkpoint_save_s") or 0.0))
     data.update(changes)
     data.setdefault("finished", False)
-    data["attempt"] = _int(os.environ.get("FTSLURM_ATTEMPT"))
+    data["attempt"] = job.attempt or 0
     data["updated_at"] = time.time()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run.root.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, data)
     return data
 
@@ -71,33 +71,35 @@ def _update(run_dir: Path, **changes: Any) -> dict[str, Any]:
 def report_step(step: int) -> None:
     """The training reached `step`; written at most once a second, so call it freely."""
     global _last_step_write
-    run_dir = _run_dir()
     now = time.monotonic()
-    if run_dir is None or (_last_step_write is not None and now - _last_step_write < 1.0):
+    if _last_step_write is not None and now - _last_step_write < 1.0:
+        return
+    where = _target()
+    if where is None:
         return
     _last_step_write = now
-    _update(run_dir, step=int(step))
+    _update(where, step=int(step))
 
 
 def checkpoint_saved(step: int, duration_s: float | None = None) -> None:
     """A checkpoint of `step` is safely stored; `duration_s` is how long saving it took."""
-    run_dir = _run_dir()
-    if run_dir is None:
+    where = _target()
+    if where is None:
         return
     changes: dict[str, Any] = {"step": int(step), "checkpoint_step": int(step),
                                "checkpoint_at": time.time()}
     if duration_s is not None:
         changes["checkpoint_save_s"] = float(duration_s)
-    _update(run_dir, **changes)
+    _update(where, **changes)
 
 
 def finished(step: int | None = None) -> None:
     """The training is complete: the run must not be continued."""
-    run_dir = _run_dir()
-    if run_dir is None:
+    where = _target()
+    if where is None:
         return
     changes: dict[str, Any] = {"finished": True}
     if step is not None:
         changes["step"] = int(step)
-    _update(run_dir, **changes)
-    write_json_atomic(run_dir / FINISHED_FILE, {"step": step, "time": time.time()})
+    _update(where, **changes)
+    write_json_atomic(where[0].finished, {"step": step, "time": time.time()})

@@ -52,17 +52,16 @@ from typing import Any
 from ftslurm.agent import progress
 from ftslurm.agent.heartbeat import HeartbeatWriter
 from ftslurm.agent.straggler import StepTimer
+from ftslurm.core.contract import JobEnv, RunDir, observed_record
 from ftslurm.fsutil import read_json, write_json_atomic
 
-OBSERVED_DIR = ".ftslurm-observed"  # inside the checkpoint directory
-STOP_RECORD = "stopping-rank-{rank}.json"  # in $FTSLURM_RUN_DIR/attempts/<attempt>/
 TEARDOWN_TIMEOUT_S = 10.0  # how long `leave` lets destroy_process_group take
 log = logging.getLogger("ftslurm.rank")
 
 
 def stop_record_path(run_dir: str | Path, attempt: str | int, rank: int) -> Path:
     """Where rank `rank` records that it saved its checkpoint and is stopping."""
-    return Path(run_dir) / "attempts" / str(attempt) / STOP_RECORD.format(rank=rank)
+    return RunDir(run_dir).stop_record(attempt, rank)
 
 
 def read_stop_record(run_dir: str | Path | None, attempt: str | int,
@@ -78,6 +77,7 @@ class RankAgent:
     def __init__(self, environ: dict[str, str] | None = None, *,
                  heartbeats: bool = True) -> None:  # fmt: skip
         env = dict(os.environ if environ is None else environ)
+        job = JobEnv.from_environ(env)
         self.rank = int(env.get("RANK", "0"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.step: int | None = None
@@ -85,24 +85,23 @@ class RankAgent:
         self._decided: bool | None = None  # the collective answer for the current step
         self._observed: dict[str, float] = {}
         self._last_beat: float | None = None
-        self._checkpoint_dir = env.get("FTSLURM_CHECKPOINT_DIR")
+        self._checkpoint_dir = job.checkpoint_dir
         self._open: list[tuple[str, float]] = []  # the sections entered, innermost last
         self._compute_seen = False
-        self._run_dir = env.get("FTSLURM_RUN_DIR") or None
-        self._attempt = env.get("FTSLURM_ATTEMPT") or "0"
+        self._run_dir = job.run_dir
+        self._attempt = job.attempt or 0
         self._saved_step: int | None = None
         self._stop_recorded = False
         # Step times for straggler scores, published once per interval to the run folder.
         self._timer: StepTimer | None = None
-        if env.get("FTSLURM_RUN_DIR"):
-            interval = float(env.get("FTSLURM_STRAGGLER_INTERVAL_S") or 60)
-            self._timer = StepTimer(interval, rank=self.rank, run_dir=env["FTSLURM_RUN_DIR"],
+        if job.run_dir:
+            self._timer = StepTimer(job.straggler_interval_s, rank=self.rank,
+                                    run_dir=job.run_dir, attempt=self._attempt,
                                     node=env.get("SLURMD_NODENAME") or None)  # fmt: skip
-        hb_dir = env.get("FTSLURM_HEARTBEAT_DIR")
+        hb_dir = job.heartbeat_dir
         self._hb = HeartbeatWriter(hb_dir, self.local_rank, beats=heartbeats) if hb_dir \
             else None
-        name = env.get("FTSLURM_CHECKPOINT_SIGNAL", "USR2").upper().removeprefix("SIG")
-        self.checkpoint_signal = getattr(signal, f"SIG{name}", signal.SIGUSR2)
+        self.checkpoint_signal = job.checkpoint_signal_number
         for sig in {self.checkpoint_signal, signal.SIGTERM}:
             signal.signal(sig, self._on_signal)
 
@@ -210,9 +209,8 @@ class RankAgent:
         checkpoints, for the next attempt's launcher to compute timeouts from."""
         if not self._checkpoint_dir or not self._observed:
             return
-        folder = Path(self._checkpoint_dir) / OBSERVED_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"rank-{self.rank}.json"
+        path = observed_record(self._checkpoint_dir, self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
         old = read_json(path) or {}
         merged = {k: max(float(v), float(old.get(k, 0.0))) for k, v in self._observed.items()}
         write_json_atomic(path, {**old, **merged})

@@ -65,12 +65,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftslurm.core.contract import RANK_REPORTS, JobEnv, RunDir
 from ftslurm.fsutil import read_json, write_json_atomic
 
-STRAGGLER_DIR = "stragglers"
-STATE_FILE = "state.json"
-REPORT_FILE = "report.json"
-LOCK_FILE = ".lock"
 MIN_SAMPLES = 3
 DEFAULT_THRESHOLD = 0.75
 REFERENCES = ("best", "median")
@@ -183,16 +180,19 @@ class StepTimer:
 
     def __init__(self, report_interval_s: float = 60.0, *, rank: int | None = None,
                  node: str | None = None, run_dir: str | Path | None = None,
+                 attempt: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         if report_interval_s <= 0:
             raise ValueError("report_interval_s must be positive")
         env = os.environ
+        job = JobEnv.from_environ(env) if run_dir is None or attempt is None else None
         self.report_interval_s = float(report_interval_s)
         self.rank = rank if rank is not None else _int(env.get("RANK") or env.get("SLURM_PROCID"))
         self.node = node or env.get("SLURMD_NODENAME") or socket.gethostname()
-        run_dir = run_dir if run_dir is not None else env.get("FTSLURM_RUN_DIR")
-        self.run_dir = Path(run_dir) if run_dir else None
-        self.attempt = _int(env.get("FTSLURM_ATTEMPT"))
+        run_dir = run_dir if run_dir is not None or job is None else job.run_dir
+        self.run = RunDir(run_dir) if run_dir else None
+        self.run_dir = self.run.root if self.run is not None else None
+        self.attempt = attempt if attempt is not None else (job.attempt or 0 if job else 0)
         self.clock = clock
         self.window_index = 0  # the index the current window will be published under
         self._samples: list[float] = []
@@ -230,13 +230,13 @@ class StepTimer:
         timing = self.window()
         self._samples = []
         self._window_start = now
-        if timing is None or self.run_dir is None:
+        if timing is None or self.run is None:
             return False
         window = {"median_s": timing.median_s, "samples": timing.samples,
                   "window_end": time.time(), "window_index": self.window_index}  # fmt: skip
-        folder = self.run_dir / STRAGGLER_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(folder / f"rank-{self.rank}.json",
+        path = self.run.straggler_rank(self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path,
                           {"rank": self.rank, "node": self.node, **window,
                            "attempt": self.attempt, "previous": self._previous})  # fmt: skip
         self._previous = window
@@ -258,7 +258,7 @@ def _window(data: Any) -> tuple[int, float, int] | None:
 
 def _rank_files(folder: Path) -> list[dict[str, Any]]:
     entries = []
-    for path in folder.glob("rank-*.json"):
+    for path in folder.glob(RANK_REPORTS):
         data = read_json(path)
         if isinstance(data, dict) and isinstance(data.get("rank"), int) \
                 and isinstance(data.get("node"), str) and _window(data) is not None:
@@ -291,10 +291,10 @@ def _complete_window(entries: list[dict[str, Any]]
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def _locked(lock: Path) -> Iterator[None]:
     """Serialise collectors sharing the run directory (best effort where locks fail)."""
     try:
-        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         yield
         return
@@ -316,16 +316,17 @@ def collect_report(run_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD,
     writes nothing. Calling it again for a window already scored does not count it twice."""
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}, not {reference!r}")
-    folder = Path(run_dir) / STRAGGLER_DIR
+    run = RunDir(run_dir)
+    folder = run.stragglers
     folder.mkdir(parents=True, exist_ok=True)
-    state_path = Path(state) if state is not None else folder / STATE_FILE
-    with _locked(folder):
+    state_path = Path(state) if state is not None else run.straggler_state
+    with _locked(run.straggler_lock):
         saved = read_json(state_path)
         saved = saved if isinstance(saved, dict) else {}
         verdicts = NodeVerdicts(saved.get("node_windows") or {})
         chosen = _complete_window(_rank_files(folder))
         if chosen is None:
-            last = read_json(folder / REPORT_FILE)
+            last = read_json(run.straggler_report)
             if isinstance(last, dict):
                 return last
             return {"window_index": None, "attempt": None, "reference": reference,
@@ -364,5 +365,5 @@ def collect_report(run_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD,
             "skipped_ranks": sorted(set(stale) | {t.rank for t in timings} - scored),
             "updated_at": time.time(),
         }
-        write_json_atomic(folder / REPORT_FILE, report)
+        write_json_atomic(run.straggler_report, report)
         return report

@@ -99,15 +99,13 @@ from typing import Any
 import cloudpickle
 
 from ftslurm.agent import rank as fta
-from ftslurm.agent.progress import PROGRESS_FILE
+from ftslurm.core.contract import ExitCode, JobEnv
 from ftslurm.fsutil import read_json, write_bytes_atomic, write_json_atomic
 
 FOLDER = "submitit"
 MANIFEST = "continuation.json"
 FORMAT = 1
-EXIT_CHECKPOINTED = 0  # "checkpointed, continue me"
-EXIT_FAILED = 1
-EXIT_DO_NOT_RETRY = 93  # the daemon's "do not retry" (ftslurm.agent.launch)
+EXIT_CHECKPOINTED = ExitCode.FINISHED  # submitit's "checkpointed, continue me" is exit 0
 UNWIND_TIMEOUT_S = 30.0  # after saving, how long the callable's own cleanup may take
 _POLL_S = 0.1
 
@@ -124,8 +122,14 @@ class _Exit(SystemExit):
 def continuation_folder(checkpoint_dir: str | Path | None = None) -> Path:
     """Where continuations live: `<checkpoint dir>/submitit`; the checkpoint directory is
     $FTSLURM_CHECKPOINT_DIR unless given, else ./checkpoints."""
-    base = checkpoint_dir or os.environ.get("FTSLURM_CHECKPOINT_DIR") or "checkpoints"
+    base = checkpoint_dir or JobEnv.from_environ(os.environ).checkpoint_folder
     return Path(base) / FOLDER
+
+
+def _attempt_text() -> str | None:
+    """FTSLURM_ATTEMPT as the manifest records it (text, or None outside a run)."""
+    attempt = JobEnv.from_environ(os.environ).attempt
+    return None if attempt is None else str(attempt)
 
 
 def _checkpoint_method(function: Any) -> Any:
@@ -151,7 +155,7 @@ def save_continuation(folder: Path, delayed: Any, sequence: int, step: int,
     manifest = {
         "format": FORMAT, "file": name, "size": len(data),
         "sha256": hashlib.sha256(data).hexdigest(), "sequence": sequence, "step": step,
-        "training_step": training_step, "attempt": os.environ.get("FTSLURM_ATTEMPT"),
+        "training_step": training_step, "attempt": _attempt_text(),
         "callable": _describe(getattr(delayed, "function", delayed)), "time": time.time(),
     }  # fmt: skip
     write_json_atomic(folder / MANIFEST, manifest)
@@ -270,8 +274,8 @@ class _Runner:
             delayed = method(*self.args, **self.kwargs)
             if delayed is None:
                 _say(f"{name}: checkpoint() returned None: the run is not to be continued "
-                     f"(exit {EXIT_DO_NOT_RETRY})")  # fmt: skip
-                self._leave(EXIT_DO_NOT_RETRY)
+                     f"(exit {ExitCode.DO_NOT_RETRY:d})")  # fmt: skip
+                self._leave(ExitCode.DO_NOT_RETRY)
             sequence = int(self.resumed["sequence"]) + 1 if self.resumed else 1
             training_step = self._training_step()
             step = training_step if training_step is not None else sequence
@@ -281,10 +285,11 @@ class _Runner:
             raise
         except Exception:
             traceback.print_exc()
-            _say(f"{name}: checkpoint() or storing its continuation failed; exit {EXIT_FAILED}")
-            self._leave(EXIT_FAILED)
+            _say(f"{name}: checkpoint() or storing its continuation failed; "
+                 f"exit {ExitCode.FAILED:d}")
+            self._leave(ExitCode.FAILED)
         _say(f"{name}: continuation {sequence} stored ({manifest['size']} bytes, step {step}) "
-             f"in {self.folder}; exiting {EXIT_CHECKPOINTED} to be continued")  # fmt: skip
+             f"in {self.folder}; exiting {EXIT_CHECKPOINTED:d} to be continued")  # fmt: skip
         self._leave(EXIT_CHECKPOINTED)
 
     def _leave(self, code: int) -> None:
@@ -301,8 +306,8 @@ class _Runner:
         continuation was saved at (no progress since), else None (it reports no steps)."""
         if self.agent.step is not None:
             return self.agent.step
-        run_dir = os.environ.get("FTSLURM_RUN_DIR")
-        data = read_json(Path(run_dir) / PROGRESS_FILE) if run_dir else None
+        run = JobEnv.from_environ(os.environ).run
+        data = read_json(run.progress) if run is not None else None
         if (
             isinstance(data, dict)
             and isinstance(data.get("step"), int)
@@ -317,10 +322,7 @@ class _Runner:
         """Another rank: exit 0 once rank 0 has stored a continuation newer than the one
         this process started from; exit 1 if none comes within the grace period."""
         start_sequence = int(self.resumed["sequence"]) if self.resumed else 0
-        try:
-            grace = float(os.environ.get("FTSLURM_GRACE_S") or 120)
-        except ValueError:
-            grace = 120.0
+        grace = JobEnv.from_environ(os.environ).grace_s
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             try:
@@ -329,7 +331,7 @@ class _Runner:
                 manifest = None  # rank 0 may be replacing it right now
             if manifest and int(manifest["sequence"]) > start_sequence:
                 _say(f"rank {self.rank}: rank 0 stored continuation {manifest['sequence']}; "
-                     f"exiting {EXIT_CHECKPOINTED}")  # fmt: skip
+                     f"exiting {EXIT_CHECKPOINTED:d}")  # fmt: skip
                 try:
                     self.agent.save_observed()
                 except OSError:
@@ -337,8 +339,8 @@ class _Runner:
                 _hard_exit(EXIT_CHECKPOINTED)
             time.sleep(_POLL_S)
         _say(f"rank {self.rank}: rank 0 stored no continuation within {grace:g}s; "
-             f"exit {EXIT_FAILED}")  # fmt: skip
-        _hard_exit(EXIT_FAILED)
+             f"exit {ExitCode.FAILED:d}")  # fmt: skip
+        _hard_exit(ExitCode.FAILED)
 
     # ------------------------------------------------------------------ the call
     def call(self) -> Any:
@@ -369,8 +371,8 @@ def run(function: Any, /, *args: Any, **kwargs: Any) -> Any:
         loaded = load_continuation(folder)
     except ContinuationError as exc:
         _say(f"cannot resume: {exc}; refusing to start over from scratch; delete {folder} to "
-             f"do so (exit {EXIT_DO_NOT_RETRY})")  # fmt: skip
-        raise SystemExit(EXIT_DO_NOT_RETRY) from None
+             f"do so (exit {ExitCode.DO_NOT_RETRY:d})")  # fmt: skip
+        raise SystemExit(ExitCode.DO_NOT_RETRY) from None
     resumed = None
     if loaded is not None:
         delayed, resumed = loaded

@@ -39,12 +39,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import IO
 
 import hostlist
 
-from ftslurm.agent.rank import read_stop_record, stop_record_path
+from ftslurm.agent.rank import read_stop_record
+from ftslurm.core.contract import (
+    NAMED_EXITS,
+    EnvName,
+    ExitCode,
+    HeartbeatDir,
+    JobEnv,
+    rendezvous_port,
+)
 from ftslurm.core.inject import Injection, InjectKind, parse_injection
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
@@ -55,7 +62,6 @@ TAIL_BYTES = 16 * 1024
 TAIL_LINES = 40
 STRAGGLER_PERIOD_S = 0.1
 HOLD_SIGNALS_MAX_S = 120.0  # how long USR1/USR2 wait for the rank agent to attach
-NAMED_EXITS = {16: "resume_elsewhere", 17: "failed_validation", 93: "do_not_retry"}
 _USER_ERROR = re.compile(
     r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError)(:|$)"
     r"|can't open file")  # fmt: skip
@@ -83,15 +89,10 @@ def _tasks_on_node(tasks_per_node: str, node_id: int) -> int | None:
     return counts[node_id] if 0 <= node_id < len(counts) else None
 
 
-def master_port(job_id: str | None, restart_count: int) -> int:
-    """A port in 20000-59999 that every rank of an attempt agrees on; another one for each
-    restart of the job (104729 is prime to 40000, so consecutive restarts never collide)."""
-    job = int(re.sub(r"\D", "", job_id or "") or 0)
-    return 20000 + (job * 7919 + restart_count * 104729) % 40000
-
-
-def torch_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """torch.distributed's variables (and FTSLURM_ATTEMPT) from Slurm's, for one task."""
+def torch_env(environ: Mapping[str, str], job: JobEnv | None = None) -> dict[str, str]:
+    """torch.distributed's variables (and FTSLURM_ATTEMPT) from Slurm's, for one task;
+    `job`: `environ` parsed (`JobEnv.from_environ`)."""
+    job = job if job is not None else JobEnv.from_environ(environ)
     node_id = _int(environ.get("SLURM_NODEID"))
     restarts = _int(environ.get("SLURM_RESTART_COUNT"))
     env = {
@@ -109,17 +110,15 @@ def torch_env(environ: Mapping[str, str]) -> dict[str, str]:
     env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or (
         hostlist.expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
     env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(
-        master_port(environ.get("SLURM_JOB_ID"), restarts))
+        rendezvous_port(environ.get("SLURM_JOB_ID"), restarts))
     if environ.get("TORCHELASTIC_RUN_ID"):  # started by the launcher: its ranks stand
         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                     "MASTER_ADDR", "MASTER_PORT"):  # fmt: skip
             if environ.get(key):
                 env[key] = environ[key]
         env["NODE_RANK"] = env["GROUP_RANK"]
-    if environ.get("FTSLURM_ATTEMPT_BASE"):
-        env["FTSLURM_ATTEMPT"] = str(_int(environ["FTSLURM_ATTEMPT_BASE"]) + restarts)
-    elif environ.get("FTSLURM_ATTEMPT"):
-        env["FTSLURM_ATTEMPT"] = environ["FTSLURM_ATTEMPT"]
+    if job.attempt_base is not None or job.attempt is not None:
+        env[EnvName.ATTEMPT.value] = str(job.current_attempt(restarts))
     return env
 
 
@@ -143,7 +142,7 @@ def classify_exit(exit_code: int | None, signal: int | None, checkpoint_signal_s
     if signal is None and exit_code == 0:
         return stopped or ("checkpointed" if checkpoint_signal_seen else "finished")
     if signal is None and exit_code in NAMED_EXITS:
-        return NAMED_EXITS[exit_code]
+        return NAMED_EXITS[ExitCode(exit_code)]
     if stopped is not None:
         return "teardown_failed"
     if disk_full(stderr_tail)[0]:
@@ -163,7 +162,8 @@ def parse_inject_env(value: str | None) -> tuple[Injection, ...]:
             try:
                 found.append(parse_injection(spec))
             except ConfigError as exc:
-                print(f"ftslurm: ignoring FTSLURM_INJECT entry: {exc}", file=sys.stderr)
+                print(f"ftslurm: ignoring {EnvName.INJECT.value} entry: {exc}",
+                      file=sys.stderr)  # fmt: skip
     return tuple(found)
 
 
@@ -177,13 +177,6 @@ def _applies(inj: Injection, rank: int, node: str, node_id: int, nnodes: int) ->
     return False
 
 
-def _signal_number(name: str) -> int:
-    name = name.strip().upper().removeprefix("SIG")
-    if name.isdigit():
-        return int(name)
-    return int(getattr(signals, "SIG" + name, signals.SIGUSR2))
-
-
 class Task:
     """One wrapped task: see the module docstring."""
 
@@ -191,15 +184,15 @@ class Task:
         self.started, self.started_wall = time.monotonic(), time.time()
         self.command = command
         self.environ = dict(environ)
-        self.env = {**self.environ, **torch_env(self.environ)}
+        self.job = JobEnv.from_environ(self.environ)
+        self.env = {**self.environ, **torch_env(self.environ, self.job)}
         self.rank = _int(self.env["RANK"])
         self.node_id = _int(self.environ.get("SLURM_NODEID"))
         self.node = self.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        self.attempt = self.env.get("FTSLURM_ATTEMPT") or "0"
-        self.run_dir = Path(self.environ["FTSLURM_RUN_DIR"]) \
-            if self.environ.get("FTSLURM_RUN_DIR") else None
-        self.checkpoint_signal = _signal_number(
-            self.environ.get("FTSLURM_CHECKPOINT_SIGNAL") or "USR2")
+        self.attempt = self.job.current_attempt(_int(self.environ.get("SLURM_RESTART_COUNT")))
+        self.rundir = self.job.run
+        self.run_dir = self.rundir.root if self.rundir is not None else None
+        self.checkpoint_signal = self.job.checkpoint_signal_number
         self.checkpoint_signal_at: float | None = None
         self.injected: list[str] = []
         self.tail = bytearray()
@@ -238,11 +231,10 @@ class Task:
     def _rank_ready(self) -> bool:
         """Under the launcher, the rank agent's heartbeat record shows the rank's signal
         handlers are in place; without the launcher there is nothing to wait for."""
-        hb_dir = self.environ.get("FTSLURM_HEARTBEAT_DIR")
+        hb_dir = self.job.heartbeat_dir
         if not hb_dir or time.monotonic() - self.started > HOLD_SIGNALS_MAX_S:
             return True
-        local = self.env.get("LOCAL_RANK", "0")
-        return (Path(hb_dir) / f"rank-{local}.hb").exists()
+        return HeartbeatDir(hb_dir).record(self.env.get("LOCAL_RANK", "0")).exists()
 
     def _deliver_held(self, done: threading.Event) -> None:
         while not done.is_set():
@@ -265,38 +257,35 @@ class Task:
                 del self.tail[:-TAIL_BYTES]
 
     def attempt_report_exists(self) -> bool:
-        return self.run_dir is not None and (
-            self.run_dir / "attempts" / self.attempt / f"rank-{self.rank}.json").exists()
+        return self.rundir is not None and self.rundir.rank_report(self.attempt, self.rank).exists()
 
     def _record_fired(self, spec: str) -> None:
         """Noted before acting: a rank killed for hanging writes no report afterwards."""
-        if self.run_dir is None:
+        if self.rundir is None:
             return
-        path = self.run_dir / "attempts" / f"fired-rank-{self.rank}.json"
+        path = self.rundir.fired(self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         fired = set(read_json(path) or [])
         write_json_atomic(path, sorted(fired | {spec}))
 
     def _straggler_nodes(self) -> dict[str, str]:
         """Straggler spec -> the node it slowed first in this run (it stays slow)."""
-        if self.run_dir is None:
+        if self.rundir is None:
             return {}
-        return read_json(self.run_dir / "attempts" / "straggler-nodes.json") or {}
+        return read_json(self.rundir.straggler_nodes) or {}
 
     def _record_straggler_node(self, spec: str) -> None:
-        if self.run_dir is None or spec in self._straggler_nodes():
+        if self.rundir is None or spec in self._straggler_nodes():
             return
-        path = self.run_dir / "attempts" / "straggler-nodes.json"
-        write_json_atomic(path, {**self._straggler_nodes(), spec: self.node})
+        write_json_atomic(self.rundir.straggler_nodes, {**self._straggler_nodes(), spec: self.node})
 
     def _fired_before(self) -> set[str]:
         """Specs this rank already carried out in an earlier attempt of the run, or earlier
         in this attempt before an in-job restart (its report is then already there)."""
-        if self.run_dir is None:
+        if self.rundir is None:
             return set()
-        fired: set[str] = set(read_json(self.run_dir / "attempts" /
-                                        f"fired-rank-{self.rank}.json") or [])
-        for path in (self.run_dir / "attempts").glob(f"*/rank-{self.rank}.json"):
+        fired: set[str] = set(read_json(self.rundir.fired(self.rank)) or [])
+        for path in self.rundir.attempts.glob(f"*/{self.rundir.rank_report(0, self.rank).name}"):
             fired.update((read_json(path) or {}).get("injected") or [])
         return fired
 
@@ -335,17 +324,17 @@ class Task:
     def run(self) -> int:
         for sig in FORWARDED:
             signals.signal(sig, self._forward)
-        if self.run_dir is not None:  # only this process of the rank may record its stop
-            stop_record_path(self.run_dir, self.attempt, self.rank).unlink(missing_ok=True)
-        hb_dir = self.environ.get("FTSLURM_HEARTBEAT_DIR")
-        if hb_dir:  # tell the launcher our handlers are in place: it may signal us now
-            Path(hb_dir, f"ready-{self.env.get('LOCAL_RANK', '0')}").touch()
+        if self.rundir is not None:  # only this process of the rank may record its stop
+            self.rundir.stop_record(self.attempt, self.rank).unlink(missing_ok=True)
+        if self.job.heartbeat_dir:  # tell the launcher our handlers are in place
+            HeartbeatDir(self.job.heartbeat_dir).ready(self.env.get("LOCAL_RANK", "0")).touch()
         try:
             self.proc = subprocess.Popen(self.command, env=self.env, stderr=subprocess.PIPE,
                                          start_new_session=True,
                                          preexec_fn=_die_with(os.getpid()))  # fmt: skip
         except OSError as exc:
-            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            code = ExitCode.NOT_FOUND if isinstance(exc, FileNotFoundError) \
+                else ExitCode.CANNOT_EXECUTE
             message = f"ftslurm: cannot start {self.command[0]!r}: {exc.strerror or exc}"
             print(message, file=sys.stderr, flush=True)
             self._report(code, None, "user_error", message)
@@ -365,7 +354,7 @@ class Task:
         if self.attempt_report_exists():  # an in-job restart: keep what already fired here
             self.injected = sorted(fired)
         slow_nodes = self._straggler_nodes()
-        pending = sorted((i for i in parse_inject_env(self.environ.get("FTSLURM_INJECT"))
+        pending = sorted((i for i in parse_inject_env(self.job.inject)
                           if (slow_nodes.get(i.spec()) == self.node
                               if i.spec() in slow_nodes else
                               i.spec() not in fired
@@ -384,10 +373,7 @@ class Task:
         code, sig = (status, None) if status >= 0 else (None, -status)
         with self.lock:
             tail = self.tail.decode(errors="replace")
-        try:
-            window = float(self.environ.get("FTSLURM_USER_ERROR_WINDOW_S") or 60)
-        except ValueError:
-            window = 60.0
+        window = self.job.user_error_window_s
         stop = read_stop_record(self.run_dir, self.attempt, self.rank)
         outcome = classify_exit(code, sig, self.checkpoint_signal_at is not None,
                                 time.monotonic() - self.started, tail, window,
@@ -404,14 +390,14 @@ class Task:
 
     def _report(self, code: int | None, sig: int | None, outcome: str, tail: str | None,
                 saved_step: int | None = None, disk_full_path: str | None = None) -> None:
-        if self.run_dir is None:
+        if self.rundir is None:
             return
-        folder = self.run_dir / "attempts" / self.attempt
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(folder / f"rank-{self.rank}.json", {
+        path = self.rundir.rank_report(self.attempt, self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {
             "rank": self.rank, "node": self.node, "job_id": self.environ.get("SLURM_JOB_ID"),
             "restart_count": _int(self.environ.get("SLURM_RESTART_COUNT")),
-            "attempt": _int(self.attempt), "exit_code": code, "signal": sig,
+            "attempt": self.attempt, "exit_code": code, "signal": sig,
             "started_at": self.started_wall, "ended_at": time.time(),
             "checkpoint_signal_at": self.checkpoint_signal_at, "injected": self.injected,
             "outcome": outcome,
@@ -445,7 +431,12 @@ def main(argv: list[str] | None = None) -> int:
     # Die with whoever started us (srun's task, or the launcher), so no rank outlives it
     # where processes are tracked by process group only.
     _die_with(os.getppid())()
-    return Task(args, os.environ).run()
+    try:
+        task = Task(args, os.environ)
+    except ConfigError as exc:
+        print(f"ftslurm: {exc.message}", file=sys.stderr)
+        return 2
+    return task.run()
 
 
 if __name__ == "__main__":

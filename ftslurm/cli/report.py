@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ import typer
 from rich.table import Table
 
 from ftslurm.cli.runs import JsonOpt, RunArg, _fmt_time, _run_or_fail, _store, console, err
+from ftslurm.core.contract import CHECKPOINT_MANIFEST, NODE_REPORTS, RANK_REPORTS, RunDir
 from ftslurm.daemon.records import Attempt, Run
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json
@@ -35,7 +35,6 @@ from ftslurm.report.goodput import (
     goodput,
 )
 
-_MANIFEST = re.compile(r"step-(\d+)\.json")
 _CLEAN = {"finished", "checkpointed"}  # a launcher or rank that ended on its own
 _MEANING = {
     "productive": "compute whose steps were kept",
@@ -68,7 +67,7 @@ def _checkpoints(spec: dict[str, Any], progress: Any) -> tuple[list[CheckpointRe
     except OSError:  # not there (yet), or not readable: no records from it
         paths = []
     for path in paths:
-        data = read_json(path) if _MANIFEST.fullmatch(path.name) else None
+        data = read_json(path) if CHECKPOINT_MANIFEST.fullmatch(path.name) else None
         if isinstance(data, dict) and _number(data.get("time")) is not None:
             step = data.get("step")
             manifests.append(CheckpointRecord(step if isinstance(step, int) else None,
@@ -90,9 +89,9 @@ def _checkpoints(spec: dict[str, Any], progress: Any) -> tuple[list[CheckpointRe
 
 
 def _attempt_facts(folder: Path, recorded_restarts: int) -> AttemptFacts:
-    nodes = [d for d in (read_json(p) for p in sorted(folder.glob("node-*.json")))
+    nodes = [d for d in (read_json(p) for p in sorted(folder.glob(NODE_REPORTS)))
              if isinstance(d, dict)]  # fmt: skip
-    ranks = [d for d in (read_json(p) for p in sorted(folder.glob("rank-*.json")))
+    ranks = [d for d in (read_json(p) for p in sorted(folder.glob(RANK_REPORTS)))
              if isinstance(d, dict)]  # fmt: skip
     restarts = max(
         [recorded_restarts] + [int(_number(d.get("in_job_restarts")) or 0) for d in nodes]
@@ -120,9 +119,9 @@ def read_compute_facts(run: Run, attempts: Sequence[Attempt]) -> ComputeFacts:
     """What the compute side left in the run's files (missing files: nothing known)."""
     if not run.spec.get("run_dir"):
         return ComputeFacts()
-    run_dir = Path(run.spec["run_dir"])
-    records, complete_from = _checkpoints(run.spec, read_json(run_dir / "progress.json"))
-    facts = {a.attempt: _attempt_facts(run_dir / "attempts" / str(a.attempt), a.in_job_restarts)
+    run_dir = RunDir(run.spec["run_dir"])
+    records, complete_from = _checkpoints(run.spec, read_json(run_dir.progress))
+    facts = {a.attempt: _attempt_facts(run_dir.attempt(a.attempt), a.in_job_restarts)
              for a in attempts}  # fmt: skip
     return ComputeFacts(tuple(records), complete_from, facts)
 

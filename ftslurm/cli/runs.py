@@ -32,6 +32,7 @@ from rich.text import Text
 from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home, state_dir
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli.parse import compress_nodes
+from ftslurm.core.contract import EnvName, RunDir
 from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_injections
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
@@ -180,7 +181,8 @@ def submit(
     array: Annotated[_Text, _opt("-a", "--array", hidden=True,
                      help="Refused: one run is one job per attempt.")] = None,
     checkpoint_dir: Annotated[_Text, _opt("--checkpoint-dir", help="Where the run keeps its "
-                              "checkpoints (FTSLURM_CHECKPOINT_DIR), relative to the current "
+                              f"checkpoints ({EnvName.CHECKPOINT_DIR.value}), relative to the "
+                              "current "
                               "folder. (default: the recipe's, else RUN_DIR/checkpoints)")
                               ] = None,
     dry_run: Annotated[bool, _opt("--dry-run", help="Run against the mock scheduler (laptop "
@@ -250,7 +252,7 @@ def submit(
     if warn:  # after every check, so that an error stays the only line
         typer.echo(f"Warning: {warning}", err=True)
     private_dir(run_dir)
-    (run_dir / "logs").mkdir(exist_ok=True)
+    RunDir(run_dir).logs.mkdir(exist_ok=True)
     run, attempt = new_run_record(run_id, loaded.name or recipe.name, spec, settings, time.time())
     with store.transaction():  # the run and its submission intent: the daemon submits it
         store.add_run(run)
@@ -692,7 +694,7 @@ def logs(
         raise ConfigError(f"run {run.run_id} has no attempt {attempt} (it has {have})")
     if not chosen.job_id and not follow:
         raise ConfigError(f"attempt {chosen.attempt} of run {run.run_id} has no job yet")
-    folder = Path(run.spec["run_dir"]) / "logs"
+    folder = RunDir(run.spec["run_dir"]).logs
     shown: dict[int, int] = {}
     while True:
         ended = run.state.is_terminal  # read before the files: their last lines are printed

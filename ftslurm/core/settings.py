@@ -4,16 +4,17 @@
 and read by the daemon's decisions (`ftslurm.daemon.policy`, `ftslurm.daemon.step`) and by
 the compute side (the hang-detection defaults below are the launcher's). `Cause` names how
 an attempt ended; `cause_budgets` are keyed by it. The exit codes the job uses to speak to
-the daemon are listed here because the settings must refuse them as user-error codes.
+the daemon live in `ftslurm.core.contract` (the settings refuse them as user-error codes).
 """
 
 from __future__ import annotations
 
-import signal
 from enum import Enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ftslurm.core.contract import RESERVED_EXITS, checked_signal_name
 
 # Hang detection is on by default (seconds): a rank gets DEFAULT_INITIAL_S from its start to
 # its first heartbeat or section, then at most DEFAULT_RUNNING_S without a sign of life (a
@@ -51,10 +52,6 @@ class Cause(str, Enum):
 RETRYABLE = frozenset({Cause.NODE_FAIL, Cause.BOOT_FAIL, Cause.PREEMPTED, Cause.TIMEOUT,
                        Cause.HANG, Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE})  # fmt: skip
 BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER})  # causes `cause_budgets` may cap
-EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY = 16, 17, 93
-EXIT_RESTARTS_EXHAUSTED, EXIT_CONTINUE = 74, 75  # the launcher's (ftslurm.agent.launch)
-_RESERVED_EXITS = {0, EXIT_RESUME_ELSEWHERE, EXIT_FAILED_VALIDATION, EXIT_DO_NOT_RETRY,
-                   EXIT_RESTARTS_EXHAUSTED, EXIT_CONTINUE}
 
 
 class FtSettings(BaseModel):
@@ -108,12 +105,7 @@ class FtSettings(BaseModel):
     @field_validator("checkpoint_signal")
     @classmethod
     def _signal_name(cls, value: str) -> str:
-        name = value.upper().removeprefix("SIG")
-        if name.isdigit() and int(name) in {s.value for s in signal.Signals}:
-            name = signal.Signals(int(name)).name.removeprefix("SIG")
-        if f"SIG{name}" not in signal.Signals.__members__ or name in ("KILL", "STOP"):
-            raise ValueError(f"not a signal a job can catch: {value!r}")
-        return name
+        return checked_signal_name(value)
 
     @field_validator("section_timeouts")
     @classmethod
@@ -126,7 +118,7 @@ class FtSettings(BaseModel):
     @field_validator("user_error_exit_codes")
     @classmethod
     def _user_codes(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        reserved = sorted(set(value) & _RESERVED_EXITS)
+        reserved = sorted(int(c) for c in set(value) & RESERVED_EXITS)
         if reserved:
             raise ValueError(f"exit codes {reserved} have their own meaning")
         return value

@@ -14,11 +14,8 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
+from ftslurm.core.contract import NAMED_EXITS, ExitCode
 from ftslurm.core.settings import (
-    EXIT_CONTINUE,
-    EXIT_DO_NOT_RETRY,
-    EXIT_FAILED_VALIDATION,
-    EXIT_RESUME_ELSEWHERE,
     RETRYABLE,
     Cause,
     FtSettings,
@@ -86,7 +83,7 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     # code says (the abort's 134, say); next to a rank that failed first it is a crash.
     clean = bool(outcomes) and outcomes <= {"checkpointed", "finished", "teardown_failed"}
     saved = bool(outcomes & {"checkpointed", "teardown_failed"})
-    checkpointed = (saved and clean) or code == EXIT_CONTINUE or (
+    checkpointed = (saved and clean) or code == ExitCode.CONTINUE or (
         not outcomes and e.checkpoint_signal_sent and code == 0 and not killed)
     if e.state is JobState.COMPLETED:
         return Cause.CHECKPOINTED if checkpointed else Cause.FINISHED
@@ -103,8 +100,7 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     return Cause.CRASH
 
 
-_NAMED_CODES = {"do_not_retry": EXIT_DO_NOT_RETRY, "failed_validation": EXIT_FAILED_VALIDATION,
-                "resume_elsewhere": EXIT_RESUME_ELSEWHERE}
+_NAMED_CODES = {name: code for code, name in NAMED_EXITS.items()}
 _SAID_BY_THE_JOB = (
     ("do_not_retry", Cause.DO_NOT_RETRY), ("failed_validation", Cause.FAILED_VALIDATION),
     ("resume_elsewhere", Cause.RESUME_ELSEWHERE), ("disk_full", Cause.DISK_FULL),

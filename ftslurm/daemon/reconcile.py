@@ -27,9 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ftslurm.agent.heartbeat import HUNG_AT_STOP
-from ftslurm.agent.straggler import REPORT_FILE, STRAGGLER_DIR
 from ftslurm.backends.protocol import SchedulerBackend
+from ftslurm.core.contract import HUNG_NODE_REPORTS, NODE_REPORTS, RANK_REPORTS, RunDir
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import policy
@@ -378,17 +377,18 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool) -> core.RunFile
     """The run directory's files `step` reads: progress and the straggler report while an
     attempt runs; with `ending`, also the attempt's rank and node reports, FINISHED and the
     hung-at-stop reports."""
-    progress = read_json(run_dir / "progress.json") or {}
-    report = read_json(run_dir / STRAGGLER_DIR / REPORT_FILE)
+    paths = RunDir(run_dir)
+    progress = read_json(paths.progress) or {}
+    report = read_json(paths.straggler_report)
     straggler = report if isinstance(report, dict) else None
     if not ending:
         return core.RunFiles(progress=progress, straggler_report=straggler)
-    folder = run_dir / "attempts" / str(attempt)
+    folder = paths.attempt(attempt)
     return core.RunFiles(
         progress=progress, straggler_report=straggler,
-        rank_reports=tuple(read_json(p) or {} for p in sorted(folder.glob("rank-*.json"))),
-        node_reports=tuple(read_json(p) or {} for p in sorted(folder.glob("node-*.json"))),
-        finished_marker=(run_dir / "FINISHED").exists(), hung=hung_at_stop(folder),
+        rank_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(RANK_REPORTS))),
+        node_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(NODE_REPORTS))),
+        finished_marker=paths.finished.exists(), hung=hung_at_stop(folder),
     )  # fmt: skip
 
 
@@ -396,7 +396,7 @@ def hung_at_stop(folder: Path) -> str:
     """The rank the launchers found hung when the attempt was told to stop, in words, or
     "": of several (a rank waiting on a hung peer looks hung too), the one silent longest."""
     found = []
-    for path in folder.glob(HUNG_AT_STOP.format("*")):
+    for path in folder.glob(HUNG_NODE_REPORTS):
         report = read_json(path) or {}
         for h in report.get("hung") or []:
             if isinstance(h, dict):

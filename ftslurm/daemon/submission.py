@@ -8,12 +8,12 @@ job by that tag instead of submitting a duplicate.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
+from ftslurm.core.contract import EnvName, JobEnv, RunDir, attempt_setup_line
 from ftslurm.core.inject import env_value, parse_injections
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import JobOptions
@@ -26,7 +26,7 @@ def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,
               inject: tuple[str, ...] = (), mock_home: Path | None = None,
               ) -> dict[str, Any]:  # fmt: skip
     """What every attempt of a run is built from."""
-    checkpoint_dir = recipe.checkpoint_dir or str(run_dir / "checkpoints")
+    checkpoint_dir = recipe.checkpoint_dir or str(RunDir(run_dir).checkpoints)
     return {
         "backend": backend,
         "mock_home": str(mock_home) if mock_home is not None else None,
@@ -49,6 +49,16 @@ def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,
 
 
 BACKSTOP_MIN_SPARE_S = 300
+# A run's setting -> the field of the job's environment (`JobEnv`) that carries it.
+_SETTING_TO_ENV = {
+    "checkpoint_signal": "checkpoint_signal",
+    # Straggler scores (ftslurm.agent.straggler): ranks publish their step times each
+    # interval; the launcher on node 0 scores them into the run's straggler report.
+    "straggler_report_interval_s": "straggler_interval_s",
+    "straggler_threshold": "straggler_threshold", "straggler_windows": "straggler_windows",
+    "straggler_reference": "straggler_reference", "num_in_job_restarts": "in_job_restarts",
+    "grace_s": "grace_s",
+}  # fmt: skip
 
 
 def _backstop(time_limit: str | None, preempt_time: int, settings: dict[str, Any]) -> bool:
@@ -74,7 +84,31 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
     o = spec["options"]
     run_dir = spec["run_dir"]
     injections = parse_injections(tuple(spec.get("inject", ())))
-    signal = settings.get("checkpoint_signal", "USR2")
+    # What travels to the compute side; a setting a stored run lacks gets JobEnv's default.
+    defaults = JobEnv()
+    fields = ["checkpoint_signal", "straggler_interval_s", "straggler_threshold",
+              "straggler_windows", "straggler_reference"]  # fmt: skip
+    launcher = settings.get("use_launcher", True)
+    if launcher:
+        fields += ["in_job_restarts", "grace_s"]
+    given: dict[str, Any] = {field: settings.get(key, getattr(defaults, field))
+                             for key, field in _SETTING_TO_ENV.items() if field in fields}
+    if launcher:
+        # Hang detection (ftslurm.agent.heartbeat); a timeout a stored run lacks gets its
+        # default there, None (null) is off.
+        given["section_timeouts"] = {
+            **(settings.get("section_timeouts") or {}),
+            **{key: settings[name] for key, name in (
+                ("out_of_section", "out_of_section_timeout"), ("initial", "initial_timeout"),
+                ("warmup_steps", "hang_warmup_steps")) if name in settings}}  # fmt: skip
+    if any(i.kind.in_job for i in injections):
+        given["inject"] = env_value(injections)
+    job = JobEnv(
+        run_id=run_id, run_dir=run_dir, checkpoint_dir=spec["checkpoint_dir"],
+        # A requeued job runs this same script again: the attempt number is the one it was
+        # submitted as plus Slurm's restart count (the daemon numbers its attempts alike).
+        attempt_base=attempt, **given)
+    signal = job.checkpoint_signal
     preempt_time = int(settings.get("preempt_time", 60))
     extra = {"open-mode": "append", **o["extra"]}
     options = JobOptions(
@@ -83,7 +117,7 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         gpus_per_node=o["gpus_per_node"], time_limit=o["time_limit"],
         partition=o["partition"], account=o["account"],
         exclude=tuple(sorted(set(o["exclude"]) | set(exclude))), comment=tag(run_id, attempt),
-        output=f"{run_dir}/logs/job-%j.out", workdir=spec["workdir"], requeue=True,
+        output=RunDir(run_dir).job_output, workdir=spec["workdir"], requeue=True,
         # A backstop: if the daemon is down, Slurm itself still asks for the checkpoint.
         signal=f"{signal}@{preempt_time}" if _backstop(o["time_limit"], preempt_time, settings)
         else None,
@@ -92,48 +126,22 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         # mock and on a real cluster alike.
         extra=extra, inject=tuple(i.spec() for i in injections if not i.kind.in_job),
     )  # fmt: skip
-    env = {
-        **spec["env"],
-        "FTSLURM_RUN_ID": run_id, "FTSLURM_RUN_DIR": run_dir,
-        "FTSLURM_CHECKPOINT_DIR": spec["checkpoint_dir"],
-        # A requeued job runs this same script again: the attempt number is the one it was
-        # submitted as plus Slurm's restart count (the daemon numbers its attempts alike).
-        "FTSLURM_ATTEMPT_BASE": str(attempt),
-        "FTSLURM_CHECKPOINT_SIGNAL": signal,
-        # Straggler scores (ftslurm.agent.straggler): ranks publish their step times each
-        # interval; the launcher on node 0 scores them into stragglers/report.json.
-        "FTSLURM_STRAGGLER_INTERVAL_S": str(settings.get("straggler_report_interval_s", 60)),
-        "FTSLURM_STRAGGLER_THRESHOLD": str(settings.get("straggler_threshold", 0.75)),
-        "FTSLURM_STRAGGLER_WINDOWS": str(settings.get("straggler_windows", 3)),
-        "FTSLURM_STRAGGLER_REFERENCE": str(settings.get("straggler_reference", "best")),
-    }  # fmt: skip
-    if any(i.kind.in_job for i in injections):
-        env["FTSLURM_INJECT"] = env_value(injections)
+    env = {**spec["env"], **job.render()}
     setup = [
-        'export FTSLURM_ATTEMPT=$((FTSLURM_ATTEMPT_BASE + ${SLURM_RESTART_COUNT:-0}))',
+        attempt_setup_line(),
         'export MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
-        f'mkdir -p {shlex.quote(run_dir + "/logs")} "$FTSLURM_CHECKPOINT_DIR"',
-        'echo "=== ftslurm run $FTSLURM_RUN_ID attempt $FTSLURM_ATTEMPT: job $SLURM_JOB_ID'
-        ' on $SLURM_JOB_NODELIST ==="',
+        f'mkdir -p {shlex.quote(str(RunDir(run_dir).logs))} "${EnvName.CHECKPOINT_DIR.value}"',
+        f'echo "=== ftslurm run ${EnvName.RUN_ID.value} attempt ${EnvName.ATTEMPT.value}: '
+        'job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ==="',
         *spec["setup"],
     ]  # fmt: skip
-    if settings.get("use_launcher", True):
+    if launcher:
         # One launcher per node starts the node's ranks, restarts them in-job and forwards
         # signals; srun waits for the others after the first launcher ends (no kill on
         # "continue me", which is a non-zero code), then ends the step.
-        # Hang detection (ftslurm.agent.heartbeat); a setting a stored run lacks gets its
-        # default there, None (null) is off.
-        timeouts = {**(settings.get("section_timeouts") or {}),
-                    **{key: settings[name] for key, name in (
-                        ("out_of_section", "out_of_section_timeout"),
-                        ("initial", "initial_timeout"),
-                        ("warmup_steps", "hang_warmup_steps")) if name in settings}}
-        env.update({"FTSLURM_IN_JOB_RESTARTS": str(settings.get("num_in_job_restarts", 0)),
-                    "FTSLURM_SECTION_TIMEOUTS": json.dumps(timeouts, sort_keys=True),
-                    "FTSLURM_GRACE_S": str(settings.get("grace_s", 120))})  # fmt: skip
         command = [spec["python"], "-m", "ftslurm.agent.launch",
                    f"--nproc-per-node={o['ntasks_per_node']}", "--", *spec["command"]]
-        grace = int(float(settings.get("grace_s", 120)))
+        grace = int(job.grace_s)
         srun_args: tuple[str, ...] = (
             "--nodes=${SLURM_NNODES:-1}", "--ntasks=${SLURM_NNODES:-1}",
             "--ntasks-per-node=1", "--cpus-per-task=${SLURM_CPUS_ON_NODE:-1}",

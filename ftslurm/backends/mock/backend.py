@@ -21,6 +21,7 @@ from ftslurm.backends.mock import model, procs
 from ftslurm.backends.mock.model import MockConfig, MockJob, MockState
 from ftslurm.backends.mock.store import MockStore
 from ftslurm.backends.slurm_cli.parse import compress_nodes
+from ftslurm.core.contract import EnvName
 from ftslurm.core.inject import InjectKind, env_value
 from ftslurm.core.types import (
     ClusterFacts,
@@ -122,7 +123,7 @@ class MockScheduler:
         in_job = tuple(i.parsed() for i in job.injections
                        if i.parsed().kind is InjectKind.STRAGGLER)  # fmt: skip
         if in_job:
-            env["FTSLURM_INJECT"] = env_value(in_job)
+            env[EnvName.INJECT.value] = env_value(in_job)
         if job.restart_count:
             env["SLURM_RESTART_COUNT"] = str(job.restart_count)
         else:

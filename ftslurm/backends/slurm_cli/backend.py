@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from ftslurm.backends.slurm_cli import parse
 from ftslurm.backends.slurm_cli.runner import CommandRunner
+from ftslurm.core.contract import EnvName
 from ftslurm.core.inject import env_value, parse_injections
 from ftslurm.core.timefmt import format_time_limit, parse_time_limit
 from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
@@ -92,7 +93,7 @@ class SlurmCliBackend:
                 hint="on a real cluster: crash, hang and straggler; or use --dry-run",
             )
         if injections:
-            env["FTSLURM_INJECT"] = env_value(injections)
+            env[EnvName.INJECT.value] = env_value(injections)
         out = self.runner.run(
             ["sbatch", "--parsable", *sbatch_args(options)], stdin=script,
             extra_env=env, budget_s=self.action_budget_s, idempotent=False,

@@ -1,0 +1,372 @@
+"""The contract between the compute side and the daemon, in one place (pure).
+
+What the two sides share, and nothing else may spell out again (`tests/test_architecture.py`
+checks it):
+- `RunDir`: every path of a run's directory (on the shared file system) that one side
+  writes and the other reads: progress, the FINISHED marker, the attempt reports of ranks
+  and nodes, stop records, hang reports, the straggler files, logs, checkpoints;
+  `HeartbeatDir`: the files between a node's launcher and its ranks;
+- `ExitCode`: the exit codes with a meaning (the launcher's, the task wrapper's, the
+  daemon's policy);
+- `EnvName` and `JobEnv`: every `FTSLURM_*` environment variable. The daemon renders a
+  `JobEnv` into the batch script (`JobEnv.render`); the launcher, the per-rank wrapper and
+  the rank agent each parse it once (`JobEnv.from_environ(os.environ)`), with the defaults
+  here; a bad value is a one-line `ConfigError`;
+- `parse_signal`: the one parser of signal names ("USR2", "SIGUSR2", "12");
+- `rendezvous_port`: the one port rule every node of an attempt agrees on.
+
+No I/O here: path arithmetic, parsing and rendering only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ftslurm.errors import ConfigError
+
+
+# ----------------------------------------------------------------------------- exit codes
+class ExitCode(IntEnum):
+    """Exit codes with a meaning between the compute side and the daemon."""
+
+    FINISHED = 0  # done; also a submitit-style "checkpointed, continue me" (0 after the signal)
+    FAILED = 1
+    RESUME_ELSEWHERE = 16  # a rank asks to resume on other hardware
+    FAILED_VALIDATION = 17
+    RESTARTS_EXHAUSTED = 74  # the launcher used up its in-job restarts: the daemon may retry
+    CONTINUE = 75  # every rank checkpointed after the signal: continue me
+    DO_NOT_RETRY = 93
+    CANNOT_EXECUTE = 126  # the task wrapper could not start the command
+    NOT_FOUND = 127  # the command does not exist
+
+
+# Exit codes a rank chooses to say something, with the outcome name reports use; in order of
+# precedence when ranks of a node disagree.
+NAMED_EXITS: dict[ExitCode, str] = {
+    ExitCode.DO_NOT_RETRY: "do_not_retry",
+    ExitCode.FAILED_VALIDATION: "failed_validation",
+    ExitCode.RESUME_ELSEWHERE: "resume_elsewhere",
+}
+# Codes no user setting may claim (`user_error_exit_codes`).
+RESERVED_EXITS = frozenset({ExitCode.FINISHED, ExitCode.RESUME_ELSEWHERE,
+                            ExitCode.FAILED_VALIDATION, ExitCode.DO_NOT_RETRY,
+                            ExitCode.RESTARTS_EXHAUSTED, ExitCode.CONTINUE})  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- signals
+UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
+
+
+def parse_signal(value: str | int) -> signal.Signals:
+    """A signal a job can catch, from its name ("USR2", "sigusr2", "SIGUSR2") or number
+    ("12"); KILL and STOP (which no process can catch) and unknown names are refused with a
+    one-line `ConfigError`."""
+    text = str(value).strip()
+    name = text.upper().removeprefix("SIG")
+    found: signal.Signals | None = None
+    if name.isdigit():
+        if int(name) in {s.value for s in signal.Signals}:
+            found = signal.Signals(int(name))
+    else:
+        found = signal.Signals.__members__.get(f"SIG{name}")
+    if found is None or found in UNCATCHABLE:
+        raise ConfigError(f"not a signal a job can catch: {text!r}")
+    return found
+
+
+def signal_name(value: str | int) -> str:
+    """The name without "SIG" ("USR2") of what `parse_signal` accepts."""
+    return parse_signal(value).name.removeprefix("SIG")
+
+
+def checked_signal_name(value: str | int) -> str:
+    """`signal_name` for a pydantic validator: a refused signal is a ValueError."""
+    try:
+        return signal_name(value)
+    except ConfigError as exc:
+        raise ValueError(exc.message) from None
+
+
+# ----------------------------------------------------------------------------- ports
+PORT_BASE, PORT_SPAN = 20000, 40000
+
+
+def rendezvous_port(job_id: str | int | None, restart_count: int = 0) -> int:
+    """The port (20000-59999) every node and rank of an attempt agrees on, from the job id
+    and Slurm's restart count alone: the launchers' rendezvous endpoint, and MASTER_PORT of
+    ranks started without the launcher. Another one for each restart of the job (104729 is
+    prime to 40000, so consecutive restarts never collide)."""
+    job = int(re.sub(r"\D", "", str(job_id or "")) or 0)
+    return PORT_BASE + (job * 7919 + restart_count * 104729) % PORT_SPAN
+
+
+# ----------------------------------------------------------------------------- paths
+DEFAULT_CHECKPOINT_DIR = "checkpoints"  # relative to the working directory, without a run
+RANK_REPORTS = "rank-*.json"  # in an attempt's folder (RunDir.attempt) or stragglers/
+NODE_REPORTS = "node-*.json"
+HUNG_NODE_REPORTS = "hung-node-*.json"
+CHECKPOINT_MANIFEST = re.compile(r"step-(\d+)\.json")  # ftslurm.checkpoint's manifests
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run's directory and every file the compute side and the daemon share in it."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def progress(self) -> Path:
+        """progress.json: the training's step and checkpoints (`ftslurm.agent.progress`)."""
+        return self.root / "progress.json"
+
+    @property
+    def finished(self) -> Path:
+        """The marker the training writes when it is done."""
+        return self.root / "FINISHED"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def job_output(self) -> str:
+        """sbatch's --output pattern (%j: the job id)."""
+        return f"{self.logs}/job-%j.out"
+
+    @property
+    def checkpoints(self) -> Path:
+        """The default checkpoint directory of a run."""
+        return self.root / DEFAULT_CHECKPOINT_DIR
+
+    @property
+    def attempts(self) -> Path:
+        return self.root / "attempts"
+
+    def attempt(self, attempt: str | int) -> Path:
+        """The folder of attempt `attempt`'s reports."""
+        return self.attempts / str(attempt)
+
+    def rank_report(self, attempt: str | int, rank: int) -> Path:
+        """What the task wrapper of `rank` reports when its command ends."""
+        return self.attempt(attempt) / f"rank-{rank}.json"
+
+    def node_report(self, attempt: str | int, node_rank: int) -> Path:
+        """What the launcher of node `node_rank` reports when its ranks end."""
+        return self.attempt(attempt) / f"node-{node_rank}.json"
+
+    def stop_record(self, attempt: str | int, rank: int) -> Path:
+        """Where `rank` records "saved step S, stopping" before its teardown."""
+        return self.attempt(attempt) / f"stopping-rank-{rank}.json"
+
+    def hung_node(self, attempt: str | int, node_rank: int) -> Path:
+        """The ranks a launcher found hung when it was told to stop."""
+        return self.attempt(attempt) / f"hung-node-{node_rank}.json"
+
+    def fired(self, rank: int) -> Path:
+        """The fault injections rank `rank` carried out in this run."""
+        return self.attempts / f"fired-rank-{rank}.json"
+
+    @property
+    def straggler_nodes(self) -> Path:
+        """Injected straggler spec -> the node it slowed (it stays slow for the run)."""
+        return self.attempts / "straggler-nodes.json"
+
+    @property
+    def stragglers(self) -> Path:
+        return self.root / "stragglers"
+
+    def straggler_rank(self, rank: int) -> Path:
+        """The last window of step times rank `rank` published."""
+        return self.stragglers / f"rank-{rank}.json"
+
+    @property
+    def straggler_state(self) -> Path:
+        return self.stragglers / "state.json"
+
+    @property
+    def straggler_report(self) -> Path:
+        """The scores of the latest window; the daemon reads it."""
+        return self.stragglers / "report.json"
+
+    @property
+    def straggler_lock(self) -> Path:
+        return self.stragglers / ".lock"
+
+
+@dataclass(frozen=True)
+class HeartbeatDir:
+    """The node-local folder between a launcher and its ranks (`FTSLURM_HEARTBEAT_DIR`)."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @staticmethod
+    def for_launcher(tmp: str | Path, job: str, node_rank: int, pid: int) -> HeartbeatDir:
+        return HeartbeatDir(Path(tmp) / f"ftslurm-hb-{job}-{node_rank}-{pid}")
+
+    RECORDS = "rank-*.hb"
+    READY = "ready-*"
+
+    def record(self, local_rank: int | str) -> Path:
+        """The rank's shared-memory heartbeat record (`ftslurm.agent.heartbeat`)."""
+        return self.root / f"rank-{local_rank}.hb"
+
+    def ready(self, local_rank: int | str) -> Path:
+        """Touched by the rank's wrapper once its signal handlers are in place."""
+        return self.root / f"ready-{local_rank}"
+
+    @property
+    def sections(self) -> Path:
+        """Names of the sections numbered from 16."""
+        return self.root / "sections.json"
+
+    @property
+    def torch_logs(self) -> Path:
+        """torch elastic's own logs of the ranks (the launcher's, node-local)."""
+        return self.root / "logs"
+
+
+OBSERVED_DIR = ".ftslurm-observed"  # inside the checkpoint directory
+
+
+def observed_record(checkpoint_dir: str | Path, rank: int) -> Path:
+    """The longest section durations rank `rank` observed, kept next to the checkpoints for
+    the next attempt's launcher."""
+    return Path(checkpoint_dir) / OBSERVED_DIR / f"rank-{rank}.json"
+
+
+# ----------------------------------------------------------------------------- environment
+class EnvName(str, Enum):
+    """Every FTSLURM_* environment variable: the job's (`JobEnv`) and the login node's."""
+
+    RUN_ID = "FTSLURM_RUN_ID"
+    RUN_DIR = "FTSLURM_RUN_DIR"
+    CHECKPOINT_DIR = "FTSLURM_CHECKPOINT_DIR"
+    ATTEMPT_BASE = "FTSLURM_ATTEMPT_BASE"  # the attempt the job was submitted as
+    ATTEMPT = "FTSLURM_ATTEMPT"  # ATTEMPT_BASE + SLURM_RESTART_COUNT
+    CHECKPOINT_SIGNAL = "FTSLURM_CHECKPOINT_SIGNAL"
+    STRAGGLER_INTERVAL_S = "FTSLURM_STRAGGLER_INTERVAL_S"
+    STRAGGLER_THRESHOLD = "FTSLURM_STRAGGLER_THRESHOLD"
+    STRAGGLER_WINDOWS = "FTSLURM_STRAGGLER_WINDOWS"
+    STRAGGLER_REFERENCE = "FTSLURM_STRAGGLER_REFERENCE"
+    INJECT = "FTSLURM_INJECT"  # in-job fault injections (`ftslurm.core.inject.env_value`)
+    IN_JOB_RESTARTS = "FTSLURM_IN_JOB_RESTARTS"
+    SECTION_TIMEOUTS = "FTSLURM_SECTION_TIMEOUTS"  # JSON; see ftslurm.agent.launch
+    GRACE_S = "FTSLURM_GRACE_S"
+    NPROC_PER_NODE = "FTSLURM_NPROC_PER_NODE"
+    HEARTBEAT_DIR = "FTSLURM_HEARTBEAT_DIR"  # set by the launcher for its ranks
+    USER_ERROR_WINDOW_S = "FTSLURM_USER_ERROR_WINDOW_S"
+
+
+def _alias(name: EnvName) -> Any:
+    return {"alias": name.value}
+
+
+class JobEnv(BaseModel):
+    """The FTSLURM_* environment of a job, with its defaults. An empty variable counts as
+    unset. `render()` gives what the daemon writes into the batch script; `from_environ`
+    parses it back (a bad value: one-line ConfigError)."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    run_id: str | None = Field(None, **_alias(EnvName.RUN_ID))
+    run_dir: str | None = Field(None, **_alias(EnvName.RUN_DIR))
+    checkpoint_dir: str | None = Field(None, **_alias(EnvName.CHECKPOINT_DIR))
+    attempt_base: int | None = Field(None, ge=0, **_alias(EnvName.ATTEMPT_BASE))
+    attempt: int | None = Field(None, ge=0, **_alias(EnvName.ATTEMPT))
+    checkpoint_signal: str = Field("USR2", **_alias(EnvName.CHECKPOINT_SIGNAL))
+    straggler_interval_s: float = Field(60.0, gt=0, **_alias(EnvName.STRAGGLER_INTERVAL_S))
+    straggler_threshold: float = Field(0.75, gt=0, le=1, **_alias(EnvName.STRAGGLER_THRESHOLD))
+    straggler_windows: int = Field(3, ge=1, **_alias(EnvName.STRAGGLER_WINDOWS))
+    straggler_reference: Literal["best", "median"] = Field(
+        "best", **_alias(EnvName.STRAGGLER_REFERENCE))
+    inject: str | None = Field(None, **_alias(EnvName.INJECT))
+    in_job_restarts: int = Field(0, ge=0, **_alias(EnvName.IN_JOB_RESTARTS))
+    section_timeouts: dict[str, Any] | None = Field(None, **_alias(EnvName.SECTION_TIMEOUTS))
+    grace_s: float = Field(120.0, gt=0, **_alias(EnvName.GRACE_S))
+    nproc_per_node: int = Field(1, ge=1, **_alias(EnvName.NPROC_PER_NODE))
+    heartbeat_dir: str | None = Field(None, **_alias(EnvName.HEARTBEAT_DIR))
+    user_error_window_s: float = Field(60.0, ge=0, **_alias(EnvName.USER_ERROR_WINDOW_S))
+
+    @field_validator("checkpoint_signal")
+    @classmethod
+    def _signal(cls, value: str) -> str:
+        return checked_signal_name(value)
+
+    @field_validator("section_timeouts", mode="before")
+    @classmethod
+    def _timeouts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("not JSON") from None
+            if not isinstance(value, dict):
+                raise ValueError("not a JSON object")
+        return value
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> JobEnv:
+        """Parse the FTSLURM_* variables of `environ` (others are ignored)."""
+        names = {n.value for n in EnvName}
+        present = {k: v for k, v in environ.items() if k in names and v != ""}
+        try:
+            return cls.model_validate(present)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            key = str(error["loc"][0]) if error.get("loc") else "?"
+            raise ConfigError(f"{key}={present.get(key, '')!r}: "
+                              f"{error['msg'].removeprefix('Value error, ')}") from None
+
+    def render(self) -> dict[str, str]:
+        """The variables as the job's environment has them: the fields given (defaults of
+        fields left out are not rendered, they apply where the job parses them)."""
+        out = {}
+        for name, value in self.model_dump(by_alias=True, exclude_unset=True).items():
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                out[name] = json.dumps(value, sort_keys=True)
+            else:
+                out[name] = str(value)
+        return out
+
+    def current_attempt(self, restart_count: int) -> int:
+        """The attempt this process belongs to: the base plus Slurm's restart count when the
+        daemon gave a base (a requeued job runs the same script again), else FTSLURM_ATTEMPT."""
+        if self.attempt_base is not None:
+            return self.attempt_base + restart_count
+        return self.attempt or 0
+
+    @property
+    def checkpoint_signal_number(self) -> signal.Signals:
+        return parse_signal(self.checkpoint_signal)
+
+    @property
+    def checkpoint_folder(self) -> str:
+        """Where checkpoints go: FTSLURM_CHECKPOINT_DIR, else ./checkpoints."""
+        return self.checkpoint_dir or DEFAULT_CHECKPOINT_DIR
+
+    @property
+    def run(self) -> RunDir | None:
+        return RunDir(self.run_dir) if self.run_dir else None
+
+
+def attempt_setup_line() -> str:
+    """The batch script's shell line that sets FTSLURM_ATTEMPT (see `current_attempt`)."""
+    return (f"export {EnvName.ATTEMPT.value}="
+            f"$(({EnvName.ATTEMPT_BASE.value} + ${{SLURM_RESTART_COUNT:-0}}))")
