@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,7 @@ from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy
 from ftslurm.daemon.reconcile import Reconciler, new_run_record
 from ftslurm.daemon.records import Run, RunState
-from ftslurm.daemon.store import DaemonLock, Store
+from ftslurm.daemon.store import DaemonLock, StaleRecord, Store
 from ftslurm.daemon.submission import make_spec
 from ftslurm.recipe import load_recipe
 
@@ -31,17 +33,23 @@ T0 = 1_000.0
 
 
 # ---------------------------------------------------------------------------- the store
-def test_update_run_does_not_clear_a_cancel_request(tmp_path):
+def test_a_copy_read_before_a_cancel_request_cannot_be_written_back(tmp_path):
     store = Store(tmp_path / "home")
     run = Run("r1", "n", RunState.RUNNING, 1.0, spec={}, settings={})
     store.add_run(run)
     stale = store.get_run("r1")  # the daemon's copy, read before the request
     requested, latest = store.request_cancel("r1", 2.0)
     assert requested and latest is None
-    store.update_run(replace(stale, job_retries_used=1, reason="node_fail: retry 1/2"))
+    with pytest.raises(StaleRecord):  # decided without the cancel: decide again
+        store.update_run(replace(stale, job_retries_used=1, reason="node_fail: retry 1/2"))
+    assert store.get_run("r1").job_retries_used == 0
+    fresh = store.get_run("r1")  # read again: it knows the cancel, and writing it keeps it
+    store.update_run(replace(fresh, job_retries_used=1, cancel_requested=False))
     now = store.get_run("r1")
     assert now.cancel_requested and now.job_retries_used == 1  # both changes kept
-    assert [e.kind for e in store.events("r1")] == ["cancel_requested"]
+    assert store.request_cancel("r1", 3.0)[0]  # asked again: still requested, and a copy
+    store.update_run(now)  # read after the first request is not stale for a repeat
+    assert [e.kind for e in store.events("r1")] == ["cancel_requested", "cancel_requested"]
 
 
 def test_request_cancel_reads_the_latest_attempt_and_refuses_an_ended_run(tmp_path):
@@ -153,9 +161,12 @@ def test_cancel_while_the_daemon_decides_a_node_failure_is_final(mock_cluster, t
     final = store.get_run("race1")
     assert final.state is RunState.CANCELLED and final.reason == "cancelled by the user"
     assert final.cancel_requested  # the request was not written over
-    assert final.job_retries_used == 1  # the node failure's retry stays counted
+    # the decision taken without the cancel was not written (its copy was stale): decided
+    # again knowing the cancel, so no retry was spent and no next attempt recorded
+    assert final.job_retries_used == 0
+    assert [e.data["verdict"] for e in store.events("race1") if e.kind == "ended"] == ["cancel"]
     attempts = store.attempts("race1")
-    assert attempts[0].cause == "node_fail"
+    assert len(attempts) == 1 and attempts[0].cause == "cancelled"  # as seen when decided
     assert seen_running <= {0}  # no later attempt ever reached RUNNING
     running = [e.data["attempt"] for e in store.events("race1") if e.kind == "running"]
     assert running == [0]
@@ -164,3 +175,164 @@ def test_cancel_while_the_daemon_decides_a_node_failure_is_final(mock_cluster, t
     infos = list(backend.query(sorted(jobs)).values())
     infos += [j for t in tags for j in backend.find_jobs(t)]
     assert infos and not [i for i in infos if i.state.is_active], infos
+
+
+# ------------------------------------------------------------ a cancel at every write point
+class CancelAt:
+    """Runs the real `ftslurm cancel` at one write point of the daemon's store: before or
+    after the k-th write (k = 0: before the cycle begins; k = DECIDE: while the daemon
+    decides, after it read the run and before it writes the decision). A write inside a
+    transaction
+    holds SQLite's write lock, so the command's own write gets in when that transaction
+    ends, as it would from another process: the cancel runs then."""
+
+    DECIDE = -2
+    WRITES = ("update_attempt", "update_run", "add_attempt", "flag_node", "unflag_node",
+              "append_event")  # fmt: skip
+
+    def __init__(self, store: Store, run_id: str, k: int, after: bool) -> None:
+        self.store, self.run_id, self.k, self.after = store, run_id, k, after
+        self.calls = 0
+        self.fired_at: int | None = None  # the backend log's length when the cancel ran
+        self.due = False  # fire when the current transaction ends
+        self.log: list[tuple[str, str, str]] | None = None
+        self.armed = False
+        for name in self.WRITES:
+            setattr(store, name, self._wrap(name, getattr(store, name)))
+        real_transaction = store.transaction
+
+        @contextmanager
+        def transaction() -> Iterator[None]:
+            outermost = store._depth == 0
+            try:
+                with real_transaction():
+                    yield
+            finally:
+                if outermost and self.due:
+                    self.fire()
+
+        store.transaction = transaction  # type: ignore[method-assign]
+
+    def _wrap(self, name: str, method):  # type: ignore[no-untyped-def]
+        def write(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if not self.armed or self.fired_at is not None or self.due:
+                return method(*args, **kwargs)
+            self.calls += 1
+            if self.calls != self.k:
+                return method(*args, **kwargs)
+            if self.store._depth:  # the command waits for this transaction to end
+                self.due = True
+                return method(*args, **kwargs)
+            if not self.after:
+                self.fire()
+            result = method(*args, **kwargs)
+            if self.after:
+                self.fire()
+            return result
+
+        return write
+
+    def fire(self) -> None:
+        self.due = False
+        assert self.log is not None
+        self.fired_at = len(self.log)
+        assert main(["cancel", self.run_id]) == 0
+
+
+def _node_failure_run(tmp: Path):  # type: ignore[no-untyped-def]
+    """A run of 2 nodes running on the mock's model (virtual clock) whose node just failed."""
+    from ftslurm.daemon.policy import FtSettings
+    from ftslurm.recipe import Recipe
+
+    from .test_reconcile_property import ModelBackend
+
+    backend = ModelBackend()
+    store = Store(tmp / "home")
+    ft = FtSettings(num_job_retries_on_failure=2, preempt_time=0)
+    spec = make_spec(Recipe(command=["true"], nodes=2, time="10:00"), run_dir=tmp / "run",
+                     backend="mock", workdir=str(tmp), mock_home=tmp / "mock")  # fmt: skip
+    run, first = new_run_record("r0", "r0", spec, ft, backend.now)
+    store.add_run(run)
+    store.add_attempt(first)
+    rec = Reconciler(store, lambda _kind: backend, clock=lambda: backend.now)
+    for _ in range(5):
+        rec.cycle()
+        backend.now += 1
+    (a,) = store.attempts("r0")
+    assert a.state == JobState.RUNNING.value and len(a.nodes) == 2
+    node = a.nodes[1]
+    backend._step(lambda: (None, model.fail_node(backend.st, node, backend.now)))
+    backend.now += backend.st.config.slurmd_timeout_s + 5  # the scheduler notices
+    return backend, store, rec
+
+
+def test_a_cancel_at_any_write_point_of_a_node_failure_is_never_lost(tmp_path, monkeypatch):
+    from ftslurm.cli import runs as runs_cli
+
+    monkeypatch.setenv("FTSLURM_HOME", str(tmp_path / "home"))
+    # the command cancels the job on the same simulated cluster; it need not wait for a
+    # submission under way (this test is the daemon, and answers only when it returns)
+    monkeypatch.setattr(runs_cli, "SUBMIT_WAIT_S", 0.0)
+
+    # how many writes the daemon makes handling the failure, up to the next attempt running
+    backend, store, rec = _node_failure_run(tmp_path / "count")
+    counter = CancelAt(store, "r0", k=-1, after=False)
+    counter.armed, counter.log = True, backend.log
+    for _ in range(10):
+        rec.cycle()
+        backend.now += 1
+        if store.latest_attempt("r0").state == JobState.RUNNING.value:
+            break
+    assert store.latest_attempt("r0").attempt == 1 and store.get_run("r0").job_retries_used == 1
+    points = counter.calls
+    assert points >= 5, points
+
+    real_decide = policy.decide
+
+    def decide(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if cancel.k == CancelAt.DECIDE and cancel.fired_at is None:
+            cancel.fire()  # the user, at the worst moment
+        return real_decide(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "decide", decide)
+    moments = [*range(points + 1), CancelAt.DECIDE]
+    for i in range(50):
+        k, after = moments[i % len(moments)], (i // len(moments)) % 2 == 1
+        tmp = tmp_path / str(i)
+        backend, store, rec = _node_failure_run(tmp)
+        monkeypatch.setenv("FTSLURM_HOME", str(tmp / "home"))
+        monkeypatch.setattr(runs_cli, "create_backend", lambda *_a, b=backend, **_k: b)
+        lock = DaemonLock(tmp / "home")  # the test is the daemon: `cancel` starts none
+        lock.acquire()
+        try:
+            cancel = CancelAt(store, "r0", k, after)
+            cancel.log = backend.log
+            if k == 0:
+                cancel.fire()
+            cancel.armed = True
+            for _ in range(30):
+                rec.cycle()
+                if store.get_run("r0").state.is_terminal:
+                    break
+                backend.now += 31
+        finally:
+            lock.release()
+        where = f"cancel {'after' if after else 'before'} write {k} of {points}"
+        requested = [e.event_id for e in store.events("r0") if e.kind == "cancel_requested"]
+        decided = [e.data["verdict"] for e in store.events("r0", since_id=requested[0])
+                   if e.kind == "ended"]  # fmt: skip
+        assert set(decided) <= {"cancel"}, (where, decided)  # none taken without the cancel
+        assert cancel.fired_at is not None, where
+        final = store.get_run("r0")
+        assert final.state is RunState.CANCELLED, (where, final)
+        assert final.reason == "cancelled by the user" and final.cancel_requested, where
+        assert final.job_retries_used <= 1, where
+        jobs = {a.job_id for a in store.attempts("r0") if a.job_id}
+        tags = {a.tag for a in store.attempts("r0")}
+        late = [(m, key) for _, m, key in backend.log[cancel.fired_at:]
+                if m in ("submit", "release", "start_now") and (key in jobs or key in tags)]
+        assert not late, (where, late)  # nothing brought back after the cancel
+        assert backend.active_by_comment_prefix("ftslurm:r0:") == [], where
+        ended = [e.data["attempt"] for e in store.events("r0") if e.kind == "ended"]
+        assert ended == sorted(set(ended)), (where, ended)  # each attempt decided once
+        store.close()

@@ -27,8 +27,11 @@ from ftslurm.cli import runs as runs_cli
 from ftslurm.cli.main import app, main
 from ftslurm.core.inject import parse_injections
 from ftslurm.core.types import NodeInfo, NodeState
+from ftslurm.daemon import service
+from ftslurm.daemon.reconcile import Reconciler
 from ftslurm.daemon.records import Attempt, NodeFlag, Run, RunState
 from ftslurm.daemon.store import Store
+from ftslurm.errors import FtslurmError
 
 from .conftest import wait_for
 
@@ -140,15 +143,75 @@ def test_nodes_add_refuses_blank_and_odd_names(capsys, home, name):
         assert store.node_flags(time.time()) == []
 
 
-def test_nodes_add_expands_a_hostlist(capsys, home):
+@pytest.fixture
+def daemon(home):
+    """The daemon of `home`, served in this process (stopped afterwards)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=service.serve, args=(home,), kwargs={"stop": stop})
+    thread.start()
+    try:
+        wait_for(lambda: service.running_pid(home) is not None, timeout=30,
+                 what="the daemon to serve")  # fmt: skip
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def test_nodes_add_expands_a_hostlist(capsys, home, daemon):
     code, out, err = cli(capsys, "nodes", "add", "n[1-3]", "--reason", "bad fans")
-    assert code == 0, err
+    assert (code, out) == (0, "n[1-3] excluded\n"), err  # applied when it says so
     with Store(home) as store:
         assert sorted(f.node for f in store.node_flags(time.time())) == ["n1", "n2", "n3"]
-    code, _, err = cli(capsys, "nodes", "remove", "n[1-2]")
-    assert code == 0, err
+        assert {f.reason for f in store.node_flags()} == {"bad fans"}
+    code, out, err = cli(capsys, "nodes", "remove", "n[1-2]")
+    assert (code, out) == (0, "n[1-2] no longer excluded\n"), err
     with Store(home) as store:
         assert [f.node for f in store.node_flags(time.time())] == ["n3"]
+        assert store.pending_requests() == []
+        assert [e.kind for e in store.events()] == ["nodes_add", "nodes_remove"]
+    code, _, err = cli(capsys, "nodes", "remove", "n[3-4]")  # n4 is not on the list
+    assert code != 0 and err == "Error: n4 not on the exclusion list\n"
+    with Store(home) as store:
+        assert [f.node for f in store.node_flags()] == ["n3"]  # refused whole
+        assert store.pending_requests() == []
+
+
+def test_nodes_add_without_a_daemon_is_a_recorded_request(capsys, home, monkeypatch):
+    def cannot_start(_home, timeout_s=15.0):  # type: ignore[no-untyped-def]
+        raise FtslurmError("the daemon exited at once (code 1); see daemon.log")
+
+    monkeypatch.setattr(service, "start", cannot_start)
+    code, out, err = cli(capsys, "nodes", "add", "n[1-2]", "--ttl", "600")
+    assert code == 0, err
+    assert out == ("n[1-2]: exclusion recorded; the daemon applies it on its next cycle, "
+                   "once it runs (the daemon exited at once (code 1); see daemon.log)\n")
+    with Store(home) as store:
+        assert store.node_flags() == []  # the command wrote no flag itself
+        (request,) = store.pending_requests()
+    code, out, err = cli(capsys, "nodes")
+    assert "1 node request(s) not applied yet" in err and "n1" not in out
+    with Store(home) as store:
+        Reconciler(store, lambda _kind: None).cycle()  # the daemon's next cycle
+        flags = store.node_flags(time.time())
+        assert [f.node for f in flags] == ["n1", "n2"]
+        assert flags[0].expires_at == pytest.approx(request.created_at + 600)
+        assert store.get_request(request.request_id).result == {"added": ["n1", "n2"]}
+
+
+def test_the_cli_writes_no_run_state_itself():
+    """The daemon is the one writer of runs, attempts and node flags: no command calls the
+    store's transitions (they write requests, the cancel flag, or a new run)."""
+    import ast
+
+    transitions = {"update_run", "update_attempt", "flag_node", "unflag_node"}
+    found = []
+    for path in sorted((REPO / "ftslurm" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = getattr(node, "attr", None) or getattr(node, "id", None)
+            if name in transitions:
+                found.append(f"{path.name}:{node.lineno} {name}")
+    assert not found, found
 
 
 # ------------------------------------------------------------------ 8. a silent node

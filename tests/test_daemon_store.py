@@ -22,6 +22,7 @@ from ftslurm.daemon.store import (
     SCHEMA_VERSION,
     DaemonAlreadyRunning,
     DaemonLock,
+    StaleRecord,
     StateError,
     Store,
 )
@@ -260,13 +261,13 @@ def test_reopen_keeps_data_and_skips_migrations(tmp_path: Path, monkeypatch) -> 
     with Store(home) as s:
         s.add_run(make_run())
         s.append_event("r1", "created", {}, 1.0)
-    # Version 2 adds a table; a re-run of it (or of version 1) would fail on CREATE TABLE.
-    migrations = [*store_mod.MIGRATIONS, (2, ["CREATE TABLE extra (x INTEGER)"])]
+    # A next version adds a table; a re-run of it (or of an earlier one) would fail.
+    migrations = [*store_mod.MIGRATIONS, (SCHEMA_VERSION + 1, ["CREATE TABLE extra (x)"])]
     monkeypatch.setattr(store_mod, "MIGRATIONS", migrations)
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     for _ in range(2):
         with Store(home) as s:
-            assert s.schema_version() == 2
+            assert s.schema_version() == SCHEMA_VERSION + 1
             assert s.get_run("r1") == make_run()
             assert len(s.events()) == 1
     with sqlite3.connect(home / "state.db") as db:
@@ -277,13 +278,14 @@ def test_reopen_keeps_data_and_skips_migrations(tmp_path: Path, monkeypatch) -> 
 def test_failed_migration_changes_nothing(tmp_path: Path, monkeypatch) -> None:
     home = tmp_path / "home"
     Store(home).close()
-    migrations = [*store_mod.MIGRATIONS, (2, ["CREATE TABLE extra (x)", "NOT SQL AT ALL"])]
+    migrations = [*store_mod.MIGRATIONS,
+                  (SCHEMA_VERSION + 1, ["CREATE TABLE extra (x)", "NOT SQL AT ALL"])]
     monkeypatch.setattr(store_mod, "MIGRATIONS", migrations)
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with pytest.raises(StateError, match="syntax error"):
         Store(home)
     with sqlite3.connect(home / "state.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert (
             db.execute("SELECT count(*) FROM sqlite_master WHERE name='extra'").fetchone()[0] == 0
         )
@@ -439,3 +441,93 @@ def test_daemon_lock_across_processes(tmp_path: Path) -> None:
     with DaemonLock(home):
         assert DaemonLock.holder_pid(home) == os.getpid()
     assert DaemonLock.holder_pid(home) is None
+
+
+# ---------------------------------------------------------------------- one writer
+def test_updates_are_compare_and_set_on_the_version(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with Store(home) as daemon, Store(home) as other:  # two connections, as two processes
+        run = make_run()
+        daemon.add_run(run)
+        daemon.add_attempt(make_attempt())
+        assert run.version == 0 and daemon.get_run("r1").version == 0
+        mine, theirs = daemon.get_run("r1"), other.get_run("r1")
+        daemon.update_run(replace(mine, reason="first"))
+        assert daemon.get_run("r1").version == 1
+        with pytest.raises(StaleRecord) as info:  # theirs was read at version 0
+            other.update_run(replace(theirs, reason="overwritten"))
+        assert isinstance(info.value, StateError) and "\n" not in info.value.user_message()
+        assert "version 0, now 1" in info.value.message
+        assert daemon.get_run("r1").reason == "first"  # nothing written over
+        again = replace(other.get_run("r1"), reason="second")
+        other.update_run(again)
+        again.reason = "third"
+        other.update_run(again)  # a copy that was written carries its new version
+        assert again.version == 3 and daemon.get_run("r1").version == 3
+        assert daemon.get_run("r1").reason == "third"
+
+        a, b = daemon.attempts("r1")[0], other.attempts("r1")[0]
+        daemon.update_attempt(replace(a, state="COMPLETED"))
+        with pytest.raises(StaleRecord):
+            other.update_attempt(replace(b, state="FAILED"))
+        stored = daemon.attempts("r1")[0]
+        assert (stored.state, stored.version) == ("COMPLETED", 1)
+        with pytest.raises(StateError, match="no attempt 7") as missing:
+            daemon.update_attempt(make_attempt(attempt=7))
+        assert not isinstance(missing.value, StaleRecord)
+
+
+def test_a_write_in_a_rolled_back_transaction_leaves_the_copy_stale(store: Store) -> None:
+    store.add_run(make_run())
+    copy = store.get_run("r1")
+    with pytest.raises(RuntimeError), store.transaction():
+        store.update_run(replace(copy, reason="undone"))
+        raise RuntimeError("boom")
+    stale = replace(copy, version=1)  # what the rolled-back write left in its copy
+    with pytest.raises(StaleRecord):
+        store.update_run(stale)  # a false conflict: read again, never a lost update
+    assert store.get_run("r1") == make_run() and store.get_run("r1").version == 0
+
+
+def test_upgrade_from_a_version_1_database_keeps_the_data(tmp_path: Path, monkeypatch) -> None:
+    home = tmp_path / "home"
+    with monkeypatch.context() as m:  # a database written by the ftslurm of schema 1
+        m.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:1])
+        m.setattr(store_mod, "SCHEMA_VERSION", 1)
+        with Store(home) as old:
+            old._db.execute("INSERT INTO runs VALUES ('r1', 'name-r1', 'RUNNING', 100.0, NULL,"
+                            " '{}', '{}', 2, '{}', 0, 0, NULL, 'why', 1)")  # fmt: skip
+            old._db.execute("INSERT INTO attempts VALUES ('r1', 0, 'RUNNING', '1000', "
+                            "'ftslurm:r1:0', 0, '[\"n1\"]', 10.0, 11.0, NULL, NULL, NULL, "
+                            "NULL, NULL, 0, NULL, NULL)")  # fmt: skip
+            old.append_event("r1", "created", {}, 1.0)
+            old.flag_node(NodeFlag("n2", "node_fail", 5.0, None, "r1"))
+            assert old.schema_version() == 1
+    with Store(home) as s:
+        assert s.schema_version() == SCHEMA_VERSION == 2
+        run = s.get_run("r1")
+        assert (run.name, run.job_retries_used, run.reason, run.cancel_requested) == (
+            "name-r1", 2, "why", True)
+        assert run.version == 0
+        (a,) = s.attempts("r1")
+        assert (a.job_id, a.nodes, a.version) == ("1000", ["n1"], 0)
+        assert [e.kind for e in s.events()] == ["created"]
+        assert [f.node for f in s.node_flags()] == ["n2"]
+        s.update_run(replace(run, reason="upgraded"))  # compare-and-set works on old rows
+        s.update_attempt(replace(a, state="COMPLETED"))
+        assert (s.get_run("r1").version, s.attempts("r1")[0].version) == (1, 1)
+        assert s.pending_requests() == []
+
+
+def test_requests_are_recorded_and_applied_once(store: Store) -> None:
+    first = store.add_request("nodes_add", {"nodes": ["n1"]}, 10.0)
+    second = store.add_request("nodes_remove", {"nodes": ["n2"]}, 11.0)
+    assert second > first
+    assert [(r.request_id, r.kind, r.data) for r in store.pending_requests()] == [
+        (first, "nodes_add", {"nodes": ["n1"]}), (second, "nodes_remove", {"nodes": ["n2"]})]
+    assert store.finish_request(first, {"applied": ["n1"]}, 12.0) is True
+    assert store.finish_request(first, {"applied": []}, 13.0) is False  # once
+    done = store.get_request(first)
+    assert (done.applied_at, done.result) == (12.0, {"applied": ["n1"]})
+    assert [r.request_id for r in store.pending_requests()] == [second]
+    assert store.get_request(999) is None

@@ -118,3 +118,55 @@ def test_a_dry_run_submit_prints_one_line_with_where_to_look(cli, tmp_path):
     assert proc.stderr.strip() == ""  # not the script
     script = cli("submit", "--dry-run", "--print-script", str(train)).stdout
     assert script.startswith("#!/bin/bash") and len(Store(cli.home).list_runs()) == 1
+
+
+# ------------------------------------------------- a stale write right after a submission
+def test_a_stale_write_of_a_new_job_id_never_leads_to_a_second_submission(tmp_path):
+    """The daemon submits attempt 1 (its own intent, trusted: no search by tag) and the
+    write of the new job id is refused as stale (another writer moved the record on). The
+    pass ends without the id; the next one must find the job by its tag, not submit again."""
+    from ftslurm.core.settings import FtSettings
+    from ftslurm.core.types import JobState
+    from ftslurm.daemon.reconcile import Reconciler, new_run_record
+    from ftslurm.daemon.store import StaleRecord
+    from ftslurm.daemon.submission import make_spec
+    from ftslurm.recipe import Recipe
+
+    from .test_reconcile_property import ModelBackend
+
+    backend = ModelBackend()
+    store = Store(tmp_path / "home")
+    ft = FtSettings(num_job_retries_on_failure=2, preempt_time=0)
+    spec = make_spec(Recipe(command=["true"], nodes=1, time="10:00"), run_dir=tmp_path / "run",
+                     backend="mock", workdir=str(tmp_path), mock_home=tmp_path / "mock")
+    run, first = new_run_record("r0", "r0", spec, ft, backend.now)
+    store.add_run(run)
+    store.add_attempt(first)
+    rec = Reconciler(store, lambda _kind: backend, clock=lambda: backend.now)
+    for _ in range(5):
+        rec.cycle()
+        backend.now += 1
+    (a,) = store.attempts("r0")
+    assert a.state == JobState.RUNNING.value
+    backend.exited[a.job_id or ""] = (1, None)  # it fails, and the daemon looks only once
+    backend.query([a.job_id or ""])  # the controller sees it end
+    backend.now += 120  # and forgets it (MinJobAge): the next attempt is a fresh submission
+
+    real_update = store.update_attempt
+    refused: list[str] = []
+
+    def update_attempt(x):  # type: ignore[no-untyped-def]
+        if x.attempt == 1 and x.job_id and not refused:
+            refused.append(x.job_id)
+            raise StaleRecord("attempt 1 of run 'r0' changed since it was read")
+        return real_update(x)
+
+    store.update_attempt = update_attempt  # type: ignore[method-assign]
+    for _ in range(5):
+        rec.cycle()
+        backend.now += 1
+    assert len(refused) == 1  # the job was submitted and its id's write refused
+    latest = store.latest_attempt("r0")
+    assert latest.attempt == 1 and latest.job_id == refused[0]  # found by its tag
+    assert backend.submitted[tag("r0", 1)] == 1
+    assert [e.kind for e in store.events("r0") if e.data.get("attempt") == 1][:1] == ["adopted"]

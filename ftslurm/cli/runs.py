@@ -37,10 +37,10 @@ from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_inj
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
 from ftslurm.core.validate import OWNED_SBATCH_FLAGS
-from ftslurm.daemon import service
+from ftslurm.daemon import service, user_requests
 from ftslurm.daemon.reconcile import new_run_record
-from ftslurm.daemon.records import NEVER_SUBMITTED, Attempt, NodeFlag, Run, RunState
-from ftslurm.daemon.store import Store, marked_backends
+from ftslurm.daemon.records import NEVER_SUBMITTED, Attempt, Run, RunState
+from ftslurm.daemon.store import Request, Store, marked_backends
 from ftslurm.daemon.submission import backend_key, build_attempt, make_spec, tag
 from ftslurm.errors import (
     ConfigError,
@@ -731,7 +731,12 @@ _NODE_COLS = (Col("node", None), Col("reason", 50, wraps=True), Col("since", 60)
 @nodes_app.command("list")
 def nodes_list(as_json: JsonOpt = False) -> None:
     """Show excluded nodes with their reasons and expiry."""
-    flags = _store().node_flags(time.time())
+    store = _store()
+    flags = store.node_flags(time.time())
+    pending = len(store.pending_requests())
+    if pending:
+        err.print(f"{pending} node request(s) not applied yet: the daemon applies them on "
+                  "its next cycle", markup=False, highlight=False)  # fmt: skip
     if as_json:
         typer.echo(json.dumps([f.__dict__ for f in flags]))
         return
@@ -776,12 +781,11 @@ def nodes_add(
     names = node_names(node)
     if ttl is not None and ttl <= 0:
         raise ConfigError(f"--ttl must be a positive number of seconds, not {ttl:g}")
-    now = time.time()
-    store = _store()
-    for name in names:
-        store.flag_node(NodeFlag(node=name, reason=reason, since=now,
-                                 expires_at=now + ttl if ttl else None))  # fmt: skip
-    typer.echo(f"{compress_nodes(names)} excluded")
+    done, note = _ask_daemon(*user_requests.nodes_add(names, reason, ttl))
+    if done is None:
+        typer.echo(f"{compress_nodes(names)}: exclusion recorded; {note}")
+    else:
+        typer.echo(f"{compress_nodes(names)} excluded")
 
 
 @nodes_app.command("remove")
@@ -789,11 +793,46 @@ def nodes_remove(node: Annotated[str, typer.Argument(
         metavar="NODES", show_default=False, help="A node name, n1,n2 or n[1-3].")]) -> None:
     """Let nodes be used again."""
     names = node_names(node)
-    store = _store()
-    missing = [n for n in names if not store.unflag_node(n)]
+    flagged = {f.node for f in _store().node_flags()}
+    missing = [n for n in names if n not in flagged]
+    if not missing:
+        done, note = _ask_daemon(*user_requests.nodes_remove(names))
+        if done is None:
+            typer.echo(f"{compress_nodes(names)}: removal recorded; {note}")
+            return
+        missing = list((done.result or {}).get("missing") or [])  # removed meanwhile
     if missing:
         raise ConfigError(f"{compress_nodes(missing)} not on the exclusion list")
     typer.echo(f"{compress_nodes(names)} no longer excluded")
+
+
+# How long `nodes add` and `nodes remove` wait for the daemon to apply their request (s).
+REQUEST_WAIT_S = 15.0
+
+
+def _ask_daemon(kind: str, data: dict[str, Any]) -> tuple[Request | None, str]:
+    """Record a request for the daemon (the one writer of node flags), start or wake it,
+    and wait, bounded, until it applied the request. Returns the applied request, or None
+    and what happens next."""
+    home = state_dir()
+    store = _store()
+    request_id = store.add_request(kind, data, time.time())
+    later = "the daemon applies it on its next cycle"
+    try:
+        service.start(home)
+        service.wake(home)
+    except FtslurmError as exc:
+        return None, f"{later}, once it runs ({exc.user_message()})"
+    deadline = time.monotonic() + REQUEST_WAIT_S
+    while True:
+        request = store.get_request(request_id)
+        if request is not None and request.applied_at is not None:
+            return request, ""
+        if time.monotonic() >= deadline:
+            return None, f"{later} (it did not within {REQUEST_WAIT_S:g}s)"
+        if service.running_pid(home) is None:
+            return None, f"{later}, once it runs (`ftslurm daemon start`)"
+        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------- daemon

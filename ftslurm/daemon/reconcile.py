@@ -14,6 +14,15 @@ recorded the intent itself); a requeue intent checks the job's restart count bef
 requeueing again. The run's cancel flag is read again where a cancel must win: before a
 submission, after recording a job id, before an ending is decided, before a held job is
 released.
+
+The daemon is the one writer of run state (docs/daemon.md, "One writer"): commands record
+requests (`user_requests`, applied at the start of each cycle) and the cancel flag, and the
+store's updates are compare-and-set on the version a record was read at. A record another
+writer moved on (`StaleRecord`: a cancel request moves the run's version) ends the pass
+without writing; the next pass reads it again and decides again. An action already taken
+is never lost that way: a job submitted before a stale write is found by its tag next
+cycle (the attempt's intent is no longer trusted), a requeue or a release is checked
+against the job's restart count and state before it is repeated.
 """
 
 from __future__ import annotations
@@ -44,8 +53,9 @@ from ftslurm.daemon.records import (
     RunState,
     tag,
 )
-from ftslurm.daemon.store import StateError, Store
+from ftslurm.daemon.store import StaleRecord, StateError, Store
 from ftslurm.daemon.submission import backend_key, build_attempt
+from ftslurm.daemon.user_requests import apply_requests
 from ftslurm.errors import (
     FtslurmError,
     InvalidJobId,
@@ -64,13 +74,15 @@ _MAX_ROUNDS = 12  # steps for one attempt in one cycle (facts asked for, attempt
 
 
 def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt,
-                   intent: core.Adopt | core.Submit,
-                   clock: Callable[[], float] = time.time) -> Attempt:  # fmt: skip
+                   intent: core.Adopt | core.Submit, clock: Callable[[], float] = time.time,
+                   write: Callable[[Attempt], Attempt] | None = None) -> Attempt:  # fmt: skip
     """Carry out a SUBMITTING intent: record the adopted job, or submit.
 
     The job id is recorded and the run's cancel request read in one transaction: a
     `cancel` either finds the job id (and cancels the job) or is seen here, and then the
-    job is cancelled at once."""
+    job is cancelled at once. `write` stores the attempt (default: `store.update_attempt`).
+    When that write fails (`StaleRecord` included) after a submission, the job exists
+    without its id recorded: the caller must look for it by tag before submitting again."""
     if isinstance(intent, core.Adopt):
         job = intent.job
         a = replace(a, job_id=job.job_id, state=AttemptState.of(job.state),
@@ -84,7 +96,10 @@ def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt
         event = ("submitted", {"attempt": a.attempt, "job_id": job_id,
                                "exclude": list(intent.exclude)})  # fmt: skip
     with store.transaction():
-        store.update_attempt(a)
+        if write is None:
+            store.update_attempt(a)
+        else:
+            a = write(a)
         store.append_event(run.run_id, *event, clock())
         current = store.get_run(run.run_id)
     if current is not None and current.cancel_requested and a.job_id:
@@ -115,12 +130,27 @@ class Reconciler:
         self._deferred: set[tuple[str, int]] = set()  # submissions the scheduler put off
         self._min_job_age: dict[str, float] = {}
         self._nodes: dict[str, dict[str, bool]] = {}  # this cycle's node listing per backend
+        # the versions this pass moved records on itself: (table, run id, attempt) ->
+        # {version written from: version it became}
+        self._moved: dict[tuple[str, str, int], dict[int, int]] = {}
 
     # ----------------------------------------------------------------- the cycle
     def cycle(self) -> float:
-        """One pass over every active run; returns seconds until the next one is due."""
+        """One pass over every active run; returns seconds until the next one is due.
+
+        A record changed by another writer meanwhile (`StaleRecord`: e.g. a cancel request)
+        ends the pass without writing over it; the next pass, at once, reads and decides
+        again."""
+        try:
+            return self._cycle()
+        except StaleRecord as exc:
+            log.info("%s; deciding again", exc.message)
+            return 0.0
+
+    def _cycle(self) -> float:
+        apply_requests(self.store, self.clock())  # what commands asked for (nodes add/remove)
         deadlines: list[float] = []
-        self._nodes = {}
+        self._nodes, self._moved = {}, {}
         by_backend: dict[str, list[tuple[Run, Attempt]]] = {}
         for run in self.store.list_runs(active_only=True):
             if self.stop is not None and self.stop.is_set():
@@ -174,8 +204,10 @@ class Reconciler:
             try:
                 intents = core.step(a, info, run, facts, self.clock())
                 if len(intents) == 1 and isinstance(intents[0], core.Need):
+                    if "cancel" in intents[0].what:  # the run as stored now, with its version:
+                        run = self.store.get_run(run.run_id) or run  # a later request
                     facts = self._gather(intents[0].what, kind, backend, run, a, facts)
-                    continue
+                    continue  # makes the decision's writes stale (decided again)
                 nxt = self._execute(backend, run, a, intents, deadlines)
             except _Again as again:
                 facts = again.facts
@@ -231,8 +263,8 @@ class Reconciler:
                 a: Attempt, facts: core.Facts) -> core.Facts:  # fmt: skip
         """Read the facts `step` asked for."""
         got: dict[str, Any] = {}
-        if "cancel" in what:
-            got["cancel_requested"] = self._cancel_requested(run.run_id)
+        if "cancel" in what:  # `run` was read again for it (`_advance`)
+            got["cancel_requested"] = run.cancel_requested
         if "found" in what:  # since: the run's creation, before which no job of it existed
             got["found"] = tuple(backend.find_jobs(a.tag, since=run.created_at))
         if "nodes" in what:
@@ -268,7 +300,8 @@ class Reconciler:
             if isinstance(intent, core.Wake):
                 deadlines.append(intent.at)
             elif isinstance(intent, (core.Adopt, core.Submit)):
-                current = submit_attempt(self.store, backend, run, a, intent, self.clock)
+                current = submit_attempt(self.store, backend, run, a, intent, self.clock,
+                                         self._write_attempt)  # fmt: skip
                 self.last_change = self.clock()
             elif isinstance(intent, core.Cancel):
                 with contextlib.suppress(JobStateConflict, InvalidJobId):  # ended meanwhile
@@ -284,8 +317,7 @@ class Reconciler:
             elif isinstance(intent, core.StartNow):
                 backend.start_now(job)
             elif isinstance(intent, core.Requeued):
-                current = replace(a, state=AttemptState.PENDING)
-                self.store.update_attempt(current)
+                current = self._write_attempt(replace(a, state=AttemptState.PENDING))
                 self.store.append_event(run.run_id, "requeued", {
                     "attempt": a.attempt, "job_id": a.job_id,
                     "exclude": None if intent.exclude is None else list(intent.exclude)},
@@ -303,14 +335,14 @@ class Reconciler:
         with self.store.transaction():
             for r in records:
                 if isinstance(r, core.Record):
-                    self.store.update_attempt(r.attempt)
-                    if a is not None and r.attempt.attempt == a.attempt:
-                        current = r.attempt
+                    written = self._write_attempt(r.attempt)
+                    if a is not None and written.attempt == a.attempt:
+                        current = written
                 elif isinstance(r, core.NewAttempt):
                     self.store.add_attempt(r.attempt)
                     current = r.attempt
                 elif isinstance(r, core.UpdateRun):
-                    self.store.update_run(r.run)
+                    self._write_run(r.run)
                 elif isinstance(r, core.Finish):
                     self._finish(run, r.state, r.reason)
                     current = None
@@ -331,6 +363,35 @@ class Reconciler:
             log.info("run %s: cannot requeue job %s; submitting afresh", run.run_id, a.job_id)
         return current
 
+    def _rebased(self, key: tuple[str, str, int], version: int) -> int:
+        """The version a copy read at `version` stands at after this pass's own writes.
+
+        A step's intents are derived one from the other (a record changed, then the
+        checkpoint signal's time set on that copy), and each may carry the version its
+        first copy was read at: a write this pass made itself does not make them stale.
+        Another writer's change still does (its version is not one this pass wrote)."""
+        moves = self._moved.get(key, {})
+        while version in moves:
+            version = moves[version]
+        return version
+
+    def _write_attempt(self, a: Attempt) -> Attempt:
+        """Store `a` (compare-and-set); returns the copy written, at its new version."""
+        key = ("attempt", a.run_id, a.attempt)
+        a = replace(a, version=self._rebased(key, a.version))
+        read_at = a.version
+        self.store.update_attempt(a)
+        self._moved.setdefault(key, {})[read_at] = a.version
+        return a
+
+    def _write_run(self, run: Run) -> None:
+        """Store `run` (compare-and-set), as `_write_attempt`."""
+        key = ("run", run.run_id, -1)
+        run = replace(run, version=self._rebased(key, run.version))
+        read_at = run.version
+        self.store.update_run(run)
+        self._moved.setdefault(key, {})[read_at] = run.version
+
     def _write_flag(self, flag: core.FlagNode, now: float, run_id: str) -> None:
         self.store.flag_node(NodeFlag(node=flag.node, reason=flag.reason, since=now,
                                       expires_at=None if flag.ttl_s is None else now + flag.ttl_s,
@@ -348,8 +409,7 @@ class Reconciler:
         reason = f"never submitted: {message}"
         log.warning("run %s: attempt %d %s", run.run_id, a.attempt, reason)
         with self.store.transaction():
-            self.store.update_attempt(replace(a, state=NEVER_SUBMITTED, reason=message,
-                                              end=now))  # fmt: skip
+            self._write_attempt(replace(a, state=NEVER_SUBMITTED, reason=message, end=now))
             self._finish(run, RunState.FAILED, reason)
         self.last_change = now
 
@@ -361,7 +421,7 @@ class Reconciler:
     def _finish(self, run: Run, state: RunState, reason: str) -> None:
         now = self.clock()
         current = self.store.get_run(run.run_id) or run  # the run as the step just left it
-        self.store.update_run(replace(current, state=state, reason=reason, ended_at=now))
+        self._write_run(replace(current, state=state, reason=reason, ended_at=now))
         self.store.append_event(run.run_id, "run_ended", {"state": state.value,
                                                          "reason": reason}, now)
 

@@ -85,6 +85,9 @@ class Run:
     reason: str | None = None  # why the run ended (or the last decision), for `status`
     cancel_requested: bool = False
     ended_at: float | None = None
+    # The stored version this copy was read at (`Store.update_run` is compare-and-set on it);
+    # bookkeeping, not content: two copies of the same run compare equal across versions.
+    version: int = field(default=0, compare=False)
 
 
 @dataclass
@@ -106,6 +109,7 @@ class Attempt:
     in_job_restarts: int = 0
     checkpoint_signal_at: float | None = None  # when the daemon sent the checkpoint signal
     failure_seen_at: float | None = None  # when the daemon observed the previous ending
+    version: int = field(default=0, compare=False)  # as stored when read (compare-and-set)
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, AttemptState):

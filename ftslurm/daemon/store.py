@@ -8,6 +8,15 @@ Tables (schema version in `PRAGMA user_version`, upgraded by `MIGRATIONS` in ord
     events     append-only log of what the daemon saw, decided and did; `event_id` only
                grows (AUTOINCREMENT: ids are never reused), `data` is JSON text
     node_flags one row per flagged node (kept out of later attempts), reason and expiry
+    requests   what a command asked the daemon to do (add or remove node exclusions): kind,
+               data (JSON), when asked, and when and how the daemon applied it
+
+One writer of run state: the daemon performs every transition of runs, attempts and node
+flags. Commands write only new runs (with their first submission intent), requests and
+the cancel flag (`request_cancel`). Runs and attempts carry a `version`; `update_run` and
+`update_attempt` are compare-and-set on the version the record was read at and raise
+`StaleRecord` when the stored one moved on (a cancel request moves a run's version too):
+the holder of the old copy reads again and decides again, it never overwrites.
 
 Enums are stored as their `.value`, times as REAL (seconds since the epoch), booleans as
 0/1. Several processes use the database at once (the daemon, `ftslurm submit/status/cancel`):
@@ -92,6 +101,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             node TEXT PRIMARY KEY, reason TEXT NOT NULL, since REAL NOT NULL,
             expires_at REAL, run_id TEXT)""",
     ]),
+    (2, [
+        "ALTER TABLE runs ADD COLUMN version INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE attempts ADD COLUMN version INTEGER NOT NULL DEFAULT 0",
+        """CREATE TABLE requests (
+            request_id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,
+            data TEXT NOT NULL, created_at REAL NOT NULL, applied_at REAL, result TEXT)""",
+        "CREATE INDEX requests_pending ON requests(applied_at, request_id)",
+    ]),
 ]  # fmt: skip
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]
 
@@ -107,6 +124,11 @@ _TERMINAL = tuple(s.value for s in RunState if s.is_terminal)
 class StateError(PermanentError):
     """The state database cannot be used as asked (newer schema, missing or duplicate record,
     or sqlite failed)."""
+
+
+class StaleRecord(StateError):
+    """A compare-and-set write found the record changed since the copy was read (another
+    writer moved its version on): read it again and decide again, never overwrite."""
 
 
 class StateDamaged(StateError):
@@ -403,35 +425,56 @@ class Store:
             stalled_continuations=row["stalled_continuations"],
             last_checkpoint_step=row["last_checkpoint_step"], reason=row["reason"],
             cancel_requested=bool(row["cancel_requested"]), ended_at=row["ended_at"],
+            version=row["version"],
         )  # fmt: skip
 
     def add_run(self, run: Run) -> None:
-        """Insert a new run; `StateError` if `run.run_id` exists."""
+        """Insert a new run (stored at version 0, which `run` then carries); `StateError` if
+        `run.run_id` exists."""
         marks = ",".join("?" * len(_RUN_COLS))
         try:
             self._write(f"INSERT INTO runs ({','.join(_RUN_COLS)}) VALUES ({marks})",
                         self._run_row(run))  # fmt: skip
         except sqlite3.IntegrityError:
             raise StateError(f"run {run.run_id!r} already exists in {self.path}") from None
+        run.version = 0
+
+    def _stale(self, table: str, where: str, key: tuple[Any, ...], what: str,
+               read_at: int) -> StateError:  # fmt: skip
+        """Why a compare-and-set update changed no row: the record is gone, or it moved on."""
+        rows = self._read(f"SELECT version FROM {table} WHERE {where}", key)
+        if not rows:
+            return StateError(f"no {what} in {self.path}")
+        return StaleRecord(f"{what} changed since it was read (version {read_at}, now "
+                           f"{rows[0][0]}): read it again")  # fmt: skip
 
     def update_run(self, run: Run) -> None:
         """Replace the stored record of `run.run_id` except its cancel request (only
-        `request_cancel` sets that: a copy read earlier must not undo it); `StateError` if
-        there is none."""
+        `request_cancel` sets that), if it is still at `run.version` (compare-and-set);
+        then the version moves on by one, in the store and in `run`. `StaleRecord` when
+        another writer changed it since `run` was read, `StateError` if there is none.
+
+        Inside a transaction that rolls back, `run` keeps the new version all the same: a
+        later write from it then fails as stale (read again), it never overwrites."""
         cols = [i for i, c in enumerate(_RUN_COLS) if c not in ("run_id", "cancel_requested")]
         sets = ",".join(f"{_RUN_COLS[i]} = ?" for i in cols)
         row = self._run_row(run)
-        cur = self._write(f"UPDATE runs SET {sets} WHERE run_id = ?",
-                          (*(row[i] for i in cols), row[0]))  # fmt: skip
+        cur = self._write(f"UPDATE runs SET {sets}, version = version + 1 "
+                          "WHERE run_id = ? AND version = ?",
+                          (*(row[i] for i in cols), row[0], run.version))  # fmt: skip
         if cur.rowcount == 0:
-            raise StateError(f"no run {run.run_id!r} in {self.path}")
+            raise self._stale("runs", "run_id = ?", (run.run_id,), f"run {run.run_id!r}",
+                              run.version)  # fmt: skip
+        run.version += 1
 
     def request_cancel(self, run_id: str, now: float) -> tuple[bool, Attempt | None]:
         """Ask for a run's cancellation: set that one column (and log the event) unless the
         run has ended, and read its latest attempt in the same transaction. Returns whether
-        the request was recorded, and that attempt."""
+        the request was recorded, and that attempt. The first request moves the run's
+        version on, so a copy read before it can no longer be written back."""
         with self.transaction():
-            cur = self._write(f"UPDATE runs SET cancel_requested = 1 WHERE run_id = ? AND "
+            cur = self._write("UPDATE runs SET version = version + (cancel_requested = 0), "
+                              "cancel_requested = 1 WHERE run_id = ? AND "
                               f"state NOT IN ({','.join('?' * len(_TERMINAL))})",
                               (run_id, *_TERMINAL))  # fmt: skip
             if cur.rowcount:
@@ -477,11 +520,12 @@ class Store:
             signal=row["signal"], reason=row["reason"], cause=row["cause"],
             in_job_restarts=row["in_job_restarts"],
             checkpoint_signal_at=row["checkpoint_signal_at"],
-            failure_seen_at=row["failure_seen_at"],
+            failure_seen_at=row["failure_seen_at"], version=row["version"],
         )  # fmt: skip
 
     def add_attempt(self, a: Attempt) -> None:
-        """Insert a new attempt of an existing run; `StateError` if it exists already."""
+        """Insert a new attempt of an existing run (stored at version 0, which `a` then
+        carries); `StateError` if it exists already."""
         marks = ",".join("?" * len(_ATTEMPT_COLS))
         try:
             self._write(f"INSERT INTO attempts ({','.join(_ATTEMPT_COLS)}) VALUES ({marks})",
@@ -490,15 +534,20 @@ class Store:
             if "FOREIGN KEY" in str(exc):
                 raise StateError(f"attempt {a.attempt} names unknown run {a.run_id!r}") from None
             raise StateError(f"attempt {a.attempt} of run {a.run_id!r} already exists") from None
+        a.version = 0
 
     def update_attempt(self, a: Attempt) -> None:
-        """Replace the whole stored record of (`a.run_id`, `a.attempt`)."""
+        """Replace the whole stored record of (`a.run_id`, `a.attempt`) if it is still at
+        `a.version` (compare-and-set, as `update_run`); `StaleRecord` when it moved on."""
         sets = ",".join(f"{c} = ?" for c in _ATTEMPT_COLS[2:])
         row = self._attempt_row(a)
-        cur = self._write(f"UPDATE attempts SET {sets} WHERE run_id = ? AND attempt = ?",
-                          (*row[2:], row[0], row[1]))  # fmt: skip
+        cur = self._write(f"UPDATE attempts SET {sets}, version = version + 1 "
+                          "WHERE run_id = ? AND attempt = ? AND version = ?",
+                          (*row[2:], row[0], row[1], a.version))  # fmt: skip
         if cur.rowcount == 0:
-            raise StateError(f"no attempt {a.attempt} of run {a.run_id!r} in {self.path}")
+            raise self._stale("attempts", "run_id = ? AND attempt = ?", (a.run_id, a.attempt),
+                              f"attempt {a.attempt} of run {a.run_id!r}", a.version)
+        a.version += 1
 
     def attempts(self, run_id: str) -> list[Attempt]:
         rows = self._read("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,))
@@ -539,6 +588,37 @@ class Store:
         return [Event(r["event_id"], r["time"], r["run_id"], r["kind"], json.loads(r["data"]))
                 for r in self._read(sql, tuple(params))]  # fmt: skip
 
+    # ------------------------------------------------------------------ requests
+    def add_request(self, kind: str, data: dict[str, Any], now: float) -> int:
+        """Record what a command asks the daemon to do; returns the request's id."""
+        cur = self._write("INSERT INTO requests (kind, data, created_at) VALUES (?, ?, ?)",
+                          (kind, json.dumps(data), now))  # fmt: skip
+        return int(cur.lastrowid or 0)
+
+    @staticmethod
+    def _request(row: sqlite3.Row) -> Request:
+        result = row["result"]
+        return Request(row["request_id"], row["kind"], json.loads(row["data"]),
+                       row["created_at"], row["applied_at"],
+                       None if result is None else json.loads(result))  # fmt: skip
+
+    def pending_requests(self) -> list[Request]:
+        """Requests not applied yet, oldest first."""
+        rows = self._read("SELECT * FROM requests WHERE applied_at IS NULL ORDER BY request_id")
+        return [self._request(r) for r in rows]
+
+    def get_request(self, request_id: int) -> Request | None:
+        rows = self._read("SELECT * FROM requests WHERE request_id = ?", (request_id,))
+        return self._request(rows[0]) if rows else None
+
+    def finish_request(self, request_id: int, result: dict[str, Any], now: float) -> bool:
+        """Record that the daemon applied a request, and how; whether it was still pending
+        (a request is applied once)."""
+        cur = self._write("UPDATE requests SET applied_at = ?, result = ? "
+                          "WHERE request_id = ? AND applied_at IS NULL",
+                          (now, json.dumps(result), request_id))  # fmt: skip
+        return cur.rowcount > 0
+
     # ------------------------------------------------------------------ node flags
     def flag_node(self, flag: NodeFlag) -> None:
         """Flag a node (replacing any flag it had)."""
@@ -559,6 +639,18 @@ class Store:
             sql, params = sql + " WHERE expires_at IS NULL OR expires_at > ?", (now,)
         return [NodeFlag(r["node"], r["reason"], r["since"], r["expires_at"], r["run_id"])
                 for r in self._read(sql + " ORDER BY node", params)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a command asked the daemon to do (`requests` table)."""
+
+    request_id: int
+    kind: str
+    data: dict[str, Any]
+    created_at: float
+    applied_at: float | None = None  # None: not applied yet
+    result: dict[str, Any] | None = None  # what applying it did, for the command that asked
 
 
 @dataclass(frozen=True)
