@@ -21,9 +21,9 @@ from ftslurm.cli.main import main
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy
 from ftslurm.daemon.reconcile import Reconciler, new_run_record
-from ftslurm.daemon.records import Run, RunState
+from ftslurm.daemon.records import AttemptState, Run, RunState
 from ftslurm.daemon.store import DaemonLock, StaleRecord, Store
-from ftslurm.daemon.submission import make_spec
+from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
 
 from .conftest import wait_for
@@ -50,6 +50,39 @@ def test_a_copy_read_before_a_cancel_request_cannot_be_written_back(tmp_path):
     assert store.request_cancel("r1", 3.0)[0]  # asked again: still requested, and a copy
     store.update_run(now)  # read after the first request is not stale for a repeat
     assert [e.kind for e in store.events("r1")] == ["cancel_requested", "cancel_requested"]
+
+
+def test_the_daemons_own_writes_in_one_pass_do_not_make_it_stale(tmp_path):
+    """One step's intents may write the same records twice (the job seen running: its
+    record and the run's state; the checkpoint signal due at once: the record again), each
+    from a copy carrying the version read at the start of the pass. The daemon's own first
+    write must not make the second stale, or every pass would end there."""
+    from ftslurm.core.settings import FtSettings
+    from ftslurm.recipe import Recipe
+
+    from .test_reconcile_property import ModelBackend
+
+    backend = ModelBackend()
+    store = Store(tmp_path / "home")
+    ft = FtSettings(preempt_time=120)
+    spec = make_spec(Recipe(command=["true"], nodes=1, time="5:00"), run_dir=tmp_path / "run",
+                     backend="mock", workdir=str(tmp_path), mock_home=tmp_path / "mock")
+    run, first = new_run_record("r0", "r0", spec, ft, backend.now)
+    store.add_run(run)
+    store.add_attempt(first)
+    script, options = build_attempt("r0", run.spec, run.settings, 0, ())
+    job_id = backend.submit(script, options)  # it starts at once on the idle model
+    store.update_attempt(replace(first, job_id=job_id, state=AttemptState.PENDING))
+    backend.now += 200  # first seen running when the signal is due (300 s - 120 s lead)
+    rec = Reconciler(store, lambda _kind: backend, clock=lambda: backend.now)
+    for _ in range(3):
+        rec.cycle()
+    (a,) = store.attempts("r0")
+    assert a.state == JobState.RUNNING.value and a.checkpoint_signal_at is not None
+    assert store.get_run("r0").state is RunState.RUNNING
+    assert [m for _, m, _ in backend.log if m == "signal"] == ["signal"]
+    kinds = [e.kind for e in store.events("r0")]
+    assert kinds.count("running") == 1 and kinds.count("checkpoint_signal") == 1
 
 
 def test_request_cancel_reads_the_latest_attempt_and_refuses_an_ended_run(tmp_path):
