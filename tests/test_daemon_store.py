@@ -531,3 +531,42 @@ def test_requests_are_recorded_and_applied_once(store: Store) -> None:
     assert (done.applied_at, done.result) == (12.0, {"applied": ["n1"]})
     assert [r.request_id for r in store.pending_requests()] == [second]
     assert store.get_request(999) is None
+
+
+def test_a_request_that_cannot_be_applied_on_a_full_disk_does_not_stop_the_polling(tmp_path):
+    """A pending `nodes add` on a full disk: the daemon still looks at its runs (a job's
+    ending is seen), reports the full disk, and applies the request once there is room."""
+    from ftslurm.core.settings import FtSettings
+    from ftslurm.daemon import user_requests
+    from ftslurm.daemon.reconcile import Reconciler, new_run_record
+    from ftslurm.daemon.store import DiskFull
+    from ftslurm.daemon.submission import make_spec
+    from ftslurm.recipe import Recipe
+
+    from .test_reconcile_property import ModelBackend
+
+    backend = ModelBackend()
+    store = Store(tmp_path / "home")
+    spec = make_spec(Recipe(command=["true"], nodes=1, time="10:00"), run_dir=tmp_path / "run",
+                     backend="mock", workdir=str(tmp_path), mock_home=tmp_path / "mock")
+    run, first = new_run_record("r0", "r0", spec, FtSettings(), backend.now)
+    store.add_run(run)
+    store.add_attempt(first)
+    rec = Reconciler(store, lambda _kind: backend, clock=lambda: backend.now)
+    rec.cycle()
+    assert store.latest_attempt("r0").job_id
+    request_id = store.add_request(*user_requests.nodes_add(["n9"], "bad", None), backend.now)
+    real_flag = store.flag_node
+
+    def no_room(_flag):  # type: ignore[no-untyped-def]
+        raise DiskFull("database or disk is full")
+
+    store.flag_node = no_room  # type: ignore[method-assign]
+    before = len(backend.log)
+    with pytest.raises(DiskFull):
+        rec.cycle()
+    assert "query" in [m for _, m, _ in backend.log[before:]]  # the runs were looked at
+    assert store.get_request(request_id).applied_at is None
+    store.flag_node = real_flag  # type: ignore[method-assign]
+    rec.cycle()
+    assert [f.node for f in store.node_flags()] == ["n9"]

@@ -53,7 +53,7 @@ from ftslurm.daemon.records import (
     RunState,
     tag,
 )
-from ftslurm.daemon.store import StaleRecord, StateError, Store
+from ftslurm.daemon.store import DiskFull, StaleRecord, StateError, Store
 from ftslurm.daemon.submission import backend_key, build_attempt
 from ftslurm.daemon.user_requests import apply_requests
 from ftslurm.errors import (
@@ -148,7 +148,11 @@ class Reconciler:
             return 0.0
 
     def _cycle(self) -> float:
-        apply_requests(self.store, self.clock())  # what commands asked for (nodes add/remove)
+        full: DiskFull | None = None
+        try:
+            apply_requests(self.store, self.clock())  # what commands asked (nodes add/remove)
+        except DiskFull as exc:  # applied when there is room; the runs are looked at now
+            full = exc
         deadlines: list[float] = []
         self._nodes, self._moved = {}, {}
         by_backend: dict[str, list[tuple[Run, Attempt]]] = {}
@@ -189,6 +193,8 @@ class Reconciler:
             self.clock(), last_change=self.last_change, deadlines=deadlines,
             previous=self.interval, min_job_age_s=min(self._min_job_age.values(), default=60),
         )  # fmt: skip
+        if full is not None:
+            raise full  # the daemon reports the full disk (and polls at this interval)
         return self.interval
 
     # ------------------------------------------------------------- one attempt
