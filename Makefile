@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 CLUSTER := $(PY) -m ftslurm.localcluster
 
-.PHONY: install demo demo-slurm test unit lint slurm-up slurm-down slurm-status slurm-destroy bench clean
+.PHONY: install demo demo-slurm test unit fast lint slurm-up slurm-down slurm-status slurm-destroy bench clean
 
 install: $(VENV)/.installed
 
@@ -49,9 +49,13 @@ test: install lint
 lint: install
 	$(VENV)/bin/ruff check ftslurm tests benchmarks examples
 
-# Fast tests that need no cluster.
+# Tests that need no cluster (about 12 minutes on 2 cores).
 unit: install
 	$(PY) -m pytest -m "not slurm" $(PYTEST_ARGS)
+
+# The fast set: no cluster, no end-to-end scenarios marked slow (a few minutes).
+fast: install
+	$(PY) -m pytest -m "not slurm and not slow" $(PYTEST_ARGS)
 
 slurm-up: install
 	$(CLUSTER) up

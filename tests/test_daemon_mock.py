@@ -24,6 +24,8 @@ from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
 
 from .daemon_scenarios import (
+
+pytestmark = pytest.mark.slow  # end-to-end daemon scenarios: about 10 minutes in all
     Cli,
     ended,
     hang_is_caught_in_the_first_attempt,

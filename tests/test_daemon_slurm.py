@@ -42,7 +42,7 @@ def test_node_failure_is_retried_on_other_nodes_with_the_failed_node_excluded(
     s = cli.wait_for(out["run_id"], lambda s: len(s["attempts"]) > 1
                      and s["attempts"][1]["state"] == "RUNNING", 120,
                      "the retry to run")  # fmt: skip
-    assert s["attempts"][0]["cause"] == "node_fail"
+    assert s["attempts"][0]["cause"] == "node_fail", s
     assert victim not in s["attempts"][1]["nodes"]
     assert victim in s["excluded_nodes"]
     assert s["job_retries_used"] == 1
