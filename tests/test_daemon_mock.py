@@ -24,8 +24,6 @@ from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
 
 from .daemon_scenarios import (
-
-pytestmark = pytest.mark.slow  # end-to-end daemon scenarios: about 10 minutes in all
     Cli,
     ended,
     hang_is_caught_in_the_first_attempt,
@@ -34,6 +32,8 @@ pytestmark = pytest.mark.slow  # end-to-end daemon scenarios: about 10 minutes i
     straggler_is_not_taken_for_hung,
     write_train,
 )
+
+pytestmark = pytest.mark.slow  # end-to-end daemon scenarios: about 10 minutes in all
 
 ROOT = Path(__file__).resolve().parent.parent
 
