@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from ftslurm.core.types import JobOptions, JobState
+from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.errors import ConfigError
+from ftslurm.recipe import Recipe
 from ftslurm.templates import render_job_script
 
 from .conftest import wait_job
@@ -51,3 +54,31 @@ def test_the_real_cluster_reads_the_rendered_header(backend, jobs, tmp_path):
     assert (info.name, info.comment, info.time_limit_s) == ("my run", "with spaces here", 300)
     assert len(info.nodes) == 2
     assert sorted(out.read_text().splitlines()) == ["0 a b'c", "1 a b'c"]
+
+
+ATTEMPT_GOLDEN = Path(__file__).parent / "data" / "attempt.sbatch.golden"
+
+
+def typical_attempt() -> str:
+    """The batch script the daemon submits for attempt 1 of a typical 2-node run, with a
+    node excluded by the daemon and one by the user."""
+    recipe = Recipe(command=["/opt/venv/bin/python", "/home/user/proj/train.py", "--lr", "3e-4"],
+                    name="llama-8b", nodes=2, gpus_per_node=4, time="4:00:00",
+                    partition="gpu", account="proj", exclude=("n9",),
+                    env={"NCCL_DEBUG": "WARN"}, setup=("module load cuda",),
+                    num_in_job_restarts=2, preempt_time=120)  # fmt: skip
+    spec = make_spec(recipe, run_dir=Path("/home/user/.local/state/ftslurm/runs/r1"),
+                     backend="slurm", workdir="/home/user/proj")  # fmt: skip
+    spec["python"] = "/opt/venv/bin/python"  # the login node's interpreter, fixed here
+    script, _ = build_attempt("r1", spec, recipe.settings().model_dump(mode="json"), 1,
+                              ("n3",))  # fmt: skip
+    return script
+
+
+def test_the_script_build_attempt_produces_for_a_typical_run_matches_the_golden_file():
+    """What `build_attempt` really submits (options, environment, setup, launcher line),
+    byte for byte. After an intended change: `UPDATE_GOLDEN=1 pytest -k golden`
+    rewrites the file; review its diff."""
+    if os.environ.get("UPDATE_GOLDEN"):
+        ATTEMPT_GOLDEN.write_text(typical_attempt())
+    assert typical_attempt() == ATTEMPT_GOLDEN.read_text()
