@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -285,35 +285,50 @@ def _pause_for_tests() -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
+def _await_daemon(home: Path, later: str, wait_s: float,
+                  check: Callable[[], tuple[bool, Any, str]]) -> tuple[Any, str]:
+    """Start or wake the daemon, then poll `check` (done?, value, note) until it is done,
+    `wait_s` has passed or the daemon is gone. Returns the value and the note, or None and
+    `later` with what holds it up."""
+    try:
+        service.start(home)
+        service.wake(home)
+    except FtslurmError as exc:
+        return None, f"{later}, once it runs ({exc.user_message()})"
+    deadline = time.monotonic() + wait_s
+    while True:
+        done, value, note = check()
+        if done:
+            return value, note
+        if time.monotonic() >= deadline:
+            return None, f"{later} (it did not within {wait_s:g}s)"
+        if service.running_pid(home) is None:
+            return None, f"{later}, once it runs (`ftslurm daemon start`)"
+        time.sleep(0.05)
+
+
 def _await_submission(store: Store, home: Path, run_id: str) -> tuple[str | None, str]:
     """Start or wake the daemon (the only party that submits) and wait, bounded, until it
     recorded the job id or ended the run. Returns the job id, or None and what happens
     next; `SchedulerRejected` when the scheduler refused the job."""
     later = "the daemon will submit it"
-    try:
-        service.start(home)
-        service.wake(home)
-    except FtslurmError as exc:
-        return None, f"{later} once it runs ({exc.user_message()})"
-    deadline = time.monotonic() + SUBMIT_WAIT_S
-    while True:
+
+    def submitted() -> tuple[bool, str | None, str]:
         run = store.get_run(run_id)
         latest = store.latest_attempt(run_id)
         if latest is not None and latest.job_id:
-            return latest.job_id, ""
+            return True, latest.job_id, ""
         if run is not None and run.state.is_terminal:
             if latest is not None and latest.state == NEVER_SUBMITTED:
                 raise SchedulerRejected(f"the scheduler refused the job: {latest.reason}")
-            return None, f"it ended {run.state.value}: {run.reason}"
+            return True, None, f"it ended {run.state.value}: {run.reason}"
         deferred = [e for e in store.events(run_id) if e.kind == "submit_deferred"]
         if deferred:
-            return None, (f"{later} when the scheduler answers "
-                          f"({deferred[-1].data.get('message')})")  # fmt: skip
-        if time.monotonic() >= deadline:
-            return None, f"{later}: the scheduler did not answer within {SUBMIT_WAIT_S:g}s"
-        if service.running_pid(home) is None:
-            return None, f"{later} once it runs (`ftslurm daemon start`)"
-        time.sleep(0.1)
+            return True, None, (f"{later} when the scheduler answers "
+                                f"({deferred[-1].data.get('message')})")  # fmt: skip
+        return False, None, ""
+
+    return _await_daemon(home, later, SUBMIT_WAIT_S, submitted)
 
 
 # ---------------------------------------------------------------------------- status
@@ -814,25 +829,15 @@ def _ask_daemon(kind: str, data: dict[str, Any]) -> tuple[Request | None, str]:
     """Record a request for the daemon (the one writer of node flags), start or wake it,
     and wait, bounded, until it applied the request. Returns the applied request, or None
     and what happens next."""
-    home = state_dir()
     store = _store()
     request_id = store.add_request(kind, data, time.time())
-    later = "the daemon applies it on its next cycle"
-    try:
-        service.start(home)
-        service.wake(home)
-    except FtslurmError as exc:
-        return None, f"{later}, once it runs ({exc.user_message()})"
-    deadline = time.monotonic() + REQUEST_WAIT_S
-    while True:
+
+    def applied() -> tuple[bool, Request | None, str]:
         request = store.get_request(request_id)
-        if request is not None and request.applied_at is not None:
-            return request, ""
-        if time.monotonic() >= deadline:
-            return None, f"{later} (it did not within {REQUEST_WAIT_S:g}s)"
-        if service.running_pid(home) is None:
-            return None, f"{later}, once it runs (`ftslurm daemon start`)"
-        time.sleep(0.05)
+        return request is not None and request.applied_at is not None, request, ""
+
+    return _await_daemon(state_dir(), "the daemon applies it on its next cycle",
+                         REQUEST_WAIT_S, applied)
 
 
 # ---------------------------------------------------------------------------- daemon
