@@ -178,7 +178,6 @@ class MemoryScheduler:
             restart_count=job.restart_count,
             comment=job.comment,
             reason="JobHeldUser" if job.held else None,
-            source="memory",
         )
 
     def submit(self, script: str, options: JobOptions) -> str:
