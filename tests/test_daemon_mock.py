@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -282,6 +283,8 @@ def test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending(cli, 
     a = s["attempts"][0]
     assert a["state"] == "TIMEOUT" and a["cause"] == "hang", a
     assert "retry budget exhausted (0/0); last ending: hang" in s["reason"], s["reason"]
-    assert "hung in section" in a["reason"] and "when the job was told to stop" in a["reason"]
-    assert "rank " in a["reason"] and "(node n" in a["reason"], a["reason"]
+    # The hang is a SIGSTOP at 15 s wall time: the rank stops inside its "step" section or
+    # between two, so the reason names the section, or says it was outside any.
+    assert re.search(r"rank 1 \(node n\d\) hung( in section '\w+')? when the job was told "
+                     r"to stop: .*(in section '\w+'|outside any section)", a["reason"]), a["reason"]
     assert "checkpoint signal sent at" in a["reason"] and "not acted on" in a["reason"]
