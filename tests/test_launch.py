@@ -161,23 +161,29 @@ print(f"rank {rank} finished at {step}", flush=True)
 '''
 
 
+def launch_script(tmp_path: Path, source: str, nproc: int, timeouts: str,
+                  *args: str) -> subprocess.Popen:  # fmt: skip
+    """The launcher over `source` (a script of its own, not TRAIN), one in-job restart
+    allowed, with these timeouts."""
+    (tmp_path / "script.py").write_text(source)
+    for name in ("run", "ckpt"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"),
+               FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"), MASTER_ADDR="127.0.0.1",
+               SLURM_JOB_ID=str(os.getpid() % 9000 + len(str(tmp_path)) * 13))  # fmt: skip
+    for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
+        env.pop(key, None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ftslurm.agent.launch", f"--nproc-per-node={nproc}",
+         "--monitor-interval", "0.2", "--max-restarts", "1", "--section-timeouts", timeouts,
+         "--", sys.executable, str(tmp_path / "script.py"), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
 def test_a_stopped_rank_of_a_script_without_heartbeats_is_seen_by_its_cpu_time(tmp_path):
     """A script that never calls the rank agent: the launcher's only evidence is CPU time;
     a rank that uses none for the running timeout is hung (the old launcher waited forever)."""
-    (tmp_path / "plain.py").write_text(PLAIN)
-    for name in ("run", "ckpt"):
-        (tmp_path / name).mkdir()
-    env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"),
-               FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"), MASTER_ADDR="127.0.0.1",
-               SLURM_JOB_ID=str(os.getpid() % 9000 + 7))  # fmt: skip
-    for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
-        env.pop(key, None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node", "2",
-         "--monitor-interval", "0.2", "--max-restarts", "1", "--section-timeouts",
-         '{"out_of_section": 3}', "--", sys.executable, str(tmp_path / "plain.py")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    code, out = finish(proc)
+    code, out = finish(launch_script(tmp_path, PLAIN, 2, '{"out_of_section": 3}'))
     assert code == ExitCode.FINISHED, out
     report = node_report(tmp_path)
     assert report["in_job_restarts"] == 1 and report["heartbeats"] is False
@@ -452,19 +458,8 @@ def test_a_rank_attached_without_heartbeats_is_not_taken_for_hung_by_the_initial
         tmp_path):  # fmt: skip
     """A submitit callable attaches (its signal handlers are in place) but never beats: the
     initial timeout must not kill it; the launcher watches its CPU time instead."""
-    (tmp_path / "quiet.py").write_text(QUIET)
-    (tmp_path / "run").mkdir()
-    env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"), MASTER_ADDR="127.0.0.1",
-               SLURM_JOB_ID=str(os.getpid() % 9000 + 11))  # fmt: skip
-    for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
-        env.pop(key, None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node", "1",
-         "--monitor-interval", "0.2", "--max-restarts", "1", "--section-timeouts",
-         '{"initial": 1, "out_of_section": 60}', "--", sys.executable,
-         str(tmp_path / "quiet.py"), "4"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    code, out = finish(proc)
+    code, out = finish(launch_script(tmp_path, QUIET, 1, '{"initial": 1, "out_of_section": 60}',
+                                     "4"))
     assert code == ExitCode.FINISHED, out
     report = node_report(tmp_path)
     assert report["in_job_restarts"] == 0 and report["hangs"] == [], report
