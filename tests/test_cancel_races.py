@@ -274,23 +274,10 @@ class CancelAt:
 
 def _node_failure_run(tmp: Path):  # type: ignore[no-untyped-def]
     """A run of 2 nodes running on the mock's model (virtual clock) whose node just failed."""
-    from ftslurm.daemon.policy import FtSettings
-    from ftslurm.recipe import Recipe
 
-    from .test_reconcile_property import ModelBackend
+    from .test_reconcile_property import running_on_the_model
 
-    backend = ModelBackend()
-    store = Store(tmp / "home")
-    ft = FtSettings(num_job_retries_on_failure=2, preempt_time=0)
-    spec = make_spec(Recipe(command=["true"], nodes=2, time="10:00"), run_dir=tmp / "run",
-                     backend="mock", workdir=str(tmp), mock_home=tmp / "mock")  # fmt: skip
-    run, first = new_run_record("r0", "r0", spec, ft, backend.now)
-    store.add_run(run)
-    store.add_attempt(first)
-    rec = Reconciler(store, lambda _kind: backend, clock=lambda: backend.now)
-    for _ in range(5):
-        rec.cycle()
-        backend.now += 1
+    backend, store, rec = running_on_the_model(tmp, nodes=2)
     (a,) = store.attempts("r0")
     assert a.state == JobState.RUNNING.value and len(a.nodes) == 2
     node = a.nodes[1]

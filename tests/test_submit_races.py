@@ -125,27 +125,12 @@ def test_a_stale_write_of_a_new_job_id_never_leads_to_a_second_submission(tmp_pa
     """The daemon submits attempt 1 (its own intent, trusted: no search by tag) and the
     write of the new job id is refused as stale (another writer moved the record on). The
     pass ends without the id; the next one must find the job by its tag, not submit again."""
-    from ftslurm.core.settings import FtSettings
     from ftslurm.core.types import JobState
-    from ftslurm.daemon.reconcile import Reconciler, new_run_record
     from ftslurm.daemon.store import StaleRecord
-    from ftslurm.daemon.submission import make_spec
-    from ftslurm.recipe import Recipe
 
-    from .test_reconcile_property import ModelBackend
+    from .test_reconcile_property import running_on_the_model
 
-    backend = ModelBackend()
-    store = Store(tmp_path / "home")
-    ft = FtSettings(num_job_retries_on_failure=2, preempt_time=0)
-    spec = make_spec(Recipe(command=["true"], nodes=1, time="10:00"), run_dir=tmp_path / "run",
-                     backend="mock", workdir=str(tmp_path), mock_home=tmp_path / "mock")
-    run, first = new_run_record("r0", "r0", spec, ft, backend.now)
-    store.add_run(run)
-    store.add_attempt(first)
-    rec = Reconciler(store, lambda _kind: backend, clock=lambda: backend.now)
-    for _ in range(5):
-        rec.cycle()
-        backend.now += 1
+    backend, store, rec = running_on_the_model(tmp_path, nodes=1)
     (a,) = store.attempts("r0")
     assert a.state == JobState.RUNNING.value
     backend.exited[a.job_id or ""] = (1, None)  # it fails, and the daemon looks only once
