@@ -8,7 +8,7 @@ the same job id requeued: Slurm counts those in `restart_count`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import Enum
 from typing import Any
 
 from ftslurm.core.types import JobState
@@ -26,9 +26,10 @@ class RunState(str, Enum):
         return self in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 
 
-class AttemptState(StrEnum):
+class AttemptState(str, Enum):
     """Where one attempt stands: the scheduler's state of its job (a `JobState` value), or
-    one of the daemon's own. Stored as the plain string (the value)."""
+    one of the daemon's own. Stored and printed as the plain string (the value); a `str`
+    Enum rather than `enum.StrEnum`, which Python 3.10 (supported) lacks."""
 
     PENDING = "PENDING"
     RUNNING = "RUNNING"
@@ -51,6 +52,9 @@ class AttemptState(StrEnum):
     # start now) was recorded.
     REQUEUING = "REQUEUING"
     NEVER_SUBMITTED = "NEVER_SUBMITTED"  # the scheduler refused the attempt's submission
+
+    def __str__(self) -> str:  # as StrEnum: the value, in str() and in f-strings
+        return str(self.value)
 
     @classmethod
     def of(cls, state: JobState) -> AttemptState:
