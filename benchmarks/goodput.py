@@ -5,9 +5,19 @@ For each job size (`--sizes`, nodes) one failure trace is drawn from `--seed` ov
 and replayed, unchanged, under each policy on the virtual-clock mock scheduler
 (`ftslurm.backends.mock.virtual`), once per queue wait q (`--queue-wait`): the same Slurm
 state machine decides placement, time limits, warning signals, the requeue delay and
-node-failure detection; the policy decides what happens inside the allocation and after an
-attempt ends. Reported per size, q and policy: ETTR (productive time / wall time), where the
-rest of the wall time went, and the ETTR as a share of each bound.
+node-failure detection. What happens after an attempt ends is decided and carried out by
+the product itself: ftslurm's `Reconciler` (the daemon's reconcile loop: the pure `step`
+and `policy` decide, the SQLite store records, the scheduler protocol acts) drives the
+simulated cluster through `VirtualBackend`, on the virtual clock. Each baseline runs the
+same core with its own settings (`tool_settings`) and one small variant (`ToolShell`:
+the tool's job requeues itself at its ending, so nothing is held, excluded or started
+early). This script plays only the world (the trace's faults; a person resubmitting a
+failed run, through the store as `ftslurm submit` does) and the compute side (progress
+and checkpoints, in-job restarts, hang and crash detection, and the files the job writes
+for the daemon: progress.json, the launchers' node reports with `decide_outcome`'s exit
+code, the straggler report); it calls no scheduler action itself. Reported per size, q
+and policy: ETTR (productive time / wall time), where the rest of the wall time went, and
+the ETTR as a share of each bound.
 
     python benchmarks/goodput.py [--sizes 128,1024,2048] [--days 30] [--seed 1]
         [--failure-rate 3.79] [--lemon-share 0.714] [--straggler-rate 0.002]
@@ -16,9 +26,17 @@ rest of the wall time went, and the ETTR as a share of each bound.
     python benchmarks/goodput.py --calibrate [--days 30] [--seed 1]
 
 The code keeps three things apart: the failure trace (`FailureModel`, `draw_trace`), the
-policies (`JobSetup`, `Policy`, `policies`, `Campaign`, which replays a trace under one
-policy) and the reporting (`simulate`, `bounds`, the tables). Every knob has a flag; the
-defaults are the sourced constants below (q: 0 and 10 min, both reported).
+policies (`Policy`: the settings the core runs with, who acts on an ending, what the
+compute side does; `Campaign`, which replays a trace under one policy through the core)
+and the reporting (`simulate`, `bounds`, the tables). Every knob has a flag; the defaults
+are the sourced constants below (q: 0 and 10 min, both reported).
+
+How the loop is driven: ftslurm's daemon looks when `Reconciler.cycle()` says (1 s after
+a change, backing off to 60 s); a baseline's job acts at its own ending at once, and its
+bookkeeping looks on the same schedule. At the 60 s ceiling, looks between two events
+decide nothing new (`step` is pure and none of its inputs changed; what time alone brings
+due it announces as a deadline), so the driver skips them, keeping the daemon's grid:
+the first look after an event or a deadline is the first grid time at or after it.
 
 Policies
   plain     `sbatch --requeue` with periodic checkpoints. Every early ending is requeued
@@ -27,6 +45,7 @@ Policies
             batch script's `scontrol requeue` after a failed step or a wall-limit SIGTERM (the
             pattern of TorchX's template). No checkpoint on any signal; a hang waits for the
             NCCL watchdog; repaired nodes (lemons too) come back and are allocated again.
+            In the core: `tool_settings(use_launcher=False)` under `ToolShell`.
   submitit  submitit-style checkpoint-on-timeout: USR2 90 s before the wall limit and on
             preemption (PreemptParameters=send_user_signal assumed) it checkpoints and
             requeues itself (requeue delay applies). Its generated batch script has neither
@@ -40,6 +59,9 @@ Policies
             3.3 h: nights and weekends), as a fresh job (no requeue delay; it waits q) that
             resumes from the last periodic checkpoint. (Until this review the model turned
             Slurm's requeue off for submitit, which cost it about 20 points at 2048 nodes.)
+            In the core: `tool_settings` with cause_budgets crash/hang/oom = 0 (the run
+            ends FAILED; the person submits a new run), its `--signal=USR2@90` in the job
+            header, under `ToolShell`.
   nemo      NeMo-Run-style: `sbatch --requeue` plus the in-script `scontrol requeue` of its
             template, NVIDIA's ft_launcher with up to 3 in-job restarts per allocation for
             crashes and hangs, fixed heartbeat timeouts (rank 300 s, initial 1800 s: the
@@ -51,6 +73,8 @@ Policies
             its Slurm template turns into "stop once the last 2 attempts in the
             job-results file all failed" (`is_job_failures_limit_reached` in
             ft_launcher.j2, a `tail -n $TORCHX_MAX_RETRIES` of that file).
+            In the core: `tool_settings(num_in_job_restarts=3)`, `--signal=USR2@90` in the
+            job header, under `ToolShell`.
   ftslurm   ftslurm with everything on (FtSettings with num_in_job_restarts=3,
             stop_if_straggler=True, budgets unlimited, the rest default): the daemon (polls on
             a 60 s grid) requeues at once with start-now (no requeue delay) and keeps the
@@ -65,7 +89,9 @@ Policies
             before the wall limit; a straggler node below the 0.75 score threshold for 3
             report windows of 60 s moves the job off it (requeue held, exclude, release: the
             work since the last checkpoint is lost, as a requeue's SIGTERM + KillWait 30 s
-            leaves no time to save).
+            leaves no time to save). In the core: the `Reconciler` itself, unchanged,
+            with FTSLURM's settings; its signal lead comes from the save time the job
+            reports in progress.json.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
   needs ~36 continuations, and whoever plans one raises submitit's max_num_timeout=3,
   NeMo's num_job_retries_on_failure=2 and ftslurm's 2 (ftslurm gets the same treatment).
@@ -167,8 +193,12 @@ and the exact expectation of the same model (renewal: dt lam / (e^(lam u0)(e^(la
 1)) = 0.714 and 0.933; the first-order formula drops the higher terms and gives 0.676 at
 60 min), and exits 1 if a figure is more than 0.03 from the paper's.
 
-Cost: the simulation is single-threaded; the default three sizes under two queue waits and
-all four policies (24 simulations) take about 22 s of one core, `--calibrate` about 2 s.
+Cost: the simulation is single-threaded and runs the daemon's real loop and SQLite store
+(in a temporary folder, on /dev/shm where there is one): ftslurm's daemon looks about once
+a minute while a job runs (it reads the straggler report every report interval), about
+43,000 cycles a simulated month. The default three sizes under two queue waits and all
+four policies (24 simulations) take a few minutes of one core, `--calibrate` under a
+minute.
 """
 
 from __future__ import annotations
@@ -176,21 +206,34 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ftslurm.agent.heartbeat import Timeouts
+from ftslurm.agent.launch import decide_outcome, tightened
 from ftslurm.agent.launch import parse_args as launcher_args
-from ftslurm.agent.launch import tightened
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, NodeStatus
-from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualCluster
+from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualBackend, VirtualCluster
+from ftslurm.backends.protocol import SchedulerBackend
+from ftslurm.core.contract import ExitCode, RunDir
+from ftslurm.core.settings import Cause, FtSettings
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy as ftpolicy
+from ftslurm.daemon import step as core
+from ftslurm.daemon.reconcile import Reconciler, new_run_record
+from ftslurm.daemon.records import Attempt, Run, RunState
+from ftslurm.daemon.store import Store
+from ftslurm.daemon.submission import make_spec
+from ftslurm.fsutil import write_json_atomic
+from ftslurm.recipe import Recipe
 
 DAY = 86400.0
 HOUR = 3600.0
@@ -248,8 +291,8 @@ NEMO_JOB_RETRIES_ON_FAILURE = 2  # ... num_job_retries_on_failure: stop after 2 
 # PreemptionPlugin preempt_time 60 s gives TERM@60; its handler survives the SIGTERM at the
 # limit for KillWait more. The mock treats SIGTERM as a kill, so it is modelled as USR2@90.
 NEMO_SIGNAL_LEAD_S = 60 + KILL_WAIT_S
-FTSLURM = ftpolicy.FtSettings(num_in_job_restarts=NEMO_IN_JOB_RESTARTS, stop_if_straggler=True,
-                              num_job_retries_on_failure=10**9)  # fmt: skip
+FTSLURM = FtSettings(num_in_job_restarts=NEMO_IN_JOB_RESTARTS, stop_if_straggler=True,
+                     num_job_retries_on_failure=10**9)  # fmt: skip
 _LAUNCHER = launcher_args(["--", "train"])  # the launcher's defaults
 FTSLURM_MONITOR_S = _LAUNCHER.monitor_interval  # 0.5 s
 FTSLURM_SETUP_TIMEOUT_S = 600.0  # configured "setup" section timeout (never tightened)
@@ -498,54 +541,97 @@ def draw_trace(seed: int, nodes: int, days: float, fm: FailureModel = FailureMod
 
 
 # ---------------------------------------------------------------------- the policies
+WORKLOAD = "training"  # the one training every policy works on (its runs share its work)
+UNLIMITED = 10**9  # "no budget" in FtSettings' integers
+CONTINUE_CODE = int(ExitCode.CONTINUE)  # a job that saved on a signal asks to be continued
+
+
+def tool_settings(**changes: Any) -> FtSettings:
+    """A baseline tool's behaviour after an ending, in ftslurm's settings: budgets
+    unlimited (see "Budgets"), no node kept out, no straggler handling, no checkpoint
+    signal from a daemon (a tool's own `--signal` is in its job header: `Policy.signal`)."""
+    return FtSettings(**{"num_job_retries_on_failure": UNLIMITED,
+                         "max_stalled_continuations": UNLIMITED, "preempt_time": 0,
+                         "exclude_failed_nodes": False, "exclude_stragglers": False,
+                         "stop_if_straggler": False, **changes})  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Policy:
+    """One policy: the settings the decision core runs with, who acts on an ending, and
+    what happens inside the allocation (the compute side, modelled by `Campaign`)."""
+
     key: str
     label: str
-    requeue: bool | None  # sbatch --requeue (None: neither flag, JobRequeue decides)
-    auto_continue: bool  # a failed attempt is continued without a person
-    signal_lead_s: float | None  # checkpoint signal this long before the wall limit
+    settings: FtSettings  # what the core (`step`, `policy`) decides with
+    # True: ftslurm's daemon acts, at its own looks (held requeue, exclusions, release,
+    # start now). False: the tool's job acts on its own ending at once (the batch script's
+    # or the signal handler's `scontrol requeue`): nothing held, excluded or started early.
+    daemon: bool
+    signal: str | None  # the tool's own `--signal` in its job header (None: none)
+    launcher: bool  # a per-node launcher reports how the node ended (node report, exit code)
     save_on_preempt: bool
     hang_timeout_s: float  # from the hang to the kill or in-job restart
     startup_hang_timeout_s: float  # same, for a hang during start-up
-    in_job_restarts: int  # per allocation
     crash_detect_s: float  # an in-job launcher sees a dead rank after this
-    daemon: bool  # ftslurm: start now, node exclusion, straggler moves
+    human_resubmit: bool = False  # a failed run is submitted again by a person
     # the tool's default stop after this many consecutive failed attempts; the simulated
     # budget is unlimited, and the campaign counts how often this default would have stopped
     default_failure_budget: int | None = None
 
+    @property
+    def in_job_restarts(self) -> int:
+        return self.settings.num_in_job_restarts
+
+
+PLAIN = tool_settings(use_launcher=False)
+# submitit resubmits nothing that failed: a crash or a hang killed by the watchdog ends the
+# run (a person takes over); Slurm's own requeues (node failure, preemption) go on.
+SUBMITIT = tool_settings(use_launcher=False,
+                         cause_budgets={Cause.CRASH: 0, Cause.HANG: 0, Cause.OOM: 0})
+NEMO = tool_settings(num_in_job_restarts=NEMO_IN_JOB_RESTARTS)
+
 
 def policies(setup: JobSetup = JobSetup()) -> tuple[Policy, ...]:
-    """The four policies for a job setup (ftslurm's checkpoint signal lead follows w)."""
-    ftslurm_lead, _ = ftpolicy.checkpoint_lead(FTSLURM.preempt_time, setup.checkpoint_cost_s)
+    """The four policies (ftslurm's checkpoint signal lead follows w through the core:
+    the daemon reads the save time the job reports)."""
+    del setup  # every policy is the same for any job setup
     return (
-        Policy("plain", "plain requeue", requeue=True, auto_continue=True, signal_lead_s=None,
+        Policy("plain", "plain requeue", PLAIN, daemon=False, signal=None, launcher=False,
                save_on_preempt=False, hang_timeout_s=NCCL_WATCHDOG_S,
-               startup_hang_timeout_s=NCCL_WATCHDOG_S, in_job_restarts=0, crash_detect_s=0.0,
-               daemon=False),
-        # requeue=None: submitit's sbatch header has neither --requeue nor --no-requeue, so
-        # Slurm's JobRequeue=1 default requeues it after a node failure or a preemption
-        Policy("submitit", "submitit", requeue=None, auto_continue=False,
-               signal_lead_s=SUBMITIT_SIGNAL_DELAY_S, save_on_preempt=True,
+               startup_hang_timeout_s=NCCL_WATCHDOG_S, crash_detect_s=0.0),
+        Policy("submitit", "submitit", SUBMITIT, daemon=False,
+               signal=f"USR2@{SUBMITIT_SIGNAL_DELAY_S}", launcher=False, save_on_preempt=True,
                hang_timeout_s=NCCL_WATCHDOG_S, startup_hang_timeout_s=NCCL_WATCHDOG_S,
-               in_job_restarts=0, crash_detect_s=0.0, daemon=False),
-        Policy("nemo", "NeMo-Run", requeue=True, auto_continue=True,
-               signal_lead_s=NEMO_SIGNAL_LEAD_S, save_on_preempt=True,
+               crash_detect_s=0.0, human_resubmit=True),
+        Policy("nemo", "NeMo-Run", NEMO, daemon=False, signal=f"USR2@{NEMO_SIGNAL_LEAD_S}",
+               launcher=True, save_on_preempt=True,
                hang_timeout_s=NEMO_RANK_HEARTBEAT_S + NVRX_CHECK_INTERVAL_S,
                startup_hang_timeout_s=NEMO_INITIAL_HEARTBEAT_S + NVRX_CHECK_INTERVAL_S,
-               in_job_restarts=NEMO_IN_JOB_RESTARTS, crash_detect_s=NVRX_MONITOR_S,
-               daemon=False, default_failure_budget=NEMO_JOB_RETRIES_ON_FAILURE),
-        Policy("ftslurm", "ftslurm", requeue=True, auto_continue=True,
-               signal_lead_s=ftslurm_lead, save_on_preempt=True,
-               hang_timeout_s=FTSLURM_HANG_TIMEOUT_S + FTSLURM_MONITOR_S,
+               crash_detect_s=NVRX_MONITOR_S,
+               default_failure_budget=NEMO_JOB_RETRIES_ON_FAILURE),
+        Policy("ftslurm", "ftslurm", FTSLURM, daemon=True, signal=None, launcher=True,
+               save_on_preempt=True, hang_timeout_s=FTSLURM_HANG_TIMEOUT_S + FTSLURM_MONITOR_S,
                startup_hang_timeout_s=FTSLURM_SETUP_TIMEOUT_S + FTSLURM_MONITOR_S,
-               in_job_restarts=FTSLURM.num_in_job_restarts, crash_detect_s=FTSLURM_MONITOR_S,
-               daemon=True),
+               crash_detect_s=FTSLURM_MONITOR_S),
     )  # fmt: skip
 
 
 POLICIES = policies()
+
+
+class ToolShell(Reconciler):
+    """A baseline tool on the same core: its job requeues itself at its ending (the
+    `scontrol requeue` of its batch script or signal handler), so the requeue is not held,
+    and nothing updates the job's exclusions, releases it or starts it before Slurm's
+    requeue delay is over. Every decision is still `step`'s, with the tool's settings."""
+
+    def _execute(self, backend: SchedulerBackend, run: Run, a: Attempt,
+                 intents: list[core.Intent], deadlines: list[float]) -> Attempt | None:  # fmt: skip
+        kept = [core.Requeue(i.job_id, hold=False) if isinstance(i, core.Requeue) else i
+                for i in intents
+                if not isinstance(i, core.SetExclusions | core.Release | core.StartNow)]
+        return super()._execute(backend, run, a, kept, deadlines)
 
 
 @dataclass
@@ -564,9 +650,18 @@ class Result:
 
 
 class Campaign:
-    """One policy replaying one trace on a fresh virtual cluster."""
+    """One policy replaying one trace on a fresh virtual cluster.
 
-    def __init__(self, trace: Trace, pol: Policy, setup: JobSetup = JobSetup()) -> None:
+    The orchestration is the product's: a `Reconciler` (ftslurm's daemon, or `ToolShell`
+    for a baseline) with its SQLite store decides and acts through `VirtualBackend`, on the
+    cluster's virtual clock. The campaign plays the world (the trace's faults, a person
+    resubmitting a failed run) and the compute side (the job's progress and checkpoints,
+    in-job restarts, hang and crash detection, the files the job writes for the daemon:
+    progress.json, the launchers' node reports, the straggler report); it calls no
+    scheduler action itself."""
+
+    def __init__(self, trace: Trace, pol: Policy, setup: JobSetup = JobSetup(),
+                 workdir: Path | None = None) -> None:  # fmt: skip
         self.trace, self.pol, self.setup = trace, pol, setup
         cfg = MockConfig(nodes=[MockNodeSpec(name=n, cpus=1) for n in trace.pool],
                          requeue_delay_s=setup.requeue_delay_s,
@@ -576,62 +671,160 @@ class Campaign:
         self.job = JobModel(work_s=10 * trace.horizon_s + DAY,
                             checkpoint_interval_s=setup.checkpoint_interval_s,
                             checkpoint_cost_s=setup.checkpoint_cost_s,
-                            restart_cost_s=setup.restart_cost_s)  # fmt: skip
-        lead = None if pol.signal_lead_s is None else f"USR2@{int(round(pol.signal_lead_s))}"
-        limit = None if setup.wall_limit_s is None else f"0:{int(setup.wall_limit_s)}"
-        self.options = JobOptions(nodes=trace.nodes, time_limit=limit, requeue=pol.requeue,
-                                  signal=lead)  # fmt: skip
+                            restart_cost_s=setup.restart_cost_s,
+                            continue_code=CONTINUE_CODE)  # fmt: skip
+        signal = pol.signal
+
+        def header(options: JobOptions) -> JobOptions:  # the tool's own sbatch header
+            return options if signal is None else replace(options, signal=signal)
+
+        self.backend = VirtualBackend(self.c, self.job, workload=lambda _o: WORKLOAD,
+                                      amend=header)  # fmt: skip
+        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(
+            prefix="goodput-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.dir = Path(workdir if workdir is not None else self._tmp.name)  # type: ignore[union-attr]
+        self.paths = RunDir(self.dir / "run")
+        self.store = Store(self.dir / "state")
+        shell = Reconciler if pol.daemon else ToolShell
+        self.rec = shell(self.store, lambda _kind: self.backend, clock=lambda: self.c.now)
         self.r = Result()
-        self.failed_in_row = 0  # consecutive failed attempts (for default_failure_budget)
-        self.attempt_ended = False  # the current attempt's batch script saw its end
+        self.runs: list[str] = []  # the run ids, oldest first (more after a resubmission)
+        self.act_now = False  # the tool's job ended (or a person resubmits): act at once
         self.humans = 0  # resubmissions by hand so far
+        self.jid: str | None = None  # the job of the current allocation
         # the current run and allocation
         self.alloc: list[str] = []
         self.alloc_serial = 0
-        self.alloc_saved = 0.0
         self.run_serial = 0
         self.run_start = 0.0
         self.restarts_left = 0
+        self.restarts_used = 0  # in this allocation
         self.in_job = False  # the next start is an in-job restart
         self.stall: str | None = None  # why the current run is stalled (hung, detection)
         self.last_end = 0.0  # when the last run ended
-        self.ended_at: float | None = None  # when the job became terminal (human path)
+        self.ended_at: float | None = None  # when the run ended FAILED (human path)
         self.resubmit_at: float | None = None  # when a person resubmits it
-        self.carry: float | None = None  # work left while the job is out of the controller
-        # node state seen by the policy
+        # node state seen by the compute side
         self.slow: dict[str, list[float]] = {}  # node -> slowdowns of its current episodes
-        self.flags: dict[str, tuple[float, float]] = {}  # ftslurm: node -> (since, expires)
-        self.budget = ftpolicy.Budget()
-        self.looks: set[float] = set()  # times of the daemon's scheduled looks
-        self.seen_restarts = 0  # the job's restart count the daemon has seen
-        self.moved = False  # the daemon itself requeued the job (off a straggler)
+        self.persistent: dict[int, list[str]] = {}  # attempt -> its persistent stragglers
         self.c.on_start = self._on_start
         self.c.on_run_end = self._on_run_end
         self.c.on_end = self._on_end
-        self.jid = self.c.submit(self.options, self.job)
+        self._submit_run()
 
     # ------------------------------------------------------------------ driving
+    def _submit_run(self) -> None:
+        """What `ftslurm submit` does: record the run and its first attempt's intent."""
+        run_id = f"r{len(self.runs) + 1}"
+        limit = None if self.setup.wall_limit_s is None else \
+            f"0:{int(self.setup.wall_limit_s)}"
+        recipe = Recipe(command=["train"], nodes=self.trace.nodes, time=limit, name=WORKLOAD)
+        spec = make_spec(recipe, run_dir=self.paths.root, backend="mock",
+                         workdir=str(self.dir), mock_home=self.dir / "mock")  # fmt: skip
+        run, first = new_run_record(run_id, WORKLOAD, spec, self.pol.settings, self.c.now)
+        with self.store.transaction():
+            self.store.add_run(run)
+            self.store.add_attempt(first)
+        self.runs.append(run_id)
+
     def run(self) -> Result:
         for f in self.trace.faults:
             self.c.at(f.at, lambda f=f: self._fault(f))
         horizon = self.trace.horizon_s
-        self.c.run(horizon)
-        self.c.now = horizon
-        self._finish(horizon)
-        self.r.wall_s = horizon
+        look = 0.0  # the daemon's (or the tool's bookkeeping's) next look
+        try:
+            while True:
+                self.c.run(min(look, horizon), stop=lambda: self.act_now)
+                if self.c.now >= horizon:
+                    break
+                self.act_now = False
+                interval = self.rec.cycle()
+                self.r.count("daemon_cycles")
+                self._after_cycle()
+                if self.c.now >= look:
+                    look = self._next_look(interval)
+            self.c.now = horizon
+            self._finish(horizon)
+            self.r.wall_s = horizon
+            self._tally()
+        finally:
+            self.store.close()
+            if self._tmp is not None:
+                self._tmp.cleanup()
         return self.r
+
+    def _next_look(self, interval: float) -> float:
+        """The next look, `interval` from now as the daemon asked. At its longest interval
+        the daemon's looks between two events decide nothing new (`step` is pure and none of
+        its inputs changed; what time alone brings due, it announces as a deadline), so
+        those looks are skipped, keeping the daemon's grid: the first look after the next
+        event (a scheduler event, a fault, a file the job writes) or deadline is the first
+        grid time at or after it."""
+        now = self.c.now
+        nxt = now + interval
+        if interval >= DAEMON_POLL_S:
+            quiet = min(self.c.next_event_time(), self.rec.next_deadline or math.inf)
+            if quiet > nxt and math.isfinite(quiet):
+                nxt = now + math.ceil((quiet - now) / interval) * interval
+        return nxt
+
+    def _after_cycle(self) -> None:
+        """A person resubmits a run that ended FAILED (the human path), after a delay."""
+        run = self.store.get_run(self.runs[-1])
+        if run is None or not run.state.is_terminal or self.resubmit_at is not None:
+            return
+        if not self.pol.human_resubmit or run.state is not RunState.FAILED:
+            self.r.count(f"run_{run.state.value.lower()}")
+            return
+        now = self.c.now
+        delays = self.trace.human_delays_s
+        self.ended_at, self.resubmit_at = now, now + delays[self.humans % len(delays)]
+        self.humans += 1
+        self.r.count("human_resubmits")
+        self.c.at(self.resubmit_at, self._resubmit)
+
+    def _resubmit(self) -> None:
+        """The person submits the training again: a new run, resuming from its checkpoint."""
+        self._submit_run()
+        self.act_now = True
+
+    def _tally(self) -> None:
+        """What the daemon recorded: the endings by cause, nodes kept out, straggler moves,
+        and how often NeMo-Run's default budget would have stopped the run."""
+        failed_in_row = 0
+        budget = self.pol.default_failure_budget
+        for run_id in self.runs:
+            for a in self.store.attempts(run_id):
+                self.r.count("requeues", int(a.attempt > 0))  # the core's, not by hand
+                if a.cause is None:
+                    continue  # not ended (the one in flight at the horizon)
+                self.r.count(f"cause_{a.cause}")
+                if a.cause == Cause.STRAGGLER.value:
+                    self.r.count("straggler_moves")
+                # NeMo-Run's job-results file: only a clean checkpointed continuation is a
+                # success; an attempt killed before its teardown keeps its "X" (a failure)
+                failed_in_row = 0 if a.cause == Cause.CHECKPOINTED.value else failed_in_row + 1
+                if failed_in_row == budget:
+                    self.r.count("over_default_budget")
+                    failed_in_row = 0
+            for e in self.store.events(run_id):
+                if e.kind == "straggler":
+                    self.r.count("nodes_excluded", len(e.data.get("nodes") or []))
+                    self.r.count("stragglers_flagged")
+                elif e.kind == "ended" and e.data.get("cause") != Cause.STRAGGLER.value:
+                    self.r.count("nodes_excluded", len(e.data.get("excluded") or []))
 
     def _finish(self, now: float) -> None:
         """Account the end of the horizon: the run in flight, or the gap since the last."""
-        b = self.c.breakdown(self.jid)
+        b = self.c.breakdown(self.jid) if self.jid is not None else None
         if b is not None:
             self._account(b, in_flight=True)
             return
-        job = self.c.st.jobs.get(self.jid)
+        job = self.c.st.jobs.get(self.jid or "")
         if self.resubmit_at is not None and self.ended_at is not None:
             self._add("detection", self.ended_at - self.last_end)
             self._add("human", min(now, self.resubmit_at) - self.ended_at)
-            self._add("requeue", now - self.resubmit_at)
+            self._add("requeue", now - min(now, self.resubmit_at))
         elif job is not None and job.state is JobState.PENDING:
             back = min(max(job.submit_time, self.last_end), now)
             self._add("detection", back - self.last_end)
@@ -651,9 +844,47 @@ class Campaign:
         self._add("stragglers", b.slow_s)
         self._add(self.stall or "hung", b.stalled_s)
 
+    # ---------------------------------------------------- what the job writes
+    def _attempt(self) -> int:
+        """The attempt the job runs as (FTSLURM_ATTEMPT): the one it was submitted as plus
+        Slurm's restart count, as its batch script computes it."""
+        job = self.c.st.jobs[self.jid or ""]
+        return int((job.comment or "::0").rsplit(":", 1)[1]) + job.restart_count
+
+    def _write_progress(self) -> None:
+        """progress.json as `ftslurm.agent.progress` keeps it: the work saved so far is the
+        checkpoint step; the blocking save time is reported with every checkpoint."""
+        saved = self.job.work_s - self.c.remaining.get(WORKLOAD, self.job.work_s)
+        data: dict[str, Any] = {"step": int(saved), "finished": False,
+                                "attempt": self._attempt(), "updated_at": self.c.now}
+        if saved > 0:
+            data.update(checkpoint_step=int(saved), checkpoint_at=self.c.now)
+        if self.setup.checkpoint_cost_s > 0:
+            data.update(checkpoint_save_s=self.setup.checkpoint_cost_s,
+                        max_checkpoint_save_s=self.setup.checkpoint_cost_s)  # fmt: skip
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.paths.progress, data)
+
+    def _node_report(self, signalled: bool, hung: bool = False) -> int:
+        """The launcher's report and exit code when it ends the job (`decide_outcome`, as
+        the launcher decides them); without a launcher, the step's own exit code."""
+        if not self.pol.launcher:
+            return 0 if signalled else 1
+        out = decide_outcome(succeeded=signalled, failures={} if signalled else {0: 1},
+                             ranks={0}, stopped={}, signalled=signalled, finished=False,
+                             max_restarts=self.pol.in_job_restarts, hung=hung)  # fmt: skip
+        path = self.paths.node_report(self._attempt(), 0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {
+            "node": self.alloc[0] if self.alloc else "", "outcome": out.outcome,
+            "code": int(out.code), "in_job_restarts": self.restarts_used,
+            "heartbeats": True})  # fmt: skip
+        return int(out.code)
+
     # -------------------------------------------------------------- cluster hooks
     def _on_start(self, jid: str) -> None:
         now = self.c.now
+        self.jid = jid
         self.run_serial += 1
         self.run_start = now
         self.stall = None
@@ -661,18 +892,15 @@ class Campaign:
             self.in_job = False
         else:
             self._gap(jid, now)
-            if self.alloc_serial > 0 and not self.attempt_ended:
-                self._attempt_result(ok=False)  # killed and requeued by Slurm itself
-            self.attempt_ended = False
             self.alloc = list(self.c.st.jobs[jid].nodes)
             self.alloc_serial += 1
-            self.alloc_saved = 0.0
             self.restarts_left = self.pol.in_job_restarts
+            self.restarts_used = 0
             self.r.count("allocations")
-            if self.pol.daemon:
-                for node in self.alloc:
-                    if self.slow.get(node):
-                        self._watch_straggler(node, now)
+            self._write_progress()
+            for node in self.alloc:
+                if self.slow.get(node):
+                    self._watch_straggler(node, now)
         self._speed()
 
     def _gap(self, jid: str, now: float) -> None:
@@ -689,64 +917,26 @@ class Campaign:
 
     def _on_run_end(self, b: RunBreakdown) -> None:
         self._account(b)
-        self.alloc_saved += b.saved_s
         self.last_end = b.ended
         self.stall = None
+        self._write_progress()
+        if b.signalled and b.completed:
+            self._node_report(signalled=True)  # saved on the signal: "continue me"
 
     def _on_end(self, jid: str, state: JobState) -> None:
-        """The job ended (terminal): continue it as the policy does."""
-        if jid != self.jid:
-            return
-        self.carry = self.c.remaining.pop(jid)
-        now = self.c.now
+        """The job ended (terminal): a tool's job acts on it at once."""
         self.r.count(f"ended_{state.value.lower()}")
-        if state in (JobState.COMPLETED, JobState.TIMEOUT):
-            self.r.count("wall_limits")  # a continuation (checkpointed) or a wall-limit kill
-        self.attempt_ended = True
-        self._attempt_result(ok=state is JobState.COMPLETED)
-        if self.pol.daemon:
-            self._arm(now)
-        elif state in (JobState.COMPLETED, JobState.TIMEOUT, JobState.PREEMPTED) or (
-                self.pol.auto_continue):  # fmt: skip
-            self._slurm_requeue(jid)  # the batch script's / signal handler's requeue
-        else:
-            self.ended_at = now
-            delays = self.trace.human_delays_s
-            self.resubmit_at = now + delays[self.humans % len(delays)]
-            self.humans += 1
-            self.r.count("human_resubmits")
-            self.c.at(self.resubmit_at, self._resubmit)
-
-    def _attempt_result(self, ok: bool) -> None:
-        """NeMo-Run's job-results file: an attempt writes "X" when it starts and turns it
-        into S (every step succeeded) or F in its teardown; one killed before the teardown
-        (a node failure, Slurm's requeue) keeps its X. The default stops the run once the
-        last `default_failure_budget` lines are all X or F (counted, the run goes on)."""
-        self.failed_in_row = 0 if ok else self.failed_in_row + 1
-        if self.failed_in_row == self.pol.default_failure_budget:
-            self.r.count("over_default_budget")
-            self.failed_in_row = 0
-
-    def _slurm_requeue(self, jid: str) -> None:
         job = self.c.st.jobs[jid]
-        allowed, job.requeue_allowed = job.requeue_allowed, True  # its own scontrol requeue
-        model.requeue(self.c.st, jid, False, self.c.now)
-        job.requeue_allowed = allowed
-        self.c.remaining[jid] = self.carry if self.carry is not None else 0.0
-        self.carry = None
-        self.r.count("requeues")
-
-    def _resubmit(self) -> None:
-        """A person submits the job again (a fresh job: no requeue delay)."""
-        self.jid = self.c.submit(self.options, self.job, queue_wait_s=self.setup.queue_wait_s)
-        self.c.remaining[self.jid] = self.carry if self.carry is not None else 0.0
-        self.carry = None
+        if state is JobState.TIMEOUT or job.exit_code == CONTINUE_CODE:
+            self.r.count("wall_limits")  # a continuation (checkpointed) or a wall-limit kill
+        if not self.pol.daemon:
+            self.act_now = True
 
     # ----------------------------------------------------------------- the faults
     def _running(self, node: str | None = None) -> bool:
         """Whether the job has a live run (on `node`, when given) that a fault can hit."""
-        job = self.c.st.jobs.get(self.jid)
-        run = self.c.runs.get(self.jid)
+        job = self.c.st.jobs.get(self.jid or "")
+        run = self.c.runs.get(self.jid or "")
         return (job is not None and job.state is JobState.RUNNING and run is not None
                 and run.saved_on_exit is None and (node is None or node in job.nodes))
 
@@ -754,7 +944,7 @@ class Campaign:
         st, now = self.c.st, self.c.now
         n = st.nodes[f.node]
         usable = n.status is NodeStatus.UP and n.dead_since is None
-        job = st.jobs.get(self.jid)
+        job = st.jobs.get(self.jid or "")
         on_job = job is not None and f.node in job.nodes and job.state in (
             JobState.RUNNING, JobState.COMPLETING)  # fmt: skip
         if f.kind == "straggler":
@@ -762,8 +952,7 @@ class Campaign:
             self.c.at(now + f.duration_s, lambda: self._straggler_over(f))
             if on_job:
                 self._speed()
-                if self.pol.daemon:
-                    self._watch_straggler(f.node, now)
+                self._watch_straggler(f.node, now)
             return
         if f.kind in ("node", "maintenance") and not usable:
             return  # already out of service
@@ -772,15 +961,11 @@ class Campaign:
                 self.r.count("hit_lemon" if f.lemon else "hit_node_failure")
             self.c.fail_node(f.node)
             self.c.at(now + REPAIR_S, lambda: model.revive_node(st, f.node))
-            if on_job and self.pol.daemon:
-                self._arm(now + self.setup.slurmd_timeout_s)
             return
         if f.kind == "maintenance":
             if on_job and job is not None and job.state is JobState.RUNNING:
                 self.r.count("hit_preemption")
-                self.c.preempt(self.jid, PREEMPT_GRACE_S, self.pol.save_on_preempt)
-                if self.pol.daemon:
-                    self._arm(now)
+                self.c.preempt(job.job_id, PREEMPT_GRACE_S, self.pol.save_on_preempt)
             model.drain_node(st, f.node, "maintenance")
             self.c.at(now + MAINTENANCE_S, lambda: model.revive_node(st, f.node))
             return
@@ -792,16 +977,16 @@ class Campaign:
                 self._stall("detection")
                 self._later(self.pol.crash_detect_s, self._recover)
             else:
-                self.c.end_processes(self.jid, 1)  # srun --kill-on-bad-exit: step fails
+                self._give_up(hung=False)  # the step fails (srun --kill-on-bad-exit)
         elif f.kind == "hang":
             self._stall("hung")
             startup = now - self.run_start < self.setup.restart_cost_s
             wait = self.pol.startup_hang_timeout_s if startup else self.pol.hang_timeout_s
-            self._later(wait, self._recover)
+            self._later(wait, lambda: self._recover(hung=True))
 
     def _stall(self, why: str) -> None:
         self.stall = why
-        self.c.set_speed(self.jid, 0.0)
+        self.c.set_speed(self.jid or "", 0.0)
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         """Run `action` after `delay` if the current run is still the same then."""
@@ -809,98 +994,42 @@ class Campaign:
         self.c.at(self.c.now + delay, lambda: action() if serial == self.run_serial
                   and self.jid in self.c.runs else None)  # fmt: skip
 
-    def _recover(self) -> None:
+    def _recover(self, hung: bool = False) -> None:
         """The launcher (or the watchdog) acts on a dead or hung rank."""
         if self.restarts_left > 0:
             self.restarts_left -= 1
+            self.restarts_used += 1
             self.r.count("in_job_restarts")
             self.in_job = True
-            self.c.restart_in_job(self.jid, self.setup.restart_cost_s)
+            self.c.restart_in_job(self.jid or "", self.setup.restart_cost_s)
         else:
-            self.c.end_processes(self.jid, 1)
+            self._give_up(hung)
+
+    def _give_up(self, hung: bool) -> None:
+        """The job's processes exit: the launcher's verdict, or the failed step's code."""
+        self.c.end_processes(self.jid or "", self._node_report(signalled=False, hung=hung))
 
     def _speed(self) -> None:
         if self.stall is not None or self.jid not in self.c.runs:
             return
-        job = self.c.st.jobs[self.jid]
+        job = self.c.st.jobs[self.jid or ""]
         worst = max((max(self.slow[n]) for n in job.nodes if self.slow.get(n)), default=1.0)
-        self.c.set_speed(self.jid, 1.0 / worst)
+        self.c.set_speed(self.jid or "", 1.0 / worst)
 
     def _straggler_over(self, f: Fault) -> None:
         self.slow[f.node].remove(f.slowdown)
         self._speed()
 
-    # ---------------------------------------------------------- ftslurm's daemon
-    def _tick(self, t: float) -> float:
-        return (math.floor(t / DAEMON_POLL_S) + 1) * DAEMON_POLL_S
-
-    def _arm(self, t: float, fast: bool = False) -> None:
-        when = t + DAEMON_FAST_POLL_S if fast else self._tick(t)
-        if when not in self.looks:
-            self.looks.add(when)
-            self.c.at(when, lambda: self._look(when))
-
-    def _usable(self) -> list[str]:
-        return [n.name for n in self.c.st.nodes.values()
-                if n.status is NodeStatus.UP and n.dead_since is None]  # fmt: skip
-
-    def _look(self, when: float) -> None:
-        """One daemon cycle for the run: see an ending, requeue, exclude, release, start."""
-        self.looks.discard(when)
-        st, now, jid = self.c.st, self.c.now, self.jid
-        job = st.jobs.get(jid)
-        if job is None or (job.state is JobState.RUNNING and jid in self.c.runs):
-            return
-        if self.carry is not None and job.state.is_terminal:
-            self._decide(job, requeued=False)
-            model.requeue(st, jid, False, now)
-            self.c.remaining[jid], self.carry = self.carry, None
-            self.seen_restarts = job.restart_count
-            self.r.count("requeues")
-        if job.state is JobState.PENDING:
-            if job.restart_count > self.seen_restarts:  # Slurm requeued it, or we moved it
-                if not self.moved:
-                    self._decide(job, requeued=True)
-                self.moved = False
-                self.seen_restarts = job.restart_count
-            exclude = ftpolicy.plan_exclusions(self._flagged(now), self._usable(),
-                                               self.trace.nodes)  # fmt: skip
-            model.update_excluded_nodes(st, jid, list(exclude))
-            model.release(st, jid)
-            model.start_now(st, jid, now)
-        self._arm(now)  # look again until it runs
-
-    def _decide(self, job: model.MockJob, requeued: bool) -> None:
-        """The daemon's classification of the ending, for the nodes it keeps out."""
-        usable = set(self._usable())
-        ending = ftpolicy.Ending(
-            state=job.state, exit_code=job.exit_code, signal=job.signal,
-            requeued_by_scheduler=requeued, nodes=tuple(self.alloc),
-            down_nodes=tuple(n for n in self.alloc if n not in usable),
-            checkpoint_signal_sent=job.warn_sent or job.state is JobState.COMPLETED,
-            checkpoint_advanced=self.alloc_saved > 0)  # fmt: skip
-        cause = ftpolicy.classify(ending, FTSLURM)
-        d = ftpolicy.decide(cause, ending, self.budget, FTSLURM)
-        self.budget = d.budget
-        self.r.count(f"cause_{cause.value}")
-        for node, _why in d.exclude:
-            self._flag(node)
-
-    def _flag(self, node: str) -> None:
-        now = self.c.now
-        ttl = ftpolicy.flag_ttl(self.flags.get(node), now, FTSLURM)  # repeat offenders: longer
-        self.flags[node] = (now, now + (ttl if ttl is not None else math.inf))
-        self.r.count("nodes_excluded")
-
-    def _flagged(self, now: float) -> list[str]:
-        live = [(since, n) for n, (since, exp) in self.flags.items() if exp > now]
-        return [n for _, n in sorted(live, reverse=True)]  # newest first
-
+    # ------------------------------------------- the straggler report (compute side)
     def _watch_straggler(self, node: str, since: float) -> None:
-        """The straggler report flags `node` after `straggler_windows` full windows below
-        the threshold; the daemon sees it at that look."""
-        interval = FTSLURM.straggler_report_interval_s
-        due = (math.floor(since / interval) + 1 + FTSLURM.straggler_windows) * interval
+        """Where the run reports stragglers (ftslurm's launcher on node 0 scores the ranks'
+        step times every report interval): a node below the threshold for
+        `straggler_windows` full windows is named persistent in the report."""
+        s = self.pol.settings
+        if not (self.pol.launcher and (s.exclude_stragglers or s.stop_if_straggler)):
+            return  # nothing scores the ranks
+        interval = s.straggler_report_interval_s
+        due = (math.floor(since / interval) + 1 + s.straggler_windows) * interval
         alloc = self.alloc_serial
         self.c.at(due, lambda: self._straggler_due(node, alloc))
 
@@ -908,23 +1037,20 @@ class Campaign:
         slow = self.slow.get(node)
         if alloc != self.alloc_serial or not slow or not self._running(node):
             return
-        if 1.0 / max(slow) >= FTSLURM.straggler_threshold:
+        score = 1.0 / max(slow)
+        if score >= self.pol.settings.straggler_threshold:
             return  # not slow enough to score below the threshold
-        live = self._flagged(self.c.now)
-        if node in live:
+        attempt = self._attempt()
+        nodes = self.persistent.setdefault(attempt, [])
+        if node in nodes:
             return
-        self._flag(node)
-        self.r.count("stragglers_flagged")
-        exclusions = ftpolicy.plan_exclusions(self._flagged(self.c.now), self._usable(),
-                                              self.trace.nodes)  # fmt: skip
-        d = ftpolicy.straggler_move([node], self.alloc, exclusions, self.budget, FTSLURM)
-        if d is None:
-            return
-        self.budget = d.budget
-        self.r.count("straggler_moves")
-        self.moved = True
-        self.c.act(model.requeue(self.c.st, self.jid, True, self.c.now))
-        self._arm(self.c.now, fast=True)
+        nodes.append(node)
+        self.paths.straggler_report.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.paths.straggler_report, {
+            "attempt": attempt, "threshold": self.pol.settings.straggler_threshold,
+            "persistent_nodes": list(nodes), "updated_at": self.c.now,
+            "scores": [{"node": n, "relative": 1.0 / max(self.slow.get(n) or [1.0]),
+                        "individual": 1.0} for n in nodes]})  # fmt: skip
 
 
 # ----------------------------------------------------------------------- reporting

@@ -126,6 +126,7 @@ class Reconciler:
         self.clock = clock
         self.interval = 1.0
         self.last_change: float | None = None
+        self.next_deadline: float | None = None  # the earliest deadline of the last cycle
         self._trusted_intents: set[tuple[str, int]] = set()  # created by this process
         self._deferred: set[tuple[str, int]] = set()  # submissions the scheduler put off
         self._min_job_age: dict[str, float] = {}
@@ -189,6 +190,7 @@ class Reconciler:
                 if info is None or info.state is JobState.UNKNOWN:
                     continue
                 self._advance(run, a, info, deadlines)
+        self.next_deadline = min(deadlines, default=None)
         self.interval = policy.next_poll_interval(
             self.clock(), last_change=self.last_change, deadlines=deadlines,
             previous=self.interval, min_job_age_s=min(self._min_job_age.values(), default=60),
@@ -278,8 +280,8 @@ class Reconciler:
                 self._nodes[kind] = {n.name: n.state.usable for n in backend.nodes()}
             got["usable"] = self._nodes[kind]
         if "previous" in what:
-            before = [x for x in self.store.attempts(run.run_id) if x.attempt < a.attempt]
-            got.update(previous=before[-1] if before else None, previous_known=True)
+            got.update(previous=self.store.attempt_before(run.run_id, a.attempt),
+                       previous_known=True)  # fmt: skip
         if "files" in what or "watch_files" in what:
             got["files"] = read_run_files(Path(run.spec["run_dir"]), a.attempt,
                                           ending="files" in what)  # fmt: skip

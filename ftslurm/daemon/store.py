@@ -553,6 +553,13 @@ class Store:
         rows = self._read("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,))
         return [self._attempt(r) for r in rows]
 
+    def attempt_before(self, run_id: str, attempt: int) -> Attempt | None:
+        """The run's attempt just before attempt `attempt` (one row: a run continued many
+        times has many attempts, each with its node list)."""
+        rows = self._read("SELECT * FROM attempts WHERE run_id = ? AND attempt < ? "
+                          "ORDER BY attempt DESC LIMIT 1", (run_id, attempt))  # fmt: skip
+        return self._attempt(rows[0]) if rows else None
+
     def latest_attempt(self, run_id: str) -> Attempt | None:
         rows = self._read("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt DESC "
                           "LIMIT 1", (run_id,))  # fmt: skip

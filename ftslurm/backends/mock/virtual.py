@@ -15,6 +15,10 @@ the ranks in the same allocation, `end_processes` makes the job's processes exit
 themselves (a crash, a watchdog), `preempt` is Slurm preemption with a grace time, and the
 `on_start` / `on_run_end` hooks report every run with a breakdown of its wall time
 (`RunBreakdown`). None of them is used by `simulate_campaign`.
+
+`VirtualBackend` is the scheduler protocol over a `VirtualCluster`: the daemon's own
+`Reconciler` runs against it on the virtual clock (benchmarks/goodput.py measures every
+policy that way), so the simulated orchestration is the product's, not a copy of it.
 """
 
 from __future__ import annotations
@@ -23,12 +27,19 @@ import heapq
 import math
 import random
 import signal as _signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, MockState
-from ftslurm.core.types import JobOptions, JobState
+from ftslurm.core.types import (
+    ClusterFacts,
+    JobInfo,
+    JobOptions,
+    JobState,
+    NodeInfo,
+    SignalTarget,
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +50,8 @@ class JobModel:
     checkpoint_interval_s: float  # compute between two checkpoints
     checkpoint_cost_s: float  # wall time one checkpoint takes
     restart_cost_s: float = 0.0  # start-up plus loading the checkpoint, at every start
-    checkpoint_on_signal: bool = True  # a warning signal makes it checkpoint, then exit 0
+    checkpoint_on_signal: bool = True  # a warning signal makes it checkpoint, then exit
+    continue_code: int = 0  # the exit code after that checkpoint ("continue me")
 
     def finish_after(self, remaining_s: float) -> float:
         """Wall time from a start to the end of the work (checkpoints included)."""
@@ -126,7 +138,9 @@ class VirtualCluster:
         self._queued: dict[str, tuple[int, float]] = {}  # job -> (restart count, not before)
         self.now = start
         self.models: dict[str, JobModel] = {}
-        self.remaining: dict[str, float] = {}  # work left after the last checkpoint
+        self.remaining: dict[str, float] = {}  # workload -> work left after its last checkpoint
+        self.workloads: dict[str, str] = {}  # job -> its workload
+        self._ended: set[tuple[str, int]] = set()  # (job, restart count) endings reported
         self.runs: dict[str, _Run] = {}
         self.stats = CampaignStats()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
@@ -135,17 +149,23 @@ class VirtualCluster:
         self.on_start: Callable[[str], None] | None = None  # a run began (after Launch)
         self.on_run_end: Callable[[RunBreakdown], None] | None = None
         self._exits: dict[str, model.Exited] = {}  # processes that ended by themselves
+        self.changed = True  # the state changed outside `run` (an action): step it first
         self._serial = 0
 
     # ----------------------------------------------------------------- API
-    def submit(self, options: JobOptions, job: JobModel, queue_wait_s: float = 0.0) -> str:
-        """Submit a job; it waits `queue_wait_s` for nodes before it can start."""
-        job_id = model.submit(self.st, "#!/bin/true\n", options, self.now)
+    def submit(self, options: JobOptions, job: JobModel, queue_wait_s: float = 0.0,
+               workload: str | None = None, script: str = "#!/bin/true\n") -> str:  # fmt: skip
+        """Submit a job; it waits `queue_wait_s` for nodes before it can start. Jobs of one
+        `workload` (default: the job alone) share its work: a fresh job of a workload
+        resumes from the work its earlier jobs checkpointed."""
+        job_id = model.submit(self.st, script, options, self.now)
+        self.changed = True
         if queue_wait_s > 0:
             self._queued[job_id] = (0, self.now + queue_wait_s)
             self.st.jobs[job_id].eligible_time = self.now + queue_wait_s
         self.models[job_id] = job
-        self.remaining[job_id] = job.work_s
+        key = self.workloads[job_id] = workload or job_id
+        self.remaining.setdefault(key, job.work_s)
         return job_id
 
     def at(self, when: float, action: Callable[[], None]) -> None:
@@ -159,29 +179,42 @@ class VirtualCluster:
 
     def run(self, until: float, stop: Callable[[], bool] = lambda: False) -> None:
         """Process events in time order up to `until` or until `stop()` holds."""
-        self._step(self._take_exits())
+        if self.changed or self._exits:  # an action since the last step (e.g. a release)
+            self._step(self._take_exits())
         while not stop():
-            candidates = [t for t in (
-                model.next_event_time(self.st),
-                min((r.finish_at for r in self.runs.values()), default=None),
-                self._timers[0][0] if self._timers else None,
-            ) if t is not None]  # fmt: skip
-            if not candidates or min(candidates) > until:
+            when = self.next_event_time()
+            if when > until:
                 self.now = until
                 return
-            self.now = max(self.now, min(candidates))
+            self.now = max(self.now, when)
             self.stats.events += 1
             while self._timers and self._timers[0][0] <= self.now:
                 heapq.heappop(self._timers)[2]()
-            finished = {j: (0, None) for j, r in list(self.runs.items()) if r.finish_at <= self.now}
+            finished = {j: (self._exit_code(j, r), None) for j, r in list(self.runs.items())
+                        if r.finish_at <= self.now}  # fmt: skip
             for job_id in finished:
                 self._end_run(job_id, completed=True)
             self._step({**self._take_exits(), **finished})
+
+    def next_event_time(self) -> float:
+        """When something happens next (a scheduler event, a run's end, a timer); inf when
+        nothing will."""
+        candidates = [t for t in (
+            model.next_event_time(self.st),
+            min((r.finish_at for r in self.runs.values()), default=None),
+            self._timers[0][0] if self._timers else None,
+        ) if t is not None]  # fmt: skip
+        return min(candidates, default=math.inf)
+
+    def _exit_code(self, job_id: str, run: _Run) -> int:
+        """A run that saved on a signal exits with its model's "continue me" code."""
+        return self._model(job_id, run).continue_code if run.saved_on_exit is not None else 0
 
     # ------------------------------------------------ inside the allocation
     def act(self, effects: list[model.Effect]) -> None:
         """Carry out effects of a `model` operation (e.g. `model.requeue` of a running job)
         from a timer: the runs they end are reported at the next step."""
+        self.changed = True
         self._exits.update(self._apply(effects))
 
     def set_speed(self, job_id: str, speed: float) -> None:
@@ -245,14 +278,19 @@ class VirtualCluster:
 
     # ----------------------------------------------------------- internals
     def _step(self, exited: dict[str, model.Exited]) -> None:
+        self.changed = False
         self._hold_in_queue()
         effects = model.advance(self.st, self.now, exited)
         while effects:
             exited = self._apply(effects)
             self._hold_in_queue()
             effects = model.advance(self.st, self.now, exited) if exited else []
-        for job_id, job in self.st.jobs.items():
-            if job.state.is_terminal and job_id in self.remaining and self.on_end:
+        if self.on_end is None:
+            return
+        for job_id, job in list(self.st.jobs.items()):
+            key = (job_id, job.restart_count)
+            if job.state.is_terminal and job_id in self.workloads and key not in self._ended:
+                self._ended.add(key)  # reported once per ending
                 self.on_end(job_id, job.state)
 
     def _apply(self, effects: list[model.Effect]) -> dict[str, model.Exited]:
@@ -280,7 +318,7 @@ class VirtualCluster:
         job = self.models[job_id]
         own = None if restart_cost_s is None else replace(job, restart_cost_s=restart_cost_s)
         job = own or job
-        remaining = self.remaining[job_id]
+        remaining = self.remaining[self.workloads[job_id]]
         self.stats.attempts += 1
         self._serial += 1
         self.runs[job_id] = _Run(self.now, remaining, self.now + job.finish_after(remaining),
@@ -299,15 +337,18 @@ class VirtualCluster:
         else:
             saved = job.saved_after(elapsed, run.remaining_at_start)
             computed = job.computed_after(elapsed, run.remaining_at_start)
-        self.remaining[job_id] = run.remaining_at_start - saved
+        self.remaining[self.workloads[job_id]] = run.remaining_at_start - saved
         self.stats.productive_s += saved
         self.stats.lost_s += computed - saved
         if self.on_run_end:
             self.on_run_end(self._breakdown(job_id, run, job, completed, saved, computed))
 
     def _checkpoint_and_exit(self, job_id: str) -> None:
-        """Warning signal: save what was computed, then leave (a continuation)."""
+        """Warning signal: save what was computed, then leave (a continuation). A second
+        signal while it saves (Slurm's own after the daemon's) changes nothing."""
         run = self.runs[job_id]
+        if run.saved_on_exit is not None:
+            return
         job = self._model(job_id, run)
         progress = self._progress(run)
         run.saved_on_exit = job.computed_after(progress, run.remaining_at_start)
@@ -376,6 +417,80 @@ class VirtualCluster:
             computed_s=computed, startup_s=startup, checkpoint_s=progress - startup - computed,
             slow_s=slow, stalled_s=stalled,
         )  # fmt: skip
+
+
+class VirtualBackend:
+    """The scheduler protocol (`ftslurm.backends.protocol.SchedulerBackend`) over a
+    `VirtualCluster`, at its virtual time: the daemon's `Reconciler` drives a simulated
+    cluster through it exactly as it drives Slurm or the process-backed mock (the goodput
+    benchmark measures the product this way).
+
+    Every job submitted runs `job` (a `JobModel`); `workload(options)` names the work it
+    belongs to (default: its name), so a fresh submission of a run resumes from the work
+    its earlier jobs checkpointed. A resubmission waits the cluster's `queue_wait_s` as a
+    requeue does; the first job of a workload does not. Actions take effect at once in the
+    model; the processes they end are reported at the cluster's next step."""
+
+    def __init__(self, cluster: VirtualCluster, job: JobModel,
+                 workload: Callable[[JobOptions], str] | None = None,
+                 amend: Callable[[JobOptions], JobOptions] | None = None) -> None:  # fmt: skip
+        """`amend`: what the submitting tool itself adds to every job's options (a
+        baseline's own sbatch header, e.g. its `--signal`)."""
+        self.cluster = cluster
+        self.job = job
+        self.workload = workload or (lambda options: options.name or "job")
+        self.amend = amend or (lambda options: options)
+
+    @property
+    def _st(self) -> MockState:
+        return self.cluster.st
+
+    @property
+    def _now(self) -> float:
+        return self.cluster.now
+
+    def submit(self, script: str, options: JobOptions) -> str:
+        options = self.amend(options)
+        key = self.workload(options)
+        wait = self.cluster.queue_wait_s if key in self.cluster.remaining else 0.0
+        return self.cluster.submit(options, self.job, queue_wait_s=wait, workload=key,
+                                   script=script)  # fmt: skip
+
+    def query(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+        return model.query(self._st, list(dict.fromkeys(str(j) for j in job_ids)), self._now)
+
+    def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
+        return model.find_jobs(self._st, comment, since, self._now)
+
+    def active_jobs(self) -> list[JobInfo]:
+        return model.active_jobs(self._st, self._now)
+
+    def cancel(self, job_id: str) -> None:
+        self.cluster.act(model.cancel(self._st, str(job_id), self._now))
+
+    def requeue(self, job_id: str, *, hold: bool = False) -> None:
+        self.cluster.act(model.requeue(self._st, str(job_id), hold, self._now))
+
+    def release(self, job_id: str) -> None:
+        model.release(self._st, str(job_id))
+        self.cluster.changed = True
+
+    def update_excluded_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        model.update_excluded_nodes(self._st, str(job_id), list(nodes))
+        self.cluster.changed = True
+
+    def start_now(self, job_id: str) -> None:
+        model.start_now(self._st, str(job_id), self._now)
+        self.cluster.changed = True
+
+    def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:
+        self.cluster.act(model.send_signal(self._st, str(job_id), sig, target))
+
+    def nodes(self) -> list[NodeInfo]:
+        return model.node_infos(self._st)
+
+    def cluster_facts(self) -> ClusterFacts:
+        return model.cluster_facts(self._st)
 
 
 def simulate_campaign(
