@@ -4,6 +4,7 @@ a smoke run of the script. No timing is asserted."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import math
@@ -188,6 +189,22 @@ def test_a_persistent_straggler_slows_others_and_ftslurm_moves_off_it():
     assert r.ettr > plain.ettr
     mild = trace(gp.Fault(3600.0, "straggler", "n2", duration_s=6 * 3600.0, slowdown=1.2))
     assert run("ftslurm", mild)[1].counts.get("straggler_moves", 0) == 0  # score 0.83 > 0.75
+
+
+def test_the_core_decides_and_acts_the_script_calls_no_scheduler_action():
+    """Every submission, requeue, exclusion, release, start and signal comes from the
+    daemon's core (`Reconciler` -> `step`), through the scheduler protocol."""
+    tree = ast.parse(SCRIPT.read_text())
+    called = {n.func.attr for n in ast.walk(tree)
+              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}  # fmt: skip
+    actions = {"submit", "requeue", "release", "start_now", "update_excluded_nodes", "cancel",
+               "signal", "send_signal", "requeue_many", "release_many", "start_now_many",
+               "update_excluded_nodes_many"}  # fmt: skip
+    assert not called & actions
+    assert issubclass(gp.ToolShell, gp.Reconciler)
+    camp = gp.Campaign(trace(gp.Fault(3600.0, "node", "n1")), POLICY["ftslurm"])
+    camp.run()
+    assert camp.r.counts["cause_node_fail"] == 1  # the daemon's own classification
 
 
 # ---------------------------------------------------------------- the script

@@ -65,11 +65,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftslurm.core.contract import RANK_REPORTS, JobEnv, RunDir
+from ftslurm.core.contract import DEFAULT_STRAGGLER_THRESHOLD, RANK_REPORTS, JobEnv, RunDir
 from ftslurm.fsutil import read_json, write_json_atomic
 
 MIN_SAMPLES = 3
-DEFAULT_THRESHOLD = 0.75
+DEFAULT_THRESHOLD = DEFAULT_STRAGGLER_THRESHOLD
 REFERENCES = ("best", "median")
 
 

@@ -276,6 +276,16 @@ def _alias(name: EnvName) -> Any:
     return {"alias": name.value}
 
 
+# The defaults of the settings that travel to the compute side: `FtSettings` (the run's)
+# and `JobEnv` (what the job parses) both take them from here.
+DEFAULT_CHECKPOINT_SIGNAL = "USR2"
+DEFAULT_GRACE_S = 120.0  # seconds ranks get to checkpoint after SIGTERM
+DEFAULT_STRAGGLER_INTERVAL_S = 60.0  # straggler report window
+DEFAULT_STRAGGLER_THRESHOLD = 0.75  # a score below it is a straggler
+DEFAULT_STRAGGLER_WINDOWS = 3  # windows below the threshold that make a node persistent
+DEFAULT_STRAGGLER_REFERENCE: Literal["best", "median"] = "best"
+
+
 class JobEnv(BaseModel):
     """The FTSLURM_* environment of a job, with its defaults. An empty variable counts as
     unset. `render()` gives what the daemon writes into the batch script; `from_environ`
@@ -288,16 +298,19 @@ class JobEnv(BaseModel):
     checkpoint_dir: str | None = Field(None, **_alias(EnvName.CHECKPOINT_DIR))
     attempt_base: int | None = Field(None, ge=0, **_alias(EnvName.ATTEMPT_BASE))
     attempt: int | None = Field(None, ge=0, **_alias(EnvName.ATTEMPT))
-    checkpoint_signal: str = Field("USR2", **_alias(EnvName.CHECKPOINT_SIGNAL))
-    straggler_interval_s: float = Field(60.0, gt=0, **_alias(EnvName.STRAGGLER_INTERVAL_S))
-    straggler_threshold: float = Field(0.75, gt=0, le=1, **_alias(EnvName.STRAGGLER_THRESHOLD))
-    straggler_windows: int = Field(3, ge=1, **_alias(EnvName.STRAGGLER_WINDOWS))
+    checkpoint_signal: str = Field(DEFAULT_CHECKPOINT_SIGNAL, **_alias(EnvName.CHECKPOINT_SIGNAL))
+    straggler_interval_s: float = Field(DEFAULT_STRAGGLER_INTERVAL_S, gt=0,
+                                        **_alias(EnvName.STRAGGLER_INTERVAL_S))
+    straggler_threshold: float = Field(DEFAULT_STRAGGLER_THRESHOLD, gt=0, le=1,
+                                       **_alias(EnvName.STRAGGLER_THRESHOLD))
+    straggler_windows: int = Field(DEFAULT_STRAGGLER_WINDOWS, ge=1,
+                                   **_alias(EnvName.STRAGGLER_WINDOWS))
     straggler_reference: Literal["best", "median"] = Field(
-        "best", **_alias(EnvName.STRAGGLER_REFERENCE))
+        DEFAULT_STRAGGLER_REFERENCE, **_alias(EnvName.STRAGGLER_REFERENCE))
     inject: str | None = Field(None, **_alias(EnvName.INJECT))
     in_job_restarts: int = Field(0, ge=0, **_alias(EnvName.IN_JOB_RESTARTS))
     section_timeouts: dict[str, Any] | None = Field(None, **_alias(EnvName.SECTION_TIMEOUTS))
-    grace_s: float = Field(120.0, gt=0, **_alias(EnvName.GRACE_S))
+    grace_s: float = Field(DEFAULT_GRACE_S, gt=0, **_alias(EnvName.GRACE_S))
     nproc_per_node: int = Field(1, ge=1, **_alias(EnvName.NPROC_PER_NODE))
     heartbeat_dir: str | None = Field(None, **_alias(EnvName.HEARTBEAT_DIR))
     user_error_window_s: float = Field(60.0, ge=0, **_alias(EnvName.USER_ERROR_WINDOW_S))

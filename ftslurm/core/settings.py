@@ -14,7 +14,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ftslurm.core.contract import RESERVED_EXITS, checked_signal_name
+from ftslurm.core.contract import (
+    DEFAULT_CHECKPOINT_SIGNAL,
+    DEFAULT_GRACE_S,
+    DEFAULT_STRAGGLER_INTERVAL_S,
+    DEFAULT_STRAGGLER_REFERENCE,
+    DEFAULT_STRAGGLER_THRESHOLD,
+    DEFAULT_STRAGGLER_WINDOWS,
+    RESERVED_EXITS,
+    checked_signal_name,
+)
 
 # Hang detection is on by default (seconds): a rank gets DEFAULT_INITIAL_S from its start to
 # its first heartbeat or section, then at most DEFAULT_RUNNING_S without a sign of life (a
@@ -62,7 +71,7 @@ class FtSettings(BaseModel):
     num_job_retries_on_failure: int = Field(2, ge=0)
     num_in_job_restarts: int = Field(0, ge=0)
     preempt_time: int = Field(60, ge=0)  # seconds before the wall limit to ask for a checkpoint
-    checkpoint_signal: str = "USR2"
+    checkpoint_signal: str = DEFAULT_CHECKPOINT_SIGNAL
     # Also ask Slurm itself (`--signal`) for the checkpoint signal, in case the daemon is
     # down. Slurm may deliver it up to a minute early; the daemon's is within ~1 s.
     signal_backstop: bool = True
@@ -89,16 +98,16 @@ class FtSettings(BaseModel):
     out_of_section_timeout: float | None = Field(DEFAULT_RUNNING_S, gt=0)
     initial_timeout: float | None = Field(DEFAULT_INITIAL_S, gt=0)
     hang_warmup_steps: int | None = Field(DEFAULT_WARMUP_STEPS, ge=1)
-    grace_s: float = Field(120, gt=0)
+    grace_s: float = Field(DEFAULT_GRACE_S, gt=0)
     # Straggler detection (ftslurm.agent.straggler): each rank's step times are published
     # every `straggler_report_interval_s`; a node whose ranks score below
     # `straggler_threshold` in `straggler_windows` consecutive windows is persistent: it is
     # kept out of later attempts (`exclude_stragglers`), and with `stop_if_straggler` the
     # running job is moved off it at once (requeue held, exclude, release).
-    straggler_report_interval_s: float = Field(60, gt=0)
-    straggler_threshold: float = Field(0.75, gt=0, le=1)
-    straggler_windows: int = Field(3, ge=1)
-    straggler_reference: Literal["best", "median"] = "best"
+    straggler_report_interval_s: float = Field(DEFAULT_STRAGGLER_INTERVAL_S, gt=0)
+    straggler_threshold: float = Field(DEFAULT_STRAGGLER_THRESHOLD, gt=0, le=1)
+    straggler_windows: int = Field(DEFAULT_STRAGGLER_WINDOWS, ge=1)
+    straggler_reference: Literal["best", "median"] = DEFAULT_STRAGGLER_REFERENCE
     exclude_stragglers: bool = True
     stop_if_straggler: bool = False
 
