@@ -130,10 +130,9 @@ def test_daemon_scale_runs_half_running_on_memory_and_counts_endings(scale_resul
     churn = rows[("memory", 30)]["churn"]
     ended = churn["ended_runs"]
     assert ended == 1
-    # the cycle that sees the endings: one query, one node listing, a requeue per ended run
-    assert churn["ending_cycle"] == {"nodes": 1, "query": 1, "requeue": ended}
-    # the next one brings each requeued job back: exclusions, release, start now
-    assert churn["requeue_cycle"]["query"] == 1
-    for method in ("update_excluded_nodes", "release", "start_now"):
-        assert churn["requeue_cycle"][method] == ended
+    # the cycle that sees the endings: one query, one node listing, one requeue for all
+    assert churn["ending_cycle"] == {"nodes": 1, "query": 1, "requeue_many": 1}
+    # the next one brings the requeued jobs back: exclusions, release, start now, one each
+    assert churn["requeue_cycle"] == {"nodes": 1, "query": 1, "update_excluded_nodes_many": 1,
+                                      "release_many": 1, "start_now_many": 1}
     assert rows[("mock", 30)]["churn"] is None

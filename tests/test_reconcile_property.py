@@ -21,6 +21,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from ftslurm.backends.batch import OneJobPerCommand
 from ftslurm.backends.mock import model
 from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
 from ftslurm.daemon.policy import FtSettings
@@ -38,10 +39,11 @@ class DaemonCrash(BaseException):
     """The daemon process dies (not an error it could handle)."""
 
 
-class ModelBackend:
+class ModelBackend(OneJobPerCommand):
     """The scheduler protocol over the mock controller's pure model, with a virtual clock,
     a log of every command, outages and crashes on demand. Processes are imaginary: a job
-    runs until the test says how it exits, or until a kill signal reaches it."""
+    runs until the test says how it exits, or until a kill signal reaches it. A batch
+    action is one command per job (`OneJobPerCommand`), each logged, each may crash."""
 
     def __init__(self) -> None:
         self.st = model.MockState.create(model.MockConfig(

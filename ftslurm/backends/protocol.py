@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
+from ftslurm.errors import FtslurmError
 
 
 @runtime_checkable
@@ -18,7 +19,13 @@ class SchedulerBackend(Protocol):
       observe is `JobState.UNKNOWN`, never a terminal state;
     - transient failures are retried inside the backend with a bounded budget, then raised
       as `SchedulerUnavailable` (actions) or reported as UNKNOWN (`query`);
-    - permanent refusals raise a `SchedulerRejected` subclass with a one-line message.
+    - permanent refusals raise a `SchedulerRejected` subclass with a one-line message;
+    - the `*_many` actions act on all their jobs in one scheduler command where the
+      scheduler takes a list of jobs (one command per job otherwise: `backends.batch`), and
+      return the jobs refused, each with the error its single-job action would have raised
+      (`JobStateConflict`, `InvalidJobId`, ...); the others were acted on. A scheduler that
+      cannot be reached raises `SchedulerUnavailable` for the whole batch; an empty list
+      runs no command.
     """
 
     name: str
@@ -62,6 +69,25 @@ class SchedulerBackend(Protocol):
 
     def start_now(self, job_id: str) -> None:
         """Make a pending job eligible at once (drops the requeue BeginTime delay)."""
+        ...
+
+    def requeue_many(self, job_ids: Sequence[str], *,
+                     hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
+        """`requeue` for every job of the list; returns the jobs refused."""
+        ...
+
+    def release_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
+        """`release` for every job of the list; returns the jobs refused."""
+        ...
+
+    def start_now_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
+        """`start_now` for every job of the list; returns the jobs refused."""
+        ...
+
+    def update_excluded_nodes_many(self, job_ids: Sequence[str],
+                                   nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+        """`update_excluded_nodes` (the same nodes) for every job of the list; returns the
+        jobs refused."""
         ...
 
     def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:

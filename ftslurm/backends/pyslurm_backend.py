@@ -26,6 +26,7 @@ from tenacity import (
     wait_random,
 )
 
+from ftslurm.backends import batch
 from ftslurm.backends.slurm_cli.parse import expand_nodes
 from ftslurm.backends.slurm_cli.runner import classify
 from ftslurm.core.timefmt import parse_time_limit
@@ -260,6 +261,21 @@ class PyslurmBackend:
 
     def start_now(self, job_id: str) -> None:
         self._modify(job_id, begin_time="now")
+
+    # pyslurm acts on one job per call: the batch actions are one call per job
+    def requeue_many(self, job_ids: Sequence[str], *,
+                     hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
+        return batch.requeue_each(self, job_ids, hold=hold)
+
+    def release_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
+        return batch.release_each(self, job_ids)
+
+    def start_now_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
+        return batch.start_now_each(self, job_ids)
+
+    def update_excluded_nodes_many(self, job_ids: Sequence[str],
+                                   nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+        return batch.update_excluded_nodes_each(self, job_ids, nodes)
 
     def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:
         steps = {SignalTarget.STEPS: "children", SignalTarget.BATCH: "batch",

@@ -6,14 +6,21 @@ One `cycle()`:
 2. observe every other active attempt with ONE batched scheduler query per backend;
 3. for each, gather the facts `step` asks for (the run's files, node flags, the node
    listing: only in a cycle and for an attempt where a decision depends on them), call
-   `step`, record its intents (and the records they change) in one transaction, then act.
+   `step`, record its intents (and the records they change) in one transaction, then act;
+4. at the end of the cycle, carry out the requeues, exclusions, releases and start-nows
+   the steps decided, each kind as ONE batch action for all its jobs (`requeue_many`, then
+   `update_excluded_nodes_many` per distinct node list, `release_many`, `start_now_many`),
+   so a cycle in which many runs end costs a constant number of scheduler commands. A job
+   the batch refused is handled as a single action's refusal: a refused requeue steps its
+   attempt again, a refused exclusion, release or start now waits for the next cycle.
 
 Every decision is in `ftslurm.daemon.step` (which calls `policy`). Every action is safe to
 repeat: a submission intent first looks for a job carrying its tag (unless this process
 recorded the intent itself); a requeue intent checks the job's restart count before
 requeueing again. The run's cancel flag is read again where a cancel must win: before a
 submission, after recording a job id, before an ending is decided, before a held job is
-released.
+released (at the end of the cycle, just before the batch release: a run cancelled
+meanwhile keeps its job held and is stepped again).
 
 The daemon is the one writer of run state (docs/daemon.md, "One writer"): commands record
 requests (`user_requests`, applied at the start of each cycle) and the cancel flag, and the
@@ -28,11 +35,12 @@ against the job's restart count and state before it is repeated.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +124,24 @@ class _Again(Exception):
         self.facts = facts
 
 
+_BATCHED = (core.Requeue, core.SetExclusions, core.Release, core.StartNow)
+
+
+@dataclass(eq=False)
+class _Planned:
+    """The batched actions `step` decided for one attempt's job in this cycle."""
+
+    kind: str  # the backend
+    run: Run
+    attempt: Attempt
+    job_id: str
+    requeue: bool | None = None  # requeue (held if True)
+    exclude: tuple[str, ...] | None = None  # replace its excluded nodes
+    release: bool = False
+    start_now: bool = False
+    requeued: core.Requeued | None = None  # recorded once the actions are done
+
+
 class Reconciler:
     def __init__(self, store: Store, backends: Callable[[str], SchedulerBackend],
                  clock: Callable[[], float] = time.time,
@@ -134,6 +160,9 @@ class Reconciler:
         # the versions this pass moved records on itself: (table, run id, attempt) ->
         # {version written from: version it became}
         self._moved: dict[tuple[str, str, int], dict[int, int]] = {}
+        # the cycle's batched actions, per attempt (run id, attempt), carried out at its end
+        self._batch: dict[tuple[str, int], _Planned] = {}
+        self._refused: dict[str, FtslurmError] = {}  # job id -> its batch's refusal
 
     # ----------------------------------------------------------------- the cycle
     def cycle(self) -> float:
@@ -142,6 +171,7 @@ class Reconciler:
         A record changed by another writer meanwhile (`StaleRecord`: e.g. a cancel request)
         ends the pass without writing over it; the next pass, at once, reads and decides
         again."""
+        self._batch, self._refused = {}, {}
         try:
             return self._cycle()
         except StaleRecord as exc:
@@ -190,6 +220,7 @@ class Reconciler:
                 if info is None or info.state is JobState.UNKNOWN:
                     continue
                 self._advance(run, a, info, deadlines)
+        self._act_batched(deadlines)  # the cycle's requeues, exclusions, releases, start-nows
         self.next_deadline = min(deadlines, default=None)
         self.interval = policy.next_poll_interval(
             self.clock(), last_change=self.last_change, deadlines=deadlines,
@@ -290,7 +321,9 @@ class Reconciler:
     def _execute(self, backend: SchedulerBackend, run: Run, a: Attempt,
                  intents: list[core.Intent], deadlines: list[float]) -> Attempt | None:
         """Carry out `step`'s intents in order: the records between two actions in one
-        transaction, before the next action. Returns the attempt to go on with (a new
+        transaction, before the next action. Requeue, exclusions, release and start now
+        are planned for the end of the cycle (`_act_batched`), with the `Requeued` record
+        that follows them; `step` puts them last. Returns the attempt to go on with (a new
         one: step it too), or None when the run ended."""
         now = self.clock()
         pending: list[core.Intent] = []
@@ -305,6 +338,9 @@ class Reconciler:
             if intent is None:
                 break
             job = getattr(intent, "job_id", "")
+            if (run.run_id, a.attempt) in self._batch and \
+                    not isinstance(intent, (*_BATCHED, core.Requeued, core.Wake)):
+                raise AssertionError(f"{type(intent).__name__} after a batched action")
             if isinstance(intent, core.Wake):
                 deadlines.append(intent.at)
             elif isinstance(intent, (core.Adopt, core.Submit)):
@@ -314,26 +350,149 @@ class Reconciler:
             elif isinstance(intent, core.Cancel):
                 with contextlib.suppress(JobStateConflict, InvalidJobId):  # ended meanwhile
                     backend.cancel(job)
-            elif isinstance(intent, core.Requeue):
-                backend.requeue(job, hold=intent.hold)
-            elif isinstance(intent, core.SetExclusions):
-                backend.update_excluded_nodes(job, intent.nodes)
-            elif isinstance(intent, core.Release):
-                if self._cancel_requested(run.run_id):  # asked for meanwhile: it stays held
-                    raise _Again(replace(self._facts(run, a), cancel_requested=True))
-                backend.release(job)
-            elif isinstance(intent, core.StartNow):
-                backend.start_now(job)
+            elif isinstance(intent, _BATCHED):
+                refused = self._refused.pop(job, None) if isinstance(intent, core.Requeue) \
+                    else None  # fmt: skip
+                if refused is not None:  # stepped again after its batch refused the requeue
+                    raise refused
+                self._plan(run, a, intent)
             elif isinstance(intent, core.Requeued):
-                current = self._write_attempt(replace(a, state=AttemptState.PENDING))
-                self.store.append_event(run.run_id, "requeued", {
-                    "attempt": a.attempt, "job_id": a.job_id,
-                    "exclude": None if intent.exclude is None else list(intent.exclude)},
-                    self.clock())  # fmt: skip
+                planned = self._batch.get((run.run_id, a.attempt))
+                if planned is not None:  # recorded once its job is released and started
+                    planned.requeued = intent
+                else:
+                    current = self._requeued(run, a, intent)
             elif isinstance(intent, core.Signal):
                 with contextlib.suppress(JobStateConflict):  # it ended meanwhile: next cycle
                     backend.signal(job, intent.signal)
         return current
+
+    def _requeued(self, run: Run, a: Attempt, intent: core.Requeued) -> Attempt:
+        """The job is back for attempt `a`: record it PENDING and log `requeued`."""
+        with self.store.transaction():
+            current = self._write_attempt(replace(a, state=AttemptState.PENDING))
+            self.store.append_event(run.run_id, "requeued", {
+                "attempt": a.attempt, "job_id": a.job_id,
+                "exclude": None if intent.exclude is None else list(intent.exclude)},
+                self.clock())  # fmt: skip
+        return current
+
+    # ------------------------------------------------------- the batched actions
+    def _plan(self, run: Run, a: Attempt, intent: core.Intent) -> None:
+        key = (run.run_id, a.attempt)
+        planned = self._batch.get(key)
+        if planned is None:
+            planned = self._batch[key] = _Planned(backend_key(run.spec), run, a,
+                                                  getattr(intent, "job_id", ""))  # fmt: skip
+        if isinstance(intent, core.Requeue):
+            planned.requeue = intent.hold
+        elif isinstance(intent, core.SetExclusions):
+            planned.exclude = intent.nodes
+        elif isinstance(intent, core.Release):
+            planned.release = True
+        elif isinstance(intent, core.StartNow):
+            planned.start_now = True
+
+    def _act_batched(self, deadlines: list[float]) -> None:
+        """Carry out the cycle's planned actions, per backend and per kind, each kind in
+        one batch action for all its jobs: requeue, then exclusions (one per distinct node
+        list), release, start now. The intents were recorded before; a refused job is
+        handled as a single action's refusal was: a refused requeue steps the attempt
+        again (`requeue_refused`), a refused exclusion, release or start now waits for the
+        next cycle, another refusal ends the run FAILED. Attempts stepped again (a refused
+        requeue, a cancel requested before the release) may plan actions of their own:
+        they are carried out in a further round."""
+        stale: StaleRecord | None = None
+        for _ in range(_MAX_ROUNDS):
+            if not self._batch or (self.stop is not None and self.stop.is_set()):
+                break
+            by_kind: dict[str, list[_Planned]] = {}
+            for planned in self._batch.values():
+                by_kind.setdefault(planned.kind, []).append(planned)
+            self._batch = {}
+            for kind, planned_here in by_kind.items():
+                backend = self.backends(kind)
+                try:
+                    stale = self._act_on(backend, planned_here, deadlines) or stale
+                except SchedulerUnavailable as exc:  # the attempts are looked at again
+                    log.warning("%s: scheduler unavailable, will retry: %s", kind, exc)
+                    deadlines.append(self.clock() + 5.0)
+        self._batch, self._refused = {}, {}
+        if stale is not None:
+            raise stale
+
+    def _act_on(self, backend: SchedulerBackend, todo: list[_Planned],
+                deadlines: list[float]) -> StaleRecord | None:  # fmt: skip
+        """One round of batched actions on one backend (`_act_batched`)."""
+        again: list[_Planned] = []  # to step again: a refused requeue, a cancel requested
+
+        def act(planned: list[_Planned], batch: Callable[[list[str]], dict[str, FtslurmError]],
+                what: str) -> list[_Planned]:  # fmt: skip
+            """The batch action on `planned`; returns those it did not refuse."""
+            if not planned:
+                return []
+            ids = [p.job_id for p in planned]
+            try:
+                refused = batch(ids)
+            except SchedulerUnavailable:
+                raise
+            except FtslurmError as exc:  # the command itself was refused
+                refused = dict.fromkeys(ids, exc)
+            for p in planned:
+                exc = refused.get(p.job_id)
+                if exc is None:
+                    continue
+                if isinstance(exc, JobStateConflict | InvalidJobId):
+                    if p.requeue is not None:  # step decides what then (`requeue_refused`)
+                        self._refused[p.job_id] = exc
+                        again.append(p)
+                    else:
+                        log.info("run %s: job %s refused the %s: %s; looking again next cycle",
+                                 p.run.run_id, p.job_id, what, exc)  # fmt: skip
+                else:
+                    self._finish(p.run, RunState.FAILED, f"the scheduler refused: {exc}")
+            return [p for p in planned if p.job_id not in refused]
+
+        for hold in (True, False):
+            act([p for p in todo if p.requeue is hold],
+                functools.partial(backend.requeue_many, hold=hold), "requeue")  # fmt: skip
+        todo = [p for p in todo if p.requeue is None]  # the requeued: pending next cycle
+        done = [p for p in todo if p.exclude is None]
+        for nodes in sorted({p.exclude for p in todo if p.exclude is not None}):
+            done += act([p for p in todo if p.exclude == nodes],
+                        functools.partial(backend.update_excluded_nodes_many, nodes=nodes),
+                        "exclusions")  # fmt: skip
+        cancelled = [p for p in done if p.release and self._cancel_requested(p.run.run_id)]
+        again += cancelled  # asked for meanwhile: it stays held, and is stepped again
+        todo = [p for p in done if p not in cancelled]
+        released = act([p for p in todo if p.release], backend.release_many, "release")
+        todo = [p for p in todo if not p.release or p in released]
+        started = act([p for p in todo if p.start_now], backend.start_now_many, "start now")
+        todo = [p for p in todo if not p.start_now or p in started]
+        stale: StaleRecord | None = None
+        for p in todo:
+            if p.requeued is not None:
+                try:
+                    self._requeued(p.run, p.attempt, p.requeued)
+                except StaleRecord as exc:  # the others are recorded; decided again next pass
+                    stale = exc
+        if again:
+            observed = backend.query([p.job_id for p in again])
+            for p in again:
+                info = observed.get(p.job_id)
+                if info is None or info.state is JobState.UNKNOWN:
+                    continue  # next cycle
+                run = self.store.get_run(p.run.run_id)  # its cancel flag as now
+                a = self.store.latest_attempt(p.run.run_id)
+                if run is None or a is None or run.state.is_terminal:
+                    continue
+                try:
+                    self._advance(run, a, info, deadlines)
+                except StaleRecord as exc:
+                    stale = exc
+                finally:
+                    self._refused.pop(p.job_id, None)
+        return stale
 
     def _record(self, run: Run, a: Attempt | None, records: list[core.Intent],
                 now: float) -> Attempt | None:  # fmt: skip

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from ftslurm.backends import batch
 from ftslurm.backends.mock import model, procs
 from ftslurm.backends.mock.model import MockConfig, MockJob, MockState
 from ftslurm.backends.mock.store import MockStore
@@ -31,7 +32,7 @@ from ftslurm.core.types import (
     NodeInfo,
     SignalTarget,
 )
-from ftslurm.errors import ConfigError
+from ftslurm.errors import ConfigError, FtslurmError
 
 T = TypeVar("T")
 
@@ -193,6 +194,21 @@ class MockScheduler:
         names = self._op(lambda st, now: (list(st.nodes), []))
         if node not in names:
             raise ConfigError(f"unknown node {node!r}; nodes are {', '.join(names)}")
+
+    # ---------------------------------------------- batch actions (one job per call)
+    def requeue_many(self, job_ids: Sequence[str], *,
+                     hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
+        return batch.requeue_each(self, job_ids, hold=hold)
+
+    def release_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
+        return batch.release_each(self, job_ids)
+
+    def start_now_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
+        return batch.start_now_each(self, job_ids)
+
+    def update_excluded_nodes_many(self, job_ids: Sequence[str],
+                                   nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+        return batch.update_excluded_nodes_each(self, job_ids, nodes)
 
 
 def _expand(pattern: str, job: MockJob) -> str:

@@ -30,6 +30,7 @@ import signal as _signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from ftslurm.backends.batch import OneJobPerCommand
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, MockState
 from ftslurm.core.types import (
@@ -419,7 +420,7 @@ class VirtualCluster:
         )  # fmt: skip
 
 
-class VirtualBackend:
+class VirtualBackend(OneJobPerCommand):
     """The scheduler protocol (`ftslurm.backends.protocol.SchedulerBackend`) over a
     `VirtualCluster`, at its virtual time: the daemon's `Reconciler` drives a simulated
     cluster through it exactly as it drives Slurm or the process-backed mock (the goodput

@@ -5,14 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from ftslurm.backends import batch
 from ftslurm.backends.slurm_cli import parse
-from ftslurm.backends.slurm_cli.runner import CommandRunner
+from ftslurm.backends.slurm_cli.runner import CommandRunner, classify
 from ftslurm.core.contract import EnvName
 from ftslurm.core.inject import env_value, parse_injections
 from ftslurm.core.timefmt import format_time_limit, parse_time_limit
 from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
 from ftslurm.errors import (
     ConfigError,
+    FtslurmError,
     InvalidJobId,
     JobStateConflict,
     SchedulerUnavailable,
@@ -194,6 +196,61 @@ class SlurmCliBackend:
 
     def start_now(self, job_id: str) -> None:
         self._act(["scontrol", "update", f"jobid={job_id}", "StartTime=now"])
+
+    # -------------------------------------------------- batch actions (one command)
+    def requeue_many(self, job_ids: Sequence[str], *,
+                     hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
+        verb = "requeuehold" if hold else "requeue"
+        return self._act_many(lambda ids: ["scontrol", verb, ids], job_ids,
+                              lambda job: self.requeue(job, hold=hold))  # fmt: skip
+
+    def release_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
+        return self._act_many(lambda ids: ["scontrol", "release", ids], job_ids, self.release)
+
+    def start_now_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
+        return self._act_many(lambda ids: ["scontrol", "update", f"jobid={ids}", "StartTime=now"],
+                              job_ids, self.start_now)  # fmt: skip
+
+    def update_excluded_nodes_many(self, job_ids: Sequence[str],
+                                   nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+        value = parse.compress_nodes(nodes) if nodes else ""
+        return self._act_many(
+            lambda ids: ["scontrol", "update", f"jobid={ids}", f"ExcNodeList={value}"], job_ids,
+            lambda job: self.update_excluded_nodes(job, nodes))  # fmt: skip
+
+    def _act_many(self, argv: Callable[[str], list[str]], job_ids: Sequence[str],
+                  one: Callable[[str], None]) -> dict[str, FtslurmError]:  # fmt: skip
+        """One scontrol command for the whole list (`argv(ids joined by commas)`); the jobs
+        it refused, each with the error its single-job command raises.
+
+        scontrol acts on every job it can and names each job it refused on a line of its
+        own (`parse.parse_refusals`). When its output cannot be attributed to jobs (another
+        message, a malformed list), the batch falls back to one command per job, each
+        failure then its own. A list longer than `max_jobs_arg_chars` is cut in parts, one
+        command each."""
+        refused: dict[str, FtslurmError] = {}
+        for chunk in self._chunks(batch.unique(job_ids)):
+            command = argv(",".join(chunk))
+            text = self.runner.run_refusals(command, budget_s=self.action_budget_s)
+            if not text:
+                continue
+            named = parse.parse_refusals(text, chunk)
+            if named is None:  # cannot tell which jobs it refused: one command per job
+                refused.update(batch.each(one, chunk))
+                continue
+            refused.update({job: classify(command, 1, line) for job, line in named.items()})
+        return refused
+
+    def _chunks(self, ids: list[str]) -> list[list[str]]:
+        chunks: list[list[str]] = []
+        size = 0
+        for job in ids:
+            if not chunks or size + len(job) + 1 > self.max_jobs_arg_chars:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(job)
+            size += len(job) + 1
+        return chunks
 
     def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:
         flag = {SignalTarget.STEPS: [], SignalTarget.BATCH: ["--batch"],

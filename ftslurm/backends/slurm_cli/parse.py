@@ -236,3 +236,38 @@ def parse_sbatch_job_id(text: str) -> str:
     if not job_id.isdigit():
         raise SchedulerRejected(f"could not read a job id from sbatch's answer {text.strip()!r}")
     return job_id
+
+
+# scontrol acting on a list of jobs (requeue, release, update jobid=1,2,3) exits 1 when any
+# job refused, and names each refused job on a line of its own: "<message> for job <id>".
+# `release` adds one line "slurm_suspend error: <message>" repeating the last message.
+_REFUSED = re.compile(r"^(?P<message>.+) for job (?P<job>\S+)$")
+_SUMMARY = re.compile(r"^[\w ]*error: (?P<message>.+)$")
+
+
+def parse_refusals(text: str, job_ids: Iterable[str]) -> dict[str, str] | None:
+    """The refused jobs of a failed list command -> the line naming each (pure).
+
+    None when the output cannot be attributed to jobs: a line that names no job of the
+    list and does not repeat the message of one that does (another message, a malformed
+    list: "Invalid job id specified for job 1,abc"), or no refusal named at all."""
+    asked = {str(j) for j in job_ids}
+    refused: dict[str, str] = {}
+    messages: set[str] = set()
+    others: list[str] = []
+    for line in (ln.strip() for ln in text.splitlines()):
+        if not line:
+            continue
+        m = _REFUSED.match(line)
+        if m and m["job"] in asked:
+            refused[m["job"]] = line
+            messages.add(m["message"])
+        else:
+            others.append(line)
+    if not refused:
+        return None
+    for line in others:
+        m = _SUMMARY.match(line)
+        if m is None or m["message"] not in messages:
+            return None
+    return refused

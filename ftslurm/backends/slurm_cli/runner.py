@@ -56,7 +56,8 @@ _PERMANENT: tuple[tuple[re.Pattern[str], type[FtslurmError]], ...] = (
     (re.compile(r"invalid partition|partition .* (does not exist|not found)"), InvalidPartition),
     (re.compile(r"invalid --time|invalid time limit|time limit specification"), ConfigError),
     (re.compile(r"job is (no longer )?pending|pending execution|job is not pending|"
-                r"presently disabled|already completing or completed|job is pending"),
+                r"presently disabled|already completing or completed|job is pending|"
+                r"job has already finished"),
      JobStateConflict),
 )  # fmt: skip
 
@@ -116,7 +117,31 @@ class CommandRunner:
         controller (connection refused), never after a timeout: a duplicate job is worse
         than an error the caller can reconcile.
         """
-        retrying = Retrying(
+        for attempt in self._retrying(argv, budget_s, idempotent):
+            with attempt:
+                return self._once(argv, stdin=stdin, extra_env=extra_env,
+                                  timeout_s=timeout_s or self.timeout_s)  # fmt: skip
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def run_refusals(self, argv: Sequence[str], *, budget_s: float) -> str:
+        """Run an (idempotent) command that acts on a list of jobs: "" when it succeeded,
+        otherwise the text in which it names the jobs it refused (stderr), for the caller
+        to attribute. A failure that is not a refusal (`SchedulerUnavailable`: the
+        controller cannot be reached) is retried for up to `budget_s`, then raised."""
+        for attempt in self._retrying(argv, budget_s, idempotent=True):
+            with attempt:
+                proc = self._spawn(argv, stdin=None, extra_env=None, timeout_s=self.timeout_s)
+                if proc.returncode == 0:
+                    return ""
+                text = proc.stderr or proc.stdout
+                err = classify(argv, proc.returncode, text)
+                if isinstance(err, SchedulerUnavailable):
+                    raise err
+                return text.strip() or f"exit status {proc.returncode}"
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _retrying(self, argv: Sequence[str], budget_s: float, idempotent: bool) -> Retrying:
+        return Retrying(
             retry=retry_if_exception(lambda e: _may_repeat(e, idempotent)),
             stop=stop_after_delay(budget_s) | stop_when_event_set(self.abort)
             if self.abort is not None else stop_after_delay(budget_s),
@@ -127,14 +152,17 @@ class CommandRunner:
                 "%s failed (%s); retrying", argv[0], rs.outcome.exception() if rs.outcome else ""
             ),
         )
-        for attempt in retrying:
-            with attempt:
-                return self._once(argv, stdin=stdin, extra_env=extra_env,
-                                  timeout_s=timeout_s or self.timeout_s)  # fmt: skip
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, argv: Sequence[str], *, stdin: str | None, extra_env: Mapping[str, str] | None,
               timeout_s: float) -> str:  # fmt: skip
+        proc = self._spawn(argv, stdin=stdin, extra_env=extra_env, timeout_s=timeout_s)
+        if proc.returncode != 0:
+            raise classify(argv, proc.returncode, proc.stderr or proc.stdout)
+        return proc.stdout
+
+    def _spawn(self, argv: Sequence[str], *, stdin: str | None,
+               extra_env: Mapping[str, str] | None,
+               timeout_s: float) -> subprocess.CompletedProcess[str]:  # fmt: skip
         env = dict(self.env if self.env is not None else os.environ)
         env["SLURM_TIME_FORMAT"] = "%s"
         if extra_env:
@@ -154,6 +182,4 @@ class CommandRunner:
             raise SchedulerRejected(
                 f"{argv[0]} not found on PATH", hint="is the Slurm client installed?"
             ) from None
-        if proc.returncode != 0:
-            raise classify(argv, proc.returncode, proc.stderr or proc.stdout)
-        return proc.stdout
+        return proc
