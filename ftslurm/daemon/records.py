@@ -26,39 +26,31 @@ class RunState(str, Enum):
         return self in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 
 
-class AttemptState(str, Enum):
-    """Where one attempt stands: the scheduler's state of its job (a `JobState` value), or
-    one of the daemon's own. Stored and printed as the plain string (the value); a `str`
-    Enum rather than `enum.StrEnum`, which Python 3.10 (supported) lacks."""
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    COMPLETING = "COMPLETING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    TIMEOUT = "TIMEOUT"
-    NODE_FAIL = "NODE_FAIL"
-    PREEMPTED = "PREEMPTED"
-    CANCELLED = "CANCELLED"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    BOOT_FAIL = "BOOT_FAIL"
-    DEADLINE = "DEADLINE"
-    REQUEUED = "REQUEUED"
-    UNKNOWN = "UNKNOWN"
-    # The intent to submit was recorded but the scheduler's job id is not known yet
-    # (adopted by its tag after a crash).
-    SUBMITTING = "SUBMITTING"
-    # The intent to bring `job_id` back for this attempt (requeue held, exclusions, release,
-    # start now) was recorded.
-    REQUEUING = "REQUEUING"
-    NEVER_SUBMITTED = "NEVER_SUBMITTED"  # the scheduler refused the attempt's submission
-
-    def __str__(self) -> str:  # as StrEnum: the value, in str() and in f-strings
-        return str(self.value)
+class _AttemptStateValue(str):
+    """What every `AttemptState` member is besides an Enum member: its plain string."""
 
     @classmethod
     def of(cls, state: JobState) -> AttemptState:
-        return cls(state.value)
+        return AttemptState(state.value)
+
+
+# Where one attempt stands: the scheduler's state of its job (every `JobState` value, taken
+# from there), or one of the daemon's own:
+# - SUBMITTING: the intent to submit was recorded but the scheduler's job id is not known
+#   yet (adopted by its tag after a crash);
+# - REQUEUING: the intent to bring `job_id` back for this attempt (requeue held,
+#   exclusions, release, start now) was recorded;
+# - NEVER_SUBMITTED: the scheduler refused the attempt's submission.
+# Stored and printed as the plain string (the value): a `str` Enum whose str() is its
+# value, as `enum.StrEnum` (Python 3.11) would be; Python 3.10 is supported.
+AttemptState = Enum(  # type: ignore[misc]
+    "AttemptState",
+    [*((s.name, s.value) for s in JobState),
+     ("SUBMITTING", "SUBMITTING"), ("REQUEUING", "REQUEUING"),
+     ("NEVER_SUBMITTED", "NEVER_SUBMITTED")],
+    type=_AttemptStateValue, module=__name__,
+)  # fmt: skip
+AttemptState.__str__ = lambda self: str(self.value)  # type: ignore[method-assign]
 
 
 SUBMITTING = AttemptState.SUBMITTING
