@@ -164,7 +164,7 @@ def _translate(exc: Exception) -> FtslurmError:
 # -------------------------------------------------------------------------- backend
 
 
-class PyslurmBackend:
+class PyslurmBackend(batch.OneJobPerCommand):  # one job per call: batches are one call per job
     name = "pyslurm"
 
     def __init__(self, *, query_budget_s: float = 10.0, action_budget_s: float = 120.0,
@@ -262,20 +262,6 @@ class PyslurmBackend:
     def start_now(self, job_id: str) -> None:
         self._modify(job_id, begin_time="now")
 
-    # pyslurm acts on one job per call: the batch actions are one call per job
-    def requeue_many(self, job_ids: Sequence[str], *,
-                     hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
-        return batch.requeue_each(self, job_ids, hold=hold)
-
-    def release_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
-        return batch.release_each(self, job_ids)
-
-    def start_now_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
-        return batch.start_now_each(self, job_ids)
-
-    def update_excluded_nodes_many(self, job_ids: Sequence[str],
-                                   nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
-        return batch.update_excluded_nodes_each(self, job_ids, nodes)
 
     def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:
         steps = {SignalTarget.STEPS: "children", SignalTarget.BATCH: "batch",

@@ -32,12 +32,12 @@ from ftslurm.core.types import (
     NodeInfo,
     SignalTarget,
 )
-from ftslurm.errors import ConfigError, FtslurmError
+from ftslurm.errors import ConfigError
 
 T = TypeVar("T")
 
 
-class MockScheduler:
+class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
     """A faithful small Slurm on this machine (see `model` for what it simulates)."""
 
     name = "mock"
@@ -194,21 +194,6 @@ class MockScheduler:
         names = self._op(lambda st, now: (list(st.nodes), []))
         if node not in names:
             raise ConfigError(f"unknown node {node!r}; nodes are {', '.join(names)}")
-
-    # ---------------------------------------------- batch actions (one job per call)
-    def requeue_many(self, job_ids: Sequence[str], *,
-                     hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
-        return batch.requeue_each(self, job_ids, hold=hold)
-
-    def release_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
-        return batch.release_each(self, job_ids)
-
-    def start_now_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
-        return batch.start_now_each(self, job_ids)
-
-    def update_excluded_nodes_many(self, job_ids: Sequence[str],
-                                   nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
-        return batch.update_excluded_nodes_each(self, job_ids, nodes)
 
 
 def _expand(pattern: str, job: MockJob) -> str:
