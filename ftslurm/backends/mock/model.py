@@ -3,7 +3,8 @@
 Nothing here reads the clock, starts a process or touches a file: every operation takes
 `now` and returns the `Effect`s the shell must carry out (launch a batch script, send a
 signal, kill processes). The state is a pydantic model so the shell can store it as JSON
-and several processes can share one simulated cluster.
+and several processes can share one simulated cluster; its changes are counted (`changes`)
+so that the shell writes it back only when an operation changed it.
 
 What it models, following Slurm's own behaviour (verified against a real 22.05 cluster by
 the conformance suite): a FIFO queue with simple backfill over CPUs per node; node states

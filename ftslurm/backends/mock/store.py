@@ -77,11 +77,12 @@ class MockStore:
             columns = {r[1] for r in conn.execute("PRAGMA table_info(state)")}
             if "generation" not in columns:
                 conn.execute("ALTER TABLE state ADD COLUMN generation INTEGER")
-            row = conn.execute("SELECT schema, body FROM state WHERE id = 1").fetchone()
+            row = conn.execute("SELECT schema FROM state WHERE id = 1").fetchone()
             if row is None:
                 self._write(conn, MockState.create(config), first_new=1, insert=True)
             elif row[0] < SCHEMA_VERSION:  # scripts and environments were in the state
-                self._write(conn, MockState.model_validate_json(row[1]), first_new=1)
+                body = conn.execute("SELECT body FROM state WHERE id = 1").fetchone()[0]
+                self._write(conn, MockState.model_validate_json(body), first_new=1)
             conn.execute("COMMIT")
         finally:
             conn.close()
