@@ -39,20 +39,28 @@ def data_version(conn: sqlite3.Connection) -> int:
     return conn.execute("PRAGMA data_version").fetchone()[0]
 
 
-def test_read_only_operations_write_nothing(tmp_path):
+def test_read_only_operations_write_nothing(tmp_path, monkeypatch):
     s = scheduler(tmp_path)
     job = held(s)
     watcher = sqlite3.connect(tmp_path / DB_FILE)
     before = data_version(watcher)
+    dumps = []
+    real = MockState.model_dump_json
+
+    def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        dumps.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(MockState, "model_dump_json", counting)
     assert s.query([job])[job].state is JobState.PENDING
     assert [n.name for n in s.nodes()] == ["n1", "n2", "n3", "n4"]
     assert [j.job_id for j in s.find_jobs("c")] == [job]
     assert [j.job_id for j in s.active_jobs()] == [job]
     assert s.cluster_facts().version == "mock"
     s.tick()
-    assert data_version(watcher) == before
+    assert dumps == [] and data_version(watcher) == before  # not even serialised
     s.release(job)  # a change is written
-    assert data_version(watcher) != before
+    assert dumps == [1] and data_version(watcher) != before
 
 
 def test_the_state_is_parsed_again_only_after_another_store_wrote(tmp_path, monkeypatch):
