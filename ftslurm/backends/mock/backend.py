@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from ftslurm.core.types import (
     NodeInfo,
     SignalTarget,
 )
-from ftslurm.errors import ConfigError
+from ftslurm.errors import ConfigError, FtslurmError
 
 T = TypeVar("T")
 
@@ -52,10 +53,12 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
     def _op(self, fn: Callable[[MockState, float], tuple[T, list[model.Effect]]]) -> T:
         with self.store.transaction() as st:
             now = self.clock()
+            counted = model.changes()
             effects = model.advance(st, now, self._exited(st))
             result, more = fn(st, now)
             effects += more
-            effects += model.advance(st, now, {})  # e.g. a new job may start at once
+            if model.changes() != counted:  # unchanged, advancing again would change nothing
+                effects += model.advance(st, now, {})  # e.g. a new job may start at once
             self._carry_out(st, effects)
             return result
 
@@ -101,7 +104,10 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
                     procs.kill_node(job_dir, node, batch_host)
 
     def _launch(self, st: MockState, job: MockJob) -> None:
-        env = dict(job.env)
+        try:
+            script, env = self.store.launch_spec(job)
+        except FtslurmError as exc:  # the job fails at once, its output saying why
+            script, env = f"#!/bin/bash\necho {shlex.quote(str(exc))} >&2\nexit 1\n", {}
         nodelist = compress_nodes(job.nodes)
         ntasks = len(job.nodes) * job.ntasks_per_node
         env.update({
@@ -132,7 +138,7 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
         output = _expand(job.output or "slurm-%j.out", job)
         error = _expand(job.error, job) if job.error else output
         procs.launch_batch(
-            self.store.job_dir(job.job_id), job.script, env, cwd=job.workdir,
+            self.store.job_dir(job.job_id), script, env, cwd=job.workdir,
             stdout_path=_absolute(output, job.workdir), stderr_path=_absolute(error, job.workdir),
             open_mode=job.open_mode if job.restart_count == 0 else "append",
             kill_wait_s=st.config.kill_wait_s,

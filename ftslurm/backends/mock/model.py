@@ -3,7 +3,8 @@
 Nothing here reads the clock, starts a process or touches a file: every operation takes
 `now` and returns the `Effect`s the shell must carry out (launch a batch script, send a
 signal, kill processes). The state is a pydantic model so the shell can store it as JSON
-and several processes can share one simulated cluster.
+and several processes can share one simulated cluster; its changes are counted (`changes`)
+so that the shell writes it back only when an operation changed it.
 
 What it models, following Slurm's own behaviour (verified against a real 22.05 cluster by
 the conformance suite): a FIFO queue with simple backfill over CPUs per node; node states
@@ -20,6 +21,7 @@ import re
 import signal as _signal
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -42,10 +44,39 @@ from ftslurm.errors import (
     SchedulerRejected,
 )
 
+# ---------------------------------------------------------------------- change counting
+
+_changes = 0  # how many changes the state's models have seen in this process
+_UNSET = object()
+
+
+def changes() -> int:
+    """A count that moves whenever a state changes: an assignment of a different value to a
+    field, a job added, moved to accounting. The store writes the state back only when it
+    moved during an operation (a query that changed nothing writes nothing)."""
+    return _changes
+
+
+def _changed() -> None:
+    global _changes
+    _changes += 1
+
+
+class _Counted(BaseModel):
+    """A model whose field assignments count as changes when the value differs."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        old = self.__dict__.get(name, _UNSET)
+        if old is value or (type(old) is type(value) and old == value):
+            return  # the same value: nothing changes
+        _changed()
+        super().__setattr__(name, value)
+
+
 # ----------------------------------------------------------------------------- config
 
 
-class MockNodeSpec(BaseModel):
+class MockNodeSpec(_Counted):
     name: str
     cpus: int = 2
     gpus: int = 0
@@ -55,7 +86,7 @@ def _default_nodes() -> list[MockNodeSpec]:
     return [MockNodeSpec(name=f"n{i}") for i in range(1, 5)]
 
 
-class MockConfig(BaseModel):
+class MockConfig(_Counted):
     """The simulated cluster. Defaults: 4 nodes of 2 CPUs, Slurm's own defaults otherwise."""
 
     nodes: list[MockNodeSpec] = Field(default_factory=_default_nodes)
@@ -86,7 +117,7 @@ class NodeStatus(str, Enum):
     DRAINED = "drained"
 
 
-class MockNode(BaseModel):
+class MockNode(_Counted):
     name: str
     cpus: int
     status: NodeStatus = NodeStatus.UP
@@ -94,13 +125,13 @@ class MockNode(BaseModel):
     dead_since: float | None = None  # slurmd gone, not yet noticed by the controller
 
 
-class WarnSignal(BaseModel):
+class WarnSignal(_Counted):
     sig: str
     before_end_s: int
     batch_only: bool
 
 
-class MockInjection(BaseModel):
+class MockInjection(_Counted):
     spec: str
     fired: bool = False
 
@@ -108,9 +139,9 @@ class MockInjection(BaseModel):
         return parse_injection(self.spec)
 
 
-class MockJob(BaseModel):
+class MockJob(_Counted):
     job_id: str
-    script: str
+    script: str = ""  # the store keeps it (and `env`) apart once saved: see store.py
     name: str
     comment: str | None = None
     partition: str
@@ -148,7 +179,7 @@ class MockJob(BaseModel):
     kill_at: float | None = None  # when SIGKILL follows the SIGTERM already sent
 
 
-class MockState(BaseModel):
+class MockState(_Counted):
     config: MockConfig = Field(default_factory=MockConfig)
     next_job_id: int = 1
     nodes: dict[str, MockNode] = Field(default_factory=dict)
@@ -253,6 +284,7 @@ def submit(st: MockState, script: str, options: JobOptions, now: float) -> str:
     job_id = str(st.next_job_id)
     st.next_job_id += 1
     extra = dict(options.extra)
+    _changed()
     st.jobs[job_id] = MockJob(
         job_id=job_id, script=script, name=options.name or "sbatch", comment=options.comment,
         partition=partition, nodes_wanted=wanted, cpus_per_node=per_node,
@@ -389,6 +421,7 @@ def advance(st: MockState, now: float, exited: dict[str, Exited]) -> list[Effect
     for job in list(st.jobs.values()):
         if job.state.is_terminal and job.end_time is not None \
                 and now >= job.end_time + cfg.min_job_age_s:  # fmt: skip
+            _changed()
             del st.jobs[job.job_id]
             if cfg.accounting:
                 st.accounting[job.job_id] = job
@@ -544,18 +577,20 @@ def _free_cpus(st: MockState) -> dict[str, int]:
 
 def _schedule(st: MockState, now: float) -> list[Effect]:
     """FIFO by submit order; a job that does not fit lets later ones try (simple backfill)."""
-    free = _free_cpus(st)
-    effects: list[Effect] = []
-    pending = sorted((j for j in st.jobs.values() if j.state is JobState.PENDING),
-                     key=lambda j: (j.eligible_time, int(j.job_id)))  # fmt: skip
-    for job in pending:
+    ready: list[MockJob] = []
+    for job in st.jobs.values():  # held and not yet eligible jobs only take their reason
+        if job.state is not JobState.PENDING:
+            continue
         if job.held:
-            if job.reason != REQUEUE_HELD:
+            if job.reason != REQUEUE_HELD and job.reason != "JobHeldUser":
                 job.reason = "JobHeldUser"
-            continue
-        if now < job.eligible_time:
+        elif now < job.eligible_time:
             job.reason = "BeginTime"
-            continue
+        else:
+            ready.append(job)
+    effects: list[Effect] = []
+    free = _free_cpus(st) if ready else {}
+    for job in sorted(ready, key=lambda j: (j.eligible_time, int(j.job_id))):
         candidates = [
             n for n in st.config.partition_map()[job.partition]
             if n not in job.exclude and st.nodes[n].status is NodeStatus.UP
@@ -582,7 +617,11 @@ def _schedule(st: MockState, now: float) -> list[Effect]:
 
 def job_info(job: MockJob, now: float, from_accounting: bool = False) -> JobInfo:
     shown = job.state
-    return JobInfo(
+    # JobInfo is a frozen dataclass: its __init__ sets each field through object.__setattr__,
+    # about 8x the cost of filling its __dict__ at once, which is most of a query of 10,000
+    # jobs. Every field is given here (tests/test_mock_store.py checks both ways agree).
+    info = _new(JobInfo)
+    info.__dict__.update(
         job_id=job.job_id, state=shown, observed_at=now, raw_state=shown.value,
         exit_code=job.exit_code, signal=job.signal, nodes=tuple(job.nodes),
         submit_time=job.submit_time, start_time=job.start_time,
@@ -591,6 +630,10 @@ def job_info(job: MockJob, now: float, from_accounting: bool = False) -> JobInfo
         name=job.name, comment=job.comment,
         from_accounting=from_accounting,
     )  # fmt: skip
+    return info
+
+
+_new = object.__new__
 
 
 def find_jobs(st: MockState, comment: str, since: float | None, now: float) -> list[JobInfo]:

@@ -3,20 +3,43 @@
 Each operation is one `BEGIN IMMEDIATE` transaction: read the state, change it, write it
 back. SQLite's lock makes concurrent processes (a CLI, the daemon, the mock controller)
 take turns; a crash mid-operation leaves the previous state intact.
+
+What keeps an operation cheap on a cluster with many jobs:
+
+- The state is written back only when the operation changed it (`model.changes()`): a
+  query, a node listing or a tick in which nothing happened writes nothing.
+- Every write gives the state a new `generation` (a random number, so that a cluster
+  destroyed and created again cannot repeat one). A store keeps the state it parsed last
+  with its generation and parses the stored JSON again only when another process (or
+  another store) wrote since.
+- Batch scripts and submission environments are kept apart, one row per job in the
+  `launch` table, written in the transaction that submitted the job and read only when the
+  job is launched; the state itself holds neither.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ftslurm.backends.mock.model import MockConfig, MockState
+from ftslurm.backends.mock import model
+from ftslurm.backends.mock.model import MockConfig, MockJob, MockState
+from ftslurm.errors import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: scripts and environments in `launch`, `generation` on the state
 DB_FILE = "mock.sqlite"  # the mock cluster's state, in its folder
+_APART = {"script", "env"}  # the job fields kept in `launch`, not in the state's JSON
+_EXCLUDE = {"jobs": {"__all__": _APART}, "accounting": {"__all__": _APART}}
+
+
+def _new_generation() -> int:
+    return secrets.randbits(62)
 
 
 class MockStore:
@@ -26,13 +49,19 @@ class MockStore:
         self.path = self.home / DB_FILE
         self.jobs_dir = self.home / "jobs"
         self.jobs_dir.mkdir(exist_ok=True)
+        # (generation, state) after the last transaction that ended well; a transaction
+        # takes it, so a failed one leaves nothing behind that it may have half changed
+        self._cache: tuple[int, MockState] | None = None
+        self._local = threading.local()  # the connection of this thread's transaction
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE IF NOT EXISTS state "
-                     "(id INTEGER PRIMARY KEY CHECK (id = 1), schema INTEGER, body TEXT)")
+        conn.execute("CREATE TABLE IF NOT EXISTS state (id INTEGER PRIMARY KEY CHECK (id = 1), "
+                     "schema INTEGER, body TEXT, generation INTEGER)")  # fmt: skip
+        conn.execute("CREATE TABLE IF NOT EXISTS launch (job_id TEXT PRIMARY KEY, "
+                     "script TEXT NOT NULL, env TEXT NOT NULL)")  # fmt: skip
         try:
             os.chmod(self.path, 0o600)
         except OSError:
@@ -40,14 +69,20 @@ class MockStore:
         return conn
 
     def initialise(self, config: MockConfig | None) -> None:
-        """Create the cluster if it does not exist yet; a given config replaces nothing."""
+        """Create the cluster if it does not exist yet; a given config replaces nothing.
+        A cluster stored by an earlier version is brought to this schema."""
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            row = conn.execute("SELECT body FROM state WHERE id = 1").fetchone()
+            columns = {r[1] for r in conn.execute("PRAGMA table_info(state)")}
+            if "generation" not in columns:
+                conn.execute("ALTER TABLE state ADD COLUMN generation INTEGER")
+            row = conn.execute("SELECT schema FROM state WHERE id = 1").fetchone()
             if row is None:
-                body = MockState.create(config).model_dump_json()
-                conn.execute("INSERT INTO state VALUES (1, ?, ?)", (SCHEMA_VERSION, body))
+                self._write(conn, MockState.create(config), first_new=1, insert=True)
+            elif row[0] < SCHEMA_VERSION:  # scripts and environments were in the state
+                body = conn.execute("SELECT body FROM state WHERE id = 1").fetchone()[0]
+                self._write(conn, MockState.model_validate_json(body), first_new=1)
             conn.execute("COMMIT")
         finally:
             conn.close()
@@ -55,24 +90,84 @@ class MockStore:
     @contextmanager
     def transaction(self) -> Iterator[MockState]:
         """Yield the state; whatever the block changed is saved when it exits cleanly."""
+        cached, self._cache = self._cache, None
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            row = conn.execute("SELECT body FROM state WHERE id = 1").fetchone()
-            state = MockState.model_validate_json(row[0]) if row else MockState.create()
+            row = conn.execute("SELECT generation FROM state WHERE id = 1").fetchone()
+            if row is None:
+                state, generation = MockState.create(), None
+            elif cached is not None and cached[0] == row[0]:
+                state, generation = cached[1], row[0]
+            else:
+                body = conn.execute("SELECT body FROM state WHERE id = 1").fetchone()[0]
+                state, generation = MockState.model_validate_json(body), row[0]
+            first_new, counted = state.next_job_id, model.changes()
+            self._local.conn = conn
             try:
                 yield state
+                if generation is None or model.changes() != counted:
+                    generation = self._write(conn, state, first_new, insert=row is None)
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
-            body = state.model_dump_json()
-            if row is None:
-                conn.execute("INSERT INTO state VALUES (1, ?, ?)", (SCHEMA_VERSION, body))
-            else:
-                conn.execute("UPDATE state SET body = ? WHERE id = 1", (body,))
-            conn.execute("COMMIT")
+            finally:
+                self._local.conn = None
+            self._cache = (generation, state)
         finally:
             conn.close()
+
+    def _write(self, conn: sqlite3.Connection, state: MockState, first_new: int,
+               insert: bool = False) -> int:  # fmt: skip
+        """Store the state with a new generation, and the scripts of the jobs numbered from
+        `first_new` on (those submitted since it was read) in `launch`; return the generation."""
+        new: list[MockJob] = []
+        for number in range(first_new, state.next_job_id):
+            job = state.jobs.get(str(number)) or state.accounting.get(str(number))
+            if job is not None and (job.script or job.env):
+                new.append(job)
+        conn.executemany("INSERT OR REPLACE INTO launch VALUES (?, ?, ?)",
+                         [(j.job_id, j.script, json.dumps(j.env)) for j in new])  # fmt: skip
+        for job in new:  # kept in `launch` now: the state in memory stays small
+            job.script, job.env = "", {}
+        body, generation = state.model_dump_json(exclude=_EXCLUDE), _new_generation()
+        if insert:
+            conn.execute("INSERT INTO state VALUES (1, ?, ?, ?)",
+                         (SCHEMA_VERSION, body, generation))  # fmt: skip
+        else:
+            conn.execute("UPDATE state SET schema = ?, body = ?, generation = ? WHERE id = 1",
+                         (SCHEMA_VERSION, body, generation))  # fmt: skip
+        return generation
+
+    def launch_spec(self, job: MockJob) -> tuple[str, dict[str, str]]:
+        """The batch script and submission environment of `job`, inside a transaction.
+        `ConfigError` (one line) when they are missing or damaged."""
+        if job.script:  # submitted in this transaction: not stored apart yet
+            return job.script, dict(job.env)
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            raise RuntimeError("launch_spec is for use inside a transaction")
+        row = conn.execute("SELECT script, env FROM launch WHERE job_id = ?",
+                           (job.job_id,)).fetchone()  # fmt: skip
+        if row is None:
+            raise ConfigError(f"mock job {job.job_id}: its batch script is missing from "
+                              f"{self.path}")  # fmt: skip
+        script, env_text = row
+        try:
+            env = json.loads(env_text)
+        except ValueError:
+            env = None
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ConfigError(f"mock job {job.job_id}: its stored environment is damaged "
+                              f"in {self.path}")  # fmt: skip
+        if not isinstance(script, str) or not script.startswith("#!"):
+            raise ConfigError(f"mock job {job.job_id}: its stored batch script is damaged "
+                              f"(no '#!' line) in {self.path}")  # fmt: skip
+        return script, env
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / str(job_id)
