@@ -254,3 +254,61 @@ def test_finished_jobs_leave_the_controller_after_min_job_age_and_accounting_kee
     found = backend.find_jobs(tag, since=before)  # accounting does
     assert [(j.job_id, j.state, j.comment) for j in found] == [(job, JobState.COMPLETED, tag)]
     assert backend.find_jobs(tag + "x", since=before) == []
+
+
+def test_a_no_kill_job_survives_a_lost_node_and_runs_new_steps_on_the_others(
+    harness, submitted, tmp_path
+):
+    """`sbatch --no-kill` (observed on Slurm 22.05: tests/data/nokill_22.05.txt). A node that
+    is not the batch host dies under two steps spanning both nodes: once it is declared down
+    the job is still RUNNING on the other node alone; the plain step is ended (its surviving
+    task killed, srun 137), the `srun --no-kill` step's surviving task runs on to its end
+    (srun 0), and a new one-node step runs on the surviving node."""
+    d = tmp_path
+    task = (f'echo "$0 $SLURM_PROCID $SLURMD_NODENAME" >> {d}/ready; '
+            f'while [ ! -e {d}/release ]; do sleep 0.2; done; echo "$0 $SLURM_PROCID" >> {d}/done')
+    script = f"""#!/bin/bash
+echo $SLURMD_NODENAME > {d}/batch_host
+srun --overlap bash -c '{task}' plain & plain=$!
+srun --overlap --no-kill bash -c '{task}' nokill & nokill=$!
+wait $plain; echo "plain $?" >> {d}/rc
+wait $nokill; echo "nokill $?" >> {d}/rc
+srun --overlap -N1 -n1 bash -c 'echo $SLURMD_NODENAME' > {d}/after; echo "after $?" >> {d}/rc
+"""  # fmt: skip
+    backend = harness.backend
+    job = backend.submit(script, JobOptions(nodes=2, ntasks_per_node=1, no_kill=True,
+                                            time_limit="5"))  # fmt: skip
+    submitted.append(job)
+    wait_file(d / "ready", lambda t: len(t.splitlines()) == 4, 60, "both steps' tasks")
+    running = backend.query([job])[job]
+    batch_host = (d / "batch_host").read_text().strip()
+    assert running.state is JobState.RUNNING and batch_host in running.nodes
+    (victim,) = [n for n in running.nodes if n != batch_host]
+    survivor = batch_host
+    harness.fail_node(victim)
+    try:
+        rc = wait_file(d / "rc", lambda t: "plain" in t, harness.node_fail_timeout_s,
+                       "the plain step to end")  # fmt: skip
+        assert rc.split() == ["plain", "137"]
+        info = backend.query([job])[job]
+        assert (info.state, info.nodes, info.restart_count) == (JobState.RUNNING,
+                                                                 (survivor,), 0)  # fmt: skip
+        assert {n.name: n for n in backend.nodes()}[victim].state is NodeState.DOWN
+        (d / "release").touch()
+        rc = wait_file(d / "rc", lambda t: "after" in t, 60, "the no-kill step and a new step")
+        assert rc.split() == ["plain", "137", "nokill", "0", "after", "0"]
+        # the surviving task of the --no-kill step ran to its end; the plain step's did not
+        assert (d / "done").read_text().split() == ["nokill", str(_rank_of(d, survivor))]
+        assert (d / "after").read_text().split() == [survivor]
+        info = wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
+        assert (info.state, info.restart_count) == (JobState.COMPLETED, 0)
+    finally:
+        harness.revive_node(victim)
+
+
+def _rank_of(d: Path, node: str) -> int:
+    """The rank the steps' task on `node` had (the same in both steps)."""
+    ranks = {int(r) for _, r, n in (line.split() for line in (d / "ready").read_text()
+                                    .splitlines()) if n == node}  # fmt: skip
+    (rank,) = ranks
+    return rank

@@ -93,12 +93,13 @@ def test_sbatch_args_golden():
     opts = JobOptions(
         name="train", nodes=2, ntasks_per_node=4, gpus_per_node=8, time_limit="1-2",
         partition="gpu", account="proj", exclude=("n3", "n1"), comment="ftslurm:run=x:attempt=2",
-        signal="B:USR1@300", requeue=False, hold=True, extra={"qos": "high", "exclusive": None},
+        signal="B:USR1@300", requeue=False, hold=True, no_kill=True,
+        extra={"qos": "high", "exclusive": None},
     )  # fmt: skip
     assert sbatch_args(opts) == [
         "--job-name=train", "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=8",
         "--time=1-02:00:00", "--partition=gpu", "--account=proj", "--exclude=n3,n1",
         "--comment=ftslurm:run=x:attempt=2", "--signal=B:USR1@300", "--no-requeue", "--hold",
-        "--exclusive", "--qos=high",
+        "--no-kill", "--exclusive", "--qos=high",
     ]  # fmt: skip
     assert sbatch_args(JobOptions()) == []

@@ -13,6 +13,7 @@ from ftslurm.backends.mock.model import (
     Launch,
     MockConfig,
     MockState,
+    NodeDown,
     Signal,
 )
 from ftslurm.core.types import JobOptions, JobState, NodeState, SignalTarget
@@ -143,6 +144,56 @@ def test_node_failure_without_requeue_ends_in_node_fail():
     model.fail_node(st, "n1", T0)
     model.advance(st, T0 + 10, {})
     assert st.jobs[job].state is JobState.NODE_FAIL
+
+
+def test_a_no_kill_job_shrinks_to_its_other_nodes_and_runs_on():
+    """As Slurm 22.05 (tests/data/nokill_22.05.txt): the job stays RUNNING, the lost node
+    leaves its node list once declared down, the steps are told; a new job may not use it."""
+    st = cluster(slurmd_timeout_s=10)
+    job = start(st, nodes=3, no_kill=True)
+    model.advance(st, T0, {})
+    assert st.jobs[job].nodes == ["n1", "n2", "n3"]
+    assert model.fail_node(st, "n2", T0 + 5) == [KillNode(job, "n2")]
+    assert model.advance(st, T0 + 14, {}) == []  # not yet declared down: nothing changes
+    assert model.query(st, [job], T0 + 14)[job].nodes == ("n1", "n2", "n3")
+    assert model.advance(st, T0 + 15, {}) == [NodeDown(job, "n2")]
+    info = model.query(st, [job], T0 + 15)[job]
+    assert (info.state, info.nodes, info.restart_count) == (JobState.RUNNING, ("n1", "n3"), 0)
+    assert model.node_infos(st)[1].state is NodeState.DOWN
+    model.fail_node(st, "n3", T0 + 20)  # a second loss: the job shrinks again
+    assert model.advance(st, T0 + 30, {}) == [NodeDown(job, "n3")]
+    assert st.jobs[job].nodes == ["n1"]
+    model.advance(st, T0 + 40, {job: (0, None)})  # the batch script ends as it chooses
+    assert st.jobs[job].state is JobState.COMPLETED
+
+
+def test_a_no_kill_job_on_its_last_node_or_without_the_flag_ends_as_before():
+    st = cluster(slurmd_timeout_s=10)
+    one = start(st, nodes=1, no_kill=True)  # nothing left to shrink to
+    plain = start(st, nodes=2)
+    model.advance(st, T0, {})
+    assert st.jobs[one].nodes == ["n1"] and st.jobs[plain].nodes == ["n1", "n2"]
+    model.fail_node(st, "n1", T0)
+    assert model.advance(st, T0 + 10, {})[:2] == [KillJob(one), KillJob(plain)]
+    assert [st.jobs[j].restart_count for j in (one, plain)] == [1, 1]
+
+
+def test_a_no_kill_job_that_loses_its_batch_host_runs_on_until_its_limit():
+    """Slurm keeps such a job RUNNING on the nodes left, with no batch script, until it is
+    cancelled or its time limit ends it; its vanished batch script ends nothing."""
+    st = cluster(slurmd_timeout_s=10, kill_wait_s=5)
+    job = start(st, nodes=2, no_kill=True, time_limit="2")
+    model.advance(st, T0, {})
+    model.fail_node(st, "n1", T0 + 5)  # the batch host
+    # (the shell reports no ending while a node of the job is silent)
+    assert model.advance(st, T0 + 15, {}) == [NodeDown(job, "n1")]
+    model.advance(st, T0 + 20, {job: (None, None)})
+    info = model.query(st, [job], T0 + 20)[job]
+    assert (info.state, info.nodes) == (JobState.RUNNING, ("n2",))
+    model.advance(st, T0 + 120, {})
+    assert st.jobs[job].state is JobState.COMPLETING
+    model.advance(st, T0 + 121, {job: (None, None)})
+    assert st.jobs[job].state is JobState.TIMEOUT
 
 
 def test_min_job_age_moves_ended_jobs_to_accounting():

@@ -199,6 +199,7 @@ class JobOptions:
     requeue: bool | None = None  # None: the cluster's JobRequeue default
     signal: str | None = None  # e.g. "B:USR1@90"
     hold: bool = False
+    no_kill: bool = False  # --no-kill: the job lives on when one of its nodes fails
     env: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, str | None] = field(default_factory=dict)  # raw `--key=value` flags
     inject: tuple[str, ...] = ()  # fault injections, `KIND@TIME[:TARGET]` (core.inject)

@@ -102,6 +102,8 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
                     job = st.jobs.get(job_id)
                     batch_host = job.nodes[0] if job and job.nodes else ""
                     procs.kill_node(job_dir, node, batch_host)
+                case model.NodeDown(_, node):
+                    procs.node_down(job_dir, node)
 
     def _launch(self, st: MockState, job: MockJob) -> None:
         try:

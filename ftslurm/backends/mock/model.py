@@ -11,8 +11,9 @@ the conformance suite): a FIFO queue with simple backfill over CPUs per node; no
 (idle, mixed/allocated, down, drained); excluded nodes (pending jobs only); time limits
 (SIGTERM to steps and batch, SIGKILL after KillWait, state TIMEOUT); `--signal=[B:]SIG@T`;
 requeue with the BeginTime delay and `StartTime=now`; node failure (DOWN after
-SlurmdTimeout, NODE_FAIL, automatic requeue when allowed); cancel; exit codes; restart
-counts; finished jobs leaving the controller's memory after MinJobAge (accounting keeps them).
+SlurmdTimeout, NODE_FAIL, automatic requeue when allowed; with `--no-kill` the job shrinks to
+its other nodes and runs on); cancel; exit codes; restart counts; finished jobs leaving the
+controller's memory after MinJobAge (accounting keeps them).
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ class MockJob(_Counted):
     exclude: list[str] = Field(default_factory=list)
     injections: list[MockInjection] = Field(default_factory=list)
     requeue_allowed: bool = True
+    no_kill: bool = False  # --no-kill: a node's failure shrinks the job instead of ending it
     warn: WarnSignal | None = None
     workdir: str = "."
     output: str | None = None
@@ -167,6 +169,7 @@ class MockJob(_Counted):
     start_time: float | None = None
     end_time: float | None = None
     nodes: list[str] = Field(default_factory=list)
+    batch_host: str | None = None  # the node running the batch script (the first one)
     restart_count: int = 0
     exit_code: int | None = None
     signal: int | None = None
@@ -225,6 +228,16 @@ class SignalRank:
 
 
 @dataclass(frozen=True)
+class NodeDown:
+    """The controller declared `node` down under a `--no-kill` job, which lives on: the steps
+    that spanned the node end (their tasks elsewhere are killed) unless they were started
+    with `srun --no-kill`, whose tasks run on."""
+
+    job_id: str
+    node: str
+
+
+@dataclass(frozen=True)
 class KillNode:
     """SIGKILL every process the job has on `node` (the batch shell too, if it is there)."""
 
@@ -232,7 +245,7 @@ class KillNode:
     node: str
 
 
-Effect = Launch | Signal | SignalRank | KillJob | KillNode
+Effect = Launch | Signal | SignalRank | KillJob | KillNode | NodeDown
 
 # What the shell observed about a running job's processes since the last step.
 Exited = tuple[int | None, int | None]  # (exit code, signal); (None, None): vanished
@@ -291,6 +304,7 @@ def submit(st: MockState, script: str, options: JobOptions, now: float) -> str:
         ntasks_per_node=options.ntasks_per_node or 1, time_limit_s=limit,
         base_time_limit_s=limit, exclude=list(options.exclude), injections=injections,
         requeue_allowed=st.config.job_requeue if options.requeue is None else options.requeue,
+        no_kill=options.no_kill,
         warn=parse_warn_signal(options.signal) if options.signal else None,
         workdir=options.workdir or ".", output=options.output, error=options.error,
         open_mode=extra.get("open-mode") or "truncate", env=dict(options.env),
@@ -512,6 +526,11 @@ def _terminate(job: MockJob, ending: JobState, now: float, kill_wait: int) -> li
 
 def _processes_ended(st: MockState, job: MockJob, code: int | None, sig: int | None,
                      now: float) -> None:  # fmt: skip
+    if job.no_kill and job.ending is None and code is None and job.batch_host is not None \
+            and job.batch_host not in job.nodes:  # fmt: skip
+        # A --no-kill job that lost its batch host: as Slurm, it stays RUNNING on the
+        # nodes left, with no batch script, until it is cancelled or reaches its limit.
+        return
     if job.requeue_on_end:
         _back_to_queue(st, job, job.hold_on_requeue, now)
         return
@@ -542,7 +561,7 @@ def _back_to_queue(st: MockState, job: MockJob, hold: bool, now: float) -> None:
     job.state = JobState.PENDING
     job.restart_count += 0 if job.restart_counted else 1
     job.restart_counted = False
-    job.nodes, job.start_time, job.end_time = [], None, None
+    job.nodes, job.batch_host, job.start_time, job.end_time = [], None, None, None
     job.exit_code, job.signal, job.ending, job.kill_at = None, None, None, None
     job.requeue_on_end, job.hold_on_requeue, job.warn_sent = False, False, False
     job.time_limit_s = job.base_time_limit_s
@@ -556,6 +575,12 @@ def _node_failed(st: MockState, node: str, now: float) -> list[Effect]:
     effects: list[Effect] = []
     for job in list(st.jobs.values()):
         if node not in job.nodes or job.state not in (JobState.RUNNING, JobState.COMPLETING):
+            continue
+        if job.no_kill and job.state is JobState.RUNNING and len(job.nodes) > 1:
+            # As Slurm: the allocation shrinks to the other nodes and the job runs on (even
+            # when the batch host is the lost node: then with no batch script left).
+            job.nodes = [n for n in job.nodes if n != node]
+            effects.append(NodeDown(job.job_id, node))
             continue
         effects.append(KillJob(job.job_id))
         if job.requeue_allowed:
@@ -603,6 +628,7 @@ def _schedule(st: MockState, now: float) -> list[Effect]:
         for node in chosen:
             free[node] -= job.cpus_per_node
         job.state, job.nodes, job.start_time, job.reason = JobState.RUNNING, chosen, now, None
+        job.batch_host = chosen[0]
         for inj in job.injections:  # an injected wall limit applies to this attempt
             spec = inj.parsed()
             if spec.kind is InjectKind.TIMEOUT and not inj.fired:

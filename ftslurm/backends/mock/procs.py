@@ -8,6 +8,9 @@ or kill it, whichever process launched it:
     batch.json   jobwrap's pid                              written by launch_batch
     shell.json   the batch shell's pid and process group    written by jobwrap
     steps/N.json the tasks of step N (pid, pgid, node, rank) written by the mock srun
+                 and whether it was started with --no-kill
+    lost/NODE    the node died under the job (its processes are gone)
+    down/NODE    the controller declared it down and the job lives on (--no-kill)
     exit.json    the batch shell's wait status             written by jobwrap at the end
     bin/srun     the mock srun, first on the job's PATH
 
@@ -44,7 +47,7 @@ def launch_batch(
     reap(job_dir)  # a requeued job: what is left of its previous run
     for stale in ("exit.json", "batch.json", "shell.json", "next_step"):
         (job_dir / stale).unlink(missing_ok=True)
-    for stale in ("steps", "lost"):
+    for stale in ("steps", "lost", "down"):
         shutil.rmtree(job_dir / stale, ignore_errors=True)
     (job_dir / "steps").mkdir(parents=True)
     (job_dir / "bin").mkdir(exist_ok=True)
@@ -207,6 +210,29 @@ def kill_node(job_dir: Path, node: str, batch_host: str) -> int:
                 count += 1
         count += _killpg(batch.get("pgid"), signal.SIGKILL)
     return count
+
+
+def node_down(job_dir: Path, node: str) -> int:
+    """The controller declared `node` down under a `--no-kill` job, which lives on. As
+    Slurm: srun learns it (see `node_declared_down`), and every step that had a task on the
+    node is ended (its other tasks SIGKILLed) unless it was started with `srun --no-kill`.
+    Returns the number of tasks killed."""
+    down = Path(job_dir) / "down"
+    down.mkdir(exist_ok=True)
+    (down / node).touch()
+    count = 0
+    for step in sorted((Path(job_dir) / "steps").glob("*.json")):
+        data = read_json(step) or {}
+        tasks = data.get("tasks", [])
+        if data.get("no_kill") or not any(t.get("node") == node for t in tasks):
+            continue
+        count += sum(_killpg(t.get("pgid"), signal.SIGKILL) for t in tasks)
+    return count
+
+
+def node_declared_down(job_dir: Path, node: str) -> bool:
+    """Whether the controller declared `node` down while the job lives on (`node_down`)."""
+    return (Path(job_dir) / "down" / node).exists()
 
 
 def node_lost(job_dir: Path, node: str) -> bool:

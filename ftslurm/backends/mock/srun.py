@@ -1,11 +1,17 @@
 """The mock `srun`: starts a job step's tasks as local processes, one group per task.
 
 Placed first on a mock job's PATH. It understands the options jobs commonly pass
-(-N/--nodes, -n/--ntasks, --ntasks-per-node, --kill-on-bad-exit, and ignores the
-output-shaping ones), gives each task the environment Slurm's srun would (SLURM_PROCID,
+(-N/--nodes, -n/--ntasks, --ntasks-per-node, --kill-on-bad-exit, -k/--no-kill, and ignores
+the output-shaping ones), gives each task the environment Slurm's srun would (SLURM_PROCID,
 SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME, SLURM_STEP_ID, ...), records the tasks in
 `steps/<id>.json` so the mock can signal or kill them by node, and exits like srun: 0 when
 every task succeeded, else the first failing task's code (128+N for a signal).
+
+A node of a `--no-kill` job that the controller declared down (`procs.node_down`) is left out
+of new steps; a step asking for more nodes than are left waits, as Slurm's does, until it is
+cancelled. A running step that lost a node reports "Node failure on NODE" once the node is
+declared down; its lost tasks do not count as failures (with `srun --no-kill` the others run
+on and decide the exit code; without it the controller kills them: 137).
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
                 opts[_VALUE_OPTS[name]] = value
         elif name == "--kill-on-bad-exit" or name == "-K":
             opts["kill_on_bad_exit"] = value if eq else "1"
+        elif name == "--no-kill" or name == "-k":
+            opts["no_kill"] = "0" if eq and value.lower() in ("off", "0", "no") else "1"
         elif name in _IGNORED_FLAGS:
             pass
         elif name == "--":
@@ -78,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print("srun (ftslurm mock): no command given", file=sys.stderr)
         return 2
     job_dir = Path(os.environ["FTSLURM_MOCK_JOB_DIR"])
-    nodelist = hostlist.expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
+    nodelist = [n for n in hostlist.expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
+                if not procs.node_declared_down(job_dir, n)]  # fmt: skip
     nnodes = int(opts.get("nodes") or os.environ.get("SLURM_NNODES") or len(nodelist))
     nodes = nodelist[:nnodes]
     if "ntasks" in opts:
@@ -99,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     # Like Slurm's srun: INT/TERM/CONT go to the tasks; USR1/USR2 are not srun's to act on.
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    if nnodes > len(nodelist):
+        while True:  # never placed: the job's lost nodes do not come back to it
+            signal.pause()
+    no_kill = opts.get("no_kill") == "1"
     tasks: list[tuple[subprocess.Popen, str]] = []
 
     def forward(sig: int, _frame) -> None:
@@ -120,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         proc = subprocess.Popen(command, env=env, start_new_session=True,
                                 preexec_fn=_default_signals)  # fmt: skip
         tasks.append((proc, nodes[node_index]))
-        procs.write_json_atomic(job_dir / "steps" / f"{step}.json", {"tasks": [
+        procs.write_json_atomic(job_dir / "steps" / f"{step}.json", {"no_kill": no_kill, "tasks": [
             {"pid": p.pid, "pgid": p.pid, "node": n, "rank": r}
             for r, (p, n) in enumerate(tasks)
         ]})  # fmt: skip
@@ -132,17 +145,22 @@ def _wait(tasks: list[tuple[subprocess.Popen, str]], job_dir: Path,
           kill_on_bad_exit: bool) -> int:  # fmt: skip
     first_bad: int | None = None
     running = {p.pid: (p, node) for p, node in tasks}
-    lost = False
+    lost: set[str] = set()  # nodes that died under the step, not yet declared down
     while running or lost:
+        for node in sorted(lost):
+            if procs.node_declared_down(job_dir, node):  # a --no-kill job lives on
+                print(f"srun: error: Node failure on {node}", file=sys.stderr, flush=True)
+                lost.discard(node)
         for pid, (proc, node) in list(running.items()):
             code = proc.poll()
             if code is None:
                 continue
             del running[pid]
             if procs.node_lost(job_dir, node):
-                # A dead host sends no exit status: like Slurm's srun, keep waiting for the
-                # controller to end the job (NODE_FAIL) rather than report a task failure.
-                lost = True
+                # A dead host sends no exit status: like Slurm's srun, wait for the
+                # controller's verdict (NODE_FAIL ends the job; a --no-kill job lives on and
+                # the node is declared down) rather than report a task failure.
+                lost.add(node)
                 continue
             if code != 0 and first_bad is None:
                 first_bad = code if code > 0 else 128 - code

@@ -49,6 +49,8 @@ def sbatch_args(options: JobOptions) -> list[str]:
         args.append("--requeue" if options.requeue else "--no-requeue")
     if options.hold:
         args.append("--hold")
+    if options.no_kill:
+        args.append("--no-kill")
     for key, value in sorted(options.extra.items()):
         args.append(f"--{key}" if value is None else f"--{key}={value}")
     return args
