@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ftslurm.agent.peers import poll_interval
+from ftslurm.core.contract import PEER_LOST_REPORTS, RunDir
 from ftslurm.daemon.store import Store
 
-from .conftest import wait_file
+from .conftest import wait_file, wait_for
 from .daemon_scenarios import (
     RECIPE,
     Cli,
@@ -146,3 +149,33 @@ def test_a_corrupted_newest_checkpoint_is_skipped_on_load(cli, tmp_path):
 
 def test_a_hung_rank_is_caught_in_the_first_attempt_without_configured_timeouts(cli, tmp_path):
     hang_is_caught_in_the_first_attempt(cli, tmp_path)
+
+
+def test_a_killed_node_is_reported_lost_by_the_surviving_launcher(
+        cli, healthy_nodes, tmp_path, measurements):  # fmt: skip
+    """2 nodes x 2 ranks; `fail-node` kills the second node (its slurmd, slurmstepd, the
+    launcher and ranks): the batch host's launcher reports it within the peer timeout plus
+    two polls, long before Slurm's verdict (SlurmdTimeout, then NODE_FAIL)."""
+    timeout = 5.0
+    recipe = recipe_file(tmp_path, "peers", args=[
+        "--steps", "3000", "--step-time", "0.05", "--ckpt-every", "50",
+        "--checkpoint-dir", str(tmp_path / "ckpt")], peer_timeout_s=timeout,
+        num_job_retries_on_failure=0)  # fmt: skip
+    out = cli.submit(str(recipe))
+    run = RunDir(cli.status(out["run_id"])["run_dir"])
+    wait_file(run.progress, lambda text: bool(text) and json.loads(text).get("step", 0) >= 5,
+              180, "training under way")  # fmt: skip
+    nodes = cli.status(out["run_id"])["attempts"][0]["nodes"]
+    assert len(nodes) == 2 and run.peer_lease(0, 0).exists() and run.peer_lease(0, 1).exists()
+    victim = nodes[1]
+    healthy_nodes.fail_node(victim)
+    killed_at = time.time()
+    found = wait_for(lambda: sorted(run.attempt(0).glob(PEER_LOST_REPORTS)),
+                     timeout + 2 * poll_interval(timeout) + 15, "the peer-loss report")
+    assert len(found) == 1, found
+    report = json.loads(found[0].read_text())
+    assert report["lost_node"] == victim, report
+    assert report["reported_by"] == nodes[0] and report["job_id"] == out["job_id"]
+    assert report["time"] - killed_at < timeout + 2 * poll_interval(timeout) + 10, report
+    measurements.record("peer_loss_report_s (peer_timeout_s 5)", report["time"] - killed_at)
+    cli("cancel", out["run_id"])

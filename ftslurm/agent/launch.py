@@ -14,7 +14,10 @@ Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it s
   from their exit codes (`decide_outcome`): when every rank of the node recorded "saved
   step S, stopping" (`ftslurm.agent.rank`) and one then died while tearing down its
   process group, the node still exits 75 "checkpointed", with a warning; a rank that
-  died before recording its save stays a failure.
+  died before recording its save stays a failure;
+- on a job of several nodes, watches the other nodes' launchers through a lease each in the
+  run directory and reports a node silent for `--peer-timeout` seconds
+  (`attempts/<attempt>/peer-lost-<node_rank>.json`; `ftslurm.agent.peers`).
 Timeouts come from `--section-timeouts` (JSON, e.g. {"setup": 600, "step": 180,
 "checkpointing": 600, "out_of_section": 300, "initial": 1800, "warmup_steps": 20}; null =
 infinite; what is left out gets the defaults of `ftslurm.agent.heartbeat`, so hang detection
@@ -56,6 +59,7 @@ from ftslurm.agent.heartbeat import (
     silence,
     watch_cpu,
 )  # fmt: skip
+from ftslurm.agent.peers import PeerWatch
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.straggler import collect_report
 from ftslurm.core.contract import (
@@ -192,6 +196,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rdzv-timeout", type=int, default=300)
     p.add_argument("--section-timeouts", default=env.section_timeouts)
     p.add_argument("--safety-factor", type=float, default=SAFETY_FACTOR)
+    p.add_argument("--peer-timeout", type=float, default=env.peer_timeout_s,
+                   help="seconds a node's launcher may be silent before it is reported lost")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     args.env = env
@@ -201,6 +207,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("no command given (put it after --)")
     if args.nproc_per_node < 1 or args.max_restarts < 0:
         p.error("--nproc-per-node must be >= 1 and --max-restarts >= 0")
+    if not args.peer_timeout > 0:
+        p.error("--peer-timeout must be > 0")
     return args
 
 
@@ -427,11 +435,23 @@ def main(argv: list[str] | None = None) -> int:
                   start_method="spawn", shutdown_timeout=int(max(1, args.grace)),
                   exit_barrier_timeout=60)
     agent_box["agent"] = agent
+    # The other nodes' launchers watch this one's lease and it theirs (ftslurm.agent.peers).
+    watch = PeerWatch(run, attempt=attempt, node_rank=args.node_rank, nnodes=args.nnodes,
+                      node=node_name, job_id=job, timeout=args.peer_timeout,
+                      start_timeout=args.rdzv_timeout).start() \
+        if run is not None and args.nnodes > 1 else None  # fmt: skip
     started = time.time()
+    ran = False
     try:
         result = agent.run()
+        ran = True
     finally:
-        spec.rdzv_handler.shutdown()  # closes the rendezvous: the other launchers stop too
+        try:
+            spec.rdzv_handler.shutdown()  # closes the rendezvous: the other launchers stop too
+        finally:  # (it may fail when the host of the rendezvous is gone)
+            if watch is not None and not ran:
+                watch.wait_settled()
+                watch.stop("error")
     used = args.max_restarts - agent._remaining_restarts
     finished = run is not None and run.finished.exists()
     failures = state["teardown"] or {r: f.exitcode for r, f in result.failures.items()}
@@ -443,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
     code, outcome = decided.code, decided.outcome
     for warning in decided.warnings:
         log.warning("%s", warning)
+    if watch is not None:
+        if code not in (ExitCode.FINISHED, ExitCode.CONTINUE):
+            watch.wait_settled()  # was a node lost under the failure? Report it first.
+        watch.stop(outcome)
     if run is not None:
         path = run.node_report(attempt, args.node_rank)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -457,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                          "out_of_section": timeouts.out_of_section,
                          "initial": timeouts.initial, "warmup_steps": timeouts.warmup_steps},
             "heartbeats": state["heartbeats"],  # False: hangs were judged by CPU use alone
+            "peers_lost": list(watch.lost) if watch is not None else [],  # node ranks
         })  # fmt: skip
     shutil.rmtree(hb_dir, ignore_errors=True)
     log.info("ranks ended: %s after %d in-job restart(s); exit %d", outcome, used, code)

@@ -4,7 +4,8 @@ What the two sides share, and nothing else may spell out again (`tests/test_arch
 checks it):
 - `RunDir`: every path of a run's directory (on the shared file system) that one side
   writes and the other reads: progress, the FINISHED marker, the attempt reports of ranks
-  and nodes, stop records, hang reports, the straggler files, logs, checkpoints;
+  and nodes, stop records, hang reports, the launchers' leases and peer-loss reports, the
+  straggler files, logs, checkpoints;
   `HeartbeatDir`: the files between a node's launcher and its ranks;
 - `ExitCode`: the exit codes with a meaning (the launcher's, the task wrapper's, the
   daemon's policy);
@@ -114,6 +115,7 @@ DEFAULT_CHECKPOINT_DIR = "checkpoints"  # relative to the working directory, wit
 RANK_REPORTS = "rank-*.json"  # in an attempt's folder (RunDir.attempt) or stragglers/
 NODE_REPORTS = "node-*.json"
 HUNG_NODE_REPORTS = "hung-node-*.json"
+PEER_LOST_REPORTS = "peer-lost-*.json"  # in an attempt's folder (RunDir.peer_lost)
 CHECKPOINT_MANIFEST = re.compile(r"step-(\d+)\.json")  # ftslurm.checkpoint's manifests
 
 
@@ -173,6 +175,19 @@ class RunDir:
     def hung_node(self, attempt: str | int, node_rank: int) -> Path:
         """The ranks a launcher found hung when it was told to stop."""
         return self.attempt(attempt) / f"hung-node-{node_rank}.json"
+
+    def peer_lease(self, attempt: str | int, node_rank: int) -> Path:
+        """The lease of node `node_rank`'s launcher (`ftslurm.agent.peers`): rewritten every
+        poll while it runs (JSON: node_rank, node, pid, seq, time, ended), so the other
+        launchers can tell a lost node from a live one."""
+        return self.attempt(attempt) / f"peer-lease-{node_rank}.json"
+
+    def peer_lost(self, attempt: str | int, node_rank: int) -> Path:
+        """A launcher's report that node `node_rank` fell silent for `peer_timeout_s`
+        (JSON: lost_node_rank, lost_node, last_heard, lease_time, silent_s,
+        peer_timeout_s, reported_by, reported_by_node_rank, time, job_id, attempt; the
+        first launcher to see it writes it, see `ftslurm.agent.peers`)."""
+        return self.attempt(attempt) / f"peer-lost-{node_rank}.json"
 
     def fired(self, rank: int) -> Path:
         """The fault injections rank `rank` carried out in this run."""
@@ -270,6 +285,7 @@ class EnvName(str, Enum):
     NPROC_PER_NODE = "FTSLURM_NPROC_PER_NODE"
     HEARTBEAT_DIR = "FTSLURM_HEARTBEAT_DIR"  # set by the launcher for its ranks
     USER_ERROR_WINDOW_S = "FTSLURM_USER_ERROR_WINDOW_S"
+    PEER_TIMEOUT_S = "FTSLURM_PEER_TIMEOUT_S"  # a node silent this long is reported lost
 
 
 def _alias(name: EnvName) -> Any:
@@ -284,6 +300,7 @@ DEFAULT_STRAGGLER_INTERVAL_S = 60.0  # straggler report window
 DEFAULT_STRAGGLER_THRESHOLD = 0.75  # a score below it is a straggler
 DEFAULT_STRAGGLER_WINDOWS = 3  # windows below the threshold that make a node persistent
 DEFAULT_STRAGGLER_REFERENCE: Literal["best", "median"] = "best"
+DEFAULT_PEER_TIMEOUT_S = 20.0  # a node's launcher silent this long: the node is lost
 
 
 class JobEnv(BaseModel):
@@ -314,6 +331,7 @@ class JobEnv(BaseModel):
     nproc_per_node: int = Field(1, ge=1, **_alias(EnvName.NPROC_PER_NODE))
     heartbeat_dir: str | None = Field(None, **_alias(EnvName.HEARTBEAT_DIR))
     user_error_window_s: float = Field(60.0, ge=0, **_alias(EnvName.USER_ERROR_WINDOW_S))
+    peer_timeout_s: float = Field(DEFAULT_PEER_TIMEOUT_S, gt=0, **_alias(EnvName.PEER_TIMEOUT_S))
 
     @field_validator("checkpoint_signal")
     @classmethod

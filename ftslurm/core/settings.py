@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ftslurm.core.contract import (
     DEFAULT_CHECKPOINT_SIGNAL,
     DEFAULT_GRACE_S,
+    DEFAULT_PEER_TIMEOUT_S,
     DEFAULT_STRAGGLER_INTERVAL_S,
     DEFAULT_STRAGGLER_REFERENCE,
     DEFAULT_STRAGGLER_THRESHOLD,
@@ -99,6 +100,10 @@ class FtSettings(BaseModel):
     initial_timeout: float | None = Field(DEFAULT_INITIAL_S, gt=0)
     hang_warmup_steps: int | None = Field(DEFAULT_WARMUP_STEPS, ge=1)
     grace_s: float = Field(DEFAULT_GRACE_S, gt=0)
+    # Peer-loss detection (ftslurm.agent.peers): the launchers of a multi-node job watch
+    # each other's leases in the run directory; a node silent this long is reported lost
+    # (`attempts/<k>/peer-lost-<n>.json`), well before Slurm's SlurmdTimeout.
+    peer_timeout_s: float = Field(DEFAULT_PEER_TIMEOUT_S, gt=0)
     # Straggler detection (ftslurm.agent.straggler): each rank's step times are published
     # every `straggler_report_interval_s`; a node whose ranks score below
     # `straggler_threshold` in `straggler_windows` consecutive windows is persistent: it is

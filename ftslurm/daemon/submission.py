@@ -57,7 +57,7 @@ _SETTING_TO_ENV = {
     "straggler_report_interval_s": "straggler_interval_s",
     "straggler_threshold": "straggler_threshold", "straggler_windows": "straggler_windows",
     "straggler_reference": "straggler_reference", "num_in_job_restarts": "in_job_restarts",
-    "grace_s": "grace_s",
+    "grace_s": "grace_s", "peer_timeout_s": "peer_timeout_s",
 }  # fmt: skip
 
 
@@ -90,7 +90,7 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
               "straggler_windows", "straggler_reference"]  # fmt: skip
     launcher = settings.get("use_launcher", True)
     if launcher:
-        fields += ["in_job_restarts", "grace_s"]
+        fields += ["in_job_restarts", "grace_s", "peer_timeout_s"]
     given: dict[str, Any] = {field: settings.get(key, getattr(defaults, field))
                              for key, field in _SETTING_TO_ENV.items() if field in fields}
     if launcher:
