@@ -269,6 +269,8 @@ class Reconciler:
         deadlines = self._deadlines
         self._nodes, self._moved = {}, {}
         pairs = self._active()
+        if self._flags_stale:  # something was committed: the flags as they are now
+            self._read_flags()
         if self.stop is not None and self.stop.is_set():
             return 0.0  # the daemon is stopping: intents stay recorded for next time
         plan = self._plan
