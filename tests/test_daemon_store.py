@@ -183,6 +183,50 @@ def test_latest_attempt_and_find_by_job(store: Store) -> None:
     assert store.find_attempt_by_job("99") is None
 
 
+def test_active_heads_give_the_versions_of_active_runs_and_their_latest_attempts(
+        store: Store) -> None:  # fmt: skip
+    store.add_run(make_run("r1", created_at=2.0))
+    store.add_run(make_run("r0", created_at=1.0, cancel_requested=False))
+    store.add_run(make_run("r2", created_at=3.0))  # no attempt yet
+    store.add_run(make_run("done", created_at=0.5, state=RunState.COMPLETED))
+    for a in (make_attempt("r1", 0), make_attempt("r1", 1), make_attempt("r0", 0)):
+        store.add_attempt(a)
+    a = store.latest_attempt("r1")
+    store.update_attempt(a)
+    store.request_cancel("r0", 5.0)  # moves the run's version on (it had no request yet)
+    store.update_run(replace(store.get_run("r0"), reason="x"))
+    assert store.active_heads() == [("r0", 2, 0, 0), ("r1", 0, 1, 1), ("r2", 0, None, None)]
+    got = store.latest_attempts(["r0", "r1", "r2"])
+    assert {k: (v.attempt, v.version) for k, v in got.items()} == {"r0": (0, 0), "r1": (1, 1)}
+
+
+def test_runs_by_id_share_the_decoded_settings_of_the_same_text(store: Store) -> None:
+    for i in range(3):
+        store.add_run(make_run(f"r{i}", settings={"x": 1} if i < 2 else {"x": 2}))
+    shared: dict = {}
+    runs = store.runs_by_id(["r0", "r1", "r2", "missing"], shared)
+    assert sorted(runs) == ["r0", "r1", "r2"]
+    assert runs["r0"].settings is runs["r1"].settings and runs["r2"].settings == {"x": 2}
+    assert runs["r0"] == store.get_run("r0")
+    assert runs["r0"].spec is not runs["r1"].spec  # only the settings are shared
+
+
+def test_the_stamp_moves_on_with_every_commit_of_any_connection(tmp_path: Path) -> None:
+    with Store(tmp_path / "home") as daemon, Store(tmp_path / "home") as command:
+        first = daemon.stamp()
+        assert daemon.stamp() == first  # nothing written
+        daemon.list_runs()
+        assert daemon.stamp() == first  # reading writes nothing
+        command.add_run(make_run("r1"))  # another connection (a command)
+        second = daemon.stamp()
+        assert second != first
+        daemon.append_event("r1", "x", {}, 1.0)  # its own
+        third = daemon.stamp()
+        assert third != second
+        command.request_cancel("r1", 2.0)
+        assert daemon.stamp() != third
+
+
 # ---------------------------------------------------------------------- events
 def test_events_append_only_and_filters(store: Store) -> None:
     store.add_run(make_run("r1"))

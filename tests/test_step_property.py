@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import step as core
-from ftslurm.daemon.records import Attempt, AttemptState, Run, RunState, tag
+from ftslurm.daemon.records import Attempt, AttemptState, NodeFlag, Run, RunState, tag
 
 NOW = 50_000.0
 NODES = ("n1", "n2", "n3", "n4")
@@ -136,3 +137,67 @@ def test_no_attempt_is_submitted_twice(run, looks):
         if run.state.is_terminal or any(isinstance(i, core.Finish) for i in out):
             break
     assert len(submitted) == len(set(submitted)), submitted
+
+
+# ------------------------------------------------------------------------- quiet attempts
+def _split(intents: list[core.Intent]) -> tuple[list[core.Intent], list[float]]:
+    """The intents but the look wakes, and the look wakes' times."""
+    return ([i for i in intents if not (isinstance(i, core.Wake) and i.look)],
+            [i.at for i in intents if isinstance(i, core.Wake) and i.look])
+
+
+@st.composite
+def watched(draw):  # type: ignore[no-untyped-def]
+    """A queued or running attempt seen as recorded, its run, facts and a time."""
+    state = draw(st.sampled_from([JobState.PENDING, JobState.RUNNING]))
+    settings_ = FtSettings(
+        preempt_time=draw(st.sampled_from([0, 60, 300])),
+        exclude_stragglers=draw(st.booleans()), stop_if_straggler=draw(st.booleans()),
+        use_launcher=draw(st.booleans()),
+        straggler_report_interval_s=draw(st.sampled_from([10.0, 60.0])))
+    run = Run(run_id="r", name="r", state=RunState.RUNNING, created_at=0.0,
+              spec={"options": {"nodes": 1, "exclude": []}, "run_dir": "/nowhere"},
+              settings=settings_.model_dump(mode="json"))  # fmt: skip
+    start = NOW - draw(st.sampled_from([10.0, 500.0, 3000.0]))
+    signalled = draw(st.one_of(st.none(), st.just(NOW - 5.0)))
+    running = state is JobState.RUNNING
+    a = Attempt("r", 0, AttemptState.of(state), job_id="7", tag=tag("r", 0),
+                nodes=["n1"] if running else [], start=start if running else None,
+                checkpoint_signal_at=signalled)  # fmt: skip
+    info = JobInfo(job_id="7", state=state, observed_at=NOW, nodes=("n1",) if running else (),
+                   start_time=start if running else None,
+                   time_limit_s=draw(st.sampled_from([None, 600, 3600])))  # fmt: skip
+    flags = tuple(NodeFlag(n, "why", NOW - 100, draw(st.one_of(
+        st.none(), st.floats(NOW - 50, NOW + 500)))) for n in draw(st.lists(
+            st.sampled_from(NODES), unique=True, max_size=3)))  # fmt: skip
+    report = draw(st.one_of(st.none(), st.builds(
+        lambda nodes: {"attempt": 0, "persistent_nodes": nodes, "threshold": 0.75},
+        st.lists(st.sampled_from(NODES), max_size=2))))  # fmt: skip
+    progress = draw(st.one_of(st.just({}), st.builds(
+        lambda s: {"max_checkpoint_save_s": s}, st.sampled_from([1.0, 100.0, 400.0]))))
+    facts = core.Facts(flags=flags, files=core.RunFiles(progress=progress,
+                                                       straggler_report=report))
+    return a, info, run, facts
+
+
+@settings(max_examples=400, deadline=None)
+@given(watched(), st.floats(0, 1), st.sampled_from([0.2, 1.0, 60.0]))
+def test_a_quiet_step_decides_the_same_until_its_deadline(case, fraction, interval):
+    """The rule the shell's skipping relies on (step's module doc): a step that decided
+    nothing but when to look again decides the same, with the look wakes moved on by the
+    time passed, at any later time before its earliest non-look Wake and the next flag
+    expiry, whatever the loop's poll interval."""
+    a, info, run, facts = case
+    first = core.step(a, info, run, facts, NOW)
+    quiet = all(isinstance(i, core.Wake) for i in first)
+    event(f"quiet: {quiet}")
+    if not quiet:
+        return
+    due = min([i.at for i in first if not i.look] + [f.expires_at for f in facts.flags
+              if f.expires_at is not None and f.expires_at > NOW], default=NOW + 10_000)
+    later = NOW + fraction * (due - NOW) * 0.999
+    again = core.step(a, replace(info, observed_at=later), run,
+                      replace(facts, poll_interval=interval), later)  # fmt: skip
+    (kept, looks), (kept_again, looks_again) = _split(first), _split(again)
+    assert kept_again == kept
+    assert looks_again == pytest.approx([t + (later - NOW) for t in looks])

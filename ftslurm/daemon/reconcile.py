@@ -30,17 +30,46 @@ without writing; the next pass reads it again and decides again. An action alrea
 is never lost that way: a job submitted before a stale write is found by its tag next
 cycle (the attempt's intent is no longer trusted), a requeue or a release is checked
 against the job's restart count and state before it is repeated.
+
+**What a cycle reads** (so that one over 10,000 quiet runs stays cheap):
+- the runs and their latest attempts: one query of their versions (`Store.active_heads`),
+  and only when something was committed since the last one (`Store.stamp`); a run or an
+  attempt is decoded again only when its version moved on (the Reconciler keeps the
+  records it read, keyed by version: a record is never changed in place, a write makes a
+  new copy at a new version);
+- the node flags: once per cycle when anything was committed, and again after this daemon
+  flags a node; a run's `FtSettings`: parsed once per version of the run;
+- the run's files (progress and straggler report) for a watched attempt: each is looked at
+  with `os.stat` and read again only when its inode, size, mtime or ctime changed; a file
+  changed less than a second before it was looked at is read again next time (a rewrite
+  within the filesystem's timestamp granularity could keep them all). On NFS, attribute
+  caching (`actimeo`) can delay the sight of a rewrite by the mount's cache time.
+
+**Quiet attempts.** `step` is pure, and for an attempt it decided nothing for but when to
+look again (only `Wake`s: a queued or running job seen as recorded) its intents change only
+with its inputs, its non-look `Wake` deadlines and the flags' expiry (`step`'s module doc).
+So the cycle skips `step` for such an attempt while all of these stand: the run's and the
+attempt's versions (a cancel request moves the run's), the job as observed (every field
+but the time of the observation), whether its intent is trusted, the node flags, the run's
+files it read (their `os.stat` signature), and the time before its earliest non-look
+`Wake` and before the next flag expiry. Its deadlines count as they would have: the
+non-look `Wake`s as recorded, a look wake a period from now. `next_deadline` is the
+earliest deadline of the last cycle, skipped attempts included.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import logging
+import math
+import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +108,60 @@ __all__ = ["NEVER_SUBMITTED", "REQUEUING", "Reconciler", "hung_at_stop", "new_ru
 
 log = logging.getLogger("ftslurm.daemon")
 _MAX_ROUNDS = 12  # steps for one attempt in one cycle (facts asked for, attempts begun)
+_RACY_NS = 1_000_000_000  # a file changed this recently is read again next time
+# the job as observed, for comparing two observations: every field but when it was made
+_OBSERVED = attrgetter(*(f.name for f in fields(JobInfo) if f.name != "observed_at"))
+Signature = tuple[int, int, int, int] | object | None  # `_signature`
+
+
+def _signature(path: str) -> Signature:
+    """What tells a file's rewrite (inode, size, mtime, ctime); None: there is none; an
+    object equal to no other when it cannot be looked at."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return object()
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _settled(sig: Signature, wall_ns: int) -> bool:
+    """Whether a later rewrite must change `sig`: the file was last changed well before
+    `wall_ns`, when it was looked at (or it is missing)."""
+    if sig is None:
+        return True
+    if not isinstance(sig, tuple):
+        return False
+    return max(sig[2], sig[3]) < wall_ns - _RACY_NS
+
+
+@dataclass(frozen=True, slots=True)
+class _Quiet:
+    """What an attempt's last step was given when it decided nothing but when to look
+    again: while all of it stands, a step would decide the same (module doc)."""
+
+    run: Run  # the records as read (kept by version: another version is another copy)
+    attempt: Attempt
+    flags_epoch: int
+    trust_epoch: int
+    trusted: bool
+    observed: tuple[Any, ...]  # `_OBSERVED` of the job
+    paths: tuple[str, ...]  # the run files it read
+    sigs: tuple[Signature, ...]  # and their signatures then
+    until: float  # its earliest non-look Wake, or the next flag expiry: step again then
+    due: float  # its earliest non-look Wake (inf: none)
+    look_every: float  # the period of its look wakes (inf: none)
+
+
+@dataclass(frozen=True, slots=True)
+class _Watched:
+    """The run files a step read for a watched attempt, and their signatures then."""
+
+    paths: tuple[str, ...]
+    sigs: tuple[Signature, ...]
+    files: core.RunFiles
+    settled: bool  # the signatures are safe to compare later (`_settled`)
 
 
 def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt,
@@ -152,8 +235,8 @@ class Reconciler:
         self.clock = clock
         self.interval = 1.0
         self.last_change: float | None = None
-        self.next_deadline: float | None = None  # the earliest deadline of the last cycle
         self._trusted_intents: set[tuple[str, int]] = set()  # created by this process
+        self._trust_epoch = 0  # moves on when `_trusted_intents` changes
         self._deferred: set[tuple[str, int]] = set()  # submissions the scheduler put off
         self._min_job_age: dict[str, float] = {}
         self._nodes: dict[str, dict[str, bool]] = {}  # this cycle's node listing per backend
@@ -163,6 +246,30 @@ class Reconciler:
         # the cycle's batched actions, per attempt (run id, attempt), carried out at its end
         self._batch: dict[tuple[str, int], _Planned] = {}
         self._refused: dict[str, FtslurmError] = {}  # job id -> its batch's refusal
+        # the earliest deadline of the last pass (a Wake of an attempt, a retry after the
+        # scheduler was unavailable), skipped quiet attempts included; None: none
+        self.next_deadline: float | None = None
+        self._deadlines: list[float] = []
+        self._quiet_min = math.inf  # the earliest deadline of the attempts skipped this pass
+        # what the last passes read, kept until it changes (module doc)
+        self._stamp: tuple[int, int] | None = None
+        self._pairs: list[tuple[Run, Attempt]] = []  # active runs with their latest attempt
+        self._plan: tuple[list[tuple[Run, Attempt]], dict[str, list[tuple[Run, Attempt]]],
+                          dict[str, list[str]]] | None = None  # fmt: skip
+        self._runs: dict[str, Run] = {}
+        self._latest: dict[str, Attempt] = {}
+        self._kinds: dict[str, str] = {}  # run id -> backend key
+        # runs whose settings are the same text share one decoded dict (never changed in
+        # place), parsed once: JSON text -> dict; id of a dict -> (it, its FtSettings)
+        self._shared: dict[str, Any] = {}
+        self._parsed: dict[int, tuple[dict[str, Any], FtSettings]] = {}
+        self._flags: tuple[NodeFlag, ...] = ()
+        self._flags_stale = True
+        self._flags_epoch = 0  # moves on when the flags change
+        self._expiries: list[float] = []  # the flags' expiry times, sorted
+        self._quiet: dict[str, _Quiet] = {}  # run id -> its quiet attempt
+        self._watched: dict[str, _Watched] = {}  # run id -> the files last read for it
+        self._paths: dict[str, tuple[str, ...]] = {}  # run id -> its watched files
 
     # ----------------------------------------------------------------- the cycle
     def cycle(self) -> float:
@@ -172,11 +279,16 @@ class Reconciler:
         ends the pass without writing over it; the next pass, at once, reads and decides
         again."""
         self._batch, self._refused = {}, {}
+        self._deadlines, self._quiet_min = [], math.inf
         try:
             return self._cycle()
         except StaleRecord as exc:
             log.info("%s; deciding again", exc.message)
             return 0.0
+        finally:
+            earliest = min(self._deadlines, default=math.inf)
+            earliest = min(earliest, self._quiet_min)
+            self.next_deadline = None if earliest == math.inf else earliest
 
     def _cycle(self) -> float:
         full: DiskFull | None = None
@@ -184,44 +296,64 @@ class Reconciler:
             apply_requests(self.store, self.clock())  # what commands asked (nodes add/remove)
         except DiskFull as exc:  # applied when there is room; the runs are looked at now
             full = exc
-        deadlines: list[float] = []
+        deadlines = self._deadlines
         self._nodes, self._moved = {}, {}
-        by_backend: dict[str, list[tuple[Run, Attempt]]] = {}
-        for run in self.store.list_runs(active_only=True):
-            if self.stop is not None and self.stop.is_set():
-                return 0.0  # the daemon is stopping: intents stay recorded for next time
-            a = self.store.latest_attempt(run.run_id)
-            if a is None:
-                continue
-            if a.state is SUBMITTING:
-                kind = backend_key(run.spec)
-                self._note_facts(kind, self.backends(kind))
-                got = self._advance(run, a, None, deadlines)
-                if got is None or got.state is SUBMITTING:
-                    continue
-                run, a = self.store.get_run(run.run_id) or run, got
-                if run.state.is_terminal:
-                    continue
-            by_backend.setdefault(backend_key(run.spec), []).append((run, a))
+        pairs = self._active()
+        if self._flags_stale:  # something was committed: the flags as they are now
+            self._read_flags()
+        if self.stop is not None and self.stop.is_set():
+            return 0.0  # the daemon is stopping: intents stay recorded for next time
+        plan = self._plan
+        if plan is not None and plan[0] is pairs:  # nothing changed: grouped as last time
+            by_backend, ids_by_backend = plan[1], plan[2]
+        else:
+            by_backend, ids_by_backend = {}, {}
+            submitting = False
+            for run, a in pairs:
+                if self.stop is not None and self.stop.is_set():
+                    return 0.0  # the daemon is stopping: intents stay recorded for next time
+                if a.state is SUBMITTING:
+                    submitting = True
+                    kind = self._kind(run)
+                    self._note_facts(kind, self.backends(kind))
+                    got = self._advance(run, a, None, deadlines)
+                    if got is None or got.state is SUBMITTING:
+                        continue
+                    run, a = self.store.get_run(run.run_id) or run, got
+                    if run.state.is_terminal:
+                        continue
+                by_backend.setdefault(self._kind(run), []).append((run, a))
+            for kind, items in by_backend.items():
+                ids_by_backend[kind] = [a.job_id for _, a in items if a.job_id]
+            # kept while nothing changes (a submission changed something: not kept)
+            self._plan = None if submitting else (pairs, by_backend, ids_by_backend)
         for kind, items in by_backend.items():
             if self.stop is not None and self.stop.is_set():
                 break
             backend = self.backends(kind)
             self._note_facts(kind, backend)  # once per backend: MinJobAge bounds the poll
-            ids = [a.job_id for _, a in items if a.job_id]
+            ids = ids_by_backend[kind]
             try:
                 observed = backend.query(ids) if ids else {}  # ONE command for all of them
             except SchedulerUnavailable as exc:  # the other backends' runs go on
                 log.warning("%s: scheduler unavailable, will look again: %s", kind, exc)
                 deadlines.append(self.clock() + 5.0)
                 continue
+            now = self.clock()  # the time of this observation, for the quiet attempts
+            quiet, unknown, looks = self._quiet, JobState.UNKNOWN, math.inf
             for run, a in items:
                 info = observed.get(a.job_id or "")
-                if info is None or info.state is JobState.UNKNOWN:
+                if info is None or info.state is unknown:
                     continue
-                self._advance(run, a, info, deadlines)
+                q = quiet.get(run.run_id)
+                if q is None or not self._still_quiet(q, run, a, info, now):
+                    self._advance(run, a, info, deadlines)
+                elif q.look_every < looks:  # its look wake: a period from now
+                    looks = q.look_every
+            self._quiet_min = min(self._quiet_min, now + looks)
         self._act_batched(deadlines)  # the cycle's requeues, exclusions, releases, start-nows
-        self.next_deadline = min(deadlines, default=None)
+        if self._quiet_min < math.inf:
+            deadlines.append(self._quiet_min)
         self.interval = policy.next_poll_interval(
             self.clock(), last_change=self.last_change, deadlines=deadlines,
             previous=self.interval, min_job_age_s=min(self._min_job_age.values(), default=60),
@@ -235,20 +367,28 @@ class Reconciler:
                  deadlines: list[float]) -> Attempt | None:  # fmt: skip
         """Step attempt `a` and carry out the intents until it waits for the next cycle;
         returns the attempt as it stands then (None: the run ended, or it cannot go on)."""
-        kind = backend_key(run.spec)
+        kind = self._kind(run)
         backend = self.backends(kind)
+        self._quiet.pop(run.run_id, None)
         facts = self._facts(run, a)
+        asked: set[str] = set()  # the facts gathered for this attempt
         for _ in range(_MAX_ROUNDS):
             intents: list[core.Intent] = []
             try:
-                intents = core.step(a, info, run, facts, self.clock())
+                now = self.clock()
+                intents = core.step(a, info, run, facts, now)
                 if len(intents) == 1 and isinstance(intents[0], core.Need):
                     if "cancel" in intents[0].what:  # the run as stored now, with its version:
                         run = self.store.get_run(run.run_id) or run  # a later request
+                    asked |= intents[0].what
                     facts = self._gather(intents[0].what, kind, backend, run, a, facts)
                     continue  # makes the decision's writes stale (decided again)
+                if info is not None and asked <= {"watch_files"} and all(
+                        isinstance(i, core.Wake) for i in intents):
+                    self._remember_quiet(run, a, info, facts, intents, now)
                 nxt = self._execute(backend, run, a, intents, deadlines)
             except _Again as again:
+                asked.add("again")  # facts the shell set itself: not a quiet step
                 facts = again.facts
                 continue
             except SchedulerUnavailable as exc:
@@ -260,6 +400,7 @@ class Reconciler:
                 return None
             except (JobStateConflict, InvalidJobId) as exc:
                 if a.state is REQUEUING and not facts.requeue_refused:
+                    asked.add("again")
                     facts = replace(facts, requeue_refused=True)  # step decides what then
                     log.info("run %s: job %s refused the requeue: %s", run.run_id, a.job_id,
                              exc)  # fmt: skip
@@ -268,6 +409,7 @@ class Reconciler:
                 return None
             except StateError:  # the database failed, not the scheduler: the cycle ends here
                 self._trusted_intents.discard((run.run_id, a.attempt))  # look for its job first
+                self._trust_epoch += 1
                 raise
             except PermanentError as exc:
                 if a.state is SUBMITTING:  # the attempt was never submitted
@@ -288,15 +430,125 @@ class Reconciler:
             if run.state.is_terminal:
                 return None
             a = nxt
-            facts = self._facts(run, a)
+            facts, asked = self._facts(run, a), {"again"}  # a new attempt: stepped afresh
         log.warning("run %s: attempt %d still undecided after %d steps", run.run_id, a.attempt,
                     _MAX_ROUNDS)  # fmt: skip
         return a
 
     def _facts(self, run: Run, a: Attempt) -> core.Facts:
+        if self._flags_stale:
+            self._read_flags()
         return core.Facts(trusted=(run.run_id, a.attempt) in self._trusted_intents,
-                          flags=tuple(self.store.node_flags()),
-                          poll_interval=self.interval)  # fmt: skip
+                          flags=self._flags, poll_interval=self.interval,
+                          settings=self._parsed_settings(run))  # fmt: skip
+
+    # ------------------------------------------------- what the cycle keeps (module doc)
+    def _active(self) -> list[tuple[Run, Attempt]]:
+        """Every active run with its latest attempt, oldest first: the list of the last
+        pass when nothing was committed since; otherwise the versions are read again and
+        only the records whose version moved on are decoded again."""
+        stamp = self.store.stamp()  # before reading: a commit after it is seen next time
+        if stamp == self._stamp:
+            return self._pairs
+        self._flags_stale = True
+        heads = self.store.active_heads()
+        runs, latest = self._runs, self._latest
+        old_runs = [h[0] for h in heads if (r := runs.get(h[0])) is None or r.version != h[1]]
+        old_attempts = [h[0] for h in heads if h[2] is not None and (
+            (x := latest.get(h[0])) is None or (x.attempt, x.version) != (h[2], h[3]))]
+        runs.update(self.store.runs_by_id(old_runs, self._shared))
+        latest.update(self.store.latest_attempts(old_attempts))
+        active = {h[0] for h in heads}
+        for cache in (runs, latest, self._kinds, self._quiet, self._watched, self._paths):
+            for run_id in cache.keys() - active:  # ended (or gone): forgotten
+                del cache[run_id]
+        if len(self._shared) + len(self._parsed) > 2 * len(runs):  # settings of ended runs
+            used = {id(r.settings) for r in runs.values()}
+            self._shared = {t: d for t, d in self._shared.items() if id(d) in used}
+            self._parsed = {i: p for i, p in self._parsed.items() if i in used}
+        self._pairs = [(runs[h[0]], latest[h[0]]) for h in heads
+                       if h[0] in runs and h[0] in latest]  # fmt: skip
+        self._stamp = stamp
+        return self._pairs
+
+    def _kind(self, run: Run) -> str:
+        kind = self._kinds.get(run.run_id)
+        if kind is None:
+            kind = self._kinds[run.run_id] = backend_key(run.spec)
+        return kind
+
+    def _parsed_settings(self, run: Run) -> FtSettings | None:
+        """The run's `FtSettings`, parsed once per settings read (runs with the same
+        settings share them; None: they do not parse, and `step` raises as it did)."""
+        got = self._parsed.get(id(run.settings))
+        if got is not None and got[0] is run.settings:
+            return got[1]
+        try:
+            settings = FtSettings(**run.settings)
+        except ValueError:
+            return None
+        self._parsed[id(run.settings)] = (run.settings, settings)
+        return settings
+
+    def _read_flags(self) -> None:
+        flags = tuple(self.store.node_flags())
+        if flags != self._flags:
+            self._flags, self._flags_epoch = flags, self._flags_epoch + 1
+            self._expiries = sorted(f.expires_at for f in flags if f.expires_at is not None)
+        self._flags_stale = False
+
+    def _remember_quiet(self, run: Run, a: Attempt, info: JobInfo, facts: core.Facts,
+                        wakes: list[core.Intent], now: float) -> None:  # fmt: skip
+        """Keep what this step was given: it decided nothing but when to look again."""
+        paths: tuple[str, ...] = ()
+        sigs: tuple[Signature, ...] = ()
+        if facts.files is not None:
+            seen = self._watched.get(run.run_id)
+            if seen is None or seen.files is not facts.files or not seen.settled:
+                return  # files it read may change unseen: step it again next time
+            paths, sigs = seen.paths, seen.sigs
+        due = min((w.at for w in wakes if isinstance(w, core.Wake) and not w.look),
+                  default=math.inf)  # fmt: skip
+        look = min((w.at - now for w in wakes if isinstance(w, core.Wake) and w.look),
+                   default=math.inf)  # fmt: skip
+        i = bisect.bisect_right(self._expiries, now)
+        expiry = self._expiries[i] if i < len(self._expiries) else math.inf
+        self._quiet[run.run_id] = _Quiet(
+            run=run, attempt=a, flags_epoch=self._flags_epoch, trust_epoch=self._trust_epoch,
+            trusted=facts.trusted, observed=_OBSERVED(info), paths=paths, sigs=sigs,
+            until=min(due, expiry), due=due, look_every=look)
+
+    def _still_quiet(self, q: _Quiet, run: Run, a: Attempt, info: JobInfo, now: float) -> bool:
+        """Whether nothing quiet attempt `a`'s last step was given has changed (`q`); then
+        its deadlines count as the step's would (module doc)."""
+        if q.run is not run or q.attempt is not a or now >= q.until \
+                or q.flags_epoch != self._flags_epoch or q.observed != _OBSERVED(info):
+            return False
+        if q.trust_epoch != self._trust_epoch \
+                and q.trusted != ((run.run_id, a.attempt) in self._trusted_intents):
+            return False
+        if q.paths and tuple(map(_signature, q.paths)) != q.sigs:
+            return False
+        if q.due < self._quiet_min:
+            self._quiet_min = q.due
+        return True
+
+    def _watched_files(self, run: Run, a: Attempt) -> core.RunFiles:
+        """Progress and the straggler report of a watched attempt: read again only when one
+        of them changed since the last read (module doc)."""
+        paths = self._paths.get(run.run_id)
+        if paths is None:
+            rd = RunDir(Path(run.spec["run_dir"]))
+            paths = self._paths[run.run_id] = (str(rd.progress), str(rd.straggler_report))
+        wall = time.time_ns()
+        sigs = tuple(_signature(p) for p in paths)
+        seen = self._watched.get(run.run_id)
+        if seen is not None and seen.sigs == sigs and seen.settled:
+            return seen.files
+        files = read_run_files(Path(run.spec["run_dir"]), a.attempt, ending=False)
+        settled = all(_settled(sig, wall) for sig in sigs)
+        self._watched[run.run_id] = _Watched(paths, sigs, files, settled)
+        return files
 
     def _gather(self, what: frozenset[str], kind: str, backend: SchedulerBackend, run: Run,
                 a: Attempt, facts: core.Facts) -> core.Facts:  # fmt: skip
@@ -313,9 +565,10 @@ class Reconciler:
         if "previous" in what:
             got.update(previous=self.store.attempt_before(run.run_id, a.attempt),
                        previous_known=True)  # fmt: skip
-        if "files" in what or "watch_files" in what:
-            got["files"] = read_run_files(Path(run.spec["run_dir"]), a.attempt,
-                                          ending="files" in what)  # fmt: skip
+        if "files" in what:
+            got["files"] = read_run_files(Path(run.spec["run_dir"]), a.attempt, ending=True)
+        elif "watch_files" in what:
+            got["files"] = self._watched_files(run, a)
         return replace(facts, **got)
 
     def _execute(self, backend: SchedulerBackend, run: Run, a: Attempt,
@@ -355,7 +608,7 @@ class Reconciler:
                     else None  # fmt: skip
                 if refused is not None:  # stepped again after its batch refused the requeue
                     raise refused
-                self._plan(run, a, intent)
+                self._plan_action(run, a, intent)
             elif isinstance(intent, core.Requeued):
                 planned = self._batch.get((run.run_id, a.attempt))
                 if planned is not None:  # recorded once its job is released and started
@@ -378,7 +631,7 @@ class Reconciler:
         return current
 
     # ------------------------------------------------------- the batched actions
-    def _plan(self, run: Run, a: Attempt, intent: core.Intent) -> None:
+    def _plan_action(self, run: Run, a: Attempt, intent: core.Intent) -> None:
         key = (run.run_id, a.attempt)
         planned = self._batch.get(key)
         if planned is None:
@@ -521,7 +774,9 @@ class Reconciler:
                     trusted.append((run.run_id, r.attempt))
                 elif isinstance(r, core.Changed):
                     self.last_change = now
-        self._trusted_intents.update(trusted)
+        if trusted:
+            self._trusted_intents.update(trusted)
+            self._trust_epoch += 1
         for r in records:
             if isinstance(r, core.FlagNode) and r.reason.startswith("straggler"):
                 log.info("run %s: straggler node %s flagged", run.run_id, r.node)
@@ -560,6 +815,8 @@ class Reconciler:
         self._moved.setdefault(key, {})[read_at] = run.version
 
     def _write_flag(self, flag: core.FlagNode, now: float, run_id: str) -> None:
+        self._flags_stale = True  # read again before the next step
+        self._flags_epoch += 1  # no attempt is quiet under the flags as they were
         self.store.flag_node(NodeFlag(node=flag.node, reason=flag.reason, since=now,
                                       expires_at=None if flag.ttl_s is None else now + flag.ttl_s,
                                       run_id=run_id))  # fmt: skip

@@ -17,6 +17,17 @@ The intents are executed in order by the shell. The records (`Record`, `NewAttem
 transaction before the next action, so the intent to act is stored before acting; every
 action is safe to repeat (`reconcile` explains how).
 
+**Quiet attempts.** For an attempt whose job is seen as it was recorded (queued or
+running, the same state and nodes, no cancel: the watch path), when `step` decides nothing
+but when to look again (only `Wake` intents, or none), its intents depend on `now` only
+through those `Wake`s and the expiry of node flags (`active_flags`), and not on
+`facts.poll_interval` (read for an ending only). A look wake (`Wake.look`) is now plus a
+period, to read the run's files again: with the files unchanged, it decides nothing. So
+called again with the same attempt, job, run and facts, before the earliest `Wake` that is
+not a look and before the next flag expiry, `step` returns the same intents, the look wakes
+moved on by the time passed. The shell relies on this to skip such steps (`reconcile`,
+"Quiet attempts"); `tests/test_step_property.py` checks it.
+
 It lives in `ftslurm.daemon` beside `policy` (whose functions it calls) and `records` (the
 records it reads and returns), and like them does no I/O (checked by the architecture test).
 """
@@ -51,6 +62,9 @@ class Facts:
     files: RunFiles | None = None  # the run directory's reports about this attempt
     poll_interval: float = 1.0  # the loop's current interval (an ending seen one poll late)
     requeue_refused: bool = False  # the scheduler refused to requeue the attempt's job
+    # the run's settings as parsed (the shell parses them once per run version); None:
+    # `step` parses `run.settings` itself
+    settings: FtSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -180,9 +194,14 @@ class Signal:
 
 @dataclass(frozen=True)
 class Wake:
-    """Look at this attempt again no later than `at` (a signal due, a report to read)."""
+    """Look at this attempt again no later than `at` (a signal due, a report to read).
+
+    `look`: only to read the run's files again, `at` being the step's `now` plus a period
+    (the straggler report's interval); nothing falls due at `at` that unchanged files would
+    not show, and the next step sets it a period later again."""
 
     at: float
+    look: bool = False
 
 
 @dataclass(frozen=True)
@@ -320,6 +339,10 @@ def flag_node(node: str, why: str, flags: Sequence[NodeFlag], now: float,
     return FlagNode(node, why, ttl)
 
 
+def _settings(run: Run, facts: Facts) -> FtSettings:
+    return facts.settings if facts.settings is not None else FtSettings(**run.settings)
+
+
 def _budget(run: Run) -> Budget:
     return Budget(run.job_retries_used, dict(run.cause_counts), run.continuations,
                   run.stalled_continuations)  # fmt: skip
@@ -340,13 +363,13 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
         return [*out, Cancel(a.job_id or "")]
     if info.state is not JobState.RUNNING:
         return out
-    settings = FtSettings(**run.settings)
+    settings = _settings(run, facts)
     wants_report = settings.exclude_stragglers or settings.stop_if_straggler
     if facts.files is None and (wants_report or a.checkpoint_signal_at is None):
         return _need("watch_files")
     files = facts.files or RunFiles()
     flags = policy.straggler_flags(files.straggler_report, a.attempt, settings,
-                                   active_flags(facts, now))  # fmt: skip
+                                   active_flags(facts, now)) if files.straggler_report else ()
     if flags:
         moved = _straggler(a, info, run, facts, settings, flags, now)
         if moved is None:
@@ -354,10 +377,12 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
         out += moved
         if any(isinstance(i, NewAttempt) for i in moved):
             return out  # moved off a straggler: the requeue intent takes it from here
-    deadlines = [t for t in (policy.straggler_look_again(settings, now),
-                             _signal(a, info, run, files, settings, now, out)) if t is not None]
-    if deadlines:
-        out.append(Wake(min(deadlines)))
+    due = _signal(a, info, run, files, settings, now, out)
+    look = policy.straggler_look_again(settings, now)
+    if due is not None:
+        out.append(Wake(due))
+    if look is not None:
+        out.append(Wake(look, look=True))
     return out
 
 
@@ -433,7 +458,7 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
         started = _started(a, run, facts, max(info.start_time, now - facts.poll_interval))
         out += started
         run = next((i.run for i in started if isinstance(i, UpdateRun)), run)
-    settings = FtSettings(**run.settings)
+    settings = _settings(run, facts)
     files = facts.files
     nodes = tuple(info.nodes) or tuple(a.nodes)
     reports, launchers = list(files.rank_reports), list(files.node_reports)

@@ -121,6 +121,12 @@ _ATTEMPT_COLS = ("run_id", "attempt", "state", "job_id", "tag", "restart_count",
 _TERMINAL = tuple(s.value for s in RunState if s.is_terminal)
 
 
+def _chunks(items: list[str], size: int = 500) -> Iterator[list[str]]:
+    """`items` in slices small enough for one statement's parameters."""
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
 class StateError(PermanentError):
     """The state database cannot be used as asked (newer schema, missing or duplicate record,
     or sqlite failed)."""
@@ -416,11 +422,16 @@ class Store:
                 run.last_checkpoint_step, run.reason, int(run.cancel_requested))  # fmt: skip
 
     @staticmethod
-    def _run(row: sqlite3.Row) -> Run:
+    def _run(row: sqlite3.Row, shared: dict[str, Any] | None = None) -> Run:
+        text = row["settings"]
+        if shared is None:
+            settings = json.loads(text)
+        elif (settings := shared.get(text)) is None:
+            settings = shared[text] = json.loads(text)
         return Run(
             run_id=row["run_id"], name=row["name"], state=RunState(row["state"]),
             created_at=row["created_at"], spec=json.loads(row["spec"]),
-            settings=json.loads(row["settings"]), job_retries_used=row["job_retries_used"],
+            settings=settings, job_retries_used=row["job_retries_used"],
             cause_counts=json.loads(row["cause_counts"]), continuations=row["continuations"],
             stalled_continuations=row["stalled_continuations"],
             last_checkpoint_step=row["last_checkpoint_step"], reason=row["reason"],
@@ -493,6 +504,53 @@ class Store:
         rows = self._read("SELECT * FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY run_id",
                           (len(prefix), prefix))
         return [self._run(r) for r in rows]
+
+    def stamp(self) -> tuple[int, int]:
+        """What changes whenever anything is committed to the database: SQLite's
+        `data_version` (moves on a commit by any other connection, of this process or
+        another) and the rows this connection has written. Two equal stamps: nothing was
+        written between them, so what was read at the first still stands."""
+        with self._lock, sqlite_errors(self.path):
+            version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
+            return version, int(self._db.total_changes)
+
+    def active_heads(self) -> list[tuple[str, int, int | None, int | None]]:
+        """For every run not in a terminal state, oldest first: (run id, its version, the
+        number and version of its latest attempt, or None, None). One query that decodes
+        nothing: a reader that keeps the records it read can tell which ones changed."""
+        with self._lock, sqlite_errors(self.path):
+            cur = self._db.execute(
+                "SELECT r.run_id, r.version, a.attempt, a.version FROM runs r "
+                "LEFT JOIN attempts a ON a.run_id = r.run_id AND a.attempt = "
+                "(SELECT max(attempt) FROM attempts WHERE run_id = r.run_id) "
+                f"WHERE r.state NOT IN ({','.join('?' * len(_TERMINAL))}) "
+                "ORDER BY r.created_at, r.run_id", _TERMINAL)  # fmt: skip
+            cur.row_factory = None  # plain tuples: this is read often and in bulk
+            return cur.fetchall()
+
+    def runs_by_id(self, run_ids: Iterable[str],
+                   shared: dict[str, Any] | None = None) -> dict[str, Run]:  # fmt: skip
+        """The runs of these ids (those that exist), read in a few queries. `shared`: JSON
+        text of settings -> its decoded dict, filled as it goes: runs whose settings are
+        the same text get the same dict (the caller changes none in place)."""
+        out: dict[str, Run] = {}
+        for chunk in _chunks(list(run_ids)):
+            rows = self._read(f"SELECT * FROM runs WHERE run_id IN ({','.join('?' * len(chunk))})",
+                              tuple(chunk))  # fmt: skip
+            out.update((r["run_id"], self._run(r, shared)) for r in rows)
+        return out
+
+    def latest_attempts(self, run_ids: Iterable[str]) -> dict[str, Attempt]:
+        """The latest attempt of each of these runs (those that have one), in a few queries."""
+        out: dict[str, Attempt] = {}
+        for chunk in _chunks(list(run_ids)):
+            rows = self._read(
+                "SELECT a.* FROM attempts a WHERE a.run_id IN "
+                f"({','.join('?' * len(chunk))}) AND a.attempt = "
+                "(SELECT max(attempt) FROM attempts WHERE run_id = a.run_id)",
+                tuple(chunk))  # fmt: skip
+            out.update((r["run_id"], self._attempt(r)) for r in rows)
+        return out
 
     def list_runs(self, active_only: bool = False) -> list[Run]:
         """All runs (or those not yet in a terminal state), oldest first."""
