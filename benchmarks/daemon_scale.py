@@ -439,6 +439,8 @@ def measure(n: int, kind: str, cycles: int, flags: int) -> dict[str, Any]:
         reconciler.cycle()
         _, traced_peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
+        gc.collect()
+        rss_now = _rss_now_mib()  # the daemon as it runs on (the set-up's peak is behind it)
         backend.take()
         flagged: dict[str, Any] | None = None
         if flags:  # nodes kept out of later attempts, as after failures or stragglers
@@ -477,9 +479,19 @@ def measure(n: int, kind: str, cycles: int, flags: int) -> dict[str, Any]:
         "daemon_cpu_s": statistics.median(c - b for c, b in zip(cpu, inside, strict=True)),
         "cycle_tracemalloc_peak_mib": traced_peak / 2**20,
         "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_steady_mib": rss_now,
         "flagged": flagged,
         "churn": churn,
     }
+
+
+def _rss_now_mib() -> float:
+    """This process's resident memory now (Linux: /proc/self/statm), else its peak."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return pages * resource.getpagesize() / 2**20
 
 
 # ---------------------------------------------------------------------------- driver
@@ -553,7 +565,8 @@ def print_tables(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
         "in backend ms",
         "daemon CPU µs/run",
         "tracemalloc MiB",
-        "peak RSS MiB",
+        "RSS MiB after the cycles",
+        "peak RSS MiB (set-up included)",
     ):
         t.add_column(col, justify="left" if "commands" in col or col == "backend" else "right")
     for r in rows:
@@ -570,6 +583,7 @@ def print_tables(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
             f"{r['backend_cpu_s'] * 1e3:.1f}",
             f"{r['daemon_cpu_s'] / r['runs'] * 1e6:.1f}",
             f"{r['cycle_tracemalloc_peak_mib']:.1f}",
+            f"{r['rss_steady_mib']:.0f}",
             f"{r['rss_peak_mib']:.0f}",
         )
     console.print(t)
