@@ -140,19 +140,21 @@ class ModelBackend(OneJobPerCommand):
                 if j.comment and j.comment.startswith(prefix) and j.state.is_active]
 
 
-def running_on_the_model(tmp: Path, nodes: int) -> tuple[ModelBackend, Store, Reconciler]:
-    """Run "r0" (2 retries, no checkpoint signal) submitted by an in-process daemon and seen
-    running on the mock's model, after five cycles of a virtual clock."""
+def running_on_the_model(tmp: Path, nodes: int, settings: FtSettings | None = None,
+                         cycles: int = 5) -> tuple[ModelBackend, Store, Reconciler]:  # fmt: skip
+    """Run "r0" (by default 2 retries, no checkpoint signal; 10 minutes) submitted by an
+    in-process daemon and seen running on the mock's model, after `cycles` cycles of a
+    virtual clock."""
     backend = ModelBackend()
     store = Store(tmp / "home")
-    ft = FtSettings(num_job_retries_on_failure=2, preempt_time=0)
+    ft = settings or FtSettings(num_job_retries_on_failure=2, preempt_time=0)
     spec = make_spec(Recipe(command=["true"], nodes=nodes, time="10:00"), run_dir=tmp / "run",
                      backend="mock", workdir=str(tmp), mock_home=tmp / "mock")  # fmt: skip
     run, first = new_run_record("r0", "r0", spec, ft, backend.now)
     store.add_run(run)
     store.add_attempt(first)
     rec = Reconciler(store, lambda _kind: backend, clock=lambda: backend.now)
-    for _ in range(5):
+    for _ in range(cycles):
         rec.cycle()
         backend.now += 1
     return backend, store, rec

@@ -14,15 +14,13 @@ from ftslurm.core.contract import RunDir
 from ftslurm.core.settings import FtSettings
 from ftslurm.daemon import reconcile
 from ftslurm.daemon import step as core
-from ftslurm.daemon.reconcile import Reconciler, new_run_record
+from ftslurm.daemon.reconcile import Reconciler
 from ftslurm.daemon.records import AttemptState
 from ftslurm.daemon.store import Store
-from ftslurm.daemon.submission import make_spec
 from ftslurm.daemon.user_requests import nodes_add
 from ftslurm.fsutil import write_json_atomic
-from ftslurm.recipe import Recipe
 
-from .test_reconcile_property import ModelBackend
+from .test_reconcile_property import ModelBackend, running_on_the_model
 
 
 class Counted:
@@ -55,17 +53,7 @@ def watched_run(tmp: Path, monkeypatch: pytest.MonkeyPatch,
     daemon; files count as settled at once (no file is changed within a timestamp tick
     here: each rewrite is a new file)."""
     monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
-    backend = ModelBackend()
-    store = Store(tmp / "home")
-    spec = make_spec(Recipe(command=["true"], nodes=1, time="10:00"), run_dir=tmp / "run",
-                     backend="mock", workdir=str(tmp), mock_home=tmp / "mock")  # fmt: skip
-    run, first = new_run_record("r0", "r0", spec, FtSettings(**settings), backend.now)
-    store.add_run(run)
-    store.add_attempt(first)
-    rec = Reconciler(store, lambda _kind: backend, clock=lambda: backend.now)
-    for _ in range(3):
-        rec.cycle()
-        backend.now += 1
+    backend, store, rec = running_on_the_model(tmp, 1, FtSettings(**settings), cycles=3)
     assert store.latest_attempt("r0").state is AttemptState.RUNNING  # type: ignore[union-attr]
     run_dir = RunDir(tmp / "run")
     run_dir.stragglers.mkdir(parents=True)  # the model runs no process that would make it
