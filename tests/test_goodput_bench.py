@@ -232,7 +232,9 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
         assert [r["queue_wait_s"] for r in entry["runs"]] == [0, 600]
         for one in entry["runs"]:
             bound = one["bounds"]["today"]
-            assert 0 < one["bounds"]["strict"]["ettr"] <= bound["ettr"] <= 1
+            # which bound is lower depends on the trace (a short one may hold no lemon
+            # failure): test_strict_bound_is_below_todays_with_the_published_rates
+            assert 0 < one["bounds"]["strict"]["ettr"] <= 1 and 0 < bound["ettr"] <= 1
             assert set(one["policies"]) == set(out["policies"])
             for p in one["policies"].values():
                 assert set(p["lost_s"]) == set(out["causes"])
