@@ -196,3 +196,23 @@ def test_a_failed_node_is_seen_through_a_quiet_attempt(tmp_path, monkeypatch):
     backend.now += backend.st.config.slurmd_timeout_s + 5
     rec.cycle()
     assert store.attempts("r0")[0].cause == "node_fail"
+
+
+def test_the_hung_rank_named_is_the_first_silent_whatever_node_judged_later(tmp_path):
+    """Each node's launcher judges its ranks when the stop reaches it: a node that judged
+    3 s later sees its rank (stuck behind the hung one) silent longer, though it went
+    silent after. The rank named is the one whose last sign of life came first."""
+    from ftslurm.daemon.reconcile import hung_at_stop
+
+    folder = tmp_path / "attempt"
+    folder.mkdir()
+    paths = RunDir(tmp_path)
+    write_json_atomic(folder / paths.hung_node(0, 0).name, {
+        "node_rank": 0, "node": "n1", "time": 1000.0,
+        "hung": [{"rank": 1, "local_rank": 1, "section": "step", "reason": "silent",
+                  "silent_s": 10.0}]})  # fmt: skip  # last sign of life at 990
+    write_json_atomic(folder / paths.hung_node(0, 1).name, {
+        "node_rank": 1, "node": "n2", "time": 1003.0,
+        "hung": [{"rank": 3, "local_rank": 1, "section": "step", "reason": "silent",
+                  "silent_s": 12.0}]})  # fmt: skip  # last sign of life at 991
+    assert hung_at_stop(folder).startswith("rank 1 (node n1) hung in section 'step'")

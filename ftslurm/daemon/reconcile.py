@@ -878,16 +878,19 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool) -> core.RunFile
 
 def hung_at_stop(folder: Path) -> str:
     """The rank the launchers found hung when the attempt was told to stop, in words, or
-    "": of several (a rank waiting on a hung peer looks hung too), the one silent longest."""
+    "": of several (a rank waiting on a hung peer looks hung too), the one whose last sign
+    of life came first. Each node's launcher judges when the stop reaches it, so silences
+    measured on two nodes are compared as times: the report's time less the silence."""
     found = []
     for path in folder.glob(HUNG_NODE_REPORTS):
         report = read_json(path) or {}
+        judged = float(report.get("time") or 0.0)
         for h in report.get("hung") or []:
             if isinstance(h, dict):
-                found.append((float(h.get("silent_s") or 0.0), report.get("node"), h))
+                found.append((judged - float(h.get("silent_s") or 0.0), report.get("node"), h))
     if not found:
         return ""
-    _, node, h = max(found, key=lambda f: f[0])
+    _, node, h = min(found, key=lambda f: f[0])
     rank = h.get("rank") if h.get("rank") is not None else f"local {h.get('local_rank')}"
     where = f" in section {h['section']!r}" if h.get("section") else ""
     return f"rank {rank} (node {node}) hung{where} when the job was told to stop: " \
