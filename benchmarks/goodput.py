@@ -689,6 +689,7 @@ class Campaign:
         self.rec = shell(self.store, lambda _kind: self.backend, clock=lambda: self.c.now)
         self.r = Result()
         self.runs: list[str] = []  # the run ids, oldest first (more after a resubmission)
+        self.ended_runs: set[str] = set()  # runs that ended with nobody to submit them again
         self.act_now = False  # the tool's job ended (or a person resubmits): act at once
         self.humans = 0  # resubmissions by hand so far
         self.jid: str | None = None  # the job of the current allocation
@@ -774,7 +775,9 @@ class Campaign:
         if run is None or not run.state.is_terminal or self.resubmit_at is not None:
             return
         if not self.pol.human_resubmit or run.state is not RunState.FAILED:
-            self.r.count(f"run_{run.state.value.lower()}")
+            if run.run_id not in self.ended_runs:  # the run is over: nobody submits again
+                self.ended_runs.add(run.run_id)
+                self.r.count(f"run_{run.state.value.lower()}")
             return
         now = self.c.now
         delays = self.trace.human_delays_s
