@@ -236,3 +236,20 @@ def test_job_info_is_the_same_as_constructed():
         info = model.job_info(job, T0 + 2, from_accounting=accounting)
         assert set(vars(info)) == names
         assert info == JobInfo(**{name: getattr(info, name) for name in names})
+
+
+def test_a_tick_that_ends_a_job_at_its_limit_writes_it_for_the_other_processes(tmp_path):
+    """The controller's tick that finds a job at its time limit signals it and writes the
+    ending, so every other process (a CLI, the daemon) sees it ending."""
+    now = [T0]
+    controller = MockScheduler(tmp_path, clock=lambda: now[0])
+    job = controller.submit("#!/bin/bash\nsleep 60\n",
+                            JobOptions(time_limit="0:05", workdir=str(tmp_path)))  # fmt: skip
+    try:
+        assert controller.query([job])[job].state is JobState.RUNNING
+        now[0] += 10  # past the limit
+        controller.tick()
+        other = MockScheduler(tmp_path, clock=lambda: now[0])
+        assert other.query([job])[job].state is not JobState.RUNNING
+    finally:
+        procs.reap(controller.store.job_dir(job))

@@ -50,21 +50,28 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
         self.clock = clock
 
     # ------------------------------------------------------------------ the core
-    def _op(self, fn: Callable[[MockState, float], tuple[T, list[model.Effect]]]) -> T:
+    def _op(self, fn: Callable[[MockState, float], tuple[T, list[model.Effect]]],
+            read_only: bool = False) -> T:  # fmt: skip
+        """One operation in one transaction. The state is written back after every
+        operation that may change it; a read-only one (a query, a listing) writes only when
+        the cluster moved meanwhile (an exit seen, an effect, a counted change)."""
         with self.store.transaction() as st:
             now = self.clock()
             counted = model.changes()
-            effects = model.advance(st, now, self._exited(st))
+            exited = self._exited(st)
+            effects = model.advance(st, now, exited)
             result, more = fn(st, now)
             effects += more
             if model.changes() != counted:  # unchanged, advancing again would change nothing
                 effects += model.advance(st, now, {})  # e.g. a new job may start at once
+            if not read_only or exited or effects:  # an in-place change is not counted:
+                model.mark_changed()  # write, as any operation that may change the state
             self._carry_out(st, effects)
             return result
 
     def tick(self) -> float | None:
         """Advance the cluster to now; return when the next timed event is due."""
-        return self._op(lambda st, now: (model.next_event_time(st), []))
+        return self._op(lambda st, now: (model.next_event_time(st), []), read_only=True)
 
     def _exited(self, st: MockState) -> dict[str, model.Exited]:
         exited: dict[str, model.Exited] = {}
@@ -157,13 +164,14 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
 
     def query(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
         ids = list(dict.fromkeys(str(j) for j in job_ids))
-        return self._op(lambda st, now: (model.query(st, ids, now), []))
+        return self._op(lambda st, now: (model.query(st, ids, now), []), read_only=True)
 
     def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
-        return self._op(lambda st, now: (model.find_jobs(st, comment, since, now), []))
+        return self._op(lambda st, now: (model.find_jobs(st, comment, since, now), []),
+                        read_only=True)  # fmt: skip
 
     def active_jobs(self) -> list[JobInfo]:
-        return self._op(lambda st, now: (model.active_jobs(st, now), []))
+        return self._op(lambda st, now: (model.active_jobs(st, now), []), read_only=True)
 
     def cancel(self, job_id: str) -> None:
         self._op(lambda st, now: (None, model.cancel(st, str(job_id), now)))
@@ -184,10 +192,10 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
         self._op(lambda st, now: (None, model.send_signal(st, str(job_id), sig, target)))
 
     def nodes(self) -> list[NodeInfo]:
-        return self._op(lambda st, now: (model.node_infos(st), []))
+        return self._op(lambda st, now: (model.node_infos(st), []), read_only=True)
 
     def cluster_facts(self) -> ClusterFacts:
-        return self._op(lambda st, now: (model.cluster_facts(st), []))
+        return self._op(lambda st, now: (model.cluster_facts(st), []), read_only=True)
 
     # ------------------------------------------------------------ fault controls
     def fail_node(self, node: str) -> None:

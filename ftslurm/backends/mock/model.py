@@ -63,6 +63,11 @@ def _changed() -> None:
     _changes += 1
 
 
+def mark_changed() -> None:
+    """Count a change the fields did not see (a list or dict changed in place)."""
+    _changed()
+
+
 class _Counted(BaseModel):
     """A model whose field assignments count as changes when the value differs."""
 
