@@ -724,7 +724,7 @@ def test_settings_defaults():
         "out_of_section_timeout": 300, "initial_timeout": 1800, "hang_warmup_steps": 20,
         "grace_s": 120, "straggler_report_interval_s": 60, "straggler_threshold": 0.75,
         "straggler_windows": 3, "straggler_reference": "best", "exclude_stragglers": True,
-        "stop_if_straggler": False, "peer_timeout_s": 20,
+        "stop_if_straggler": False, "peer_timeout_s": 20, "spare_nodes": 0,
     }  # fmt: skip
 
 

@@ -104,6 +104,10 @@ class FtSettings(BaseModel):
     # each other's leases in the run directory; a node silent this long is reported lost
     # (`attempts/<k>/peer-lost-<n>.json`), well before Slurm's SlurmdTimeout.
     peer_timeout_s: float = Field(DEFAULT_PEER_TIMEOUT_S, gt=0)
+    # Hot spares (ftslurm.core.recovery): the job asks for `nodes` + `spare_nodes` nodes
+    # with --no-kill and trains on `nodes`; a lost, hung or straggling node is replaced by
+    # a spare inside the same job (an in-job restart), until the spares are used up.
+    spare_nodes: int = Field(0, ge=0)
     # Straggler detection (ftslurm.agent.straggler): each rank's step times are published
     # every `straggler_report_interval_s`; a node whose ranks score below
     # `straggler_threshold` in `straggler_windows` consecutive windows is persistent: it is
