@@ -27,7 +27,7 @@ its own, whatever the outcome) is never lost. A node whose lease was never read 
 with every core busy, still rewrites its lease several times per timeout: its launcher
 sleeps between polls, and a sleeping thread is woken ahead of busy ones.
 
-**The report** (`RunDir.peer_lost`, `attempts/<k>/peer-lost-<n>.json`, `n` the lost
+**The report** (`RunDir.peer_lost`, `attempts/<k>/recovery/lost-<n>.json`, `n` the lost
 node's rank) names the lost node (`lost_node_rank`, `lost_node`), when it was last heard
 (`last_heard`: the reporter's wall time of the read that last saw its counter change,
 null if never; `lease_time`: the wall time the lost node wrote in that lease), how long it
@@ -141,7 +141,7 @@ def poll_interval(timeout: float) -> float:
 
 def loss_report(seen: Seen, *, now: float, wall: float, timeout: float, me: int, node: str,
                 job_id: str, attempt: int) -> dict[str, Any]:  # fmt: skip
-    """The content of `peer-lost-<n>.json` (pure)."""
+    """The content of `recovery/lost-<n>.json` (pure)."""
     return {"lost_node_rank": seen.node_rank,
             "lost_node": seen.lease.node if seen.lease else None,
             "last_heard": seen.heard_at,
@@ -207,6 +207,7 @@ class PeerWatch:
         path = self.run.peer_lost(self.attempt, seen.node_rank)
         if path.exists():  # another launcher saw it first
             return
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, loss_report(
             seen, now=now, wall=wall, timeout=self.timeout, me=self.node_rank, node=self.node,
             job_id=self.job_id, attempt=self.attempt))  # fmt: skip

@@ -115,7 +115,10 @@ DEFAULT_CHECKPOINT_DIR = "checkpoints"  # relative to the working directory, wit
 RANK_REPORTS = "rank-*.json"  # in an attempt's folder (RunDir.attempt) or stragglers/
 NODE_REPORTS = "node-*.json"
 HUNG_NODE_REPORTS = "hung-node-*.json"
-PEER_LOST_REPORTS = "peer-lost-*.json"  # in an attempt's folder (RunDir.peer_lost)
+# In an attempt's recovery folder (RunDir.recovery): what the daemon must see at once.
+PEER_LOST_REPORTS = "lost-*.json"  # RunDir.peer_lost
+ROUND_RECORDS = "round-*.json"  # RunDir.round_record
+BENCHED_RECORDS = "benched-*.json"  # RunDir.benched
 CHECKPOINT_MANIFEST = re.compile(r"step-(\d+)\.json")  # ftslurm.checkpoint's manifests
 
 
@@ -182,12 +185,34 @@ class RunDir:
         launchers can tell a lost node from a live one."""
         return self.attempt(attempt) / f"peer-lease-{node_rank}.json"
 
+    def recovery(self, attempt: str | int) -> Path:
+        """The folder of what a loss inside the attempt's allocation left: the peer-loss
+        reports, the in-job rounds after the first, the nodes that stepped out. One folder,
+        so the daemon looks at one directory's stat each poll to know whether any is new
+        (the leases, rewritten every poll, live outside it)."""
+        return self.attempt(attempt) / "recovery"
+
     def peer_lost(self, attempt: str | int, node_rank: int) -> Path:
         """A launcher's report that node `node_rank` fell silent for `peer_timeout_s`
         (JSON: lost_node_rank, lost_node, last_heard, lease_time, silent_s,
         peer_timeout_s, reported_by, reported_by_node_rank, time, job_id, attempt; the
         first launcher to see it writes it, see `ftslurm.agent.peers`)."""
-        return self.attempt(attempt) / f"peer-lost-{node_rank}.json"
+        return self.recovery(attempt) / f"lost-{node_rank}.json"
+
+    def round_record(self, attempt: str | int, round_: int) -> Path:
+        """In-job round `round_` (1, 2, ...: the ranks restarted inside the allocation),
+        written by the launcher of global rank 0 when the round's ranks start and again at
+        their first step (JSON: round, started_at, first_step_at (null until a rank
+        reports a step; stays null for a script without the rank agent), step, world_size,
+        nnodes_active, spares_left, why (the launcher's words for the restart), lost
+        (node names replaced by a spare in this round), job_id, attempt)."""
+        return self.recovery(attempt) / f"round-{round_}.json"
+
+    def benched(self, attempt: str | int, node_rank: int) -> Path:
+        """A node whose launcher took itself out of the training so that a spare replaces
+        it (JSON: node_rank, node, why ("hang", "straggler"), time, job_id, attempt): the
+        daemon flags it for later attempts like a lost node."""
+        return self.recovery(attempt) / f"benched-{node_rank}.json"
 
     def fired(self, rank: int) -> Path:
         """The fault injections rank `rank` carried out in this run."""

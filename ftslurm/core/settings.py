@@ -102,7 +102,7 @@ class FtSettings(BaseModel):
     grace_s: float = Field(DEFAULT_GRACE_S, gt=0)
     # Peer-loss detection (ftslurm.agent.peers): the launchers of a multi-node job watch
     # each other's leases in the run directory; a node silent this long is reported lost
-    # (`attempts/<k>/peer-lost-<n>.json`), well before Slurm's SlurmdTimeout.
+    # (`attempts/<k>/recovery/lost-<n>.json`), well before Slurm's SlurmdTimeout.
     peer_timeout_s: float = Field(DEFAULT_PEER_TIMEOUT_S, gt=0)
     # Hot spares (ftslurm.core.recovery): the job asks for `nodes` + `spare_nodes` nodes
     # with --no-kill and trains on `nodes`; a lost, hung or straggling node is replaced by
