@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import stat
 import threading
 import time
@@ -160,3 +161,14 @@ def test_sbatch_reads_the_rendered_header_and_the_new_flags(backend, jobs, tmp_p
     info = wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
     assert info.state is JobState.COMPLETED
     assert (info.name, info.comment, info.nodes) == (name, "x # y", ("n2",))
+
+
+def test_the_cluster_runs_a_while_with_another_slurmd_timeout(slurm_cluster):
+    def shown() -> str:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                             env=slurm_cluster.env(), check=True).stdout
+        return next(line.split("=")[1].strip() for line in out.splitlines()
+                    if line.startswith("SlurmdTimeout"))
+    with slurm_cluster.slurmd_timeout(300):
+        assert shown() == "300 sec"
+    assert shown() == f"{slurm_cluster.layout.slurmd_timeout} sec"

@@ -14,6 +14,7 @@ It must run as root (it starts daemons as root and as the munge/mysql users).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -22,8 +23,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftslurm.errors import FtslurmError
@@ -281,6 +282,21 @@ class LocalCluster:
         self._start_slurmd(node)
         self._run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
         self.wait_nodes_idle([node], timeout=timeout)
+
+    @contextlib.contextmanager
+    def slurmd_timeout(self, seconds: int) -> Iterator[None]:
+        """Run with Slurm's `SlurmdTimeout` at `seconds` (e.g. its default, 300), then put
+        back the layout's: slurm.conf is rewritten and `scontrol reconfigure` applies it at
+        once (verified on 22.05: `scontrol show config` shows the new value)."""
+        self._reconfigure(replace(self.layout, slurmd_timeout=seconds))
+        try:
+            yield
+        finally:
+            self._reconfigure(self.layout)
+
+    def _reconfigure(self, layout: ClusterLayout) -> None:
+        layout.slurm_conf.write_text(render_slurm_conf(layout))
+        self._run(["scontrol", "reconfigure"])
 
     def stop_controller(self, timeout: float = 30) -> None:
         """Stop slurmctld (its state is kept on disk); clients then cannot reach it."""
