@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
