@@ -91,7 +91,26 @@ Policies
             work since the last checkpoint is lost, as a requeue's SIGTERM + KillWait 30 s
             leaves no time to save). In the core: the `Reconciler` itself, unchanged,
             with FTSLURM's settings; its signal lead comes from the save time the job
-            reports in progress.json.
+            reports in progress.json. A dead node is reported by the survivors'
+            launchers PEER_DETECT_S (peer_timeout_s 20 s + one 3.3 s poll;
+            ftslurm.agent.peers) after it died, as `recovery/lost-<n>.json`; the daemon
+            then ends the job and submits a new one without the node, without waiting for
+            SlurmdTimeout (a cancelled job frees its live nodes at once; a requeued one would
+            stay COMPLETING on the dead node until SlurmdTimeout:
+            tests/data/lost_node_cancel_resubmit_22.05.txt).
+  ftslurm, Slurm detects
+            The same, without the launchers' peer-loss detection (ftslurm before it): a dead
+            node is known only from Slurm's NODE_FAIL after SlurmdTimeout.
+  ftslurm + spares
+            ftslurm with `spare_nodes` K = spares_for(N) = 0.25% of N, at least 1 (assumed):
+            each allocation holds N + K nodes (--no-kill) and trains on N. When the
+            launchers report an active node lost, the survivors take a spare in and restart
+            the ranks inside the job from the last checkpoint (the restart cost u0, no
+            requeue, no queue wait q), under the one rule the daemon follows too
+            (`ftslurm.core.recovery`: not the batch host, no more lost than spares); a lost
+            idle spare leaves one fewer; past that the job ends and a new one runs, as
+            above. The spares' cost is reported beside their gain: K idle node-hours per
+            hour held, against the productive node-hours gained over ftslurm without them.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
   needs ~36 continuations, and whoever plans one raises submitit's max_num_timeout=3,
   NeMo's num_job_retries_on_failure=2 and ftslurm's 2 (ftslurm gets the same treatment).
@@ -146,8 +165,9 @@ Where the wall time goes (the categories add up to the wall time):
   lost work   work computed, then lost to an interruption (redone later)
   startup     start-up and checkpoint loading, at every start and in-job restart
   checkpoint  blocking checkpoint writes, periodic and on a signal
-  detection   nobody has acted yet: a dead node until Slurm notices, a crashed rank until
-              the launcher sees it, an ended job until the daemon's next look
+  detection   nobody has acted yet: a dead node until Slurm or the launchers notice it, a
+              crashed rank until the launcher sees it, an ended job until the daemon's next
+              look
   hung        a hang until a watchdog or heartbeat timeout fires
   requeue     back in the queue: the requeue delay, then waiting for nodes
   human       a failed job waiting for a person to resubmit it (submitit)
@@ -219,11 +239,13 @@ from typing import Any
 from ftslurm.agent.heartbeat import Timeouts
 from ftslurm.agent.launch import decide_outcome, tightened
 from ftslurm.agent.launch import parse_args as launcher_args
+from ftslurm.agent.peers import poll_interval
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, NodeStatus
 from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualBackend, VirtualCluster
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.core.contract import ExitCode, RunDir
+from ftslurm.core.recovery import Recovery, recovery
 from ftslurm.core.settings import Cause, FtSettings
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy as ftpolicy
@@ -302,6 +324,12 @@ FTSLURM_HANG_TIMEOUT_S = tightened(Timeouts(sections={"setup": FTSLURM_SETUP_TIM
                                    ).sections["step"]  # fmt: skip  # max(30, 3 x 10 s)
 FTSLURM_SIGNAL_LEAD_S, _ = ftpolicy.checkpoint_lead(FTSLURM.preempt_time, CHECKPOINT_COST_S)
 # (at the default w; `policies(setup)` computes it for the setup's w)
+# Peer-loss detection (ftslurm.agent.peers): a node's launcher silent for peer_timeout_s is
+# reported by a neighbour at its next poll (peer_timeout_s / 6): 20 + 3.3 s.
+PEER_DETECT_S = FTSLURM.peer_timeout_s + poll_interval(FTSLURM.peer_timeout_s)
+# Hot spares per active node (assumed): 0.25%, at least one, about the node failures one
+# 20-h allocation of 2048 nodes meets at the trace's rates (lemons included at first).
+SPARE_SHARE = 0.0025
 DAEMON_POLL_S = 60.0  # the daemon looks at least this often (next_poll_interval's ceiling)
 DAEMON_FAST_POLL_S = 1.0  # ... and this soon after its own action (its floor)
 
@@ -575,6 +603,9 @@ class Policy:
     startup_hang_timeout_s: float  # same, for a hang during start-up
     crash_detect_s: float  # an in-job launcher sees a dead rank after this
     human_resubmit: bool = False  # a failed run is submitted again by a person
+    # the launchers report a lost node within PEER_DETECT_S (ftslurm.agent.peers); else
+    # only Slurm's NODE_FAIL after SlurmdTimeout tells of it
+    peer_detect: bool = False
     # the tool's default stop after this many consecutive failed attempts; the simulated
     # budget is unlimited, and the campaign counts how often this default would have stopped
     default_failure_budget: int | None = None
@@ -592,10 +623,21 @@ SUBMITIT = tool_settings(use_launcher=False,
 NEMO = tool_settings(num_in_job_restarts=NEMO_IN_JOB_RESTARTS)
 
 
-def policies(setup: JobSetup = JobSetup()) -> tuple[Policy, ...]:
-    """The four policies (ftslurm's checkpoint signal lead follows w through the core:
-    the daemon reads the save time the job reports)."""
+def spares_for(nodes: int) -> int:
+    """How many hot spares the spares policy asks for beside `nodes` active nodes."""
+    return max(1, round(SPARE_SHARE * nodes))
+
+
+def policies(setup: JobSetup = JobSetup(), nodes: int = 0) -> tuple[Policy, ...]:
+    """The policies (ftslurm's checkpoint signal lead follows w through the core: the
+    daemon reads the save time the job reports); the spares policy asks for
+    `spares_for(nodes)` spares."""
     del setup  # every policy is the same for any job setup
+    ftslurm = Policy("ftslurm", "ftslurm", FTSLURM, daemon=True, signal=None, launcher=True,
+                     save_on_preempt=True,
+                     hang_timeout_s=FTSLURM_HANG_TIMEOUT_S + FTSLURM_MONITOR_S,
+                     startup_hang_timeout_s=FTSLURM_SETUP_TIMEOUT_S + FTSLURM_MONITOR_S,
+                     crash_detect_s=FTSLURM_MONITOR_S, peer_detect=True)  # fmt: skip
     return (
         Policy("plain", "plain requeue", PLAIN, daemon=False, signal=None, launcher=False,
                save_on_preempt=False, hang_timeout_s=NCCL_WATCHDOG_S,
@@ -610,10 +652,10 @@ def policies(setup: JobSetup = JobSetup()) -> tuple[Policy, ...]:
                startup_hang_timeout_s=NEMO_INITIAL_HEARTBEAT_S + NVRX_CHECK_INTERVAL_S,
                crash_detect_s=NVRX_MONITOR_S,
                default_failure_budget=NEMO_JOB_RETRIES_ON_FAILURE),
-        Policy("ftslurm", "ftslurm", FTSLURM, daemon=True, signal=None, launcher=True,
-               save_on_preempt=True, hang_timeout_s=FTSLURM_HANG_TIMEOUT_S + FTSLURM_MONITOR_S,
-               startup_hang_timeout_s=FTSLURM_SETUP_TIMEOUT_S + FTSLURM_MONITOR_S,
-               crash_detect_s=FTSLURM_MONITOR_S),
+        replace(ftslurm, key="ftslurm_slurm", label="ftslurm, Slurm detects", peer_detect=False),
+        ftslurm,
+        replace(ftslurm, key="ftslurm_spares", label="ftslurm + spares",
+                settings=FTSLURM.model_copy(update={"spare_nodes": spares_for(nodes)})),
     )  # fmt: skip
 
 
@@ -640,6 +682,7 @@ class Result:
     productive_s: float = 0.0
     lost_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
     counts: dict[str, int] = field(default_factory=dict)
+    spare_node_s: float = 0.0  # node-seconds the hot spares were held idle
 
     def count(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
@@ -694,7 +737,12 @@ class Campaign:
         self.humans = 0  # resubmissions by hand so far
         self.jid: str | None = None  # the job of the current allocation
         # the current run and allocation
-        self.alloc: list[str] = []
+        self.alloc: list[str] = []  # its nodes in node-rank order (node rank 0: batch host)
+        self.active: list[str] = []  # the nodes training (the rest are hot spares)
+        self.spares: list[str] = []  # idle spares, next to take over first
+        self.lost: set[int] = set()  # node ranks of the allocation reported lost
+        self.alloc_since: float | None = None  # when the allocation began (None: none)
+        self.alloc_until = 0.0  # when its last run ended
         self.alloc_serial = 0
         self.run_serial = 0
         self.run_start = 0.0
@@ -817,9 +865,18 @@ class Campaign:
                 elif e.kind == "ended" and e.data.get("cause") != Cause.STRAGGLER.value:
                     self.r.count("nodes_excluded", len(e.data.get("excluded") or []))
 
+    def _spares_held(self, until: float) -> None:
+        """Charge the spares of the allocation (idle, held from its start to its last run's
+        end, or `until` while a run is in flight)."""
+        if self.alloc_since is not None:
+            spares = len(self.alloc) - len(self.active)
+            self.r.spare_node_s += spares * max(0.0, until - self.alloc_since)
+            self.alloc_since = None
+
     def _finish(self, now: float) -> None:
         """Account the end of the horizon: the run in flight, or the gap since the last."""
         b = self.c.breakdown(self.jid) if self.jid is not None else None
+        self._spares_held(now if b is not None else self.alloc_until)
         if b is not None:
             self._account(b, in_flight=True)
             return
@@ -895,13 +952,18 @@ class Campaign:
             self.in_job = False
         else:
             self._gap(jid, now)
+            self._spares_held(self.alloc_until)  # the last allocation's
             self.alloc = list(self.c.st.jobs[jid].nodes)
+            extra = max(0, len(self.alloc) - self.trace.nodes)  # the spares asked for
+            self.active, self.spares = self.alloc[:len(self.alloc) - extra], \
+                self.alloc[len(self.alloc) - extra:]
+            self.lost, self.alloc_since = set(), now
             self.alloc_serial += 1
             self.restarts_left = self.pol.in_job_restarts
             self.restarts_used = 0
             self.r.count("allocations")
             self._write_progress()
-            for node in self.alloc:
+            for node in self.active:
                 if self.slow.get(node):
                     self._watch_straggler(node, now)
         self._speed()
@@ -920,6 +982,7 @@ class Campaign:
 
     def _on_run_end(self, b: RunBreakdown) -> None:
         self._account(b)
+        self.alloc_until = b.ended
         self.last_end = b.ended
         self.stall = None
         self._write_progress()
@@ -941,7 +1004,7 @@ class Campaign:
         job = self.c.st.jobs.get(self.jid or "")
         run = self.c.runs.get(self.jid or "")
         return (job is not None and job.state is JobState.RUNNING and run is not None
-                and run.saved_on_exit is None and (node is None or node in job.nodes))
+                and run.saved_on_exit is None and (node is None or node in self.active))
 
     def _fault(self, f: Fault) -> None:
         st, now = self.c.st, self.c.now
@@ -953,17 +1016,21 @@ class Campaign:
         if f.kind == "straggler":
             self.slow.setdefault(f.node, []).append(f.slowdown)
             self.c.at(now + f.duration_s, lambda: self._straggler_over(f))
-            if on_job:
+            if on_job and f.node in self.active:  # an idle spare slows nobody
                 self._speed()
                 self._watch_straggler(f.node, now)
             return
         if f.kind in ("node", "maintenance") and not usable:
             return  # already out of service
         if f.kind == "node":
-            if on_job and self.jid in self.c.runs:
+            active = on_job and f.node in self.active
+            if active and self.jid in self.c.runs:
                 self.r.count("hit_lemon" if f.lemon else "hit_node_failure")
-            self.c.fail_node(f.node)
+            self.c.fail_node(f.node, idle=on_job and not active)  # a spare runs no rank
             self.c.at(now + REPAIR_S, lambda: model.revive_node(st, f.node))
+            if on_job and self.pol.peer_detect:
+                alloc = self.alloc_serial
+                self.c.at(now + PEER_DETECT_S, lambda: self._peer_lost(f.node, alloc))
             return
         if f.kind == "maintenance":
             if on_job and job is not None and job.state is JobState.RUNNING:
@@ -986,6 +1053,41 @@ class Campaign:
             startup = now - self.run_start < self.setup.restart_cost_s
             wait = self.pol.startup_hang_timeout_s if startup else self.pol.hang_timeout_s
             self._later(wait, lambda: self._recover(hung=True))
+
+    def _peer_lost(self, node: str, alloc: int) -> None:
+        """The launchers' verdict on a node silent since it died (`ftslurm.agent.peers`):
+        the report the daemon reads (`RunDir.peer_lost`), and with a spare left the
+        survivors take it in and restart the ranks inside the job, from the checkpoint,
+        after the same rule the daemon follows (`ftslurm.core.recovery`); otherwise the
+        daemon ends the job and the run goes on in a new one without the node."""
+        job = self.c.st.jobs.get(self.jid or "")
+        if alloc != self.alloc_serial or job is None or job.state is not JobState.RUNNING:
+            return
+        now, attempt, rank = self.c.now, self._attempt(), self.alloc.index(node)
+        by = (rank - 1) % len(self.alloc)  # its watcher in ring order
+        self.lost.add(rank)
+        path = self.paths.peer_lost(attempt, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {
+            "lost_node_rank": rank, "lost_node": node, "last_heard": now - PEER_DETECT_S,
+            "lease_time": now - PEER_DETECT_S, "silent_s": PEER_DETECT_S,
+            "peer_timeout_s": self.pol.settings.peer_timeout_s, "reported_by": self.alloc[by],
+            "reported_by_node_rank": by, "time": now, "job_id": self.jid,
+            "attempt": attempt})  # fmt: skip
+        self.r.count("peer_reports")
+        if node in self.spares:  # an idle spare: one fewer to take over
+            self.spares.remove(node)
+            return
+        if node not in self.active or not self.spares or recovery(
+                self.lost, self.pol.settings.spare_nodes) is not Recovery.SPARE:
+            return  # the daemon ends the job: a new one runs without the node
+        self.active[self.active.index(node)] = self.spares.pop(0)
+        self.r.count("spare_swaps")
+        self.r.count("in_job_restarts")
+        if self.jid not in self.c.runs:  # its ranks died with the node: nobody trained since
+            self._add("detection", now - self.last_end)
+        self.in_job = True
+        self.c.restart_in_job(self.jid or "", self.setup.restart_cost_s)
 
     def _stall(self, why: str) -> None:
         self.stall = why
@@ -1015,8 +1117,7 @@ class Campaign:
     def _speed(self) -> None:
         if self.stall is not None or self.jid not in self.c.runs:
             return
-        job = self.c.st.jobs[self.jid or ""]
-        worst = max((max(self.slow[n]) for n in job.nodes if self.slow.get(n)), default=1.0)
+        worst = max((max(self.slow[n]) for n in self.active if self.slow.get(n)), default=1.0)
         self.c.set_speed(self.jid or "", 1.0 / worst)
 
     def _straggler_over(self, f: Fault) -> None:
@@ -1069,7 +1170,7 @@ def simulate(seed: int, sizes: list[int], days: float, fm: FailureModel = Failur
             s = replace(setup, queue_wait_s=q)
             bnd = bounds(trace, s)
             per: dict[str, Any] = {}
-            for pol in policies(s):
+            for pol in policies(s, size):
                 started = time.perf_counter()
                 res = Campaign(trace, pol, s).run()
                 per[pol.key] = {
@@ -1078,6 +1179,8 @@ def simulate(seed: int, sizes: list[int], days: float, fm: FailureModel = Failur
                     "ratio_to_strict": res.ettr / bnd["strict"]["ettr"],
                     "wall_s": res.wall_s, "productive_s": res.productive_s,
                     "lost_s": dict(res.lost_s), "counts": dict(sorted(res.counts.items())),
+                    "spare_nodes": pol.settings.spare_nodes,
+                    "spare_node_hours": res.spare_node_s / HOUR,
                     "sim_s": time.perf_counter() - started,
                 }  # fmt: skip
             runs.append({"queue_wait_s": q, "bounds": bnd, "policies": per})
@@ -1175,7 +1278,8 @@ def _q(run: dict[str, Any]) -> str:
 EVENT_COLUMNS = (("allocations", "starts"), ("hit_node_failure", "node fail"),
                  ("hit_lemon", "lemon fail"), ("hit_crash", "crash"), ("hit_hang", "hang"),
                  ("hit_preemption", "preempt"), ("wall_limits", "wall limit"),
-                 ("in_job_restarts", "in-job restart"), ("straggler_moves", "straggler move"),
+                 ("in_job_restarts", "in-job restart"), ("spare_swaps", "spare swap"),
+                 ("peer_reports", "peer report"), ("straggler_moves", "straggler move"),
                  ("nodes_excluded", "excluded"), ("human_resubmits", "by hand"),
                  ("over_default_budget", "default stop"))
 
@@ -1230,6 +1334,8 @@ def print_tables(out: dict[str, Any]) -> None:
     console.print(f"simulated {len(out['results'])} sizes x {len(out['queue_waits_s'])} queue "
                   f"waits x {len(out['policies'])} policies x {out['days']:g} days in "
                   f"{out['elapsed_s']:.1f} s")  # fmt: skip
+    for line in spare_lines(out):
+        console.print(f"spares: {line}")
     for note in out["checks"]:
         console.print(f"check: {note}")
 
@@ -1248,7 +1354,27 @@ def markdown(out: dict[str, Any]) -> str:
             cells += [f"{run['bounds']['today']['ettr']:.3f}",
                       f"{run['bounds']['strict']['ettr']:.3f}"]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *(f"- {line}" for line in spare_lines(out))]
     return "\n".join(lines)
+
+
+def spare_lines(out: dict[str, Any]) -> list[str]:
+    """The spares' cost (idle node-hours) beside their gain (productive node-hours over
+    ftslurm without spares), per size and q."""
+    lines = []
+    for size, entry in out["results"].items():
+        for run in entry["runs"]:
+            pols = run["policies"]
+            spares, base = pols.get("ftslurm_spares"), pols.get("ftslurm")
+            if spares is None or base is None:
+                continue
+            gain = (spares["ettr"] - base["ettr"]) * spares["wall_s"] / HOUR * int(size)
+            lines.append(f"{size} nodes, {_q(run)}: {spares['spare_nodes']} hot spare(s) held "
+                         f"{spares['spare_node_hours']:.0f} idle node-hours; they gained "
+                         f"{gain:.0f} productive node-hours "
+                         f"({100 * (spares['ettr'] - base['ettr']):+.1f} ETTR points) over "
+                         "ftslurm without spares")  # fmt: skip
+    return lines
 
 
 def checks(out: dict[str, Any]) -> list[str]:

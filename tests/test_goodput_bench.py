@@ -225,7 +225,8 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["sizes"] == [32, 128] and out["days"] == 5 and out["seed"] == 3
     assert out["queue_waits_s"] == [0, 600]
-    assert set(out["policies"]) == {"plain", "submitit", "nemo", "ftslurm"}
+    assert set(out["policies"]) == {"plain", "submitit", "nemo", "ftslurm_slurm", "ftslurm",
+                                    "ftslurm_spares"}
     assert set(out["results"]) == {"32", "128"}
     for entry in out["results"].values():
         assert entry["trace"]["pool_nodes"] > entry["trace"]["nodes"]
@@ -266,7 +267,10 @@ def test_markdown_table_has_both_bounds_and_both_queue_waits(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert "today's bound" in lines[0] and "strict bound" in lines[0]
-    assert [line.split("|")[2].strip() for line in lines[2:]] == ["0 min", "10 min"]
+    assert [line.split("|")[2].strip() for line in lines[2:4]] == ["0 min", "10 min"]
+    spares = [line for line in lines[4:] if line.strip()]  # their cost beside their gain
+    assert len(spares) == 2 and all("idle node-hours" in line and "gained" in line
+                                    for line in spares)  # fmt: skip
 
 
 # ------------------------------------------------------------ the calibration

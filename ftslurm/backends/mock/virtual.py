@@ -174,9 +174,13 @@ class VirtualCluster:
         self._seq += 1
         heapq.heappush(self._timers, (when, self._seq, action))
 
-    def fail_node(self, node: str) -> None:
+    def fail_node(self, node: str, idle: bool = False) -> None:
+        """The node's host dies: the run of a job on it ends now (its ranks are gone and the
+        others wait on them), unless the node is `idle` in its job (a hot spare, running no
+        rank); Slurm notices after SlurmdTimeout either way."""
         self.stats.node_failures += 1
-        self._apply(model.fail_node(self.st, node, self.now))
+        effects = model.fail_node(self.st, node, self.now)
+        self._apply([] if idle else effects)
 
     def run(self, until: float, stop: Callable[[], bool] = lambda: False) -> None:
         """Process events in time order up to `until` or until `stop()` holds."""
