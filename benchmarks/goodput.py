@@ -767,7 +767,8 @@ class Campaign:
         run_id = f"r{len(self.runs) + 1}"
         limit = None if self.setup.wall_limit_s is None else \
             f"0:{int(self.setup.wall_limit_s)}"
-        recipe = Recipe(command=["train"], nodes=self.trace.nodes, time=limit, name=WORKLOAD)
+        recipe = Recipe(command=["train"], nodes=self.trace.nodes, time=limit, name=WORKLOAD,
+                        spare_nodes=self.pol.settings.spare_nodes)  # fmt: skip
         spec = make_spec(recipe, run_dir=self.paths.root, backend="mock",
                          workdir=str(self.dir), mock_home=self.dir / "mock")  # fmt: skip
         run, first = new_run_record(run_id, WORKLOAD, spec, self.pol.settings, self.c.now)
