@@ -19,11 +19,29 @@ Two measurements, each taken for ftslurm and for plain Slurm side by side in the
    writes the wall time at which SIGUSR2 reached it. The error is arrival - due, where
    due = StartTime + TimeLimit - 60 from `scontrol show job`.
 
+3. Kill -> training progressing again (`--only progress`): the first step a rank records
+   after the kill, not merely a job RUNNING. A plain DDP script (gloo, one all-reduce a
+   step, rank 0 checkpointing every 10 steps and logging each step with its wall time and
+   its process) trains on 2 nodes along four recovery paths, one after another, each at
+   SlurmdTimeout 10 s and at Slurm's default 300 s (the cluster is reconfigured for the
+   second pass and put back after), one round each:
+   - slurm: `sbatch --requeue` + `srun` of the script, nothing else: Slurm notices after
+     SlurmdTimeout, requeues (JobRequeue=1) and runs it again after its requeue delay;
+   - today: ftslurm without peer-loss detection (`peer_timeout_s` out of reach): the
+     daemon acts on Slurm's NODE_FAIL (requeue, start now);
+   - peer: ftslurm as shipped: the launchers report the lost node after `peer_timeout_s`
+     and the daemon moves the run to a new job without it;
+   - spare: ftslurm with `spare_nodes=1` (3 nodes, 2 training): the survivors restart the
+     ranks in the same job with the spare.
+   The node killed is the one of rank 1 (never the batch host). Rounds wait at most
+   PROGRESS_DEADLINE_S for progress.
+
 Detection time depends on the cluster's SlurmdTimeout (and the kill on KillWait): the
 settings found are printed with the results. Needs a running cluster (`make slurm-up`) and
 root (to kill a node's slurmd); every job is cancelled and every node revived, even on error.
 
-    python benchmarks/slurm_recovery.py [--repeat 3] [--only recovery|preempt] [--json]
+    python benchmarks/slurm_recovery.py [--repeat 3] [--only recovery|preempt|progress]
+        [--timeouts 10,300] [--paths slurm,today,peer,spare] [--json]
 """
 
 from __future__ import annotations
@@ -75,6 +93,59 @@ write(out + ".ready", time.time())
 while True:
     time.sleep(1)
 '''
+
+
+# The training of the progress rounds: plain DDP, as a user writes it. Under srun alone it
+# takes its rank from Slurm; under ftslurm's launcher torch elastic sets RANK and the rest.
+# Rank 0 appends "step wall-time pid" to <out>/steps.log every step; every rank writes the
+# node it runs on to <out>/rank-<r>.node when it starts.
+DDP = r'''
+import datetime, os, sys, time
+import torch
+import torch.distributed as dist
+out, steps = sys.argv[1], int(sys.argv[2])
+env = os.environ
+if "RANK" not in env:
+    env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
+    env["MASTER_ADDR"] = "127.0.0.1"
+    env["MASTER_PORT"] = str(30000 + (int(env["SLURM_JOB_ID"]) * 7
+                                      + int(env.get("SLURM_RESTART_COUNT") or 0) * 131) % 20000)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+rank = dist.get_rank()
+with open(os.path.join(out, f"rank-{rank}.node"), "w") as f:
+    f.write(env.get("SLURMD_NODENAME", ""))
+ckpt = os.path.join(out, "ckpt.pt")
+w, start = torch.zeros(4), 0
+if os.path.exists(ckpt):
+    state = torch.load(ckpt)
+    w, start = state["w"], state["step"]
+for step in range(start, steps):
+    g = torch.ones(4) * (rank + 1)
+    dist.all_reduce(g)
+    w -= 0.01 * g
+    if rank == 0:
+        with open(os.path.join(out, "steps.log"), "a") as f:
+            f.write(f"{step} {time.time()} {os.getpid()}\n")
+        if step % 10 == 9:
+            torch.save({"w": w, "step": step + 1}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
+    time.sleep(0.2)
+dist.destroy_process_group()
+'''
+PROGRESS_PATHS = ("slurm", "today", "peer", "spare")
+PROGRESS_DEADLINE_S = 900.0  # at SlurmdTimeout 300 s Slurm's own path needs ~7 min
+UNREACHABLE_PEER_TIMEOUT_S = 10**6  # "today": the launchers never report a lost node
+
+
+def step_lines(out: Path) -> list[tuple[int, float, str]]:
+    """(step, wall time, pid) of each step rank 0 logged so far."""
+    path = out / "steps.log"
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        parts = line.split()
+        if len(parts) == 3:
+            rows.append((int(parts[0]), float(parts[1]), parts[2]))
+    return rows
 
 
 # ------------------------------------------------------------------------ helpers
@@ -217,6 +288,8 @@ class Bench:
         self.tmp = tmp
         self.rank = tmp / "rank.py"
         self.rank.write_text(RANK)
+        self.ddp = tmp / "ddp.py"
+        self.ddp.write_text(DDP)
         self.jobs: list[str] = []  # plain sbatch jobs to cancel
         self.clis: list[Ftslurm] = []
         self.killed: set[str] = set()
@@ -358,6 +431,91 @@ class Bench:
         out["ratio_slurm_to_ftslurm"] = ratio(out["slurm"]["kill_to_running_s"]["median"],
                                               out["ftslurm"]["kill_to_running_s"]["median"])
         return out
+
+    # ---------------------------------------------------------------- progress
+    def progress_round(self, path: str, slurmd_timeout: int,
+                       log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+        """One recovery path: train, kill the node of rank 1, time the first new step."""
+        self.cluster.wait_nodes_idle(timeout=120)
+        folder = self.tmp / f"progress-{path}-{slurmd_timeout}"
+        out = folder / "train"
+        out.mkdir(parents=True)
+        command = [sys.executable, str(self.ddp), str(out), "1000000"]
+        cli: Ftslurm | None = None
+        run_id = job = ""
+        if path == "slurm":
+            job = sbatch(f"--output={folder / 'slurm-%j.out'}", f"--chdir={folder}",
+                         "--requeue", "-N", "2", "--ntasks-per-node=1", "-t", "20",
+                         f"--wrap=srun {' '.join(command)}")  # fmt: skip
+            self.jobs.append(job)
+        else:
+            cli = Ftslurm(folder / "home")
+            self.clis.append(cli)
+            settings: dict[str, Any] = {"nodes": 2, "ntasks_per_node": 1, "time": "20",
+                                        "num_job_retries_on_failure": 3}  # fmt: skip
+            if path == "today":
+                settings["peer_timeout_s"] = UNREACHABLE_PEER_TIMEOUT_S
+            elif path == "spare":
+                settings["spare_nodes"] = 1
+            recipe = folder / "ddp_recipe.py"
+            recipe.write_text("import ftslurm\n"
+                              f"recipe = ftslurm.Recipe(command={command!r}, "
+                              + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")\n")
+            run_id = cli.submit(recipe)
+
+        def job_now() -> str:
+            if cli is None:
+                return job
+            a = cli.store.latest_attempt(run_id)
+            return (a.job_id if a else None) or ""
+
+        wait(lambda: len(step_lines(out)) >= 15, 180, f"{path}: 15 training steps")
+        first_job = job_now()
+        victim = (out / "rank-1.node").read_text().strip()
+        before = step_lines(out)
+        with self.lock:
+            self.killed.add(victim)
+        self.cluster.fail_node(victim)
+        kill = time.time()
+        log(f"progress {path} @ SlurmdTimeout {slurmd_timeout}: killed {victim} (rank 1) "
+            f"at step {before[-1][0]}, job {first_job}")
+
+        def progressed() -> Any:  # a step logged by another process than before the kill
+            rows = [r for r in step_lines(out) if r[1] > kill and r[2] != before[-1][2]]
+            return rows[0] if rows else None
+
+        try:
+            first = wait(progressed, PROGRESS_DEADLINE_S, f"{path}: a step after the kill")
+        except RuntimeError:
+            first = None
+        after_job = job_now()
+        lost = [e.data for e in cli.store.events(run_id) if e.kind == "node_lost"] \
+            if cli is not None else []  # fmt: skip
+        if cli is not None:
+            cli.cancel(run_id)
+        else:
+            sh("scancel", job, check=False)
+        self.revive([victim])
+        result = {"path": path, "slurmd_timeout_s": slurmd_timeout, "killed": victim,
+                  "job_id": first_job, "job_id_after": after_job,
+                  "same_job": after_job == first_job,
+                  "last_step_before_kill": before[-1][0],
+                  "resumed_at_step": first[0] if first else None,
+                  "kill_to_progress_s": rounded(first[1] - kill if first else None),
+                  "detected_by": lost[0].get("source") if lost else None}  # fmt: skip
+        log(f"progress {path} @ {slurmd_timeout}: {result['kill_to_progress_s']} s "
+            f"({'same job' if result['same_job'] else 'job ' + after_job})")
+        if cli is not None:
+            cli.close()
+        return result
+
+    def progress(self, timeouts: list[int], paths: list[str],
+                 log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+        rounds = []
+        for timeout in timeouts:
+            with self.cluster.slurmd_timeout(timeout):
+                rounds += [self.progress_round(path, timeout, log) for path in paths]
+        return {"rounds": rounds, "deadline_s": PROGRESS_DEADLINE_S}
 
     # ----------------------------------------------------------------- preempt
     def preempt(self, repeat: int, log: Callable[[str], None]) -> dict[str, Any]:
@@ -502,15 +660,40 @@ def report(result: dict[str, Any]) -> None:
         console.print("ratio Slurm / ftslurm: median |error| "
                       f"{fmt(pre['ratio_median_abs_error_slurm_to_ftslurm'])}, max |error| "
                       f"{fmt(pre['ratio_max_abs_error_slurm_to_ftslurm'])}")
+    prog = result.get("progress")
+    if prog:
+        table = Table(title="Kill -> training progressing again (first new step), s")
+        for col in ("path", "SlurmdTimeout", "kill->step", "same job", "detected by",
+                    "steps redone"):  # fmt: skip
+            table.add_column(col, justify="right")
+        for r in prog["rounds"]:
+            redone = None if r["resumed_at_step"] is None else \
+                r["last_step_before_kill"] + 1 - r["resumed_at_step"]
+            table.add_row(r["path"], f"{r['slurmd_timeout_s']} s",
+                          fmt(r["kill_to_progress_s"]) if r["kill_to_progress_s"] is not None
+                          else f"> {prog['deadline_s']:.0f}", "yes" if r["same_job"] else "no",
+                          r["detected_by"] or "-", fmt(redone))  # fmt: skip
+        console.print(table)
     console.print(f"wall time {result['wall_s']:.0f}s")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", choices=("recovery", "preempt"))
+    parser.add_argument("--only", choices=("recovery", "preempt", "progress"))
+    parser.add_argument("--timeouts", default="10,300",
+                        help="SlurmdTimeout values (s) for the progress rounds")
+    parser.add_argument("--paths", default=",".join(PROGRESS_PATHS),
+                        help="recovery paths of the progress rounds")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    try:
+        timeouts = [int(t) for t in args.timeouts.split(",") if t.strip()]
+    except ValueError:
+        parser.error("--timeouts takes comma-separated seconds")
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not timeouts or min(timeouts) < 1 or not paths or set(paths) - set(PROGRESS_PATHS):
+        parser.error(f"--timeouts: seconds >= 1; --paths: some of {','.join(PROGRESS_PATHS)}")
     started = time.time()
     cluster = LocalCluster()
     os.environ.setdefault("SLURM_CONF", str(cluster.layout.slurm_conf))
@@ -537,6 +720,8 @@ def main() -> int:
             result["preempt"] = bench.preempt(args.repeat, log)
         if args.only in (None, "recovery"):
             result["recovery"] = bench.recovery(args.repeat, log)
+        if args.only in (None, "progress"):
+            result["progress"] = bench.progress(timeouts, paths, log)
     finally:
         bench.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
