@@ -548,19 +548,29 @@ def test_upgrade_from_a_version_1_database_keeps_the_data(tmp_path: Path, monkey
             old.flag_node(NodeFlag("n2", "node_fail", 5.0, None, "r1"))
             assert old.schema_version() == 1
     with Store(home) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 2
+        assert s.schema_version() == SCHEMA_VERSION == 3
         run = s.get_run("r1")
         assert (run.name, run.job_retries_used, run.reason, run.cancel_requested) == (
             "name-r1", 2, "why", True)
         assert run.version == 0
         (a,) = s.attempts("r1")
-        assert (a.job_id, a.nodes, a.version) == ("1000", ["n1"], 0)
+        assert (a.job_id, a.nodes, a.version, a.lost_nodes) == ("1000", ["n1"], 0, [])
         assert [e.kind for e in s.events()] == ["created"]
         assert [f.node for f in s.node_flags()] == ["n2"]
         s.update_run(replace(run, reason="upgraded"))  # compare-and-set works on old rows
         s.update_attempt(replace(a, state="COMPLETED"))
         assert (s.get_run("r1").version, s.attempts("r1")[0].version) == (1, 1)
         assert s.pending_requests() == []
+
+
+def test_the_lost_nodes_an_attempt_acted_on_are_stored(store: Store) -> None:
+    """Which lost nodes an attempt acted on survives a daemon restart (schema 3)."""
+    store.add_run(Run("r1", "r1", RunState.RUNNING, 1.0, {}, {}))
+    store.add_attempt(Attempt("r1", 0, "RUNNING", job_id="5"))
+    a = store.latest_attempt("r1")
+    store.update_attempt(replace(a, lost_nodes=["n2", "n4"]))
+    assert store.latest_attempt("r1").lost_nodes == ["n2", "n4"]
+    assert store.attempts("r1")[0].lost_nodes == ["n2", "n4"]
 
 
 def test_requests_are_recorded_and_applied_once(store: Store) -> None:

@@ -454,3 +454,65 @@ def test_plot_into_a_missing_folder_is_a_one_line_error(home, tmp_path, capsys):
     code, _, err = run_cli(capsys, "report", "r1", "--plot", str(tmp_path / "no" / "x.png"))
     assert code != 0 and len(err.strip().splitlines()) == 1
     assert err.startswith("Error: cannot write") and "Traceback" not in err
+
+
+# ------------------------------------------------------------- lost nodes (by source)
+def _lost_history():  # type: ignore[no-untyped-def]
+    from ftslurm.daemon.records import Attempt, Event
+
+    attempts = [Attempt("r", 0, "NODE_FAIL", job_id="5", start=100.0, end=160.0),
+                Attempt("r", 1, "RUNNING", job_id="6", start=163.0)]
+    events = [
+        Event(1, 160.0, "r", "node_lost", {"attempt": 0, "node": "n2", "source": "peer",
+                                           "time": 159.0, "detection_s": 21.0,
+                                           "recovery": "new_job"}),
+        Event(2, 163.5, "r", "running", {"attempt": 1, "job_id": "6"}),
+        Event(3, 200.0, "r", "node_lost", {"attempt": 1, "node": "n3", "source": "slurm",
+                                           "time": 200.0, "detection_s": 300.0,
+                                           "recovery": "new_job"}),
+    ]  # fmt: skip
+    return attempts, events
+
+
+def test_node_losses_count_detection_and_recovery_apart_by_source():
+    from ftslurm.report.goodput import losses_by_source, node_losses
+
+    attempts, events = _lost_history()
+    peer, slurm = node_losses(attempts, events, {})
+    assert (peer.source, peer.detection_s, peer.recovery_s) == ("peer", 21.0, 4.5)
+    assert (slurm.source, slurm.detection_s, slurm.recovered_at) == ("slurm", 300.0, None)
+    assert losses_by_source([peer, slurm]) == {
+        "peer": {"count": 1, "detection_s": 21.0, "recovery_s": 4.5},
+        "slurm": {"count": 1, "detection_s": 300.0, "recovery_s": None}}
+
+
+def test_a_spare_recovers_when_its_round_runs_at_its_first_step():
+    from ftslurm.daemon.records import Attempt, Event
+    from ftslurm.report.goodput import node_losses
+
+    events = [Event(1, 50.0, "r", "node_lost", {"attempt": 0, "node": "n2", "source": "peer",
+                                                "time": 49.0, "detection_s": 20.0,
+                                                "recovery": "spare"})]  # fmt: skip
+    rounds = {0: ({"round": 1, "started_at": 40.0}, {"round": 2, "started_at": 52.0,
+                                                     "first_step_at": 58.0})}  # fmt: skip
+    (loss,) = node_losses([Attempt("r", 0, "RUNNING", job_id="5")], events, rounds)
+    assert (loss.recovered_at, loss.recovery_s) == (58.0, 9.0)
+
+
+def test_status_says_a_node_was_lost_and_what_recovers_it():
+    from ftslurm.cli.runs import recovery_notes
+    from ftslurm.daemon.records import Attempt, Event
+
+    attempts, events = _lost_history()
+    queued = [attempts[0], Attempt("r", 1, "PENDING", job_id="45")]
+    assert recovery_notes(queued, events[:1], {}, 180.0) == [
+        "n2 lost 21 s ago (peer report) → new job 45 queued"]
+    assert recovery_notes(attempts, events[:1], {}, 180.0) == [
+        "n2 lost 21 s ago (peer report) → new job 6 running 4 s later"]
+    spare = [Event(1, 50.0, "r", "node_lost", {"attempt": 0, "node": "n2", "source": "peer",
+                                               "time": 49.0, "recovery": "spare"})]
+    running = [Attempt("r", 0, "RUNNING", job_id="5")]
+    assert recovery_notes(running, spare, {}, 60.0) == [
+        "n2 lost 11 s ago (peer report) → spare: ranks restarting"]
+    assert recovery_notes(running, spare, {0: [{"started_at": 53.0}]}, 60.0) == [
+        "n2 lost 11 s ago (peer report) → spare: ranks restarted 4 s later"]

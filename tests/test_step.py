@@ -189,3 +189,165 @@ def test_an_ending_flags_the_down_node_for_the_ttl():
                     known(usable={**NODES, "n2": False}), NOW)  # fmt: skip
     flags = [i for i in out if isinstance(i, core.FlagNode)]
     assert [(f.node, f.ttl_s) for f in flags] == [("n2", FtSettings().node_exclusion_ttl_s)]
+
+
+# ------------------------------------------------------------------ a lost node (peers)
+def lost_report(rank: int = 1, node: str = "n2", attempt_no: int = 0, **kw) -> dict:
+    """A launcher's peer-loss report (ftslurm.agent.peers): node `node` silent for 21 s."""
+    return {"lost_node_rank": rank, "lost_node": node, "last_heard": NOW - 25.0,
+            "lease_time": NOW - 25.0, "silent_s": 21.0, "peer_timeout_s": 20.0,
+            "reported_by": "n1" if node != "n1" else "n2", "reported_by_node_rank": 0,
+            "time": NOW - 4.0, "job_id": "7", "attempt": attempt_no, **kw}  # fmt: skip
+
+
+def lost_files(*reports: dict, **kw) -> core.RunFiles:
+    return core.RunFiles(lost=reports, **kw)
+
+
+def of(intents, kind):  # type: ignore[no-untyped-def]
+    return [i for i in intents if isinstance(i, kind)]
+
+
+def test_a_peer_report_ends_the_attempt_at_once_and_a_fresh_job_follows():
+    """Spare-less: the attempt ends as a node failure while its job still runs, the node is
+    flagged, the detection recorded with its latency, and the next attempt is a fresh
+    submission (not a requeue: a requeued job waits for the lost node until SlurmdTimeout)."""
+    r = run(settings={"num_job_retries_on_failure": 3})
+    out = core.step(attempt(), info(JobState.RUNNING), r, known(files=lost_files(lost_report())),
+                    NOW)  # fmt: skip
+    assert not of(out, core.Cancel)  # the next attempt's step cancels it, before submitting
+    (flag,) = of(out, core.FlagNode)
+    assert flag.node == "n2"
+    (lost,) = [e for e in of(out, core.Event) if e.kind == "node_lost"]
+    assert lost.data == {"attempt": 0, "job_id": "7", "node": "n2", "node_rank": 1,
+                         "recovery": "new_job", "source": "peer", "reported_by": "n1",
+                         "last_heard": NOW - 25.0, "time": NOW - 4.0, "detection_s": 21.0}
+    (ended,) = of(out, core.Record)
+    assert ended.attempt.state is AttemptState.NODE_FAIL and ended.attempt.cause == "node_fail"
+    assert ended.attempt.lost_nodes == ["n2"] and ended.attempt.failure_seen_at == NOW
+    assert "n2 lost: reported by n1 after 21 s" in ended.attempt.reason
+    assert "Slurm had not noticed yet" in ended.attempt.reason
+    (upd,) = of(out, core.UpdateRun)
+    assert upd.run.job_retries_used == 1 and upd.run.cause_counts == {"node_fail": 1}
+    (nxt,) = of(out, core.NewAttempt)
+    assert (nxt.attempt.attempt, nxt.attempt.state, nxt.attempt.job_id) == (
+        1, AttemptState.SUBMITTING, None)
+    assert of(out, core.Trust) == [core.Trust(1)]
+
+
+def test_a_report_already_acted_on_is_not_acted_on_again():
+    a = attempt(lost_nodes=["n2"])
+    out = core.step(a, info(JobState.RUNNING), run(), known(files=lost_files(lost_report())), NOW)
+    assert not of(out, core.Record) and not of(out, core.FlagNode) and not of(out, core.Event)
+
+
+def test_a_report_of_another_attempt_is_not_this_ones():
+    out = core.step(attempt(), info(JobState.RUNNING), run(),
+                    known(files=lost_files(lost_report(attempt_no=3))), NOW)  # fmt: skip
+    assert not of(out, core.Record)
+
+
+def test_a_report_seen_while_the_job_is_completing_is_acted_on():
+    """The survivors exit at once; Slurm keeps the job COMPLETING on the dead node."""
+    a = attempt(state=AttemptState.COMPLETING)
+    out = core.step(a, info(JobState.COMPLETING), run(), known(files=lost_files(lost_report())),
+                    NOW)  # fmt: skip
+    assert [i.attempt.state for i in of(out, core.NewAttempt)] == [AttemptState.SUBMITTING]
+
+
+def test_the_next_attempt_cancels_the_lost_job_before_it_submits():
+    """Also after a crash between recording and cancelling: the step of the submission
+    intent cancels the old job first (a repeat is harmless)."""
+    prev = replace(attempt(), state=AttemptState.NODE_FAIL, cause="node_fail", lost_nodes=["n2"])
+    a = attempt(AttemptState.SUBMITTING, n=1)
+    assert core.step(a, None, run(), core.Facts(cancel_requested=False, trusted=True),
+                     NOW) == [core.Need(frozenset({"previous"}))]  # fmt: skip
+    flags = (NodeFlag("n2", "lost (peer report)", NOW, NOW + 3600),)
+    out = core.step(a, None, run(), known(trusted=True, previous=prev, flags=flags), NOW)
+    assert out == [core.Cancel("7"), core.Submit(("n2",))]
+    out = core.step(a, None, run(), known(found=(), previous=prev, flags=flags), NOW)
+    assert out == [core.Cancel("7"), core.Submit(("n2",))]  # restarted daemon, nothing found
+    found = (replace(info(JobState.PENDING), job_id="8"),)
+    assert kinds(core.step(a, None, run(), known(found=found, previous=prev), NOW)) == ["Adopt"]
+    assert core.step(a, None, run(), known(trusted=True, previous=prev, cancel_requested=True),
+                     NOW) == [core.Cancel("7"),
+                              core.Finish(RunState.CANCELLED, core.CANCELLED_BY_USER)]
+    other = replace(prev, lost_nodes=[])  # an ordinary ending: nothing to cancel
+    assert core.step(a, None, run(), known(trusted=True, previous=other), NOW) == [
+        core.Submit(())]
+
+
+def test_with_a_spare_the_job_runs_on_and_the_node_is_flagged():
+    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
+                    known(files=lost_files(lost_report())), NOW)  # fmt: skip
+    assert kinds(out) == ["FlagNode", "Event", "Record", "Changed"]
+    assert out[1].data["recovery"] == "spare"
+    assert out[2].attempt.state is AttemptState.RUNNING and out[2].attempt.lost_nodes == ["n2"]
+
+
+def test_the_batch_host_lost_needs_a_new_job_even_with_a_spare():
+    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
+                    known(files=lost_files(lost_report(rank=0, node="n1"))), NOW)  # fmt: skip
+    assert [e.data["recovery"] for e in of(out, core.Event) if e.kind == "node_lost"] == [
+        "new_job"]
+    assert of(out, core.NewAttempt)
+
+
+def test_a_benched_node_is_flagged_and_uses_a_spare():
+    benched = {"node_rank": 1, "node": "n2", "why": "hang", "time": NOW - 1, "attempt": 0}
+    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
+                    known(files=core.RunFiles(benched=(benched,))), NOW)  # fmt: skip
+    assert kinds(out) == ["FlagNode", "Event", "Record", "Changed"]
+    assert out[0].reason == "benched: hang" and out[1].kind == "node_benched"
+
+
+def test_a_spent_budget_fails_the_run_and_cancels_the_job_first():
+    r = run(settings={"num_job_retries_on_failure": 1}, job_retries_used=1)
+    out = core.step(attempt(), info(JobState.RUNNING), r, known(files=lost_files(lost_report())),
+                    NOW)  # fmt: skip
+    assert isinstance(out[0], core.Cancel) and out[0].job_id == "7"
+    assert not of(out, core.NewAttempt)
+    (upd,) = of(out, core.UpdateRun)
+    assert upd.run.state is RunState.FAILED
+    assert "n2 lost" in upd.run.reason and "retry budget exhausted" in upd.run.reason
+
+
+def test_a_job_ended_with_a_lost_report_is_a_node_failure_not_a_crash():
+    """The survivors died of the loss (exit 1): node_fail, the node excluded, a fresh job."""
+    out = core.step(attempt(), info(JobState.FAILED, exit_code=1), run(),
+                    known(files=lost_files(lost_report())), NOW)  # fmt: skip
+    (rec,) = of(out, core.Record)
+    assert rec.attempt.cause == "node_fail" and rec.attempt.lost_nodes == ["n2"]
+    assert [f.node for f in of(out, core.FlagNode)] == ["n2"]
+    assert [e.data["source"] for e in of(out, core.Event) if e.kind == "node_lost"] == ["peer"]
+    (nxt,) = of(out, core.NewAttempt)
+    assert nxt.attempt.state is AttemptState.SUBMITTING
+
+
+def test_slurms_verdict_first_is_recorded_with_its_latency_from_the_last_lease():
+    """NODE_FAIL before any report: as before (Slurm requeued it: the requeue path), plus
+    a `node_lost` event from Slurm with the time since the node's last lease."""
+    lease = {"node_rank": 1, "node": "n2", "pid": 1, "seq": 9, "time": NOW - 40.0}
+    out = core.step(attempt(), info(JobState.PENDING, restart_count=1), run(),
+                    known(usable={**NODES, "n2": False},
+                          files=core.RunFiles(leases=(lease,))), NOW)  # fmt: skip
+    (lost,) = [e for e in of(out, core.Event) if e.kind == "node_lost"]
+    assert (lost.data["source"], lost.data["node"], lost.data["detection_s"]) == (
+        "slurm", "n2", 40.0)
+    (nxt,) = of(out, core.NewAttempt)
+    assert nxt.attempt.state is AttemptState.REQUEUING  # nothing else changes
+
+
+def test_a_new_round_of_ranks_is_recorded_as_an_in_job_restart():
+    rnd = {"round": 1, "started_at": NOW - 2, "first_step_at": None, "why": "n2 lost",
+           "lost": ["n2"], "attempt": 0}
+    a = attempt(lost_nodes=["n2"])
+    out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
+                    known(files=lost_files(lost_report(), rounds=(rnd,))), NOW)  # fmt: skip
+    (rec,) = of(out, core.Record)
+    assert rec.attempt.in_job_restarts == 1
+    assert [e.data["round"] for e in of(out, core.Event) if e.kind == "in_job_restart"] == [1]
+    a = replace(a, in_job_restarts=1)
+    out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
+                    known(files=lost_files(lost_report(), rounds=(rnd,))), NOW)  # fmt: skip
+    assert not of(out, core.Record)

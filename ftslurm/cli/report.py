@@ -21,7 +21,13 @@ import typer
 from rich.table import Table
 
 from ftslurm.cli.runs import JsonOpt, RunArg, _fmt_time, _run_or_fail, _store, console, err
-from ftslurm.core.contract import CHECKPOINT_MANIFEST, NODE_REPORTS, RANK_REPORTS, RunDir
+from ftslurm.core.contract import (
+    CHECKPOINT_MANIFEST,
+    NODE_REPORTS,
+    RANK_REPORTS,
+    ROUND_RECORDS,
+    RunDir,
+)
 from ftslurm.daemon.records import Attempt, Run
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json
@@ -33,6 +39,7 @@ from ftslurm.report.goodput import (
     GoodputReport,
     format_duration,
     goodput,
+    losses_by_source,
 )
 
 _CLEAN = {"finished", "checkpointed"}  # a launcher or rank that ended on its own
@@ -123,7 +130,15 @@ def read_compute_facts(run: Run, attempts: Sequence[Attempt]) -> ComputeFacts:
     records, complete_from = _checkpoints(run.spec, read_json(run_dir.progress))
     facts = {a.attempt: _attempt_facts(run_dir.attempt(a.attempt), a.in_job_restarts)
              for a in attempts}  # fmt: skip
-    return ComputeFacts(tuple(records), complete_from, facts)
+    rounds = {a.attempt: round_records(run_dir, a.attempt) for a in attempts}
+    return ComputeFacts(tuple(records), complete_from, facts, rounds)
+
+
+def round_records(run_dir: RunDir, attempt: int) -> tuple[dict[str, Any], ...]:
+    """The attempt's in-job round records (`RunDir.round_record`), oldest round first."""
+    found = [read_json(p) for p in run_dir.recovery(attempt).glob(ROUND_RECORDS)]
+    return tuple(sorted((r for r in found if isinstance(r, dict)),
+                        key=lambda r: r.get("round") if isinstance(r.get("round"), int) else 0))
 
 
 # ---------------------------------------------------------------------------- output
@@ -135,6 +150,25 @@ def _breakdown_table(rep: GoodputReport, title: str) -> Table:
                       format_duration(seconds), _MEANING[category])  # fmt: skip
     table.add_row("wall", f"{b.wall_s:.1f}", "100.0", format_duration(b.wall_s),
                   "creation to end (or now)", style="bold")  # fmt: skip
+    return table
+
+
+def _losses_table(rep: GoodputReport) -> Table:
+    """Each lost node: who saw it, detection (last heard -> seen) and recovery (seen -> the
+    ranks running again) apart; then the means per source."""
+    table = Table("attempt", "node", "source", "detection", "recovery", "how",
+                  title="lost nodes")  # fmt: skip
+
+    def fmt(s: float | None) -> str:
+        return "-" if s is None else format_duration(s)
+
+    for x in rep.losses:
+        how = "spare (in the job)" if x.recovery == "spare" else "new job"
+        table.add_row(str(x.attempt), x.node or "-", x.source, fmt(x.detection_s),
+                      fmt(x.recovery_s) if x.recovered_at is not None else "not yet", how)
+    for source, m in losses_by_source(rep.losses).items():
+        table.add_row("all", f"{m['count']} lost", source, fmt(m["detection_s"]),
+                      fmt(m["recovery_s"]), "mean", style="bold")  # fmt: skip
     return table
 
 
@@ -237,6 +271,8 @@ def report(
         typer.echo(json.dumps({"name": run.name, "state": run.state.value, **rep.to_dict()}))
         return
     console.print(_breakdown_table(rep, title))
+    if rep.losses:
+        console.print(_losses_table(rep))
     console.print(_timeline_table(rep))
     for note in rep.notes:
         console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)

@@ -32,7 +32,7 @@ from rich.text import Text
 from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home, state_dir
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli.parse import compress_nodes
-from ftslurm.core.contract import EnvName, RunDir
+from ftslurm.core.contract import ROUND_RECORDS, EnvName, RunDir
 from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_injections
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
@@ -50,7 +50,7 @@ from ftslurm.errors import (
     SchedulerRejected,
     SchedulerUnavailable,
 )
-from ftslurm.fsutil import private_dir
+from ftslurm.fsutil import private_dir, read_json
 from ftslurm.recipe import load_recipe, no_limit_warning, sbatch_flags
 
 console = Console()
@@ -488,6 +488,50 @@ def lost_node_notes(nodes: Sequence[str], infos: Sequence[NodeInfo], slurmd_time
 _HOLDING = (JobState.RUNNING.value, JobState.COMPLETING.value)
 
 
+def recovery_notes(attempts: Sequence[Attempt], events: Sequence[Any],
+                   rounds: dict[int, Sequence[dict[str, Any]]], now: float) -> list[str]:
+    """What to say about the nodes lost in a run's latest two attempts and the recovery
+    under way (pure): "n2 lost 21 s ago (peer report) → new job 45 queued", or "→ spare:
+    ranks restarted 4 s later". `events` are the run's `node_lost` (and other) events,
+    `rounds` an attempt's in-job round records."""
+    if not attempts:
+        return []
+    by_no = {a.attempt: a for a in attempts}
+    latest = attempts[-1].attempt
+    notes = []
+    for e in events:
+        d = e.data
+        k = d.get("attempt")
+        if e.kind != "node_lost" or not isinstance(k, int) or k < latest - 1:
+            continue
+        at = d.get("time") if isinstance(d.get("time"), (int, float)) else e.time
+        source = "Slurm's verdict" if d.get("source") == "slurm" else "peer report"
+        head = f"{d.get('node') or 'a node'} lost {_fmt_age(max(0.0, now - at))} ago ({source})"
+        if d.get("recovery") == "spare":
+            starts = [r.get("started_at") for r in rounds.get(k, ())
+                      if isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= at]
+            tail = (f"spare: ranks restarted {_fmt_age(min(starts) - at)} later" if starts
+                    else "spare: ranks restarting")  # fmt: skip
+        else:
+            nxt = next((a for n, a in sorted(by_no.items()) if n > k), None)
+            if nxt is None:
+                tail = "ending the job"
+            else:
+                what = "new job" if nxt.job_id != by_no[k].job_id else "job"
+                job = f"{what} {nxt.job_id}" if nxt.job_id else f"{what} being submitted"
+                state = str(nxt.state)
+                if state == JobState.PENDING.value:
+                    tail = f"{job} queued"
+                elif state == JobState.RUNNING.value and nxt.start is not None:
+                    tail = f"{job} running {_fmt_age(max(0.0, nxt.start - at))} later"
+                elif nxt.job_id:
+                    tail = f"{job} {state}"
+                else:
+                    tail = job
+        notes.append(f"{head} → {tail}")
+    return notes
+
+
 def _lost_nodes(store: Store, runs: Sequence[Run], now: float) -> list[str]:
     """Notes on the nodes of running attempts that stopped answering: one `nodes()` call per
     backend, and none when no attempt runs."""
@@ -515,20 +559,41 @@ def _lost_nodes(store: Store, runs: Sequence[Run], now: float) -> list[str]:
     return notes
 
 
+def _recoveries(store: Store, runs: Sequence[Run], now: float) -> list[str]:
+    """Notes on the nodes lost under active runs and their recovery (`recovery_notes`)."""
+    notes = []
+    for run in runs:
+        if run.state.is_terminal:
+            continue
+        attempts = store.attempts(run.run_id)
+        events = [e for e in store.events(run.run_id) if e.kind == "node_lost"]
+        if not events:
+            continue
+        rounds: dict[int, Sequence[dict[str, Any]]] = {}
+        if run.spec.get("run_dir"):
+            folder = RunDir(run.spec["run_dir"])
+            for a in attempts[-2:]:
+                found = (read_json(p) for p in folder.recovery(a.attempt).glob(ROUND_RECORDS))
+                rounds[a.attempt] = [r for r in found if isinstance(r, dict)]
+        notes += [f"run {run.run_id}: {n}" for n in recovery_notes(attempts, events, rounds, now)]
+    return notes
+
+
 def status(
     run_id: Annotated[str | None, typer.Argument(
         metavar="RUN", help=f"{_RUN_HELP} Default: every run.", show_default=False,
         callback=_resolve_run_arg)] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show runs (all, or one) with their attempts, and nodes of a running attempt that
-    stopped answering."""
+    """Show runs (all, or one) with their attempts, the nodes lost under an active run with
+    the recovery under way, and nodes of a running attempt that stopped answering."""
     store = _store()
     runs = [_run_or_fail(store, run_id)] if run_id else store.list_runs()
     warn_orphan_jobs(store, runs)
     summaries = [run_summary(store, r) for r in runs]
     now = time.time()
-    notes = _lost_nodes(store, runs, now)
+    recoveries = _recoveries(store, runs, now)
+    notes = recoveries + _lost_nodes(store, runs, now)
     if as_json:
         if run_id:
             typer.echo(json.dumps({**summaries[0], "notes": notes}, indent=1))
@@ -542,7 +607,8 @@ def status(
         console.print(f"{s['state']}" + (f": {s['reason']}" if s["reason"] else ""),
                       markup=False, highlight=False, soft_wrap=True)  # fmt: skip
     for note in notes:
-        console.print(f"warning: {note}", markup=False, highlight=False, soft_wrap=True)
+        said = "lost node" if note in recoveries else "warning"
+        console.print(f"{said}: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend) -> None:

@@ -39,7 +39,8 @@ against the job's restart count and state before it is repeated.
   new copy at a new version);
 - the node flags: once per cycle when anything was committed, and again after this daemon
   flags a node; a run's `FtSettings`: parsed once per version of the run;
-- the run's files (progress and straggler report) for a watched attempt: each is looked at
+- the run's files (progress, straggler report and the attempt's recovery folder, whose own
+  stat changes when a report is renamed into it) for a watched attempt: each is looked at
   with `os.stat` and read again only when its inode, size, mtime or ctime changed; a file
   changed less than a second before it was looked at is read again next time (a rewrite
   within the filesystem's timestamp granularity could keep them all). On NFS, attribute
@@ -74,7 +75,15 @@ from pathlib import Path
 from typing import Any
 
 from ftslurm.backends.protocol import SchedulerBackend
-from ftslurm.core.contract import HUNG_NODE_REPORTS, NODE_REPORTS, RANK_REPORTS, RunDir
+from ftslurm.core.contract import (
+    BENCHED_RECORDS,
+    HUNG_NODE_REPORTS,
+    NODE_REPORTS,
+    PEER_LOST_REPORTS,
+    RANK_REPORTS,
+    ROUND_RECORDS,
+    RunDir,
+)
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import policy
@@ -269,7 +278,8 @@ class Reconciler:
         self._expiries: list[float] = []  # the flags' expiry times, sorted
         self._quiet: dict[str, _Quiet] = {}  # run id -> its quiet attempt
         self._watched: dict[str, _Watched] = {}  # run id -> the files last read for it
-        self._paths: dict[str, tuple[str, ...]] = {}  # run id -> its watched files
+        # run id -> (the attempt, its watched files)
+        self._paths: dict[str, tuple[int, tuple[str, ...]]] = {}
 
     # ----------------------------------------------------------------- the cycle
     def cycle(self) -> float:
@@ -534,16 +544,19 @@ class Reconciler:
         return True
 
     def _watched_files(self, run: Run, a: Attempt) -> core.RunFiles:
-        """Progress and the straggler report of a watched attempt: read again only when one
-        of them changed since the last read (module doc)."""
-        paths = self._paths.get(run.run_id)
-        if paths is None:
+        """Progress, the straggler report and the attempt's recovery folder of a watched
+        attempt: read again only when one of them changed since the last read (module doc;
+        a report renamed into the folder changes the folder's own stat)."""
+        known = self._paths.get(run.run_id)
+        if known is None or known[0] != a.attempt:
             rd = RunDir(Path(run.spec["run_dir"]))
-            paths = self._paths[run.run_id] = (str(rd.progress), str(rd.straggler_report))
+            known = self._paths[run.run_id] = (a.attempt, (
+                str(rd.progress), str(rd.straggler_report), str(rd.recovery(a.attempt))))
+        paths = known[1]
         wall = time.time_ns()
         sigs = tuple(_signature(p) for p in paths)
         seen = self._watched.get(run.run_id)
-        if seen is not None and seen.sigs == sigs and seen.settled:
+        if seen is not None and seen.sigs == sigs and seen.settled and seen.paths is paths:
             return seen.files
         files = read_run_files(Path(run.spec["run_dir"]), a.attempt, ending=False)
         settled = all(_settled(sig, wall) for sig in sigs)
@@ -566,7 +579,11 @@ class Reconciler:
             got.update(previous=self.store.attempt_before(run.run_id, a.attempt),
                        previous_known=True)  # fmt: skip
         if "files" in what:
-            got["files"] = read_run_files(Path(run.spec["run_dir"]), a.attempt, ending=True)
+            settings = self._parsed_settings(run)
+            nnodes = max(len(a.nodes), int(run.spec.get("options", {}).get("nodes") or 0)) \
+                + (settings.spare_nodes if settings is not None else 0)  # fmt: skip
+            got["files"] = read_run_files(Path(run.spec["run_dir"]), a.attempt, ending=True,
+                                          nnodes=nnodes)  # fmt: skip
         elif "watch_files" in what:
             got["files"] = self._watched_files(run, a)
         return replace(facts, **got)
@@ -857,19 +874,34 @@ class Reconciler:
                 pass  # asked again next cycle; meanwhile the poll stays conservative
 
 
-def read_run_files(run_dir: Path, attempt: int, *, ending: bool) -> core.RunFiles:
-    """The run directory's files `step` reads: progress and the straggler report while an
-    attempt runs; with `ending`, also the attempt's rank and node reports, FINISHED and the
-    hung-at-stop reports."""
+def _records(folder: Path, pattern: str) -> tuple[dict[str, Any], ...]:
+    """The JSON objects of the files in `folder` matching `pattern` (a torn or foreign one
+    left out: it is read again when the folder changes)."""
+    found = (read_json(p) for p in sorted(folder.glob(pattern)))
+    return tuple(r for r in found if isinstance(r, dict))
+
+
+def read_run_files(run_dir: Path, attempt: int, *, ending: bool,
+                   nnodes: int = 0) -> core.RunFiles:  # fmt: skip
+    """The run directory's files `step` reads: progress, the straggler report and the
+    attempt's recovery folder (peer-loss reports, round records, benched nodes) while an
+    attempt runs; with `ending`, also the attempt's rank and node reports, FINISHED, the
+    hung-at-stop reports and the leases of its `nnodes` nodes."""
     paths = RunDir(run_dir)
     progress = read_json(paths.progress) or {}
     report = read_json(paths.straggler_report)
     straggler = report if isinstance(report, dict) else None
+    recovery = paths.recovery(attempt)
+    found = dict(lost=_records(recovery, PEER_LOST_REPORTS),
+                 rounds=_records(recovery, ROUND_RECORDS),
+                 benched=_records(recovery, BENCHED_RECORDS))  # fmt: skip
     if not ending:
-        return core.RunFiles(progress=progress, straggler_report=straggler)
+        return core.RunFiles(progress=progress, straggler_report=straggler, **found)
     folder = paths.attempt(attempt)
+    leases = (read_json(paths.peer_lease(attempt, n)) for n in range(nnodes))
     return core.RunFiles(
-        progress=progress, straggler_report=straggler,
+        progress=progress, straggler_report=straggler, **found,
+        leases=tuple(x for x in leases if isinstance(x, dict)),
         rank_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(RANK_REPORTS))),
         node_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(NODE_REPORTS))),
         finished_marker=paths.finished.exists(), hung=hung_at_stop(folder),

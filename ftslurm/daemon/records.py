@@ -105,6 +105,10 @@ class Attempt:
     in_job_restarts: int = 0
     checkpoint_signal_at: float | None = None  # when the daemon sent the checkpoint signal
     failure_seen_at: float | None = None  # when the daemon observed the previous ending
+    # the nodes lost (a peer-loss report) or benched inside this attempt that the daemon
+    # has acted on: flagged, recorded, recovered (`step`); the next attempt of one that
+    # ended for them cancels its job before submitting
+    lost_nodes: list[str] = field(default_factory=list)
     version: int = field(default=0, compare=False)  # as stored when read (compare-and-set)
 
     def __post_init__(self) -> None:

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ftslurm.core.recovery import Recovery, Source, recovery
 from ftslurm.core.settings import Cause, FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import policy
@@ -77,6 +78,46 @@ class RunFiles:
     finished_marker: bool = False  # FINISHED
     hung: str = ""  # the hung rank the launchers found at the stop, in words
     straggler_report: Mapping[str, Any] | None = None
+    # the attempt's recovery folder (RunDir.recovery): the launchers' peer-loss reports
+    # (lost-*.json), the in-job round records (round-*.json), the benched nodes
+    lost: tuple[Mapping[str, Any], ...] = ()
+    rounds: tuple[Mapping[str, Any], ...] = ()
+    benched: tuple[Mapping[str, Any], ...] = ()
+    # the launchers' last leases (RunDir.peer_lease), read at an ending only: when a node
+    # Slurm declared failed was last heard of
+    leases: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A node that left the attempt: lost (a launcher's peer-loss report) or benched (its
+    launcher stepped out so a spare replaces it)."""
+
+    node: str
+    node_rank: int | None
+    report: Mapping[str, Any]
+    benched: bool = False
+
+
+def losses(attempt: int, files: RunFiles, nodes: Sequence[str]) -> list[Loss]:
+    """The nodes the attempt's recovery folder says were lost or benched, each once (a
+    report of another attempt, or naming no node, is left out). A report without the node's
+    name is placed by its node rank in the allocation (`nodes`)."""
+    found: dict[str, Loss] = {}
+    for benched, rank_key, node_key, reports in (
+            (False, "lost_node_rank", "lost_node", files.lost),
+            (True, "node_rank", "node", files.benched)):  # fmt: skip
+        for r in reports:
+            if r.get("attempt") not in (None, attempt):
+                continue
+            rank = r.get(rank_key)
+            rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+            node = r.get(node_key)
+            if not isinstance(node, str) or not node:
+                node = nodes[rank] if rank is not None and 0 <= rank < len(nodes) else None
+            if node is not None and node not in found:
+                found[node] = Loss(node, rank, r, benched)
+    return list(found.values())
 
 
 # ---------------------------------------------------------------------------- intents
@@ -247,23 +288,37 @@ def _exclusions(run: Run, flagged: Sequence[str], usable: Mapping[str, bool]) ->
 
 
 def _submitting(a: Attempt, run: Run, facts: Facts, now: float) -> list[Intent]:
+    if a.attempt > 0 and not facts.previous_known:
+        return _need("previous")
+    # The previous attempt ended on a lost node while its job still ran: its job is
+    # cancelled before anything is submitted (again after a crash: a repeat is harmless),
+    # so two jobs of the run never train at once and Slurm cannot requeue the old one.
+    lost_job = _lost_job(facts.previous)
     if run.cancel_requested:
-        return [Finish(RunState.CANCELLED, CANCELLED_BY_USER)]
+        return [*lost_job, Finish(RunState.CANCELLED, CANCELLED_BY_USER)]
     if facts.cancel_requested is None:
         return _need("cancel")
     if facts.cancel_requested:
-        return [Finish(RunState.CANCELLED, CANCELLED_BY_USER)]
+        return [*lost_job, Finish(RunState.CANCELLED, CANCELLED_BY_USER)]
     if not facts.trusted:
         if facts.found is None:
             return _need("found")
-        if facts.found:
+        if facts.found:  # submitted already: the old job was cancelled before
             return [Adopt(max(facts.found, key=lambda j: int(j.job_id.split("_")[0])))]
     flagged = active_flags(facts, now)
     if not flagged:
-        return [Submit(())]
+        return [*lost_job, Submit(())]
     if facts.usable is None:
         return _need("nodes")
-    return [Submit(_exclusions(run, flagged, facts.usable))]
+    return [*lost_job, Submit(_exclusions(run, flagged, facts.usable))]
+
+
+def _lost_job(prev: Attempt | None) -> list[Intent]:
+    """Cancel the job of a previous attempt that ended for a lost node (`lost_nodes`)."""
+    if prev is None or not prev.lost_nodes or not prev.job_id \
+            or prev.cause != Cause.NODE_FAIL.value:
+        return []
+    return [Cancel(prev.job_id)]
 
 
 def _requeuing(a: Attempt, info: JobInfo, run: Run, facts: Facts,
@@ -361,13 +416,28 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
             out += _started(a, run, facts, now)
     if run.cancel_requested or facts.cancel_requested:
         return [*out, Cancel(a.job_id or "")]
-    if info.state is not JobState.RUNNING:
+    if info.state not in (JobState.RUNNING, JobState.COMPLETING):
         return out
     settings = _settings(run, facts)
-    wants_report = settings.exclude_stragglers or settings.stop_if_straggler
-    if facts.files is None and (wants_report or a.checkpoint_signal_at is None):
+    if facts.files is None:  # the recovery folder is read while the job holds its nodes
         return _need("watch_files")
-    files = facts.files or RunFiles()
+    files = facts.files
+    lost = _lost(a, info, run, facts, settings, files, now)
+    if lost is not None:
+        return [*out, *lost]
+    if info.state is not JobState.RUNNING:
+        return out
+    restarted = max((r.get("round") for r in files.rounds
+                     if isinstance(r.get("round"), int) and r.get("attempt") in (None, a.attempt)),
+                    default=0)  # fmt: skip
+    if restarted > a.in_job_restarts:  # the ranks restarted inside the job (a spare, say)
+        rec = max(files.rounds, key=lambda r: r.get("round") if isinstance(
+            r.get("round"), int) else -1)  # fmt: skip
+        a = replace(a, in_job_restarts=restarted)
+        out += [Record(a), Event("in_job_restart", {
+            "attempt": a.attempt, "job_id": a.job_id, "round": restarted,
+            "started_at": rec.get("started_at"), "why": rec.get("why"),
+            "lost": rec.get("lost") or []}), Changed()]  # fmt: skip
     flags = policy.straggler_flags(files.straggler_report, a.attempt, settings,
                                    active_flags(facts, now)) if files.straggler_report else ()
     if flags:
@@ -384,6 +454,89 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     if look is not None:
         out.append(Wake(look, look=True))
     return out
+
+
+def _lost_event(a: Attempt, loss: Loss, how: Recovery) -> Event:
+    """`node_lost` (a peer-loss report: where the detection came from and its latency) or
+    `node_benched`, with the recovery chosen."""
+    r = loss.report
+    base = {"attempt": a.attempt, "job_id": a.job_id, "node": loss.node,
+            "node_rank": loss.node_rank, "recovery": how.value}  # fmt: skip
+    if loss.benched:
+        return Event("node_benched", {**base, "why": r.get("why"), "time": r.get("time")})
+    heard, at = r.get("last_heard"), r.get("time")
+    detection = round(at - heard, 3) if isinstance(heard, (int, float)) \
+        and isinstance(at, (int, float)) else None  # fmt: skip
+    return Event("node_lost", {**base, "source": Source.PEER.value,
+                               "reported_by": r.get("reported_by"), "last_heard": heard,
+                               "time": at, "detection_s": detection})  # fmt: skip
+
+
+def _lost_words(loss: Loss) -> str:
+    """"n2 lost: reported by n1 after 21 s of silence"."""
+    r = loss.report
+    if loss.benched:
+        return f"{loss.node} stepped out ({r.get('why') or 'benched'})"
+    silent = r.get("silent_s")
+    after = f" after {silent:.0f} s of silence" if isinstance(silent, (int, float)) else ""
+    return f"{loss.node} lost: reported by {r.get('reported_by') or 'a peer'}{after}"
+
+
+def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSettings,
+          files: RunFiles, now: float) -> list[Intent] | None:
+    """Act on the nodes the launchers report lost (or benched) that this attempt has not
+    acted on yet (`Attempt.lost_nodes`): flag each, record where the news came from, and
+    recover as `ftslurm.core.recovery.recovery` says: on a spare, nothing more (the
+    launchers swap it in); in a new job, the attempt ends now as a node failure and the
+    next one is a fresh submission (whose step cancels this job first: `_lost_job`), not a
+    requeue: a requeued job stays COMPLETING on the dead node until SlurmdTimeout, a
+    cancelled one frees the others at once. A run whose budget is spent fails and its job
+    is cancelled. None: nothing new."""
+    gone = losses(a.attempt, files, a.nodes or list(info.nodes))
+    new = [g for g in gone if g.node not in a.lost_nodes]
+    if not new:
+        return None
+    how = recovery({g.node_rank for g in gone if g.node_rank is not None}, settings.spare_nodes)
+    out: list[Intent] = []
+    for g in new:
+        if settings.exclude_failed_nodes:
+            why = f"benched: {g.report.get('why')}" if g.benched else "lost (peer report)"
+            out.append(flag_node(g.node, why, facts.flags, now, settings))
+        out.append(_lost_event(a, g, how))
+    a = replace(a, lost_nodes=[*a.lost_nodes, *(g.node for g in new)])
+    if how is Recovery.SPARE:
+        return [*out, Record(a), Changed()]
+    ckpt = files.progress.get("checkpoint_step")
+    advanced = ckpt is not None and (run.last_checkpoint_step is None
+                                     or ckpt > run.last_checkpoint_step)  # fmt: skip
+    nodes = tuple(info.nodes) or tuple(a.nodes)
+    ending = Ending(state=JobState.NODE_FAIL, nodes=nodes,
+                    down_nodes=tuple(g.node for g in gone if not g.benched),
+                    checkpoints_known=ckpt is not None, checkpoint_advanced=advanced)  # fmt: skip
+    d = policy.decide(Cause.NODE_FAIL, ending, _budget(run), settings)
+    words = "; ".join(_lost_words(g) for g in new)
+    reason = f"{words} (Slurm had not noticed yet); {d.reason}"
+    again = d.verdict is Verdict.RETRY
+    finished = replace(a, state=AttemptState.NODE_FAIL, end=now, reason=reason,
+                       cause=Cause.NODE_FAIL.value, nodes=list(nodes),
+                       failure_seen_at=now if again else None)  # fmt: skip
+    run = replace(run, job_retries_used=d.budget.job_retries_used,
+                  cause_counts=dict(d.budget.cause_counts),
+                  continuations=d.budget.continuations,
+                  stalled_continuations=d.budget.stalled_continuations,
+                  last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
+                  reason=reason)  # fmt: skip
+    ended = Event("ended", {
+        "attempt": a.attempt, "job_id": a.job_id, "state": JobState.NODE_FAIL.value,
+        "cause": Cause.NODE_FAIL.value, "verdict": d.verdict.value, "reason": reason,
+        "exit_code": None, "excluded": [g.node for g in new]})  # fmt: skip
+    if not again:  # the job is cancelled first: seen again after a crash, decided again
+        return [Cancel(a.job_id or ""), *out, Record(finished), ended,
+                UpdateRun(replace(run, state=RunState.FAILED, ended_at=now)), Changed()]
+    nxt = Attempt(run.run_id, a.attempt + 1, AttemptState.SUBMITTING,
+                  tag=tag(run.run_id, a.attempt + 1))  # fmt: skip
+    return [*out, Record(finished), ended, UpdateRun(run), NewAttempt(nxt), Trust(nxt.attempt),
+            Changed()]  # fmt: skip
 
 
 def _straggler(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSettings,
@@ -468,10 +621,15 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     suspects = [r.get("node") for r in reports if r.get("outcome") == "resume_elsewhere"]
     signal_at = a.checkpoint_signal_at
     ckpt_at = files.progress.get("checkpoint_at")
+    # nodes the launchers reported lost (or benched) that the attempt had not acted on yet
+    gone = [g for g in losses(a.attempt, files, a.nodes or list(nodes))
+            if g.node not in a.lost_nodes]  # fmt: skip
+    peer_lost = [g.node for g in gone if not g.benched]
+    down = tuple(n for n in nodes if not facts.usable.get(n, True))
     ending = Ending(
         state=info.state, exit_code=info.exit_code, signal=info.signal,
         requeued_by_scheduler=info.restart_count > a.restart_count, nodes=nodes,
-        down_nodes=tuple(n for n in nodes if not facts.usable.get(n, True)),
+        down_nodes=down + tuple(n for n in peer_lost if n not in down),
         rank_outcomes=tuple(str(r.get("outcome")) for r in reports + launchers
                             if r.get("outcome")),
         checkpoint_signal_sent=signal_at is not None,
@@ -485,6 +643,8 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
                            for r in reports if r.get("outcome") == "disk_full"), None),
     )  # fmt: skip
     cause = policy.classify(ending, settings)
+    if peer_lost and cause is not Cause.FINISHED:  # a node was lost under it: whatever
+        cause = Cause.NODE_FAIL  # the survivors died of, or a cancel after the loss
     cancel = run.cancel_requested or bool(facts.cancel_requested)  # a cancel is final
     d = policy.decide(cause, ending, _budget(run), settings, cancel)
     ended_state = info.state.value if info.state.is_terminal else (
@@ -495,7 +655,9 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
         a, state=AttemptState(ended_state), end=info.end_time or now,
         exit_code=info.exit_code, signal=info.signal, reason=d.reason, cause=cause.value,
         nodes=list(nodes), failure_seen_at=now if again else None,
-        in_job_restarts=max([int(r.get("in_job_restarts", 0)) for r in launchers] or [0]),
+        in_job_restarts=max([int(r.get("in_job_restarts", 0)) for r in launchers]
+                            + [a.in_job_restarts]),
+        lost_nodes=[*a.lost_nodes, *(g.node for g in gone)],
     )  # fmt: skip
     run = replace(run, job_retries_used=d.budget.job_retries_used,
                   cause_counts=dict(d.budget.cause_counts),
@@ -505,18 +667,49 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
                   reason=d.reason)  # fmt: skip
     out.append(Record(finished))
     out += [flag_node(node, why, facts.flags, now, settings) for node, why in d.exclude]
+    how = Recovery.NEW_JOB
+    if settings.exclude_failed_nodes:
+        out += [flag_node(g.node, f"benched: {g.report.get('why')}", facts.flags, now,
+                          settings) for g in gone if g.benched]  # fmt: skip
+    out += [_lost_event(a, g, how) for g in gone]
+    if cause is Cause.NODE_FAIL and not peer_lost:  # Slurm's verdict came first
+        out += _slurm_lost(a, ending.down_nodes, files, now)
     out.append(Event("ended", {
         "attempt": a.attempt, "job_id": a.job_id, "state": ended_state, "cause": cause.value,
         "verdict": d.verdict.value, "reason": d.reason, "exit_code": info.exit_code,
         "excluded": [n for n, _ in d.exclude]}))  # fmt: skip
     if again:
         nxt = next_attempt(run, finished, info)
+        if peer_lost:  # a fresh job: one requeued would wait for the lost node (`_lost`)
+            nxt = Attempt(run.run_id, nxt.attempt, AttemptState.SUBMITTING,
+                          tag=tag(run.run_id, nxt.attempt))  # fmt: skip
         out += [UpdateRun(run), NewAttempt(nxt), Trust(nxt.attempt)]
     else:
         state = {Verdict.COMPLETE: RunState.COMPLETED, Verdict.FAIL: RunState.FAILED,
                  Verdict.CANCEL: RunState.CANCELLED}[d.verdict]  # fmt: skip
         out.append(UpdateRun(replace(run, state=state, ended_at=now)))
     out.append(Changed())
+    return out
+
+
+def _slurm_lost(a: Attempt, down: Sequence[str], files: RunFiles,
+                now: float) -> list[Intent]:  # fmt: skip
+    """`node_lost` from Slurm's verdict (NODE_FAIL before any peer report): its latency is
+    the daemon's sight of it less the node's last lease, when its launcher left one."""
+    leases = {str(x.get("node")): x for x in files.leases if x.get("node")}
+    fresh = [n for n in down if n not in a.lost_nodes]  # not acted on already (a spare)
+    if down and not fresh:
+        return []
+    out: list[Intent] = []
+    for node in fresh or [None]:
+        lease = leases.get(node or "", {})
+        heard = lease.get("time") if isinstance(lease.get("time"), (int, float)) else None
+        out.append(Event("node_lost", {
+            "attempt": a.attempt, "job_id": a.job_id, "node": node,
+            "node_rank": lease.get("node_rank"), "source": Source.SLURM.value,
+            "reported_by": "slurm", "last_heard": heard, "time": now,
+            "detection_s": None if heard is None else round(now - heard, 3),
+            "recovery": Recovery.NEW_JOB.value}))  # fmt: skip
     return out
 
 

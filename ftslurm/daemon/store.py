@@ -109,6 +109,10 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             data TEXT NOT NULL, created_at REAL NOT NULL, applied_at REAL, result TEXT)""",
         "CREATE INDEX requests_pending ON requests(applied_at, request_id)",
     ]),
+    (3, [
+        # the lost nodes an attempt acted on (JSON list): survives a daemon restart
+        "ALTER TABLE attempts ADD COLUMN lost_nodes TEXT NOT NULL DEFAULT '[]'",
+    ]),
 ]  # fmt: skip
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]
 
@@ -117,7 +121,8 @@ _RUN_COLS = ("run_id", "name", "state", "created_at", "ended_at", "spec", "setti
              "last_checkpoint_step", "reason", "cancel_requested")  # fmt: skip
 _ATTEMPT_COLS = ("run_id", "attempt", "state", "job_id", "tag", "restart_count", "nodes",
                  "submitted_at", "start", "end_", "exit_code", "signal", "reason", "cause",
-                 "in_job_restarts", "checkpoint_signal_at", "failure_seen_at")  # fmt: skip
+                 "in_job_restarts", "checkpoint_signal_at", "failure_seen_at",
+                 "lost_nodes")  # fmt: skip
 _TERMINAL = tuple(s.value for s in RunState if s.is_terminal)
 
 
@@ -566,7 +571,7 @@ class Store:
         return (a.run_id, a.attempt, a.state, a.job_id, a.tag, a.restart_count,
                 json.dumps(a.nodes), a.submitted_at, a.start, a.end, a.exit_code, a.signal,
                 a.reason, a.cause, a.in_job_restarts, a.checkpoint_signal_at,
-                a.failure_seen_at)  # fmt: skip
+                a.failure_seen_at, json.dumps(a.lost_nodes))  # fmt: skip
 
     @staticmethod
     def _attempt(row: sqlite3.Row) -> Attempt:
@@ -578,7 +583,8 @@ class Store:
             signal=row["signal"], reason=row["reason"], cause=row["cause"],
             in_job_restarts=row["in_job_restarts"],
             checkpoint_signal_at=row["checkpoint_signal_at"],
-            failure_seen_at=row["failure_seen_at"], version=row["version"],
+            failure_seen_at=row["failure_seen_at"], lost_nodes=json.loads(row["lost_nodes"]),
+            version=row["version"],
         )  # fmt: skip
 
     def add_attempt(self, a: Attempt) -> None:

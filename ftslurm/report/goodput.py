@@ -114,6 +114,8 @@ class ComputeFacts:
     # -inf: all of them, inf: no such guarantee.
     checkpoints_complete_from: float = math.inf
     attempts: Mapping[int, AttemptFacts] = field(default_factory=dict)
+    # attempt -> its in-job round records (RunDir.round_record): when ranks ran again
+    rounds: Mapping[int, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -164,6 +166,69 @@ class Breakdown:
 
 
 @dataclass(frozen=True)
+class NodeLoss:
+    """A node lost under the run, as the daemon recorded it (`node_lost` events), with its
+    two latencies kept apart: detection (the node last heard of -> the launchers' report,
+    or -> the daemon's sight of Slurm's verdict) and recovery (detection -> the ranks
+    running again: the next attempt running, or for a spare the in-job round that started
+    after the report, at its first step when recorded)."""
+
+    attempt: int
+    node: str | None
+    source: str  # "peer" or "slurm" (ftslurm.core.recovery.Source)
+    recovery: str  # "spare" or "new_job" (ftslurm.core.recovery.Recovery)
+    detected_at: float
+    detection_s: float | None  # None: when the node was last heard of is not known
+    recovered_at: float | None  # None: not (yet) running again
+    recovery_s: float | None
+
+
+def node_losses(attempts: Sequence[Attempt], events: Sequence[Event],
+                rounds: Mapping[int, Sequence[Mapping[str, Any]]]) -> tuple[NodeLoss, ...]:
+    """The run's node losses with their detection and recovery times (`NodeLoss`)."""
+    running = sorted((e.time, int(e.data["attempt"])) for e in events
+                     if e.kind == "running" and isinstance(e.data.get("attempt"), int))
+    out = []
+    for e in events:
+        d = e.data
+        if e.kind != "node_lost" or not isinstance(d.get("attempt"), int):
+            continue
+        at = d.get("time")
+        detected = float(at) if isinstance(at, (int, float)) else e.time
+        back: float | None = None
+        if d.get("recovery") == "spare":
+            starts = []
+            for r in rounds.get(d["attempt"], ()):
+                start, first = r.get("started_at"), r.get("first_step_at")
+                if isinstance(start, (int, float)) and start >= detected:
+                    starts.append(float(first) if isinstance(first, (int, float)) else start)
+            back = min(starts, default=None)
+        else:
+            back = next((t for t, n in running if n > d["attempt"] and t >= e.time), None)
+        took = d.get("detection_s")
+        out.append(NodeLoss(
+            attempt=d["attempt"], node=d.get("node"), source=str(d.get("source") or "peer"),
+            recovery=str(d.get("recovery") or "new_job"), detected_at=detected,
+            detection_s=float(took) if isinstance(took, (int, float)) else None,
+            recovered_at=back, recovery_s=None if back is None else max(0.0, back - detected)))
+    return tuple(out)
+
+
+def losses_by_source(losses: Sequence[NodeLoss]) -> dict[str, dict[str, Any]]:
+    """Per source: how many losses, and the mean detection and recovery seconds of those
+    whose times are known."""
+    out: dict[str, dict[str, Any]] = {}
+    for source in sorted({x.source for x in losses}):
+        mine = [x for x in losses if x.source == source]
+        det = [x.detection_s for x in mine if x.detection_s is not None]
+        rec = [x.recovery_s for x in mine if x.recovery_s is not None]
+        out[source] = {"count": len(mine),
+                       "detection_s": sum(det) / len(det) if det else None,
+                       "recovery_s": sum(rec) / len(rec) if rec else None}  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True)
 class GoodputReport:
     run_id: str
     begin: float
@@ -172,6 +237,7 @@ class GoodputReport:
     segments: tuple[Segment, ...]
     timeline: tuple[TimelineEntry, ...]
     notes: tuple[str, ...]
+    losses: tuple[NodeLoss, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         b = self.breakdown
@@ -186,6 +252,11 @@ class GoodputReport:
             "segments": [{"start": s.start, "end": s.end, "category": s.category,
                           "attempt": s.attempt} for s in self.segments],
             "notes": list(self.notes),
+            "node_losses": [{"attempt": x.attempt, "node": x.node, "source": x.source,
+                             "recovery": x.recovery, "detected_at": x.detected_at,
+                             "detection_s": x.detection_s, "recovered_at": x.recovered_at,
+                             "recovery_s": x.recovery_s} for x in self.losses],
+            "losses_by_source": losses_by_source(self.losses),
         }  # fmt: skip
 
 
@@ -326,7 +397,7 @@ def goodput(run: Run, attempts: Sequence[Attempt], events: Sequence[Event],
                          "so its save time is not in checkpointing")  # fmt: skip
     return GoodputReport(run.run_id, begin, finish, breakdown, tuple(cut.segments),
                          _timeline(run, attempts, events, facts, begin, finish),
-                         tuple(notes))  # fmt: skip
+                         tuple(notes), node_losses(attempts, events, facts.rounds))  # fmt: skip
 
 
 def _compute(cut: _Cutter, a: Attempt, ended: Event | None, active: bool, facts: ComputeFacts,
@@ -420,6 +491,13 @@ def _timeline(
             entries.append(TimelineEntry(e.time, e.kind, f"attempt {k} running "
                                          f"{format_duration(d['latency_s'])} after the previous "
                                          "ending was seen", k))  # fmt: skip
+        elif e.kind == "node_lost":
+            who = "Slurm" if d.get("source") == "slurm" else f"peer {d.get('reported_by')}"
+            took = f" {format_duration(d['detection_s'])} after it was last heard" \
+                if isinstance(d.get("detection_s"), (int, float)) else ""  # fmt: skip
+            how = "a spare takes over" if d.get("recovery") == "spare" else "a new job"
+            entries.append(TimelineEntry(e.time, e.kind, f"{d.get('node') or 'a node'} lost "
+                                         f"(seen by {who}{took}): {how}", k))  # fmt: skip
         elif e.kind == "straggler":
             entries.append(TimelineEntry(e.time, e.kind, "straggler node(s) flagged: "
                                          f"{', '.join(d.get('nodes') or [])}", k))  # fmt: skip

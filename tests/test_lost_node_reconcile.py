@@ -1,0 +1,124 @@
+"""The daemon acts on a launcher's peer-loss report at once (`attempts/<k>/recovery/`):
+driven on the mock's pure model with a virtual clock, the job still RUNNING as Slurm
+would show it until SlurmdTimeout. The crash between recording the decision and cancelling
+the old job is forced (the daemon dies at the cancel), never hoped for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ftslurm.core.contract import RunDir
+from ftslurm.core.settings import FtSettings
+from ftslurm.daemon import reconcile
+from ftslurm.daemon.reconcile import Reconciler
+from ftslurm.daemon.records import AttemptState
+from ftslurm.daemon.store import Store
+from ftslurm.fsutil import write_json_atomic
+
+from .test_reconcile_property import DaemonCrash, ModelBackend, running_on_the_model
+from .test_reconcile_quiet import Counted
+
+
+def two_nodes(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModelBackend, Store, Reconciler]:
+    monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)  # settled at once
+    backend, store, rec = running_on_the_model(
+        tmp, 2, FtSettings(num_job_retries_on_failure=2, preempt_time=0), cycles=3)
+    assert store.latest_attempt("r0").state is AttemptState.RUNNING  # type: ignore[union-attr]
+    return backend, store, rec
+
+
+def report_lost(tmp: Path, store: Store, node_rank: int) -> str:
+    """The launchers' report that node `node_rank` of attempt 0 fell silent; its name."""
+    nodes = store.latest_attempt("r0").nodes  # type: ignore[union-attr]
+    lost = nodes[node_rank]
+    RunDir(tmp / "run").recovery(0).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(RunDir(tmp / "run").peer_lost(0, node_rank), {
+        "lost_node_rank": node_rank, "lost_node": lost, "last_heard": 1.0, "lease_time": 1.0,
+        "silent_s": 21.0, "peer_timeout_s": 20.0, "reported_by": nodes[1 - node_rank],
+        "reported_by_node_rank": 1 - node_rank, "time": 22.0, "job_id": "1", "attempt": 0})
+    return lost
+
+
+def commands(backend: ModelBackend, since: int) -> list[tuple[str, str]]:
+    return [(method, key) for _, method, key in backend.log[since:]
+            if method in ("cancel", "submit", "requeue")]
+
+
+@pytest.mark.parametrize("node_rank", [1, 0], ids=["other", "batch-host"])
+def test_a_report_ends_the_job_and_a_fresh_one_runs_without_the_node(tmp_path, monkeypatch,
+                                                                       node_rank):  # fmt: skip
+    backend, store, rec = two_nodes(tmp_path, monkeypatch)
+    old = store.latest_attempt("r0").job_id  # type: ignore[union-attr]
+    lost = report_lost(tmp_path, store, node_rank)
+    mark = len(backend.log)
+    rec.cycle()  # one poll after the report, Slurm has noticed nothing
+    assert commands(backend, mark) == [("cancel", old), ("submit", "ftslurm:r0:1")]
+    first, second = store.attempts("r0")
+    assert (first.state, first.cause, first.lost_nodes) == (AttemptState.NODE_FAIL, "node_fail",
+                                                            [lost])  # fmt: skip
+    new = backend.st.jobs[second.job_id or ""]
+    assert lost in new.exclude and lost not in new.nodes
+    assert lost in {f.node for f in store.node_flags()}
+    (event,) = [e for e in store.events("r0") if e.kind == "node_lost"]
+    assert (event.data["source"], event.data["detection_s"], event.data["recovery"]) == (
+        "peer", 21.0, "new_job")
+    assert store.get_run("r0").job_retries_used == 1  # type: ignore[union-attr]
+
+
+def test_the_old_job_is_cancelled_before_the_new_one_after_a_crash_at_the_cancel(
+        tmp_path, monkeypatch):  # fmt: skip
+    """The daemon dies right after recording the decision, before the cancel: the restarted
+    daemon cancels the old job before it submits, so two jobs never train at once."""
+    backend, store, rec = two_nodes(tmp_path, monkeypatch)
+    old = store.latest_attempt("r0").job_id  # type: ignore[union-attr]
+    report_lost(tmp_path, store, 1)
+    real_cancel = backend.cancel
+
+    def dies(job_id: str) -> None:
+        raise DaemonCrash()
+
+    backend.cancel = dies  # type: ignore[method-assign]
+    with pytest.raises(DaemonCrash):
+        rec.cycle()
+    first, second = store.attempts("r0")
+    assert first.state is AttemptState.NODE_FAIL and second.state is AttemptState.SUBMITTING
+    assert backend.running() == [old]  # recorded, not cancelled, nothing new submitted
+    backend.cancel = real_cancel  # type: ignore[method-assign]
+    mark = len(backend.log)
+    restarted = Reconciler(store, lambda _kind: backend, clock=lambda: backend.now)
+    restarted.cycle()
+    assert commands(backend, mark) == [("cancel", old), ("submit", "ftslurm:r0:1")]
+    assert old not in backend.running()
+    assert backend.submitted["ftslurm:r0:1"] == 1
+
+
+def test_an_unchanged_recovery_folder_costs_no_read_and_a_new_report_is_read_at_once(
+        tmp_path, monkeypatch):  # fmt: skip
+    backend, store, rec = two_nodes(tmp_path, monkeypatch)
+    RunDir(tmp_path / "run").recovery(0).mkdir(parents=True)
+    rec.cycle()
+    counted = Counted(monkeypatch)
+    for _ in range(3):
+        backend.now += 1
+        rec.cycle()
+        assert counted.take() == (0, 0)  # quiet: one stat of the folder, no read
+    report_lost(tmp_path, store, 1)
+    backend.now += 1
+    rec.cycle()
+    assert counted.take()[1] >= 1
+    assert store.attempts("r0")[0].lost_nodes
+
+
+def test_a_spent_budget_fails_the_run_with_the_reason_and_cancels_the_job(tmp_path, monkeypatch):
+    monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
+    backend, store, rec = running_on_the_model(
+        tmp_path, 2, FtSettings(num_job_retries_on_failure=0, preempt_time=0), cycles=3)
+    old = store.latest_attempt("r0").job_id  # type: ignore[union-attr]
+    lost = report_lost(tmp_path, store, 1)
+    rec.cycle()
+    run = store.get_run("r0")
+    assert run is not None and run.state.value == "FAILED"
+    assert f"{lost} lost" in (run.reason or "") and "budget exhausted" in (run.reason or "")
+    assert old not in backend.running() and len(store.attempts("r0")) == 1
