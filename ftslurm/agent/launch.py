@@ -198,6 +198,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--safety-factor", type=float, default=SAFETY_FACTOR)
     p.add_argument("--peer-timeout", type=float, default=env.peer_timeout_s,
                    help="seconds a node's launcher may be silent before it is reported lost")
+    p.add_argument("--spare-nodes", type=int, default=env.spare_nodes,
+                   help="of the --nnodes nodes, how many wait idle to replace a lost one")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     args.env = env
@@ -209,6 +211,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--nproc-per-node must be >= 1 and --max-restarts >= 0")
     if not args.peer_timeout > 0:
         p.error("--peer-timeout must be > 0")
+    if not 0 <= args.spare_nodes < args.nnodes:
+        p.error(f"--spare-nodes {args.spare_nodes}: must be >= 0 and leave at least one of "
+                f"the {args.nnodes} node(s) to train")
     return args
 
 
