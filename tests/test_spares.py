@@ -22,7 +22,7 @@ from ftslurm.errors import ConfigError
 from ftslurm.recipe import Recipe
 
 from .conftest import wait_for
-from .daemon_scenarios import RECIPE, reference_digest
+from .daemon_scenarios import RECIPE, Cli, reference_digest
 
 
 def attempt(**settings) -> tuple[str, object]:
@@ -256,3 +256,32 @@ def test_a_spare_never_needed_ends_with_outcome_spare_and_exit_0(tmp_path):
     assert spare["outcome"] == spare["role"] == sp.SPARE and spare["exit_code"] == 0
     assert [node_report(nodes.run, r)["outcome"] for r in (0, 1)] == ["finished", "finished"]
     assert not list(nodes.run.recovery(0).glob(ROUND_RECORDS))
+
+
+# ---------------------------------------------------------------- the mock scheduler
+def test_on_the_mock_a_spare_replaces_a_failed_node_in_the_same_job(tmp_path):
+    """`--dry-run` with the mock's default SlurmdTimeout (300 s): node index 1 (active, not
+    the batch host) fails; its launcher and rank die with it; the spare takes over inside
+    the same job, long before Slurm would have noticed, and training ends bit-identical."""
+    steps = 150
+    expected = reference_digest(tmp_path, steps)
+    cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
+    cli("mock", "up")
+    try:
+        recipe = tmp_path / "spare.py"
+        recipe.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
+                          f"sys.executable, {str(RECIPE)!r}], peer_timeout_s=3.0)\n")
+        out = cli.submit("--dry-run", "-N", "2", "--spare-nodes", "1", "--inject",
+                         "node_fail@15:1", str(recipe), "--", "--steps", str(steps),
+                         "--step-time", "0.1", "--checkpoint-dir", str(tmp_path / "ckpt"))
+        run = RunDir(cli.status(out["run_id"])["run_dir"])
+        wait_for((tmp_path / "ckpt" / "final.json").exists, 110, "the end of training")
+        record = json.loads(run.round_record(0, 1).read_text())
+        assert record["lost"] and record["world_size"] == 2 and record["job_id"] == out["job_id"]
+        s = cli.summary(out["run_id"])
+        assert [a["job_id"] for a in s["attempts"]] == [out["job_id"]], s
+        final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
+        assert final["digest"] == expected
+    finally:
+        cli.stop_daemon()
+        cli("mock", "destroy", check=False)
