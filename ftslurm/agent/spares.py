@@ -25,7 +25,6 @@ leave; the daemon ends the job and the run goes on in a new one.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping
 from enum import Enum
 from typing import Any
@@ -107,16 +106,13 @@ def round_record(*, round_: int, started_at: float, world_size: int, nnodes_acti
 
 
 # ---------------------------------------------------------------------------- reading
-_LOST_NAME = re.compile(r"lost-(\d+)\.json")
-
-
 def lost_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
     """The attempt's peer-loss reports: node rank -> report."""
     out: dict[int, dict[str, Any]] = {}
     for path in run.recovery(attempt).glob(PEER_LOST_REPORTS):
-        m = _LOST_NAME.fullmatch(path.name)
-        if m:
-            out[int(m.group(1))] = read_json(path) or {}
+        report = read_json(path)
+        if isinstance(report, dict) and isinstance(report.get("lost_node_rank"), int):
+            out[report["lost_node_rank"]] = report
     return out
 
 
