@@ -6,8 +6,11 @@ cluster twice, through the same commands a user types:
   2. with a node failure injected 5 s into the first attempt and a preemption 10 s into
      the second. ftslurm's daemon reads Slurm's verdict each time, keeps the failed node
      out, starts the requeued job at once (no 120 s requeue delay), and counts the
-     preemption, where the recipe checkpointed on SIGTERM, as a continuation.
-The faulty run must end COMPLETED with exactly the parameters of the reference run.
+     preemption, where the recipe checkpointed on SIGTERM, as a continuation;
+  3. with a hot spare (`--spare-nodes 1`: 3 nodes, training on 2) and an active node failed
+     15 s in: the launchers restart the ranks on the survivor and the spare from the last
+     checkpoint, inside the same job (no requeue), within seconds.
+Both faulty runs must end COMPLETED with exactly the parameters of the reference run.
 
 Nothing is faked: the jobs are real processes, the faults really kill them, and the
 parameters are compared by digest. Run it with `make demo`.
@@ -41,11 +44,12 @@ def ftslurm(*args: str, env: dict[str, str], check: bool = True) -> str:
     return proc.stdout
 
 
-def run(name: str, work: Path, env: dict[str, str], faults: list[str], step_time: str) -> dict:
+def run(name: str, work: Path, env: dict[str, str], faults: list[str], step_time: str,
+        *options: str, recipe: Path = ROOT / "recipe.py") -> dict:  # fmt: skip
     ckpt = work / name
     inject = [a for f in faults for a in ("--inject", f)]
-    out = ftslurm("submit", "--dry-run", "--json", "-N", "2", "--retries", "2",
-                  "--name", name, *inject, str(ROOT / "recipe.py"), "--", "--steps", "150",
+    out = ftslurm("submit", "--dry-run", "--json", "-N", "2", "--retries", "2", *options,
+                  "--name", name, *inject, str(recipe), "--", "--steps", "150",
                   "--ckpt-every", "10", "--step-time", step_time,
                   "--checkpoint-dir", str(ckpt), env=env)  # fmt: skip
     run_id = json.loads(out)["run_id"]
@@ -63,7 +67,8 @@ def main() -> int:
     env = dict(os.environ, FTSLURM_HOME=str(work / "home"),
                FTSLURM_MOCK_HOME=str(work / "mock"), PYTHONWARNINGS="ignore",
                COLUMNS=os.environ.get("COLUMNS", "150"))  # fmt: skip
-    console.rule("ftslurm demo: a PyTorch run survives a node failure and a preemption (mock)")
+    console.rule("ftslurm demo: a PyTorch run survives a node failure, a preemption and a lost "
+                 "node replaced by a hot spare (mock)")
     try:
         # SlurmdTimeout 3 s instead of Slurm's 300 s so the rehearsal is quick.
         ftslurm("mock", "up", "--slurmd-timeout", "3", env=env)
@@ -71,9 +76,22 @@ def main() -> int:
         faulty = run("with-faults", work, env, ["node_fail@5", "preempt@10"], "0.1")
         s = faulty["status"]
         causes = [a["cause"] for a in s["attempts"]]
+        # The same recipe with a short peer timeout (a setting of the recipe), so the
+        # launchers tell a lost node in 3 s.
+        spare_recipe = work / "spare_recipe.py"
+        spare_recipe.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
+                                f"sys.executable, {str(ROOT / 'recipe.py')!r}], "
+                                "peer_timeout_s=3.0)\n")  # fmt: skip
+        spared = run("with-a-spare", work, env, ["node_fail@15:1"], "0.1", "--spare-nodes", "1",
+                     recipe=spare_recipe)  # fmt: skip
+        sp = spared["status"]
+        rounds = sorted(Path(sp["run_dir"], "attempts", "0", "recovery").glob("round-*.json"))
+        swap = json.loads(rounds[0].read_text()) if rounds else {}
         ok = (s["state"] == "COMPLETED" and "node_fail" in causes and "checkpointed" in causes
               and faulty.get("digest") == reference.get("digest")
-              and faulty.get("step") == reference.get("step") == 150)  # fmt: skip
+              and faulty.get("step") == reference.get("step") == 150
+              and sp["state"] == "COMPLETED" and len(sp["attempts"]) == 1 and bool(swap)
+              and spared.get("digest") == reference.get("digest"))  # fmt: skip
         console.print(f"reference: step {reference.get('step')}, digest "
                       f"{reference.get('digest')}")  # fmt: skip
         console.print(f"with faults: {s['state']} after {len(s['attempts'])} attempts "
@@ -81,6 +99,14 @@ def main() -> int:
                       f"{', '.join(s['excluded_nodes']) or 'none'}; step {faulty.get('step')}, "
                       f"digest {faulty.get('digest')} ({faulty['seconds']:.0f}s)",
                       soft_wrap=True)  # fmt: skip
+        lost = json.loads(next(Path(sp["run_dir"], "attempts", "0", "recovery").glob(
+            "lost-*.json")).read_text()) if swap else {}  # fmt: skip
+        took = (swap.get("first_step_at") or 0) - (lost.get("last_heard") or 0)
+        console.print(f"with a spare: {sp['state']} in {len(sp['attempts'])} attempt (job "
+                      f"{sp['attempts'][0]['job_id']}); {', '.join(swap.get('lost') or ['-'])} "
+                      f"replaced by a spare, training again {took:.0f}s after it fell silent; "
+                      f"step {spared.get('step')}, digest {spared.get('digest')} "
+                      f"({spared['seconds']:.0f}s)", soft_wrap=True)  # fmt: skip
         console.print(f"files in {work}")
         console.rule("[green]demo passed[/]" if ok else "[red]demo failed[/]")
         return 0 if ok else 1

@@ -74,6 +74,11 @@ class Recipe(FtSettings):
                 f"{self.time} ({limit}s): the checkpoint signal would be due when the job "
                 "starts and be lost", hint="shorten --preempt-time or lengthen -t")
         self.ranks_per_node()
+        if self.spare_nodes and not self.use_launcher:
+            raise ConfigError(
+                f"--spare-nodes {self.spare_nodes} needs the launcher (use_launcher=True): it "
+                "is the launchers that move the training onto a spare",
+                hint="drop --spare-nodes or turn use_launcher back on")
         return self
 
     def settings(self) -> FtSettings:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ftslurm.agent import spares as sp
 from ftslurm.agent.heartbeat import (
     FLOOR_S,
     SAFETY_FACTOR,
@@ -59,7 +60,7 @@ from ftslurm.agent.heartbeat import (
     silence,
     watch_cpu,
 )  # fmt: skip
-from ftslurm.agent.peers import PeerWatch
+from ftslurm.agent.peers import PeerWatch, poll_interval
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.straggler import collect_report
 from ftslurm.core.contract import (
@@ -198,6 +199,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--safety-factor", type=float, default=SAFETY_FACTOR)
     p.add_argument("--peer-timeout", type=float, default=env.peer_timeout_s,
                    help="seconds a node's launcher may be silent before it is reported lost")
+    p.add_argument("--spare-nodes", type=int, default=env.spare_nodes,
+                   help="of the --nnodes nodes, how many wait idle to replace a lost one")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     args.env = env
@@ -209,6 +212,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--nproc-per-node must be >= 1 and --max-restarts >= 0")
     if not args.peer_timeout > 0:
         p.error("--peer-timeout must be > 0")
+    if args.spare_nodes and env.run is None:
+        p.error(f"--spare-nodes needs {EnvName.RUN_DIR.value}: the launchers meet in it")
+    if not 0 <= args.spare_nodes < args.nnodes:
+        p.error(f"--spare-nodes {args.spare_nodes}: must be >= 0 and leave at least one of "
+                f"the {args.nnodes} node(s) to train")
     return args
 
 
@@ -231,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, RendezvousTimeoutError
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     job = os.environ.get("SLURM_JOB_ID", "local")
@@ -264,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
                              "cpu": {}, "heartbeats": False, "look_at_stop": False,
                              "teardown": {}, "ranks": set()}  # fmt: skip
 
+    spares = args.spare_nodes
+    # Hot spares (ftslurm.agent.spares): what this launcher knows of the nodes lost so far.
+    spare_state: dict[str, Any] = {"lost": set(), "swaps": 0, "trained": False,
+                                   "why": None, "next_check": 0.0, "new_job": False,
+                                   "round": None}  # fmt: skip
+
     def stopped_ranks(ranks: set[int]) -> dict[int, str]:
         records = {r: read_stop_record(run_dir, attempt, r) for r in ranks}
         return {r: str(rec.get("outcome") or "checkpointed") for r, rec in records.items()
@@ -277,10 +291,31 @@ def main(argv: list[str] | None = None) -> int:
                 old.unlink(missing_ok=True)
             state["pace"], state["cpu"] = {}, {}  # a new round learns its pace again
             state["hung_round"] = False
+            if spares and run is not None:
+                spare_state["trained"] = True
+                # Nodes reported lost before this round formed are not in it: the round's
+                # ranks restart for news of a loss after it only.
+                spare_state["lost"] |= set(sp.lost_reports(run, attempt))
+                if watch is not None:
+                    watch.set_role(sp.ACTIVE)
             started = super()._start_workers(worker_group)
             while early:  # what came before the ranks existed reaches them when ready
                 forward(early.pop(0), None)
+            if run is not None and worker_group.group_rank == 0:
+                record_round(worker_group)
             return started
+
+        def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
+            while True:
+                try:
+                    return super()._rendezvous(worker_group)
+                except RendezvousTimeoutError:
+                    # A spare left waiting on the wait list times out with torch's join
+                    # timeout: it joins again while a spare can still be needed.
+                    if not (spares and not spare_state["new_job"]
+                            and not (run is not None and run.finished.exists())):
+                        raise
+                    log.info("waiting on as a spare")
 
         def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
             result = super()._monitor_workers(worker_group)
@@ -297,11 +332,28 @@ def main(argv: list[str] | None = None) -> int:
                     state["teardown"] = failures
                     return RunResult(state=WorkerState.SUCCEEDED,
                                      return_values={r: None for r in ranks})
+            if spares and result.state is WorkerState.FAILED and not state["signalled"]:
+                # Did the ranks fail because an active node was lost under them?
+                if failure_verdict() is sp.Action.SWAP:
+                    self._remaining_restarts += 1  # a swap uses no in-job restart
+                elif spare_state["new_job"]:
+                    self._remaining_restarts = 0
             if result.state is not WorkerState.HEALTHY:
                 return result
             now = time.monotonic()
             pids = self._pcontext.pids() if self._pcontext else {}
             deliver_held(pids)
+            note_first_step()
+            if spares and now >= spare_state["next_check"]:
+                spare_state["next_check"] = now + 1.0
+                action = check_losses()
+                if action is not sp.Action.NONE:
+                    _kill(pids.values())
+                    if action is sp.Action.SWAP:
+                        self._remaining_restarts += 1  # undone by torch's count: no restart used
+                    else:
+                        self._remaining_restarts = 0
+                    return RunResult(state=WorkerState.FAILED)
             if collector is not None and now >= state["next_collect"]:
                 state["next_collect"] = now + collector_interval
                 collector()
@@ -384,6 +436,106 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path.unlink(missing_ok=True)
 
+    def check_losses() -> sp.Action:
+        """Read the attempt's peer-loss reports: on news of a lost active node, SWAP (a
+        spare takes its place) or NEW_JOB (no spare can)."""
+        assert run is not None
+        reports = sp.lost_reports(run, attempt)
+        new = set(reports) - spare_state["lost"]
+        if not new:
+            return sp.Action.NONE
+        spare_state["lost"] |= new
+        roles = {}
+        for r in new:
+            lease = sp.read_lease(run, attempt, r)
+            roles[r] = lease.role if lease is not None else None
+        action = sp.loss_action(spare_state["lost"], roles, spares)
+        names = ", ".join(str(reports[r].get("lost_node") or f"node rank {r}")
+                          for r in sorted(new))  # fmt: skip
+        if action is sp.Action.SWAP:
+            spare_state["swaps"] += 1
+            spare_state["why"] = f"node {names} lost: a spare takes its place"
+            log.warning("node %s lost: restarting the ranks with a spare (%d left)", names,
+                        sp.spares_left(spare_state["lost"], spares))  # fmt: skip
+        elif action is sp.Action.NEW_JOB:
+            spare_state["new_job"] = True
+            log.warning("node %s lost and no spare can take its place: stopping (the run "
+                        "goes on in a new job)", names)  # fmt: skip
+        return action
+
+    def failure_verdict() -> sp.Action:
+        """After the ranks failed: wait (at most the peer timeout and three polls) until
+        every other active node is heard from twice, or a loss of one is reported."""
+        assert run is not None
+        deadline = time.monotonic() + args.peer_timeout + 3 * poll_interval(args.peer_timeout)
+        first: dict[int, int] = {}
+        while True:
+            action = check_losses()
+            if action is not sp.Action.NONE:
+                return action
+            leases = {r: sp.read_lease(run, attempt, r) for r in range(args.nnodes)
+                      if r != args.node_rank and r not in spare_state["lost"]}  # fmt: skip
+            for r, lease in leases.items():
+                if lease is not None and lease.role == sp.ACTIVE and lease.ended is None:
+                    first.setdefault(r, lease.seq)
+            if sp.alive_since(first, leases) or time.monotonic() > deadline:
+                return sp.Action.NONE
+            time.sleep(0.25)
+
+    def record_round(worker_group: Any) -> None:
+        """The launcher of global rank 0 records every in-job round after the first."""
+        assert run is not None
+        round_ = sp.rendezvous_round(worker_group.spec.rdzv_handler)
+        spare_state["round"] = None
+        if not round_:
+            return
+        named = sp.named_in_rounds(run, attempt)
+        reports = sp.lost_reports(run, attempt)
+        lost = sorted({str(rep.get("lost_node") or f"node rank {r}")
+                       for r, rep in reports.items()} - named)  # fmt: skip
+        why = spare_state["why"] or (f"node {', '.join(lost)} lost: a spare takes its place"
+                                     if lost else "in-job restart")  # fmt: skip
+        spare_state["why"] = None
+        workers = worker_group.workers or []
+        record = sp.round_record(
+            round_=round_, started_at=time.time(),
+            world_size=workers[0].world_size if workers else 0,
+            nnodes_active=worker_group.group_world_size,
+            spares_left=sp.spares_left(reports, spares), why=why, lost=lost, job_id=job,
+            attempt=attempt)  # fmt: skip
+        path = run.round_record(attempt, round_)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, record)
+        spare_state["round"] = (path, record)
+
+    def note_first_step() -> None:
+        """The round record gets the time of the first step a rank of this node reports."""
+        pending = spare_state["round"]
+        if pending is None:
+            return
+        steps = [b.step for b in (read_beat(hb_dir, lr) for lr in range(args.nproc_per_node))
+                 if b is not None and b.step is not None]  # fmt: skip
+        if steps:
+            path, record = pending
+            write_json_atomic(path, {**record, "first_step_at": time.time(), "step": max(steps)})
+            spare_state["round"] = None
+
+    def wait_to_join() -> bool:
+        """A spare holds back from the first rendezvous until the nodes that train first
+        started their ranks (or one was lost). False: the job ended meanwhile."""
+        assert run is not None
+        deadline = time.monotonic() + args.rdzv_timeout
+        while time.monotonic() < deadline and not state["signalled"]:
+            leases = {r: sp.read_lease(run, attempt, r)
+                      for r in range(sp.active_nodes(args.nnodes, spares))}  # fmt: skip
+            if any(lease is not None and lease.ended is not None and lease.role == sp.ACTIVE
+                   for lease in leases.values()):  # fmt: skip
+                return False  # the training is over
+            if sp.may_join(leases, args.nnodes, spares, sp.lost_reports(run, attempt)):
+                return True
+            time.sleep(0.25)
+        return not state["signalled"]
+
     agent_box: dict[str, Any] = {}
 
     held: dict[int, list[int]] = {}  # local rank -> signals waiting for its wrapper
@@ -420,15 +572,25 @@ def main(argv: list[str] | None = None) -> int:
     for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, checkpoint_sig}:
         signal.signal(sig, forward)
 
+    # With spares the rendezvous takes exactly the N nodes that train; the others wait on
+    # its redundancy list, and a dead participant is dropped in seconds, not torch's 15 s.
+    nactive = sp.active_nodes(args.nnodes, spares)
+    keep_alive = {"keep_alive_interval": sp.KEEP_ALIVE_S,
+                  "keep_alive_max_attempt": sp.KEEP_ALIVE_MISSES} if spares else {}
     params = RendezvousParameters(
         backend="c10d", endpoint=_endpoint(args), run_id=f"ftslurm-{job}-{restarts}",
-        min_nodes=args.nnodes, max_nodes=args.nnodes, is_host=args.node_rank == 0,
-        timeout=args.rdzv_timeout, last_call_timeout=5,
+        min_nodes=nactive, max_nodes=nactive, is_host=args.node_rank == 0,
+        timeout=args.rdzv_timeout, last_call_timeout=5, **keep_alive,
     )  # fmt: skip
+    handler = rdzv_registry.get_rendezvous_handler(params)
+    if spares:
+        # A spare left on the wait list after a swap is no new member to make room for:
+        # torch would restart the healthy ranks for it, over and over.
+        handler.num_nodes_waiting = lambda: 0  # type: ignore[method-assign]
     spec = WorkerSpec(
         role="trainer", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
         args=("-m", "ftslurm.agent.task", "--", *args.command),
-        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        rdzv_handler=handler,
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
     )  # fmt: skip
     agent = Agent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(hb.torch_logs)),
@@ -436,22 +598,52 @@ def main(argv: list[str] | None = None) -> int:
                   exit_barrier_timeout=60)
     agent_box["agent"] = agent
     # The other nodes' launchers watch this one's lease and it theirs (ftslurm.agent.peers).
+    role = (sp.SPARE if sp.starts_as_spare(args.node_rank, args.nnodes, spares) else None) \
+        if spares else None  # fmt: skip
     watch = PeerWatch(run, attempt=attempt, node_rank=args.node_rank, nnodes=args.nnodes,
                       node=node_name, job_id=job, timeout=args.peer_timeout,
-                      start_timeout=args.rdzv_timeout).start() \
+                      start_timeout=args.rdzv_timeout, role=role).start() \
         if run is not None and args.nnodes > 1 else None  # fmt: skip
     started = time.time()
     ran = False
+    result = None
     try:
-        result = agent.run()
+        if role == sp.SPARE and not wait_to_join():
+            ran = True  # the training ended before this spare was needed
+        else:
+            result = agent.run()
+            ran = True
+    except Exception as exc:
+        if not (spares and not spare_state["trained"]):
+            raise
+        # A spare that never trained leaves when the rendezvous closes or its host is gone.
+        log.info("spare leaves: %s", exc)
         ran = True
     finally:
         try:
-            spec.rdzv_handler.shutdown()  # closes the rendezvous: the other launchers stop too
+            if not (spares and not spare_state["trained"]):  # a spare closes nothing
+                spec.rdzv_handler.shutdown()  # closes the rendezvous: the others stop too
         finally:  # (it may fail when the host of the rendezvous is gone)
             if watch is not None and not ran:
                 watch.wait_settled()
                 watch.stop("error")
+    if spares and not spare_state["trained"]:
+        # Never needed: outcome "spare", exit 0 (srun's exit status is the highest of its
+        # tasks': a spare's 0 leaves the job's verdict to the nodes that trained).
+        if watch is not None:
+            watch.stop(sp.SPARE)
+        if run is not None:
+            write_json_atomic(run.node_report(attempt, args.node_rank), {
+                "node_rank": args.node_rank, "node": node_name, "job_id": job,
+                "attempt": attempt, "role": sp.SPARE, "outcome": sp.SPARE,
+                "exit_code": int(ExitCode.FINISHED), "in_job_restarts": 0, "spare_swaps": 0,
+                "started_at": started, "ended_at": time.time(),
+                "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
+        shutil.rmtree(hb_dir, ignore_errors=True)
+        log.info("spare never needed: exit 0")
+        return ExitCode.FINISHED
+    if result is None:  # the rendezvous ended under a node that trained before
+        result = RunResult(state=WorkerState.FAILED)
     used = args.max_restarts - agent._remaining_restarts
     finished = run is not None and run.finished.exists()
     failures = state["teardown"] or {r: f.exitcode for r, f in result.failures.items()}
@@ -473,7 +665,9 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(path, {
             "node_rank": args.node_rank, "node": node_name, "job_id": job,
             "attempt": attempt,
-            "in_job_restarts": used, "max_restarts": args.max_restarts,
+            "in_job_restarts": used + spare_state["swaps"], "max_restarts": args.max_restarts,
+            "spare_swaps": spare_state["swaps"], "role": sp.ACTIVE if spares else None,
+            "recovery": sp.Action.NEW_JOB.value if spare_state["new_job"] else None,
             "hangs": state["hangs"], "outcome": outcome, "exit_code": code,
             "teardown_failures": list(decided.warnings),
             "started_at": started, "ended_at": time.time(),
@@ -484,7 +678,8 @@ def main(argv: list[str] | None = None) -> int:
             "peers_lost": list(watch.lost) if watch is not None else [],  # node ranks
         })  # fmt: skip
     shutil.rmtree(hb_dir, ignore_errors=True)
-    log.info("ranks ended: %s after %d in-job restart(s); exit %d", outcome, used, code)
+    log.info("ranks ended: %s after %d in-job restart(s); exit %d", outcome,
+             used + spare_state["swaps"], code)  # fmt: skip
     return code
 
 

@@ -68,10 +68,14 @@ class Lease:
     seq: int
     time: float  # the writer's wall clock
     ended: str | None = None  # why its launcher left (its outcome); None while it runs
+    # With hot spares (`ftslurm.agent.spares`): "active" once its launcher started ranks,
+    # "spare" while it waits to replace a lost node; None without spares.
+    role: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"node_rank": self.node_rank, "node": self.node, "pid": self.pid,
-                "seq": self.seq, "time": self.time, "ended": self.ended}  # fmt: skip
+                "seq": self.seq, "time": self.time, "ended": self.ended,
+                "role": self.role}  # fmt: skip
 
     @staticmethod
     def from_json(data: Any) -> Lease | None:
@@ -79,7 +83,8 @@ class Lease:
         try:
             return Lease(int(data["node_rank"]), str(data["node"]), int(data["pid"]),
                          int(data["seq"]), float(data["time"]),
-                         None if data.get("ended") is None else str(data["ended"]))
+                         None if data.get("ended") is None else str(data["ended"]),
+                         None if data.get("role") is None else str(data["role"]))
         except (TypeError, KeyError, ValueError):
             return None
 
@@ -155,7 +160,7 @@ class PeerWatch:
     """The launcher's watch thread (the shell around the rule above)."""
 
     def __init__(self, run: RunDir, *, attempt: int, node_rank: int, nnodes: int, node: str,
-                 job_id: str, timeout: float, start_timeout: float,
+                 job_id: str, timeout: float, start_timeout: float, role: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.run, self.attempt, self.node_rank, self.node = run, attempt, node_rank, node
@@ -166,6 +171,8 @@ class PeerWatch:
         self.seen = {r: Seen(r, start) for r in watched(node_rank, nnodes)}
         self.lost: list[int] = []  # the peers this launcher judged lost, in order
         self.seq = 0
+        self.role = role
+        self._writing = threading.Lock()  # the watch thread and set_role both write
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticked = threading.Condition(self._lock)
@@ -212,13 +219,21 @@ class PeerWatch:
             seen, now=now, wall=wall, timeout=self.timeout, me=self.node_rank, node=self.node,
             job_id=self.job_id, attempt=self.attempt))  # fmt: skip
 
+    def set_role(self, role: str) -> None:
+        """Say the node's role in its lease at once (not only at the next poll)."""
+        if role != self.role:
+            self.role = role
+            self._write_lease(None)
+
     def _write_lease(self, ended: str | None) -> None:
-        self.seq += 1
-        lease = Lease(self.node_rank, self.node, os.getpid(), self.seq, self.wall(), ended)
-        path = self.run.peer_lease(self.attempt, self.node_rank)
-        tmp = temp_path(path)
-        tmp.write_text(json.dumps(lease.to_json()))
-        os.replace(tmp, path)
+        with self._writing:
+            self.seq += 1
+            lease = Lease(self.node_rank, self.node, os.getpid(), self.seq, self.wall(), ended,
+                          self.role)  # fmt: skip
+            path = self.run.peer_lease(self.attempt, self.node_rank)
+            tmp = temp_path(path)
+            tmp.write_text(json.dumps(lease.to_json()))
+            os.replace(tmp, path)
 
     def wait_settled(self) -> None:
         """Wait until every watched node has a verdict given after now (see `settled`),

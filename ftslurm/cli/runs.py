@@ -120,6 +120,10 @@ def submit(
     in_job_restarts: Annotated[int | None, _opt("--in-job-restarts",
                                help="Rank restarts inside one job, per attempt. "
                                f"{_default('num_in_job_restarts')}")] = None,
+    spare_nodes: Annotated[int | None, _opt("--spare-nodes", help="Idle nodes to ask for "
+                           "beside --nodes (N+K nodes, --no-kill): a lost node is replaced by "
+                           "one inside the same job, from the last checkpoint. "
+                           f"{_default('spare_nodes')}")] = None,
     preempt_time: Annotated[_Text, _opt("--preempt-time", help="How long before the time "
                             "limit to ask for a checkpoint: 90, 90s, 5m, 1h (plain numbers are "
                             f"seconds; 0: never). {_default('preempt_time', ' s')}")] = None,
@@ -219,7 +223,8 @@ def submit(
                     **({"exclusive": None} if exclusive else {})}  # fmt: skip
     loaded = loaded.with_overrides(**{**from_args, **{k: v for k, v in dict(
         num_job_retries_on_failure=retries, num_in_job_restarts=in_job_restarts,
-        preempt_time=preempt_s, nodes=nodes, ntasks_per_node=ntasks_per_node,
+        spare_nodes=spare_nodes, preempt_time=preempt_s, nodes=nodes,
+        ntasks_per_node=ntasks_per_node,
         gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, time=time_limit,
         partition=partition, account=account,
         exclude=tuple(n for n in exclude.split(",") if n) if exclude is not None else None,

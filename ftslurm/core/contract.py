@@ -311,6 +311,7 @@ class EnvName(str, Enum):
     HEARTBEAT_DIR = "FTSLURM_HEARTBEAT_DIR"  # set by the launcher for its ranks
     USER_ERROR_WINDOW_S = "FTSLURM_USER_ERROR_WINDOW_S"
     PEER_TIMEOUT_S = "FTSLURM_PEER_TIMEOUT_S"  # a node silent this long is reported lost
+    SPARE_NODES = "FTSLURM_SPARE_NODES"  # nodes of the job kept idle to replace a lost one
 
 
 def _alias(name: EnvName) -> Any:
@@ -357,6 +358,7 @@ class JobEnv(BaseModel):
     heartbeat_dir: str | None = Field(None, **_alias(EnvName.HEARTBEAT_DIR))
     user_error_window_s: float = Field(60.0, ge=0, **_alias(EnvName.USER_ERROR_WINDOW_S))
     peer_timeout_s: float = Field(DEFAULT_PEER_TIMEOUT_S, gt=0, **_alias(EnvName.PEER_TIMEOUT_S))
+    spare_nodes: int = Field(0, ge=0, **_alias(EnvName.SPARE_NODES))
 
     @field_validator("checkpoint_signal")
     @classmethod

@@ -25,7 +25,9 @@ from ftslurm.templates import render_job_script
 def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,
               inject: tuple[str, ...] = (), mock_home: Path | None = None,
               ) -> dict[str, Any]:  # fmt: skip
-    """What every attempt of a run is built from."""
+    """What every attempt of a run is built from. `options.nodes` is what the job asks
+    Slurm for: the training's nodes plus `spare_nodes` (hot spares, `ftslurm.core.recovery`),
+    so whatever counts the job's nodes (exclusion planning, status) counts the spares too."""
     checkpoint_dir = recipe.checkpoint_dir or str(RunDir(run_dir).checkpoints)
     return {
         "backend": backend,
@@ -39,7 +41,8 @@ def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,
         "inject": list(inject),
         "python": sys.executable,
         "options": {
-            "name": recipe.name, "nodes": recipe.nodes,
+            "name": recipe.name, "nodes": recipe.nodes + recipe.spare_nodes,
+            "spare_nodes": recipe.spare_nodes,
             "ntasks_per_node": recipe.ranks_per_node(), "cpus_per_task": recipe.cpus_per_task,
             "gpus_per_node": recipe.gpus_per_node, "time_limit": recipe.time,
             "partition": recipe.partition, "account": recipe.account,
@@ -58,6 +61,8 @@ _SETTING_TO_ENV = {
     "straggler_threshold": "straggler_threshold", "straggler_windows": "straggler_windows",
     "straggler_reference": "straggler_reference", "num_in_job_restarts": "in_job_restarts",
     "grace_s": "grace_s", "peer_timeout_s": "peer_timeout_s",
+    # Hot spares: the launchers train on SLURM_NNODES - spare_nodes nodes, keep the rest idle.
+    "spare_nodes": "spare_nodes",
 }  # fmt: skip
 
 
@@ -91,6 +96,9 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
     launcher = settings.get("use_launcher", True)
     if launcher:
         fields += ["in_job_restarts", "grace_s", "peer_timeout_s"]
+    spares = int(settings.get("spare_nodes", 0)) if launcher else 0
+    if spares:
+        fields.append("spare_nodes")
     given: dict[str, Any] = {field: settings.get(key, getattr(defaults, field))
                              for key, field in _SETTING_TO_ENV.items() if field in fields}
     if launcher:
@@ -125,6 +133,8 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         # timeout); what a job can do to itself travels to every rank's wrapper, on the
         # mock and on a real cluster alike.
         extra=extra, inject=tuple(i.spec() for i in injections if not i.kind.in_job),
+        # With spares the job must outlive a lost node: Slurm shrinks it instead of ending it.
+        no_kill=spares > 0,
     )  # fmt: skip
     env = {**spec["env"], **job.render()}
     setup = [
@@ -146,6 +156,11 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
             "--nodes=${SLURM_NNODES:-1}", "--ntasks=${SLURM_NNODES:-1}",
             "--ntasks-per-node=1", "--cpus-per-task=${SLURM_CPUS_ON_NODE:-1}",
             "--kill-on-bad-exit=0", f"--wait={grace + 60}")  # fmt: skip
+        if spares:
+            # The step outlives a lost node too (the others train on with a spare); no
+            # --wait, whose clock a task lost with its node could start: the spares leave
+            # when the rendezvous closes.
+            srun_args = (*srun_args[:-1], "--no-kill")
     else:
         command = [spec["python"], "-m", "ftslurm.agent.task", "--", *spec["command"]]
         srun_args = ("--kill-on-bad-exit=1",)

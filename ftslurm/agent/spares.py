@@ -1,0 +1,136 @@
+"""Hot spares on the compute side: the rules the launchers follow (pure), and what they read.
+
+A job with `spare_nodes` K runs one launcher on each of its N+K nodes. The rendezvous asks
+for exactly N nodes (min = max = N). Node ranks 0..N-1 train first: the K others (the
+spares) hold back from the first rendezvous until every one of those N launchers started
+its ranks (its lease says "active"), so the batch host always trains; then they join and
+torch elastic's rendezvous keeps them on its redundancy list, where they wait, keep their
+keep-alive, and restart no one.
+
+When an active node is lost (a peer-loss report, `recovery/lost-<n>.json`, for a node whose
+lease said "active"), or the ranks fail and a report of such a loss comes within the peer
+timeout, the survivors kill their ranks and join the next round of the rendezvous; the dead
+node's keep-alive runs out (in about 3 s: the keep-alive is tuned down with spares), a
+spare leaves the redundancy list and takes its place, and the ranks start again from the
+last checkpoint on N nodes: the same WORLD_SIZE, ranks 0..WORLD_SIZE-1. Which launcher gets
+which group rank is torch's choice (sorted by address); ranks stay contiguous.
+
+A swap is an in-job restart (the node reports count it in `in_job_restarts`, and say how
+many were swaps in `spare_swaps`), but it does not use up `num_in_job_restarts`, which
+caps the restarts after a failure of the training itself: the spares are their own budget,
+so a spare takes over even with `num_in_job_restarts` 0. When a loss leaves no spare, or the
+batch host is lost (`ftslurm.core.recovery.recovery`), the launchers stop their ranks and
+leave; the daemon ends the job and the run goes on in a new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from enum import Enum
+from typing import Any
+
+from ftslurm.agent.peers import Lease
+from ftslurm.core.contract import PEER_LOST_REPORTS, ROUND_RECORDS, RunDir
+from ftslurm.core.recovery import Recovery, recovery
+from ftslurm.fsutil import read_json
+
+ACTIVE, SPARE = "active", "spare"
+# With spares, the rendezvous drops a participant whose keep-alive stopped after
+# KEEP_ALIVE_S x KEEP_ALIVE_MISSES seconds (torch's defaults: 5 x 3): the round that brings
+# in a spare waits on that.
+KEEP_ALIVE_S, KEEP_ALIVE_MISSES = 1, 3
+
+
+class Action(str, Enum):
+    NONE = "none"  # nothing to do: no node that trained is among the newly lost
+    SWAP = "swap"  # restart the ranks on the survivors and a spare
+    NEW_JOB = "new_job"  # no spare can help: stop, the daemon moves the run to a new job
+
+
+def active_nodes(nnodes: int, spare_nodes: int) -> int:
+    """How many nodes train: N of the job's N+K."""
+    return nnodes - spare_nodes
+
+
+def starts_as_spare(node_rank: int, nnodes: int, spare_nodes: int) -> bool:
+    """Node ranks N..N+K-1 start as spares; 0..N-1 (the batch host among them) train."""
+    return node_rank >= active_nodes(nnodes, spare_nodes)
+
+
+def loss_action(lost: Collection[int], newly_lost_roles: Mapping[int, str | None],
+                spare_nodes: int) -> Action:  # fmt: skip
+    """What the launchers do on news of lost nodes (pure). `lost`: every node rank lost in
+    the attempt so far; `newly_lost_roles`: the roles the newly lost nodes' leases said.
+    A lost spare changes nothing now (it takes a spare away); an active one is replaced
+    while `ftslurm.core.recovery.recovery` says a spare can do it."""
+    if not any(role == ACTIVE for role in newly_lost_roles.values()):
+        return Action.NONE
+    if recovery(lost, spare_nodes) is Recovery.SPARE:
+        return Action.SWAP
+    return Action.NEW_JOB
+
+
+def may_join(leases: Mapping[int, Lease | None], nnodes: int, spare_nodes: int,
+             lost: Collection[int]) -> bool:  # fmt: skip
+    """Whether a spare may join the rendezvous (pure): once every node that trains first
+    started its ranks, or when one of them is lost or left (then a spare is needed now)."""
+    if lost:
+        return True
+    firsts = [leases.get(r) for r in range(active_nodes(nnodes, spare_nodes))]
+    return all(lease is not None and (lease.role == ACTIVE or lease.ended is not None)
+               for lease in firsts)  # fmt: skip
+
+
+def alive_since(first: Mapping[int, int], leases: Mapping[int, Lease | None]) -> bool:
+    """Whether every peer in `first` (node rank -> the lease counter read when the ranks
+    failed) has renewed its lease twice since, or ended: its launcher lives (pure)."""
+    for r, seq in first.items():
+        lease = leases.get(r)
+        if lease is None or (lease.ended is None and lease.seq < seq + 2):
+            return False
+    return True
+
+
+def spares_left(lost: Collection[int], spare_nodes: int) -> int:
+    return max(0, spare_nodes - len(set(lost)))
+
+
+def round_record(*, round_: int, started_at: float, world_size: int, nnodes_active: int,
+                 spares_left: int, why: str, lost: list[str], job_id: str,
+                 attempt: int) -> dict[str, Any]:  # fmt: skip
+    """The content of `recovery/round-<r>.json` when the round's ranks start (pure)."""
+    return {"round": round_, "started_at": started_at, "first_step_at": None, "step": None,
+            "world_size": world_size, "nnodes_active": nnodes_active,
+            "spares_left": spares_left, "why": why, "lost": lost, "job_id": job_id,
+            "attempt": attempt}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- reading
+def lost_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
+    """The attempt's peer-loss reports: node rank -> report."""
+    out: dict[int, dict[str, Any]] = {}
+    for path in run.recovery(attempt).glob(PEER_LOST_REPORTS):
+        report = read_json(path)
+        if isinstance(report, dict) and isinstance(report.get("lost_node_rank"), int):
+            out[report["lost_node_rank"]] = report
+    return out
+
+
+def read_lease(run: RunDir, attempt: int, node_rank: int) -> Lease | None:
+    return Lease.from_json(read_json(run.peer_lease(attempt, node_rank)))
+
+
+def named_in_rounds(run: RunDir, attempt: int) -> set[str]:
+    """The lost nodes the attempt's round records named already."""
+    names: set[str] = set()
+    for path in run.recovery(attempt).glob(ROUND_RECORDS):
+        names.update(str(n) for n in (read_json(path) or {}).get("lost") or [])
+    return names
+
+
+def rendezvous_round(handler: Any) -> int | None:
+    """The round of torch's dynamic rendezvous (0: the first), or None when unknown."""
+    try:
+        return int(handler._state_holder.state.round)
+    except Exception:
+        return None
