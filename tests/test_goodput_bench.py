@@ -133,20 +133,59 @@ def test_a_hang_during_startup_meets_the_initial_timeouts():
     assert run("ftslurm", tr)[1].lost_s["hung"] == pytest.approx(600.5)
 
 
+SLURM_DETECTS = [k for k, p in POLICY.items() if not p.peer_detect]
+
+
 def test_a_node_failure_is_detected_by_slurm_then_requeued():
     tr = trace(gp.Fault(3600.0, "node", "n1"))
     # 300 s start-up, then one checkpoint cycle of 1800 + 60 s: 1440 s unsaved at 3600 s
-    for key in POLICY:
+    for key in SLURM_DETECTS:
         _, r = run(key, tr)
         assert r.lost_s["lost_work"] == pytest.approx(1440), key
         assert r.lost_s["detection"] == pytest.approx(gp.SLURMD_TIMEOUT_S), key
     assert run("plain", tr)[1].lost_s["requeue"] == pytest.approx(121)
     assert run("nemo", tr)[1].lost_s["requeue"] == pytest.approx(121)
     # the daemon's next look (on its own 60 s grid) requeues it and starts it at once
-    assert 0 < run("ftslurm", tr)[1].lost_s["requeue"] <= gp.DAEMON_POLL_S + 1
+    assert 0 < run("ftslurm_slurm", tr)[1].lost_s["requeue"] <= gp.DAEMON_POLL_S + 1
     # submitit's job has no --no-requeue: Slurm's JobRequeue=1 requeues the NODE_FAIL
     sub = run("submitit", tr)[1]
     assert sub.lost_s["requeue"] == pytest.approx(121) and sub.lost_s["human"] == 0
+
+
+def test_the_launchers_report_a_dead_node_and_the_daemon_moves_the_run_at_once():
+    tr = trace(gp.Fault(3600.0, "node", "n2"))
+    camp, r = run("ftslurm", tr)
+    assert r.counts["peer_reports"] == 1 and r.counts["cause_node_fail"] == 1
+    # reported PEER_DETECT_S after the death; the daemon's next look ends the job and
+    # submits a new one without the node, long before SlurmdTimeout
+    assert gp.PEER_DETECT_S <= r.lost_s["detection"] < gp.PEER_DETECT_S + gp.DAEMON_POLL_S + 1
+    assert r.lost_s["detection"] < gp.SLURMD_TIMEOUT_S
+    assert r.lost_s["lost_work"] == pytest.approx(1440)
+    assert "n2" not in camp.alloc and r.counts["allocations"] == 2
+    assert r.ettr > run("ftslurm_slurm", tr)[1].ettr
+
+
+def test_a_hot_spare_takes_over_inside_the_allocation():
+    tr = trace(gp.Fault(3600.0, "node", "n2"))
+    camp, r = run("ftslurm_spares", tr)
+    spares = POLICY["ftslurm_spares"].settings.spare_nodes
+    assert len(camp.alloc) == 4 + spares and len(camp.active) == 4
+    assert "n2" in camp.alloc and "n2" not in camp.active  # swapped out, same allocation
+    assert r.counts["spare_swaps"] == 1 and r.counts["allocations"] == 1
+    assert r.lost_s["requeue"] == 0 and r.lost_s["detection"] == pytest.approx(gp.PEER_DETECT_S)
+    assert r.lost_s["startup"] == pytest.approx(2 * gp.RESTART_COST_S)  # the restart's u0
+    assert r.spare_node_s == pytest.approx(spares * tr.horizon_s)  # idle all along
+    assert r.ettr > run("ftslurm", tr)[1].ettr
+
+
+def test_a_spare_is_no_help_when_the_batch_host_or_an_idle_spare_dies():
+    host = trace(gp.Fault(3600.0, "node", "n1"))  # node rank 0: the batch script's host
+    _, r = run("ftslurm_spares", host)
+    assert r.counts.get("spare_swaps", 0) == 0 and r.counts["allocations"] == 2
+    idle = trace(gp.Fault(3600.0, "node", "n5"))  # the spare itself: training goes on
+    camp, r = run("ftslurm_spares", idle)
+    assert r.counts.get("spare_swaps", 0) == 0 and r.counts["allocations"] == 1
+    assert r.lost_s["lost_work"] == 0 and r.counts["peer_reports"] == 1
 
 
 def test_a_crash_restarts_in_the_job_with_a_launcher():

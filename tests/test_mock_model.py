@@ -48,6 +48,17 @@ def test_submit_then_schedule_launches_fifo_on_free_cpus():
     assert st.jobs[b].state is JobState.PENDING and st.jobs[b].reason == "Resources"
 
 
+def test_a_job_waiting_for_nodes_is_no_timed_event():
+    """Only another event frees nodes: its past eligible time must not be due again and
+    again (a controller sleeping until it would spin)."""
+    st = cluster()
+    start(st, nodes=4, ntasks_per_node=2, time_limit="10")
+    blocked = start(st, nodes=1)
+    model.advance(st, T0, {})
+    assert st.jobs[blocked].reason == "Resources"
+    assert model.next_event_time(st) == T0 + 600  # the running job's limit, not T0
+
+
 def test_exit_status_decides_completed_or_failed():
     st = cluster()
     ok, bad, killed = (start(st) for _ in range(3))

@@ -41,6 +41,23 @@ def test_node_failure_loses_at_most_one_interval_and_waits_detection_and_requeue
     assert cluster.remaining[job] == pytest.approx(8_000)
 
 
+def test_a_job_whose_ranks_died_with_a_node_ends_at_once_when_cancelled():
+    """Its run ended with the node; cancelled before Slurm notices, what is left stops at
+    once and its nodes go to the next job (it used to wait for exits that never came)."""
+    from ftslurm.backends.mock import model
+
+    cluster = VirtualCluster(MockConfig(slurmd_timeout_s=300))
+    job = cluster.submit(JobOptions(nodes=2), JOB)
+    cluster.at(3_000, lambda: cluster.fail_node("n2"))
+    cluster.run(until=3_010)
+    assert cluster.st.jobs[job].state is JobState.RUNNING and job not in cluster.runs
+    cluster.act(model.cancel(cluster.st, job, cluster.now))
+    after = cluster.submit(JobOptions(nodes=3, exclude=["n2"]), JOB)
+    cluster.run(until=3_011)
+    assert cluster.st.jobs[job].state is JobState.CANCELLED
+    assert cluster.st.jobs[after].state is JobState.RUNNING
+
+
 def test_wall_limit_with_checkpoint_signal_continues_without_losing_work():
     stats = simulate_campaign(nodes=2, spare_nodes=0, days=2, job=JOB, failures_per_node_day=0,
                               time_limit_s=3_000)  # fmt: skip

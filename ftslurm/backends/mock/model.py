@@ -466,8 +466,8 @@ def next_event_time(st: MockState) -> float | None:
         if job.state is JobState.RUNNING and job.start_time is not None:
             times += [job.start_time + inj.parsed().at_s for inj in job.injections
                       if not inj.fired and inj.parsed().kind is not InjectKind.TIMEOUT]
-        if job.state is JobState.PENDING and not job.held:
-            times.append(job.eligible_time)
+        if job.state is JobState.PENDING and not job.held and job.reason != RESOURCES:
+            times.append(job.eligible_time)  # (one waiting for nodes waits for an event)
         if job.state.is_terminal and job.end_time is not None:
             times.append(job.end_time + cfg.min_job_age_s)
     return min(times) if times else None
@@ -559,6 +559,7 @@ def _finish(st: MockState, job: MockJob, state: JobState, now: float) -> None:
         job.start_time = now
 
 
+RESOURCES = "Resources"  # squeue's reason of an eligible job waiting for nodes
 REQUEUE_HELD = "job requeued in held state"  # squeue's reason after `scontrol requeuehold`
 
 
@@ -627,7 +628,7 @@ def _schedule(st: MockState, now: float) -> list[Effect]:
             and st.nodes[n].dead_since is None and free[n] >= job.cpus_per_node
         ]  # fmt: skip
         if len(candidates) < job.nodes_wanted:
-            job.reason = "Resources"
+            job.reason = RESOURCES
             continue
         chosen = candidates[: job.nodes_wanted]
         for node in chosen:

@@ -317,7 +317,17 @@ class VirtualCluster:
                 case model.SignalRank(job_id, _, _) if job_id in self.runs:
                     self._end_run(job_id, completed=False)
                     exited[job_id] = (1, None)
+                case model.Signal(job_id, _signal.SIGTERM | _signal.SIGKILL, _) | \
+                        model.KillJob(job_id) if self._runless(job_id):
+                    exited[job_id] = (0, int(_signal.SIGKILL))  # what is left dies at once
         return exited
+
+    def _runless(self, job_id: str) -> bool:
+        """Whether the job holds nodes with no run left (its ranks died with a node, the
+        job not ended yet): stopping it ends it at once."""
+        job = self.st.jobs.get(job_id)
+        return job_id not in self.runs and job_id in self.models and job is not None \
+            and job.state in (JobState.RUNNING, JobState.COMPLETING)
 
     def _start_run(self, job_id: str, restart_cost_s: float | None = None) -> None:
         job = self.models[job_id]
