@@ -344,10 +344,47 @@ def test_a_new_round_of_ranks_is_recorded_as_an_in_job_restart():
     a = attempt(lost_nodes=["n2"])
     out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
                     known(files=lost_files(lost_report(), rounds=(rnd,))), NOW)  # fmt: skip
+    assert out == [core.Need(frozenset({"files"}))]  # are the live launchers all done?
+    out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
+                    known(files=lost_files(lost_report(), rounds=(rnd,), ending=True)),
+                    NOW)  # fmt: skip
     (rec,) = of(out, core.Record)
     assert rec.attempt.in_job_restarts == 1
     assert [e.data["round"] for e in of(out, core.Event) if e.kind == "in_job_restart"] == [1]
     a = replace(a, in_job_restarts=1)
     out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=lost_files(lost_report(), rounds=(rnd,))), NOW)  # fmt: skip
+                    known(files=lost_files(lost_report(), rounds=(rnd,), ending=True)),
+                    NOW)  # fmt: skip
     assert not of(out, core.Record)
+
+
+def node_report(rank: int, node: str, outcome: str = "finished", code: int = 0) -> dict:
+    return {"node_rank": rank, "node": node, "outcome": outcome, "exit_code": code,
+            "ended_at": NOW - 5}  # fmt: skip
+
+
+def test_a_spare_run_whose_live_launchers_are_done_ends_without_waiting_for_slurm():
+    """With --no-kill the step (and the job) waits for the dead node's task until Slurm
+    marks the node down (SlurmdTimeout): the run is over when every live launcher has
+    reported, and the stuck job is cancelled once that is recorded."""
+    a = replace(attempt(lost_nodes=["n2"]), nodes=["n1", "n2", "n3"])
+    r = run(settings={"spare_nodes": 1})
+    job = info(JobState.RUNNING, nodes=("n1", "n2", "n3"))
+    done = (node_report(0, "n1"), node_report(2, "n3"))
+    files = lost_files(lost_report(), node_reports=done[:1], ending=True)
+    out = core.step(a, job, r, known(files=files), NOW)
+    assert not of(out, core.Record) and not of(out, core.Cancel)  # n3 still runs
+    files = lost_files(lost_report(), node_reports=done, ending=True, finished_marker=True)
+    out = core.step(a, job, r, known(files=files), NOW)
+    (rec,) = of(out, core.Record)
+    assert rec.attempt.cause == "finished" and rec.attempt.state is AttemptState.COMPLETED
+    assert of(out, core.UpdateRun)[-1].run.state is RunState.COMPLETED
+    assert kinds(out)[-1] == "Cancel" and out[-1] == core.Cancel("7")  # after the records
+    # checkpointed (75 from every live node): it goes on in a fresh job, not a requeue of
+    # the stuck one, whose cancel comes again before the submission (`_lost_job`)
+    done = (node_report(0, "n1", "checkpointed", 75), node_report(2, "n3", "checkpointed", 75))
+    files = lost_files(lost_report(), node_reports=done, ending=True)
+    out = core.step(a, job, r, known(files=files), NOW)
+    (nxt,) = of(out, core.NewAttempt)
+    assert nxt.attempt.state is AttemptState.SUBMITTING and out[-1] == core.Cancel("7")
+    assert of(out, core.Record)[0].attempt.cause == "checkpointed"

@@ -900,7 +900,7 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool,
     folder = paths.attempt(attempt)
     leases = (read_json(paths.peer_lease(attempt, n)) for n in range(nnodes))
     return core.RunFiles(
-        progress=progress, straggler_report=straggler, **found,
+        progress=progress, straggler_report=straggler, **found, ending=True,
         leases=tuple(x for x in leases if isinstance(x, dict)),
         rank_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(RANK_REPORTS))),
         node_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(NODE_REPORTS))),

@@ -86,6 +86,7 @@ class RunFiles:
     # the launchers' last leases (RunDir.peer_lease), read at an ending only: when a node
     # Slurm declared failed was last heard of
     leases: tuple[Mapping[str, Any], ...] = ()
+    ending: bool = False  # read for an ending: the rank and node reports above are known
 
 
 @dataclass(frozen=True)
@@ -314,9 +315,10 @@ def _submitting(a: Attempt, run: Run, facts: Facts, now: float) -> list[Intent]:
 
 
 def _lost_job(prev: Attempt | None) -> list[Intent]:
-    """Cancel the job of a previous attempt that ended for a lost node (`lost_nodes`)."""
-    if prev is None or not prev.lost_nodes or not prev.job_id \
-            or prev.cause != Cause.NODE_FAIL.value:
+    """Cancel the job of a previous attempt that lost a node (`lost_nodes`): ended for it,
+    or ended when its live launchers were done while Slurm still waited on the dead node
+    (`_done_but_for_lost`). Harmless when it has ended since."""
+    if prev is None or not prev.lost_nodes or not prev.job_id:
         return []
     return [Cancel(prev.job_id)]
 
@@ -425,6 +427,13 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     lost = _lost(a, info, run, facts, settings, files, now)
     if lost is not None:
         return [*out, *lost]
+    if a.lost_nodes:  # has every live launcher ended? Slurm waits on the dead node's task
+        if not files.ending:
+            return _need("files")
+        done = _done_but_for_lost(a, info, files)
+        if done is not None:
+            ended = _ended(a, done, run, facts, now, stuck=True)
+            return ended if _asks(ended) else [*out, *ended]
     if info.state is not JobState.RUNNING:
         return out
     restarted = max((r.get("round") for r in files.rounds
@@ -594,9 +603,34 @@ def _signal(a: Attempt, info: JobInfo, run: Run, files: RunFiles, settings: FtSe
     return None
 
 
-def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> list[Intent]:
+def _asks(intents: list[Intent]) -> bool:
+    return len(intents) == 1 and isinstance(intents[0], Need)
+
+
+def _done_but_for_lost(a: Attempt, info: JobInfo, files: RunFiles) -> JobInfo | None:
+    """The job as it would have ended, when every node of the allocation but the lost ones
+    has left its launcher's report: with `--no-kill` (hot spares) the step, and so the job,
+    waits for the dead node's task until Slurm marks the node down (SlurmdTimeout), long
+    after the training ended. Its state and exit code are the launchers' (the highest
+    code, as srun's); None while a live launcher still runs."""
+    nodes = a.nodes or list(info.nodes)
+    lost = {g.node_rank for g in losses(a.attempt, files, nodes) if not g.benched}
+    ended = {r.get("node_rank") for r in files.node_reports}
+    if not lost or not nodes or not set(range(len(nodes))) - lost <= ended:
+        return None
+    code = max((int(r.get("exit_code") or 0) for r in files.node_reports), default=0)
+    return replace(info, state=JobState.COMPLETED if code == 0 else JobState.FAILED,
+                   exit_code=code, signal=None, end_time=max(
+                       (float(r.get("ended_at") or 0) for r in files.node_reports),
+                       default=0.0) or None)  # fmt: skip
+
+
+def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
+           stuck: bool = False) -> list[Intent]:  # fmt: skip
     """Classify the ending, decide, record it and the next attempt's intent (or the run's
-    end) together."""
+    end) together. `stuck`: the job's launchers are done but Slurm holds it for a dead
+    node (`_done_but_for_lost`): the next attempt is a fresh job, and the old one is
+    cancelled once this is recorded (again before the next submission: `_lost_job`)."""
     needs = [w for w, missing in (("cancel", facts.cancel_requested is None),
                                   ("files", facts.files is None),
                                   ("previous", not facts.previous_known),
@@ -680,7 +714,7 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
         "excluded": [n for n, _ in d.exclude]}))  # fmt: skip
     if again:
         nxt = next_attempt(run, finished, info)
-        if peer_lost:  # a fresh job: one requeued would wait for the lost node (`_lost`)
+        if peer_lost or stuck:  # a fresh job: one requeued would wait for the lost node
             nxt = Attempt(run.run_id, nxt.attempt, AttemptState.SUBMITTING,
                           tag=tag(run.run_id, nxt.attempt))  # fmt: skip
         out += [UpdateRun(run), NewAttempt(nxt), Trust(nxt.attempt)]
@@ -689,6 +723,8 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
                  Verdict.CANCEL: RunState.CANCELLED}[d.verdict]  # fmt: skip
         out.append(UpdateRun(replace(run, state=state, ended_at=now)))
     out.append(Changed())
+    if stuck:  # recorded first; the job no longer trains, it only waits on a dead node
+        out.append(Cancel(a.job_id or ""))
     return out
 
 
