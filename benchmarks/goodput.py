@@ -104,12 +104,14 @@ Policies
   ftslurm + spares
             ftslurm with `spare_nodes` K = spares_for(N) = 0.25% of N, at least 1 (assumed):
             each allocation holds N + K nodes (--no-kill) and trains on N. When the
-            launchers report an active node lost, the survivors take a spare in and restart
-            the ranks inside the job from the last checkpoint (the restart cost u0, no
-            requeue, no queue wait q), under the one rule the daemon follows too
-            (`ftslurm.core.recovery`: not the batch host, no more lost than spares); a lost
-            idle spare leaves one fewer; past that the job ends and a new one runs, as
-            above. The spares' cost is reported beside their gain: K idle node-hours per
+            launchers report an active node lost, or the straggler report names one
+            persistent (its launcher steps out: `recovery/benched-<n>.json`), the survivors
+            take a spare in and restart the ranks inside the job from the last checkpoint
+            (the restart cost u0, no requeue, no queue wait q), under the one rule the
+            daemon follows too (`ftslurm.core.recovery`: not the batch host, no more out
+            than spares); a lost idle spare leaves one fewer; past that the job ends and a
+            new one runs, as above (a straggler: moved by held requeue).
+            The spares' cost is reported beside their gain: K idle node-hours per
             hour held, against the productive node-hours gained over ftslurm without them.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
   needs ~36 continuations, and whoever plans one raises submitit's max_num_timeout=3,
@@ -1078,10 +1080,22 @@ class Campaign:
         self.r.count("peer_reports")
         if node in self.spares:  # an idle spare: one fewer to take over
             self.spares.remove(node)
-            return
-        if node not in self.active or not self.spares or recovery(
-                self.lost, self.pol.settings.spare_nodes) is not Recovery.SPARE:
-            return  # the daemon ends the job: a new one runs without the node
+        elif self._spare_helps(node):
+            self._swap(node)
+        # else the daemon ends the job: a new one runs without the node
+
+    def _spare_helps(self, node: str) -> bool:
+        """Whether a spare can take `node`'s place (`ftslurm.core.recovery`, counting the
+        nodes already out of this allocation)."""
+        rank = self.alloc.index(node)
+        return node in self.active and bool(self.spares) and recovery(
+            self.lost | {rank}, self.pol.settings.spare_nodes) is Recovery.SPARE
+
+    def _swap(self, node: str) -> None:
+        """The launchers restart the ranks inside the allocation with a spare in `node`'s
+        place, from the last checkpoint (the restart cost u0; no requeue, no queue)."""
+        now = self.c.now
+        self.lost.add(self.alloc.index(node))
         self.active[self.active.index(node)] = self.spares.pop(0)
         self.r.count("spare_swaps")
         self.r.count("in_job_restarts")
@@ -1156,6 +1170,15 @@ class Campaign:
             "persistent_nodes": list(nodes), "updated_at": self.c.now,
             "scores": [{"node": n, "relative": 1.0 / max(self.slow.get(n) or [1.0]),
                         "individual": 1.0} for n in nodes]})  # fmt: skip
+        rank = self.alloc.index(node)
+        if rank != 0 and self._spare_helps(node):  # its launcher steps out for a spare
+            path = self.paths.benched(attempt, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, {"node_rank": rank, "node": node, "why": "straggler",
+                                     "time": self.c.now, "job_id": self.jid,
+                                     "attempt": attempt})  # fmt: skip
+            self.r.count("straggler_swaps")
+            self._swap(node)
 
 
 # ----------------------------------------------------------------------- reporting
