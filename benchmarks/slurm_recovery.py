@@ -33,7 +33,7 @@ Two measurements, each taken for ftslurm and for plain Slurm side by side in the
      and the daemon moves the run to a new job without it;
    - spare: ftslurm with `spare_nodes=1` (3 nodes, 2 training): the survivors restart the
      ranks in the same job with the spare.
-   The node killed is the one of rank 1 (never the batch host). Rounds wait at most
+   The node killed is one that trains and is not the batch host. Rounds wait at most
    PROGRESS_DEADLINE_S for progress.
 
 Detection time depends on the cluster's SlurmdTimeout (and the kill on KillWait): the
@@ -435,7 +435,8 @@ class Bench:
     # ---------------------------------------------------------------- progress
     def progress_round(self, path: str, slurmd_timeout: int,
                        log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
-        """One recovery path: train, kill the node of rank 1, time the first new step."""
+        """One recovery path: train, kill a node that trains (not the batch host), time the
+        first new step."""
         self.cluster.wait_nodes_idle(timeout=120)
         folder = self.tmp / f"progress-{path}-{slurmd_timeout}"
         out = folder / "train"
@@ -471,13 +472,15 @@ class Bench:
 
         wait(lambda: len(step_lines(out)) >= 15, 180, f"{path}: 15 training steps")
         first_job = job_now()
-        victim = (out / "rank-1.node").read_text().strip()
+        host = show_job(first_job).get("BatchHost", "")
+        trained = sorted({p.read_text().strip() for p in out.glob("rank-*.node")})
+        victim = next(n for n in trained if n and n != host)  # a node that trains, not it
         before = step_lines(out)
         with self.lock:
             self.killed.add(victim)
         self.cluster.fail_node(victim)
         kill = time.time()
-        log(f"progress {path} @ SlurmdTimeout {slurmd_timeout}: killed {victim} (rank 1) "
+        log(f"progress {path} @ SlurmdTimeout {slurmd_timeout}: killed {victim} "
             f"at step {before[-1][0]}, job {first_job}")
 
         def progressed() -> Any:  # a step logged by another process than before the kill
