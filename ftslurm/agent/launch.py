@@ -17,7 +17,11 @@ Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it s
   died before recording its save stays a failure;
 - on a job of several nodes, watches the other nodes' launchers through a lease each in the
   run directory and reports a node silent for `--peer-timeout` seconds
-  (`attempts/<attempt>/recovery/lost-<node_rank>.json`; `ftslurm.agent.peers`).
+  (`attempts/<attempt>/recovery/lost-<node_rank>.json`; `ftslurm.agent.peers`);
+- with hot spares (`--spare-nodes`), keeps N nodes training and K waiting, swaps a spare in
+  for a node lost, and steps out itself (`recovery/benched-<node_rank>.json`, exit 0) when
+  its ranks hang or the straggler report names its node, while a spare can take its place
+  (`ftslurm.agent.spares`).
 Timeouts come from `--section-timeouts` (JSON, e.g. {"setup": 600, "step": 180,
 "checkpointing": 600, "out_of_section": 300, "initial": 1800, "warmup_steps": 20}; null =
 infinite; what is left out gets the defaults of `ftslurm.agent.heartbeat`, so hang detection
