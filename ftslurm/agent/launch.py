@@ -583,9 +583,9 @@ def main(argv: list[str] | None = None) -> int:
         while time.monotonic() < deadline and not state["signalled"]:
             leases = {r: sp.read_lease(run, attempt, r)
                       for r in range(sp.active_nodes(args.nnodes, spares))}  # fmt: skip
-            if any(lease is not None and lease.ended is not None and lease.role == sp.ACTIVE
-                   for lease in leases.values()):  # fmt: skip
-                return False  # the training is over
+            if any(lease is not None and lease.ended not in (None, sp.BENCHED)
+                   and lease.role == sp.ACTIVE for lease in leases.values()):  # fmt: skip
+                return False  # the training is over (a node that stepped out needs a spare)
             if sp.may_join(leases, args.nnodes, spares, sp.gone_reports(run, attempt)):
                 return True
             time.sleep(0.25)
