@@ -28,6 +28,7 @@ from ftslurm.daemon.policy import (
     next_poll_interval,
     plan_exclusions,
     signal_due,
+    spares_take_stragglers,
     straggler_flags,
     straggler_look_again,
     straggler_move,
@@ -46,6 +47,29 @@ def E(state: JobState = J.FAILED, code: int | None = None, **kw) -> Ending:
 
 
 # ---------------------------------------------------------------------------------- classify
+@pytest.mark.parametrize("state, code, other", [
+    (J.COMPLETED, 0, "spare"),  # every node exits 0: a checkpointed continuation
+    (J.COMPLETED, 0, "benched"),
+    (J.FAILED, 134, "spare"),  # a teardown abort after the save
+    (J.FAILED, 134, "benched"),
+])  # fmt: skip
+def test_a_spare_never_needed_or_a_benched_node_leaves_a_clean_ending_clean(state, code, other):
+    """The launcher of a node that did not train at the end says "spare" or "benched":
+    beside the nodes that checkpointed, the ending is still a checkpoint, not a finish or
+    a crash."""
+    e = E(state, code, rank_outcomes=("checkpointed", "teardown_failed", other))
+    assert classify(e, DEFAULT) is C.CHECKPOINTED
+    assert classify(E(state, code, rank_outcomes=("failed", other)), DEFAULT) is not \
+        C.CHECKPOINTED  # fmt: skip
+
+
+def test_the_outcomes_out_of_training_are_the_launchers_words():
+    from ftslurm.agent import spares
+    from ftslurm.daemon.policy import OUT_OF_TRAINING
+
+    assert OUT_OF_TRAINING == {spares.SPARE, spares.BENCHED}
+
+
 
 CLASSIFY_ROWS = [
     # The FINISHED marker overrides everything else.
@@ -946,3 +970,19 @@ def test_flag_ttl_stays_within_base_and_cap(gaps):
         ttl = flag_ttl(previous, now, s)
         assert ttl is not None and s.node_exclusion_ttl_s <= ttl <= s.node_exclusion_max_ttl_s
         previous = (now, now + ttl)
+
+
+# ------------------------------------------------------------------ stragglers with spares
+@pytest.mark.parametrize("stragglers, gone, spares, expected", [
+    (["n2"], [], 1, True),  # node rank 1 steps out, the spare takes its place
+    (["n2", "n3"], [], 1, False),  # two would leave, one spare
+    (["n2", "n3"], [], 2, True),
+    (["n3"], [1], 1, False),  # the only spare is taken already
+    (["n1"], [], 2, False),  # the batch host never steps out
+    (["n2"], [], 0, False),  # no spares: the job moves as before
+    (["n9"], [], 1, True),  # not in the allocation: nobody to replace, nothing to move
+])  # fmt: skip
+def test_spares_take_stragglers_while_the_one_rule_says_spare(stragglers, gone, spares,
+                                                              expected):  # fmt: skip
+    allocation = ["n1", "n2", "n3", "n4"]
+    assert spares_take_stragglers(stragglers, allocation, gone, spares) is expected

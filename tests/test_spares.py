@@ -164,7 +164,8 @@ class Launchers:
     examples/recipe.py with one rank per node."""
 
     def __init__(self, tmp_path: Path, nnodes: int, spare_nodes: int, steps: int,
-                 max_restarts: int = 0) -> None:  # fmt: skip
+                 max_restarts: int = 0, launch_args: tuple[str, ...] = (),
+                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
         self.tmp, self.names = tmp_path, [f"n{r}" for r in range(nnodes)]
         self.run = RunDir(tmp_path / "run")
         self.ckpt = tmp_path / "ckpt"
@@ -175,15 +176,16 @@ class Launchers:
             env = {k: v for k, v in os.environ.items()
                    if not k.startswith(("FTSLURM_", "SLURM_"))}  # fmt: skip
             env.update(FTSLURM_RUN_DIR=str(self.run.root), FTSLURM_CHECKPOINT_DIR=str(self.ckpt),
-                       MASTER_ADDR="127.0.0.1", SLURM_JOB_ID=job, SLURMD_NODENAME=name)
+                       MASTER_ADDR="127.0.0.1", SLURM_JOB_ID=job, SLURMD_NODENAME=name,
+                       **(extra_env or {}))
             log = open(tmp_path / f"{name}.log", "w")
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node=1",
                  f"--nnodes={nnodes}", f"--node-rank={node_rank}",
                  f"--spare-nodes={spare_nodes}", f"--max-restarts={max_restarts}",
                  f"--rdzv-endpoint=127.0.0.1:{port}", "--monitor-interval=0.2",
-                 "--peer-timeout=3", "--", sys.executable, str(RECIPE), "--steps", str(steps),
-                 "--ckpt-every", "10", "--step-time", "0.05"],
+                 "--peer-timeout=3", *launch_args, "--", sys.executable, str(RECIPE),
+                 "--steps", str(steps), "--ckpt-every", "10", "--step-time", "0.05"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             log.close()
 

@@ -160,6 +160,36 @@ def test_a_persistent_straggler_is_flagged_and_with_stop_the_job_moves_off_it():
     assert "Signal" not in kinds(moved)
 
 
+def test_with_a_spare_left_a_straggler_is_only_flagged_and_its_launcher_steps_out():
+    """`stop_if_straggler` moves the job, but not while a spare can take the straggler's
+    place inside it: the node is flagged, the launchers swap; no requeue."""
+    files = core.RunFiles(straggler_report=STRAGGLER)
+    observed = info(JobState.RUNNING, start_time=NOW - 10)
+    r = run(settings={"stop_if_straggler": True, "spare_nodes": 1})
+    out = core.step(attempt(start=NOW - 10), observed, r, known(files=files), NOW)
+    assert kinds(out)[:2] == ["FlagNode", "Event"] and out[0].node == "n2"
+    assert out[1].data["recovery"] == "spare"
+    assert not of(out, core.NewAttempt) and not of(out, core.Record)
+
+
+@pytest.mark.parametrize("spares, benched_rank, report", [
+    (1, 2, STRAGGLER),  # the only spare went to another node that stepped out
+    (1, None, {**STRAGGLER, "persistent_nodes": ["n1"]}),  # the batch host is the straggler
+])  # fmt: skip
+def test_without_a_spare_for_it_a_straggler_moves_the_job_as_before(spares, benched_rank,
+                                                                    report):  # fmt: skip
+    benched = () if benched_rank is None else (
+        {"node_rank": benched_rank, "node": "n3", "why": "hang", "attempt": 0},)
+    files = core.RunFiles(straggler_report=report, benched=benched)
+    a = replace(attempt(start=NOW - 10), nodes=["n1", "n2", "n3"],
+                lost_nodes=["n3"] if benched else [])
+    observed = info(JobState.RUNNING, start_time=NOW - 10, nodes=("n1", "n2", "n3"))
+    r = run(settings={"stop_if_straggler": True, "spare_nodes": spares})
+    out = core.step(a, observed, r, known(files=files), NOW)
+    assert of(out, core.NewAttempt), kinds(out)
+    assert "recovery" not in next(e for e in of(out, core.Event) if e.kind == "straggler").data
+
+
 @pytest.mark.parametrize("observed, files, facts_kw, run_state, nxt_state", [
     # a node failure, the job still known to the controller: requeue the same job
     (info(JobState.NODE_FAIL), core.RunFiles(), {}, None, AttemptState.REQUEUING),

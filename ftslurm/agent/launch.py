@@ -17,7 +17,11 @@ Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it s
   died before recording its save stays a failure;
 - on a job of several nodes, watches the other nodes' launchers through a lease each in the
   run directory and reports a node silent for `--peer-timeout` seconds
-  (`attempts/<attempt>/recovery/lost-<node_rank>.json`; `ftslurm.agent.peers`).
+  (`attempts/<attempt>/recovery/lost-<node_rank>.json`; `ftslurm.agent.peers`);
+- with hot spares (`--spare-nodes`), keeps N nodes training and K waiting, swaps a spare in
+  for a node lost, and steps out itself (`recovery/benched-<node_rank>.json`, exit 0) when
+  its ranks hang or the straggler report names its node, while a spare can take its place
+  (`ftslurm.agent.spares`).
 Timeouts come from `--section-timeouts` (JSON, e.g. {"setup": 600, "step": 180,
 "checkpointing": 600, "out_of_section": 300, "initial": 1800, "warmup_steps": 20}; null =
 infinite; what is left out gets the defaults of `ftslurm.agent.heartbeat`, so hang detection
@@ -276,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     # Hot spares (ftslurm.agent.spares): what this launcher knows of the nodes lost so far.
     spare_state: dict[str, Any] = {"lost": set(), "swaps": 0, "trained": False,
                                    "why": None, "next_check": 0.0, "new_job": False,
-                                   "round": None}  # fmt: skip
+                                   "round": None, "benched": None,
+                                   "benched_used": 0}  # fmt: skip
 
     def stopped_ranks(ranks: set[int]) -> dict[int, str]:
         records = {r: read_stop_record(run_dir, attempt, r) for r in ranks}
@@ -295,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 spare_state["trained"] = True
                 # Nodes reported lost before this round formed are not in it: the round's
                 # ranks restart for news of a loss after it only.
-                spare_state["lost"] |= set(sp.lost_reports(run, attempt))
+                spare_state["lost"] |= set(sp.gone_reports(run, attempt))
                 if watch is not None:
                     watch.set_role(sp.ACTIVE)
             started = super()._start_workers(worker_group)
@@ -347,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
             if spares and now >= spare_state["next_check"]:
                 spare_state["next_check"] = now + 1.0
                 action = check_losses()
+                if action is sp.Action.NONE and run is not None:
+                    reason = sp.straggler_reason(read_json(run.straggler_report), attempt,
+                                                 node_name)  # fmt: skip
+                    if reason and step_out(self, sp.STRAGGLER, reason):
+                        _kill(pids.values())
+                        return RunResult(state=WorkerState.FAILED)
                 if action is not sp.Action.NONE:
                     _kill(pids.values())
                     if action is sp.Action.SWAP:
@@ -379,10 +390,17 @@ def main(argv: list[str] | None = None) -> int:
             for local_rank in range(args.nproc_per_node):
                 why, beat = judge(local_rank, pids.get(local_rank), now)
                 if why:
+                    hang = {"local_rank": local_rank, "reason": why,
+                            "step": beat.step if beat else None, "time": time.time()}
+                    if spares and run is not None:
+                        action = hang_action(self, local_rank, why)
+                        if action is not None:  # stepped out, or a peer did
+                            if action is not sp.Action.SWAP:
+                                state["hangs"].append(hang)
+                            _kill(pids.values())
+                            return RunResult(state=WorkerState.FAILED)
                     log.warning("local rank %d hung: %s; restarting the ranks", local_rank, why)
-                    state["hangs"].append({"local_rank": local_rank, "reason": why,
-                                           "step": beat.step if beat else None,
-                                           "time": time.time()})  # fmt: skip
+                    state["hangs"].append(hang)
                     state["hung_round"] = True
                     _kill(pids.values())
                     return RunResult(state=WorkerState.FAILED)
@@ -436,11 +454,50 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path.unlink(missing_ok=True)
 
-    def check_losses() -> sp.Action:
-        """Read the attempt's peer-loss reports: on news of a lost active node, SWAP (a
-        spare takes its place) or NEW_JOB (no spare can)."""
+    def step_out(agent: Any, why: str, reason: str) -> bool:
+        """Take this node out of the training so a spare replaces it, when the one rule
+        allows (`spares.may_step_out`): write the bench record; the caller kills the ranks.
+        False: it may not (the batch host, no spare left)."""
         assert run is not None
-        reports = sp.lost_reports(run, attempt)
+        if not sp.may_step_out(args.node_rank, sp.gone_reports(run, attempt), spares):
+            return False
+        log.warning("%s: stepping out so that a spare takes this node's place", reason)
+        path = run.benched(attempt, args.node_rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, sp.benched_record(
+            node_rank=args.node_rank, node=node_name, why=why, reason=reason, time=time.time(),
+            job_id=job, attempt=attempt))  # fmt: skip
+        spare_state["benched"] = why
+        spare_state["benched_used"] = args.max_restarts - agent._remaining_restarts
+        agent._remaining_restarts = 0  # leave for good: no rejoining the rendezvous
+        return True
+
+    def hang_action(agent: Any, local_rank: int, why: str) -> sp.Action | None:
+        """A rank of this node hung, with spares: a peer that stepped out already explains
+        it (SWAP, or NEW_JOB when no spare is left); else this node steps out when it may
+        (NEW_JOB: it leaves); else it waits `BENCH_WAIT_S` for a peer to step out. None:
+        restart the ranks in place, as without spares."""
+        deadline = time.monotonic() + sp.BENCH_WAIT_S
+        reason = f"local rank {local_rank} hung: {why}"
+        while True:
+            action = check_losses()
+            if action is sp.Action.NONE and step_out(agent, sp.HANG, reason):
+                return sp.Action.NEW_JOB
+            if action is sp.Action.SWAP:
+                agent._remaining_restarts += 1  # a swap uses no in-job restart
+                return action
+            if action is sp.Action.NEW_JOB:
+                agent._remaining_restarts = 0
+                return action
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.25)
+
+    def check_losses() -> sp.Action:
+        """Read the attempt's peer-loss reports and bench records: on news of an active
+        node lost or stepped out, SWAP (a spare takes its place) or NEW_JOB (no spare can)."""
+        assert run is not None
+        reports = sp.gone_reports(run, attempt)
         new = set(reports) - spare_state["lost"]
         if not new:
             return sp.Action.NONE
@@ -450,13 +507,12 @@ def main(argv: list[str] | None = None) -> int:
             lease = sp.read_lease(run, attempt, r)
             roles[r] = lease.role if lease is not None else None
         action = sp.loss_action(spare_state["lost"], roles, spares)
-        names = ", ".join(str(reports[r].get("lost_node") or f"node rank {r}")
-                          for r in sorted(new))  # fmt: skip
+        names = ", ".join(sp.gone_name(r, reports[r]) for r in sorted(new))
         if action is sp.Action.SWAP:
             spare_state["swaps"] += 1
-            spare_state["why"] = f"node {names} lost: a spare takes its place"
-            log.warning("node %s lost: restarting the ranks with a spare (%d left)", names,
-                        sp.spares_left(spare_state["lost"], spares))  # fmt: skip
+            spare_state["why"] = sp.swap_why({r: reports[r] for r in new})
+            log.warning("node %s lost or stepped out: restarting the ranks with a spare "
+                        "(%d left)", names, sp.spares_left(spare_state["lost"], spares))
         elif action is sp.Action.NEW_JOB:
             spare_state["new_job"] = True
             log.warning("node %s lost and no spare can take its place: stopping (the run "
@@ -490,11 +546,10 @@ def main(argv: list[str] | None = None) -> int:
         if not round_:
             return
         named = sp.named_in_rounds(run, attempt)
-        reports = sp.lost_reports(run, attempt)
-        lost = sorted({str(rep.get("lost_node") or f"node rank {r}")
-                       for r, rep in reports.items()} - named)  # fmt: skip
-        why = spare_state["why"] or (f"node {', '.join(lost)} lost: a spare takes its place"
-                                     if lost else "in-job restart")  # fmt: skip
+        reports = sp.gone_reports(run, attempt)
+        fresh = {r: rep for r, rep in reports.items() if sp.gone_name(r, rep) not in named}
+        lost = sorted(sp.gone_name(r, rep) for r, rep in fresh.items())
+        why = spare_state["why"] or (sp.swap_why(fresh) if fresh else "in-job restart")
         spare_state["why"] = None
         workers = worker_group.workers or []
         record = sp.round_record(
@@ -528,10 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         while time.monotonic() < deadline and not state["signalled"]:
             leases = {r: sp.read_lease(run, attempt, r)
                       for r in range(sp.active_nodes(args.nnodes, spares))}  # fmt: skip
-            if any(lease is not None and lease.ended is not None and lease.role == sp.ACTIVE
-                   for lease in leases.values()):  # fmt: skip
-                return False  # the training is over
-            if sp.may_join(leases, args.nnodes, spares, sp.lost_reports(run, attempt)):
+            if any(lease is not None and lease.ended not in (None, sp.BENCHED)
+                   and lease.role == sp.ACTIVE for lease in leases.values()):  # fmt: skip
+                return False  # the training is over (a node that stepped out needs a spare)
+            if sp.may_join(leases, args.nnodes, spares, sp.gone_reports(run, attempt)):
                 return True
             time.sleep(0.25)
         return not state["signalled"]
@@ -621,7 +676,9 @@ def main(argv: list[str] | None = None) -> int:
         ran = True
     finally:
         try:
-            if not (spares and not spare_state["trained"]):  # a spare closes nothing
+            if spare_state["benched"]:  # the others go on with a spare: leave, close nothing
+                sp.leave_rendezvous(spec.rdzv_handler)
+            elif not (spares and not spare_state["trained"]):  # a spare closes nothing
                 spec.rdzv_handler.shutdown()  # closes the rendezvous: the others stop too
         finally:  # (it may fail when the host of the rendezvous is gone)
             if watch is not None and not ran:
@@ -641,6 +698,25 @@ def main(argv: list[str] | None = None) -> int:
                 "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
         shutil.rmtree(hb_dir, ignore_errors=True)
         log.info("spare never needed: exit 0")
+        return ExitCode.FINISHED
+    if spare_state["benched"]:
+        # Stepped out: outcome "benched", exit 0 like a spare never needed (srun's exit
+        # status is the highest of its tasks': the job's verdict stays with the nodes that
+        # train on). The bench record says why; the daemon flags the node.
+        if watch is not None:
+            watch.stop(sp.BENCHED)
+        if run is not None:
+            write_json_atomic(run.node_report(attempt, args.node_rank), {
+                "node_rank": args.node_rank, "node": node_name, "job_id": job,
+                "attempt": attempt, "role": sp.ACTIVE, "outcome": sp.BENCHED,
+                "benched": spare_state["benched"], "exit_code": int(ExitCode.FINISHED),
+                "in_job_restarts": spare_state["benched_used"] + spare_state["swaps"],
+                "max_restarts": args.max_restarts, "spare_swaps": spare_state["swaps"],
+                "hangs": state["hangs"], "started_at": started, "ended_at": time.time(),
+                "heartbeats": state["heartbeats"],
+                "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
+        shutil.rmtree(hb_dir, ignore_errors=True)
+        log.info("stepped out (%s): exit 0", spare_state["benched"])
         return ExitCode.FINISHED
     if result is None:  # the rendezvous ended under a node that trained before
         result = RunResult(state=WorkerState.FAILED)

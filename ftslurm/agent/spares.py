@@ -21,24 +21,46 @@ caps the restarts after a failure of the training itself: the spares are their o
 so a spare takes over even with `num_in_job_restarts` 0. When a loss leaves no spare, or the
 batch host is lost (`ftslurm.core.recovery.recovery`), the launchers stop their ranks and
 leave; the daemon ends the job and the run goes on in a new one.
+
+A node that is not lost but bad steps out the same way (`may_step_out`): its launcher finds
+one of its ranks hung, or the straggler report names it as a persistent straggler
+(`straggler_reason`), while a spare can take its place and it is not the batch host. It
+writes `recovery/benched-<n>.json` (`benched_record`), kills its ranks, leaves the
+rendezvous without closing it, and exits 0 with outcome "benched" (like a spare never
+needed, it leaves the job's verdict to the nodes that train). The other launchers treat the
+record of an active node like a loss report: their ranks, failed or blocked on the missing
+peer, restart with a spare within a second or two. A node that finds a hang but may not
+step out (the batch host, say) first waits up to `BENCH_WAIT_S` for a peer to step out
+(its ranks may only be blocked on a peer's hung rank), then restarts its ranks in place
+as without spares.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Collection, Mapping
 from enum import Enum
 from typing import Any
 
 from ftslurm.agent.peers import Lease
-from ftslurm.core.contract import PEER_LOST_REPORTS, ROUND_RECORDS, RunDir
+from ftslurm.core.contract import BENCHED_RECORDS, PEER_LOST_REPORTS, ROUND_RECORDS, RunDir
 from ftslurm.core.recovery import Recovery, recovery
 from ftslurm.fsutil import read_json
+
+log = logging.getLogger("ftslurm.launch")
 
 ACTIVE, SPARE = "active", "spare"
 # With spares, the rendezvous drops a participant whose keep-alive stopped after
 # KEEP_ALIVE_S x KEEP_ALIVE_MISSES seconds (torch's defaults: 5 x 3): the round that brings
 # in a spare waits on that.
 KEEP_ALIVE_S, KEEP_ALIVE_MISSES = 1, 3
+# Why a node stepped out (`RunDir.benched`), and the outcome of its node report.
+HANG, STRAGGLER = "hang", "straggler"
+BENCHED = "benched"
+# A node that finds its ranks hung but may not step out waits this long for a peer to step
+# out before it restarts its ranks in place (its ranks may be blocked on the peer's).
+BENCH_WAIT_S = 5.0
 
 
 class Action(str, Enum):
@@ -91,6 +113,52 @@ def alive_since(first: Mapping[int, int], leases: Mapping[int, Lease | None]) ->
     return True
 
 
+def may_step_out(node_rank: int, gone: Collection[int], spare_nodes: int) -> bool:
+    """Whether node `node_rank` may take itself out of the training so that a spare takes
+    its place (pure): `ftslurm.core.recovery.recovery` of every node lost or benched in the
+    attempt so far (`gone`) plus this one says SPARE. Never the batch host, never without a
+    spare left."""
+    return recovery({*gone, node_rank}, spare_nodes) is Recovery.SPARE
+
+
+def straggler_reason(report: Mapping[str, Any] | None, attempt: int, node: str) -> str | None:
+    """The words for node `node` when the attempt's straggler report (`RunDir.
+    straggler_report`) names it a persistent straggler; None when it does not (pure)."""
+    if not isinstance(report, Mapping) or report.get("attempt") != attempt:
+        return None
+    if node not in (report.get("persistent_nodes") or []):
+        return None
+    scores = [min(float(s.get("relative", 1.0)), float(s.get("individual", 1.0)))
+              for s in report.get("scores") or []
+              if isinstance(s, Mapping) and s.get("node") == node]  # fmt: skip
+    score = f"score {min(scores):.2f} " if scores else ""
+    return f"persistent straggler: {score}below {report.get('threshold')}"
+
+
+def benched_record(*, node_rank: int, node: str, why: str, reason: str, time: float,
+                   job_id: str, attempt: int) -> dict[str, Any]:  # fmt: skip
+    """The content of `recovery/benched-<n>.json` (pure)."""
+    return {"node_rank": node_rank, "node": node, "why": why, "reason": reason, "time": time,
+            "job_id": job_id, "attempt": attempt}  # fmt: skip
+
+
+def gone_name(node_rank: int, report: Mapping[str, Any]) -> str:
+    """The node a loss report or a bench record names."""
+    return str(report.get("lost_node") or report.get("node") or f"node rank {node_rank}")
+
+
+def swap_why(gone: Mapping[int, Mapping[str, Any]]) -> str:
+    """The round record's `why` for a swap after these losses and benches (pure)."""
+    words = []
+    for r, rep in sorted(gone.items()):
+        if "lost_node_rank" in rep:
+            words.append(f"node {gone_name(r, rep)} lost")
+        else:
+            reason = f": {rep['reason']}" if rep.get("reason") else ""
+            words.append(f"node {gone_name(r, rep)} stepped out ({rep.get('why')}{reason})")
+    return f"{'; '.join(words)}: a spare takes its place"
+
+
 def spares_left(lost: Collection[int], spare_nodes: int) -> int:
     return max(0, spare_nodes - len(set(lost)))
 
@@ -114,6 +182,35 @@ def lost_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
         if isinstance(report, dict) and isinstance(report.get("lost_node_rank"), int):
             out[report["lost_node_rank"]] = report
     return out
+
+
+def benched_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
+    """The attempt's bench records: node rank -> record."""
+    out: dict[int, dict[str, Any]] = {}
+    for path in run.recovery(attempt).glob(BENCHED_RECORDS):
+        record = read_json(path)
+        if isinstance(record, dict) and isinstance(record.get("node_rank"), int):
+            out[record["node_rank"]] = record
+    return out
+
+
+def gone_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
+    """Every node of the attempt lost or benched: node rank -> its report (the loss report
+    when there are both)."""
+    return {**benched_reports(run, attempt), **lost_reports(run, attempt)}
+
+
+def leave_rendezvous(handler: Any) -> None:
+    """Leave torch's rendezvous without closing it (a benched node): stop the keep-alive
+    and take this node out of the participants, so the next round forms without waiting
+    for its keep-alive to run out (which it would do anyway if this fails)."""
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+        handler._stop_heartbeats()
+        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
+    except Exception as exc:
+        log.info("left the rendezvous by silence: %s", exc)
 
 
 def read_lease(run: RunDir, attempt: int, node_rank: int) -> Lease | None:

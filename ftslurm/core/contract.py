@@ -210,8 +210,8 @@ class RunDir:
 
     def benched(self, attempt: str | int, node_rank: int) -> Path:
         """A node whose launcher took itself out of the training so that a spare replaces
-        it (JSON: node_rank, node, why ("hang", "straggler"), time, job_id, attempt): the
-        daemon flags it for later attempts like a lost node."""
+        it (JSON: node_rank, node, why ("hang", "straggler"), reason (the launcher's words),
+        time, job_id, attempt): the daemon flags it for later attempts like a lost node."""
         return self.recovery(attempt) / f"benched-{node_rank}.json"
 
     def fired(self, rank: int) -> Path:

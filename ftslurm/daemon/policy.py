@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from ftslurm.core.contract import NAMED_EXITS, ExitCode
+from ftslurm.core.recovery import Recovery, recovery
 from ftslurm.core.settings import (
     RETRYABLE,
     Cause,
@@ -81,7 +82,10 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     # "teardown_failed": a rank recorded its save and stop, then died tearing down. With
     # every other rank and node saying checkpointed, the save stands whatever Slurm's exit
     # code says (the abort's 134, say); next to a rank that failed first it is a crash.
-    clean = bool(outcomes) and outcomes <= {"checkpointed", "finished", "teardown_failed"}
+    # A node that never trained ("spare") or stepped out for a spare ("benched") says
+    # nothing of how the training ended.
+    clean = bool(outcomes) and outcomes <= {"checkpointed", "finished", "teardown_failed",
+                                            *OUT_OF_TRAINING}
     saved = bool(outcomes & {"checkpointed", "teardown_failed"})
     checkpointed = (saved and clean) or code == ExitCode.CONTINUE or (
         not outcomes and e.checkpoint_signal_sent and code == 0 and not killed)
@@ -100,6 +104,9 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     return Cause.CRASH
 
 
+# The outcomes of the launchers of nodes not training at the end (`ftslurm.agent.spares`):
+# a spare never needed, and a node that stepped out so a spare took its place.
+OUT_OF_TRAINING = frozenset({"spare", "benched"})
 _NAMED_CODES = {name: code for code, name in NAMED_EXITS.items()}
 _SAID_BY_THE_JOB = (
     ("do_not_retry", Cause.DO_NOT_RETRY), ("failed_validation", Cause.FAILED_VALIDATION),
@@ -238,6 +245,20 @@ def straggler_flags(report: Mapping[str, Any] | None, attempt: int, settings: Ft
             found.append((node, f"straggler: {score}below {report.get('threshold')} for "
                                 f"{settings.straggler_windows} windows"))
     return tuple(found)
+
+
+def spares_take_stragglers(stragglers: Iterable[str], allocation: Sequence[str],
+                           gone: Iterable[int], spare_nodes: int) -> bool:  # fmt: skip
+    """Whether spares take the places of persistent straggler nodes just flagged, inside
+    the job (their launchers step out, `ftslurm.agent.spares`), so the job is not moved:
+    `ftslurm.core.recovery.recovery` of the node ranks lost or benched in the attempt
+    (`gone`) plus the stragglers' (their places in `allocation`) says SPARE. False without
+    spares, or when a straggler is the batch host or more nodes would leave than there are
+    spares: then the job moves as without spares (`straggler_move`)."""
+    if spare_nodes <= 0:
+        return False
+    ranks = {allocation.index(n) for n in stragglers if n in allocation}
+    return recovery({*gone, *ranks}, spare_nodes) is Recovery.SPARE
 
 
 def straggler_move(new_flags: Iterable[str], allocation: Iterable[str],

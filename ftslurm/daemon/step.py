@@ -450,7 +450,7 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     flags = policy.straggler_flags(files.straggler_report, a.attempt, settings,
                                    active_flags(facts, now)) if files.straggler_report else ()
     if flags:
-        moved = _straggler(a, info, run, facts, settings, flags, now)
+        moved = _straggler(a, info, run, facts, settings, flags, files, now)
         if moved is None:
             return _need("nodes")
         out += moved
@@ -549,15 +549,22 @@ def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSetting
 
 
 def _straggler(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSettings,
-               flags: tuple[tuple[str, str], ...], now: float) -> list[Intent] | None:
-    """Flag the nodes the straggler report names as persistent; with `stop_if_straggler`,
-    move the running job off them at once: the attempt ends here and a requeue intent
-    (held, exclusions updated, released) begins the next one. None: list the nodes first."""
+               flags: tuple[tuple[str, str], ...], files: RunFiles,
+               now: float) -> list[Intent] | None:  # fmt: skip
+    """Flag the nodes the straggler report names as persistent. While spares can take their
+    places (`policy.spares_take_stragglers`), that is all: their launchers step out and a
+    spare replaces each inside the job. Otherwise, with `stop_if_straggler`, move the
+    running job off them at once: the attempt ends here and a requeue intent (held,
+    exclusions updated, released) begins the next one. None: list the nodes first."""
     new = [node for node, _ in flags]
+    allocation = list(a.nodes or info.nodes)
+    gone = [g.node_rank for g in losses(a.attempt, files, allocation) if g.node_rank is not None]
+    spare = policy.spares_take_stragglers(new, allocation, gone, settings.spare_nodes)
     out: list[Intent] = [flag_node(node, why, facts.flags, now, settings) for node, why in flags]
     out.append(Event("straggler", {"attempt": a.attempt, "job_id": a.job_id, "nodes": new,
-                                   "reasons": dict(flags)}))  # fmt: skip
-    if not settings.stop_if_straggler:
+                                   "reasons": dict(flags),
+                                   **({"recovery": Recovery.SPARE.value} if spare else {})}))
+    if spare or not settings.stop_if_straggler:
         return out
     if facts.usable is None:
         return None

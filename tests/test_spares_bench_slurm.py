@@ -1,0 +1,66 @@
+"""A hung node steps out for the spare on the real local cluster: 2 active nodes + 1 spare,
+examples/recipe.py, a rank stopped by the hang injection."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from ftslurm.core.contract import RunDir
+from ftslurm.daemon.store import Store
+
+from .conftest import wait_file, wait_for
+from .daemon_scenarios import RECIPE, Cli, reference_digest
+
+pytestmark = pytest.mark.slurm
+
+STEPS = 300
+
+
+@pytest.fixture
+def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
+    c = Cli(tmp_path / "home", cwd=tmp_path, env={"PYTHONWARNINGS": "ignore"})
+    yield c
+    c.stop_daemon()
+    for run in Store(c.home).list_runs(active_only=True):
+        c("cancel", run.run_id, check=False)
+
+
+def test_a_hung_node_steps_out_and_the_spare_trains_on_in_the_same_job(
+        cli, tmp_path, measurements):  # fmt: skip
+    expected = reference_digest(tmp_path, STEPS)
+    recipe = tmp_path / "bench.py"
+    args = ["--steps", str(STEPS), "--step-time", "0.05", "--ckpt-every", "10",
+            "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    recipe.write_text(
+        "import sys\nimport ftslurm\n"
+        f"recipe = ftslurm.Recipe(command=[{sys.executable!r}, {str(RECIPE)!r}, *{args!r}], "
+        "nodes=2, spare_nodes=1, ntasks_per_node=1, peer_timeout_s=5.0, "
+        "num_in_job_restarts=0, num_job_retries_on_failure=0, "
+        "section_timeouts={'step': 3.0, 'compute': 3.0, 'checkpointing': 5.0}, "
+        "out_of_section_timeout=3.0)\n")
+    out = cli.submit("--inject", "hang@20:1", str(recipe))
+    run = RunDir(cli.status(out["run_id"])["run_dir"])
+    record_path = run.round_record(0, 1)
+    record = wait_for(lambda: (json.loads(record_path.read_text()) if record_path.exists()
+                               else {}).get("first_step_at") and json.loads(
+        record_path.read_text()), 180, "the first step with the spare")  # fmt: skip
+    benched = [json.loads(p.read_text()) for p in run.recovery(0).glob("benched-*.json")]
+    assert len(benched) == 1 and benched[0]["why"] == "hang", benched
+    assert benched[0]["node_rank"] != 0  # the batch host never steps out
+    took = record["first_step_at"] - benched[0]["time"]
+    measurements.record("hung node stepped out -> first step with the spare s", took)
+    assert took < 30, record
+    assert record["lost"] == [benched[0]["node"]] and "stepped out (hang" in record["why"]
+    assert record["job_id"] == out["job_id"]
+    s = wait_for(lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED")
+                          else None)(cli.summary(out["run_id"])), 240, "the run's end")
+    assert s["state"] == "COMPLETED", s  # the benched node's exit 0 changed no verdict
+    assert [a["job_id"] for a in s["attempts"]] == [out["job_id"]], s  # no requeue
+    final = json.loads(wait_file(tmp_path / "ckpt" / "final.json", bool, 10, "final.json"))
+    assert final["step"] == STEPS and final["digest"] == expected  # bit for bit
+    stepped = json.loads(run.node_report(0, benched[0]["node_rank"]).read_text())
+    assert stepped["outcome"] == "benched" and stepped["exit_code"] == 0
