@@ -188,6 +188,17 @@ def test_a_spare_is_no_help_when_the_batch_host_or_an_idle_spare_dies():
     assert r.lost_s["lost_work"] == 0 and r.counts["peer_reports"] == 1
 
 
+def test_with_a_spare_a_persistent_straggler_steps_out_inside_the_allocation():
+    tr = trace(gp.Fault(3600.0, "straggler", "n2", duration_s=6 * 3600.0, slowdown=1.5))
+    camp, r = run("ftslurm_spares", tr)
+    assert r.counts["straggler_swaps"] == 1 and r.counts["allocations"] == 1
+    assert "n2" in camp.alloc and "n2" not in camp.active  # a spare took its place
+    assert r.counts.get("straggler_moves", 0) == 0 and r.lost_s["requeue"] == 0
+    assert r.lost_s["stragglers"] < 300  # about 4 report windows at 2/3 speed
+    moved = run("ftslurm", tr)[1]  # without a spare the job is moved by a held requeue
+    assert moved.counts["straggler_moves"] == 1
+
+
 def test_a_crash_restarts_in_the_job_with_a_launcher():
     tr = trace(gp.Fault(3600.0, "crash", "n3"))
     plain = run("plain", tr)[1]

@@ -418,3 +418,18 @@ def test_a_spare_run_whose_live_launchers_are_done_ends_without_waiting_for_slur
     (nxt,) = of(out, core.NewAttempt)
     assert nxt.attempt.state is AttemptState.SUBMITTING and out[-1] == core.Cancel("7")
     assert of(out, core.Record)[0].attempt.cause == "checkpointed"
+
+
+def test_a_straggler_flagged_then_benched_is_flagged_once():
+    """The straggler report flagged it; its bench record then must not flag it again (a
+    second flag so soon would count it a repeat offender and double its exclusion)."""
+    benched = {"node_rank": 1, "node": "n2", "why": "straggler", "time": NOW - 1,
+               "attempt": 0}  # fmt: skip
+    flags = (NodeFlag("n2", "straggler", NOW - 60, NOW + 3600),)
+    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
+                    known(files=core.RunFiles(benched=(benched,)), flags=flags), NOW)
+    assert not of(out, core.FlagNode)
+    assert [e.kind for e in of(out, core.Event)] == ["node_benched"]
+    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
+                    known(files=core.RunFiles(benched=(benched,))), NOW)  # not flagged yet
+    assert [f.node for f in of(out, core.FlagNode)] == ["n2"]

@@ -507,8 +507,9 @@ def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSetting
         return None
     how = recovery({g.node_rank for g in gone if g.node_rank is not None}, settings.spare_nodes)
     out: list[Intent] = []
-    for g in new:
-        if settings.exclude_failed_nodes:
+    flagged = set(active_flags(facts, now))
+    for g in new:  # a node flagged already (a straggler that then stepped out) keeps its flag:
+        if settings.exclude_failed_nodes and g.node not in flagged:  # once, not a lemon's twice
             why = f"benched: {g.report.get('why')}" if g.benched else "lost (peer report)"
             out.append(flag_node(g.node, why, facts.flags, now, settings))
         out.append(_lost_event(a, g, how))
