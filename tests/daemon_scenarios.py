@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,23 @@ class Cli:
         self("daemon", "stop", check=False)
 
 
+def daemon_cli(tmp_path: Path, **env: str) -> Iterator[Cli]:
+    """A `Cli` with its own home for one test (a fixture's body: `yield from`); after it,
+    its daemon is stopped and its runs still active are cancelled."""
+    from ftslurm.daemon.store import Store
+
+    c = Cli(tmp_path / "home", cwd=tmp_path, env=env or None)
+    yield c
+    c.stop_daemon()
+    store = Store(c.home)
+    try:
+        active = store.list_runs(active_only=True)
+    finally:
+        store.close()
+    for run in active:
+        c("cancel", run.run_id, check=False)
+
+
 def ended(s: dict[str, Any]) -> bool:
     return s["state"] in ("COMPLETED", "FAILED", "CANCELLED")
 
@@ -194,6 +211,70 @@ def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
     final = json.loads((folder / "final.json").read_text())
     assert final["step"] == steps
     return final["digest"]
+
+
+def spare_takes_over_on_the_mock(tmp_path: Path, inject: str,
+                                 settings: str = "") -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """`--dry-run -N 2 --spare-nodes 1 --inject INJECT` of examples/recipe.py (150 steps)
+    on a fresh mock with its default SlurmdTimeout (300 s); `settings`: more Recipe
+    arguments. Waits for the end of training and checks that it stayed in one job and ended
+    bit-identical to an uninterrupted run, with round 1 (the spare's) in that job in a
+    world of 2. Returns the run directory (`RunDir`) and round 1's record."""
+    from ftslurm.core.contract import RunDir
+
+    steps = 150
+    expected = reference_digest(tmp_path, steps)
+    cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
+    cli("mock", "up")
+    try:
+        recipe = tmp_path / "spare.py"
+        recipe.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
+                          f"sys.executable, {str(RECIPE)!r}], peer_timeout_s=3.0{settings})\n")
+        out = cli.submit("--dry-run", "-N", "2", "--spare-nodes", "1", "--inject", inject,
+                         str(recipe), "--", "--steps", str(steps), "--step-time", "0.1",
+                         "--checkpoint-dir", str(tmp_path / "ckpt"))  # fmt: skip
+        run = RunDir(cli.status(out["run_id"])["run_dir"])
+        final = tmp_path / "ckpt" / "final.json"
+        deadline = time.monotonic() + 110
+        while not final.exists():
+            assert time.monotonic() < deadline, "timed out waiting for the end of training"
+            time.sleep(0.2)
+        s = cli.summary(out["run_id"])
+        assert [a["job_id"] for a in s["attempts"]] == [out["job_id"]], s
+        assert json.loads(final.read_text())["digest"] == expected
+        record = json.loads(run.round_record(0, 1).read_text())
+        assert record["job_id"] == out["job_id"] and record["world_size"] == 2, record
+        return run, record
+    finally:
+        cli.stop_daemon()
+        cli("mock", "destroy", check=False)
+
+
+def spare_recipe(tmp_path: Path, steps: int, more: str = "") -> Path:
+    """A recipe of examples/recipe.py (`steps` steps of 0.05 s, a checkpoint every 10) on
+    2 nodes and 1 hot spare, peer timeout 5 s, no in-job restart or retry of its own;
+    `more`: further Recipe arguments."""
+    path = tmp_path / "spares.py"
+    args = ["--steps", str(steps), "--step-time", "0.05", "--ckpt-every", "10",
+            "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    path.write_text(
+        "import sys\nimport ftslurm\n"
+        f"recipe = ftslurm.Recipe(command=[{sys.executable!r}, {str(RECIPE)!r}, *{args!r}], "
+        "nodes=2, spare_nodes=1, ntasks_per_node=1, peer_timeout_s=5.0, "
+        f"num_in_job_restarts=0, num_job_retries_on_failure=0{more})\n")
+    return path
+
+
+def kill_groups(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL each process's group (one "node" of launchers on this machine) and reap it."""
+    import signal
+
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
 
 
 def node_hangs(run_dir: Path, attempt: int = 0) -> list[dict[str, Any]]:

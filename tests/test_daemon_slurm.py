@@ -16,18 +16,14 @@ from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
 
-from .daemon_scenarios import Cli, ended, write_train
+from .daemon_scenarios import Cli, daemon_cli, ended, write_train
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
 def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
-    c = Cli(tmp_path / "home", cwd=tmp_path)
-    yield c
-    c.stop_daemon()
-    for run in Store(c.home).list_runs(active_only=True):
-        c("cancel", run.run_id, check=False)
+    yield from daemon_cli(tmp_path)
 
 
 def test_node_failure_is_retried_on_other_nodes_with_the_failed_node_excluded(

@@ -13,12 +13,12 @@ import pytest
 
 from ftslurm.agent.peers import poll_interval
 from ftslurm.core.contract import PEER_LOST_REPORTS, RunDir
-from ftslurm.daemon.store import Store
 
 from .conftest import wait_file, wait_for
 from .daemon_scenarios import (
     RECIPE,
     Cli,
+    daemon_cli,
     ended,
     hang_is_caught_in_the_first_attempt,
     recipe_file,
@@ -30,11 +30,7 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture
 def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
-    c = Cli(tmp_path / "home", cwd=tmp_path, env={"PYTHONWARNINGS": "ignore"})
-    yield c
-    c.stop_daemon()
-    for run in Store(c.home).list_runs(active_only=True):
-        c("cancel", run.run_id, check=False)
+    yield from daemon_cli(tmp_path, PYTHONWARNINGS="ignore")
 
 
 def log_of(cli: Cli, run_id: str, attempt: int) -> str:

@@ -15,7 +15,7 @@ import pytest
 
 from ftslurm.daemon.store import Store
 
-from .daemon_scenarios import RECIPE, Cli, ended, reference_digest
+from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, reference_digest
 
 pytestmark = pytest.mark.slurm
 
@@ -69,11 +69,7 @@ def a_lost_node_is_replaced_by_a_fresh_job(cli: Cli, tmp_path: Path,
 
 @pytest.fixture
 def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
-    c = Cli(tmp_path / "home", cwd=tmp_path)
-    yield c
-    c.stop_daemon()
-    for run in Store(c.home).list_runs(active_only=True):
-        c("cancel", run.run_id, check=False)
+    yield from daemon_cli(tmp_path)
 
 
 @pytest.mark.parametrize("node_rank", [1, 0], ids=["other-node", "batch-host"])

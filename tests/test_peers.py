@@ -31,6 +31,7 @@ from ftslurm.daemon.submission import build_attempt
 from ftslurm.errors import ConfigError
 
 from .conftest import wait_for
+from .daemon_scenarios import kill_groups
 
 T = 10.0  # peer timeout of the unit tests
 START = 300.0  # start timeout (a lease never read)
@@ -220,12 +221,7 @@ class Nodes:
         os.killpg(self.procs[node_rank].pid, sig)
 
     def close(self) -> None:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=30)
+        kill_groups(self.procs)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from ftslurm.errors import ConfigError
 from ftslurm.recipe import Recipe
 
 from .conftest import wait_for
-from .daemon_scenarios import RECIPE, Cli, reference_digest
+from .daemon_scenarios import RECIPE, kill_groups, reference_digest, spare_takes_over_on_the_mock
 
 
 def attempt(**settings) -> tuple[str, object]:
@@ -199,12 +199,7 @@ class Launchers:
         os.killpg(self.procs[node_rank].pid, signal.SIGKILL)
 
     def close(self) -> None:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=30)
+        kill_groups(self.procs)
 
 
 def node_report(run: RunDir, node_rank: int) -> dict:
@@ -265,25 +260,5 @@ def test_on_the_mock_a_spare_replaces_a_failed_node_in_the_same_job(tmp_path):
     """`--dry-run` with the mock's default SlurmdTimeout (300 s): node index 1 (active, not
     the batch host) fails; its launcher and rank die with it; the spare takes over inside
     the same job, long before Slurm would have noticed, and training ends bit-identical."""
-    steps = 150
-    expected = reference_digest(tmp_path, steps)
-    cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
-    cli("mock", "up")
-    try:
-        recipe = tmp_path / "spare.py"
-        recipe.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
-                          f"sys.executable, {str(RECIPE)!r}], peer_timeout_s=3.0)\n")
-        out = cli.submit("--dry-run", "-N", "2", "--spare-nodes", "1", "--inject",
-                         "node_fail@15:1", str(recipe), "--", "--steps", str(steps),
-                         "--step-time", "0.1", "--checkpoint-dir", str(tmp_path / "ckpt"))
-        run = RunDir(cli.status(out["run_id"])["run_dir"])
-        wait_for((tmp_path / "ckpt" / "final.json").exists, 110, "the end of training")
-        record = json.loads(run.round_record(0, 1).read_text())
-        assert record["lost"] and record["world_size"] == 2 and record["job_id"] == out["job_id"]
-        s = cli.summary(out["run_id"])
-        assert [a["job_id"] for a in s["attempts"]] == [out["job_id"]], s
-        final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
-        assert final["digest"] == expected
-    finally:
-        cli.stop_daemon()
-        cli("mock", "destroy", check=False)
+    _, record = spare_takes_over_on_the_mock(tmp_path, "node_fail@15:1")
+    assert record["lost"]

@@ -14,7 +14,7 @@ from ftslurm.agent import spares as sp
 from ftslurm.core.contract import PEER_LOST_REPORTS, ROUND_RECORDS, RunDir
 
 from .conftest import wait_for
-from .daemon_scenarios import RECIPE, Cli, reference_digest
+from .daemon_scenarios import RECIPE, reference_digest, spare_takes_over_on_the_mock
 from .test_spares import Launchers, node_report
 
 NOW = 1_000.0
@@ -180,30 +180,9 @@ def test_on_the_mock_a_hung_node_is_replaced_by_the_spare_in_the_same_job(tmp_pa
     """`--dry-run`: rank 1 hangs (the hang injection, SIGSTOP); the launcher of its node
     steps out, the spare takes over inside the same job, the daemon flags the node and
     records the swap, and training ends bit-identical."""
-    steps = 150
-    expected = reference_digest(tmp_path, steps)
-    cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
-    cli("mock", "up")
-    try:
-        recipe = tmp_path / "spare.py"
-        recipe.write_text(
-            "import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
-            f"sys.executable, {str(RECIPE)!r}], peer_timeout_s=3.0, "
-            "section_timeouts={'step': 3.0, 'compute': 3.0, 'checkpointing': 5.0}, "
-            "out_of_section_timeout=3.0)\n")
-        out = cli.submit("--dry-run", "-N", "2", "--spare-nodes", "1", "--inject", "hang@15:1",
-                         str(recipe), "--", "--steps", str(steps), "--step-time", "0.1",
-                         "--checkpoint-dir", str(tmp_path / "ckpt"))  # fmt: skip
-        run = RunDir(cli.status(out["run_id"])["run_dir"])
-        wait_for((tmp_path / "ckpt" / "final.json").exists, 110, "the end of training")
-        benched = list(run.recovery(0).glob("benched-*.json"))
-        assert len(benched) == 1, list(run.recovery(0).iterdir())
-        record = json.loads(run.round_record(0, 1).read_text())
-        assert "stepped out (hang" in record["why"] and record["job_id"] == out["job_id"]
-        s = cli.summary(out["run_id"])
-        assert [a["job_id"] for a in s["attempts"]] == [out["job_id"]], s
-        final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
-        assert final["digest"] == expected
-    finally:
-        cli.stop_daemon()
-        cli("mock", "destroy", check=False)
+    run, record = spare_takes_over_on_the_mock(
+        tmp_path, "hang@15:1", ", section_timeouts={'step': 3.0, 'compute': 3.0, "
+        "'checkpointing': 5.0}, out_of_section_timeout=3.0")
+    benched = list(run.recovery(0).glob("benched-*.json"))
+    assert len(benched) == 1, list(run.recovery(0).iterdir())
+    assert "stepped out (hang" in record["why"]

@@ -4,16 +4,14 @@ examples/recipe.py, a rank stopped by the hang injection."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 from ftslurm.core.contract import RunDir
-from ftslurm.daemon.store import Store
 
 from .conftest import wait_file, wait_for
-from .daemon_scenarios import RECIPE, Cli, reference_digest
+from .daemon_scenarios import Cli, daemon_cli, reference_digest, spare_recipe
 
 pytestmark = pytest.mark.slurm
 
@@ -22,26 +20,14 @@ STEPS = 300
 
 @pytest.fixture
 def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
-    c = Cli(tmp_path / "home", cwd=tmp_path, env={"PYTHONWARNINGS": "ignore"})
-    yield c
-    c.stop_daemon()
-    for run in Store(c.home).list_runs(active_only=True):
-        c("cancel", run.run_id, check=False)
+    yield from daemon_cli(tmp_path, PYTHONWARNINGS="ignore")
 
 
 def test_a_hung_node_steps_out_and_the_spare_trains_on_in_the_same_job(
         cli, tmp_path, measurements):  # fmt: skip
     expected = reference_digest(tmp_path, STEPS)
-    recipe = tmp_path / "bench.py"
-    args = ["--steps", str(STEPS), "--step-time", "0.05", "--ckpt-every", "10",
-            "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
-    recipe.write_text(
-        "import sys\nimport ftslurm\n"
-        f"recipe = ftslurm.Recipe(command=[{sys.executable!r}, {str(RECIPE)!r}, *{args!r}], "
-        "nodes=2, spare_nodes=1, ntasks_per_node=1, peer_timeout_s=5.0, "
-        "num_in_job_restarts=0, num_job_retries_on_failure=0, "
-        "section_timeouts={'step': 3.0, 'compute': 3.0, 'checkpointing': 5.0}, "
-        "out_of_section_timeout=3.0)\n")
+    recipe = spare_recipe(tmp_path, STEPS, ", section_timeouts={'step': 3.0, 'compute': 3.0, "
+                          "'checkpointing': 5.0}, out_of_section_timeout=3.0")
     out = cli.submit("--inject", "hang@20:1", str(recipe))
     run = RunDir(cli.status(out["run_id"])["run_dir"])
     record_path = run.round_record(0, 1)

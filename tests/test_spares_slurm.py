@@ -6,10 +6,8 @@ recovers."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +16,7 @@ from ftslurm.core.contract import RunDir
 from ftslurm.daemon.store import Store
 
 from .conftest import wait_file, wait_for
-from .daemon_scenarios import RECIPE, Cli, reference_digest
+from .daemon_scenarios import Cli, daemon_cli, reference_digest, spare_recipe
 
 pytestmark = pytest.mark.slurm
 
@@ -27,30 +25,14 @@ STEPS = 300
 
 @pytest.fixture
 def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
-    c = Cli(tmp_path / "home", cwd=tmp_path, env={"PYTHONWARNINGS": "ignore"})
-    yield c
-    c.stop_daemon()
-    for run in Store(c.home).list_runs(active_only=True):
-        c("cancel", run.run_id, check=False)
-
-
-def spare_recipe(tmp_path: Path) -> Path:
-    path = tmp_path / "spares.py"
-    args = ["--steps", str(STEPS), "--step-time", "0.05", "--ckpt-every", "10",
-            "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
-    path.write_text(
-        "import sys\nimport ftslurm\n"
-        f"recipe = ftslurm.Recipe(command=[{sys.executable!r}, {str(RECIPE)!r}, *{args!r}], "
-        "nodes=2, spare_nodes=1, ntasks_per_node=1, peer_timeout_s=5.0, "
-        "num_in_job_restarts=0, num_job_retries_on_failure=0)\n")
-    return path
+    yield from daemon_cli(tmp_path, PYTHONWARNINGS="ignore")
 
 
 def test_a_spare_replaces_a_killed_node_in_the_same_job_within_30s(
         cli, healthy_nodes, tmp_path, measurements):  # fmt: skip
     expected = reference_digest(tmp_path, STEPS)
     with healthy_nodes.slurmd_timeout(300):
-        out = cli.submit(str(spare_recipe(tmp_path)))
+        out = cli.submit(str(spare_recipe(tmp_path, STEPS)))
         job_id = out["job_id"]
         run = RunDir(cli.status(out["run_id"])["run_dir"])
         wait_file(run.progress, lambda text: bool(text) and json.loads(text).get(

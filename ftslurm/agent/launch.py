@@ -684,40 +684,33 @@ def main(argv: list[str] | None = None) -> int:
             if watch is not None and not ran:
                 watch.wait_settled()
                 watch.stop("error")
+    def out_of_training(role: str, outcome: str, said: str, **fields: Any) -> int:
+        """A spare never needed or a node that stepped out: its outcome and exit 0 (srun's
+        exit status is the highest of its tasks': a 0 leaves the job's verdict to the nodes
+        that train on). The daemon flags a node that stepped out from its bench record."""
+        if watch is not None:
+            watch.stop(outcome)
+        if run is not None:
+            write_json_atomic(run.node_report(attempt, args.node_rank), {
+                "node_rank": args.node_rank, "node": node_name, "job_id": job,
+                "attempt": attempt, "role": role, "outcome": outcome,
+                "exit_code": int(ExitCode.FINISHED), **fields, "started_at": started,
+                "ended_at": time.time(),
+                "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
+        shutil.rmtree(hb_dir, ignore_errors=True)
+        log.info("%s: exit 0", said)
+        return ExitCode.FINISHED
+
     if spares and not spare_state["trained"]:
-        # Never needed: outcome "spare", exit 0 (srun's exit status is the highest of its
-        # tasks': a spare's 0 leaves the job's verdict to the nodes that trained).
-        if watch is not None:
-            watch.stop(sp.SPARE)
-        if run is not None:
-            write_json_atomic(run.node_report(attempt, args.node_rank), {
-                "node_rank": args.node_rank, "node": node_name, "job_id": job,
-                "attempt": attempt, "role": sp.SPARE, "outcome": sp.SPARE,
-                "exit_code": int(ExitCode.FINISHED), "in_job_restarts": 0, "spare_swaps": 0,
-                "started_at": started, "ended_at": time.time(),
-                "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
-        shutil.rmtree(hb_dir, ignore_errors=True)
-        log.info("spare never needed: exit 0")
-        return ExitCode.FINISHED
+        return out_of_training(sp.SPARE, sp.SPARE, "spare never needed", in_job_restarts=0,
+                               spare_swaps=0)  # fmt: skip
     if spare_state["benched"]:
-        # Stepped out: outcome "benched", exit 0 like a spare never needed (srun's exit
-        # status is the highest of its tasks': the job's verdict stays with the nodes that
-        # train on). The bench record says why; the daemon flags the node.
-        if watch is not None:
-            watch.stop(sp.BENCHED)
-        if run is not None:
-            write_json_atomic(run.node_report(attempt, args.node_rank), {
-                "node_rank": args.node_rank, "node": node_name, "job_id": job,
-                "attempt": attempt, "role": sp.ACTIVE, "outcome": sp.BENCHED,
-                "benched": spare_state["benched"], "exit_code": int(ExitCode.FINISHED),
-                "in_job_restarts": spare_state["benched_used"] + spare_state["swaps"],
-                "max_restarts": args.max_restarts, "spare_swaps": spare_state["swaps"],
-                "hangs": state["hangs"], "started_at": started, "ended_at": time.time(),
-                "heartbeats": state["heartbeats"],
-                "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
-        shutil.rmtree(hb_dir, ignore_errors=True)
-        log.info("stepped out (%s): exit 0", spare_state["benched"])
-        return ExitCode.FINISHED
+        return out_of_training(
+            sp.ACTIVE, sp.BENCHED, f"stepped out ({spare_state['benched']})",
+            benched=spare_state["benched"],
+            in_job_restarts=spare_state["benched_used"] + spare_state["swaps"],
+            max_restarts=args.max_restarts, spare_swaps=spare_state["swaps"],
+            hangs=state["hangs"], heartbeats=state["heartbeats"])  # fmt: skip
     if result is None:  # the rendezvous ended under a node that trained before
         result = RunResult(state=WorkerState.FAILED)
     used = args.max_restarts - agent._remaining_restarts
