@@ -122,3 +122,33 @@ def test_a_spent_budget_fails_the_run_with_the_reason_and_cancels_the_job(tmp_pa
     assert run is not None and run.state.value == "FAILED"
     assert f"{lost} lost" in (run.reason or "") and "budget exhausted" in (run.reason or "")
     assert old not in backend.running() and len(store.attempts("r0")) == 1
+
+
+def test_a_spare_run_ends_when_its_live_launchers_are_done_reading_no_lease(
+        tmp_path, monkeypatch):  # fmt: skip
+    """After a spare took a lost node's place, each poll lists the attempt's launcher
+    reports (not the leases of every node: thousands on a large job); once every live
+    node's launcher reported, the run ends and the job, held by Slurm for the dead node, is
+    cancelled."""
+    monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
+    backend, store, rec = running_on_the_model(
+        tmp_path, 2, FtSettings(num_job_retries_on_failure=2, preempt_time=0, spare_nodes=1),
+        cycles=3)  # fmt: skip
+    job = store.latest_attempt("r0").job_id  # type: ignore[union-attr]
+    lost = report_lost(tmp_path, store, 1)
+    rec.cycle()
+    assert store.latest_attempt("r0").lost_nodes == [lost]  # type: ignore[union-attr]
+    read: list[str] = []
+    real = reconcile.read_json
+    monkeypatch.setattr(reconcile, "read_json", lambda p: read.append(str(p)) or real(p))
+    mark = len(backend.log)
+    rec.cycle()
+    assert commands(backend, mark) == [] and not [p for p in read if "peer-lease" in p]
+    run = RunDir(tmp_path / "run")
+    write_json_atomic(run.node_report(0, 0), {"node_rank": 0, "outcome": "finished",
+                                              "exit_code": 0, "ended_at": 30.0})
+    run.finished.write_text("")
+    backend.now += 1
+    rec.cycle()
+    assert commands(backend, mark) == [("cancel", job)]
+    assert store.get_run("r0").state.value == "COMPLETED"  # type: ignore[union-attr]

@@ -180,7 +180,7 @@ def test_without_a_spare_for_it_a_straggler_moves_the_job_as_before(spares, benc
                                                                     report):  # fmt: skip
     benched = () if benched_rank is None else (
         {"node_rank": benched_rank, "node": "n3", "why": "hang", "attempt": 0},)
-    files = core.RunFiles(straggler_report=report, benched=benched)
+    files = core.RunFiles(straggler_report=report, benched=benched, launchers_read=True)
     a = replace(attempt(start=NOW - 10), nodes=["n1", "n2", "n3"],
                 lost_nodes=["n3"] if benched else [])
     observed = info(JobState.RUNNING, start_time=NOW - 10, nodes=("n1", "n2", "n3"))
@@ -374,16 +374,16 @@ def test_a_new_round_of_ranks_is_recorded_as_an_in_job_restart():
     a = attempt(lost_nodes=["n2"])
     out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
                     known(files=lost_files(lost_report(), rounds=(rnd,))), NOW)  # fmt: skip
-    assert out == [core.Need(frozenset({"files"}))]  # are the live launchers all done?
+    assert out == [core.Need(frozenset({"node_reports"}))]  # live launchers all done?
     out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=lost_files(lost_report(), rounds=(rnd,), ending=True)),
+                    known(files=lost_files(lost_report(), rounds=(rnd,), launchers_read=True)),
                     NOW)  # fmt: skip
     (rec,) = of(out, core.Record)
     assert rec.attempt.in_job_restarts == 1
     assert [e.data["round"] for e in of(out, core.Event) if e.kind == "in_job_restart"] == [1]
     a = replace(a, in_job_restarts=1)
     out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=lost_files(lost_report(), rounds=(rnd,), ending=True)),
+                    known(files=lost_files(lost_report(), rounds=(rnd,), launchers_read=True)),
                     NOW)  # fmt: skip
     assert not of(out, core.Record)
 
@@ -401,10 +401,10 @@ def test_a_spare_run_whose_live_launchers_are_done_ends_without_waiting_for_slur
     r = run(settings={"spare_nodes": 1})
     job = info(JobState.RUNNING, nodes=("n1", "n2", "n3"))
     done = (node_report(0, "n1"), node_report(2, "n3"))
-    files = lost_files(lost_report(), node_reports=done[:1], ending=True)
+    files = lost_files(lost_report(), node_reports=done[:1], launchers_read=True)
     out = core.step(a, job, r, known(files=files), NOW)
     assert not of(out, core.Record) and not of(out, core.Cancel)  # n3 still runs
-    files = lost_files(lost_report(), node_reports=done, ending=True, finished_marker=True)
+    files = lost_files(lost_report(), node_reports=done, launchers_read=True, finished_marker=True)
     out = core.step(a, job, r, known(files=files), NOW)
     (rec,) = of(out, core.Record)
     assert rec.attempt.cause == "finished" and rec.attempt.state is AttemptState.COMPLETED
@@ -413,7 +413,7 @@ def test_a_spare_run_whose_live_launchers_are_done_ends_without_waiting_for_slur
     # checkpointed (75 from every live node): it goes on in a fresh job, not a requeue of
     # the stuck one, whose cancel comes again before the submission (`_lost_job`)
     done = (node_report(0, "n1", "checkpointed", 75), node_report(2, "n3", "checkpointed", 75))
-    files = lost_files(lost_report(), node_reports=done, ending=True)
+    files = lost_files(lost_report(), node_reports=done, launchers_read=True)
     out = core.step(a, job, r, known(files=files), NOW)
     (nxt,) = of(out, core.NewAttempt)
     assert nxt.attempt.state is AttemptState.SUBMITTING and out[-1] == core.Cancel("7")

@@ -584,6 +584,10 @@ class Reconciler:
                 + (settings.spare_nodes if settings is not None else 0)  # fmt: skip
             got["files"] = read_run_files(Path(run.spec["run_dir"]), a.attempt, ending=True,
                                           nnodes=nnodes)  # fmt: skip
+        elif "node_reports" in what:  # the attempt lost a node: are its launchers done?
+            folder = RunDir(Path(run.spec["run_dir"])).attempt(a.attempt)
+            got["files"] = replace(self._watched_files(run, a), launchers_read=True,
+                                   node_reports=_records(folder, NODE_REPORTS))  # fmt: skip
         elif "watch_files" in what:
             got["files"] = self._watched_files(run, a)
         return replace(facts, **got)
@@ -900,7 +904,7 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool,
     folder = paths.attempt(attempt)
     leases = (read_json(paths.peer_lease(attempt, n)) for n in range(nnodes))
     return core.RunFiles(
-        progress=progress, straggler_report=straggler, **found, ending=True,
+        progress=progress, straggler_report=straggler, **found, launchers_read=True,
         leases=tuple(x for x in leases if isinstance(x, dict)),
         rank_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(RANK_REPORTS))),
         node_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(NODE_REPORTS))),

@@ -86,7 +86,9 @@ class RunFiles:
     # the launchers' last leases (RunDir.peer_lease), read at an ending only: when a node
     # Slurm declared failed was last heard of
     leases: tuple[Mapping[str, Any], ...] = ()
-    ending: bool = False  # read for an ending: the rank and node reports above are known
+    # the launchers' node reports above were read (at an ending, or for an attempt that
+    # lost a node: `_done_but_for_lost`); False: not read, not "none written"
+    launchers_read: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,9 @@ def losses(attempt: int, files: RunFiles, nodes: Sequence[str]) -> list[Loss]:
 class Need:
     """Read these facts and call `step` again: "cancel" (the flag as stored now), "found"
     (jobs by tag), "nodes" (the listing), "previous" (the attempt before), "files" (every
-    report of the run directory) or "watch_files" (progress and the straggler report)."""
+    report of the run directory), "watch_files" (progress, the straggler report and the
+    recovery folder) or "node_reports" (the watched files and the launchers' node reports:
+    one listing of the attempt's folder, not the leases of every node)."""
 
     what: frozenset[str]
 
@@ -428,8 +432,8 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     if lost is not None:
         return [*out, *lost]
     if a.lost_nodes:  # has every live launcher ended? Slurm waits on the dead node's task
-        if not files.ending:
-            return _need("files")
+        if not files.launchers_read:
+            return _need("node_reports")
         done = _done_but_for_lost(a, info, files)
         if done is not None:
             ended = _ended(a, done, run, facts, now, stuck=True)
