@@ -166,7 +166,7 @@ def test_a_killed_node_is_reported_lost_by_the_surviving_launcher(
     victim = nodes[1]
     healthy_nodes.fail_node(victim)
     killed_at = time.time()
-    found = wait_for(lambda: sorted(run.attempt(0).glob(PEER_LOST_REPORTS)),
+    found = wait_for(lambda: sorted(run.recovery(0).glob(PEER_LOST_REPORTS)),
                      timeout + 2 * poll_interval(timeout) + 15, "the peer-loss report")
     assert len(found) == 1, found
     report = json.loads(found[0].read_text())
