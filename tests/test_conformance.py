@@ -121,7 +121,9 @@ def test_requeue_waits_the_delay_and_start_now_skips_it(harness, submitted, meas
     begin = time.monotonic()
     backend.requeue(fast)
     backend.requeue(slow)
-    info = wait_job(backend, fast, lambda i: i.state is JobState.PENDING, 30, "PENDING")
+    # Slurm shows the job PENDING at once and fills in its reason at its next pass
+    info = wait_job(backend, fast, lambda i: i.state is JobState.PENDING and bool(i.reason),
+                    30, "PENDING with a reason")  # fmt: skip
     assert (info.restart_count, info.reason) == (1, "BeginTime")
     backend.start_now(fast)
     wait_job(backend, fast, in_state(JobState.RUNNING), 10, "RUNNING soon after start-now")
