@@ -174,24 +174,26 @@ def round_record(*, round_: int, started_at: float, world_size: int, nnodes_acti
 
 
 # ---------------------------------------------------------------------------- reading
+def _by_node_rank(run: RunDir, attempt: int, pattern: str,
+                  key: str) -> dict[int, dict[str, Any]]:  # fmt: skip
+    """The attempt's recovery records matching `pattern`: their node rank (`key`) ->
+    record (a torn or foreign one left out)."""
+    out: dict[int, dict[str, Any]] = {}
+    for path in run.recovery(attempt).glob(pattern):
+        record = read_json(path)
+        if isinstance(record, dict) and isinstance(record.get(key), int):
+            out[record[key]] = record
+    return out
+
+
 def lost_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
     """The attempt's peer-loss reports: node rank -> report."""
-    out: dict[int, dict[str, Any]] = {}
-    for path in run.recovery(attempt).glob(PEER_LOST_REPORTS):
-        report = read_json(path)
-        if isinstance(report, dict) and isinstance(report.get("lost_node_rank"), int):
-            out[report["lost_node_rank"]] = report
-    return out
+    return _by_node_rank(run, attempt, PEER_LOST_REPORTS, "lost_node_rank")
 
 
 def benched_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
     """The attempt's bench records: node rank -> record."""
-    out: dict[int, dict[str, Any]] = {}
-    for path in run.recovery(attempt).glob(BENCHED_RECORDS):
-        record = read_json(path)
-        if isinstance(record, dict) and isinstance(record.get("node_rank"), int):
-            out[record["node_rank"]] = record
-    return out
+    return _by_node_rank(run, attempt, BENCHED_RECORDS, "node_rank")
 
 
 def gone_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:

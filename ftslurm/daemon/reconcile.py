@@ -579,9 +579,8 @@ class Reconciler:
             got.update(previous=self.store.attempt_before(run.run_id, a.attempt),
                        previous_known=True)  # fmt: skip
         if "files" in what:
-            settings = self._parsed_settings(run)
-            nnodes = max(len(a.nodes), int(run.spec.get("options", {}).get("nodes") or 0)) \
-                + (settings.spare_nodes if settings is not None else 0)  # fmt: skip
+            # the job's nodes: options.nodes counts the spares already (make_spec)
+            nnodes = max(len(a.nodes), int(run.spec.get("options", {}).get("nodes") or 0))
             got["files"] = read_run_files(Path(run.spec["run_dir"]), a.attempt, ending=True,
                                           nnodes=nnodes)  # fmt: skip
         elif "node_reports" in what:  # the attempt lost a node: are its launchers done?
