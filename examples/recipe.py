@@ -123,8 +123,7 @@ def main() -> int:
             if rank == 0:
                 print(f"checkpointed at step {step} on request; exiting for a continuation",
                       flush=True)
-            dist.destroy_process_group()
-            return 0
+            agent.exit(0)  # the process group torn down, then os._exit: never returns
         with agent.section("step"):
             with agent.section("compute"):  # this rank's own work, without collectives
                 x, y = batch(step * world + rank)
@@ -145,8 +144,10 @@ def main() -> int:
         (ckpt_dir / "final.json").write_text(json.dumps({"step": step, "digest": digest(model)}))
         print(f"finished at step {step}, digest {digest(model)}", flush=True)
         agent.finished(step)
-    dist.destroy_process_group()
-    return 0
+    # Not destroy_process_group() and a return: gloo's worker threads may still be dropping
+    # their last work items while the interpreter finalises, and abort it (exit 134).
+    agent.exit(0)
+    return 0  # not reached
 
 
 if __name__ == "__main__":

@@ -32,6 +32,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slurm)
 
 
+LOG_SUFFIXES = (".log", ".out", ".err")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test that ran jobs leaves their logs in its report: the tail of every log
+    under its tmp_path (launcher, job and daemon output), for a failure seen only in CI."""
+    report = yield
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp, Path) and tmp.is_dir():
+        logs = sorted(p for p in tmp.rglob("*") if p.suffix in LOG_SUFFIXES and p.is_file())
+        for path in logs[:20]:
+            with contextlib.suppress(OSError):
+                tail = path.read_text(errors="replace").splitlines()[-40:]
+                report.sections.append((f"log {path.relative_to(tmp)}", "\n".join(tail)))
+    return report
+
+
 class Measurements:
     """Numbers tests measure on the real cluster, printed at the end of the run."""
 

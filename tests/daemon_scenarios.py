@@ -215,14 +215,15 @@ def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
 
 def spare_takes_over_on_the_mock(tmp_path: Path, inject: str,
                                  settings: str = "") -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    """`--dry-run -N 2 --spare-nodes 1 --inject INJECT` of examples/recipe.py (150 steps)
+    """`--dry-run -N 2 --spare-nodes 1 --inject INJECT` of examples/recipe.py (200 steps
+    of 0.1 s: an injection 15 s after the start lands mid-training)
     on a fresh mock with its default SlurmdTimeout (300 s); `settings`: more Recipe
     arguments. Waits for the end of training and checks that it stayed in one job and ended
     bit-identical to an uninterrupted run, with round 1 (the spare's) in that job in a
     world of 2. Returns the run directory (`RunDir`) and round 1's record."""
     from ftslurm.core.contract import RunDir
 
-    steps = 150
+    steps = 200
     expected = reference_digest(tmp_path, steps)
     cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
     cli("mock", "up")
@@ -250,12 +251,12 @@ def spare_takes_over_on_the_mock(tmp_path: Path, inject: str,
         cli("mock", "destroy", check=False)
 
 
-def spare_recipe(tmp_path: Path, steps: int, more: str = "") -> Path:
-    """A recipe of examples/recipe.py (`steps` steps of 0.05 s, a checkpoint every 10) on
-    2 nodes and 1 hot spare, peer timeout 5 s, no in-job restart or retry of its own;
+def spare_recipe(tmp_path: Path, steps: int, more: str = "", step_time: float = 0.05) -> Path:
+    """A recipe of examples/recipe.py (`steps` steps of `step_time` s, a checkpoint every 10)
+    on 2 nodes and 1 hot spare, peer timeout 5 s, no in-job restart or retry of its own;
     `more`: further Recipe arguments."""
     path = tmp_path / "spares.py"
-    args = ["--steps", str(steps), "--step-time", "0.05", "--ckpt-every", "10",
+    args = ["--steps", str(steps), "--step-time", str(step_time), "--ckpt-every", "10",
             "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
     path.write_text(
         "import sys\nimport ftslurm\n"

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from ftslurm.core.contract import RunDir
+from ftslurm.fsutil import read_json
 
 from .conftest import wait_file, wait_for
 from .daemon_scenarios import Cli, daemon_cli, reference_digest, spare_recipe
@@ -16,6 +17,8 @@ from .daemon_scenarios import Cli, daemon_cli, reference_digest, spare_recipe
 pytestmark = pytest.mark.slurm
 
 STEPS = 300
+STEP_TIME_S = 0.1  # 30 s of training at least: the hang (12 s after the rank started) lands
+HANG = "hang@12:1"  # mid-training however fast or slow the start was
 
 
 @pytest.fixture
@@ -27,13 +30,22 @@ def test_a_hung_node_steps_out_and_the_spare_trains_on_in_the_same_job(
         cli, tmp_path, measurements):  # fmt: skip
     expected = reference_digest(tmp_path, STEPS)
     recipe = spare_recipe(tmp_path, STEPS, ", section_timeouts={'step': 3.0, 'compute': 3.0, "
-                          "'checkpointing': 5.0}, out_of_section_timeout=3.0")
-    out = cli.submit("--inject", "hang@20:1", str(recipe))
+                          "'checkpointing': 5.0}, out_of_section_timeout=3.0",
+                          step_time=STEP_TIME_S)  # fmt: skip
+    out = cli.submit("--inject", HANG, str(recipe))
     run = RunDir(cli.status(out["run_id"])["run_dir"])
     record_path = run.round_record(0, 1)
-    record = wait_for(lambda: (json.loads(record_path.read_text()) if record_path.exists()
-                               else {}).get("first_step_at") and json.loads(
-        record_path.read_text()), 180, "the first step with the spare")  # fmt: skip
+
+    def first_step_with_the_spare() -> dict | None:
+        record = read_json(record_path) or {}
+        if record.get("first_step_at"):
+            return record
+        s = cli.summary(out["run_id"])
+        assert s["state"] not in ("COMPLETED", "FAILED", "CANCELLED"), \
+            f"the run ended ({s['state']}) before a round with the spare: {s}"
+        return None
+
+    record = wait_for(first_step_with_the_spare, 180, "the first step with the spare")
     benched = [json.loads(p.read_text()) for p in run.recovery(0).glob("benched-*.json")]
     assert len(benched) == 1 and benched[0]["why"] == "hang", benched
     assert benched[0]["node_rank"] != 0  # the batch host never steps out
