@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ftslurm.core.contract import RunDir
+from ftslurm.core.leases import Lease, daemon_timeout
 from ftslurm.core.settings import FtSettings
 from ftslurm.daemon import reconcile
 from ftslurm.daemon.reconcile import Reconciler
@@ -127,7 +128,8 @@ def test_a_spent_budget_fails_the_run_with_the_reason_and_cancels_the_job(tmp_pa
 def test_a_spare_run_ends_when_its_live_launchers_are_done_reading_no_lease(
         tmp_path, monkeypatch):  # fmt: skip
     """After a spare took a lost node's place, each poll lists the attempt's launcher
-    reports (not the leases of every node: thousands on a large job); once every live
+    reports (not the leases of every node: thousands on a large job; only the batch host's,
+    which the daemon watches itself); once every live
     node's launcher reported, the run ends and the job, held by Slurm for the dead node, is
     cancelled."""
     monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
@@ -143,8 +145,9 @@ def test_a_spare_run_ends_when_its_live_launchers_are_done_reading_no_lease(
     monkeypatch.setattr(reconcile, "read_json", lambda p: read.append(str(p)) or real(p))
     mark = len(backend.log)
     rec.cycle()
-    assert commands(backend, mark) == [] and not [p for p in read if "peer-lease" in p]
     run = RunDir(tmp_path / "run")
+    leases = {p for p in read if "peer-lease" in p}
+    assert commands(backend, mark) == [] and leases <= {str(run.peer_lease(0, 0))}, leases
     write_json_atomic(run.node_report(0, 0), {"node_rank": 0, "outcome": "finished",
                                               "exit_code": 0, "ended_at": 30.0})
     run.finished.write_text("")
@@ -152,3 +155,62 @@ def test_a_spare_run_ends_when_its_live_launchers_are_done_reading_no_lease(
     rec.cycle()
     assert commands(backend, mark) == [("cancel", job)]
     assert store.get_run("r0").state.value == "COMPLETED"  # type: ignore[union-attr]
+
+
+# ------------------------------------------- the daemon watches the batch host's lease
+def write_lease(tmp: Path, node_rank: int, node: str, seq: int, ended: str | None = None) -> None:
+    RunDir(tmp / "run").attempt(0).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(RunDir(tmp / "run").peer_lease(0, node_rank), Lease(
+        node_rank, node, 4242, seq, 1000.0 + seq, ended).to_json())  # fmt: skip
+
+
+def test_a_silent_batch_host_that_no_launcher_reports_is_judged_by_the_daemon(
+        tmp_path, monkeypatch):  # fmt: skip
+    """The survivors went down with the batch host (their rendezvous lived there): no
+    report comes. The daemon, timing node 0's lease on its own clock, ends the job as a node
+    failure `daemon_timeout` after the lease last changed and submits a fresh job without
+    the node; until then a lease that keeps changing, or one quiet for less, changes
+    nothing."""
+    backend, store, rec = two_nodes(tmp_path, monkeypatch)
+    old = store.latest_attempt("r0")
+    assert old is not None
+    batch = old.nodes[0]
+    limit = daemon_timeout(FtSettings().peer_timeout_s)
+    for seq in range(1, 9):  # alive: a new lease every 5 s, for longer than the limit
+        write_lease(tmp_path, 0, batch, seq)
+        backend.now += 5
+        rec.cycle()
+    assert store.latest_attempt("r0").attempt == 0  # type: ignore[union-attr]
+    mark = len(backend.log)
+    silent_since = backend.now
+    while backend.now < silent_since + limit - 1:  # silent, not yet for long enough
+        backend.now += 1
+        rec.cycle()
+    assert commands(backend, mark) == []
+    backend.now += 2
+    rec.cycle()
+    assert commands(backend, mark) == [("cancel", old.job_id), ("submit", "ftslurm:r0:1")]
+    first, second = store.attempts("r0")
+    assert first.cause == "node_fail" and first.lost_nodes == [batch], first
+    assert "reported by the daemon" in (first.reason or ""), first.reason
+    new = backend.st.jobs[second.job_id or ""]
+    assert batch in new.exclude and batch not in new.nodes
+    (lost,) = [e.data for e in store.events("r0") if e.kind == "node_lost"]
+    assert (lost["source"], lost["node"], lost["recovery"]) == ("daemon", batch, "new_job")
+    assert lost["detection_s"] is not None and limit <= lost["detection_s"] < limit + 3, lost
+
+
+def test_an_ended_batch_host_lease_or_another_nodes_silence_is_left_to_the_launchers(
+        tmp_path, monkeypatch):  # fmt: skip
+    """A lease marked ended (its launcher left on its own) is never lost; the daemon judges
+    the batch host only: the other nodes' leases are the launchers' to watch."""
+    backend, store, rec = two_nodes(tmp_path, monkeypatch)
+    nodes = store.latest_attempt("r0").nodes  # type: ignore[union-attr]
+    write_lease(tmp_path, 0, nodes[0], 1, ended="finished")
+    write_lease(tmp_path, 1, nodes[1], 1)
+    mark = len(backend.log)
+    for _ in range(100):
+        backend.now += 1
+        rec.cycle()
+    assert commands(backend, mark) == []
+    assert store.latest_attempt("r0").attempt == 0  # type: ignore[union-attr]

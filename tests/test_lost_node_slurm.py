@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ftslurm.core.contract import DEFAULT_PEER_TIMEOUT_S
+from ftslurm.core.leases import daemon_timeout, poll_interval
 from ftslurm.daemon.store import Store
 
 from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, reference_digest
@@ -22,14 +24,17 @@ pytestmark = pytest.mark.slurm
 KILL_TO_RUNNING_S = 45  # the issue's bound: the replacement job running after the kill
 
 
-def a_lost_node_is_replaced_by_a_fresh_job(cli: Cli, tmp_path: Path,
-                                           fail: Callable[[str], None], node_rank: int,
-                                           *submit_args: str) -> float:  # fmt: skip
+def a_lost_node_is_replaced_by_a_fresh_job(
+        cli: Cli, tmp_path: Path, fail: Callable[[str], None], node_rank: int,
+        *submit_args: str, sources: tuple[str, ...] = ("peer",), bound_s: float = KILL_TO_RUNNING_S,
+) -> float:  # fmt: skip
     """Scenario: a 2-node DDP run (gloo, an all-reduce every step, rank 0 checkpoints every
     20 steps) loses node `node_rank` after its first checkpoint. The replacement job runs
     within `KILL_TO_RUNNING_S` of the kill, excluding the node; the run completes with the
-    parameters of an uninterrupted run. Returns the seconds from the kill to the new job
-    running (the scheduler's start time)."""
+    parameters of an uninterrupted run. `sources`: who may tell of the loss ("peer": a
+    launcher's report, "daemon": the daemon's own watch of the batch host's lease).
+    Returns the seconds from the kill to the new job running (the scheduler's start
+    time)."""
     steps, ckpt = 300, tmp_path / "ckpt"
     expected = reference_digest(tmp_path, steps)
     out = cli.submit(*submit_args, "--retries", "2", "-N", "2", "-t", "10", str(RECIPE), "--",
@@ -51,19 +56,20 @@ def a_lost_node_is_replaced_by_a_fresh_job(cli: Cli, tmp_path: Path,
     assert "Slurm had not noticed yet" in (first["reason"] or ""), s
     assert second["job_id"] != first["job_id"]  # a fresh job, not a requeue
     assert victim not in second["nodes"] and victim in s["excluded_nodes"], s
-    assert took < KILL_TO_RUNNING_S, (took, s)
+    assert took < bound_s, (took, s)
+    (lost,) = [e.data for e in Store(cli.home).events(run_id) if e.kind == "node_lost"]
+    source = lost["source"]
+    assert (source, lost["node"], lost["recovery"]) in {(x, victim, "new_job") for x in sources}
     status = cli("status", run_id).stdout
-    assert f"{victim} lost" in status and "(peer report)" in status, status
+    said = {"peer": "(peer report)", "daemon": "(the daemon's lease watch)"}[source]
+    assert f"{victim} lost" in status and said in status, status
     s = cli.wait_for(run_id, ended, 300, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert len(s["attempts"]) == 2 and s["job_retries_used"] == 1, s
-    events = Store(cli.home).events(run_id)
-    (lost,) = [e.data for e in events if e.kind == "node_lost"]
-    assert (lost["source"], lost["node"], lost["recovery"]) == ("peer", victim, "new_job")
     final = json.loads((ckpt / "final.json").read_text())
     assert final == {"step": steps, "digest": expected}  # bit-identical
     report = json.loads(cli("report", run_id, "--json").stdout)
-    assert report["losses_by_source"]["peer"]["count"] == 1
+    assert report["losses_by_source"][source]["count"] == 1
     return took
 
 
@@ -72,14 +78,35 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
     yield from daemon_cli(tmp_path)
 
 
-@pytest.mark.parametrize("node_rank", [1, pytest.param(0, marks=pytest.mark.xfail(
-    reason="known gap (issue 14 open): the batch host's loss took srun and with it the "
-    "survivor's launcher down before it reported, in 1 of 3 runs", strict=False))],
-    ids=["other-node", "batch-host"])  # fmt: skip
+@pytest.mark.parametrize("node_rank", [1, 0], ids=["other-node", "batch-host"])
 def test_a_lost_node_is_replaced_within_45_s_at_slurms_default_timeout(
         cli, healthy_nodes, tmp_path, measurements, node_rank):  # fmt: skip
+    """The survivor's launcher reports the loss; of the batch host, the daemon may tell
+    first (a survivor whose rendezvous went with the batch host can stop before it
+    reports, seen once in three runs under load: the test below forces that moment)."""
     with healthy_nodes.slurmd_timeout(300):
-        took = a_lost_node_is_replaced_by_a_fresh_job(cli, tmp_path, healthy_nodes.fail_node,
-                                                      node_rank)  # fmt: skip
+        took = a_lost_node_is_replaced_by_a_fresh_job(
+            cli, tmp_path, healthy_nodes.fail_node, node_rank,
+            sources=("peer", "daemon") if node_rank == 0 else ("peer",))  # fmt: skip
     name = "lost_node_kill_to_running_s" + ("_batch_host" if node_rank == 0 else "")
     measurements.record(name, took)
+
+
+def test_a_lost_batch_host_whose_survivors_went_with_it_is_judged_by_the_daemon(
+        cli, healthy_nodes, tmp_path, measurements):  # fmt: skip
+    """The worst moment, forced: the batch host is killed and, at once, every job process
+    on the other node (the survivors' launchers, which could have reported it, gone too).
+    Slurm sees the job running on until its SlurmdTimeout (300 s); the daemon, watching the
+    batch host's lease itself, ends the job and runs a fresh one without the node within
+    `daemon_timeout` of the lease's last write and a few seconds more."""
+    def fail(victim: str) -> None:
+        healthy_nodes.fail_node(victim)
+        for node in healthy_nodes.layout.node_names:
+            if node != victim:
+                healthy_nodes.kill_job_processes(node)
+
+    bound = daemon_timeout(DEFAULT_PEER_TIMEOUT_S) + poll_interval(DEFAULT_PEER_TIMEOUT_S) + 15
+    with healthy_nodes.slurmd_timeout(300):
+        took = a_lost_node_is_replaced_by_a_fresh_job(
+            cli, tmp_path, fail, 0, sources=("daemon",), bound_s=bound)  # fmt: skip
+    measurements.record("lost_batch_host_no_survivor_kill_to_running_s", took)

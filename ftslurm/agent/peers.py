@@ -47,10 +47,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 from ftslurm.core.contract import RunDir
+from ftslurm.core.leases import Lease, Seen, is_lost, observe, poll_interval
 from ftslurm.fsutil import read_json, temp_path, write_json_atomic
 
 log = logging.getLogger("ftslurm.launch")
@@ -58,69 +58,9 @@ log = logging.getLogger("ftslurm.launch")
 WATCHED = 2  # how many nodes after its own (in ring order) each launcher watches
 
 
-@dataclass(frozen=True)
-class Lease:
-    """What a launcher's lease file says."""
-
-    node_rank: int
-    node: str
-    pid: int
-    seq: int
-    time: float  # the writer's wall clock
-    ended: str | None = None  # why its launcher left (its outcome); None while it runs
-    # With hot spares (`ftslurm.agent.spares`): "active" once its launcher started ranks,
-    # "spare" while it waits to replace a lost node; None without spares.
-    role: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"node_rank": self.node_rank, "node": self.node, "pid": self.pid,
-                "seq": self.seq, "time": self.time, "ended": self.ended,
-                "role": self.role}  # fmt: skip
-
-    @staticmethod
-    def from_json(data: Any) -> Lease | None:
-        """The lease, or None for a file that is not one (torn, foreign, missing)."""
-        try:
-            return Lease(int(data["node_rank"]), str(data["node"]), int(data["pid"]),
-                         int(data["seq"]), float(data["time"]),
-                         None if data.get("ended") is None else str(data["ended"]),
-                         None if data.get("role") is None else str(data["role"]))
-        except (TypeError, KeyError, ValueError):
-            return None
-
-
-@dataclass(frozen=True)
-class Seen:
-    """What a watcher knows of one peer: the latest lease it read and when (on its own
-    clocks) it last saw that lease change."""
-
-    node_rank: int
-    changed_at: float  # watcher's monotonic clock: the last change, or the watch's start
-    lease: Lease | None = None  # None: never read
-    heard_at: float | None = None  # watcher's wall clock at the last change
-    changed_before: float | None = None  # the change before the last one (monotonic)
-
-
 def watched(node_rank: int, nnodes: int, count: int = WATCHED) -> list[int]:
     """The node ranks node `node_rank` watches: the `count` after it in ring order."""
     return sorted({(node_rank + k) % nnodes for k in range(1, count + 1)} - {node_rank})
-
-
-def observe(seen: Seen, lease: Lease | None, now: float, wall: float) -> Seen:
-    """`seen` after reading `lease` at `now` (monotonic) and `wall`: a lease that changed
-    (another counter, another writer, or ended) is news; an unreadable one is none."""
-    if lease is None or lease == seen.lease:
-        return seen
-    return replace(seen, lease=lease, changed_at=now, heard_at=wall,
-                   changed_before=seen.changed_at if seen.lease is not None else None)
-
-
-def is_lost(seen: Seen, now: float, timeout: float, start_timeout: float) -> bool:
-    """Whether the peer is lost: silent for `timeout` since its lease last changed, or for
-    `start_timeout` since the watch began when it never wrote one; an ended lease never."""
-    if seen.lease is None:
-        return now - seen.changed_at > start_timeout
-    return seen.lease.ended is None and now - seen.changed_at > timeout
 
 
 def lost_peers(seen: Mapping[int, Seen], now: float, timeout: float,
@@ -137,11 +77,6 @@ def settled(seen: Mapping[int, Seen], since: float, now: float, timeout: float,
     return all((s.lease is not None and (s.lease.ended is not None or (
         s.changed_before is not None and s.changed_before > since)))
         or is_lost(s, now, timeout, start_timeout) for s in seen.values())
-
-
-def poll_interval(timeout: float) -> float:
-    """How often a launcher rewrites its lease and reads its peers'."""
-    return min(5.0, max(0.5, timeout / 6))
 
 
 def loss_report(seen: Seen, *, now: float, wall: float, timeout: float, me: int, node: str,

@@ -510,7 +510,8 @@ def recovery_notes(attempts: Sequence[Attempt], events: Sequence[Any],
         if e.kind != "node_lost" or not isinstance(k, int) or k < latest - 1:
             continue
         at = d.get("time") if isinstance(d.get("time"), (int, float)) else e.time
-        source = "Slurm's verdict" if d.get("source") == "slurm" else "peer report"
+        source = {"slurm": "Slurm's verdict", "daemon": "the daemon's lease watch"}.get(
+            str(d.get("source")), "peer report")
         head = f"{d.get('node') or 'a node'} lost {_fmt_age(max(0.0, now - at))} ago ({source})"
         if d.get("recovery") == "spare":
             starts = [r.get("started_at") for r in rounds.get(k, ())

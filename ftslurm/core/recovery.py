@@ -26,6 +26,8 @@ class Source(str, Enum):
 
     PEER = "peer"  # the launchers' leases (ftslurm.agent.peers)
     SLURM = "slurm"  # Slurm's NODE_FAIL, after its SlurmdTimeout
+    # the daemon's own watch of the batch host's lease, when no launcher reported its loss
+    DAEMON = "daemon"
 
 
 class Recovery(str, Enum):

@@ -84,6 +84,8 @@ from ftslurm.core.contract import (
     ROUND_RECORDS,
     RunDir,
 )
+from ftslurm.core.leases import Lease, Seen, observe
+from ftslurm.core.recovery import BATCH_NODE_RANK
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import policy
@@ -278,6 +280,8 @@ class Reconciler:
         self._expiries: list[float] = []  # the flags' expiry times, sorted
         self._quiet: dict[str, _Quiet] = {}  # run id -> its quiet attempt
         self._watched: dict[str, _Watched] = {}  # run id -> the files last read for it
+        # (run id, attempt) -> the batch host's lease as last read (`_batch_lease`)
+        self._batch_seen: dict[tuple[str, int], Seen] = {}
         # run id -> (the attempt, its watched files)
         self._paths: dict[str, tuple[int, tuple[str, ...]]] = {}
 
@@ -543,6 +547,34 @@ class Reconciler:
             self._quiet_min = q.due
         return True
 
+    def _with_batch_lease(self, run: Run, a: Attempt, files: core.RunFiles) -> core.RunFiles:
+        """`files` with the batch host's lease as read now; kept as the watched files, so
+        a step that decided nothing but when to look again stays quiet until its `Wake`
+        (`step.batch_lease_wake`), when the lease is read again."""
+        lease = self._batch_lease(run, a)
+        files = replace(files, batch_lease=lease,
+                        batch_lease_read_at=None if lease is None else self.clock())
+        watched = self._watched.get(run.run_id)
+        if watched is not None:
+            self._watched[run.run_id] = replace(watched, files=files)
+        return files
+
+    def _batch_lease(self, run: Run, a: Attempt) -> Seen | None:
+        """The batch host's lease of a multi-node attempt, read now (one small file) and
+        timed on the daemon's clock: the daemon is its watcher of last resort (`step`)."""
+        nnodes = max(len(a.nodes), int(run.spec.get("options", {}).get("nodes") or 0))
+        if nnodes < 2:
+            return None
+        key = (run.run_id, a.attempt)
+        seen = self._batch_seen.get(key)
+        if seen is None:
+            self._batch_seen = {k: v for k, v in self._batch_seen.items() if k[0] != run.run_id}
+            seen = Seen(BATCH_NODE_RANK, self.clock())
+        path = RunDir(Path(run.spec["run_dir"])).peer_lease(a.attempt, BATCH_NODE_RANK)
+        now = self.clock()  # the daemon's wall clock, as the step's `now`
+        seen = self._batch_seen[key] = observe(seen, Lease.from_json(read_json(path)), now, now)
+        return seen
+
     def _watched_files(self, run: Run, a: Attempt) -> core.RunFiles:
         """Progress, the straggler report and the attempt's recovery folder of a watched
         attempt: read again only when one of them changed since the last read (module doc;
@@ -588,7 +620,7 @@ class Reconciler:
             got["files"] = replace(self._watched_files(run, a), launchers_read=True,
                                    node_reports=_records(folder, NODE_REPORTS))  # fmt: skip
         elif "watch_files" in what:
-            got["files"] = self._watched_files(run, a)
+            got["files"] = self._with_batch_lease(run, a, self._watched_files(run, a))
         return replace(facts, **got)
 
     def _execute(self, backend: SchedulerBackend, run: Run, a: Attempt,

@@ -38,7 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ftslurm.core.recovery import Recovery, Source, recovery
+from ftslurm.core.leases import Seen, daemon_timeout, is_lost, poll_interval
+from ftslurm.core.recovery import BATCH_NODE_RANK, Recovery, Source, recovery
 from ftslurm.core.settings import Cause, FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import policy
@@ -89,6 +90,11 @@ class RunFiles:
     # the launchers' node reports above were read (at an ending, or for an attempt that
     # lost a node: `_done_but_for_lost`); False: not read, not "none written"
     launchers_read: bool = False
+    # the batch host's lease as the daemon watches it (`ftslurm.core.leases`: the changes
+    # timed on the daemon's clock) and when it was read, just before the step; None: not
+    # watched (a job of one node)
+    batch_lease: Seen | None = None
+    batch_lease_read_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -464,6 +470,9 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     look = policy.straggler_look_again(settings, now)
     if due is not None:
         out.append(Wake(due))
+    silent_at = batch_lease_wake(info, files, settings)
+    if silent_at is not None and not a.lost_nodes:
+        out.append(Wake(silent_at))
     if look is not None:
         out.append(Wake(look, look=True))
     return out
@@ -480,9 +489,47 @@ def _lost_event(a: Attempt, loss: Loss, how: Recovery) -> Event:
     heard, at = r.get("last_heard"), r.get("time")
     detection = round(at - heard, 3) if isinstance(heard, (int, float)) \
         and isinstance(at, (int, float)) else None  # fmt: skip
-    return Event("node_lost", {**base, "source": Source.PEER.value,
+    return Event("node_lost", {**base, "source": _source(loss).value,
                                "reported_by": r.get("reported_by"), "last_heard": heard,
                                "time": at, "detection_s": detection})  # fmt: skip
+
+
+def _source(loss: Loss) -> Source:
+    return Source.DAEMON if loss.report.get("source") == Source.DAEMON.value else Source.PEER
+
+
+def _batch_host_silent(a: Attempt, info: JobInfo, files: RunFiles, settings: FtSettings,
+                       now: float) -> Loss | None:  # fmt: skip
+    """The batch host judged lost by the daemon itself: its launcher's lease, timed on the
+    daemon's clock, silent for `daemon_timeout(peer_timeout_s)` while Slurm says the job
+    runs, and no launcher reported it (the survivors may have gone with the rendezvous it
+    hosted). A lease never read, or ended, is never lost. None: not silent."""
+    seen, timeout = files.batch_lease, settings.peer_timeout_s
+    if info.state is not JobState.RUNNING or seen is None or seen.lease is None \
+            or not is_lost(seen, now, daemon_timeout(timeout), float("inf")):
+        return None
+    nodes = a.nodes or list(info.nodes)
+    node = seen.lease.node or (nodes[BATCH_NODE_RANK] if nodes else "")
+    if not node:
+        return None
+    return Loss(node, BATCH_NODE_RANK, {
+        "lost_node_rank": BATCH_NODE_RANK, "lost_node": node, "last_heard": seen.heard_at,
+        "lease_time": seen.lease.time, "silent_s": round(now - seen.changed_at, 3),
+        "peer_timeout_s": timeout, "reported_by": "the daemon", "time": now,
+        "source": Source.DAEMON.value, "attempt": a.attempt})  # fmt: skip
+
+
+def batch_lease_wake(info: JobInfo, files: RunFiles, settings: FtSettings) -> float | None:
+    """When to read the batch host's lease again (a `Wake`): a launcher's poll after the
+    last read, or when the lease, unchanged, would be judged silent if that comes first. So
+    its loss is judged at most `daemon_timeout` plus one poll after its last write."""
+    seen, read_at = files.batch_lease, files.batch_lease_read_at
+    if info.state is not JobState.RUNNING or seen is None or read_at is None \
+            or (seen.lease is not None and seen.lease.ended is not None):
+        return None
+    timeout = settings.peer_timeout_s
+    again = read_at + poll_interval(timeout)
+    return again if seen.lease is None else min(again, seen.changed_at + daemon_timeout(timeout))
 
 
 def _lost_words(loss: Loss) -> str:
@@ -506,6 +553,9 @@ def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSetting
     cancelled one frees the others at once. A run whose budget is spent fails and its job
     is cancelled. None: nothing new."""
     gone = losses(a.attempt, files, a.nodes or list(info.nodes))
+    silent = _batch_host_silent(a, info, files, settings, now)
+    if silent is not None and all(g.node_rank != BATCH_NODE_RANK for g in gone):
+        gone.append(silent)
     new = [g for g in gone if g.node not in a.lost_nodes]
     if not new:
         return None
@@ -514,7 +564,8 @@ def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSetting
     flagged = set(active_flags(facts, now))
     for g in new:  # a node flagged already (a straggler that then stepped out) keeps its flag:
         if settings.exclude_failed_nodes and g.node not in flagged:  # once, not a lemon's twice
-            why = f"benched: {g.report.get('why')}" if g.benched else "lost (peer report)"
+            why = f"benched: {g.report.get('why')}" if g.benched else \
+                f"lost ({_source(g).value} report)"
             out.append(flag_node(g.node, why, facts.flags, now, settings))
         out.append(_lost_event(a, g, how))
     a = replace(a, lost_nodes=[*a.lost_nodes, *(g.node for g in new)])

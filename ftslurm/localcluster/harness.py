@@ -276,6 +276,15 @@ class LocalCluster:
 
         return self._kill_matching(on_node, signal.SIGKILL)
 
+    def kill_job_processes(self, node: str) -> list[int]:
+        """Kill every job process on node `node` (its tasks and their children) and leave
+        its slurmd: to Slurm the node is up and the job still runs there. Returns the pids."""
+        self._check_node(node)
+        conf = str(self.layout.slurm_conf)
+        return self._kill_matching(
+            lambda env: env.get("SLURM_CONF") == conf and env.get("SLURMD_NODENAME") == node
+            and env.get(MARKER) != str(self.layout.root), signal.SIGKILL)  # fmt: skip
+
     def revive_node(self, node: str, timeout: float = 60) -> None:
         """Restart a failed node's slurmd, resume it, and wait until it is idle again."""
         self._check_node(node)

@@ -492,7 +492,8 @@ def _timeline(
                                          f"{format_duration(d['latency_s'])} after the previous "
                                          "ending was seen", k))  # fmt: skip
         elif e.kind == "node_lost":
-            who = "Slurm" if d.get("source") == "slurm" else f"peer {d.get('reported_by')}"
+            who = {"slurm": "Slurm", "daemon": "the daemon"}.get(
+                str(d.get("source")), f"peer {d.get('reported_by')}")
             took = f" {format_duration(d['detection_s'])} after it was last heard" \
                 if isinstance(d.get("detection_s"), (int, float)) else ""  # fmt: skip
             how = "a spare takes over" if d.get("recovery") == "spare" else "a new job"
