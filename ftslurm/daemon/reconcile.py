@@ -549,11 +549,13 @@ class Reconciler:
 
     def _with_batch_lease(self, run: Run, a: Attempt, files: core.RunFiles) -> core.RunFiles:
         """`files` with the batch host's lease as read now; kept as the watched files, so
-        a step that decided nothing but when to look again stays quiet until its `Wake`
-        (`step.batch_lease_wake`), when the lease is read again."""
+        a step that decided nothing but when to look again stays quiet until the lease
+        changes (it is one of the watched paths) or its `Wake` (`step.batch_lease_wake`:
+        the lease, unchanged, would be judged silent) falls due."""
         lease = self._batch_lease(run, a)
-        files = replace(files, batch_lease=lease,
-                        batch_lease_read_at=None if lease is None else self.clock())
+        if lease == files.batch_lease:
+            return files
+        files = replace(files, batch_lease=lease)
         watched = self._watched.get(run.run_id)
         if watched is not None:
             self._watched[run.run_id] = replace(watched, files=files)
@@ -562,8 +564,7 @@ class Reconciler:
     def _batch_lease(self, run: Run, a: Attempt) -> Seen | None:
         """The batch host's lease of a multi-node attempt, read now (one small file) and
         timed on the daemon's clock: the daemon is its watcher of last resort (`step`)."""
-        nnodes = max(len(a.nodes), int(run.spec.get("options", {}).get("nodes") or 0))
-        if nnodes < 2:
+        if _nodes(run, a) < 2:
             return None
         key = (run.run_id, a.attempt)
         seen = self._batch_seen.get(key)
@@ -582,8 +583,10 @@ class Reconciler:
         known = self._paths.get(run.run_id)
         if known is None or known[0] != a.attempt:
             rd = RunDir(Path(run.spec["run_dir"]))
-            known = self._paths[run.run_id] = (a.attempt, (
-                str(rd.progress), str(rd.straggler_report), str(rd.recovery(a.attempt))))
+            watched = [str(rd.progress), str(rd.straggler_report), str(rd.recovery(a.attempt))]
+            if _nodes(run, a) > 1:  # the batch host's lease: read again when it changes
+                watched.append(str(rd.peer_lease(a.attempt, BATCH_NODE_RANK)))
+            known = self._paths[run.run_id] = (a.attempt, tuple(watched))
         paths = known[1]
         wall = time.time_ns()
         sigs = tuple(_signature(p) for p in paths)
@@ -611,10 +614,8 @@ class Reconciler:
             got.update(previous=self.store.attempt_before(run.run_id, a.attempt),
                        previous_known=True)  # fmt: skip
         if "files" in what:
-            # the job's nodes: options.nodes counts the spares already (make_spec)
-            nnodes = max(len(a.nodes), int(run.spec.get("options", {}).get("nodes") or 0))
             got["files"] = read_run_files(Path(run.spec["run_dir"]), a.attempt, ending=True,
-                                          nnodes=nnodes)  # fmt: skip
+                                          nnodes=_nodes(run, a))  # fmt: skip
         elif "node_reports" in what:  # the attempt lost a node: are its launchers done?
             folder = RunDir(Path(run.spec["run_dir"])).attempt(a.attempt)
             got["files"] = replace(self._watched_files(run, a), launchers_read=True,
@@ -907,6 +908,11 @@ class Reconciler:
                 self._min_job_age[kind] = float(backend.cluster_facts().min_job_age_s)
             except (SchedulerUnavailable, SchedulerRejected):
                 pass  # asked again next cycle; meanwhile the poll stays conservative
+
+
+def _nodes(run: Run, a: Attempt) -> int:
+    """The attempt's node count (options.nodes counts the spares: `make_spec`)."""
+    return max(len(a.nodes), int(run.spec.get("options", {}).get("nodes") or 0))
 
 
 def _records(folder: Path, pattern: str) -> tuple[dict[str, Any], ...]:

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ftslurm.core.leases import Seen, daemon_timeout, is_lost, poll_interval
+from ftslurm.core.leases import Seen, daemon_timeout, is_lost
 from ftslurm.core.recovery import BATCH_NODE_RANK, Recovery, Source, recovery
 from ftslurm.core.settings import Cause, FtSettings
 from ftslurm.core.types import JobInfo, JobState
@@ -91,10 +91,9 @@ class RunFiles:
     # lost a node: `_done_but_for_lost`); False: not read, not "none written"
     launchers_read: bool = False
     # the batch host's lease as the daemon watches it (`ftslurm.core.leases`: the changes
-    # timed on the daemon's clock) and when it was read, just before the step; None: not
-    # watched (a job of one node)
+    # timed on the daemon's clock, read just before the step); None: not watched (a job of
+    # one node)
     batch_lease: Seen | None = None
-    batch_lease_read_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -520,16 +519,13 @@ def _batch_host_silent(a: Attempt, info: JobInfo, files: RunFiles, settings: FtS
 
 
 def batch_lease_wake(info: JobInfo, files: RunFiles, settings: FtSettings) -> float | None:
-    """When to read the batch host's lease again (a `Wake`): a launcher's poll after the
-    last read, or when the lease, unchanged, would be judged silent if that comes first. So
-    its loss is judged at most `daemon_timeout` plus one poll after its last write."""
-    seen, read_at = files.batch_lease, files.batch_lease_read_at
-    if info.state is not JobState.RUNNING or seen is None or read_at is None \
-            or (seen.lease is not None and seen.lease.ended is not None):
+    """When the batch host's lease, unchanged, would be judged silent (a `Wake`; the shell
+    reads it again whenever it changes before that)."""
+    seen = files.batch_lease
+    if info.state is not JobState.RUNNING or seen is None or seen.lease is None \
+            or seen.lease.ended is not None:
         return None
-    timeout = settings.peer_timeout_s
-    again = read_at + poll_interval(timeout)
-    return again if seen.lease is None else min(again, seen.changed_at + daemon_timeout(timeout))
+    return seen.changed_at + daemon_timeout(settings.peer_timeout_s)
 
 
 def _lost_words(loss: Loss) -> str:
