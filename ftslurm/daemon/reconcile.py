@@ -40,7 +40,9 @@ against the job's restart count and state before it is repeated.
 - the node flags: once per cycle when anything was committed, and again after this daemon
   flags a node; a run's `FtSettings`: parsed once per version of the run;
 - the run's files (progress, straggler report and the attempt's recovery folder, whose own
-  stat changes when a report is renamed into it) for a watched attempt: each is looked at
+  stat changes when a report is renamed into it; for a job of several nodes, the batch
+  host's lease too, which the daemon judges itself: `step._batch_host_silent`) for a
+  watched attempt: each is looked at
   with `os.stat` and read again only when its inode, size, mtime or ctime changed; a file
   changed less than a second before it was looked at is read again next time (a rewrite
   within the filesystem's timestamp granularity could keep them all). On NFS, attribute
