@@ -214,3 +214,27 @@ def test_an_ended_batch_host_lease_or_another_nodes_silence_is_left_to_the_launc
         rec.cycle()
     assert commands(backend, mark) == []
     assert store.latest_attempt("r0").attempt == 0  # type: ignore[union-attr]
+
+
+def test_after_a_spare_swap_a_silent_batch_host_still_ends_the_job(tmp_path, monkeypatch):
+    """A spare took node 1's place (the attempt acted on that loss); the batch host then
+    falls silent with no report: the daemon's deadline still comes and the run goes on in a
+    fresh job."""
+    monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
+    backend, store, rec = running_on_the_model(
+        tmp_path, 2, FtSettings(num_job_retries_on_failure=2, preempt_time=0, spare_nodes=1),
+        cycles=3)  # fmt: skip
+    a = store.latest_attempt("r0")
+    assert a is not None
+    batch = a.nodes[0]
+    write_lease(tmp_path, 0, batch, 1)
+    lost = report_lost(tmp_path, store, 1)
+    backend.now += 1
+    rec.cycle()
+    assert store.latest_attempt("r0").lost_nodes == [lost]  # type: ignore[union-attr]
+    mark = len(backend.log)
+    for _ in range(int(daemon_timeout(FtSettings().peer_timeout_s)) + 3):
+        backend.now += 1
+        rec.cycle()
+    assert commands(backend, mark)[:2] == [("cancel", a.job_id), ("submit", "ftslurm:r0:1")]
+    assert store.attempts("r0")[0].lost_nodes == [lost, batch]

@@ -50,7 +50,9 @@ class Seen:
     clocks) it last saw that lease change."""
 
     node_rank: int
-    changed_at: float  # watcher's monotonic clock: the last change, or the watch's start
+    # the watcher's own clock (a launcher's monotonic one, the daemon's wall clock): the
+    # last change, or the watch's start
+    changed_at: float
     lease: Lease | None = None  # None: never read
     heard_at: float | None = None  # watcher's wall clock at the last change
     changed_before: float | None = None  # the change before the last one (monotonic)
@@ -76,8 +78,6 @@ def is_lost(seen: Seen, now: float, timeout: float, start_timeout: float) -> boo
 def poll_interval(timeout: float) -> float:
     """How often a launcher rewrites its lease and reads its peers'."""
     return min(5.0, max(0.5, timeout / 6))
-
-
 
 
 def daemon_timeout(timeout: float) -> float:

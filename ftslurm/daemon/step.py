@@ -469,8 +469,8 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     look = policy.straggler_look_again(settings, now)
     if due is not None:
         out.append(Wake(due))
-    silent_at = batch_lease_wake(info, files, settings)
-    if silent_at is not None and not a.lost_nodes:
+    silent_at = batch_lease_wake(a, info, files, settings)
+    if silent_at is not None:
         out.append(Wake(silent_at))
     if look is not None:
         out.append(Wake(look, look=True))
@@ -518,12 +518,14 @@ def _batch_host_silent(a: Attempt, info: JobInfo, files: RunFiles, settings: FtS
         "source": Source.DAEMON.value, "attempt": a.attempt})  # fmt: skip
 
 
-def batch_lease_wake(info: JobInfo, files: RunFiles, settings: FtSettings) -> float | None:
+def batch_lease_wake(a: Attempt, info: JobInfo, files: RunFiles,
+                     settings: FtSettings) -> float | None:  # fmt: skip
     """When the batch host's lease, unchanged, would be judged silent (a `Wake`; the shell
-    reads it again whenever it changes before that)."""
+    reads it again whenever it changes before that); None: no verdict to come (not
+    running, never read, ended, or that node already acted on)."""
     seen = files.batch_lease
     if info.state is not JobState.RUNNING or seen is None or seen.lease is None \
-            or seen.lease.ended is not None:
+            or seen.lease.ended is not None or seen.lease.node in a.lost_nodes:
         return None
     return seen.changed_at + daemon_timeout(settings.peer_timeout_s)
 
@@ -550,7 +552,8 @@ def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSetting
     is cancelled. None: nothing new."""
     gone = losses(a.attempt, files, a.nodes or list(info.nodes))
     silent = _batch_host_silent(a, info, files, settings, now)
-    if silent is not None and all(g.node_rank != BATCH_NODE_RANK for g in gone):
+    if silent is not None and all(g.node_rank != BATCH_NODE_RANK and g.node != silent.node
+                                  for g in gone):  # fmt: skip
         gone.append(silent)
     new = [g for g in gone if g.node not in a.lost_nodes]
     if not new:
