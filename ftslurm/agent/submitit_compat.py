@@ -76,7 +76,7 @@ On-disk layout, in `<checkpoint dir>/submitit/` (only global rank 0 writes):
                              "step", "training_step", "attempt", "callable", "time"};
                              written atomically, after the file it names
     continuation-<n>.pkl     the n-th continuation: cloudpickle of the DelayedSubmission
-                             (`pickle.load` reads it, as submitit's `DelayedSubmission.load`)
+                             (read with submitit's `DelayedSubmission.load`)
 
 A continuation file is written to a temporary file, fsynced and renamed, then the manifest
 is replaced the same way; older continuation files are removed after that, so a crash at any
@@ -97,6 +97,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+from submitit.helpers import DelayedSubmission
 
 from ftslurm.agent import rank as fta
 from ftslurm.core.contract import ExitCode, JobEnv
@@ -201,15 +202,13 @@ def load_continuation(folder: Path) -> tuple[Any, dict[str, Any]] | None:
                                 f"{manifest['size']}: truncated or overwritten")  # fmt: skip
     if digest.hexdigest() != manifest["sha256"]:
         raise ContinuationError(f"{path} does not match the sha256 of its manifest: corrupt")
-    try:
-        with open(path, "rb") as f:
-            delayed = pickle.load(f)
+    try:  # submitit's own loader; its check of the class (by name) is an assert
+        delayed = DelayedSubmission.load(path)
+    except AssertionError as exc:
+        raise ContinuationError(f"{path} is not a DelayedSubmission: {exc}") from None
     except Exception as exc:  # a class renamed or a module gone since it was saved
         raise ContinuationError(f"{path} cannot be unpickled: "
                                 f"{type(exc).__name__}: {exc}") from None  # fmt: skip
-    if not all(hasattr(delayed, a) for a in ("function", "args", "kwargs")):
-        raise ContinuationError(f"{path} holds a {type(delayed).__name__}, "
-                                "not a DelayedSubmission")  # fmt: skip
     return delayed, manifest
 
 
