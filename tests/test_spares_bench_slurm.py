@@ -12,7 +12,7 @@ from ftslurm.core.contract import RunDir
 from ftslurm.fsutil import read_json
 
 from .conftest import wait_file, wait_for
-from .daemon_scenarios import Cli, daemon_cli, reference_digest, spare_recipe
+from .daemon_scenarios import Cli, daemon_cli, ended, reference_digest, spare_recipe
 
 pytestmark = pytest.mark.slurm
 
@@ -41,8 +41,7 @@ def test_a_hung_node_steps_out_and_the_spare_trains_on_in_the_same_job(
         if record.get("first_step_at"):
             return record
         s = cli.summary(out["run_id"])
-        assert s["state"] not in ("COMPLETED", "FAILED", "CANCELLED"), \
-            f"the run ended ({s['state']}) before a round with the spare: {s}"
+        assert not ended(s), f"the run ended ({s['state']}) before a round with the spare: {s}"
         return None
 
     record = wait_for(first_step_with_the_spare, 180, "the first step with the spare")
@@ -54,8 +53,8 @@ def test_a_hung_node_steps_out_and_the_spare_trains_on_in_the_same_job(
     assert took < 30, record
     assert record["lost"] == [benched[0]["node"]] and "stepped out (hang" in record["why"]
     assert record["job_id"] == out["job_id"]
-    s = wait_for(lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED")
-                          else None)(cli.summary(out["run_id"])), 240, "the run's end")
+    s = wait_for(lambda: (lambda s: s if ended(s) else None)(cli.summary(out["run_id"])), 240,
+                 "the run's end")
     assert s["state"] == "COMPLETED", s  # the benched node's exit 0 changed no verdict
     assert [a["job_id"] for a in s["attempts"]] == [out["job_id"]], s  # no requeue
     final = json.loads(wait_file(tmp_path / "ckpt" / "final.json", bool, 10, "final.json"))

@@ -267,12 +267,12 @@ class LocalCluster:
         Returns the pids killed. slurmctld marks the node DOWN after SlurmdTimeout.
         """
         self._check_node(node)
-        conf = str(self.layout.slurm_conf)
+        ours = self._job_process_on(node)
 
         def on_node(env: dict[str, str]) -> bool:
             if env.get(MARKER) == str(self.layout.root) and env.get(NODE_MARKER) == node:
                 return True  # slurmd and the slurmstepds it exec'd
-            return env.get("SLURM_CONF") == conf and env.get("SLURMD_NODENAME") == node
+            return ours(env)
 
         return self._kill_matching(on_node, signal.SIGKILL)
 
@@ -280,10 +280,14 @@ class LocalCluster:
         """Kill every job process on node `node` (its tasks and their children) and leave
         its slurmd: to Slurm the node is up and the job still runs there. Returns the pids."""
         self._check_node(node)
-        conf = str(self.layout.slurm_conf)
-        return self._kill_matching(
-            lambda env: env.get("SLURM_CONF") == conf and env.get("SLURMD_NODENAME") == node
-            and env.get(MARKER) != str(self.layout.root), signal.SIGKILL)  # fmt: skip
+        return self._kill_matching(self._job_process_on(node), signal.SIGKILL)
+
+    def _job_process_on(self, node: str) -> Callable[[dict[str, str]], bool]:
+        """Whether a process's environment is that of a job process on `node` (a task of
+        this cluster's slurmd there, not a daemon we started)."""
+        conf, root = str(self.layout.slurm_conf), str(self.layout.root)
+        return lambda env: env.get("SLURM_CONF") == conf \
+            and env.get("SLURMD_NODENAME") == node and env.get(MARKER) != root
 
     def revive_node(self, node: str, timeout: float = 60) -> None:
         """Restart a failed node's slurmd, resume it, and wait until it is idle again."""
