@@ -492,8 +492,9 @@ class Bench:
         except RuntimeError:
             first = None
         after_job = job_now()
-        lost = [e.data for e in cli.store.events(run_id) if e.kind == "node_lost"] \
-            if cli is not None else []  # fmt: skip
+        events = cli.store.events(run_id) if cli is not None else []
+        lost = [e.data for e in events if e.kind == "node_lost"]
+        ended = [e.data.get("cause") for e in events if e.kind == "ended"]
         if cli is not None:
             cli.cancel(run_id)
         else:
@@ -505,9 +506,11 @@ class Bench:
                   "last_step_before_kill": before[-1][0],
                   "resumed_at_step": first[0] if first else None,
                   "kill_to_progress_s": rounded(first[1] - kill if first else None),
-                  "detected_by": lost[0].get("source") if lost else None}  # fmt: skip
+                  "detected_by": lost[0].get("source") if lost else None,
+                  "ended_as": ended}  # fmt: skip
         log(f"progress {path} @ {slurmd_timeout}: {result['kill_to_progress_s']} s "
-            f"({'same job' if result['same_job'] else 'job ' + after_job})")
+            f"({'same job' if result['same_job'] else 'job ' + after_job}; "
+            f"detected by {result['detected_by']}, ended as {', '.join(ended) or 'nothing'})")
         if cli is not None:
             cli.close()
         return result

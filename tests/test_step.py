@@ -368,6 +368,26 @@ def test_slurms_verdict_first_is_recorded_with_its_latency_from_the_last_lease()
     assert nxt.attempt.state is AttemptState.REQUEUING  # nothing else changes
 
 
+@pytest.mark.parametrize("listed", [("n1",), ("n3", "n4")],
+                         ids=["survivors-completing", "already-elsewhere"])
+def test_a_requeue_for_a_lost_node_is_a_node_failure_whatever_slurm_lists_now(listed):
+    """Slurm requeues a job whose node it declared down and lists only the survivors while
+    they complete (seen on the real cluster: COMPLETING, Restarts=1, NodeList=n1), then the
+    next allocation: the ending is judged on the nodes the attempt ran on."""
+    out = core.step(attempt(start=NOW - 600), info(JobState.COMPLETING, restart_count=1,
+                                                   nodes=listed),
+                    run(), known(usable={**NODES, "n2": False},
+                                 files=core.RunFiles(rank_reports=({"rank": 1, "node": "n1",
+                                                                    "outcome": "failed"},))),
+                    NOW)  # fmt: skip
+    (ended,) = [e for e in of(out, core.Event) if e.kind == "ended"]
+    assert ended.data["cause"] == "node_fail", ended.data
+    assert [(f.node) for f in of(out, core.FlagNode)] == ["n2"]
+    assert [e.data["source"] for e in of(out, core.Event) if e.kind == "node_lost"] == ["slurm"]
+    (record,) = [r.attempt for r in of(out, core.Record) if r.attempt.attempt == 0]
+    assert record.nodes == ["n1", "n2"]
+
+
 def test_a_new_round_of_ranks_is_recorded_as_an_in_job_restart():
     rnd = {"round": 1, "started_at": NOW - 2, "first_step_at": None, "why": "n2 lost",
            "lost": ["n2"], "attempt": 0}

@@ -709,7 +709,10 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
         run = next((i.run for i in started if isinstance(i, UpdateRun)), run)
     settings = _settings(run, facts)
     files = facts.files
-    nodes = tuple(info.nodes) or tuple(a.nodes)
+    requeued = info.restart_count > a.restart_count
+    # Of a job it requeued, Slurm lists what is left of the allocation (the survivors of a
+    # lost node while they complete) or already the next one: the attempt ran on a.nodes.
+    nodes = tuple(a.nodes) if requeued and a.nodes else tuple(info.nodes) or tuple(a.nodes)
     reports, launchers = list(files.rank_reports), list(files.node_reports)
     ckpt = files.progress.get("checkpoint_step")
     advanced = ckpt is not None and (run.last_checkpoint_step is None
@@ -724,7 +727,7 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
     down = tuple(n for n in nodes if not facts.usable.get(n, True))
     ending = Ending(
         state=info.state, exit_code=info.exit_code, signal=info.signal,
-        requeued_by_scheduler=info.restart_count > a.restart_count, nodes=nodes,
+        requeued_by_scheduler=requeued, nodes=nodes,
         down_nodes=down + tuple(n for n in peer_lost if n not in down),
         rank_outcomes=tuple(str(r.get("outcome")) for r in reports + launchers
                             if r.get("outcome")),
