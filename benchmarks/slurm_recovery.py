@@ -51,6 +51,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -701,6 +702,9 @@ def main() -> int:
     if not timeouts or min(timeouts) < 1 or not paths or set(paths) - set(PROGRESS_PATHS):
         parser.error(f"--timeouts: seconds >= 1; --paths: some of {','.join(PROGRESS_PATHS)}")
     started = time.time()
+    # SIGTERM (a `timeout`, a CI limit) unwinds like Ctrl-C: the cleanup below cancels the
+    # jobs, revives the killed nodes and puts SlurmdTimeout back.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     cluster = LocalCluster()
     os.environ.setdefault("SLURM_CONF", str(cluster.layout.slurm_conf))
     try:

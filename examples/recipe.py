@@ -15,9 +15,10 @@ run ends with exactly the parameters of an uninterrupted one.
   launcher watches for hangs (the forward and backward pass in a "compute" section, whose
   durations become the straggler scores); on SIGTERM or the checkpoint signal (SIGUSR2)
   the handler only sets a flag, and `should_checkpoint()` makes all ranks agree at the same
-  step (an all-reduce); they save a checkpoint and exit 0: "checkpointed, continue me". It
-  reports checkpoints and the end of training to the daemon. Outside ftslurm it works the
-  same.
+  step (an all-reduce); they save a checkpoint and exit 0: "checkpointed, continue me".
+  `should_checkpoint()` also answers True when the checkpoint interval the daemon tuned for
+  the run has passed (the ranks save and train on). It reports checkpoints, with the time
+  each save took, and the end of training to the daemon. Outside ftslurm it works the same.
 - `--fail-at-step N --fail-rank R` makes rank R exit 3 whenever it reaches step N (to try
   in-job restarts and retries).
 - When the last step is done it writes `final.json` (step and a parameter digest).
@@ -118,12 +119,18 @@ def main() -> int:
             dist.barrier()
 
     while step < args.steps:
-        if agent.should_checkpoint():  # the same answer on every rank at this step
+        # The same answer on every rank at this step: the checkpoint signal, or the
+        # periodic interval the daemon tuned for this run (Daly's optimum) has passed.
+        if agent.should_checkpoint():
             checkpoint()
-            if rank == 0:
-                print(f"checkpointed at step {step} on request; exiting for a continuation",
-                      flush=True)
-            agent.exit(0)  # the process group torn down, then os._exit: never returns
+            if rank == 0 and not agent.should_stop():
+                print(f"periodic checkpoint at step {step} (every "
+                      f"{agent.checkpoint_interval or 0:.3g} s)", flush=True)
+            if agent.should_stop():  # the signal, not the periodic one
+                if rank == 0:
+                    print(f"checkpointed at step {step} on request; exiting for a "
+                          "continuation", flush=True)
+                agent.exit(0)  # the process group torn down, then os._exit: never returns
         with agent.section("step"):
             with agent.section("compute"):  # this rank's own work, without collectives
                 x, y = batch(step * world + rank)

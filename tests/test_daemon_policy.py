@@ -749,6 +749,8 @@ def test_settings_defaults():
         "grace_s": 120, "straggler_report_interval_s": 60, "straggler_threshold": 0.75,
         "straggler_windows": 3, "straggler_reference": "best", "exclude_stragglers": True,
         "stop_if_straggler": False, "peer_timeout_s": 20, "spare_nodes": 0,
+        "checkpoint_interval": "auto", "checkpoint_save_prior_s": 60,
+        "failure_rate_prior": 5, "failure_prior_node_days": 1000,
     }  # fmt: skip
 
 

@@ -86,8 +86,8 @@ agent.exit(0)
 
 
 def start(tmp_path: Path, *launch_args: str, steps: int = 40, step_s: float = 0.05,
-          **env: str) -> subprocess.Popen:  # fmt: skip
-    (tmp_path / "train.py").write_text(TRAIN)
+          script: str = TRAIN, **env: str) -> subprocess.Popen:  # fmt: skip
+    (tmp_path / "train.py").write_text(script)
     for name in ("run", "ckpt"):
         (tmp_path / name).mkdir(exist_ok=True)
     full_env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"),

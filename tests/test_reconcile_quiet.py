@@ -5,6 +5,7 @@ node flag, a deadline reached. Driven on the mock's pure model with a virtual cl
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,7 @@ def watched_run(tmp: Path, monkeypatch: pytest.MonkeyPatch,
     daemon; files count as settled at once (no file is changed within a timestamp tick
     here: each rewrite is a new file)."""
     monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
+    settings.setdefault("checkpoint_interval", "off")  # its file: a test of its own below
     backend, store, rec = running_on_the_model(tmp, 1, FtSettings(**settings), cycles=3)
     assert store.latest_attempt("r0").state is AttemptState.RUNNING  # type: ignore[union-attr]
     run_dir = RunDir(tmp / "run")
@@ -216,3 +218,29 @@ def test_the_hung_rank_named_is_the_first_silent_whatever_node_judged_later(tmp_
         "hung": [{"rank": 3, "local_rank": 1, "section": "step", "reason": "silent",
                   "silent_s": 12.0}]})  # fmt: skip  # last sign of life at 991
     assert hung_at_stop(folder).startswith("rank 1 (node n1) hung in section 'step'")
+
+
+def test_a_tuned_interval_is_written_once_and_the_attempt_goes_quiet_again(tmp_path,
+                                                                           monkeypatch):
+    """The daemon writes the run's checkpoint interval (one read of it after the write),
+    rewrites it when a measured save moves it, and is quiet in between."""
+    backend, store, rec, run_dir = watched_run(tmp_path, monkeypatch,
+                                               checkpoint_interval="auto")
+    counted = Counted(monkeypatch)
+    for _ in range(2):
+        backend.now += 1
+        rec.cycle()
+    written = json.loads(run_dir.cadence.read_text())
+    assert written["how"] == "tuned" and written["save_measured"] is False
+    counted.take()
+    for _ in range(3):
+        backend.now += 1
+        rec.cycle()
+        assert counted.take() == (0, 0)
+    write_json_atomic(run_dir.progress, {"step": 9, "checkpoint_save_s": 2.0})
+    backend.now += 1
+    rec.cycle()
+    again = json.loads(run_dir.cadence.read_text())
+    assert again["save_measured"] is True and again["interval_s"] < written["interval_s"] / 4
+    assert [e.data["interval_s"] for e in store.events("r0") if e.kind == "cadence"] == [
+        written["interval_s"], again["interval_s"]]

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from ftslurm.core.cadence import FailureHistory
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import step as core
@@ -16,9 +17,11 @@ NODES = {"n1": True, "n2": True, "n3": True, "n4": True}
 
 
 def run(**kw) -> Run:
+    """A run; its periodic checkpoints off unless `settings` say (their own tests below)."""
+    settings = {"checkpoint_interval": "off", **kw.pop("settings", {})}
     base = Run(run_id="r", name="r", state=RunState.RUNNING, created_at=0.0,
                spec={"options": {"nodes": 2, "exclude": []}, "run_dir": "/nowhere"},
-               settings=FtSettings(**kw.pop("settings", {})).model_dump(mode="json"))
+               settings=FtSettings(**settings).model_dump(mode="json"))
     return replace(base, **kw)
 
 
@@ -38,6 +41,7 @@ def known(**kw) -> core.Facts:
     kw.setdefault("usable", NODES)
     kw.setdefault("files", core.RunFiles())
     kw.setdefault("previous_known", True)
+    kw.setdefault("history", FailureHistory())
     return core.Facts(**kw)
 
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from ftslurm.core.cadence import FailureHistory
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import step as core
@@ -66,7 +67,8 @@ def attempts(draw) -> Attempt:
 def facts_for(draw_files: core.RunFiles, cancel: bool, down: bool, refused: bool) -> core.Facts:
     return core.Facts(cancel_requested=cancel, trusted=True, found=(), files=draw_files,
                       usable={n: not (down and n == "n2") for n in NODES},
-                      previous_known=True, requeue_refused=refused)  # fmt: skip
+                      previous_known=True, requeue_refused=refused,
+                      history=FailureHistory(2, 100.0))  # fmt: skip
 
 
 def ended(a: Attempt, info: JobInfo) -> bool:

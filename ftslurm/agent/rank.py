@@ -16,13 +16,18 @@
     agent.finished(step)
     agent.exit(0)
 
-The checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL, default USR2) and SIGTERM only set a flag
-in the handler; `should_checkpoint()` turns the flags of all ranks into one answer with a
-MAX all-reduce over the default process group, like Megatron's all-gather, so no rank is
-left waiting in a collective. Heartbeats and sections go to a shared-memory record the
-launcher reads from outside the process (`agent.heartbeat`); section durations are
-remembered and saved next to the checkpoints so the next attempt's launcher can tighten
-its timeouts.
+`should_checkpoint()` is True when a stop was asked for or a periodic checkpoint is due;
+`should_stop()` only for the former. The checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL,
+default USR2) and SIGTERM only set a flag in the handler. The periodic interval is the one
+the daemon tuned for the run (`$FTSLURM_RUN_DIR/checkpoint-cadence.json`,
+`ftslurm.core.cadence`), looked at no more than every CADENCE_REFRESH_S; a checkpoint is
+due when that long has passed since the last one (or since the agent started).
+`should_checkpoint()` turns both flags of all ranks into one answer with a MAX all-reduce
+over the default process group, like Megatron's all-gather, so no rank is left waiting in
+a collective and every rank saves at the same step. Heartbeats and sections go to a
+shared-memory record the launcher reads from outside the process (`agent.heartbeat`);
+section durations are remembered and saved next to the checkpoints so the next attempt's
+launcher can tighten its timeouts.
 
 Leaving: `should_stop()` answering True and `finished()` record, durably (an atomic write into
 `$FTSLURM_RUN_DIR/attempts/<attempt>/stopping-rank-<rank>.json`), that this rank saved
@@ -44,7 +49,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -52,10 +57,12 @@ from typing import Any
 from ftslurm.agent import progress
 from ftslurm.agent.heartbeat import HeartbeatWriter
 from ftslurm.agent.straggler import StepTimer
+from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import JobEnv, RunDir, observed_record
 from ftslurm.fsutil import read_json, write_json_atomic
 
 TEARDOWN_TIMEOUT_S = 10.0  # how long `leave` lets destroy_process_group take
+CADENCE_REFRESH_S = 5.0  # how often the agent looks for a new checkpoint interval
 log = logging.getLogger("ftslurm.rank")
 
 
@@ -74,15 +81,19 @@ def read_stop_record(run_dir: str | Path | None, attempt: str | int,
 
 
 class RankAgent:
-    def __init__(self, environ: dict[str, str] | None = None, *,
-                 heartbeats: bool = True) -> None:  # fmt: skip
+    def __init__(self, environ: dict[str, str] | None = None, *, heartbeats: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         env = dict(os.environ if environ is None else environ)
         job = JobEnv.from_environ(env)
         self.rank = int(env.get("RANK", "0"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.step: int | None = None
         self._requested = False
-        self._decided: bool | None = None  # the collective answer for the current step
+        # the collective answer for the current step: (stop asked, periodic checkpoint due)
+        self._decided: tuple[bool, bool] | None = None
+        self._clock = clock
+        self._cadence = _CadenceFile(job.run.cadence if job.run else None, clock)
+        self._last_checkpoint = clock()  # the periodic interval counts from here
         self._observed: dict[str, float] = {}
         self._last_beat: float | None = None
         self._checkpoint_dir = job.checkpoint_dir
@@ -161,20 +172,35 @@ class RankAgent:
 
     # ------------------------------------------------------------------ agreement
     def should_checkpoint(self) -> bool:
-        """Whether any rank was asked to checkpoint: the same answer on every rank
-        (a collective: call it at the same point of every step on every rank)."""
+        """Whether to checkpoint at this step: a rank was asked to stop (the checkpoint
+        signal, SIGTERM) or the run's periodic interval has passed on some rank. The same
+        answer on every rank (a collective: call it at the same point of every step on
+        every rank)."""
         if self._decided is None:
-            self._decided = _any_rank(self._requested)
-        return self._decided
+            now = self._clock()
+            interval = self._cadence.interval()
+            due = interval is not None and now - self._last_checkpoint >= interval
+            self._decided = _any_rank(self._requested, due)
+            if any(self._decided):
+                self._last_checkpoint = now
+        return any(self._decided)
 
     def should_stop(self) -> bool:
-        """After the checkpoint that `should_checkpoint` asked for: stop and exit 0. Call it
-        once the save is complete on this rank: a True answer records (durably) that this
-        rank saved its step and is stopping."""
-        stop = self.should_checkpoint()
+        """After the checkpoint that `should_checkpoint` asked for: True when it was asked
+        for a stop (not a periodic one): stop and exit 0. Call it once the save is complete
+        on this rank: a True answer records (durably) that this rank saved its step and is
+        stopping."""
+        self.should_checkpoint()
+        assert self._decided is not None
+        stop = self._decided[0]
         if stop:
             self.record_stop("checkpointed")
         return stop
+
+    @property
+    def checkpoint_interval(self) -> float | None:
+        """The periodic checkpoint interval in force (seconds; None: none)."""
+        return self._cadence.interval()
 
     def record_stop(self, outcome: str = "checkpointed", step: int | None = None) -> None:
         """Record, atomically and before any teardown, "I saved step S and am stopping"
@@ -195,7 +221,11 @@ class RankAgent:
 
     # ------------------------------------------------------------------ reports
     def checkpoint_saved(self, step: int, seconds: float | None = None) -> None:
+        """The checkpoint of `step` is saved; `seconds`: how long the training stood still
+        for it (the daemon tunes the interval from it). The next periodic one counts from
+        now."""
         self._saved_step = step
+        self._last_checkpoint = self._clock()
         progress.checkpoint_saved(step, seconds)
         self.save_observed()
 
@@ -221,20 +251,50 @@ class RankAgent:
             self._hb.close()
 
 
-def _any_rank(flag: bool) -> bool:
+class _CadenceFile:
+    """The run's checkpoint interval as the daemon wrote it, looked at (one stat, and a
+    read when the file changed) no more than every CADENCE_REFRESH_S."""
+
+    def __init__(self, path: Path | None, clock: Callable[[], float]) -> None:
+        self.path, self.clock = path, clock
+        self._looked: float | None = None
+        self._sig: tuple[int, int, int] | None = None
+        self._interval: float | None = None
+
+    def interval(self) -> float | None:
+        now = self.clock()
+        if self.path is None or (self._looked is not None
+                                 and now - self._looked < CADENCE_REFRESH_S):  # fmt: skip
+            return self._interval
+        self._looked = now
+        try:
+            st = self.path.stat()
+        except OSError:
+            self._sig, self._interval = None, None
+            return None
+        sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if sig != self._sig:
+            cadence = Cadence.from_json(read_json(self.path))
+            if cadence is not None:  # a torn or foreign file: keep what was in force
+                self._sig, self._interval = sig, cadence.interval_s
+        return self._interval
+
+
+def _any_rank(*flags: bool) -> tuple[bool, ...]:
+    """Each flag true on any rank (one MAX all-reduce of all of them)."""
     try:
         import torch
         import torch.distributed as dist
     except ImportError:
-        return flag
+        return flags
     if not (dist.is_available() and dist.is_initialized()):
-        return flag
+        return flags
     device = "cpu"
     if dist.get_backend() == "nccl":
         device = f"cuda:{torch.cuda.current_device()}"
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    value = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return tuple(bool(v) for v in value.tolist())
 
 
 def _destroy_process_group() -> None:

@@ -21,6 +21,7 @@ import typer
 from rich.table import Table
 
 from ftslurm.cli.runs import JsonOpt, RunArg, _fmt_time, _run_or_fail, _store, console, err
+from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import (
     CHECKPOINT_MANIFEST,
     NODE_REPORTS,
@@ -267,10 +268,16 @@ def report(
     if plot is not None:
         write_plot(rep, plot, title)
         err.print(f"plot written to {plot}", markup=False, highlight=False)
+    cadence = next((Cadence.from_json(e.data) for e in reversed(events)
+                    if e.kind == "cadence"), None)  # the interval last written (core.cadence)
     if as_json:
-        typer.echo(json.dumps({"name": run.name, "state": run.state.value, **rep.to_dict()}))
+        typer.echo(json.dumps({"name": run.name, "state": run.state.value, **rep.to_dict(),
+                               "checkpoint_cadence": cadence and cadence.to_json()}))
         return
     console.print(_breakdown_table(rep, title))
+    if cadence is not None:
+        console.print(f"checkpoints: {cadence.describe()}", markup=False, highlight=False,
+                      soft_wrap=True)  # fmt: skip
     if rep.losses:
         console.print(_losses_table(rep))
     console.print(_timeline_table(rep))

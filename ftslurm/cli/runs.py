@@ -32,6 +32,7 @@ from rich.text import Text
 from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home, state_dir
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli.parse import compress_nodes
+from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import ROUND_RECORDS, EnvName, RunDir
 from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_injections
 from ftslurm.core.settings import FtSettings
@@ -354,6 +355,8 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         "last_checkpoint_step": run.last_checkpoint_step,
         "reason": run.reason, "backend": run.spec.get("backend"),
         "run_dir": run.spec.get("run_dir"),
+        "checkpoint_cadence": cadence.data if (cadence := store.latest_event(
+            run.run_id, "cadence")) else None,  # the interval last written (core.cadence)
     }  # fmt: skip
 
 
@@ -612,6 +615,10 @@ def status(
         s = summaries[0]
         console.print(f"{s['state']}" + (f": {s['reason']}" if s["reason"] else ""),
                       markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+        cadence = Cadence.from_json(s["checkpoint_cadence"])
+        if cadence is not None:
+            console.print(f"checkpoints: {cadence.describe()}", markup=False, highlight=False,
+                          soft_wrap=True)  # fmt: skip
     for note in notes:
         said = "lost node" if note in recoveries else "warning"
         console.print(f"{said}: {note}", markup=False, highlight=False, soft_wrap=True)

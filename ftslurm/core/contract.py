@@ -137,6 +137,12 @@ class RunDir:
         return self.root / "progress.json"
 
     @property
+    def cadence(self) -> Path:
+        """The checkpoint interval the daemon tuned for the run (`ftslurm.core.cadence`,
+        JSON of `Cadence`; rewritten when it changes), read by every rank agent."""
+        return self.root / "checkpoint-cadence.json"
+
+    @property
     def finished(self) -> Path:
         """The marker the training writes when it is done."""
         return self.root / "FINISHED"

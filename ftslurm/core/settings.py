@@ -119,11 +119,28 @@ class FtSettings(BaseModel):
     straggler_reference: Literal["best", "median"] = DEFAULT_STRAGGLER_REFERENCE
     exclude_stragglers: bool = True
     stop_if_straggler: bool = False
+    # Periodic checkpoints (ftslurm.core.cadence): the rank agent's `should_checkpoint()`
+    # also answers True every `checkpoint_interval` seconds; "auto" tunes it (Daly's
+    # optimum) from the run's measured save time (`checkpoint_save_prior_s` until it has
+    # saved once) and the node failure rate the daemon has seen on this cluster, blended
+    # with a prior of `failure_rate_prior` failures per 1000 node-days worth
+    # `failure_prior_node_days` node-days; "off": only the checkpoint signal asks.
+    checkpoint_interval: float | Literal["auto", "off"] = "auto"
+    checkpoint_save_prior_s: float = Field(60.0, gt=0)
+    failure_rate_prior: float = Field(5.0, gt=0)
+    failure_prior_node_days: float = Field(1000.0, gt=0)
 
     @field_validator("checkpoint_signal")
     @classmethod
     def _signal_name(cls, value: str) -> str:
         return checked_signal_name(value)
+
+    @field_validator("checkpoint_interval")
+    @classmethod
+    def _interval(cls, value: float | str) -> float | str:
+        if not isinstance(value, str) and not value > 0:
+            raise ValueError("checkpoint_interval must be > 0 seconds, 'auto' or 'off'")
+        return value
 
     @field_validator("section_timeouts")
     @classmethod

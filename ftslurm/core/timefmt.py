@@ -1,4 +1,4 @@
-"""Slurm's time-limit syntax, parsed and formatted (pure)."""
+"""Slurm's time-limit syntax, parsed and formatted, and durations in words (pure)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,16 @@ def format_time_limit(seconds: int | None) -> str:
     days, rest = divmod(minutes, 1440)
     hours, mins = divmod(rest, 60)
     return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
+
+
+def format_duration(seconds: float) -> str:
+    """3725 -> '1h02m05s', 65 -> '1m05s', 4.25 -> '4.2s', 90061 -> '1d01h01m'."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = int(round(seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    return f"{hours}h{minutes:02d}m{s:02d}s" if hours else f"{minutes}m{s:02d}s"

@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from ftslurm.backends.protocol import SchedulerBackend
+from ftslurm.core.cadence import REWRITE_TOLERANCE, Cadence, FailureHistory
 from ftslurm.core.contract import (
     BENCHED_RECORDS,
     HUNG_NODE_REPORTS,
@@ -114,12 +115,13 @@ from ftslurm.errors import (
     SchedulerRejected,
     SchedulerUnavailable,
 )
-from ftslurm.fsutil import read_json
+from ftslurm.fsutil import read_json, write_json_atomic
 
 __all__ = ["NEVER_SUBMITTED", "REQUEUING", "Reconciler", "hung_at_stop", "new_run_record",
            "submit_attempt"]  # fmt: skip
 
 log = logging.getLogger("ftslurm.daemon")
+HISTORY_REFRESH_S = 60.0  # how often the failure history behind tuned intervals is read
 _MAX_ROUNDS = 12  # steps for one attempt in one cycle (facts asked for, attempts begun)
 _RACY_NS = 1_000_000_000  # a file changed this recently is read again next time
 # the job as observed, for comparing two observations: every field but when it was made
@@ -158,6 +160,7 @@ class _Quiet:
     attempt: Attempt
     flags_epoch: int
     trust_epoch: int
+    history_epoch: int
     trusted: bool
     observed: tuple[Any, ...]  # `_OBSERVED` of the job
     paths: tuple[str, ...]  # the run files it read
@@ -253,6 +256,8 @@ class Reconciler:
         self._deferred: set[tuple[str, int]] = set()  # submissions the scheduler put off
         self._min_job_age: dict[str, float] = {}
         self._nodes: dict[str, dict[str, bool]] = {}  # this cycle's node listing per backend
+        self._history: tuple[float, FailureHistory] | None = None  # (read at, what)
+        self._history_epoch = 0  # moves on when the failure history taken up moves
         # the versions this pass moved records on itself: (table, run id, attempt) ->
         # {version written from: version it became}
         self._moved: dict[tuple[str, str, int], dict[int, int]] = {}
@@ -456,7 +461,8 @@ class Reconciler:
             self._read_flags()
         return core.Facts(trusted=(run.run_id, a.attempt) in self._trusted_intents,
                           flags=self._flags, poll_interval=self.interval,
-                          settings=self._parsed_settings(run))  # fmt: skip
+                          settings=self._parsed_settings(run),
+                          history=self._failure_history())  # fmt: skip
 
     # ------------------------------------------------- what the cycle keeps (module doc)
     def _active(self) -> list[tuple[Run, Attempt]]:
@@ -531,6 +537,7 @@ class Reconciler:
         expiry = self._expiries[i] if i < len(self._expiries) else math.inf
         self._quiet[run.run_id] = _Quiet(
             run=run, attempt=a, flags_epoch=self._flags_epoch, trust_epoch=self._trust_epoch,
+            history_epoch=self._history_epoch,
             trusted=facts.trusted, observed=_OBSERVED(info), paths=paths, sigs=sigs,
             until=min(due, expiry), due=due, look_every=look)
 
@@ -538,7 +545,8 @@ class Reconciler:
         """Whether nothing quiet attempt `a`'s last step was given has changed (`q`); then
         its deadlines count as the step's would (module doc)."""
         if q.run is not run or q.attempt is not a or now >= q.until \
-                or q.flags_epoch != self._flags_epoch or q.observed != _OBSERVED(info):
+                or q.flags_epoch != self._flags_epoch or q.observed != _OBSERVED(info) \
+                or q.history_epoch != self._history_epoch:
             return False
         if q.trust_epoch != self._trust_epoch \
                 and q.trusted != ((run.run_id, a.attempt) in self._trusted_intents):
@@ -585,7 +593,8 @@ class Reconciler:
         known = self._paths.get(run.run_id)
         if known is None or known[0] != a.attempt:
             rd = RunDir(Path(run.spec["run_dir"]))
-            watched = [str(rd.progress), str(rd.straggler_report), str(rd.recovery(a.attempt))]
+            watched = [str(rd.progress), str(rd.straggler_report), str(rd.recovery(a.attempt)),
+                       str(rd.cadence)]
             if _nodes(run, a) > 1:  # the batch host's lease: read again when it changes
                 watched.append(str(rd.peer_lease(a.attempt, BATCH_NODE_RANK)))
             known = self._paths[run.run_id] = (a.attempt, tuple(watched))
@@ -612,6 +621,8 @@ class Reconciler:
             if kind not in self._nodes:  # one listing per backend per cycle
                 self._nodes[kind] = {n.name: n.state.usable for n in backend.nodes()}
             got["usable"] = self._nodes[kind]
+        if "history" in what:
+            got["history"] = self._failure_history()
         if "previous" in what:
             got.update(previous=self.store.attempt_before(run.run_id, a.attempt),
                        previous_known=True)  # fmt: skip
@@ -673,7 +684,38 @@ class Reconciler:
             elif isinstance(intent, core.Signal):
                 with contextlib.suppress(JobStateConflict):  # it ended meanwhile: next cycle
                     backend.signal(job, intent.signal)
+            elif isinstance(intent, core.WriteCadence):
+                self._write_cadence(run, intent.cadence)
         return current
+
+    def _failure_history(self) -> FailureHistory:
+        """Node failures and node-days of the store's whole history (the tuned checkpoint
+        intervals' failure rate), read again at most every HISTORY_REFRESH_S and taken up
+        only when it moved: a new failure, or 10% more node-days. Each take-up moves
+        `_history_epoch`, which wakes the quiet attempts (their interval may change)."""
+        now = self.clock()
+        if self._history is not None and now - self._history[0] < HISTORY_REFRESH_S:
+            return self._history[1]
+        fresh = self.store.failure_history(now)
+        old = self._history[1] if self._history is not None else None
+        if old is None or fresh.failures != old.failures \
+                or fresh.node_days > old.node_days * (1 + REWRITE_TOLERANCE):
+            self._history_epoch += 1
+        else:
+            fresh = old
+        self._history = (now, fresh)
+        return fresh
+
+    def _write_cadence(self, run: Run, cadence: Cadence) -> None:
+        """Write the run's checkpoint interval for its rank agents, then log it (`cadence`).
+        A failed write is tried again: the next step finds the file still stale."""
+        path = RunDir(Path(run.spec["run_dir"])).cadence
+        try:
+            write_json_atomic(path, cadence.to_json())
+        except OSError as exc:
+            log.warning("run %s: could not write %s: %s", run.run_id, path, exc)
+            return
+        self.store.append_event(run.run_id, "cadence", cadence.to_json(), self.clock())
 
     def _requeued(self, run: Run, a: Attempt, intent: core.Requeued) -> Attempt:
         """The job is back for attempt `a`: record it PENDING and log `requeued`."""
@@ -934,16 +976,19 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool,
     progress = read_json(paths.progress) or {}
     report = read_json(paths.straggler_report)
     straggler = report if isinstance(report, dict) else None
+    cadence = Cadence.from_json(read_json(paths.cadence))
     recovery = paths.recovery(attempt)
     found = dict(lost=_records(recovery, PEER_LOST_REPORTS),
                  rounds=_records(recovery, ROUND_RECORDS),
                  benched=_records(recovery, BENCHED_RECORDS))  # fmt: skip
     if not ending:
-        return core.RunFiles(progress=progress, straggler_report=straggler, **found)
+        return core.RunFiles(progress=progress, straggler_report=straggler, cadence=cadence,
+                             **found)  # fmt: skip
     folder = paths.attempt(attempt)
     leases = (read_json(paths.peer_lease(attempt, n)) for n in range(nnodes))
     return core.RunFiles(
-        progress=progress, straggler_report=straggler, **found, launchers_read=True,
+        progress=progress, straggler_report=straggler, cadence=cadence, **found,
+        launchers_read=True,
         leases=tuple(x for x in leases if isinstance(x, dict)),
         rank_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(RANK_REPORTS))),
         node_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(NODE_REPORTS))),

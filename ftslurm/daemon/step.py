@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ftslurm.core.cadence import Cadence, FailureHistory, cadence
 from ftslurm.core.leases import Seen, daemon_timeout, is_lost
 from ftslurm.core.recovery import BATCH_NODE_RANK, Recovery, Source, recovery
 from ftslurm.core.settings import Cause, FtSettings
@@ -67,6 +68,9 @@ class Facts:
     # the run's settings as parsed (the shell parses them once per run version); None:
     # `step` parses `run.settings` itself
     settings: FtSettings | None = None
+    # node failures and node-days in the daemon's whole history (the tuned checkpoint
+    # interval's failure rate); None: not read
+    history: FailureHistory | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,8 @@ class RunFiles:
     # timed on the daemon's clock, read just before the step); None: not watched (a job of
     # one node)
     batch_lease: Seen | None = None
+    # the checkpoint interval the run directory holds (RunDir.cadence); None: none written
+    cadence: Cadence | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +250,13 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class WriteCadence:
+    """Write the run's checkpoint interval into its directory, for the rank agents."""
+
+    cadence: Cadence
+
+
+@dataclass(frozen=True)
 class Wake:
     """Look at this attempt again no later than `at` (a signal due, a report to read).
 
@@ -262,7 +275,7 @@ class Changed:
 
 Intent = (Need | Record | NewAttempt | UpdateRun | Finish | FlagNode | Event | Trust | Adopt
           | Submit | Cancel | Requeue | SetExclusions | Release | StartNow | Requeued | Signal
-          | Wake | Changed)  # fmt: skip
+          | WriteCadence | Wake | Changed)  # fmt: skip
 RECORDS = (Record, NewAttempt, UpdateRun, Finish, FlagNode, Event, Trust, Changed)
 
 
@@ -445,6 +458,10 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
             return ended if _asks(ended) else [*out, *ended]
     if info.state is not JobState.RUNNING:
         return out
+    tuned = _cadence(run, facts, settings, files)
+    if tuned is None:
+        return _need("history")
+    out += tuned
     restarted = max((r.get("round") for r in files.rounds
                      if isinstance(r.get("round"), int) and r.get("attempt") in (None, a.attempt)),
                     default=0)  # fmt: skip
@@ -475,6 +492,31 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     if look is not None:
         out.append(Wake(look, look=True))
     return out
+
+
+def _cadence(run: Run, facts: Facts, settings: FtSettings,
+             files: RunFiles) -> list[Intent] | None:  # fmt: skip
+    """The run's checkpoint interval (`ftslurm.core.cadence`) to write when it differs
+    from what its directory holds. None: the failure history is needed."""
+    setting = settings.checkpoint_interval
+    if setting == "auto" and facts.history is None:
+        return None
+    progress = files.progress
+    nodes = int(run.spec.get("options", {}).get("nodes") or 1) - settings.spare_nodes
+    tuned = cadence(setting, nodes=max(1, nodes),
+                    save_s=_seconds(progress.get("checkpoint_save_s")),
+                    save_prior_s=settings.checkpoint_save_prior_s,
+                    write_s=_seconds(progress.get("max_checkpoint_write_s")),
+                    history=facts.history or FailureHistory(),
+                    prior_per_1000=settings.failure_rate_prior,
+                    prior_node_days=settings.failure_prior_node_days)  # fmt: skip
+    if (tuned.how == "off" and files.cadence is None) or not tuned.differs(files.cadence):
+        return []
+    return [WriteCadence(tuned)]  # idempotent; logged (`cadence`) once written
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def _lost_event(a: Attempt, loss: Loss, how: Recovery) -> Event:

@@ -56,6 +56,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ftslurm.core.cadence import DAY_S, FailureHistory
 from ftslurm.daemon.records import Attempt, Event, NodeFlag, Run, RunState
 from ftslurm.errors import FtslurmError, PermanentError
 from ftslurm.fsutil import (
@@ -656,8 +657,28 @@ class Store:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(max(0, int(limit)))
-        return [Event(r["event_id"], r["time"], r["run_id"], r["kind"], json.loads(r["data"]))
-                for r in self._read(sql, tuple(params))]  # fmt: skip
+        return [self._event(r) for r in self._read(sql, tuple(params))]
+
+    @staticmethod
+    def _event(row: sqlite3.Row) -> Event:
+        return Event(row["event_id"], row["time"], row["run_id"], row["kind"],
+                     json.loads(row["data"]))  # fmt: skip
+
+    def failure_history(self, now: float) -> FailureHistory:
+        """The node failures this store saw (`node_lost` events, from peers, the daemon or
+        Slurm) and the node-days every attempt ran (its nodes times its run time, up to
+        `now` for one still running): the cluster's node failure rate, as seen here."""
+        (lost,) = self._read("SELECT COUNT(*) AS n FROM events WHERE kind = 'node_lost'")
+        (ran,) = self._read(
+            "SELECT SUM(json_array_length(nodes) * MAX(0, COALESCE(end_, ?) - start)) AS s "
+            "FROM attempts WHERE start IS NOT NULL", (now,))  # fmt: skip
+        return FailureHistory(int(lost["n"]), float(ran["s"] or 0.0) / DAY_S)
+
+    def latest_event(self, run_id: str, kind: str) -> Event | None:
+        """The run's newest event of `kind`, or None."""
+        rows = self._read("SELECT * FROM events WHERE run_id = ? AND kind = ? "
+                          "ORDER BY event_id DESC LIMIT 1", (run_id, kind))  # fmt: skip
+        return self._event(rows[0]) if rows else None
 
     # ------------------------------------------------------------------ requests
     def add_request(self, kind: str, data: dict[str, Any], now: float) -> int:

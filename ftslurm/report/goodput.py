@@ -70,6 +70,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftslurm.core.cadence import Cadence
+from ftslurm.core.timefmt import format_duration
 from ftslurm.daemon.records import Attempt, Event, Run
 
 QUEUEING = "queueing"
@@ -258,19 +260,6 @@ class GoodputReport:
                              "recovery_s": x.recovery_s} for x in self.losses],
             "losses_by_source": losses_by_source(self.losses),
         }  # fmt: skip
-
-
-def format_duration(seconds: float) -> str:
-    """3725 -> '1h02m05s', 65 -> '1m05s', 4.25 -> '4.2s', 90061 -> '1d01h01m'."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    s = int(round(seconds))
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    if days:
-        return f"{days}d{hours:02d}h{minutes:02d}m"
-    return f"{hours}h{minutes:02d}m{s:02d}s" if hours else f"{minutes}m{s:02d}s"
 
 
 # ---------------------------------------------------------------------------- the cut
@@ -502,6 +491,8 @@ def _timeline(
         elif e.kind == "straggler":
             entries.append(TimelineEntry(e.time, e.kind, "straggler node(s) flagged: "
                                          f"{', '.join(d.get('nodes') or [])}", k))  # fmt: skip
+        elif e.kind == "cadence" and (cadence := Cadence.from_json(d)) is not None:
+            entries.append(TimelineEntry(e.time, e.kind, cadence.describe()))
         elif e.kind == "warning":
             entries.append(TimelineEntry(e.time, e.kind, f"warning: {d.get('message')}", k))
         elif e.kind == "cancel_requested":

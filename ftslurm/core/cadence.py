@@ -1,0 +1,155 @@
+"""How often to checkpoint: the interval that loses the least work to failures and saves.
+
+Pure arithmetic, shared by the daemon (which writes the interval into the run directory) and
+the goodput simulation. Two quantities decide it:
+
+* w, the blocking cost of one checkpoint (seconds the training stands still for it), measured
+  by the run itself (`checkpoint_saved(step, seconds)`), or a prior until it has saved once;
+* M, the job's mean time between failures: M = 1 / (rate x nodes), the node failure rate
+  being what this cluster has shown (node failures per node-day in the daemon's own history)
+  blended with a prior (`failure_rate_prior` failures per 1000 node-days, worth
+  `failure_prior_node_days` node-days of evidence): the mean of the Gamma posterior, so a few
+  days of a small cluster barely move it and a large history speaks for itself.
+
+The interval is Daly's higher-order optimum (J. T. Daly, "A higher order estimate of the
+optimum checkpoint interval for restart dumps", FGCS 22(3), 2006): for w < 2M,
+
+    tau = sqrt(2 w M) * (1 + sqrt(w / 2M) / 3 + (w / 2M) / 9) - w,     tau = M otherwise,
+
+of computation between the ends of two checkpoints; Young's first-order sqrt(2 w M) is what it
+refines. An interval is never shorter than the background write of the previous checkpoint
+(an asynchronous save), since a save cannot start before the last one is written.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ftslurm.core.timefmt import format_duration
+
+DAY_S = 86400.0
+# Change the written interval only when the new one differs by more than this fraction (or
+# a source changed): each rewrite is read by every rank.
+REWRITE_TOLERANCE = 0.1
+
+
+def young(w_s: float, mtbf_s: float) -> float:
+    """Young's first-order optimum: sqrt(2 w M)."""
+    _check(w_s, mtbf_s)
+    return math.sqrt(2.0 * w_s * mtbf_s)
+
+
+def daly(w_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order optimum compute time between checkpoints (see the module doc)."""
+    _check(w_s, mtbf_s)
+    if w_s >= 2.0 * mtbf_s:
+        return mtbf_s
+    x = w_s / (2.0 * mtbf_s)
+    return math.sqrt(2.0 * w_s * mtbf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - w_s
+
+
+def _check(w_s: float, mtbf_s: float) -> None:
+    if not (w_s > 0 and mtbf_s > 0 and math.isfinite(w_s)):
+        raise ValueError(f"need w > 0 and M > 0, got w={w_s!r}, M={mtbf_s!r}")
+
+
+@dataclass(frozen=True)
+class FailureHistory:
+    """What the daemon has seen on this cluster: node failures and the node-days they came
+    from (every attempt's nodes times its run time)."""
+
+    failures: int = 0
+    node_days: float = 0.0
+
+
+def node_failure_rate(history: FailureHistory, prior_per_1000: float,
+                      prior_node_days: float) -> float:  # fmt: skip
+    """Node failures per node-day: the prior blended with the history (Gamma-Poisson mean)."""
+    prior = prior_per_1000 / 1000.0 * prior_node_days
+    return (prior + history.failures) / (prior_node_days + history.node_days)
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """The checkpoint interval of a run and what it came from (written into the run
+    directory as JSON; `interval_s` None: no periodic checkpoints)."""
+
+    interval_s: float | None
+    how: str  # "tuned", "pinned" or "off"
+    save_s: float | None = None  # w used
+    save_measured: bool = False  # w measured by the run (not the prior)
+    write_s: float | None = None  # the longest background write, the interval's floor
+    mtbf_s: float | None = None  # the job's M
+    rate_per_1000: float | None = None  # node failures per 1000 node-days behind M
+    failures: int = 0  # of the history behind the rate
+    node_days: float = 0.0
+    nodes: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Cadence | None:
+        """The cadence of a file's JSON, or None when it is not one."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+            cadence = cls(**known)
+        except TypeError:
+            return None
+        iv = cadence.interval_s
+        if iv is not None and not (isinstance(iv, (int, float)) and iv > 0):
+            return None
+        return cadence
+
+    def describe(self) -> str:
+        """One line for `status` and `report`."""
+        if self.interval_s is None:
+            return "periodic checkpoints off"
+        save = f"save {_span(self.save_s)}" if self.save_s is not None else "no save measured"
+        if self.how == "pinned":
+            return f"checkpoint every {_span(self.interval_s)} (pinned; {save})"
+        measured = "measured" if self.save_measured else "prior, until one is measured"
+        floor = ", the background write's floor" if self.write_s is not None \
+            and self.interval_s <= self.write_s else ""  # fmt: skip
+        return (f"checkpoint every {_span(self.interval_s)} (tuned{floor}: {save} ({measured}),"
+                f" job MTBF {_span(self.mtbf_s)} on {self.nodes} node"
+                f"{'s' if self.nodes != 1 else ''} at {self.rate_per_1000:.3g} node failures per"
+                f" 1000 node-days; {self.failures} seen in {self.node_days:.1f} node-days)")
+
+    def differs(self, other: Cadence | None) -> bool:
+        """Whether `other` (what was written) is stale enough to write this one instead."""
+        if other is None or other.how != self.how or other.save_measured != self.save_measured:
+            return True
+        if self.interval_s is None or other.interval_s is None:
+            return self.interval_s != other.interval_s
+        return abs(self.interval_s - other.interval_s) > REWRITE_TOLERANCE * other.interval_s
+
+
+def cadence(setting: float | str | None, *, nodes: int, save_s: float | None,
+            save_prior_s: float, write_s: float | None, history: FailureHistory,
+            prior_per_1000: float, prior_node_days: float) -> Cadence:  # fmt: skip
+    """The run's interval: `setting` is the recipe's `checkpoint_interval` ("auto", seconds,
+    or "off"/None); `save_s` the measured blocking save (None before the first), `write_s`
+    the longest background write seen."""
+    if setting is None or setting == "off":
+        return Cadence(None, "off")
+    if not isinstance(setting, str):
+        return Cadence(float(setting), "pinned", save_s=save_s, save_measured=save_s is not None,
+                       write_s=write_s, nodes=nodes)  # fmt: skip
+    w = save_s if save_s is not None and save_s > 0 else save_prior_s
+    rate = node_failure_rate(history, prior_per_1000, prior_node_days)
+    mtbf = DAY_S / (rate * max(1, nodes))
+    interval = max(daly(w, mtbf), write_s or 0.0)
+    return Cadence(round(interval, 3), "tuned", save_s=w, save_measured=w == save_s,
+                   write_s=write_s, mtbf_s=round(mtbf, 1), rate_per_1000=round(rate * 1000, 4),
+                   failures=history.failures, node_days=round(history.node_days, 3),
+                   nodes=nodes)  # fmt: skip
+
+
+
+def _span(seconds: float | None) -> str:
+    return "-" if seconds is None else format_duration(seconds)

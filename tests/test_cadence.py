@@ -1,0 +1,308 @@
+"""The tuned checkpoint interval (`ftslurm.core.cadence`): the formulas against worked values,
+the daemon's decision to write it, and the rank agent that reads it and makes every rank
+checkpoint at one step."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from ftslurm.agent.rank import CADENCE_REFRESH_S, RankAgent
+from ftslurm.core.cadence import (
+    DAY_S,
+    Cadence,
+    FailureHistory,
+    cadence,
+    daly,
+    node_failure_rate,
+    young,
+)
+from ftslurm.core.contract import RunDir
+from ftslurm.core.settings import FtSettings
+from ftslurm.daemon import step as core
+from ftslurm.fsutil import write_json_atomic
+
+from .daemon_scenarios import RECIPE, Cli, ended, reference_digest
+from .test_launch import finish, start
+from .test_step import NOW, attempt, info, known, of, run
+
+HOUR = 3600.0
+
+
+# ------------------------------------------------------------------------- the formulas
+def test_young_and_daly_worked_values():
+    # w = 60 s, M = 1 day: Young sqrt(2 * 60 * 86400) = 3219.94 s; Daly refines it to
+    # 3219.94 * (1 + sqrt(60 / 172800) / 3 + (60 / 172800) / 9) - 60 = 3180.07 s
+    assert young(60, DAY_S) == pytest.approx(3219.938, abs=1e-3)
+    assert daly(60, DAY_S) == pytest.approx(3180.07, abs=0.01)
+    # w = 300 s, M = 4 h (the regime of a large job): 2939.39 -> 2939.39 * (1 + 0.03402
+    # + 0.00116) - 300 = 2742.8 s
+    assert young(300, 4 * HOUR) == pytest.approx(2939.388, abs=1e-3)
+    assert daly(300, 4 * HOUR) == pytest.approx(2939.388 * (1 + math.sqrt(300 / 28800) / 3
+                                                            + 300 / 28800 / 9) - 300)
+    assert daly(300, 4 * HOUR) == pytest.approx(2742.8, abs=0.1)
+    # a save longer than twice the MTBF: checkpoint every M
+    assert daly(5000, 2000) == 2000
+    for bad in ((0, DAY_S), (60, 0), (-1, DAY_S), (math.inf, DAY_S)):
+        with pytest.raises(ValueError):
+            daly(*bad)
+
+
+def test_the_failure_rate_is_the_prior_until_the_history_outweighs_it():
+    assert node_failure_rate(FailureHistory(), 5.0, 1000) == pytest.approx(0.005)
+    # 50 failures in 1000 node-days (10x the prior) weigh as much as the prior
+    assert node_failure_rate(FailureHistory(50, 1000), 5.0, 1000) == pytest.approx(0.0275)
+    # a long history speaks for itself
+    assert node_failure_rate(FailureHistory(5000, 100_000), 5.0, 1000) == pytest.approx(
+        (5 + 5000) / 101_000)
+
+
+def tuned(**kw):  # type: ignore[no-untyped-def]
+    args = dict(nodes=16, save_s=None, save_prior_s=60.0, write_s=None,
+                history=FailureHistory(), prior_per_1000=5.0, prior_node_days=1000.0)
+    return cadence("auto", **{**args, **kw})
+
+
+def test_the_interval_follows_the_failure_rate_the_save_and_the_background_write():
+    base = tuned()
+    # 16 nodes at 5 per 1000 node-days: M = 86400 / 0.08 = 1.08e6 s
+    assert base.mtbf_s == pytest.approx(1.08e6) and not base.save_measured
+    assert base.interval_s == pytest.approx(daly(60, 1.08e6), abs=1e-3)
+    more_failures = tuned(history=FailureHistory(200, 1000))
+    assert more_failures.interval_s < base.interval_s / 3  # 21x the rate: sqrt(21) ~ 4.6x
+    assert tuned(nodes=2048).interval_s < base.interval_s / 10  # sqrt(128) ~ 11x
+    slower = tuned(save_s=240.0)
+    assert slower.save_measured and slower.interval_s == pytest.approx(
+        daly(240, 1.08e6), abs=1e-3)  # fmt: skip
+    assert slower.interval_s > 1.9 * base.interval_s  # sqrt(4) = 2x, less a little
+    # never shorter than the previous checkpoint's background write
+    assert tuned(save_s=1.0, history=FailureHistory(10_000, 10)).interval_s < 900
+    assert tuned(save_s=1.0, history=FailureHistory(10_000, 10),
+                 write_s=900.0).interval_s == 900.0  # fmt: skip
+
+
+def test_a_pinned_or_switched_off_interval_is_taken_as_it_is():
+    assert cadence(600.0, nodes=4, save_s=3.0, save_prior_s=60, write_s=None,
+                   history=FailureHistory(), prior_per_1000=5, prior_node_days=1000
+                   ).interval_s == 600.0  # fmt: skip
+    off = cadence("off", nodes=4, save_s=3.0, save_prior_s=60, write_s=None,
+                  history=FailureHistory(), prior_per_1000=5, prior_node_days=1000)
+    assert (off.interval_s, off.how) == (None, "off")
+
+
+def test_only_a_material_change_is_written_again():
+    base = tuned()
+    assert base.differs(None) and not base.differs(base)
+    assert not tuned(history=FailureHistory(0, 50)).differs(base)  # 5% longer M: 2.5%
+    assert tuned(history=FailureHistory(3, 10)).differs(base)
+    assert tuned(save_s=60.0).differs(base)  # measured now, same value: its source moved
+    assert Cadence.from_json(json.loads(json.dumps(base.to_json()))) == base
+    for junk in (None, [], {"interval_s": -5, "how": "tuned"}, {"how": "tuned"}, "x"):
+        assert Cadence.from_json(junk) is None
+
+
+# ------------------------------------------------------------------ the daemon's decision
+def cadence_run(**settings):  # type: ignore[no-untyped-def]
+    return run(settings={"checkpoint_interval": "auto", **settings})
+
+
+def test_the_daemon_writes_the_tuned_interval_for_a_running_attempt():
+    observed = info(core.JobState.RUNNING, start_time=NOW - 10)
+    out = core.step(attempt(start=NOW - 10), observed, cadence_run(), known(), NOW)
+    (write,) = of(out, core.WriteCadence)
+    assert write.cadence.how == "tuned" and write.cadence.nodes == 2
+    assert write.cadence.interval_s == pytest.approx(daly(60, DAY_S / 0.01), abs=1e-3)
+    # what the folder holds already: nothing to write
+    same = known(files=core.RunFiles(cadence=write.cadence))
+    assert not of(core.step(attempt(start=NOW - 10), observed, cadence_run(), same, NOW),
+                  core.WriteCadence)  # fmt: skip
+    # a measured save and a history of failures move it
+    moved = known(files=core.RunFiles(cadence=write.cadence,
+                                      progress={"checkpoint_save_s": 4.0}),
+                  history=FailureHistory(30, 100.0))  # fmt: skip
+    (again,) = of(core.step(attempt(start=NOW - 10), observed, cadence_run(), moved, NOW),
+                  core.WriteCadence)  # fmt: skip
+    assert again.cadence.save_measured and again.cadence.failures == 30
+    # 15x cheaper saves, 6.4x the failure rate: sqrt(96) ~ 9.8x more often
+    assert again.cadence.interval_s < write.cadence.interval_s / 9
+
+
+def test_spares_do_not_count_in_the_jobs_failure_rate_and_off_clears_a_written_interval():
+    r = cadence_run(spare_nodes=1)
+    r.spec["options"]["nodes"] = 3
+    observed = info(core.JobState.RUNNING, start_time=NOW - 10)
+    (write,) = of(core.step(attempt(start=NOW - 10), observed, r, known(), NOW),
+                  core.WriteCadence)  # fmt: skip
+    assert write.cadence.nodes == 2
+    written = known(files=core.RunFiles(cadence=write.cadence))
+    (off,) = of(core.step(attempt(start=NOW - 10), observed,
+                          run(settings={"checkpoint_interval": "off"}), written, NOW),
+                core.WriteCadence)  # fmt: skip
+    assert off.cadence.interval_s is None
+    assert not of(core.step(attempt(start=NOW - 10), observed,
+                            run(settings={"checkpoint_interval": "off"}), known(), NOW),
+                  core.WriteCadence)  # fmt: skip
+
+
+def test_a_tuned_interval_needs_the_history_a_pinned_one_does_not():
+    observed = info(core.JobState.RUNNING, start_time=NOW - 10)
+    assert core.step(attempt(start=NOW - 10), observed, cadence_run(),
+                     known(history=None), NOW) == [core.Need(frozenset({"history"}))]
+    (pinned,) = of(core.step(attempt(start=NOW - 10), observed,
+                             run(settings={"checkpoint_interval": 900}),
+                             known(history=None), NOW), core.WriteCadence)  # fmt: skip
+    assert (pinned.cadence.how, pinned.cadence.interval_s) == ("pinned", 900.0)
+
+
+def test_settings_refuse_a_meaningless_interval():
+    for bad in (0, -60, "sometimes"):
+        with pytest.raises(ValueError):
+            FtSettings(checkpoint_interval=bad)
+    assert FtSettings(checkpoint_interval="off").checkpoint_interval == "off"
+
+
+# ---------------------------------------------------------------------- the rank agent
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def agent_in():  # type: ignore[no-untyped-def]
+    """A rank agent of run folder `tmp_path` on a virtual clock; the signal handlers it
+    installs in this process are put back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
+
+    def make(tmp_path: Path) -> tuple[RankAgent, Clock]:
+        clock = Clock()
+        return RankAgent({"FTSLURM_RUN_DIR": str(tmp_path)}, clock=clock), clock
+
+    yield make
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def write_interval(tmp_path: Path, seconds: float | None) -> None:
+    how = "off" if seconds is None else "pinned"
+    write_json_atomic(RunDir(tmp_path).cadence, Cadence(seconds, how).to_json())
+
+
+def test_the_agent_reads_a_new_interval_within_its_refresh_period(tmp_path, agent_in):
+    agent, clock = agent_in(tmp_path)
+    assert agent.checkpoint_interval is None  # no file yet
+    write_interval(tmp_path, 600.0)
+    clock.t += CADENCE_REFRESH_S - 0.1
+    assert agent.checkpoint_interval is None  # looked at again only after the period
+    clock.t += 0.1
+    assert agent.checkpoint_interval == 600.0
+    write_interval(tmp_path, 120.0)
+    clock.t += CADENCE_REFRESH_S
+    assert agent.checkpoint_interval == 120.0
+    (tmp_path / "checkpoint-cadence.json").write_text("{torn")
+    clock.t += CADENCE_REFRESH_S
+    assert agent.checkpoint_interval == 120.0  # a torn file: the last one stays in force
+
+
+def test_a_periodic_checkpoint_is_due_after_the_interval_and_is_not_a_stop(tmp_path,
+                                                                          agent_in):
+    write_interval(tmp_path, 300.0)
+    agent, clock = agent_in(tmp_path)
+    agent.heartbeat(1)
+    assert not agent.should_checkpoint()
+    clock.t += 299.0
+    agent.heartbeat(2)
+    assert not agent.should_checkpoint()
+    clock.t += 1.0
+    agent.heartbeat(3)
+    assert agent.should_checkpoint() and agent.should_checkpoint()  # one answer per step
+    assert not agent.should_stop()
+    clock.t += 30.0  # the save took 30 s: the next one counts from its end
+    agent.checkpoint_saved(3, 30.0)
+    clock.t += 299.0
+    agent.heartbeat(4)
+    assert not agent.should_checkpoint()
+    agent._on_signal(0, None)  # the checkpoint signal: a checkpoint and a stop
+    agent.heartbeat(5)
+    assert agent.should_checkpoint() and agent.should_stop()
+
+
+PERIODIC = r'''
+import os, sys, time
+import torch, torch.distributed as dist
+from ftslurm.agent import rank as fta
+dist.init_process_group("gloo")
+agent = fta.init()
+rank = dist.get_rank()
+for step in range(1, int(sys.argv[1]) + 1):
+    with agent.section("step"):
+        t = torch.ones(1); dist.all_reduce(t); time.sleep(float(sys.argv[2]))
+    agent.heartbeat(step)
+    if rank == 1 and step == 5:
+        time.sleep(1.5)  # rank 1's clock runs ahead: it alone finds the interval passed
+    if agent.should_checkpoint():
+        print(f"rank {rank} saved at {step}", flush=True)
+        agent.checkpoint_saved(step, 0.01)
+        assert not agent.should_stop()
+agent.finished(step)
+agent.exit(0)
+'''
+
+
+def test_every_rank_takes_a_periodic_checkpoint_at_the_same_step(tmp_path):
+    """Two ranks under the launcher, an interval of 1 s: each checkpoint is taken by both
+    ranks at one step, though their clocks disagree on when it fell due."""
+    (tmp_path / "run").mkdir()
+    write_interval(tmp_path / "run", 1.0)
+    proc = start(tmp_path, steps=40, step_s=0.1, script=PERIODIC)
+    code, out = finish(proc)
+    assert code == 0, out
+    saved = {r: [int(s) for s in re.findall(rf"rank {r} saved at (\d+)", out)] for r in (0, 1)}
+    assert saved[0] == saved[1] and len(saved[0]) >= 2, out
+    assert 5 in saved[0], out  # rank 1 alone was due after its pause: both saved
+
+
+# ------------------------------------------------------------- end to end, on the mock
+def test_on_the_mock_the_tuned_interval_follows_the_first_measured_save(tmp_path):
+    """examples/recipe.py under the daemon on the mock, at a failure rate that makes the
+    job's MTBF 43 s: the first interval (the 60 s prior save) is 25 s; once the script's
+    own checkpoint at step 20 reports its save time the daemon tunes it to about a second,
+    every rank takes periodic checkpoints at one step and trains on, and the run ends in
+    its first job bit-identical to an uninterrupted one; status and report show the
+    interval and what it came from."""
+    steps = 150
+    expected = reference_digest(tmp_path, steps)
+    cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
+    cli("mock", "up")
+    try:
+        recipe = tmp_path / "tuned.py"
+        recipe.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
+                          f"sys.executable, {str(RECIPE)!r}], failure_rate_prior=1e6)\n")
+        out = cli.submit("--dry-run", "-N", "2", str(recipe), "--", "--steps", str(steps),
+                         "--step-time", "0.05", "--ckpt-every", "20",
+                         "--checkpoint-dir", str(tmp_path / "ckpt"))  # fmt: skip
+        s = cli.wait_for(out["run_id"], ended, 120, "the end of the run")
+        assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, s
+        final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
+        assert final["digest"] == expected
+        logs = "".join(p.read_text() for p in (Path(s["run_dir"]) / "logs").glob("*.out"))
+        periodic = [int(x) for x in re.findall(r"periodic checkpoint at step (\d+)", logs)]
+        assert len(periodic) >= 2 and any(x % 20 for x in periodic), logs[-3000:]
+        status = cli("status", out["run_id"]).stdout
+        assert re.search(r"checkpoints: checkpoint every [\d.]+s \(tuned: save [\d.]+s "
+                         r"\(measured\), job MTBF", status), status  # fmt: skip
+        rep = json.loads(cli("report", out["run_id"], "--json").stdout)
+        assert rep["checkpoint_cadence"]["save_measured"] is True
+        assert rep["checkpoint_cadence"]["interval_s"] < 5
+        cadences = [e for e in rep["timeline"] if e["kind"] == "cadence"]
+        assert len(cadences) >= 2 and "prior, until one is measured" in cadences[0]["text"]
+    finally:
+        cli.stop_daemon()
+        cli("mock", "destroy", check=False)
