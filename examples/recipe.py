@@ -8,9 +8,10 @@ run ends with exactly the parameters of an uninterrupted one.
 
 - Every `--ckpt-every` steps it saves the whole training state (model, optimizer, step,
   RNG states) with `ftslurm.checkpoint.CheckpointManager` into `--checkpoint-dir` (or
-  FTSLURM_CHECKPOINT_DIR): rank 0 writes atomically (temporary file, fsync, rename, a
-  manifest with the sha256), and on start every rank loads the newest checkpoint that
-  verifies, skipping a truncated or corrupt one.
+  FTSLURM_CHECKPOINT_DIR): rank 0 takes a snapshot and writes it in the background,
+  atomically (temporary file, fsync, rename, a manifest with the sha256), and on start
+  every rank loads the newest checkpoint that verifies, skipping a truncated or corrupt
+  one.
 - It uses ftslurm's rank agent (`ftslurm.agent.rank`): timed sections and heartbeats the
   launcher watches for hangs (the forward and backward pass in a "compute" section, whose
   durations become the straggler scores); on SIGTERM or the checkpoint signal (SIGUSR2)
@@ -99,8 +100,10 @@ def main() -> int:
     optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt_dir = Path(args.checkpoint_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    # The rank agent tells the daemon of each save (with the observed timings), not the manager.
-    manager = CheckpointManager(ckpt_dir, keep_last=2, report=False)
+    # Saves are asynchronous: the training stands still only for the snapshot, the file is
+    # written in the background, and the manager tells the daemon of each save once it is
+    # on disk (with both times: the daemon tunes the checkpoint interval from them).
+    manager = CheckpointManager(ckpt_dir, keep_last=2)
     step = 0
     with agent.section("setup"):
         latest = manager.load_latest()  # the newest checkpoint that verifies
@@ -113,10 +116,9 @@ def main() -> int:
 
     def checkpoint() -> None:
         with agent.section("checkpointing"):
-            started = time.monotonic()
-            manager.save(step, training_state(model, optim, step))  # rank 0 writes
-            agent.checkpoint_saved(step, time.monotonic() - started)
+            manager.checkpoint(step, training_state(model, optim, step))  # rank 0 writes
             dist.barrier()
+        agent.save_observed()  # the sections' timings, for the next attempt's timeouts
 
     while step < args.steps:
         # The same answer on every rank at this step: the checkpoint signal, or the

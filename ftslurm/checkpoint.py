@@ -6,9 +6,18 @@
     latest = ckpt.load_latest()
     step = restore_training_state(latest[1], model, opt) if latest else 0
     ...
-    ckpt.save_async(step, training_state(model, opt, step, data_position=pos))
+    ckpt.checkpoint(step, training_state(model, opt, step, data_position=pos))
     ckpt.wait()                                   # before exiting after the checkpoint signal
                                                   # (the rank agent's exit() also waits)
+
+`checkpoint()` is asynchronous by default: the step stands still only for the snapshot into
+CPU memory (and for the previous save, if it is still writing: `busy="wait"`, the default;
+`busy="skip"` skips this one with a warning instead); the file is written in the background.
+Once it is on disk the daemon is told (`ftslurm.agent.progress.checkpoint_saved`: the step,
+the blocking time, the background write time), so a step is never reported before it is
+safe, and the tuned checkpoint interval (`ftslurm.core.cadence`) is never shorter than the
+write. `CheckpointManager(asynchronous=False)` makes it block for the whole save, as
+`save()` always does.
 
 On-disk layout of a `CheckpointManager` folder (only rank 0 writes; every rank may read):
 
@@ -217,14 +226,19 @@ class CheckpointManager:
     `directory` defaults to $FTSLURM_CHECKPOINT_DIR, else "checkpoints"; `rank` and
     `world_size` to torch.distributed's when it is initialised, else RANK / WORLD_SIZE, else
     0 / 1. Only rank 0 writes. `report` tells the daemon of each save
-    (`ftslurm.agent.progress.checkpoint_saved`); `pin_memory` applies to `save_async`.
+    (`ftslurm.agent.progress.checkpoint_saved`); `pin_memory` applies to asynchronous saves;
+    `asynchronous` and `busy` to `checkpoint()` (the module doc).
     """
 
     def __init__(self, directory: str | Path | None = None, keep_last: int = 3, *,
                  rank: int | None = None, world_size: int | None = None,
-                 report: bool = True, pin_memory: bool = True) -> None:  # fmt: skip
+                 report: bool = True, pin_memory: bool = True, asynchronous: bool = True,
+                 busy: str = "wait") -> None:  # fmt: skip
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        if busy not in ("wait", "skip"):
+            raise ValueError(f"busy must be 'wait' or 'skip', got {busy!r}")
+        self.asynchronous, self.busy = asynchronous, busy
         if directory is None:
             directory = JobEnv.from_environ(os.environ).checkpoint_folder
         self.directory = Path(directory)
@@ -270,6 +284,19 @@ class CheckpointManager:
         return sorted(set(files) & set(manifests))
 
     # ------------------------------------------------------------------ saving
+    def checkpoint(self, step: int, state: dict[str, Any]) -> SaveHandle | None:
+        """Save `state` as the checkpoint of `step` the manager's way (the module doc):
+        in the background unless `asynchronous=False`. None: skipped, the previous save
+        still writing (`busy="skip"`)."""
+        if not self.asynchronous:
+            return SaveHandle(step, self.save(step, state))
+        pending = self._pending
+        if self.busy == "skip" and pending is not None and not pending.done():
+            log.warning("checkpoint of step %d skipped: the save of step %d is still writing",
+                        step, pending.step)  # fmt: skip
+            return None
+        return self.save_async(step, state)
+
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Write `state` as the checkpoint of `step` (rank 0 only) and return its path."""
         self._wait_previous()
@@ -278,17 +305,19 @@ class CheckpointManager:
         return self._write(step, state, time.monotonic())
 
     def save_async(self, step: int, state: dict[str, Any]) -> SaveHandle:
-        """Copy `state` to CPU memory now and write it in the background."""
+        """Copy `state` to CPU memory now and write it in the background (after the save
+        still in flight, if any: this call waits for it)."""
+        started = time.monotonic()  # the training stands still from here
         self._wait_previous()
         if self.rank != 0:
             return SaveHandle(step, self.path_of(step))
-        started = time.monotonic()
         snapshot = _snapshot(state, self.pin_memory)
         handle = SaveHandle(step, self.path_of(step))
+        blocked = time.monotonic() - started
 
         def run() -> None:
             try:
-                self._write(step, snapshot, started)
+                self._write(step, snapshot, started, blocked_s=blocked)
             except BaseException as exc:  # handed to wait()
                 log.error("checkpoint save of step %d failed: %r", step, exc)
                 handle._error = exc
@@ -313,7 +342,11 @@ class CheckpointManager:
             except Exception:  # logged by the writer; still raised by the handle's wait()
                 pass
 
-    def _write(self, step: int, state: dict[str, Any], started: float) -> Path:
+    def _write(self, step: int, state: dict[str, Any], started: float,
+               blocked_s: float | None = None) -> Path:  # fmt: skip
+        """The save protocol (module doc). `blocked_s`: an asynchronous save, the time the
+        training stood still for it (the rest of the time since `started` was written in
+        the background)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path, manifest = self.path_of(step), self.manifest_of(step)
         tmp = self.directory / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -331,16 +364,18 @@ class CheckpointManager:
             raise
         fsync_dir(self.directory)
         seconds = time.monotonic() - started
+        blocking = seconds if blocked_s is None else blocked_s
         write_json_atomic(manifest, {
             "format": MANIFEST_FORMAT, "step": int(step), "file": path.name,
             "size": writer.size, "sha256": writer.digest.hexdigest(), "save_s": seconds,
-            "time": time.time(), "world_size": self.world_size,
+            "blocking_s": blocking, "time": time.time(), "world_size": self.world_size,
         })  # fmt: skip
-        log.info("checkpoint of step %d saved: %s (%d bytes, %.2f s)",
-                 step, path, writer.size, seconds)  # fmt: skip
+        log.info("checkpoint of step %d saved: %s (%d bytes, %.2f s, %.2f s of it blocking)",
+                 step, path, writer.size, seconds, blocking)  # fmt: skip
         self._prune(step)
         if self.report:
-            progress.checkpoint_saved(step, seconds)
+            progress.checkpoint_saved(step, blocking,
+                                      None if blocked_s is None else seconds - blocked_s)
         return path
 
     def _prune(self, step: int) -> None:

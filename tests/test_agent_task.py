@@ -225,9 +225,9 @@ dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, w
 agent = fta.init()
 ckpt = CheckpointManager({str(tmp_path / "ckpt")!r}, report=False)
 real = ckpt._write
-def slow(*a):
+def slow(*a, **kw):
     time.sleep(0.5)
-    return real(*a)
+    return real(*a, **kw)
 ckpt._write = slow
 ckpt.save_async(5, {{"w": torch.ones(3)}})
 agent.exit(3)
@@ -237,6 +237,40 @@ agent.exit(3)
     from ftslurm.checkpoint import CheckpointManager
 
     assert CheckpointManager(tmp_path / "ckpt").steps() == [5]
+
+
+def test_a_save_that_fails_in_flight_at_the_stop_is_discarded_and_the_rank_fails(
+        tmp_path: Path) -> None:  # fmt: skip
+    # the checkpoint signal's save is written in the background and fails (a full disk):
+    # leaving, the rank waits for it, takes back its stop record and exits 1, and the
+    # newest checkpoint is still the one before
+    child = f"""
+import os, signal, torch, torch.distributed as dist
+from ftslurm.checkpoint import CheckpointManager
+from ftslurm.agent import rank as fta
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+agent = fta.init()
+ckpt = CheckpointManager({str(tmp_path / "ckpt")!r}, report=False)
+ckpt.checkpoint(4, {{"w": torch.ones(3)}}).wait()
+def full(step, *a, **kw):
+    raise OSError(28, "No space left on device")
+ckpt._write = full
+os.kill(os.getpid(), signal.SIGUSR2)
+agent.heartbeat(5)
+assert agent.should_checkpoint()
+ckpt.checkpoint(5, {{"w": torch.zeros(3)}})
+assert agent.should_stop()
+agent.exit(0)
+"""
+    env = clean_env(FTSLURM_RUN_DIR=str(tmp_path / "run"), FTSLURM_ATTEMPT="0")
+    done = run(py(child), env, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert b"checkpoint save failed before exit" in done.stderr
+    assert not (tmp_path / "run" / "attempts" / "0" / "stopping-rank-0.json").exists()
+    from ftslurm.checkpoint import CheckpointManager
+
+    latest = CheckpointManager(tmp_path / "ckpt").load_latest()
+    assert latest is not None and latest[0] == 4
 
 
 def test_injection_env_round_trip_and_targets() -> None:

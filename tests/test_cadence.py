@@ -132,6 +132,17 @@ def test_the_daemon_writes_the_tuned_interval_for_a_running_attempt():
     assert again.cadence.interval_s < write.cadence.interval_s / 9
 
 
+def test_the_interval_is_never_shorter_than_the_runs_longest_background_write():
+    observed = info(core.JobState.RUNNING, start_time=NOW - 10)
+    files = core.RunFiles(progress={"checkpoint_save_s": 0.5, "checkpoint_write_s": 40.0,
+                                    "max_checkpoint_write_s": 900.0})  # fmt: skip
+    (write,) = of(core.step(attempt(start=NOW - 10), observed, cadence_run(),
+                            known(files=files, history=FailureHistory(500, 10)), NOW),
+                  core.WriteCadence)  # fmt: skip
+    assert write.cadence.interval_s == 900.0 and write.cadence.write_s == 900.0
+    assert "the background write's floor" in write.cadence.describe()
+
+
 def test_spares_do_not_count_in_the_jobs_failure_rate_and_off_clears_a_written_interval():
     r = cadence_run(spare_nodes=1)
     r.spec["options"]["nodes"] = 3

@@ -505,6 +505,96 @@ def test_save_reports_progress(tmp_path, monkeypatch):
     assert json.loads((run_dir / "progress.json").read_text())["checkpoint_step"] == 8
 
 
+def reporting_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run as rank 0 of a run whose folder is returned: saves report to its progress.json."""
+    monkeypatch.setenv("FTSLURM_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("RANK", "0")
+    return tmp_path / "run" / "progress.json"
+
+
+def test_checkpoint_is_asynchronous_and_reported_only_once_written(tmp_path, monkeypatch,
+                                                                    gated_torch_save):
+    """The default save blocks for the snapshot only; the daemon hears of the step once
+    the file is on disk, with the blocking time and the background write apart."""
+    gate, _ = gated_torch_save
+    progress_file = reporting_to(tmp_path, monkeypatch)
+    ckpt = CheckpointManager(tmp_path / "ckpt")
+    handle = ckpt.checkpoint(5, small_state(5.0))
+    assert handle is not None and not handle.done()  # writing, held at the gate
+    assert not progress_file.exists() and ckpt.steps() == []  # nothing told before it is safe
+    time.sleep(0.3)  # a background write of at least 0.3 s
+    gate.set()
+    assert handle.wait(60) == ckpt.path_of(5) and ckpt.steps() == [5]
+    told = json.loads(progress_file.read_text())
+    assert told["checkpoint_step"] == 5 and "step" not in told  # the training moved on
+    assert told["max_checkpoint_write_s"] >= 0.3 > told["checkpoint_save_s"]
+    manifest = json.loads(ckpt.manifest_of(5).read_text())
+    assert manifest["blocking_s"] == pytest.approx(told["checkpoint_save_s"])
+    assert manifest["save_s"] >= 0.3 + manifest["blocking_s"] - 1e-6
+
+
+def test_a_busy_writer_makes_the_next_checkpoint_wait_or_skip(tmp_path, gated_torch_save,
+                                                               caplog):  # fmt: skip
+    gate, stats = gated_torch_save
+    skipping = manager(tmp_path, busy="skip")
+    first = skipping.checkpoint(1, small_state(1.0))
+    with caplog.at_level(logging.WARNING, logger="ftslurm.checkpoint"):
+        assert skipping.checkpoint(2, small_state(2.0)) is None
+    assert "checkpoint of step 2 skipped: the save of step 1 is still writing" in caplog.text
+    gate.set()
+    assert first is not None and first.wait(60)
+    skipping.wait()
+    assert skipping.steps() == [1] and stats["calls"] == 1
+    # once the previous one is written, the next is taken
+    third = skipping.checkpoint(3, small_state(3.0))
+    assert third is not None and third.wait(60) and skipping.steps() == [1, 3]
+    with pytest.raises(ValueError):
+        manager(tmp_path, busy="sometimes")
+
+
+def test_a_blocking_manager_has_written_the_file_when_checkpoint_returns(tmp_path,
+                                                                          monkeypatch):
+    progress_file = reporting_to(tmp_path, monkeypatch)
+    ckpt = CheckpointManager(tmp_path / "ckpt", asynchronous=False)
+    handle = ckpt.checkpoint(4, small_state(4.0))
+    assert handle is not None and handle.done() and ckpt.steps() == [4]
+    told = json.loads(progress_file.read_text())
+    assert told["step"] == 4 and "checkpoint_write_s" not in told
+
+
+def test_a_report_from_the_writer_thread_is_not_lost_to_a_step_report(tmp_path, monkeypatch):
+    """progress.json is read, updated and written whole: the writer thread's checkpoint and
+    the training's step report, at the worst moment (one holding its write while the other
+    reads), both survive."""
+    from ftslurm.agent import progress
+
+    progress_file = reporting_to(tmp_path, monkeypatch)
+    progress.report_step(1)
+    real_write = progress.write_json_atomic
+    inside, release = threading.Event(), threading.Event()
+
+    def held_write(path, data):  # type: ignore[no-untyped-def]
+        if "checkpoint_step" in data and not inside.is_set():
+            inside.set()
+            assert release.wait(60)
+        return real_write(path, data)
+
+    monkeypatch.setattr(progress, "write_json_atomic", held_write)
+    monkeypatch.setattr(progress, "_last_step_write", None)
+    writer = threading.Thread(target=progress.checkpoint_saved, args=(1, 0.01, 0.5))
+    writer.start()
+    assert inside.wait(60)  # the checkpoint report has read the file and holds its write
+    stepper = threading.Thread(target=progress.report_step, args=(7,))
+    stepper.start()
+    stepper.join(0.5)
+    assert stepper.is_alive()  # it waits for the lock instead of reading the old file
+    release.set()
+    writer.join(60)
+    stepper.join(60)
+    told = json.loads(progress_file.read_text())
+    assert (told["step"], told["checkpoint_step"], told["checkpoint_write_s"]) == (7, 1, 0.5)
+
+
 # --------------------------------------------------------------------------- sharded
 def test_sharded_round_trip_single_process(tmp_path):
     state = {"a": torch.randn(4, 4), "b": torch.arange(10), "nested": {"c": torch.ones(2)},

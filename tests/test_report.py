@@ -384,6 +384,19 @@ def test_round_start_is_not_read_from_reports_of_a_failed_round(home, tmp_path):
     assert facts.attempts[1].round_starts == ()
 
 
+def test_an_asynchronous_save_counts_its_blocking_time_where_the_training_stood_still(
+        home, tmp_path):  # fmt: skip
+    """A manifest with `blocking_s`: 2 s of its 30 s stood the training still, at the start;
+    the state saved is the one of when training went on, 28 s before the manifest."""
+    write_json_atomic(tmp_path / "runs" / "r1" / "ckpt" / f"step-{2200:010d}.json",
+                      {"step": 2200, "time": 2600.0, "save_s": 30.0, "blocking_s": 2.0})
+    with Store(home) as store:
+        run = store.get_run("r1")
+        assert run is not None
+        facts = read_compute_facts(run, store.attempts("r1"))
+    assert [(r.step, r.time, r.save_s) for r in facts.checkpoints][-1] == (2200, 2572.0, 2.0)
+
+
 def test_progress_without_manifests(tmp_path):
     run_dir = tmp_path / "run"
     run = make_run(run_dir=str(run_dir))

@@ -11,21 +11,29 @@ atomically (read, update, write) and holds:
 
     step                   int    the last step reported (by any of the three calls)
     checkpoint_step        int    the step of the last checkpoint saved (absent before one)
-    checkpoint_save_s      float  how long that save took (when told)
+    checkpoint_save_s      float  how long the training stood still for that save (when
+                                  told): all of it for a blocking save, the snapshot (and
+                                  any wait for the previous save) for an asynchronous one
+    checkpoint_write_s     float  how long an asynchronous save wrote in the background
     checkpoint_at          float  unix time the daemon learned of that checkpoint
     max_checkpoint_save_s  float  the longest save told of so far
+    max_checkpoint_write_s float  the longest background write told of so far
     attempt                int    FTSLURM_ATTEMPT of the writer
     finished               bool   whether `finished()` was called
     updated_at             float  unix time of the write
 
 `finished()` also writes `$FTSLURM_RUN_DIR/FINISHED` (atomic JSON: {"step", "time"}). The
 daemon reads both: a checkpoint step that does not advance over continuations stops the
-run, save times stretch the checkpoint signal's lead, and FINISHED means the run is done.
+run, save times stretch the checkpoint signal's lead and tune the checkpoint interval
+(`ftslurm.core.cadence`), and FINISHED means the run is done. The calls may come from
+several threads (an asynchronous save reports from its writer): each read-update-write of
+the file holds one lock, so no thread's update is lost to another's.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -33,6 +41,7 @@ from ftslurm.core.contract import JobEnv, RunDir
 from ftslurm.fsutil import read_json, write_json_atomic
 
 _last_step_write: float | None = None
+_lock = threading.Lock()  # one read-update-write of progress.json at a time
 
 
 def _int(value: str | None) -> int:
@@ -54,17 +63,18 @@ def _target() -> tuple[RunDir, JobEnv] | None:
 def _update(where: tuple[RunDir, JobEnv], **changes: Any) -> dict[str, Any]:
     run, job = where
     path = run.progress
-    data = read_json(path)
-    data = data if isinstance(data, dict) else {}
-    if changes.get("checkpoint_save_s") is not None:
-        changes["max_checkpoint_save_s"] = max(
-            changes["checkpoint_save_s"], float(data.get("max_checkpoint_save_s") or 0.0))
-    data.update(changes)
-    data.setdefault("finished", False)
-    data["attempt"] = job.attempt or 0
-    data["updated_at"] = time.time()
-    run.root.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, data)
+    with _lock:
+        data = read_json(path)
+        data = data if isinstance(data, dict) else {}
+        for key in ("checkpoint_save_s", "checkpoint_write_s"):
+            if changes.get(key) is not None:
+                changes[f"max_{key}"] = max(changes[key], float(data.get(f"max_{key}") or 0.0))
+        data.update(changes)
+        data.setdefault("finished", False)
+        data["attempt"] = job.attempt or 0
+        data["updated_at"] = time.time()
+        run.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, data)
     return data
 
 
@@ -81,15 +91,20 @@ def report_step(step: int) -> None:
     _update(where, step=int(step))
 
 
-def checkpoint_saved(step: int, duration_s: float | None = None) -> None:
-    """A checkpoint of `step` is safely stored; `duration_s` is how long saving it took."""
+def checkpoint_saved(step: int, duration_s: float | None = None,
+                     write_s: float | None = None) -> None:  # fmt: skip
+    """A checkpoint of `step` is safely stored; `duration_s` is how long the training stood
+    still for it, `write_s` how long an asynchronous save then wrote in the background."""
     where = _target()
     if where is None:
         return
-    changes: dict[str, Any] = {"step": int(step), "checkpoint_step": int(step),
-                               "checkpoint_at": time.time()}
+    changes: dict[str, Any] = {"checkpoint_step": int(step), "checkpoint_at": time.time()}
     if duration_s is not None:
         changes["checkpoint_save_s"] = float(duration_s)
+    if write_s is not None:  # written in the background: the training has moved on since
+        changes["checkpoint_write_s"] = float(write_s)
+    else:
+        changes["step"] = int(step)
     _update(where, **changes)
 
 

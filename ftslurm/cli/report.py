@@ -78,9 +78,14 @@ def _checkpoints(spec: dict[str, Any], progress: Any) -> tuple[list[CheckpointRe
         data = read_json(path) if CHECKPOINT_MANIFEST.fullmatch(path.name) else None
         if isinstance(data, dict) and _number(data.get("time")) is not None:
             step = data.get("step")
+            at, took = _number(data["time"]), _number(data.get("save_s"))
+            blocking = _number(data.get("blocking_s"))
+            if at is not None and took is not None and blocking is not None:
+                # asynchronous: the training stood still for `blocking_s` and went on while
+                # the rest was written; what it saved is the state of when it went on
+                at, took = at - max(0.0, took - blocking), blocking
             manifests.append(CheckpointRecord(step if isinstance(step, int) else None,
-                                              _number(data["time"]),
-                                              _number(data.get("save_s"))))  # fmt: skip
+                                              at, took))  # fmt: skip
     told = progress.get("checkpoint_step") if isinstance(progress, dict) else None
     records = sorted(manifests, key=lambda r: r.time or 0.0)
     if isinstance(told, int) and told not in {r.step for r in records}:
