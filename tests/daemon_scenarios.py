@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -225,12 +226,8 @@ def spare_takes_over_on_the_mock(tmp_path: Path, inject: str,
 
     steps = 200
     expected = reference_digest(tmp_path, steps)
-    cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
-    cli("mock", "up")
-    try:
-        recipe = tmp_path / "spare.py"
-        recipe.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
-                          f"sys.executable, {str(RECIPE)!r}], peer_timeout_s=3.0{settings})\n")
+    with on_a_fresh_mock(tmp_path) as cli:
+        recipe = example_recipe(tmp_path, "spare", f", peer_timeout_s=3.0{settings}")
         out = cli.submit("--dry-run", "-N", "2", "--spare-nodes", "1", "--inject", inject,
                          str(recipe), "--", "--steps", str(steps), "--step-time", "0.1",
                          "--checkpoint-dir", str(tmp_path / "ckpt"))  # fmt: skip
@@ -246,9 +243,27 @@ def spare_takes_over_on_the_mock(tmp_path: Path, inject: str,
         record = json.loads(run.round_record(0, 1).read_text())
         assert record["job_id"] == out["job_id"] and record["world_size"] == 2, record
         return run, record
+
+
+@contextmanager
+def on_a_fresh_mock(tmp_path: Path) -> Iterator[Cli]:
+    """A `Cli` on a fresh mock of its own (with the mock's default SlurmdTimeout, 300 s);
+    afterwards its daemon is stopped and the mock destroyed."""
+    cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
+    cli("mock", "up")
+    try:
+        yield cli
     finally:
         cli.stop_daemon()
         cli("mock", "destroy", check=False)
+
+
+def example_recipe(tmp_path: Path, name: str, settings: str = "") -> Path:
+    """A recipe running examples/recipe.py; `settings`: more Recipe arguments (", k=v")."""
+    path = tmp_path / f"{name}.py"
+    path.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
+                    f"sys.executable, {str(RECIPE)!r}]{settings})\n")
+    return path
 
 
 def spare_recipe(tmp_path: Path, steps: int, more: str = "", step_time: float = 0.05) -> Path:

@@ -27,7 +27,7 @@ from ftslurm.core.settings import FtSettings
 from ftslurm.daemon import step as core
 from ftslurm.fsutil import write_json_atomic
 
-from .daemon_scenarios import RECIPE, Cli, ended, reference_digest
+from .daemon_scenarios import ended, example_recipe, on_a_fresh_mock, reference_digest
 from .test_launch import finish, start
 from .test_step import NOW, attempt, info, known, of, run
 
@@ -290,12 +290,8 @@ def test_on_the_mock_the_tuned_interval_follows_the_first_measured_save(tmp_path
     interval and what it came from."""
     steps = 150
     expected = reference_digest(tmp_path, steps)
-    cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
-    cli("mock", "up")
-    try:
-        recipe = tmp_path / "tuned.py"
-        recipe.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
-                          f"sys.executable, {str(RECIPE)!r}], failure_rate_prior=1e6)\n")
+    with on_a_fresh_mock(tmp_path) as cli:
+        recipe = example_recipe(tmp_path, "tuned", ", failure_rate_prior=1e6")
         out = cli.submit("--dry-run", "-N", "2", str(recipe), "--", "--steps", str(steps),
                          "--step-time", "0.05", "--ckpt-every", "20",
                          "--checkpoint-dir", str(tmp_path / "ckpt"))  # fmt: skip
@@ -314,6 +310,3 @@ def test_on_the_mock_the_tuned_interval_follows_the_first_measured_save(tmp_path
         assert rep["checkpoint_cadence"]["interval_s"] < 5
         cadences = [e for e in rep["timeline"] if e["kind"] == "cadence"]
         assert len(cadences) >= 2 and "prior, until one is measured" in cadences[0]["text"]
-    finally:
-        cli.stop_daemon()
-        cli("mock", "destroy", check=False)
