@@ -170,6 +170,33 @@ def test_a_tuned_interval_needs_the_history_a_pinned_one_does_not():
     assert (pinned.cadence.how, pinned.cadence.interval_s) == ("pinned", 900.0)
 
 
+def test_the_history_is_counted_per_cluster_up_to_now_for_a_running_attempt(tmp_path):
+    """node_lost events and node-days by cluster: a mock's injected failures do not make
+    the real cluster look worse."""
+    from ftslurm.daemon.records import Attempt, Run, RunState
+    from ftslurm.daemon.store import Store
+    from ftslurm.daemon.submission import backend_key
+
+    with Store(tmp_path / "home") as store, store.transaction():
+        for rid, spec in (("real", {"backend": "slurm"}),
+                          ("dry", {"backend": "mock", "mock_home": "/m"})):
+            store.add_run(Run(run_id=rid, name=rid, state=RunState.RUNNING, created_at=0.0,
+                              spec=spec, settings={}))  # fmt: skip
+        # 2 nodes for a day, then 4 nodes still running since half a day before `now`
+        store.add_attempt(Attempt("real", 0, "NODE_FAIL", tag="t0", nodes=["a", "b"],
+                                  start=0.0, end=DAY_S))  # fmt: skip
+        store.add_attempt(Attempt("real", 1, "RUNNING", tag="t1", nodes=["c", "d", "e", "f"],
+                                  start=DAY_S))  # fmt: skip
+        store.add_attempt(Attempt("dry", 0, "RUNNING", tag="t2", nodes=["n1"], start=DAY_S))
+        store.append_event("real", "node_lost", {"node": "b", "source": "slurm"}, DAY_S)
+        for _ in range(3):
+            store.append_event("dry", "node_lost", {"node": "n1", "source": "peer"}, DAY_S)
+        store.append_event("real", "node_benched", {"node": "c"}, DAY_S)  # not a failure
+    with Store(tmp_path / "home") as store:
+        got = store.failure_history(1.5 * DAY_S, backend_key)
+    assert got == {"slurm": FailureHistory(1, 2.0 + 2.0), "mock:/m": FailureHistory(3, 0.5)}
+
+
 def test_settings_refuse_a_meaningless_interval():
     for bad in (0, -60, "sometimes"):
         with pytest.raises(ValueError):

@@ -256,7 +256,8 @@ class Reconciler:
         self._deferred: set[tuple[str, int]] = set()  # submissions the scheduler put off
         self._min_job_age: dict[str, float] = {}
         self._nodes: dict[str, dict[str, bool]] = {}  # this cycle's node listing per backend
-        self._history: tuple[float, FailureHistory] | None = None  # (read at, what)
+        # the failure history per cluster (`_failure_history`): (read at, what)
+        self._history: tuple[float, dict[str, FailureHistory]] | None = None
         self._history_epoch = 0  # moves on when the failure history taken up moves
         # the versions this pass moved records on itself: (table, run id, attempt) ->
         # {version written from: version it became}
@@ -462,7 +463,7 @@ class Reconciler:
         return core.Facts(trusted=(run.run_id, a.attempt) in self._trusted_intents,
                           flags=self._flags, poll_interval=self.interval,
                           settings=self._parsed_settings(run),
-                          history=self._failure_history())  # fmt: skip
+                          history=self._failure_history(self._kind(run)))  # fmt: skip
 
     # ------------------------------------------------- what the cycle keeps (module doc)
     def _active(self) -> list[tuple[Run, Attempt]]:
@@ -622,7 +623,7 @@ class Reconciler:
                 self._nodes[kind] = {n.name: n.state.usable for n in backend.nodes()}
             got["usable"] = self._nodes[kind]
         if "history" in what:
-            got["history"] = self._failure_history()
+            got["history"] = self._failure_history(kind)
         if "previous" in what:
             got.update(previous=self.store.attempt_before(run.run_id, a.attempt),
                        previous_known=True)  # fmt: skip
@@ -688,23 +689,23 @@ class Reconciler:
                 self._write_cadence(run, intent.cadence)
         return current
 
-    def _failure_history(self) -> FailureHistory:
-        """Node failures and node-days of the store's whole history (the tuned checkpoint
-        intervals' failure rate), read again at most every HISTORY_REFRESH_S and taken up
-        only when it moved: a new failure, or 10% more node-days. Each take-up moves
-        `_history_epoch`, which wakes the quiet attempts (their interval may change)."""
+    def _failure_history(self, cluster: str) -> FailureHistory:
+        """Node failures and node-days of the store's whole history on `cluster` (a
+        `backend_key`: the tuned checkpoint intervals' failure rate), read again at most
+        every HISTORY_REFRESH_S and taken up only where it moved: a new failure, or 10% more
+        node-days. Each take-up moves `_history_epoch`, which wakes the quiet attempts
+        (their interval may change)."""
         now = self.clock()
-        if self._history is not None and now - self._history[0] < HISTORY_REFRESH_S:
-            return self._history[1]
-        fresh = self.store.failure_history(now)
-        old = self._history[1] if self._history is not None else None
-        if old is None or fresh.failures != old.failures \
-                or fresh.node_days > old.node_days * (1 + REWRITE_TOLERANCE):
-            self._history_epoch += 1
-        else:
-            fresh = old
-        self._history = (now, fresh)
-        return fresh
+        if self._history is None or now - self._history[0] >= HISTORY_REFRESH_S:
+            old = self._history[1] if self._history is not None else {}
+            fresh = self.store.failure_history(now, backend_key)
+            kept = {c: h if (o := old.get(c)) is None or h.failures != o.failures
+                    or h.node_days > o.node_days * (1 + REWRITE_TOLERANCE) else o
+                    for c, h in fresh.items()}  # fmt: skip
+            if self._history is None or kept != old:
+                self._history_epoch += 1
+            self._history = (now, kept)
+        return self._history[1].get(cluster, FailureHistory())
 
     def _write_cadence(self, run: Run, cadence: Cadence) -> None:
         """Write the run's checkpoint interval for its rank agents, then log it (`cadence`).

@@ -49,7 +49,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -664,15 +664,29 @@ class Store:
         return Event(row["event_id"], row["time"], row["run_id"], row["kind"],
                      json.loads(row["data"]))  # fmt: skip
 
-    def failure_history(self, now: float) -> FailureHistory:
-        """The node failures this store saw (`node_lost` events, from peers, the daemon or
-        Slurm) and the node-days every attempt ran (its nodes times its run time, up to
-        `now` for one still running): the cluster's node failure rate, as seen here."""
-        (lost,) = self._read("SELECT COUNT(*) AS n FROM events WHERE kind = 'node_lost'")
-        (ran,) = self._read(
-            "SELECT SUM(json_array_length(nodes) * MAX(0, COALESCE(end_, ?) - start)) AS s "
-            "FROM attempts WHERE start IS NOT NULL", (now,))  # fmt: skip
-        return FailureHistory(int(lost["n"]), float(ran["s"] or 0.0) / DAY_S)
+    def failure_history(self, now: float, cluster_of: Callable[[dict[str, Any]], str]
+                        ) -> dict[str, FailureHistory]:  # fmt: skip
+        """Per cluster (`cluster_of` a run's spec), the node failures this store saw
+        (`node_lost` events, from peers, the daemon or Slurm) and the node-days its attempts
+        ran (nodes times run time, up to `now` for one still running): the cluster's node
+        failure rate as seen here. A mock's injected failures stay with that mock."""
+        clusters = {r["run_id"]: cluster_of(json.loads(r["spec"]))
+                    for r in self._read("SELECT run_id, spec FROM runs")}  # fmt: skip
+        lost = self._read("SELECT run_id, COUNT(*) AS n FROM events WHERE kind = 'node_lost' "
+                          "GROUP BY run_id")  # fmt: skip
+        ran = self._read(
+            "SELECT run_id, SUM(json_array_length(nodes) * MAX(0, COALESCE(end_, ?) - start))"
+            " AS s FROM attempts WHERE start IS NOT NULL GROUP BY run_id", (now,))  # fmt: skip
+        failures: dict[str, int] = {}
+        seconds: dict[str, float] = {}
+        for r in lost:
+            c = clusters.get(r["run_id"], "")
+            failures[c] = failures.get(c, 0) + int(r["n"])
+        for r in ran:
+            c = clusters.get(r["run_id"], "")
+            seconds[c] = seconds.get(c, 0.0) + float(r["s"] or 0.0)
+        return {c: FailureHistory(failures.get(c, 0), seconds.get(c, 0.0) / DAY_S)
+                for c in set(failures) | set(seconds)}  # fmt: skip
 
     def latest_event(self, run_id: str, kind: str) -> Event | None:
         """The run's newest event of `kind`, or None."""
