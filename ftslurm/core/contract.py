@@ -318,6 +318,7 @@ class EnvName(str, Enum):
     USER_ERROR_WINDOW_S = "FTSLURM_USER_ERROR_WINDOW_S"
     PEER_TIMEOUT_S = "FTSLURM_PEER_TIMEOUT_S"  # a node silent this long is reported lost
     SPARE_NODES = "FTSLURM_SPARE_NODES"  # nodes of the job kept idle to replace a lost one
+    MEMORY_DIR = "FTSLURM_MEMORY_DIR"  # where the memory checkpoint tier keeps node areas
 
 
 def _alias(name: EnvName) -> Any:
@@ -365,6 +366,7 @@ class JobEnv(BaseModel):
     user_error_window_s: float = Field(60.0, ge=0, **_alias(EnvName.USER_ERROR_WINDOW_S))
     peer_timeout_s: float = Field(DEFAULT_PEER_TIMEOUT_S, gt=0, **_alias(EnvName.PEER_TIMEOUT_S))
     spare_nodes: int = Field(0, ge=0, **_alias(EnvName.SPARE_NODES))
+    memory_dir: str | None = Field(None, **_alias(EnvName.MEMORY_DIR))
 
     @field_validator("checkpoint_signal")
     @classmethod

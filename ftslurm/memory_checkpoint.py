@@ -1,0 +1,262 @@
+"""The in-memory checkpoint tier: each rank's latest state in its node's memory, and a
+replica in another node's, so that losing one node costs no read of shared storage.
+
+    from ftslurm.memory_checkpoint import MemoryTier
+    memory = MemoryTier()                    # after init_process_group (a collective)
+    got = memory.load_latest(min_step=newest_on_disk)   # a collective
+    if got is not None:
+        step, state, tier = got              # tier: "memory" (this node) or "peer"
+    ...
+    memory.save(step, state)                 # a collective: every rank at the same step
+
+Where: `$FTSLURM_MEMORY_DIR` (default `/dev/shm/ftslurm-<uid>`, a RAM-backed file system),
+one area per run (`$FTSLURM_RUN_ID`, else "default") and node (`$SLURMD_NODENAME`, else the
+host name):
+
+    <base>/<run>/<node>/shard-<r>-step-<S>.pt     the state of rank r at step S
+    <base>/<run>/<node>/shard-<r>-step-<S>.json   its manifest: size and sha256
+
+Who holds what: rank r keeps its own state in its node's area and sends a copy to its
+*partner*, the rank with the same local index on the next node (nodes in name order), which
+keeps it in its own node's area. So a node's memory holds, per rank on it, two states: the
+rank's own and one replica of a rank on the previous node (for a moment, while a new step
+is written, the previous pair too). With one node there are no replicas.
+
+Restoring (`load_latest`): every rank verifies what its node's area holds (size and sha256)
+and all of them exchange the lists; the step restored is the newest (not older than
+`min_step`) at which every rank's state has a holder. A rank whose state is on its own node
+reads it; any other receives it from a holder (point to point, over a gloo group of its
+own). The answer is the same on every rank; None when memory cannot serve the whole world
+(a replica lost with its node, corrupt, or the world changed size): the caller loads the
+persistent tier (`ftslurm.checkpoint`), which is saved less often.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ftslurm.checkpoint import _snapshot
+from ftslurm.core.contract import EnvName, JobEnv
+from ftslurm.fsutil import read_json, write_json_atomic
+
+log = logging.getLogger("ftslurm.memory_checkpoint")
+
+_FILE = re.compile(r"shard-(\d+)-step-(\d+)\.pt")
+
+
+def memory_base() -> Path:
+    """Where node memory areas live: $FTSLURM_MEMORY_DIR, else /dev/shm/ftslurm-<uid> (the
+    temporary folder where /dev/shm is missing)."""
+    configured = JobEnv.from_environ(os.environ).memory_dir
+    if configured:
+        return Path(configured)
+    shm = Path("/dev/shm")
+    root = shm if shm.is_dir() else Path(tempfile.gettempdir())
+    return root / f"ftslurm-{os.getuid()}"
+
+
+def node_area(base: Path, run: str, node: str) -> Path:
+    """The memory area of `run` on `node` (what a lost node takes with it)."""
+    return base / run / node
+
+
+def partners(nodes: list[str]) -> dict[int, int]:
+    """rank -> the rank that keeps its replica, from every rank's node (`nodes[r]`): the
+    rank with the same local index on the next node, nodes in name order (the next node's
+    rank of that index modulo its rank count). Empty with one node."""
+    order = sorted(set(nodes))
+    if len(order) < 2:
+        return {}
+    on = {n: [r for r, m in enumerate(nodes) if m == n] for n in order}
+    out = {}
+    for r, n in enumerate(nodes):
+        nxt = on[order[(order.index(n) + 1) % len(order)]]
+        out[r] = nxt[on[n].index(r) % len(nxt)]
+    return out
+
+
+def holders(listings: list[dict[int, list[int]]], nodes: list[str],
+            min_step: int | None) -> tuple[int, dict[int, int]] | None:  # fmt: skip
+    """The step to restore and, per rank, the rank that serves its state (itself when its
+    node holds it), from what each rank's node area holds (`listings[r]`: shard -> verified
+    steps) and every rank's node; None when no step at least `min_step` is held for every
+    rank. Pure; every rank computes the same answer."""
+    world = len(nodes)
+    held: dict[int, dict[int, list[int]]] = {}  # step -> shard -> ranks whose node holds it
+    for rank, listing in enumerate(listings):
+        for shard, steps in listing.items():
+            for step in steps:
+                held.setdefault(step, {}).setdefault(shard, []).append(rank)
+    for step in sorted(held, reverse=True):
+        if min_step is not None and step < min_step:
+            break
+        by_shard = held[step]
+        if any(shard not in by_shard for shard in range(world)):
+            continue
+        serve = {}
+        for shard in range(world):
+            ranks = sorted(set(by_shard[shard]))
+            serve[shard] = shard if shard in ranks else ranks[shard % len(ranks)]
+        return step, serve
+    return None
+
+
+class MemoryTier:
+    """The memory tier of one process group (see the module doc). Create it on every rank
+    after `init_process_group`, in the same order as other collectives."""
+
+    def __init__(self, base: str | Path | None = None, run: str | None = None,
+                 node: str | None = None) -> None:  # fmt: skip
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("MemoryTier needs an initialised torch.distributed process group")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self.run = run or os.environ.get(EnvName.RUN_ID.value) or "default"
+        self.base = Path(base) if base is not None else memory_base()
+        self.area = node_area(self.base, self.run, self.node)
+        self.group = dist.new_group(backend="gloo")  # CPU tensors, whatever the training uses
+        nodes: list[Any] = [None] * self.world
+        dist.all_gather_object(nodes, self.node, group=self.group)
+        self.nodes = [str(n) for n in nodes]
+        self.partner = partners(self.nodes)
+        # the rank whose replica this rank keeps (None: no replicas)
+        self.keeps = next((r for r, p in self.partner.items() if p == self.rank), None)
+
+    # ------------------------------------------------------------------ saving
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        """Keep `state` as this rank's state at `step`: in this node's memory and, through
+        the partner, in the next node's (a collective). Older steps of the shards this rank
+        holds are dropped once the new ones are written."""
+        buffer = io.BytesIO()
+        torch.save(_snapshot(state, pin_memory=False), buffer)
+        data = buffer.getvalue()
+        self._keep(self.rank, step, data)
+        if self.partner:
+            received = self._exchange(data, send_to=self.partner[self.rank],
+                                      recv_from=self.keeps)  # fmt: skip
+            if received is not None and self.keeps is not None:
+                self._keep(self.keeps, step, received)
+        for shard in {self.rank, self.keeps} - {None}:
+            self._drop_older(int(shard), step)  # type: ignore[arg-type]
+
+    def _keep(self, shard: int, step: int, data: bytes) -> None:
+        self.area.mkdir(parents=True, exist_ok=True)
+        path = self.area / f"shard-{shard}-step-{step}.pt"
+        tmp = self.area / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, path)  # a RAM file system: no fsync; a torn file has no manifest
+        write_json_atomic(path.with_suffix(".json"), {
+            "shard": shard, "step": step, "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+
+    def _drop_older(self, shard: int, step: int) -> None:
+        for path in self.area.glob(f"shard-{shard}-step-*"):
+            m = re.fullmatch(rf"shard-{shard}-step-(\d+)\.(pt|json)", path.name)
+            if m and int(m.group(1)) < step:
+                path.unlink(missing_ok=True)
+
+    def _exchange(self, data: bytes, send_to: int, recv_from: int | None) -> bytes | None:
+        """Send `data` to rank `send_to` and receive what rank `recv_from` sends this one."""
+        out = [dist.isend(torch.tensor([len(data)], dtype=torch.int64), send_to,
+                          group=self.group)]  # fmt: skip
+        size = torch.zeros(1, dtype=torch.int64)
+        if recv_from is not None:
+            dist.irecv(size, recv_from, group=self.group).wait()
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out.append(dist.isend(payload, send_to, group=self.group))
+        got = None
+        if recv_from is not None:
+            got = torch.empty(int(size.item()), dtype=torch.uint8)
+            dist.irecv(got, recv_from, group=self.group).wait()
+        for work in out:
+            work.wait()
+        return None if got is None else got.numpy().tobytes()
+
+    # ------------------------------------------------------------------ restoring
+    def listing(self) -> dict[int, list[int]]:
+        """What this node's area holds and verifies: shard -> steps."""
+        found: dict[int, list[int]] = {}
+        try:
+            names = os.listdir(self.area)
+        except OSError:
+            return found
+        for name in names:
+            m = _FILE.fullmatch(name)
+            if m and self._read(int(m.group(1)), int(m.group(2))) is not None:
+                found.setdefault(int(m.group(1)), []).append(int(m.group(2)))
+        return found
+
+    def _read(self, shard: int, step: int) -> bytes | None:
+        """The verified bytes of a shard's state, or None (missing, torn or corrupt)."""
+        path = self.area / f"shard-{shard}-step-{step}.pt"
+        meta = read_json(path.with_suffix(".json"))
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        if not isinstance(meta, dict) or meta.get("size") != len(data) \
+                or meta.get("sha256") != hashlib.sha256(data).hexdigest():
+            log.warning("memory checkpoint %s does not verify; left out", path)
+            return None
+        return data
+
+    def load_latest(self, min_step: int | None = None
+                    ) -> tuple[int, dict[str, Any], str] | None:  # fmt: skip
+        """(step, this rank's state, "memory" or "peer") of the newest step, at least
+        `min_step`, that memory holds for every rank; None on every rank otherwise (a
+        collective)."""
+        listings: list[Any] = [None] * self.world
+        dist.all_gather_object(listings, self.listing(), group=self.group)
+        chosen = holders([{int(k): v for k, v in x.items()} for x in listings], self.nodes,
+                         min_step)  # fmt: skip
+        if chosen is None:
+            return None
+        step, serve = chosen
+        mine: bytes | None = None
+        works = []
+        for shard, holder in sorted(serve.items()):
+            if holder == shard:
+                if shard == self.rank:
+                    mine = self._read(shard, step)
+                continue
+            if holder == self.rank:  # send it: size, then the bytes
+                data = self._read(shard, step) or b""
+                works.append(dist.isend(torch.tensor([len(data)], dtype=torch.int64), shard,
+                                        group=self.group))  # fmt: skip
+                works.append(dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                                        shard, group=self.group))  # fmt: skip
+            elif shard == self.rank:
+                size = torch.zeros(1, dtype=torch.int64)
+                dist.irecv(size, holder, group=self.group).wait()
+                got = torch.empty(int(size.item()), dtype=torch.uint8)
+                dist.irecv(got, holder, group=self.group).wait()
+                mine = got.numpy().tobytes()
+        for work in works:
+            work.wait()
+        ok = torch.tensor([1 if mine else 0], dtype=torch.int32)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.group)
+        if not ok.item() or mine is None:  # a holder's copy went bad since it was listed
+            return None
+        tier = "memory" if serve[self.rank] == self.rank else "peer"
+        state = torch.load(io.BytesIO(mine), weights_only=True)
+        log.info("rank %d restored step %d from %s (%s)", self.rank, step,
+                 "this node's memory" if tier == "memory" else
+                 f"the replica on {self.nodes[serve[self.rank]]}", self.node)  # fmt: skip
+        return step, state, tier
+
+    def clear(self) -> None:
+        """Drop this run's area on this node (every rank of the node may call it)."""
+        shutil.rmtree(self.area, ignore_errors=True)

@@ -1,0 +1,123 @@
+"""The in-memory checkpoint tier (`ftslurm.memory_checkpoint`): who keeps whose replica, and
+real process groups of 4 ranks on 2 "nodes" (node areas named apart in one folder) that
+save, lose a node's memory and restore."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftslurm.memory_checkpoint import holders, partners
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_each_rank_replicates_to_the_same_local_index_on_the_next_node():
+    nodes = ["a", "a", "b", "b"]
+    assert partners(nodes) == {0: 2, 1: 3, 2: 0, 3: 1}
+    assert partners(["b", "a", "c", "a", "b", "c"]) == {1: 0, 3: 4, 0: 2, 4: 5, 2: 1, 5: 3}
+    assert partners(["a", "a"]) == {}  # one node: no replicas
+    # uneven nodes still give every rank a partner on another node
+    got = partners(["a", "a", "a", "b"])
+    assert all(nodes_of != "a" for nodes_of in (["a", "a", "a", "b"][got[r]] for r in (0, 1, 2)))
+
+
+def test_the_newest_step_held_for_every_rank_is_restored_and_served_locally_first():
+    nodes = ["a", "a", "c", "c"]  # node b was lost; c replaced it
+    # a holds shards 0, 1 (own) and 2, 3 (replicas of b's ranks) at steps 10 and 20
+    a = {0: [10, 20], 1: [10, 20], 2: [10, 20], 3: [10, 20]}
+    step, serve = holders([a, a, {}, {}], nodes, None)  # type: ignore[misc]
+    assert step == 20 and serve[0] == 0 and serve[1] == 1
+    assert serve[2] in (0, 1) and serve[3] in (0, 1) and serve[2] != serve[3]  # spread
+    # a shard held nowhere at 20: 10 is the newest complete step; below min_step: None
+    gap = {0: [10, 20], 1: [10, 20], 2: [10], 3: [10, 20]}
+    assert holders([gap, gap, {}, {}], nodes, None)[0] == 10  # type: ignore[index]
+    assert holders([gap, gap, {}, {}], nodes, 15) is None
+    assert holders([{}, {}, {}, {}], nodes, None) is None
+
+
+WORKER = r"""
+import json, os, sys, torch, torch.distributed as dist
+from ftslurm.memory_checkpoint import MemoryTier
+rank, phase = int(os.environ["RANK"]), sys.argv[1]
+dist.init_process_group("gloo")
+tier = MemoryTier()
+if phase == "save":
+    for step in (10, 20, 30):
+        tier.save(step, {"w": torch.full((1000,), float(rank * 100 + step)), "step": step})
+    print(json.dumps({"rank": rank, "keeps": tier.keeps}), flush=True)
+else:
+    got = tier.load_latest(min_step=int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    out = None if got is None else {"step": got[0], "w": float(got[1]["w"][0]), "tier": got[2]}
+    print(json.dumps({"rank": rank, "got": out}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def run_world(tmp_path: Path, nodes: list[str], *args: str) -> list[dict]:
+    """One process per rank, each "on" node `nodes[rank]`, sharing a memory base folder."""
+    port = str(21000 + (os.getpid() + len(args) * 7 + len(nodes)) % 20000)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM"))}
+    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+               FTSLURM_MEMORY_DIR=str(tmp_path / "shm"), FTSLURM_RUN_ID="r1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(len(nodes)))
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, *args],
+                              env={**env, "RANK": str(r), "SLURMD_NODENAME": n},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r, n in enumerate(nodes)]  # fmt: skip
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+def area(tmp_path: Path, node: str) -> Path:
+    return tmp_path / "shm" / "r1" / node
+
+
+def test_a_lost_nodes_ranks_restore_from_the_replicas_on_the_other_node(tmp_path):
+    saved = run_world(tmp_path, ["a", "a", "b", "b"], "save")
+    assert [s["keeps"] for s in saved] == [2, 3, 0, 1]
+    # bounded: two states per rank in each node's memory (its own and one replica)
+    assert sorted(p.name for p in area(tmp_path, "a").glob("*.pt")) == [
+        f"shard-{r}-step-30.pt" for r in range(4)]
+    # node b is lost with its memory; node c takes its place
+    for p in area(tmp_path, "b").iterdir():
+        p.unlink()
+    area(tmp_path, "b").rmdir()
+    got = [o["got"] for o in run_world(tmp_path, ["a", "a", "c", "c"], "load")]
+    assert [g["step"] for g in got] == [30] * 4
+    assert [g["w"] for g in got] == [r * 100 + 30.0 for r in range(4)]  # each its own state
+    assert [g["tier"] for g in got] == ["memory", "memory", "peer", "peer"]
+
+
+def test_a_corrupt_or_missing_replica_leaves_the_world_to_the_persistent_tier(tmp_path):
+    run_world(tmp_path, ["a", "a", "b", "b"], "save")
+    for p in area(tmp_path, "b").iterdir():
+        p.unlink()
+    replica = area(tmp_path, "a") / "shard-3-step-30.pt"
+    replica.write_bytes(b"x" + replica.read_bytes()[1:])  # one byte changed
+    got = [o["got"] for o in run_world(tmp_path, ["a", "a", "c", "c"], "load")]
+    assert got == [None] * 4  # rank 3's state is held nowhere that verifies
+    # with every node's memory intact, a newer step than asked for is restored locally
+    run_world(tmp_path, ["a", "a", "b", "b"], "save")
+    got = [o["got"] for o in run_world(tmp_path, ["a", "a", "b", "b"], "load", "30")]
+    assert [(g["step"], g["tier"]) for g in got] == [(30, "memory")] * 4
+    assert [o["got"] for o in run_world(tmp_path, ["a", "a", "b", "b"], "load", "31")] == [
+        None] * 4
+
+
+@pytest.mark.parametrize("world", [["a", "a"]])
+def test_with_one_node_there_is_no_replica_and_memory_serves_its_own(tmp_path, world):
+    run_world(tmp_path, world, "save")
+    assert sorted(p.name for p in area(tmp_path, "a").glob("*.pt")) == [
+        "shard-0-step-30.pt", "shard-1-step-30.pt"]
+    got = [o["got"] for o in run_world(tmp_path, world, "load")]
+    assert [(g["step"], g["tier"]) for g in got] == [(30, "memory")] * 2
