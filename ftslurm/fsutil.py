@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ftslurm.core.contract import JobEnv
 from ftslurm.errors import ConfigError
 
 
@@ -95,3 +98,14 @@ def folder_error(path: Path | str, exc: OSError) -> ConfigError:
     if isinstance(exc, PermissionError):
         return ConfigError(f"cannot write to folder {path}: permission denied")
     return ConfigError(f"cannot use folder {path}: {exc.strerror or exc}")
+
+
+def memory_base(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the memory checkpoint tier keeps its node areas (`ftslurm.memory_checkpoint`):
+    $FTSLURM_MEMORY_DIR, else /dev/shm/ftslurm-<uid> (the temporary folder without
+    /dev/shm)."""
+    configured = JobEnv.from_environ(os.environ if environ is None else environ).memory_dir
+    if configured:
+        return Path(configured)
+    shm = Path("/dev/shm")
+    return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / f"ftslurm-{os.getuid()}"

@@ -40,7 +40,6 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -49,28 +48,12 @@ import torch
 import torch.distributed as dist
 
 from ftslurm.checkpoint import _snapshot
-from ftslurm.core.contract import EnvName, JobEnv
-from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.core.contract import EnvName, node_memory_area
+from ftslurm.fsutil import memory_base, read_json, write_json_atomic
 
 log = logging.getLogger("ftslurm.memory_checkpoint")
 
 _FILE = re.compile(r"shard-(\d+)-step-(\d+)\.pt")
-
-
-def memory_base() -> Path:
-    """Where node memory areas live: $FTSLURM_MEMORY_DIR, else /dev/shm/ftslurm-<uid> (the
-    temporary folder where /dev/shm is missing)."""
-    configured = JobEnv.from_environ(os.environ).memory_dir
-    if configured:
-        return Path(configured)
-    shm = Path("/dev/shm")
-    root = shm if shm.is_dir() else Path(tempfile.gettempdir())
-    return root / f"ftslurm-{os.getuid()}"
-
-
-def node_area(base: Path, run: str, node: str) -> Path:
-    """The memory area of `run` on `node` (what a lost node takes with it)."""
-    return base / run / node
 
 
 def partners(nodes: list[str]) -> dict[int, int]:
@@ -126,7 +109,7 @@ class MemoryTier:
         self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.run = run or os.environ.get(EnvName.RUN_ID.value) or "default"
         self.base = Path(base) if base is not None else memory_base()
-        self.area = node_area(self.base, self.run, self.node)
+        self.area = node_memory_area(self.base, self.run, self.node)
         self.group = dist.new_group(backend="gloo")  # CPU tensors, whatever the training uses
         nodes: list[Any] = [None] * self.world
         dist.all_gather_object(nodes, self.node, group=self.group)

@@ -172,3 +172,22 @@ def test_the_cluster_runs_a_while_with_another_slurmd_timeout(slurm_cluster):
     with slurm_cluster.slurmd_timeout(300):
         assert shown() == "300 sec"
     assert shown() == f"{slurm_cluster.layout.slurmd_timeout} sec"
+
+
+def test_a_failed_node_loses_its_memory_tier_and_only_its_own(backend, jobs, healthy_nodes,
+                                                              tmp_path):  # fmt: skip
+    """Every node of the local cluster shares one host's /dev/shm: `fail-node` wipes the
+    memory checkpoint areas of that node (under the base its job processes had), as a real
+    node's memory would be lost, and leaves the other nodes' alone."""
+    base = tmp_path / "shm"
+    job = backend.submit(f"#!/bin/bash\nexport FTSLURM_MEMORY_DIR={base}\nexec sleep 600\n",
+                         JobOptions(name="memory"))  # fmt: skip
+    jobs.append(job)
+    (node,) = wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING").nodes
+    other = next(n for n in healthy_nodes.layout.node_names if n != node)
+    for n in (node, other):
+        (base / "r1" / n).mkdir(parents=True)
+        (base / "r1" / n / "shard-0-step-5.pt").write_bytes(b"state")
+    assert healthy_nodes.fail_node(node)
+    assert not (base / "r1" / node).exists()
+    assert (base / "r1" / other / "shard-0-step-5.pt").read_bytes() == b"state"

@@ -295,6 +295,11 @@ def observed_record(checkpoint_dir: str | Path, rank: int) -> Path:
     return Path(checkpoint_dir) / OBSERVED_DIR / f"rank-{rank}.json"
 
 
+def node_memory_area(base: Path, run: str, node: str) -> Path:
+    """The memory tier's area of `run` on `node`: what a lost node takes with it."""
+    return base / run / node
+
+
 # ----------------------------------------------------------------------------- environment
 class EnvName(str, Enum):
     """Every FTSLURM_* environment variable: the job's (`JobEnv`) and the login node's."""

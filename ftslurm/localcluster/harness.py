@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ftslurm.errors import FtslurmError
+from ftslurm.errors import ConfigError, FtslurmError
+from ftslurm.fsutil import memory_base
 from ftslurm.localcluster.config import (
     ClusterLayout,
     render_env_sh,
@@ -262,19 +263,32 @@ class LocalCluster:
 
     # -------------------------------------------------------- fault controls
     def fail_node(self, node: str) -> list[int]:
-        """Kill node `node` hard: its slurmd, its slurmstepds and every job process on it.
+        """Kill node `node` hard: its slurmd, its slurmstepds and every job process on it,
+        and wipe its memory: every node here shares one host's /dev/shm, so the memory
+        checkpoint tier's areas of `node` (`ftslurm.core.contract.node_memory_area`, under
+        the base its job processes had, and the default one) are removed, as a real node's
+        memory would be lost.
 
         Returns the pids killed. slurmctld marks the node DOWN after SlurmdTimeout.
         """
         self._check_node(node)
         ours = self._job_process_on(node)
+        bases = {memory_base({})}
 
         def on_node(env: dict[str, str]) -> bool:
             if env.get(MARKER) == str(self.layout.root) and env.get(NODE_MARKER) == node:
                 return True  # slurmd and the slurmstepds it exec'd
-            return ours(env)
+            if ours(env):
+                with contextlib.suppress(ConfigError):
+                    bases.add(memory_base(env))
+                return True
+            return False
 
-        return self._kill_matching(on_node, signal.SIGKILL)
+        killed = self._kill_matching(on_node, signal.SIGKILL)
+        for base in bases:
+            for area in base.glob(f"*/{node}"):
+                shutil.rmtree(area, ignore_errors=True)
+        return killed
 
     def kill_job_processes(self, node: str) -> list[int]:
         """Kill every job process on node `node` (its tasks and their children) and leave
