@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from ftslurm.agent import rank as fta
 from ftslurm.checkpoint import CheckpointManager, restore_training_state, training_state
+from ftslurm.memory_checkpoint import MemoryTier
 
 
 def dist_env() -> tuple[int, int, str, str]:
@@ -85,6 +86,11 @@ def main() -> int:
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("FTSLURM_CHECKPOINT_DIR",
                                                                     "checkpoints"))
+    parser.add_argument("--disk-every", type=int, default=1,
+                        help="every how many checkpoints also go to disk (the others are "
+                             "kept in node memory only, with a replica on another node)")
+    parser.add_argument("--no-memory-tier", action="store_true",
+                        help="checkpoint to disk only")
     parser.add_argument("--fail-at-step", type=int, default=-1)
     parser.add_argument("--fail-rank", type=int, default=-1)
     args = parser.parse_args()
@@ -104,19 +110,38 @@ def main() -> int:
     # written in the background, and the manager tells the daemon of each save once it is
     # on disk (with both times: the daemon tunes the checkpoint interval from them).
     manager = CheckpointManager(ckpt_dir, keep_last=2)
-    step = 0
+    # Every checkpoint is also kept in node memory, with a replica on another node: after a
+    # lost node the ranks restore from memory when it holds a step as new as the disk's.
+    memory = None if args.no_memory_tier else MemoryTier()
+    step, tier = 0, "nothing"
     with agent.section("setup"):
-        latest = manager.load_latest()  # the newest checkpoint that verifies
-        if latest is not None:
-            step = restore_training_state(latest[1], model, optim)
+        on_disk = manager.steps()
+        got = memory.load_latest(min_step=on_disk[-1] if on_disk else None) if memory \
+            else None  # fmt: skip
+        if got is not None:
+            step, tier = restore_training_state(got[1], model, optim), got[2]
+        else:
+            latest = manager.load_latest()  # the newest checkpoint that verifies
+            if latest is not None:
+                step, tier = restore_training_state(latest[1], model, optim), "disk"
     if rank == 0:
         print(f"rank 0 of {world} starts at step {step} "
               f"(attempt {os.environ.get('FTSLURM_ATTEMPT', '0')}, in-job restart "
-              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')})", flush=True)
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}) from {tier}", flush=True)
+    if tier in ("memory", "peer"):  # which tier each rank's state came from
+        print(f"rank {rank} restored step {step} from "
+              f"{'its node memory' if tier == 'memory' else 'a peer replica'}", flush=True)
+    saves = 0
 
-    def checkpoint() -> None:
+    def checkpoint(disk: bool = False) -> None:
+        nonlocal saves
         with agent.section("checkpointing"):
-            manager.checkpoint(step, training_state(model, optim, step))  # rank 0 writes
+            state = training_state(model, optim, step)
+            if memory is not None:
+                memory.save(step, state)  # a collective: every rank, this step
+            saves += 1
+            if memory is None or disk or saves % args.disk_every == 0:
+                manager.checkpoint(step, state)  # rank 0 writes
             dist.barrier()
         agent.save_observed()  # the sections' timings, for the next attempt's timeouts
 
@@ -124,7 +149,7 @@ def main() -> int:
         # The same answer on every rank at this step: the checkpoint signal, or the
         # periodic interval the daemon tuned for this run (Daly's optimum) has passed.
         if agent.should_checkpoint():
-            checkpoint()
+            checkpoint(disk=agent.stopping)  # a stop's checkpoint always reaches the disk
             if rank == 0 and not agent.should_stop():
                 print(f"periodic checkpoint at step {step} (every "
                       f"{agent.checkpoint_interval or 0:.3g} s)", flush=True)
@@ -153,6 +178,8 @@ def main() -> int:
         (ckpt_dir / "final.json").write_text(json.dumps({"step": step, "digest": digest(model)}))
         print(f"finished at step {step}, digest {digest(model)}", flush=True)
         agent.finished(step)
+    if memory is not None:
+        memory.clear()  # the run is over: its states leave this node's memory
     # Not destroy_process_group() and a return: gloo's worker threads may still be dropping
     # their last work items while the interpreter finalises, and abort it (exit 134).
     agent.exit(0)

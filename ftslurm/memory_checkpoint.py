@@ -10,8 +10,8 @@ replica in another node's, so that losing one node costs no read of shared stora
     memory.save(step, state)                 # a collective: every rank at the same step
 
 Where: `$FTSLURM_MEMORY_DIR` (default `/dev/shm/ftslurm-<uid>`, a RAM-backed file system),
-one area per run (`$FTSLURM_RUN_ID`, else "default") and node (`$SLURMD_NODENAME`, else the
-host name):
+one area per run (`run_key`: `$FTSLURM_RUN_ID`, `$SLURM_JOB_ID`, ...) and node
+(`$SLURMD_NODENAME`, else the host name):
 
     <base>/<run>/<node>/shard-<r>-step-<S>.pt     the state of rank r at step S
     <base>/<run>/<node>/shard-<r>-step-<S>.json   its manifest: size and sha256
@@ -33,6 +33,7 @@ persistent tier (`ftslurm.checkpoint`), which is saved less often.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -41,6 +42,7 @@ import re
 import shutil
 import socket
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,16 @@ from ftslurm.fsutil import memory_base, read_json, write_json_atomic
 log = logging.getLogger("ftslurm.memory_checkpoint")
 
 _FILE = re.compile(r"shard-(\d+)-step-(\d+)\.pt")
+
+
+def run_key(environ: Mapping[str, str]) -> str:
+    """What names a training's states in node memory, the same across its restarts: the
+    ftslurm run, else the Slurm job (a requeued job keeps its id), else torchrun's run id,
+    else the rendezvous address of a plain launch."""
+    for name in (EnvName.RUN_ID.value, "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        if environ.get(name):
+            return re.sub(r"[^\w.-]", "_", environ[name])
+    return f"local-{environ.get('MASTER_ADDR', 'localhost')}-{environ.get('MASTER_PORT', '0')}"
 
 
 def partners(nodes: list[str]) -> dict[int, int]:
@@ -107,7 +119,7 @@ class MemoryTier:
             raise RuntimeError("MemoryTier needs an initialised torch.distributed process group")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        self.run = run or os.environ.get(EnvName.RUN_ID.value) or "default"
+        self.run = run or run_key(os.environ)
         self.base = Path(base) if base is not None else memory_base()
         self.area = node_memory_area(self.base, self.run, self.node)
         self.group = dist.new_group(backend="gloo")  # CPU tensors, whatever the training uses
@@ -243,3 +255,5 @@ class MemoryTier:
     def clear(self) -> None:
         """Drop this run's area on this node (every rank of the node may call it)."""
         shutil.rmtree(self.area, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the run's folder, once no node area is left
+            self.area.parent.rmdir()

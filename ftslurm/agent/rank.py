@@ -198,6 +198,12 @@ class RankAgent:
         return stop
 
     @property
+    def stopping(self) -> bool:
+        """Whether this step's checkpoint was asked for a stop (`should_checkpoint()` first;
+        unlike `should_stop()`, records nothing)."""
+        return self._decided is not None and self._decided[0]
+
+    @property
     def checkpoint_interval(self) -> float | None:
         """The periodic checkpoint interval in force (seconds; None: none)."""
         return self._cadence.interval()
