@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.fsutil import memory_base, read_json, write_json_atomic
 
 
 def launch_batch(
@@ -202,6 +202,8 @@ def kill_node(job_dir: Path, node: str, batch_host: str) -> int:
     lost.mkdir(exist_ok=True)
     (lost / node).touch()
     count = signal_steps(job_dir, signal.SIGKILL, node)
+    for area in memory_base().glob(f"*/{node}"):  # its memory is lost with it: the memory
+        shutil.rmtree(area, ignore_errors=True)   # checkpoint tier's areas of the node
     if node == batch_host:
         batch = _batch(job_dir)
         for pid in (batch.get("wrapper"),):
