@@ -7,6 +7,7 @@ on the mock in test_lost_node_mock.py."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,8 +29,9 @@ def a_lost_node_is_replaced_by_a_fresh_job(
         cli: Cli, tmp_path: Path, fail: Callable[[str], None], node_rank: int,
         *submit_args: str, sources: tuple[str, ...] = ("peer",), bound_s: float = KILL_TO_RUNNING_S,
 ) -> float:  # fmt: skip
-    """Scenario: a 2-node DDP run (gloo, an all-reduce every step, rank 0 checkpoints every
-    20 steps) loses node `node_rank` after its first checkpoint. The replacement job runs
+    """Scenario: a 2-node DDP run (gloo, an all-reduce every step, a checkpoint every 20
+    steps in the memory tier and on disk) loses node `node_rank` after its first
+    checkpoint. The replacement job runs
     within `KILL_TO_RUNNING_S` of the kill, excluding the node; the run completes with the
     parameters of an uninterrupted run. `sources`: who may tell of the loss ("peer": a
     launcher's report, "daemon": the daemon's own watch of the batch host's lease).
@@ -68,6 +70,11 @@ def a_lost_node_is_replaced_by_a_fresh_job(
     assert len(s["attempts"]) == 2 and s["job_retries_used"] == 1, s
     final = json.loads((ckpt / "final.json").read_text())
     assert final == {"step": steps, "digest": expected}  # bit-identical
+    # the memory tier: the survivor's rank from its own node's memory, the new node's from
+    # the replica the survivor kept (the lost node's memory went with it)
+    log = cli("logs", run_id, "--attempt", "1").stdout
+    tiers = re.findall(r"rank \d restored step \d+ from (its node memory|a peer replica)", log)
+    assert sorted(tiers) == ["a peer replica", "its node memory"], log[-3000:]
     report = json.loads(cli("report", run_id, "--json").stdout)
     assert report["losses_by_source"][source]["count"] == 1
     return took
