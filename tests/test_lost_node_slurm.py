@@ -7,7 +7,6 @@ on the mock in test_lost_node_mock.py."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -70,11 +69,6 @@ def a_lost_node_is_replaced_by_a_fresh_job(
     assert len(s["attempts"]) == 2 and s["job_retries_used"] == 1, s
     final = json.loads((ckpt / "final.json").read_text())
     assert final == {"step": steps, "digest": expected}  # bit-identical
-    # the memory tier: the survivor's rank from its own node's memory, the new node's from
-    # the replica the survivor kept (the lost node's memory went with it)
-    log = cli("logs", run_id, "--attempt", "1").stdout
-    tiers = re.findall(r"rank \d restored step \d+ from (its node memory|a peer replica)", log)
-    assert sorted(tiers) == ["a peer replica", "its node memory"], log[-3000:]
     report = json.loads(cli("report", run_id, "--json").stdout)
     assert report["losses_by_source"][source]["count"] == 1
     return took

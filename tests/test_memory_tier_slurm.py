@@ -1,8 +1,13 @@
-"""The memory checkpoint tier on the real local Slurm cluster: 2 nodes x 2 ranks keep every
-checkpoint in node memory (a replica on the other node) and every third on disk; a node is
-killed after a checkpoint that only memory holds. The fresh job restores that newer step,
-the lost node's ranks from the replica on the survivor, and ends bit-identical to an
-uninterrupted run. With the survivor's replicas corrupted, it falls back to the disk."""
+"""The memory checkpoint tier on the real local Slurm cluster: 2 nodes x 2 ranks and a hot
+spare keep every checkpoint in node memory (a replica on the other node) and every third on
+disk; a node is killed after a checkpoint that only memory holds. The ranks restart in the
+same job on the survivor and the spare and restore that newer step, the spare's ranks from
+the replica on the survivor, and the run ends bit-identical to an uninterrupted one. With
+the survivor's copies corrupted, they fall back to the disk.
+
+(A fresh job after a lost node gets whatever nodes Slurm gives it: on this cluster the
+survivor is still completing the old job, the new one lands on two other nodes, and the
+disk serves, as `test_lost_node_slurm.py` shows.)"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ftslurm.agent import spares as sp
 from ftslurm.core.contract import RunDir, node_memory_area
 from ftslurm.fsutil import memory_base, read_json
 
@@ -33,36 +39,39 @@ def test_a_lost_nodes_ranks_restore_from_the_peer_replica_in_memory(cli, healthy
                                                                     tmp_path, replicas):
     ckpt = tmp_path / "ckpt"
     expected = reference_digest(tmp_path, STEPS, world=4)
-    out = cli.submit("--retries", "2", "-N", "2", "--ntasks-per-node", "2", "-t", "10",
-                     str(RECIPE), "--", "--steps", str(STEPS), "--step-time", "0.2",
-                     "--ckpt-every", str(EVERY), "--disk-every", str(DISK_EVERY),
-                     "--checkpoint-dir", str(ckpt))  # fmt: skip
-    run_id = out["run_id"]
-    run_dir = RunDir(cli.status(run_id)["run_dir"])
+    with healthy_nodes.slurmd_timeout(300):  # the spare, not Slurm, handles the loss
+        out = cli.submit("--retries", "0", "-N", "2", "--spare-nodes", "1",
+                         "--ntasks-per-node", "2", "-t", "10", str(RECIPE), "--",
+                         "--steps", str(STEPS), "--step-time", "0.2",
+                         "--ckpt-every", str(EVERY), "--disk-every", str(DISK_EVERY),
+                         "--checkpoint-dir", str(ckpt))  # fmt: skip
+        run_id = out["run_id"]
+        run_dir = RunDir(cli.status(run_id)["run_dir"])
 
-    def past_a_memory_only_checkpoint() -> int | None:
-        step = (read_json(run_dir.progress) or {}).get("step")
-        # rank 0 past step 40 has passed the barrier of the checkpoint at 40, which memory
-        # alone holds (the disk has 30), and is not at 50's yet; it reports its step at
-        # most once a second, every 5 steps or so at 0.2 s a step
-        return step if isinstance(step, int) and 41 <= step <= 49 else None
+        def past_a_memory_only_checkpoint() -> int | None:
+            step = (read_json(run_dir.progress) or {}).get("step")
+            # rank 0 past step 40 has passed the barrier of the checkpoint at 40, which
+            # memory alone holds (the disk has 30), and is not at 50's yet; it reports its
+            # step at most once a second, every 5 steps or so at 0.2 s a step
+            return step if isinstance(step, int) and 41 <= step <= 49 else None
 
-    at = wait_for(past_a_memory_only_checkpoint, 180, "training between steps 41 and 49")
-    s = cli.summary(run_id)
-    victim = s["attempts"][0]["nodes"][1]
-    survivor = s["attempts"][0]["nodes"][0]
-    healthy_nodes.fail_node(victim)  # its processes and its memory
-    area = node_memory_area(memory_base({}), run_id, survivor)
-    if replicas == "corrupt":  # before the fresh job can read them
-        for path in area.glob("shard-*.pt"):
-            data = path.read_bytes()
-            path.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])
-    s = cli.wait_for(run_id, ended, 300, "the run to end")
-    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s
+        at = wait_for(past_a_memory_only_checkpoint, 180, "training between steps 41 and 49")
+        leases = [sp.read_lease(run_dir, 0, r) for r in range(3)]
+        assert [x.role if x else None for x in leases] == [sp.ACTIVE, sp.ACTIVE, sp.SPARE]
+        survivor, victim = leases[0].node, leases[1].node  # type: ignore[union-attr]
+        healthy_nodes.fail_node(victim)  # its processes and its memory
+        area = node_memory_area(memory_base({}), run_id, survivor)
+        if replicas == "corrupt":  # before the restarted ranks can read them
+            for path in area.glob("shard-*.pt"):
+                data = path.read_bytes()
+                path.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])
+        s = cli.wait_for(run_id, ended, 300, "the run to end")
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, s  # the spare took over
     final = json.loads((ckpt / "final.json").read_text())
     assert final == {"step": STEPS, "digest": expected}  # bit-identical either way
-    log = cli("logs", run_id, "--attempt", "1").stdout
-    (start,) = re.findall(r"rank 0 of 4 starts at step (\d+) \(attempt 1, .*\) from (\w+)", log)
+    log = cli("logs", run_id, "--attempt", "0").stdout
+    (start,) = re.findall(r"rank 0 of 4 starts at step (\d+) \(attempt 0, in-job restart [1-9]"
+                          r"\d*\) from (\w+)", log)  # fmt: skip
     restored = re.findall(r"rank (\d) restored step (\d+) from (its node memory|a peer replica)",
                           log)  # fmt: skip
     memory_step = 40  # the newest checkpoint before the kill, in memory only
