@@ -20,7 +20,8 @@ Who holds what: rank r keeps its own state in its node's area and sends a copy t
 *partner*, the rank with the same local index on the next node (nodes in name order), which
 keeps it in its own node's area. So a node's memory holds, per rank on it, two states: the
 rank's own and one replica of a rank on the previous node (for a moment, while a new step
-is written, the previous pair too). With one node there are no replicas.
+is written, the previous pair too); with fewer ranks on a node than on the one before, some
+of its ranks keep more than one replica. With one node there are no replicas.
 
 Restoring (`load_latest`): every rank verifies what its node's area holds (size and sha256)
 and all of them exchange the lists; the step restored is the newest (not older than
@@ -127,8 +128,8 @@ class MemoryTier:
         dist.all_gather_object(nodes, self.node, group=self.group)
         self.nodes = [str(n) for n in nodes]
         self.partner = partners(self.nodes)
-        # the rank whose replica this rank keeps (None: no replicas)
-        self.keeps = next((r for r, p in self.partner.items() if p == self.rank), None)
+        # the ranks whose replicas this rank keeps (one with as many ranks on every node)
+        self.keeps = [r for r, p in sorted(self.partner.items()) if p == self.rank]
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, state: dict[str, Any]) -> None:
@@ -142,10 +143,10 @@ class MemoryTier:
         if self.partner:
             received = self._exchange(data, send_to=self.partner[self.rank],
                                       recv_from=self.keeps)  # fmt: skip
-            if received is not None and self.keeps is not None:
-                self._keep(self.keeps, step, received)
-        for shard in {self.rank, self.keeps} - {None}:
-            self._drop_older(int(shard), step)  # type: ignore[arg-type]
+            for shard, replica in zip(self.keeps, received, strict=True):
+                self._keep(shard, step, replica)
+        for shard in (self.rank, *self.keeps):
+            self._drop_older(shard, step)
 
     def _keep(self, shard: int, step: int, data: bytes) -> None:
         self.area.mkdir(parents=True, exist_ok=True)
@@ -163,22 +164,23 @@ class MemoryTier:
             if m and int(m.group(1)) < step:
                 path.unlink(missing_ok=True)
 
-    def _exchange(self, data: bytes, send_to: int, recv_from: int | None) -> bytes | None:
-        """Send `data` to rank `send_to` and receive what rank `recv_from` sends this one."""
+    def _exchange(self, data: bytes, send_to: int, recv_from: list[int]) -> list[bytes]:
+        """Send `data` to rank `send_to` and receive what each rank of `recv_from` sends
+        this one (its size, then its bytes)."""
         out = [dist.isend(torch.tensor([len(data)], dtype=torch.int64), send_to,
+                          group=self.group),
+               dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8), send_to,
                           group=self.group)]  # fmt: skip
-        size = torch.zeros(1, dtype=torch.int64)
-        if recv_from is not None:
-            dist.irecv(size, recv_from, group=self.group).wait()
-        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        out.append(dist.isend(payload, send_to, group=self.group))
-        got = None
-        if recv_from is not None:
-            got = torch.empty(int(size.item()), dtype=torch.uint8)
-            dist.irecv(got, recv_from, group=self.group).wait()
+        got = []
+        for source in recv_from:
+            size = torch.zeros(1, dtype=torch.int64)
+            dist.irecv(size, source, group=self.group).wait()
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+            dist.irecv(payload, source, group=self.group).wait()
+            got.append(payload.numpy().tobytes())
         for work in out:
             work.wait()
-        return None if got is None else got.numpy().tobytes()
+        return got
 
     # ------------------------------------------------------------------ restoring
     def listing(self) -> dict[int, list[int]]:

@@ -84,7 +84,7 @@ def area(tmp_path: Path, node: str) -> Path:
 
 def test_a_lost_nodes_ranks_restore_from_the_replicas_on_the_other_node(tmp_path):
     saved = run_world(tmp_path, ["a", "a", "b", "b"], "save")
-    assert [s["keeps"] for s in saved] == [2, 3, 0, 1]
+    assert [s["keeps"] for s in saved] == [[2], [3], [0], [1]]
     # bounded: two states per rank in each node's memory (its own and one replica)
     assert sorted(p.name for p in area(tmp_path, "a").glob("*.pt")) == [
         f"shard-{r}-step-30.pt" for r in range(4)]
@@ -121,3 +121,15 @@ def test_with_one_node_there_is_no_replica_and_memory_serves_its_own(tmp_path, w
         "shard-0-step-30.pt", "shard-1-step-30.pt"]
     got = [o["got"] for o in run_world(tmp_path, world, "load")]
     assert [(g["step"], g["tier"]) for g in got] == [(30, "memory")] * 2
+
+
+def test_uneven_nodes_replicate_every_rank_without_hanging(tmp_path):
+    """Three ranks on one node, one on the other: the lone rank keeps all three replicas;
+    losing it, its state comes back from the replica on the first node."""
+    saved = run_world(tmp_path, ["a", "a", "a", "b"], "save")
+    assert [s["keeps"] for s in saved] == [[3], [], [], [0, 1, 2]]
+    for p in area(tmp_path, "b").iterdir():
+        p.unlink()
+    got = [o["got"] for o in run_world(tmp_path, ["a", "a", "a", "c"], "load")]
+    assert [(g["step"], g["tier"], g["w"]) for g in got] == [
+        (30, "memory", 30.0), (30, "memory", 130.0), (30, "memory", 230.0), (30, "peer", 330.0)]
