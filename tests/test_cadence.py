@@ -308,6 +308,7 @@ def test_every_rank_takes_a_periodic_checkpoint_at_the_same_step(tmp_path):
 
 
 # ------------------------------------------------------------- end to end, on the mock
+@pytest.mark.slow
 def test_on_the_mock_the_tuned_interval_follows_the_first_measured_save(tmp_path):
     """examples/recipe.py under the daemon on the mock, at a failure rate that makes the
     job's MTBF 43 s: the first interval (the 60 s prior save) is 25 s; once the script's

@@ -82,6 +82,7 @@ def area(tmp_path: Path, node: str) -> Path:
     return tmp_path / "shm" / "r1" / node
 
 
+@pytest.mark.slow
 def test_a_lost_nodes_ranks_restore_from_the_replicas_on_the_other_node(tmp_path):
     saved = run_world(tmp_path, ["a", "a", "b", "b"], "save")
     assert [s["keeps"] for s in saved] == [[2], [3], [0], [1]]
@@ -98,6 +99,7 @@ def test_a_lost_nodes_ranks_restore_from_the_replicas_on_the_other_node(tmp_path
     assert [g["tier"] for g in got] == ["memory", "memory", "peer", "peer"]
 
 
+@pytest.mark.slow
 def test_a_corrupt_or_missing_replica_leaves_the_world_to_the_persistent_tier(tmp_path):
     run_world(tmp_path, ["a", "a", "b", "b"], "save")
     for p in area(tmp_path, "b").iterdir():
@@ -123,6 +125,7 @@ def test_with_one_node_there_is_no_replica_and_memory_serves_its_own(tmp_path, w
     assert [(g["step"], g["tier"]) for g in got] == [(30, "memory")] * 2
 
 
+@pytest.mark.slow
 def test_uneven_nodes_replicate_every_rank_without_hanging(tmp_path):
     """Three ranks on one node, one on the other: the lone rank keeps all three replicas;
     losing it, its state comes back from the replica on the first node."""
