@@ -20,6 +20,7 @@ dies leaves no exit.json, as a real dead node reports nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from ftslurm.errors import ConfigError
 from ftslurm.fsutil import memory_base, read_json, write_json_atomic
 
 
@@ -202,8 +204,9 @@ def kill_node(job_dir: Path, node: str, batch_host: str) -> int:
     lost.mkdir(exist_ok=True)
     (lost / node).touch()
     count = signal_steps(job_dir, signal.SIGKILL, node)
-    for area in memory_base().glob(f"*/{node}"):  # its memory is lost with it: the memory
-        shutil.rmtree(area, ignore_errors=True)   # checkpoint tier's areas of the node
+    with contextlib.suppress(ConfigError):  # a bad FTSLURM_MEMORY_DIR: nothing to wipe
+        for area in memory_base().glob(f"*/{node}"):  # its memory is lost with it: the
+            shutil.rmtree(area, ignore_errors=True)  # memory tier's areas of the node
     if node == batch_host:
         batch = _batch(job_dir)
         for pid in (batch.get("wrapper"),):
