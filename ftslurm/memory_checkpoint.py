@@ -166,21 +166,26 @@ class MemoryTier:
 
     def _exchange(self, data: bytes, send_to: int, recv_from: list[int]) -> list[bytes]:
         """Send `data` to rank `send_to` and receive what each rank of `recv_from` sends
-        this one (its size, then its bytes)."""
-        out = [dist.isend(torch.tensor([len(data)], dtype=torch.int64), send_to,
-                          group=self.group),
-               dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8), send_to,
-                          group=self.group)]  # fmt: skip
-        got = []
-        for source in recv_from:
-            size = torch.zeros(1, dtype=torch.int64)
-            dist.irecv(size, source, group=self.group).wait()
-            payload = torch.empty(int(size.item()), dtype=torch.uint8)
-            dist.irecv(payload, source, group=self.group).wait()
-            got.append(payload.numpy().tobytes())
-        for work in out:
+        this one."""
+        sent = self._send(data, send_to)
+        got = [self._receive(source) for source in recv_from]
+        for work in sent:
             work.wait()
         return got
+
+    def _send(self, data: bytes, to: int) -> list[Any]:
+        """Start sending `data` to rank `to` (its size, then its bytes); the works to wait."""
+        return [dist.isend(torch.tensor([len(data)], dtype=torch.int64), to, group=self.group),
+                dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8), to,
+                           group=self.group)]  # fmt: skip
+
+    def _receive(self, source: int) -> bytes:
+        """What rank `source` sends this one with `_send`."""
+        size = torch.zeros(1, dtype=torch.int64)
+        dist.irecv(size, source, group=self.group).wait()
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.irecv(payload, source, group=self.group).wait()
+        return payload.numpy().tobytes()
 
     # ------------------------------------------------------------------ restoring
     def listing(self) -> dict[int, list[int]]:
@@ -229,18 +234,10 @@ class MemoryTier:
                 if shard == self.rank:
                     mine = self._read(shard, step)
                 continue
-            if holder == self.rank:  # send it: size, then the bytes
-                data = self._read(shard, step) or b""
-                works.append(dist.isend(torch.tensor([len(data)], dtype=torch.int64), shard,
-                                        group=self.group))  # fmt: skip
-                works.append(dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                                        shard, group=self.group))  # fmt: skip
+            if holder == self.rank:  # empty if it went bad since it was listed
+                works += self._send(self._read(shard, step) or b"", shard)
             elif shard == self.rank:
-                size = torch.zeros(1, dtype=torch.int64)
-                dist.irecv(size, holder, group=self.group).wait()
-                got = torch.empty(int(size.item()), dtype=torch.uint8)
-                dist.irecv(got, holder, group=self.group).wait()
-                mine = got.numpy().tobytes()
+                mine = self._receive(holder)
         for work in works:
             work.wait()
         ok = torch.tensor([1 if mine else 0], dtype=torch.int32)

@@ -47,7 +47,7 @@ def daly(w_s: float, mtbf_s: float) -> float:
     if w_s >= 2.0 * mtbf_s:
         return mtbf_s
     x = w_s / (2.0 * mtbf_s)
-    return math.sqrt(2.0 * w_s * mtbf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - w_s
+    return young(w_s, mtbf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - w_s
 
 
 def _check(w_s: float, mtbf_s: float) -> None:
