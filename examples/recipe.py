@@ -150,14 +150,14 @@ def main() -> int:
         # periodic interval the daemon tuned for this run (Daly's optimum) has passed.
         if agent.should_checkpoint():
             checkpoint(disk=agent.stopping)  # a stop's checkpoint always reaches the disk
-            if rank == 0 and not agent.should_stop():
-                print(f"periodic checkpoint at step {step} (every "
-                      f"{agent.checkpoint_interval or 0:.3g} s)", flush=True)
             if agent.should_stop():  # the signal, not the periodic one
                 if rank == 0:
                     print(f"checkpointed at step {step} on request; exiting for a "
                           "continuation", flush=True)
                 agent.exit(0)  # the process group torn down, then os._exit: never returns
+            if rank == 0:
+                print(f"periodic checkpoint at step {step} (every "
+                      f"{agent.checkpoint_interval or 0:.3g} s)", flush=True)
         with agent.section("step"):
             with agent.section("compute"):  # this rank's own work, without collectives
                 x, y = batch(step * world + rank)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -109,3 +110,9 @@ def memory_base(environ: Mapping[str, str] | None = None) -> Path:
         return Path(configured)
     shm = Path("/dev/shm")
     return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / f"ftslurm-{os.getuid()}"
+
+
+def forget_node_memory(base: Path, node: str) -> None:
+    """Remove every run's memory tier area of `node` under `base` (a lost node's memory)."""
+    for area in base.glob(f"*/{node}"):
+        shutil.rmtree(area, ignore_errors=True)

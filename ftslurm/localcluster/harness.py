@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftslurm.errors import ConfigError, FtslurmError
-from ftslurm.fsutil import memory_base
+from ftslurm.fsutil import forget_node_memory, memory_base
 from ftslurm.localcluster.config import (
     ClusterLayout,
     render_env_sh,
@@ -286,8 +286,7 @@ class LocalCluster:
 
         killed = self._kill_matching(on_node, signal.SIGKILL)
         for base in bases:
-            for area in base.glob(f"*/{node}"):
-                shutil.rmtree(area, ignore_errors=True)
+            forget_node_memory(base, node)
         return killed
 
     def kill_job_processes(self, node: str) -> list[int]:

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ftslurm.errors import ConfigError
-from ftslurm.fsutil import memory_base, read_json, write_json_atomic
+from ftslurm.fsutil import forget_node_memory, memory_base, read_json, write_json_atomic
 
 
 def launch_batch(
@@ -205,8 +205,7 @@ def kill_node(job_dir: Path, node: str, batch_host: str) -> int:
     (lost / node).touch()
     count = signal_steps(job_dir, signal.SIGKILL, node)
     with contextlib.suppress(ConfigError):  # a bad FTSLURM_MEMORY_DIR: nothing to wipe
-        for area in memory_base().glob(f"*/{node}"):  # its memory is lost with it: the
-            shutil.rmtree(area, ignore_errors=True)  # memory tier's areas of the node
+        forget_node_memory(memory_base(), node)  # its memory is lost with it
     if node == batch_host:
         batch = _batch(job_dir)
         for pid in (batch.get("wrapper"),):
