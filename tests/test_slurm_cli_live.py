@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ftslurm.backends.slurm_cli import CommandRunner, SlurmCliBackend
+from ftslurm.core.contract import EnvName
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.errors import ConfigError, InvalidJobId, InvalidPartition
 from ftslurm.templates import render_job_script
@@ -180,8 +181,11 @@ def test_a_failed_node_loses_its_memory_tier_and_only_its_own(backend, jobs, hea
     memory checkpoint areas of that node (under the base its job processes had), as a real
     node's memory would be lost, and leaves the other nodes' alone."""
     base = tmp_path / "shm"
-    job = backend.submit(f"#!/bin/bash\nexport FTSLURM_MEMORY_DIR={base}\nexec sleep 600\n",
-                         JobOptions(name="memory"))  # fmt: skip
+    # The variable comes with the job's environment, not from an `export` in the script: a
+    # shell's `export` never reaches /proc/<pid>/environ, so a job seen RUNNING before its
+    # script reached `exec` would show no base to wipe.
+    job = backend.submit("#!/bin/bash\nexec sleep 600\n",
+                         JobOptions(name="memory", env={EnvName.MEMORY_DIR.value: str(base)}))
     jobs.append(job)
     (node,) = wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING").nodes
     other = next(n for n in healthy_nodes.layout.node_names if n != node)
