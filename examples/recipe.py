@@ -20,6 +20,11 @@ run ends with exactly the parameters of an uninterrupted one.
   `should_checkpoint()` also answers True when the checkpoint interval the daemon tuned for
   the run has passed (the ranks save and train on). It reports checkpoints, with the time
   each save took, and the end of training to the daemon. Outside ftslurm it works the same.
+- Every checkpoint is also kept in node memory with a replica on another node
+  (`ftslurm.memory_checkpoint`; `--no-memory-tier` turns it off): once the daemon has seen
+  a memory save it tunes two intervals, and `agent.checkpoint_tier` says whether a periodic
+  checkpoint stays in memory or also goes to disk; of the `--ckpt-every` ones, every
+  `--disk-every`'th goes to disk.
 - `--fail-at-step N --fail-rank R` makes rank R exit 3 whenever it reaches step N (to try
   in-job restarts and retries).
 - When the last step is done it writes `final.json` (step and a parameter digest).
@@ -149,15 +154,17 @@ def main() -> int:
         # The same answer on every rank at this step: the checkpoint signal, or the
         # periodic interval the daemon tuned for this run (Daly's optimum) has passed.
         if agent.should_checkpoint():
-            checkpoint(disk=agent.stopping)  # a stop's checkpoint always reaches the disk
+            # To memory, or also to disk: a stop's, and the disk tier's longer interval.
+            checkpoint(disk=agent.checkpoint_tier == "disk")
             if agent.should_stop():  # the signal, not the periodic one
                 if rank == 0:
                     print(f"checkpointed at step {step} on request; exiting for a "
                           "continuation", flush=True)
                 agent.exit(0)  # the process group torn down, then os._exit: never returns
             if rank == 0:
-                print(f"periodic checkpoint at step {step} (every "
-                      f"{agent.checkpoint_interval or 0:.3g} s)", flush=True)
+                print(f"periodic checkpoint at step {step} to {agent.checkpoint_tier} (every "
+                      f"{agent.checkpoint_interval or 0:.3g} s, disk every "
+                      f"{agent.disk_checkpoint_interval or 0:.3g} s)", flush=True)
         with agent.section("step"):
             with agent.section("compute"):  # this rank's own work, without collectives
                 x, y = batch(step * world + rank)

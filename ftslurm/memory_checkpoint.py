@@ -30,6 +30,11 @@ reads it; any other receives it from a holder (point to point, over a gloo group
 own). The answer is the same on every rank; None when memory cannot serve the whole world
 (a replica lost with its node, corrupt, or the world changed size): the caller loads the
 persistent tier (`ftslurm.checkpoint`), which is saved less often.
+
+Each save is reported to the daemon (`ftslurm.agent.progress.memory_saved`, rank 0: the
+step and how long the training stood still for it): the daemon then tunes two intervals,
+a short one for this tier and a longer one for the disk, and the rank agent's
+`checkpoint_tier` says which one a periodic checkpoint is for (`ftslurm.core.cadence`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import os
 import re
 import shutil
 import socket
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ftslurm.agent import progress
 from ftslurm.checkpoint import _snapshot
 from ftslurm.core.contract import EnvName, node_memory_area
 from ftslurm.fsutil import memory_base, read_json, write_json_atomic
@@ -136,6 +143,7 @@ class MemoryTier:
         """Keep `state` as this rank's state at `step`: in this node's memory and, through
         the partner, in the next node's (a collective). Older steps of the shards this rank
         holds are dropped once the new ones are written."""
+        started = time.monotonic()
         buffer = io.BytesIO()
         torch.save(_snapshot(state, pin_memory=False), buffer)
         data = buffer.getvalue()
@@ -147,6 +155,8 @@ class MemoryTier:
                 self._keep(shard, step, replica)
         for shard in (self.rank, *self.keeps):
             self._drop_older(shard, step)
+        # the daemon tunes the memory tier's interval (and a longer disk one) from this
+        progress.memory_saved(step, time.monotonic() - started)
 
     def _keep(self, shard: int, step: int, data: bytes) -> None:
         self.area.mkdir(parents=True, exist_ok=True)

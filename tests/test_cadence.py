@@ -106,6 +106,34 @@ def test_only_a_material_change_is_written_again():
         assert Cadence.from_json(junk) is None
 
 
+def test_a_memory_tier_gets_its_own_short_interval_and_the_disk_a_longer_one():
+    """w = 60 s on disk, 2 s in memory, c = 0.5: memory at Daly(2, M); disk at Daly(60, 2M)
+    (only half of the failures reach it), never shorter than memory nor the write."""
+    two = tuned(save_s=60.0, memory_save_s=2.0)
+    m = 1.08e6
+    assert two.interval_s == pytest.approx(daly(2, m), abs=1e-3)
+    assert two.disk_interval_s == pytest.approx(daly(60, 2 * m), abs=1e-3)
+    assert two.tier_interval("memory") == two.interval_s < tuned(save_s=60.0).interval_s
+    assert two.tier_interval("disk") > tuned(save_s=60.0).interval_s  # sqrt(2) x, about
+    # the share memory serves moves only the disk's interval
+    more = tuned(save_s=60.0, memory_save_s=2.0, memory_coverage=0.9)
+    assert more.interval_s == two.interval_s
+    assert more.disk_interval_s == pytest.approx(daly(60, 10 * m), abs=1e-3)
+    # floors: the background write, and the memory interval itself
+    assert tuned(save_s=60.0, memory_save_s=2.0, write_s=1e6).disk_interval_s == 1e6
+    slow_memory = tuned(save_s=1.0, memory_save_s=50.0, memory_coverage=0.0)
+    assert slow_memory.disk_interval_s == slow_memory.interval_s
+    # one tier: the disk's interval is the one interval
+    assert tuned().tier_interval("disk") == tuned().interval_s and tuned().disk_interval_s is None
+    assert "to memory every" in two.describe() and "to disk every" in two.describe()
+    # a change of the disk interval alone is written again; JSON keeps both
+    assert more.differs(two) and two.differs(tuned(save_s=60.0))
+    assert Cadence.from_json(json.loads(json.dumps(two.to_json()))) == two
+    assert Cadence.from_json({**two.to_json(), "disk_interval_s": 0}) is None
+    with pytest.raises(ValueError):
+        tuned(memory_save_s=1.0, memory_coverage=1.0)
+
+
 # ------------------------------------------------------------------ the daemon's decision
 def cadence_run(**settings):  # type: ignore[no-untyped-def]
     return run(settings={"checkpoint_interval": "auto", **settings})
@@ -130,6 +158,21 @@ def test_the_daemon_writes_the_tuned_interval_for_a_running_attempt():
     assert again.cadence.save_measured and again.cadence.failures == 30
     # 15x cheaper saves, 6.4x the failure rate: sqrt(96) ~ 9.8x more often
     assert again.cadence.interval_s < write.cadence.interval_s / 9
+
+
+def test_a_run_that_reports_memory_saves_gets_a_memory_and_a_disk_interval():
+    observed = info(core.JobState.RUNNING, start_time=NOW - 10)
+    files = core.RunFiles(progress={"checkpoint_save_s": 30.0, "memory_save_s": 0.5})
+    (write,) = of(core.step(attempt(start=NOW - 10), observed,
+                            cadence_run(memory_tier_coverage=0.75), known(files=files), NOW),
+                  core.WriteCadence)  # fmt: skip
+    m = DAY_S / 0.01
+    assert write.cadence.interval_s == pytest.approx(daly(0.5, m), abs=1e-3)
+    assert write.cadence.disk_interval_s == pytest.approx(daly(30, 4 * m), abs=1e-3)
+    assert write.cadence.memory_coverage == 0.75
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError):
+            FtSettings(memory_tier_coverage=bad)
 
 
 def test_the_interval_is_never_shorter_than_the_runs_longest_background_write():
@@ -294,6 +337,41 @@ agent.exit(0)
 '''
 
 
+def test_with_a_memory_tier_periodic_checkpoints_go_to_memory_and_every_disk_interval_to_disk(
+        tmp_path, agent_in):  # fmt: skip
+    """Memory every 10 s, disk every 25 s: the tier of each periodic checkpoint follows
+    the two clocks; a stop always goes to disk; a disk save restarts both clocks."""
+    two = Cadence(10.0, "tuned", save_s=5.0, disk_interval_s=25.0, memory_save_s=0.5,
+                  memory_coverage=0.5)  # fmt: skip
+    write_json_atomic(RunDir(tmp_path).cadence, two.to_json())
+    agent, clock = agent_in(tmp_path)
+    assert (agent.checkpoint_interval, agent.disk_checkpoint_interval) == (10.0, 25.0)
+    tiers = []
+    for step in range(1, 60):
+        clock.t += 1.0
+        agent.heartbeat(step)
+        if agent.should_checkpoint():
+            tiers.append((step, agent.checkpoint_tier))
+            assert not agent.should_stop()
+    assert tiers == [(10, "memory"), (20, "memory"), (25, "disk"), (35, "memory"),
+                     (45, "memory"), (50, "disk")], tiers  # fmt: skip
+    agent.checkpoint_saved(60, 0.5, tier="memory")  # a memory save leaves the disk clock
+    clock.t += 10.0
+    agent.heartbeat(61)
+    assert agent.should_checkpoint() and agent.checkpoint_tier == "memory"  # 19 s since 50
+    clock.t += 4.0
+    agent.heartbeat(62)
+    assert not agent.should_checkpoint()  # 4 s since the last memory checkpoint, 23 since 50
+    clock.t += 2.0
+    agent.heartbeat(63)
+    assert agent.should_checkpoint() and agent.checkpoint_tier == "disk"  # 25 s since 50
+    agent._requested = True  # the checkpoint signal (its handler only sets this flag)
+    agent.heartbeat(64)
+    assert agent.should_checkpoint() and agent.checkpoint_tier == "disk" and agent.stopping
+    with pytest.raises(ValueError):
+        agent.checkpoint_saved(64, 1.0, tier="tape")
+
+
 def test_every_rank_takes_a_periodic_checkpoint_at_the_same_step(tmp_path):
     """Two ranks under the launcher, an interval of 1 s: each checkpoint is taken by both
     ranks at one step, though their clocks disagree on when it fell due."""
@@ -315,11 +393,14 @@ def test_on_the_mock_the_tuned_interval_follows_the_first_measured_save(tmp_path
     own checkpoint at step 20 reports its save time the daemon tunes it to about a second,
     every rank takes periodic checkpoints at one step and trains on, and the run ends in
     its first job bit-identical to an uninterrupted one; status and report show the
-    interval and what it came from."""
+    interval and what it came from. The recipe keeps a memory tier: once its saves are
+    told, the disk gets a longer interval (memory serving 99% of failures here), and some
+    periodic checkpoints stay in memory."""
     steps = 150
     expected = reference_digest(tmp_path, steps)
     with on_a_fresh_mock(tmp_path) as cli:
-        recipe = example_recipe(tmp_path, "tuned", ", failure_rate_prior=1e6")
+        recipe = example_recipe(tmp_path, "tuned",
+                                ", failure_rate_prior=1e6, memory_tier_coverage=0.99")
         out = cli.submit("--dry-run", "-N", "2", str(recipe), "--", "--steps", str(steps),
                          "--step-time", "0.05", "--ckpt-every", "20",
                          "--checkpoint-dir", str(tmp_path / "ckpt"))  # fmt: skip
@@ -330,11 +411,16 @@ def test_on_the_mock_the_tuned_interval_follows_the_first_measured_save(tmp_path
         logs = "".join(p.read_text() for p in (Path(s["run_dir"]) / "logs").glob("*.out"))
         periodic = [int(x) for x in re.findall(r"periodic checkpoint at step (\d+)", logs)]
         assert len(periodic) >= 2 and any(x % 20 for x in periodic), logs[-3000:]
+        # the recipe keeps a memory tier: once its saves are told, two intervals
+        assert re.search(r"periodic checkpoint at step \d+ to memory", logs), logs[-3000:]
         status = cli("status", out["run_id"]).stdout
-        assert re.search(r"checkpoints: checkpoint every [\d.]+s \(tuned: save [\d.]+s "
-                         r"\(measured\), job MTBF", status), status  # fmt: skip
+        assert re.search(r"checkpoints: checkpoint to memory every [\d.]+s \(save [\d.]+s "
+                         r"measured\), to disk every [\d.]+s \(tuned: save [\d.]+s "
+                         r"\(measured\)", status), status  # fmt: skip
         rep = json.loads(cli("report", out["run_id"], "--json").stdout)
         assert rep["checkpoint_cadence"]["save_measured"] is True
         assert rep["checkpoint_cadence"]["interval_s"] < 5
+        assert rep["checkpoint_cadence"]["disk_interval_s"] >= rep["checkpoint_cadence"][
+            "interval_s"]  # fmt: skip
         cadences = [e for e in rep["timeline"] if e["kind"] == "cadence"]
         assert len(cadences) >= 2 and "prior, until one is measured" in cadences[0]["text"]

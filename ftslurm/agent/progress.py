@@ -3,6 +3,7 @@
     from ftslurm.agent import progress
     progress.report_step(step)               # cheap: written at most once a second
     progress.checkpoint_saved(step, seconds) # after a checkpoint is safely on disk
+    progress.memory_saved(step, seconds)     # after a memory-tier save (not persistent)
     progress.finished(step)                  # training is complete: do not continue it
 
 Each call does nothing unless the script runs under ftslurm (FTSLURM_RUN_DIR set), and only
@@ -18,6 +19,8 @@ atomically (read, update, write) and holds:
     checkpoint_at          float  unix time the daemon learned of that checkpoint
     max_checkpoint_save_s  float  the longest save told of so far
     max_checkpoint_write_s float  the longest background write told of so far
+    memory_step            int    the step of the last memory-tier save (absent before one)
+    memory_save_s          float  how long the training stood still for it
     attempt                int    FTSLURM_ATTEMPT of the writer
     finished               bool   whether `finished()` was called
     updated_at             float  unix time of the write
@@ -106,6 +109,16 @@ def checkpoint_saved(step: int, duration_s: float | None = None,
     else:
         changes["step"] = int(step)
     _update(where, **changes)
+
+
+def memory_saved(step: int, duration_s: float) -> None:
+    """The memory tier (`ftslurm.memory_checkpoint`) holds `step`, which stopped the
+    training for `duration_s`: the daemon then tunes a memory interval and a longer disk
+    one. Not a persistent checkpoint: `checkpoint_step` is only moved by the disk."""
+    where = _target()
+    if where is None:
+        return
+    _update(where, memory_step=int(step), memory_save_s=float(duration_s), step=int(step))
 
 
 def finished(step: int | None = None) -> None:

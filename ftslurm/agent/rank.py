@@ -17,7 +17,9 @@
     agent.exit(0)
 
 `should_checkpoint()` is True when a stop was asked for or a periodic checkpoint is due;
-`should_stop()` only for the former. The checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL,
+`should_stop()` only for the former; `checkpoint_tier` says where it must go: "disk", or
+"memory" when the run keeps a memory tier (`ftslurm.memory_checkpoint`) and only that
+tier's shorter interval has passed (the daemon tunes both, `ftslurm.core.cadence`). The checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL,
 default USR2) and SIGTERM only set a flag in the handler. The periodic interval is the one
 the daemon tuned for the run (`$FTSLURM_RUN_DIR/checkpoint-cadence.json`,
 `ftslurm.core.cadence`), looked at no more than every CADENCE_REFRESH_S; a checkpoint is
@@ -89,11 +91,13 @@ class RankAgent:
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.step: int | None = None
         self._requested = False
-        # the collective answer for the current step: (stop asked, periodic checkpoint due)
-        self._decided: tuple[bool, bool] | None = None
+        # the collective answer for the current step: (stop asked, periodic checkpoint due,
+        # a disk one due)
+        self._decided: tuple[bool, ...] | None = None
         self._clock = clock
         self._cadence = _CadenceFile(job.run.cadence if job.run else None, clock)
-        self._last_checkpoint = clock()  # the periodic interval counts from here
+        # the periodic intervals count from here: the last checkpoint of any tier, of disk
+        self._last_checkpoint = self._last_disk = clock()
         self._observed: dict[str, float] = {}
         self._last_beat: float | None = None
         self._checkpoint_dir = job.checkpoint_dir
@@ -178,12 +182,30 @@ class RankAgent:
         every rank)."""
         if self._decided is None:
             now = self._clock()
-            interval = self._cadence.interval()
-            due = interval is not None and now - self._last_checkpoint >= interval
-            self._decided = _any_rank(self._requested, due)
+            cadence = self._cadence.current()
+            due = disk = False
+            if cadence is not None and cadence.interval_s is not None:
+                due = now - self._last_checkpoint >= cadence.interval_s
+                # to disk: its own interval passed, or every checkpoint goes there (one tier)
+                disk = now - self._last_disk >= cadence.tier_interval("disk") \
+                    or (due and cadence.disk_interval_s is None)  # fmt: skip
+            # One all-reduce, so ranks that read different versions of the file still agree
+            # on whether and where to checkpoint.
+            self._decided = _any_rank(self._requested, due, disk)
             if any(self._decided):
                 self._last_checkpoint = now
+                if self.checkpoint_tier == "disk":
+                    self._last_disk = now
         return any(self._decided)
+
+    @property
+    def checkpoint_tier(self) -> str:
+        """Where this step's checkpoint must go (`should_checkpoint()` first): "disk" for a
+        stop, a disk checkpoint due, or a run with one tier; "memory" when only the memory
+        tier's shorter interval has passed (`ftslurm.memory_checkpoint`). The same answer on
+        every rank."""
+        stop, _due, disk = self._decided or (False, False, False)
+        return "disk" if stop or disk else "memory"
 
     def should_stop(self) -> bool:
         """After the checkpoint that `should_checkpoint` asked for: True when it was asked
@@ -205,8 +227,16 @@ class RankAgent:
 
     @property
     def checkpoint_interval(self) -> float | None:
-        """The periodic checkpoint interval in force (seconds; None: none)."""
-        return self._cadence.interval()
+        """The periodic checkpoint interval in force (seconds; None: none); with a memory
+        tier, the memory tier's (`disk_checkpoint_interval` is the disk's)."""
+        cadence = self._cadence.current()
+        return cadence.interval_s if cadence is not None else None
+
+    @property
+    def disk_checkpoint_interval(self) -> float | None:
+        """The disk tier's periodic interval in force (seconds; None: none)."""
+        cadence = self._cadence.current()
+        return cadence.tier_interval("disk") if cadence is not None else None
 
     def record_stop(self, outcome: str = "checkpointed", step: int | None = None) -> None:
         """Record, atomically and before any teardown, "I saved step S and am stopping"
@@ -226,12 +256,20 @@ class RankAgent:
         leave(code, teardown_timeout_s, agent=self)
 
     # ------------------------------------------------------------------ reports
-    def checkpoint_saved(self, step: int, seconds: float | None = None) -> None:
+    def checkpoint_saved(self, step: int, seconds: float | None = None,
+                         tier: str = "disk") -> None:  # fmt: skip
         """The checkpoint of `step` is saved; `seconds`: how long the training stood still
-        for it (the daemon tunes the interval from it). The next periodic one counts from
-        now."""
-        self._saved_step = step
+        for it (the daemon tunes the interval from it); `tier`: "disk" (persistent) or
+        "memory" (`ftslurm.memory_checkpoint` reports its own saves). The next periodic
+        one counts from now."""
+        if tier not in ("disk", "memory"):
+            raise ValueError(f"tier must be 'disk' or 'memory', not {tier!r}")
         self._last_checkpoint = self._clock()
+        if tier == "memory":
+            progress.memory_saved(step, seconds or 0.0)
+            return
+        self._saved_step = step
+        self._last_disk = self._last_checkpoint
         progress.checkpoint_saved(step, seconds)
         self.save_observed()
 
@@ -265,25 +303,25 @@ class _CadenceFile:
         self.path, self.clock = path, clock
         self._looked: float | None = None
         self._sig: tuple[int, int, int] | None = None
-        self._interval: float | None = None
+        self._cadence: Cadence | None = None
 
-    def interval(self) -> float | None:
+    def current(self) -> Cadence | None:
         now = self.clock()
         if self.path is None or (self._looked is not None
                                  and now - self._looked < CADENCE_REFRESH_S):  # fmt: skip
-            return self._interval
+            return self._cadence
         self._looked = now
         try:
             st = self.path.stat()
         except OSError:
-            self._sig, self._interval = None, None
+            self._sig, self._cadence = None, None
             return None
         sig = (st.st_ino, st.st_size, st.st_mtime_ns)
         if sig != self._sig:
             cadence = Cadence.from_json(read_json(self.path))
             if cadence is not None:  # a torn or foreign file: keep what was in force
-                self._sig, self._interval = sig, cadence.interval_s
-        return self._interval
+                self._sig, self._cadence = sig, cadence
+        return self._cadence
 
 
 def _any_rank(*flags: bool) -> tuple[bool, ...]:

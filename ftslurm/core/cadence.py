@@ -19,6 +19,14 @@ optimum checkpoint interval for restart dumps", FGCS 22(3), 2006): for w < 2M,
 of computation between the ends of two checkpoints; Young's first-order sqrt(2 w M) is what it
 refines. An interval is never shorter than the background write of the previous checkpoint
 (an asynchronous save), since a save cannot start before the last one is written.
+
+Two tiers. A run that also keeps its states in node memory (`ftslurm.memory_checkpoint`,
+reported with tier "memory") gets two intervals, each Daly's optimum for its own tier: the
+memory tier's from its own w and the job's M (it serves the restarts inside an allocation),
+and the disk tier's from the disk's w and the time between the failures memory cannot
+serve, M / (1 - c), c being the share of failures a memory restore serves
+(`memory_tier_coverage`, a prior). The disk interval is never shorter than the memory one:
+every disk checkpoint is also a memory one.
 """
 
 from __future__ import annotations
@@ -86,6 +94,12 @@ class Cadence:
     failures: int = 0  # of the history behind the rate
     node_days: float = 0.0
     nodes: int = 1
+    # With a memory tier (`interval_s` is then the memory tier's): the disk tier's interval,
+    # the memory save's w (measured), and the share c of failures memory serves. None: one
+    # tier, every periodic checkpoint goes to disk.
+    disk_interval_s: float | None = None
+    memory_save_s: float | None = None
+    memory_coverage: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,10 +114,16 @@ class Cadence:
             cadence = cls(**known)
         except TypeError:
             return None
-        iv = cadence.interval_s
-        if iv is not None and not (isinstance(iv, (int, float)) and iv > 0):
-            return None
+        for iv in (cadence.interval_s, cadence.disk_interval_s):
+            if iv is not None and not (isinstance(iv, (int, float)) and iv > 0):
+                return None
         return cadence
+
+    def tier_interval(self, tier: str) -> float | None:
+        """The interval of `tier` ("memory" or "disk"): with one tier, both are `interval_s`."""
+        if tier == "disk" and self.disk_interval_s is not None:
+            return self.disk_interval_s
+        return self.interval_s
 
     def describe(self) -> str:
         """One line for `status` and `report`."""
@@ -113,41 +133,66 @@ class Cadence:
         if self.how == "pinned":
             return f"checkpoint every {_span(self.interval_s)} (pinned; {save})"
         measured = "measured" if self.save_measured else "prior, until one is measured"
+        disk = self.tier_interval("disk")
         floor = ", the background write's floor" if self.write_s is not None \
-            and self.interval_s <= self.write_s else ""  # fmt: skip
-        return (f"checkpoint every {_span(self.interval_s)} (tuned{floor}: {save} ({measured}),"
-                f" job MTBF {_span(self.mtbf_s)} on {self.nodes} node"
+            and disk is not None and disk <= self.write_s else ""  # fmt: skip
+        mtbf = (f"job MTBF {_span(self.mtbf_s)} on {self.nodes} node"
                 f"{'s' if self.nodes != 1 else ''} at {self.rate_per_1000:.3g} node failures per"
-                f" 1000 node-days; {self.failures} seen in {self.node_days:.1f} node-days)")
+                f" 1000 node-days; {self.failures} seen in {self.node_days:.1f} node-days")
+        if self.disk_interval_s is None:
+            return f"checkpoint every {_span(self.interval_s)} (tuned{floor}: {save} " \
+                   f"({measured}), {mtbf})"
+        return (f"checkpoint to memory every {_span(self.interval_s)} (save "
+                f"{_span(self.memory_save_s)} measured), to disk every {_span(disk)} "
+                f"(tuned{floor}: {save} ({measured}); memory serves "
+                f"{self.memory_coverage or 0:.0%} of failures, a prior), {mtbf})")
 
     def differs(self, other: Cadence | None) -> bool:
         """Whether `other` (what was written) is stale enough to write this one instead."""
         if other is None or other.how != self.how or other.save_measured != self.save_measured:
             return True
-        if self.interval_s is None or other.interval_s is None:
-            return self.interval_s != other.interval_s
-        return abs(self.interval_s - other.interval_s) > REWRITE_TOLERANCE * other.interval_s
+        return any(_moved(getattr(self, k), getattr(other, k))
+                   for k in ("interval_s", "disk_interval_s"))  # fmt: skip
+
+
+def _moved(new: float | None, old: float | None) -> bool:
+    if new is None or old is None:
+        return new != old
+    return abs(new - old) > REWRITE_TOLERANCE * old
 
 
 def cadence(setting: float | str | None, *, nodes: int, save_s: float | None,
             save_prior_s: float, write_s: float | None, history: FailureHistory,
-            prior_per_1000: float, prior_node_days: float) -> Cadence:  # fmt: skip
+            prior_per_1000: float, prior_node_days: float, memory_save_s: float | None = None,
+            memory_coverage: float = 0.5) -> Cadence:  # fmt: skip
     """The run's interval: `setting` is the recipe's `checkpoint_interval` ("auto", seconds,
-    or "off"/None); `save_s` the measured blocking save (None before the first), `write_s`
-    the longest background write seen."""
+    or "off"/None); `save_s` the measured blocking disk save (None before the first),
+    `write_s` the longest background write seen; `memory_save_s` the measured memory-tier
+    save (None: the run keeps no memory tier), `memory_coverage` the share c of failures a
+    memory restore serves. A pinned interval is the same for both tiers."""
     if setting is None or setting == "off":
         return Cadence(None, "off")
     if not isinstance(setting, str):
         return Cadence(float(setting), "pinned", save_s=save_s, save_measured=save_s is not None,
                        write_s=write_s, nodes=nodes)  # fmt: skip
+    if not 0 <= memory_coverage < 1:
+        raise ValueError(f"memory_coverage must be in [0, 1), got {memory_coverage!r}")
     w = save_s if save_s is not None and save_s > 0 else save_prior_s
     rate = node_failure_rate(history, prior_per_1000, prior_node_days)
     mtbf = DAY_S / (rate * max(1, nodes))
-    interval = max(daly(w, mtbf), write_s or 0.0)
+    tiers: dict[str, Any] = {}
+    if memory_save_s is not None and memory_save_s > 0:
+        memory = daly(memory_save_s, mtbf)
+        disk = max(daly(w, mtbf / (1.0 - memory_coverage)), write_s or 0.0, memory)
+        interval = memory
+        tiers = {"disk_interval_s": round(disk, 3), "memory_save_s": memory_save_s,
+                 "memory_coverage": memory_coverage}  # fmt: skip
+    else:
+        interval = max(daly(w, mtbf), write_s or 0.0)
     return Cadence(round(interval, 3), "tuned", save_s=w, save_measured=w == save_s,
                    write_s=write_s, mtbf_s=round(mtbf, 1), rate_per_1000=round(rate * 1000, 4),
                    failures=history.failures, node_days=round(history.node_days, 3),
-                   nodes=nodes)  # fmt: skip
+                   nodes=nodes, **tiers)  # fmt: skip
 
 
 

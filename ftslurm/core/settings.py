@@ -124,11 +124,14 @@ class FtSettings(BaseModel):
     # optimum) from the run's measured save time (`checkpoint_save_prior_s` until it has
     # saved once) and the node failure rate the daemon has seen on this cluster, blended
     # with a prior of `failure_rate_prior` failures per 1000 node-days worth
-    # `failure_prior_node_days` node-days; "off": only the checkpoint signal asks.
+    # `failure_prior_node_days` node-days; "off": only the checkpoint signal asks. A run
+    # that also saves to the memory tier gets a second, longer interval for the disk: the
+    # optimum for the failures memory cannot serve, a share 1 - `memory_tier_coverage`.
     checkpoint_interval: float | Literal["auto", "off"] = "auto"
     checkpoint_save_prior_s: float = Field(60.0, gt=0)
     failure_rate_prior: float = Field(5.0, gt=0)
     failure_prior_node_days: float = Field(1000.0, gt=0)
+    memory_tier_coverage: float = Field(0.5, ge=0, lt=1)
 
     @field_validator("checkpoint_signal")
     @classmethod

@@ -509,7 +509,9 @@ def _cadence(run: Run, facts: Facts, settings: FtSettings,
                     write_s=_seconds(progress.get("max_checkpoint_write_s")),
                     history=facts.history or FailureHistory(),
                     prior_per_1000=settings.failure_rate_prior,
-                    prior_node_days=settings.failure_prior_node_days)  # fmt: skip
+                    prior_node_days=settings.failure_prior_node_days,
+                    memory_save_s=_seconds(progress.get("memory_save_s")),
+                    memory_coverage=settings.memory_tier_coverage)  # fmt: skip
     if (tuned.how == "off" and files.cadence is None) or not tuned.differs(files.cadence):
         return []
     return [WriteCadence(tuned)]  # idempotent; logged (`cadence`) once written
