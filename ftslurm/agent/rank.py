@@ -19,8 +19,9 @@
 `should_checkpoint()` is True when a stop was asked for or a periodic checkpoint is due;
 `should_stop()` only for the former; `checkpoint_tier` says where it must go: "disk", or
 "memory" when the run keeps a memory tier (`ftslurm.memory_checkpoint`) and only that
-tier's shorter interval has passed (the daemon tunes both, `ftslurm.core.cadence`). The checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL,
-default USR2) and SIGTERM only set a flag in the handler. The periodic interval is the one
+tier's shorter interval has passed (the daemon tunes both, `ftslurm.core.cadence`). The
+checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL, default USR2) and SIGTERM only set a flag in
+the handler. The periodic interval is the one
 the daemon tuned for the run (`$FTSLURM_RUN_DIR/checkpoint-cadence.json`,
 `ftslurm.core.cadence`), looked at no more than every CADENCE_REFRESH_S; a checkpoint is
 due when that long has passed since the last one (or since the agent started).
