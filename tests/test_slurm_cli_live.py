@@ -175,8 +175,10 @@ def test_the_cluster_runs_a_while_with_another_slurmd_timeout(slurm_cluster):
     assert shown() == f"{slurm_cluster.layout.slurmd_timeout} sec"
 
 
-def test_a_failed_node_loses_its_memory_tier_and_only_its_own(backend, jobs, healthy_nodes,
+def test_a_failed_node_loses_its_memory_tier_and_only_its_own(backend, healthy_nodes, jobs,
                                                               tmp_path):  # fmt: skip
+    # (`jobs` after `healthy_nodes`: the job is cancelled before the node is revived, which
+    # then takes seconds instead of the ~50 s of a revived slurmd meeting a running job)
     """Every node of the local cluster shares one host's /dev/shm: `fail-node` wipes the
     memory checkpoint areas of that node (under the base its job processes had), as a real
     node's memory would be lost, and leaves the other nodes' alone."""
