@@ -668,16 +668,36 @@ def test_sharded_round_trip_two_ranks(tmp_path):
 
 # --------------------------------------------------------------------------- benchmark
 def test_checkpoint_throughput_benchmark_runs(tmp_path):
+    """Every tier is measured in one small run: the disk tier in --dir, the memory tier's
+    two ranks in --memory-dir, one of them restoring from its partner's replica."""
+    disk, memory = tmp_path / "disk", tmp_path / "memory"
+    disk.mkdir()
+    memory.mkdir()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "checkpoint_throughput.py"), "--size-mb", "4",
-         "--repeat", "1", "--dir", str(tmp_path), "--json"],
+         "--repeat", "1", "--dir", str(disk), "--memory-dir", str(memory), "--json"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_env(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     for key in ("raw_mb_s", "save_mb_s", "save_fraction_of_raw", "async_blocking_s",
-                "async_total_s", "size_mb"):  # fmt: skip
+                "async_total_s", "size_mb", "raw_read_mb_s", "raw_copy_mb_s", "disk_restore_s",
+                "memory_save_s", "memory_restore_s", "peer_restore_s"):  # fmt: skip
         assert key in result, key
     assert result["size_mb"] == 4 and result["raw_mb_s"] > 0 and result["save_mb_s"] > 0
     assert 0 <= result["async_blocking_s"] <= result["async_total_s"]
-    assert sorted(os.listdir(tmp_path)) == []  # the benchmark cleans up after itself
+    # the memory part ran two CPU ranks; the peer restore really came from the replica
+    assert result["memory_device"] == "cpu" and result["memory_ranks"] == 2
+    assert result["memory_restore_tiers"] == ["memory", "memory"]
+    assert result["peer_restore_tiers"] == ["memory", "peer"]
+    for name in ("raw", "raw_read", "raw_copy", "save", "disk_restore", "memory_save",
+                 "memory_restore", "peer_restore"):  # fmt: skip
+        seconds = result[f"{name}_s"]
+        assert seconds > 0 and result[f"{name}_mb_s"] == pytest.approx(4 / seconds), name
+    # each tier's ratio is to its own raw reference, measured in the same run
+    references = {"save": "raw", "disk_restore": "raw_read", "memory_save": "raw_copy",
+                  "memory_restore": "raw_copy", "peer_restore": "raw_copy"}  # fmt: skip
+    for name, raw in references.items():
+        ratio = result[f"{name}_fraction_of_raw"]
+        assert ratio == pytest.approx(result[f"{raw}_s"] / result[f"{name}_s"]), name
+    assert os.listdir(disk) == [] and os.listdir(memory) == []  # it cleans up after itself
