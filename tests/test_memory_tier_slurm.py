@@ -26,7 +26,7 @@ from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, reference_digest
 
 pytestmark = pytest.mark.slurm
 
-STEPS, EVERY, DISK_EVERY = 200, 10, 3  # memory at 10, 20, 30, ...; disk at 30, 60, ...
+STEPS, EVERY, DISK_EVERY = 100, 10, 3  # memory at 10, 20, 30, ...; disk at 30, 60, ...
 
 
 @pytest.fixture
