@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -116,3 +117,58 @@ def forget_node_memory(base: Path, node: str) -> None:
     """Remove every run's memory tier area of `node` under `base` (a lost node's memory)."""
     for area in base.glob(f"*/{node}"):
         shutil.rmtree(area, ignore_errors=True)
+
+
+# Filesystems whose files other hosts share (statfs f_type, from linux/magic.h and the
+# vendors' headers): SQLite's WAL needs shared memory between its users, which such a
+# filesystem cannot give across hosts. FUSE counts as one: it often is (sshfs, s3fs, ...).
+NETWORK_FILESYSTEMS = {
+    0x6969: "NFS", 0xFF534D42: "CIFS", 0xFE534D42: "SMB2", 0x517B: "SMB",
+    0x0BD00BD0: "Lustre", 0x47504653: "GPFS", 0x19830326: "BeeGFS", 0x00C36400: "CephFS",
+    0x5346414F: "AFS", 0xAAD7AAEA: "PanFS", 0x01021997: "9P", 0x65735546: "FUSE",
+}  # fmt: skip
+
+
+def filesystem_type(path: Path | str) -> int | None:
+    """statfs(2)'s f_type of the filesystem holding `path` (its nearest existing parent),
+    or None where it cannot be asked (not Linux, no libc)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+        if libc.statfs(os.fsencode(path), buf) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF  # f_type comes first
+
+
+def network_filesystem(path: Path | str) -> str | None:
+    """The name of the network filesystem holding `path` (NFS, Lustre, GPFS, ...), or None
+    for a local one (or one that cannot be told)."""
+    kind = filesystem_type(path)
+    return None if kind is None else NETWORK_FILESYSTEMS.get(kind)
+
+
+STATE_FS_ENV = "FTSLURM_STATE_FS"  # "network" or "local" overrides what statfs says
+
+
+def shared_between_hosts(path: Path | str) -> bool:
+    """Whether files under `path` must be treated as shared between hosts: what
+    `FTSLURM_STATE_FS` says ("network" or "local"; "auto" or unset: ask statfs)."""
+    forced = os.environ.get(STATE_FS_ENV, "").strip().lower()
+    if forced in ("network", "local"):
+        return forced == "network"
+    if forced not in ("", "auto"):
+        raise ConfigError(f"{STATE_FS_ENV}={forced!r}: must be 'network', 'local' or 'auto'")
+    return network_filesystem(path) is not None
+
+
+def sqlite_journal_mode(shared: bool) -> str:
+    """SQLite's journal mode for a database on a filesystem shared between hosts or not:
+    WAL keeps its index in memory mapped by every user (the `-shm` file), which two hosts
+    cannot share; a rollback journal needs only POSIX locks, which network filesystems
+    give across hosts (docs/daemon.md, "Deploying at a site")."""
+    return "delete" if shared else "wal"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from ftslurm import fsutil
+from ftslurm.backends.mock.store import MockStore
 from ftslurm.daemon import store as store_mod
 from ftslurm.daemon.records import SUBMITTING, Attempt, Event, NodeFlag, Run, RunState
 from ftslurm.daemon.store import (
@@ -26,7 +28,8 @@ from ftslurm.daemon.store import (
     StateError,
     Store,
 )
-from ftslurm.errors import FtslurmError
+from ftslurm.errors import ConfigError, FtslurmError
+from ftslurm.fsutil import STATE_FS_ENV
 
 
 def make_run(run_id: str = "r1", created_at: float = 100.0, **kw: object) -> Run:
@@ -401,7 +404,11 @@ def _append_events(home: str, worker: int, count: int, barrier) -> None:
             s.append_event(f"w{worker}", "tick", {"worker": worker, "i": i}, float(i))
 
 
-def test_concurrent_processes_append(tmp_path: Path) -> None:
+@pytest.mark.parametrize("state_fs", ["local", "network"])
+def test_concurrent_processes_append(tmp_path: Path, monkeypatch, state_fs) -> None:
+    """Four processes append at once; with the state on a network filesystem (forced) the
+    database keeps a rollback journal and the same holds."""
+    monkeypatch.setenv(STATE_FS_ENV, state_fs)  # the spawned writers inherit it
     home = str(tmp_path / "home")
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(4)
@@ -412,6 +419,8 @@ def test_concurrent_processes_append(tmp_path: Path) -> None:
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
     with Store(home) as s:
+        assert s.journal == ("delete" if state_fs == "network" else "wal")
+        assert not (Path(home) / "state.db-wal").exists() or state_fs == "local"
         events = s.events()
         assert len(events) == 800
         ids = [e.event_id for e in events]
@@ -419,6 +428,48 @@ def test_concurrent_processes_append(tmp_path: Path) -> None:
         for w in range(4):
             mine = s.events(f"w{w}")
             assert [e.data["i"] for e in mine] == list(range(200))  # each writer's order kept
+
+
+def test_on_a_network_filesystem_the_database_keeps_a_rollback_journal(tmp_path, monkeypatch):
+    """WAL's shared-memory index cannot be shared by two hosts: on NFS, Lustre, GPFS, ...
+    (statfs, or FTSLURM_STATE_FS=network) the database uses a rollback journal, and a
+    database made elsewhere in WAL is switched when nobody else has it open."""
+    home = tmp_path / "home"
+    with Store(home, network=False) as s:  # made on a local disk: WAL
+        s.append_event(None, "x", {}, 1.0)
+        assert s._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    monkeypatch.setenv(STATE_FS_ENV, "network")
+    with Store(home) as s:
+        assert s.network and s._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        s.append_event(None, "y", {}, 2.0)
+        s.checkpoint()  # a no-op without WAL
+        assert [e.kind for e in s.events()] == ["x", "y"]
+        assert not (home / "state.db-wal").exists() and not (home / "state.db-shm").exists()
+        assert s.backup().exists()
+    # the filesystem is asked when nothing is forced
+    monkeypatch.setenv(STATE_FS_ENV, "auto")
+    monkeypatch.setattr(fsutil, "filesystem_type", lambda _p: 0x6969)  # NFS_SUPER_MAGIC
+    assert fsutil.network_filesystem(home) == "NFS" and Store(home).journal == "delete"
+    monkeypatch.setattr(fsutil, "filesystem_type", lambda _p: 0xEF53)  # ext4
+    assert fsutil.network_filesystem(home) is None and Store(home).journal == "wal"
+    monkeypatch.setenv(STATE_FS_ENV, "sometimes")
+    with pytest.raises(ConfigError, match="FTSLURM_STATE_FS='sometimes'"):
+        Store(home)
+
+
+def test_the_filesystem_of_a_path_is_told_by_statfs(tmp_path):
+    assert fsutil.filesystem_type(tmp_path) is not None
+    assert fsutil.filesystem_type(tmp_path / "not" / "yet") == fsutil.filesystem_type(tmp_path)
+    if Path("/dev/shm").is_dir():
+        assert fsutil.filesystem_type("/dev/shm") == 0x01021994  # TMPFS_MAGIC: local
+        assert fsutil.network_filesystem("/dev/shm") is None
+
+
+def test_the_mock_schedulers_state_follows_the_same_rule(tmp_path, monkeypatch):
+    monkeypatch.setenv(STATE_FS_ENV, "network")
+    mock = MockStore(tmp_path / "mock")
+    with mock._connect() as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
 
 
 # ---------------------------------------------------------------------- daemon lock

@@ -24,6 +24,17 @@ WAL lets readers run beside the one writer, every write is one `BEGIN IMMEDIATE`
 transaction (so a writer takes the write lock up front instead of failing on upgrade), and a
 busy timeout waits out the others. The folder is 0700 and the files 0600.
 
+On a network filesystem (NFS, Lustre, GPFS, BeeGFS, ...: `fsutil.network_filesystem`, or
+`FTSLURM_STATE_FS=network`) the database uses a rollback journal instead of WAL: WAL keeps
+its index in shared memory (the `-shm` file mapped by every user), which processes on two
+hosts cannot share, so a daemon on one host and a command on another would each see their
+own index and could corrupt the file. A rollback journal needs only the filesystem's POSIX
+locks, which NFSv3 (lockd), NFSv4, Lustre (mounted with `flock`), GPFS and BeeGFS provide
+across hosts. The database stays in the shared state directory rather than moving to
+node-local storage: the daemon may run on another host than the commands (a login node's
+or a Slurm job's, `ftslurm daemon submit`), and all of them must see the same runs. Readers
+then wait for a writer (the busy timeout covers it); writes are short.
+
 `DaemonLock` keeps one daemon per state directory: an exclusive `flock` on `daemon.lock`,
 which holds the daemon's pid.
 
@@ -60,9 +71,12 @@ from ftslurm.core.cadence import DAY_S, FailureHistory
 from ftslurm.daemon.records import Attempt, Event, NodeFlag, Run, RunState
 from ftslurm.errors import FtslurmError, PermanentError
 from ftslurm.fsutil import (
+    STATE_FS_ENV,
     private_dir,
     read_json,
     replace_durably,
+    shared_between_hosts,
+    sqlite_journal_mode,
     temp_path,
     write_json_atomic,
 )
@@ -72,7 +86,7 @@ LOCK_NAME = "daemon.lock"
 BACKUP_NAME = "state.db.bak"
 MARK_NAME = "state.db.mark"
 DAMAGED_PREFIX = "damaged-"
-DB_SUFFIXES = ("", "-wal", "-shm")  # the database file and SQLite's companions
+DB_SUFFIXES = ("", "-wal", "-shm", "-journal")  # the database file and SQLite's companions
 BUSY_TIMEOUT_S = 10.0
 RECOVER_HINT = "stop the daemon and run `ftslurm daemon recover` to restore the last backup"
 
@@ -223,9 +237,12 @@ class Store:
     and any number of processes may open the same directory at once.
     """
 
-    def __init__(self, home: Path | str) -> None:
+    def __init__(self, home: Path | str, network: bool | None = None) -> None:
         self.home = private_dir(home)
         self.path = self.home / DB_NAME
+        # WAL on a local filesystem, a rollback journal on a shared one (module doc)
+        self.network = shared_between_hosts(self.home) if network is None else network
+        self.journal = sqlite_journal_mode(self.network)
         try:
             if not self.path.exists():
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
@@ -242,7 +259,7 @@ class Store:
                 self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
                 self._check_version()  # before anything that could change the file
                 self._check_mark()  # likewise: a database that lost changes is not touched
-                self._enable_wal()
+                self._set_journal()
                 self._db.execute("PRAGMA synchronous = FULL")
                 self._db.execute("PRAGMA foreign_keys = ON")
                 self._migrate()
@@ -273,23 +290,28 @@ class Store:
                 f"is {newest}, but events up to {mark} were committed (was {DB_NAME}-wal "
                 "deleted or an older copy put back?)", hint=RECOVER_HINT)  # fmt: skip
 
-    def _enable_wal(self) -> None:
-        """Switch to WAL (it persists in the file). SQLite does not apply the busy timeout to
+    def _set_journal(self) -> None:
+        """Switch to this filesystem's journal mode (WAL persists in the file; a switch
+        needs every other connection closed). SQLite does not apply the busy timeout to
         this switch, so processes that create the database at the same moment wait here."""
         deadline = time.monotonic() + BUSY_TIMEOUT_S
         pause = 0.005
         while True:
             try:
                 mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                if str(mode).lower() == "wal":
+                if str(mode).lower() != self.journal:
+                    mode = self._db.execute(
+                        f"PRAGMA journal_mode = {self.journal.upper()}").fetchone()[0]
+                if str(mode).lower() == self.journal:
                     return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() >= deadline:
                     raise
             if time.monotonic() >= deadline:
-                raise StateError(f"{self.path} could not be switched to WAL mode")
+                raise StateError(
+                    f"{self.path} could not be switched to {self.journal.upper()} journal mode "
+                    "(another process keeps it open in the other mode)",
+                    hint=f"stop the daemon, or set {STATE_FS_ENV} alike on every host")
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 

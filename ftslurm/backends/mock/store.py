@@ -31,6 +31,7 @@ from pathlib import Path
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockJob, MockState
 from ftslurm.errors import ConfigError
+from ftslurm.fsutil import shared_between_hosts, sqlite_journal_mode
 
 SCHEMA_VERSION = 2  # 2: scripts and environments in `launch`, `generation` on the state
 DB_FILE = "mock.sqlite"  # the mock cluster's state, in its folder
@@ -49,6 +50,8 @@ class MockStore:
         self.path = self.home / DB_FILE
         self.jobs_dir = self.home / "jobs"
         self.jobs_dir.mkdir(exist_ok=True)
+        # WAL on a local filesystem, a rollback journal on one shared between hosts
+        self.journal = sqlite_journal_mode(shared_between_hosts(self.home))
         # (generation, state) after the last transaction that ended well; a transaction
         # takes it, so a failed one leaves nothing behind that it may have half changed
         self._cache: tuple[int, MockState] | None = None
@@ -56,7 +59,7 @@ class MockStore:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA journal_mode={self.journal.upper()}")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("CREATE TABLE IF NOT EXISTS state (id INTEGER PRIMARY KEY CHECK (id = 1), "
                      "schema INTEGER, body TEXT, generation INTEGER)")  # fmt: skip
