@@ -512,7 +512,8 @@ def test_daemon_lock_across_processes(tmp_path: Path) -> None:
     )
     try:
         _wait_for_line(proc, "locked", timeout=60)
-        assert stat.S_IMODE((home / "daemon.lock").stat().st_mode) == 0o600
+        assert stat.S_IMODE((home / store_mod.lock_name(store_mod.this_host())).stat().st_mode) \
+            == 0o600
         assert DaemonLock.holder_pid(home) == proc.pid
         lock = DaemonLock(home)
         with pytest.raises(DaemonAlreadyRunning) as info:
@@ -599,7 +600,7 @@ def test_upgrade_from_a_version_1_database_keeps_the_data(tmp_path: Path, monkey
             old.flag_node(NodeFlag("n2", "node_fail", 5.0, None, "r1"))
             assert old.schema_version() == 1
     with Store(home) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 3
+        assert s.schema_version() == SCHEMA_VERSION == 4
         run = s.get_run("r1")
         assert (run.name, run.job_retries_used, run.reason, run.cancel_requested) == (
             "name-r1", 2, "why", True)

@@ -35,6 +35,7 @@ from ftslurm.backends.slurm_cli.parse import compress_nodes
 from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import ROUND_RECORDS, EnvName, RunDir
 from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_injections
+from ftslurm.core.leases import DAEMON_LEASE_TIMEOUT_S
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
 from ftslurm.core.validate import OWNED_SBATCH_FLAGS
@@ -308,7 +309,7 @@ def _await_daemon(home: Path, later: str, wait_s: float,
             return value, note
         if time.monotonic() >= deadline:
             return None, f"{later} (it did not within {wait_s:g}s)"
-        if service.running_pid(home) is None:
+        if service.serving(home) is None:
             return None, f"{later}, once it runs (`ftslurm daemon start`)"
         time.sleep(0.05)
 
@@ -926,7 +927,7 @@ daemon_app = typer.Typer(help="The daemon that owns the runs.", no_args_is_help=
 @daemon_app.command("start")
 def daemon_start() -> None:
     """Start the daemon for this state directory (no-op if it runs)."""
-    typer.echo(f"daemon running (pid {service.start(state_dir())})")
+    typer.echo(f"daemon running ({service.start(state_dir()).describe()})")
 
 
 @daemon_app.command("stop")
@@ -940,15 +941,17 @@ def daemon_stop() -> None:
 def daemon_status(as_json: JsonOpt = False) -> None:
     """Whether the daemon runs, and how many runs it owns."""
     home = state_dir()
-    pid = service.running_pid(home)
+    found = service.serving(home)
     active = len(_store().list_runs(active_only=True))
     if as_json:
-        typer.echo(json.dumps({"running": pid is not None, "pid": pid, "home": str(home),
+        typer.echo(json.dumps({"running": found is not None,
+                               "pid": found.pid if found else None,
+                               "host": found.host if found else None, "home": str(home),
                                "active_runs": active}))  # fmt: skip
     else:
-        state = f"running (pid {pid})" if pid else "not running"
+        state = f"running ({found.describe()})" if found else "not running"
         typer.echo(f"daemon {state}; {active} active run(s) in {home}")
-    if pid is None and active:
+    if found is None and active:
         raise typer.Exit(1)
 
 
@@ -973,11 +976,16 @@ def _fmt_age(seconds: float) -> str:
 
 
 @daemon_app.command("run")
-def daemon_run(verbose: Annotated[bool, typer.Option(
-        "--verbose", "-v", help="Log at debug level (default: info).")] = False) -> None:
+def daemon_run(
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Log at debug level (default: info).")] = False,
+    lease_timeout: Annotated[float, typer.Option(
+        "--lease-timeout", min=1.0, help="Seconds another host's daemon must stay silent "
+        "before this one takes its lease over.")] = DAEMON_LEASE_TIMEOUT_S,
+) -> None:
     """Run the daemon in the foreground (for a systemd user unit)."""
     service.configure_logging(verbose)
-    service.serve(state_dir())
+    service.serve(state_dir(), lease_timeout_s=lease_timeout)
 
 
 # ---------------------------------------------------------------------------- watch

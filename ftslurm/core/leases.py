@@ -1,10 +1,15 @@
-"""A launcher's lease and the rule that judges it (pure; the compute side's
-`ftslurm.agent.peers` writes and watches leases, the daemon watches the batch host's).
+"""Leases and the rule that judges them (pure): a launcher's (the compute side's
+`ftslurm.agent.peers` writes and watches them, the daemon watches the batch host's) and the
+daemon's own (one daemon per state directory across hosts, `ftslurm.daemon.service`).
 
 A lease (`RunDir.peer_lease`) is rewritten every `poll_interval` by its node's launcher with
 a counter that grows; a watcher judges a node lost when the counter has not changed for a
 timeout measured on the watcher's own clock, from the read that saw the change (clocks of
 two machines are never compared). See `ftslurm.agent.peers` for the protocol.
+
+The daemon's lease is a row of the state database that the serving daemon renews the same
+way (`DaemonLease`); a daemon starting on another host takes it only when it is free,
+released, or silent for `DAEMON_LEASE_TIMEOUT_S` on its own clock (`daemon_lease_verdict`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,21 @@ class Lease:
             return None
 
 
+DAEMON_LEASE_TIMEOUT_S = 60.0  # a daemon's lease silent this long may be taken over
+
+
+@dataclass(frozen=True)
+class DaemonLease:
+    """Who serves a state directory: the daemon's row in its state database."""
+
+    owner: str  # "<host>:<pid>:<token>", unique to one daemon process
+    host: str
+    pid: int
+    seq: int  # grows with every renewal
+    time: float  # the writer's wall clock (shown; never compared with another host's)
+    ended: str | None = None  # why the daemon released it; None while it serves
+
+
 @dataclass(frozen=True)
 class Seen:
     """What a watcher knows of one peer: the latest lease it read and when (on its own
@@ -53,12 +73,12 @@ class Seen:
     # the watcher's own clock (a launcher's monotonic one, the daemon's wall clock): the
     # last change, or the watch's start
     changed_at: float
-    lease: Lease | None = None  # None: never read
+    lease: Lease | DaemonLease | None = None  # None: never read
     heard_at: float | None = None  # watcher's wall clock at the last change
     changed_before: float | None = None  # the change before the last one (monotonic)
 
 
-def observe(seen: Seen, lease: Lease | None, now: float, wall: float) -> Seen:
+def observe(seen: Seen, lease: Lease | DaemonLease | None, now: float, wall: float) -> Seen:
     """`seen` after reading `lease` at `now` (monotonic) and `wall`: a lease that changed
     (another counter, another writer, or ended) is news; an unreadable one is none."""
     if lease is None or lease == seen.lease:
@@ -86,3 +106,20 @@ def daemon_timeout(timeout: float) -> float:
     survivor takes to report it (`PeerWatch.wait_settled`). The daemon is the watcher of
     last resort: the survivors may be gone with it (their rendezvous lived there)."""
     return timeout + 2 * poll_interval(timeout)
+
+
+def daemon_lease_verdict(current: DaemonLease | None, seen: Seen, *, host: str, now: float,
+                         timeout: float = DAEMON_LEASE_TIMEOUT_S) -> str:  # fmt: skip
+    """What a daemon starting on `host` does about the lease it read (`current`), having
+    watched it since `seen.changed_at` (its own monotonic clock, `now`):
+
+    "take"  free, released, held on this very host (its lock is the caller's, so that
+            holder is gone), or silent for `timeout`;
+    "held"  it changed while watched: another daemon serves, do not start;
+    "wait"  not known yet: read again after `poll_interval(timeout)`.
+    """
+    if current is None or current.ended is not None or current.host == host:
+        return "take"
+    if seen.changed_before is not None:
+        return "held"
+    return "take" if is_lost(seen, now, timeout, timeout) else "wait"

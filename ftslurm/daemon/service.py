@@ -4,6 +4,13 @@
 `start` launches it detached and waits until it holds the lock; `stop` asks it to end.
 Commands that change a run (`submit`, `cancel`) call `wake` so the loop looks at once.
 
+One daemon per state directory, whatever host it runs on: the local `DaemonLock` keeps one
+per host; across hosts sharing the directory (a network home, a daemon running as a Slurm
+job) the daemon takes the lease in the database (`LeaseKeeper`), renews it every few
+seconds from a thread of its own, and stops itself when it finds the lease taken. A daemon
+that finds another host's lease renewed while it watches refuses to serve; one silent for
+`DAEMON_LEASE_TIMEOUT_S` (the holder died with its host) is taken over.
+
 Guarding the state (docs/daemon.md): the daemon refuses a damaged database at start
 (`quick_check`) or one that lost committed changes (the mark); after a cycle that wrote,
 it checkpoints the WAL into the database file and records the newest event id in the mark;
@@ -13,20 +20,33 @@ A full disk is logged once per episode and the loop keeps its cadence.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ftslurm.backends import HOME_ENV, create_backend
 from ftslurm.backends.protocol import SchedulerBackend
+from ftslurm.core.leases import (
+    DAEMON_LEASE_TIMEOUT_S,
+    DaemonLease,
+    Seen,
+    daemon_lease_verdict,
+    observe,
+    poll_interval,
+)
 from ftslurm.daemon.reconcile import Reconciler
 from ftslurm.daemon.store import (
+    DB_NAME,
+    DaemonAlreadyRunning,
     DaemonLock,
     DiskFull,
     Restored,
@@ -35,6 +55,7 @@ from ftslurm.daemon.store import (
     marked_backends,
     os_state_error,
     restore_backup,
+    this_host,
     write_mark,
 )
 from ftslurm.errors import FtslurmError
@@ -84,16 +105,115 @@ class Keeper:
             self.next_backup = time.monotonic() + self.backup_interval_s
 
 
+class LeaseKeeper:
+    """This daemon's lease on the state directory (module doc; `core.leases`)."""
+
+    def __init__(self, store: Store, host: str, pid: int,
+                 timeout_s: float = DAEMON_LEASE_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.store, self.host, self.pid = store, host, pid
+        self.timeout_s, self.clock = timeout_s, clock
+        self.owner = f"{host}:{pid}:{secrets.token_hex(4)}"
+        self.held: DaemonLease | None = None  # what this daemon last wrote
+        self.lost = threading.Event()  # set when another daemon took the lease over
+        self._renewing = threading.Lock()  # the loop and the renewal thread both renew
+
+    def acquire(self, stop: threading.Event) -> None:
+        """Take the lease, waiting (up to the timeout) while another host's holder has not
+        shown whether it lives; `DaemonAlreadyRunning` when it does."""
+        seen = Seen(0, changed_at=self.clock())
+        told = False
+        while not stop.is_set():
+            current = self.store.daemon_lease()
+            seen = observe(seen, current, self.clock(), time.time())
+            verdict = daemon_lease_verdict(current, seen, host=self.host, now=self.clock(),
+                                           timeout=self.timeout_s)  # fmt: skip
+            if verdict == "take":
+                mine = DaemonLease(self.owner, self.host, self.pid, 0, time.time())
+                if self.store.swap_daemon_lease(mine, current):
+                    if current is not None and current.ended is None:
+                        log.warning("took over the lease of %s (pid %d on %s), silent for "
+                                    "%.0fs", self.store.home, current.pid, current.host,
+                                    self.clock() - seen.changed_at)  # fmt: skip
+                    self.held = mine
+                    return
+                continue  # another daemon moved it meanwhile: read again
+            assert current is not None
+            if verdict == "held":
+                raise DaemonAlreadyRunning(
+                    f"a daemon already serves {self.store.home} on host {current.host} "
+                    f"(pid {current.pid})", hint="use that one, or stop it on its host")
+            if not told:
+                log.info("the lease of %s is held by pid %d on %s: waiting up to %.0fs to "
+                         "see it renewed or silent", self.store.home, current.pid,
+                         current.host, self.timeout_s)  # fmt: skip
+                told = True
+            stop.wait(poll_interval(self.timeout_s))
+        raise DaemonAlreadyRunning("stopped while waiting for the daemon lease")
+
+    def renew(self) -> bool:
+        """Renew the lease; False (and `lost` set) when another daemon has taken it."""
+        with self._renewing:
+            held = self.held
+            if held is None or self.lost.is_set():
+                return False
+            mine = DaemonLease(self.owner, self.host, self.pid, held.seq + 1, time.time())
+            if self.store.swap_daemon_lease(mine, held):
+                self.held = mine
+                return True
+            self.lost.set()
+            return False
+
+    def keep(self, stop: threading.Event) -> threading.Thread:
+        """Renew every poll interval in a thread until `stop`; a lost lease sets `stop`."""
+
+        def run() -> None:
+            while not stop.wait(poll_interval(self.timeout_s)):
+                try:
+                    if not self.renew():
+                        taken = self.store.daemon_lease()
+                        log.error("the lease of %s was taken over by %s: stopping",
+                                  self.store.home, taken.owner if taken else "nobody")
+                        stop.set()
+                        return
+                except StateError as exc:  # the next renewal tries again
+                    log.warning("could not renew the daemon lease: %s", exc.user_message())
+
+        thread = threading.Thread(target=run, name="ftslurm-lease", daemon=True)
+        thread.start()
+        return thread
+
+    def release(self) -> None:
+        """Mark the lease released, if it is still this daemon's."""
+        with self._renewing:
+            held = self.held
+            if held is None or self.lost.is_set():
+                return
+            with contextlib.suppress(StateError):
+                self.store.swap_daemon_lease(
+                    DaemonLease(self.owner, self.host, self.pid, held.seq + 1, time.time(),
+                                ended="stopped"), held)  # fmt: skip
+            self.held = None
+
+
 def serve(home: Path, stop: threading.Event | None = None,
-          backup_interval_s: float = BACKUP_INTERVAL_S) -> None:  # fmt: skip
+          backup_interval_s: float = BACKUP_INTERVAL_S,
+          lease_timeout_s: float = DAEMON_LEASE_TIMEOUT_S) -> None:  # fmt: skip
     """Run the reconcile loop until `stop` is set or SIGTERM/SIGINT arrives."""
     home = Path(home)
-    lock = DaemonLock(home)
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    host = this_host()
+    lock = DaemonLock(home, host)
     lock.acquire()
     try:
         store = Store(home)
         try:
             store.check_integrity()
+            lease = LeaseKeeper(store, host, os.getpid(), lease_timeout_s)
+            lease.acquire(stop)
             keeper = Keeper(store, backup_interval_s)
             try:
                 keeper.after_cycle()  # the backup at start, once the database passed the check
@@ -105,10 +225,7 @@ def serve(home: Path, stop: threading.Event | None = None,
     except BaseException:
         lock.release()
         raise
-    stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+    renewer = lease.keep(stop)
     cache: dict[str, SchedulerBackend] = {}
 
     def backends(key: str) -> SchedulerBackend:
@@ -125,6 +242,11 @@ def serve(home: Path, stop: threading.Event | None = None,
         while not stop.is_set():
             full_now = False
             try:
+                # A daemon that was paused (or cut off) past the lease timeout may have been
+                # replaced: it checks before it acts, not only in the renewal thread.
+                if not lease.renew():
+                    log.error("the lease of %s was taken over: stopping", home)
+                    break
                 interval = reconciler.cycle()
             except DiskFull:
                 full_now, interval = True, reconciler.interval  # the usual cadence
@@ -153,6 +275,9 @@ def serve(home: Path, stop: threading.Event | None = None,
                     break
                 stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
     finally:
+        stop.set()
+        renewer.join()
+        lease.release()
         store.close()
         lock.release()
         log.info("daemon %d stopped", os.getpid())
@@ -165,24 +290,59 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
+@dataclass(frozen=True)
+class Serving:
+    """The daemon serving a state directory: this host's, or another host's (found through
+    its lease in the database)."""
+
+    host: str
+    pid: int
+    here: bool
+
+    def describe(self) -> str:
+        return f"pid {self.pid}" if self.here else f"pid {self.pid} on host {self.host}"
+
+
+def serving(home: Path) -> Serving | None:
+    """Which daemon serves `home`: this host's (it holds the lock), else another host's
+    whose lease is held and was renewed within `DAEMON_LEASE_TIMEOUT_S` by this host's wall
+    clock (an estimate, used only to find it: a daemon starting here runs the real test,
+    `LeaseKeeper.acquire`); None when none does."""
+    pid = running_pid(home)
+    if pid is not None:
+        return Serving(this_host(), pid, True)
+    if not (Path(home) / DB_NAME).exists():
+        return None
+    try:
+        with Store(home) as store:
+            lease = store.daemon_lease()
+    except StateError:  # a damaged database: whoever serves it, it is not served well
+        return None
+    if lease is None or lease.ended is not None or lease.host == this_host() \
+            or abs(time.time() - lease.time) > DAEMON_LEASE_TIMEOUT_S:  # fmt: skip
+        return None
+    return Serving(lease.host, lease.pid, False)
+
+
 def running_pid(home: Path) -> int | None:
-    """The daemon's pid, or None when none holds the lock."""
+    """This host's daemon's pid, or None when none holds the lock here."""
     for _ in range(40):  # a daemon that just took the lock writes its pid at once
-        pid = DaemonLock.holder_pid(home)
+        pid = DaemonLock.holder_pid(home, this_host())
         if pid is None or pid > 0:
             return pid
         time.sleep(0.05)
     return None
 
 
-def start(home: Path, timeout_s: float = 15.0) -> int:
-    """Start the daemon for `home` unless one runs; return its pid."""
+def start(home: Path, timeout_s: float = 15.0) -> Serving:
+    """Start the daemon for `home` on this host unless one serves it (here or on another
+    host sharing the directory); return the one that serves."""
     home = Path(home)
-    pid = running_pid(home)
-    if pid is not None:
-        return pid
     with Store(home) as store:  # creates the folder (0700) and the database
         store.check_integrity()  # refuse here, in one line, what the daemon would refuse
+    found = serving(home)
+    if found is not None:
+        return found
     logf = open(home / LOG_FILE, "ab")
     os.chmod(home / LOG_FILE, 0o600)
     env = dict(os.environ, **{HOME_ENV: str(home)})
@@ -196,12 +356,12 @@ def start(home: Path, timeout_s: float = 15.0) -> int:
         pid = running_pid(home)
         if pid is not None:
             threading.Thread(target=proc.wait, daemon=True).start()
-            return pid
+            return Serving(this_host(), pid, True)
         code = proc.poll()
         if code is not None:
-            pid = running_pid(home)  # another start won the race
-            if pid is not None:
-                return pid
+            found = serving(home)  # another start won the race, here or elsewhere
+            if found is not None:
+                return found
             raise FtslurmError(f"the daemon exited at once (code {code}); "
                                f"see {home / LOG_FILE}")  # fmt: skip
         time.sleep(0.05)
@@ -210,9 +370,14 @@ def start(home: Path, timeout_s: float = 15.0) -> int:
 
 
 def stop(home: Path, timeout_s: float = 30.0) -> int | None:
-    """Stop the daemon for `home`; return the pid it had (None if none ran)."""
+    """Stop this host's daemon for `home`; return the pid it had (None if none ran). A
+    daemon serving from another host cannot be signalled from here: one line says where."""
     pid = running_pid(home)
     if pid is None:
+        elsewhere = serving(home)
+        if elsewhere is not None:
+            raise FtslurmError(f"the daemon serving {home} runs on host {elsewhere.host} "
+                               f"(pid {elsewhere.pid})", hint="stop it on that host")
         return None
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -226,9 +391,13 @@ def stop(home: Path, timeout_s: float = 30.0) -> int | None:
 def recover(home: Path) -> Restored:
     """Put the last backup back (see `store.restore_backup`); refused while a daemon runs
     (the daemon lock is held throughout, so none can start meanwhile)."""
-    lock = DaemonLock(home)
+    lock = DaemonLock(home, this_host())
     lock.acquire()
     try:
+        elsewhere = serving(home)
+        if elsewhere is not None and not elsewhere.here:
+            raise DaemonAlreadyRunning(f"a daemon serves {home} on host {elsewhere.host} "
+                                       f"(pid {elsewhere.pid})", hint="stop it first")
         return restore_backup(home)
     finally:
         lock.release()

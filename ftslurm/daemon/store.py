@@ -8,6 +8,7 @@ Tables (schema version in `PRAGMA user_version`, upgraded by `MIGRATIONS` in ord
     events     append-only log of what the daemon saw, decided and did; `event_id` only
                grows (AUTOINCREMENT: ids are never reused), `data` is JSON text
     node_flags one row per flagged node (kept out of later attempts), reason and expiry
+    daemon_lease  one row: the daemon serving this directory (host, pid, a renewal counter)
     requests   what a command asked the daemon to do (add or remove node exclusions): kind,
                data (JSON), when asked, and when and how the daemon applied it
 
@@ -35,8 +36,11 @@ node-local storage: the daemon may run on another host than the commands (a logi
 or a Slurm job's, `ftslurm daemon submit`), and all of them must see the same runs. Readers
 then wait for a writer (the busy timeout covers it); writes are short.
 
-`DaemonLock` keeps one daemon per state directory: an exclusive `flock` on `daemon.lock`,
-which holds the daemon's pid.
+One daemon per state directory: `DaemonLock`, an exclusive `flock` on
+`daemon.<host>.lock` holding the pid, keeps one per host at once (and lets this host's
+commands find and signal it); the `daemon_lease` row, renewed by the serving daemon and
+taken over only when released or silent (`ftslurm.core.leases.daemon_lease_verdict`), keeps
+one across the hosts that share the directory, whose flocks may not see each other.
 
 Guarding against lost state (docs/daemon.md, "When the state is damaged"):
 - every sqlite error becomes a one-line `StateError` (`StateDamaged` for a damaged file,
@@ -56,7 +60,9 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
+import socket
 import sqlite3
 import threading
 import time
@@ -68,6 +74,7 @@ from types import TracebackType
 from typing import Any
 
 from ftslurm.core.cadence import DAY_S, FailureHistory
+from ftslurm.core.leases import DaemonLease
 from ftslurm.daemon.records import Attempt, Event, NodeFlag, Run, RunState
 from ftslurm.errors import FtslurmError, PermanentError
 from ftslurm.fsutil import (
@@ -82,7 +89,7 @@ from ftslurm.fsutil import (
 )
 
 DB_NAME = "state.db"
-LOCK_NAME = "daemon.lock"
+LOCK_NAME = "daemon.{host}.lock"  # one per host (`lock_name`)
 BACKUP_NAME = "state.db.bak"
 MARK_NAME = "state.db.mark"
 DAMAGED_PREFIX = "damaged-"
@@ -127,6 +134,12 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     (3, [
         # the lost nodes an attempt acted on (JSON list): survives a daemon restart
         "ALTER TABLE attempts ADD COLUMN lost_nodes TEXT NOT NULL DEFAULT '[]'",
+    ]),
+    (4, [
+        # the daemon that serves this directory, whatever host it runs on (core.leases)
+        """CREATE TABLE daemon_lease (
+            id INTEGER PRIMARY KEY CHECK (id = 1), owner TEXT NOT NULL, host TEXT NOT NULL,
+            pid INTEGER NOT NULL, seq INTEGER NOT NULL, time REAL NOT NULL, ended TEXT)""",
     ]),
 ]  # fmt: skip
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]
@@ -230,6 +243,11 @@ class DaemonAlreadyRunning(FtslurmError):
     """Another daemon holds this state directory."""
 
 
+def this_host() -> str:
+    """This host's name, as the daemon lock and lease record it."""
+    return socket.gethostname()
+
+
 class Store:
     """The state database of one state directory (`home/state.db`).
 
@@ -326,6 +344,28 @@ class Store:
             raise StateError(f"{self.path} has schema version {version}, but this ftslurm "
                              f"supports up to version {SCHEMA_VERSION}",
                              hint="upgrade ftslurm, or use another state directory")  # fmt: skip
+
+    # ------------------------------------------------------------ daemon lease
+    def daemon_lease(self) -> DaemonLease | None:
+        """The daemon lease row, or None when no daemon ever took one."""
+        with self._lock, sqlite_errors(self.path):
+            row = self._db.execute("SELECT owner, host, pid, seq, time, ended FROM "
+                                   "daemon_lease WHERE id = 1").fetchone()  # fmt: skip
+        return None if row is None else DaemonLease(*row)
+
+    def swap_daemon_lease(self, new: DaemonLease, expect: DaemonLease | None) -> bool:
+        """Write `new` if the row is still `expect` (its owner and counter; None: no row),
+        in one transaction: two daemons that read the same lease cannot both take it."""
+        with self.transaction():
+            current = self.daemon_lease()
+            if (current and (current.owner, current.seq)) != (expect and (expect.owner,
+                                                                          expect.seq)):
+                return False
+            self._db.execute(
+                "INSERT OR REPLACE INTO daemon_lease (id, owner, host, pid, seq, time, ended) "
+                "VALUES (1, ?, ?, ?, ?, ?, ?)",
+                (new.owner, new.host, new.pid, new.seq, new.time, new.ended))  # fmt: skip
+        return True
 
     def newest_event_id(self) -> int:
         """The id of the newest committed event (0 in a database without events)."""
@@ -849,15 +889,23 @@ def restore_backup(home: Path | str, now: float | None = None) -> Restored:
     return Restored(runs=int(runs), active_runs=int(active), taken_at=taken_at, kept_in=kept)
 
 
+def lock_name(host: str) -> str:
+    """The file of a host's daemon lock (a host name is letters, digits, '.', '-'; anything
+    else is replaced, so no name can leave the folder)."""
+    return LOCK_NAME.format(host=re.sub(r"[^A-Za-z0-9.-]", "_", host) or "_")
+
+
 class DaemonLock:
-    """One daemon per state directory: an exclusive flock on home/"daemon.lock" holding the pid.
+    """One daemon per state directory on this host: an exclusive flock on
+    home/"daemon.<host>.lock" holding the pid (the lease in the database covers the other
+    hosts, module doc).
 
     The lock belongs to the open file, so it ends with the process however that ends.
     """
 
-    def __init__(self, home: Path | str) -> None:
+    def __init__(self, home: Path | str, host: str | None = None) -> None:
         self.home = Path(home)
-        self.path = self.home / LOCK_NAME
+        self.path = self.home / lock_name(host or this_host())
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -901,14 +949,14 @@ class DaemonLock:
         self.release()
 
     @staticmethod
-    def holder_pid(home: Path | str) -> int | None:
-        """The pid of the live holder of the lock, or None when nobody holds it.
+    def holder_pid(home: Path | str, host: str | None = None) -> int | None:
+        """The pid of the live holder of this host's lock, or None when nobody holds it.
 
         Probes with a non-blocking shared flock on a separate descriptor. A holder that has
         just taken the lock may not have written its pid yet: then -1 (ask again).
         """
         try:
-            fd = os.open(Path(home) / LOCK_NAME, os.O_RDONLY)
+            fd = os.open(Path(home) / lock_name(host or this_host()), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
