@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -463,3 +464,46 @@ def test_logs_follow_prints_each_new_attempt_until_the_run_ends(home):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ------------------------------------------------------ where the checkpoints go
+def test_checkpoints_default_to_the_sites_scratch_and_never_silently_to_home(tmp_path):
+    from ftslurm.daemon.submission import make_spec
+    from ftslurm.recipe import Recipe
+
+    run_dir = tmp_path / "state" / "runs" / "r1"
+
+    def where(env: dict[str, str], **recipe: str) -> tuple[str, str]:
+        spec = make_spec(Recipe(command=["train"], **recipe), run_dir=run_dir, backend="mock",
+                         workdir=str(tmp_path), environ=env)  # fmt: skip
+        return spec["checkpoint_dir"], spec["checkpoint_dir_from"]
+
+    assert where({"SCRATCH": "/scratch/u"}) == ("/scratch/u/ftslurm/r1/checkpoints", "$SCRATCH")
+    assert where({"SCRATCH": "/scratch/u", "FTSLURM_SCRATCH": "/fast"}) == (
+        "/fast/ftslurm/r1/checkpoints", "$FTSLURM_SCRATCH")  # fmt: skip
+    assert where({}) == (str(run_dir / "checkpoints"), "the state directory")
+    assert where({"SCRATCH": "/scratch/u"}, checkpoint_dir="ck") == (str(tmp_path / "ck"),
+                                                                     "the recipe")  # fmt: skip
+    # the state directory under the home directory: a warning; elsewhere, none
+    home_spec = {"checkpoint_dir_from": "the state directory",
+                 "checkpoint_dir": str(Path.home() / ".local" / "x" / "checkpoints")}
+    warning = runs_cli._checkpoints_at_home(home_spec)
+    assert warning and "under your home directory" in warning and "$SCRATCH" in warning
+    assert runs_cli._checkpoints_at_home({**home_spec, "checkpoint_dir": "/scratch/x"}) is None
+    assert runs_cli._checkpoints_at_home({**home_spec, "checkpoint_dir_from": "$SCRATCH"}) is None
+
+
+def test_status_shows_where_a_runs_checkpoints_go(capsys, home):
+    run = add_run(home, "d779d72089")
+    with Store(home) as store:
+        stored = store.get_run(run.run_id)
+        assert stored is not None
+        spec = {**stored.spec, "checkpoint_dir": "/scratch/u/ftslurm/d779d72089/checkpoints",
+                "checkpoint_dir_from": "$SCRATCH"}  # fmt: skip
+        store.update_run(replace(stored, spec=spec))
+    code, out, err = cli(capsys, "status", "d77")
+    assert code == 0, err
+    assert ("checkpoints in: /scratch/u/ftslurm/d779d72089/checkpoints (from $SCRATCH)"
+            in " ".join(out.split())), out  # fmt: skip
+    code, out, _ = cli(capsys, "status", "d77", "--json")
+    assert json.loads(out)["checkpoint_dir_from"] == "$SCRATCH"

@@ -33,7 +33,7 @@ from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home, state_dir
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli.parse import compress_nodes
 from ftslurm.core.cadence import Cadence
-from ftslurm.core.contract import ROUND_RECORDS, EnvName, RunDir
+from ftslurm.core.contract import ROUND_RECORDS, SCRATCH_ENVS, EnvName, RunDir
 from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_injections
 from ftslurm.core.leases import DAEMON_LEASE_TIMEOUT_S
 from ftslurm.core.settings import FtSettings
@@ -188,8 +188,9 @@ def submit(
                      help="Refused: one run is one job per attempt.")] = None,
     checkpoint_dir: Annotated[_Text, _opt("--checkpoint-dir", help="Where the run keeps its "
                               f"checkpoints ({EnvName.CHECKPOINT_DIR.value}), relative to the "
-                              "current "
-                              "folder. (default: the recipe's, else RUN_DIR/checkpoints)")
+                              "current folder. (default: the recipe's, else "
+                              f"${SCRATCH_ENVS[0]} or ${SCRATCH_ENVS[1]}/ftslurm/RUN/checkpoints, "
+                              "else RUN_DIR/checkpoints)")
                               ] = None,
     dry_run: Annotated[bool, _opt("--dry-run", help="Run against the mock scheduler (laptop "
                        "rehearsal). (default: off)")] = False,
@@ -246,18 +247,23 @@ def submit(
     settings = loaded.settings()
     spec = make_spec(loaded, run_dir=run_dir, backend=backend_kind, workdir=str(Path.cwd()),
                      inject=tuple(i.spec() for i in injections),
-                     mock_home=mock_home() if dry_run else None)  # fmt: skip
+                     mock_home=mock_home() if dry_run else None, environ=os.environ)  # fmt: skip
+    home_warning = _checkpoints_at_home(spec)
     script, _ = build_attempt(run_id, spec, settings.model_dump(mode="json"), 0, ())
     warn = warning and settings.preempt_time
     if print_script:
         if warn:
             typer.echo(f"Warning: {warning}", err=True)
+        if home_warning:
+            typer.echo(f"Warning: {home_warning}", err=True)
         typer.echo(script, nl=False)
         return
     store = Store(home)
     store.check_integrity()  # a damaged database is refused before anything is submitted
     if warn:  # after every check, so that an error stays the only line
         typer.echo(f"Warning: {warning}", err=True)
+    if home_warning:
+        typer.echo(f"Warning: {home_warning}", err=True)
     private_dir(run_dir)
     RunDir(run_dir).logs.mkdir(exist_ok=True)
     run, attempt = new_run_record(run_id, loaded.name or recipe.name, spec, settings, time.time())
@@ -277,6 +283,20 @@ def submit(
                    f"see `ftslurm status {run_id}`")  # fmt: skip
     else:
         typer.echo(f"run {run_id} recorded{where}; {note}; see `ftslurm status {run_id}`")
+
+
+def _checkpoints_at_home(spec: dict[str, Any]) -> str | None:
+    """One line when the checkpoints would go, by default, under the user's home directory
+    (usually quota'd and small: never silently for large state)."""
+    if spec.get("checkpoint_dir_from") != "the state directory":
+        return None
+    where = Path(spec["checkpoint_dir"])
+    try:
+        where.relative_to(Path.home())
+    except ValueError:
+        return None
+    return (f"checkpoints go to {where}, under your home directory; give --checkpoint-dir "
+            f"or set {' or '.join(f'${n}' for n in SCRATCH_ENVS)} to a scratch space")
 
 
 # How long `submit` waits for the daemon to submit the run, and `cancel` for a submission
@@ -356,6 +376,8 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         "last_checkpoint_step": run.last_checkpoint_step,
         "reason": run.reason, "backend": run.spec.get("backend"),
         "run_dir": run.spec.get("run_dir"),
+        "checkpoint_dir": run.spec.get("checkpoint_dir"),
+        "checkpoint_dir_from": run.spec.get("checkpoint_dir_from"),
         "checkpoint_cadence": cadence.data if (cadence := store.latest_event(
             run.run_id, "cadence")) else None,  # the interval last written (core.cadence)
     }  # fmt: skip
@@ -616,6 +638,10 @@ def status(
         s = summaries[0]
         console.print(f"{s['state']}" + (f": {s['reason']}" if s["reason"] else ""),
                       markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+        if s["checkpoint_dir"]:
+            source = f" (from {s['checkpoint_dir_from']})" if s["checkpoint_dir_from"] else ""
+            console.print(f"checkpoints in: {s['checkpoint_dir']}{source}", markup=False,
+                          highlight=False, soft_wrap=True)  # fmt: skip
         cadence = Cadence.from_json(s["checkpoint_cadence"])
         if cadence is not None:
             console.print(f"checkpoints: {cadence.describe()}", markup=False, highlight=False,

@@ -112,6 +112,11 @@ def rendezvous_port(job_id: str | int | None, restart_count: int = 0) -> int:
 
 # ----------------------------------------------------------------------------- paths
 DEFAULT_CHECKPOINT_DIR = "checkpoints"  # relative to the working directory, without a run
+# Where a run's checkpoints go when neither the recipe nor --checkpoint-dir says: under the
+# site's scratch space (FTSLURM_SCRATCH, else the common SCRATCH), never silently under the
+# state directory, which is usually a quota'd home directory (`default_checkpoint_dir`).
+SCRATCH_ENVS = ("FTSLURM_SCRATCH", "SCRATCH")
+SCRATCH_SUBDIR = "ftslurm"  # <scratch>/ftslurm/<run id>/checkpoints
 RANK_REPORTS = "rank-*.json"  # in an attempt's folder (RunDir.attempt) or stragglers/
 NODE_REPORTS = "node-*.json"
 HUNG_NODE_REPORTS = "hung-node-*.json"
@@ -441,3 +446,14 @@ def attempt_setup_line() -> str:
     """The batch script's shell line that sets FTSLURM_ATTEMPT (see `current_attempt`)."""
     return (f"export {EnvName.ATTEMPT.value}="
             f"$(({EnvName.ATTEMPT_BASE.value} + ${{SLURM_RESTART_COUNT:-0}}))")
+
+
+def default_checkpoint_dir(run_dir: Path, environ: Mapping[str, str]) -> tuple[Path, str]:
+    """Where a run's checkpoints go by default, and why: `<scratch>/ftslurm/<run id>/
+    checkpoints` when the site names a scratch space (`SCRATCH_ENVS`, the first set), else
+    the run directory's `checkpoints` (the state directory's filesystem)."""
+    for name in SCRATCH_ENVS:
+        base = environ.get(name, "").strip()
+        if base:
+            return Path(base) / SCRATCH_SUBDIR / run_dir.name / DEFAULT_CHECKPOINT_DIR, f"${name}"
+    return RunDir(run_dir).checkpoints, "the state directory"

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ftslurm.core.contract import EnvName, JobEnv, RunDir, attempt_setup_line
+from ftslurm.core.contract import (
+    EnvName,
+    JobEnv,
+    RunDir,
+    attempt_setup_line,
+    default_checkpoint_dir,
+)
 from ftslurm.core.inject import env_value, parse_injections
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import JobOptions
@@ -24,17 +31,25 @@ from ftslurm.templates import render_job_script
 
 def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,
               inject: tuple[str, ...] = (), mock_home: Path | None = None,
-              ) -> dict[str, Any]:  # fmt: skip
+              environ: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """What every attempt of a run is built from. `options.nodes` is what the job asks
     Slurm for: the training's nodes plus `spare_nodes` (hot spares, `ftslurm.core.recovery`),
-    so whatever counts the job's nodes (exclusion planning, status) counts the spares too."""
-    checkpoint_dir = recipe.checkpoint_dir or str(RunDir(run_dir).checkpoints)
+    so whatever counts the job's nodes (exclusion planning, status) counts the spares too.
+    Checkpoints go where the recipe says, else under the site's scratch space, else into
+    the run directory (`default_checkpoint_dir`, from the submitter's `environ`;
+    `checkpoint_dir_from` says which)."""
+    if recipe.checkpoint_dir:
+        checkpoint_dir, source = recipe.checkpoint_dir, "the recipe"
+    else:
+        default, source = default_checkpoint_dir(Path(run_dir), environ or {})
+        checkpoint_dir = str(default)
     return {
         "backend": backend,
         "mock_home": str(mock_home) if mock_home is not None else None,
         "command": list(recipe.command or []),
         "run_dir": str(run_dir),
         "checkpoint_dir": str(Path(workdir, checkpoint_dir)),
+        "checkpoint_dir_from": source,
         "workdir": workdir,
         "setup": list(recipe.setup),
         "env": dict(recipe.env),
