@@ -62,6 +62,7 @@ class DaemonLease:
     seq: int  # grows with every renewal
     time: float  # the writer's wall clock (shown; never compared with another host's)
     ended: str | None = None  # why the daemon released it; None while it serves
+    job_id: str | None = None  # the Slurm job it runs in (`ftslurm daemon submit`)
 
 
 @dataclass(frozen=True)

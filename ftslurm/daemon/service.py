@@ -43,6 +43,7 @@ from ftslurm.core.leases import (
     observe,
     poll_interval,
 )
+from ftslurm.daemon import as_job
 from ftslurm.daemon.reconcile import Reconciler
 from ftslurm.daemon.store import (
     DB_NAME,
@@ -110,17 +111,23 @@ class LeaseKeeper:
 
     def __init__(self, store: Store, host: str, pid: int,
                  timeout_s: float = DAEMON_LEASE_TIMEOUT_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        self.store, self.host, self.pid = store, host, pid
+                 clock: Callable[[], float] = time.monotonic,
+                 job_id: str | None = None) -> None:  # fmt: skip
+        self.store, self.host, self.pid, self.job_id = store, host, pid, job_id
         self.timeout_s, self.clock = timeout_s, clock
         self.owner = f"{host}:{pid}:{secrets.token_hex(4)}"
         self.held: DaemonLease | None = None  # what this daemon last wrote
         self.lost = threading.Event()  # set when another daemon took the lease over
         self._renewing = threading.Lock()  # the loop and the renewal thread both renew
 
-    def acquire(self, stop: threading.Event) -> None:
+    def _lease(self, seq: int, ended: str | None = None) -> DaemonLease:
+        return DaemonLease(self.owner, self.host, self.pid, seq, time.time(), ended,
+                           self.job_id)  # fmt: skip
+
+    def acquire(self, stop: threading.Event, patient: bool = False) -> None:
         """Take the lease, waiting (up to the timeout) while another host's holder has not
-        shown whether it lives; `DaemonAlreadyRunning` when it does."""
+        shown whether it lives; `DaemonAlreadyRunning` when it does, unless `patient` (a
+        daemon job's successor): then wait until it is released or falls silent."""
         seen = Seen(0, changed_at=self.clock())
         told = False
         while not stop.is_set():
@@ -129,7 +136,7 @@ class LeaseKeeper:
             verdict = daemon_lease_verdict(current, seen, host=self.host, now=self.clock(),
                                            timeout=self.timeout_s)  # fmt: skip
             if verdict == "take":
-                mine = DaemonLease(self.owner, self.host, self.pid, 0, time.time())
+                mine = self._lease(0)
                 if self.store.swap_daemon_lease(mine, current):
                     if current is not None and current.ended is None:
                         log.warning("took over the lease of %s (pid %d on %s), silent for "
@@ -139,7 +146,9 @@ class LeaseKeeper:
                     return
                 continue  # another daemon moved it meanwhile: read again
             assert current is not None
-            if verdict == "held":
+            if verdict == "held" and patient:
+                seen = Seen(0, changed_at=self.clock())  # alive: silence counts from now
+            elif verdict == "held":
                 raise DaemonAlreadyRunning(
                     f"a daemon already serves {self.store.home} on host {current.host} "
                     f"(pid {current.pid})", hint="use that one, or stop it on its host")
@@ -157,7 +166,7 @@ class LeaseKeeper:
             held = self.held
             if held is None or self.lost.is_set():
                 return False
-            mine = DaemonLease(self.owner, self.host, self.pid, held.seq + 1, time.time())
+            mine = self._lease(held.seq + 1)
             if self.store.swap_daemon_lease(mine, held):
                 self.held = mine
                 return True
@@ -190,30 +199,54 @@ class LeaseKeeper:
             if held is None or self.lost.is_set():
                 return
             with contextlib.suppress(StateError):
-                self.store.swap_daemon_lease(
-                    DaemonLease(self.owner, self.host, self.pid, held.seq + 1, time.time(),
-                                ended="stopped"), held)  # fmt: skip
+                self.store.swap_daemon_lease(self._lease(held.seq + 1, "stopped"), held)
             self.held = None
+
+
+def _take_lock(lock: DaemonLock, stop: threading.Event, patient: bool) -> None:
+    """Take this host's daemon lock; `patient` (a daemon job's successor, which may land on
+    its predecessor's node): wait until the predecessor has left instead of refusing."""
+    told = False
+    while True:
+        try:
+            lock.acquire()
+            return
+        except DaemonAlreadyRunning:
+            if not patient or stop.is_set():
+                raise
+            if not told:
+                log.info("waiting for the daemon on this node to hand over and leave")
+                told = True
+            stop.wait(0.5)
 
 
 def serve(home: Path, stop: threading.Event | None = None,
           backup_interval_s: float = BACKUP_INTERVAL_S,
-          lease_timeout_s: float = DAEMON_LEASE_TIMEOUT_S) -> None:  # fmt: skip
-    """Run the reconcile loop until `stop` is set or SIGTERM/SIGINT arrives."""
+          lease_timeout_s: float = DAEMON_LEASE_TIMEOUT_S, job: bool = False,
+          successor: bool = False) -> None:  # fmt: skip
+    """Run the reconcile loop until `stop` is set or SIGTERM/SIGINT arrives. `job`: this
+    daemon is a Slurm job (`as_job`): it hands over to a successor at the handover signal;
+    `successor`: it is one, and waits for its predecessor's lease."""
     home = Path(home)
     stop = stop or threading.Event()
+    handover: as_job.Handover | None = None
+    if job:
+        handover = as_job.Handover(home, lambda: backends("slurm"))
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        if handover is not None:
+            handover.install()
     host = this_host()
     lock = DaemonLock(home, host)
-    lock.acquire()
+    _take_lock(lock, stop, patient=successor)
     try:
         store = Store(home)
         try:
             store.check_integrity()
-            lease = LeaseKeeper(store, host, os.getpid(), lease_timeout_s)
-            lease.acquire(stop)
+            lease = LeaseKeeper(store, host, os.getpid(), lease_timeout_s,
+                                job_id=os.environ.get("SLURM_JOB_ID") if job else None)
+            lease.acquire(stop, patient=successor)
             keeper = Keeper(store, backup_interval_s)
             try:
                 keeper.after_cycle()  # the backup at start, once the database passed the check
@@ -268,6 +301,10 @@ def serve(home: Path, stop: threading.Event | None = None,
             elif disk_full and not full_now:
                 log.warning("disk no longer full: %s; recording again", store.path)
             disk_full = full_now
+            if handover is not None and handover.due():
+                break  # the successor runs: the lease is released on the way out
+            if handover is not None and handover.requested.is_set():
+                interval = min(interval, as_job.SUCCESSOR_POLL_S)
             seen = _mtime(wake_path)
             deadline = min(time.monotonic() + interval, keeper.next_backup)
             while not stop.is_set() and time.monotonic() < deadline:
@@ -298,9 +335,14 @@ class Serving:
     host: str
     pid: int
     here: bool
+    job_id: str | None = None  # the Slurm job it runs in (`ftslurm daemon submit`)
+    pending: bool = False  # a daemon job still waiting in the queue (no host, no pid yet)
 
     def describe(self) -> str:
-        return f"pid {self.pid}" if self.here else f"pid {self.pid} on host {self.host}"
+        if self.pending:
+            return f"Slurm job {self.job_id}, pending"
+        job = f", Slurm job {self.job_id}" if self.job_id else ""
+        return f"pid {self.pid}{job}" if self.here else f"pid {self.pid} on host {self.host}{job}"
 
 
 def serving(home: Path) -> Serving | None:
@@ -321,7 +363,19 @@ def serving(home: Path) -> Serving | None:
     if lease is None or lease.ended is not None or lease.host == this_host() \
             or abs(time.time() - lease.time) > DAEMON_LEASE_TIMEOUT_S:  # fmt: skip
         return None
-    return Serving(lease.host, lease.pid, False)
+    return Serving(lease.host, lease.pid, False, lease.job_id)
+
+
+def queued_daemon_job(home: Path) -> Serving | None:
+    """The daemon job submitted last (`ftslurm daemon submit`) while it has not ended (it
+    waits in the queue, or starts and has not taken the lease yet); None otherwise."""
+    job = as_job.recorded(home)
+    if job is None:
+        return None
+    info = create_backend("slurm").query([job[0]]).get(job[0])
+    if info is None or info.state.is_terminal:
+        return None
+    return Serving("", 0, False, job[0], pending=True)
 
 
 def running_pid(home: Path) -> int | None:
@@ -334,15 +388,28 @@ def running_pid(home: Path) -> int | None:
     return None
 
 
-def start(home: Path, timeout_s: float = 15.0) -> Serving:
+def start(home: Path, timeout_s: float = 15.0, auto: bool = True) -> Serving:
     """Start the daemon for `home` on this host unless one serves it (here or on another
-    host sharing the directory); return the one that serves."""
+    host sharing the directory); return the one that serves. `auto` (a command that needs
+    a daemon): where a daemon job was submitted (`ftslurm daemon submit`), never start one
+    here: a queued daemon job counts as serving, an ended one is an error that says what to
+    do. Not `auto` (`ftslurm daemon start`): serve from this host from now on."""
     home = Path(home)
     with Store(home) as store:  # creates the folder (0700) and the database
         store.check_integrity()  # refuse here, in one line, what the daemon would refuse
     found = serving(home)
     if found is not None:
         return found
+    job = as_job.recorded(home)
+    if job is not None and auto:
+        queued = queued_daemon_job(home)
+        if queued is not None:
+            return queued
+        raise FtslurmError(f"the daemon job {job[0]} has ended",
+                           hint="`ftslurm daemon submit` submits another; `ftslurm daemon "
+                           "start` serves from this host instead")  # fmt: skip
+    if job is not None:
+        (home / as_job.DAEMON_JOB_FILE).unlink(missing_ok=True)
     logf = open(home / LOG_FILE, "ab")
     os.chmod(home / LOG_FILE, 0o600)
     env = dict(os.environ, **{HOME_ENV: str(home)})

@@ -139,7 +139,8 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # the daemon that serves this directory, whatever host it runs on (core.leases)
         """CREATE TABLE daemon_lease (
             id INTEGER PRIMARY KEY CHECK (id = 1), owner TEXT NOT NULL, host TEXT NOT NULL,
-            pid INTEGER NOT NULL, seq INTEGER NOT NULL, time REAL NOT NULL, ended TEXT)""",
+            pid INTEGER NOT NULL, seq INTEGER NOT NULL, time REAL NOT NULL, ended TEXT,
+            job_id TEXT)""",
     ]),
 ]  # fmt: skip
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]
@@ -244,8 +245,9 @@ class DaemonAlreadyRunning(FtslurmError):
 
 
 def this_host() -> str:
-    """This host's name, as the daemon lock and lease record it."""
-    return socket.gethostname()
+    """This host's name, as the daemon lock and lease record it: in a Slurm job, the
+    node's name (`SLURMD_NODENAME`), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 class Store:
@@ -349,7 +351,7 @@ class Store:
     def daemon_lease(self) -> DaemonLease | None:
         """The daemon lease row, or None when no daemon ever took one."""
         with self._lock, sqlite_errors(self.path):
-            row = self._db.execute("SELECT owner, host, pid, seq, time, ended FROM "
+            row = self._db.execute("SELECT owner, host, pid, seq, time, ended, job_id FROM "
                                    "daemon_lease WHERE id = 1").fetchone()  # fmt: skip
         return None if row is None else DaemonLease(*row)
 
@@ -362,9 +364,10 @@ class Store:
                                                                           expect.seq)):
                 return False
             self._db.execute(
-                "INSERT OR REPLACE INTO daemon_lease (id, owner, host, pid, seq, time, ended) "
-                "VALUES (1, ?, ?, ?, ?, ?, ?)",
-                (new.owner, new.host, new.pid, new.seq, new.time, new.ended))  # fmt: skip
+                "INSERT OR REPLACE INTO daemon_lease (id, owner, host, pid, seq, time, ended, "
+                "job_id) VALUES (1, ?, ?, ?, ?, ?, ?, ?)",
+                (new.owner, new.host, new.pid, new.seq, new.time, new.ended,
+                 new.job_id))  # fmt: skip
         return True
 
     def newest_event_id(self) -> int:
