@@ -68,7 +68,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -185,10 +185,22 @@ def _copy(obj: Any, memo: dict[int, Any], devices: set[torch.device], pin: bool)
 _MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
 
 
+class _Settles(Protocol):
+    def settle(self) -> None: ...
+
+
+# Other savers with work in flight in this process (the memory tier's background saves):
+# `wait_for_saves` lets them finish too; their failures are theirs to log (a replica that
+# could not be sent leaves the persistent checkpoint, and so the exit code, as it was).
+_IN_FLIGHT: weakref.WeakSet[_Settles] = weakref.WeakSet()
+
+
 def wait_for_saves() -> None:
     """Wait for every save still in flight in this process (the rank agent's exit path calls
     it before leaving with `os._exit`, which would cut a background save short); the first
     error of a failed save is raised after all of them are done."""
+    for saver in list(_IN_FLIGHT):
+        saver.settle()
     error: BaseException | None = None
     for manager in list(_MANAGERS):
         try:

@@ -31,6 +31,13 @@ own). The answer is the same on every rank; None when memory cannot serve the wh
 (a replica lost with its node, corrupt, or the world changed size): the caller loads the
 persistent tier (`ftslurm.checkpoint`), which is saved less often.
 
+Saving is asynchronous by default, as on disk: the step stands still only for the snapshot
+(a CPU copy of the state); serialising, keeping it in this node's area and exchanging the
+replicas happen in a background thread on the tier's own gloo group, and the next save,
+`load_latest`, `clear` and the rank agent's exit (`ftslurm.checkpoint.wait_for_saves`) wait
+for it. Every rank saves at the same step, so the background exchanges pair up as the
+blocking ones did. `MemoryTier(asynchronous=False)` blocks for all of it.
+
 Each save is reported to the daemon (`ftslurm.agent.progress.memory_saved`, rank 0: the
 step and how long the training stood still for it): the daemon then tunes two intervals,
 a short one for this tier and a longer one for the disk, and the rank agent's
@@ -47,6 +54,7 @@ import os
 import re
 import shutil
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -57,7 +65,7 @@ import torch
 import torch.distributed as dist
 
 from ftslurm.agent import progress
-from ftslurm.checkpoint import _snapshot
+from ftslurm.checkpoint import _IN_FLIGHT, _snapshot
 from ftslurm.core.contract import EnvName, node_memory_area
 from ftslurm.fsutil import memory_base, read_json, write_json_atomic
 
@@ -122,7 +130,7 @@ class MemoryTier:
     after `init_process_group`, in the same order as other collectives."""
 
     def __init__(self, base: str | Path | None = None, run: str | None = None,
-                 node: str | None = None) -> None:  # fmt: skip
+                 node: str | None = None, asynchronous: bool = True) -> None:  # fmt: skip
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("MemoryTier needs an initialised torch.distributed process group")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -137,6 +145,10 @@ class MemoryTier:
         self.partner = partners(self.nodes)
         # the ranks whose replicas this rank keeps (one with as many ranks on every node)
         self.keeps = [r for r, p in sorted(self.partner.items()) if p == self.rank]
+        self.asynchronous = asynchronous
+        self._writer: threading.Thread | None = None  # the save still keeping and sending
+        self._error: BaseException | None = None
+        _IN_FLIGHT.add(self)  # the rank agent's exit waits for it (`wait_for_saves`)
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, state: dict[str, Any]) -> None:
@@ -144,8 +156,29 @@ class MemoryTier:
         the partner, in the next node's (a collective). Older steps of the shards this rank
         holds are dropped once the new ones are written."""
         started = time.monotonic()
+        self.wait()  # the previous save's replicas go out first, in the same order on all
+        snapshot = _snapshot(state, pin_memory=False)
+        if not self.asynchronous:
+            self._write(step, snapshot, started)
+            return
+        blocking = time.monotonic() - started
+        self._writer = threading.Thread(target=self._write_in_background,
+                                        args=(step, snapshot, blocking),
+                                        name=f"ftslurm-memory-save-{step}", daemon=True)
+        self._writer.start()
+
+    def _write_in_background(self, step: int, snapshot: Any, blocking: float) -> None:
+        try:
+            self._write(step, snapshot, None, blocking)
+        except BaseException as exc:  # handed to the next wait()
+            self._error = exc
+
+    def _write(self, step: int, snapshot: Any, started: float | None,
+               blocking: float | None = None) -> None:  # fmt: skip
+        """Serialise, keep in this node's area, exchange the replicas, drop older steps,
+        and tell the daemon how long the training stood still for it."""
         buffer = io.BytesIO()
-        torch.save(_snapshot(state, pin_memory=False), buffer)
+        torch.save(snapshot, buffer)
         data = buffer.getvalue()
         self._keep(self.rank, step, data)
         if self.partner:
@@ -156,7 +189,25 @@ class MemoryTier:
         for shard in (self.rank, *self.keeps):
             self._drop_older(shard, step)
         # the daemon tunes the memory tier's interval (and a longer disk one) from this
-        progress.memory_saved(step, time.monotonic() - started)
+        stood = blocking if blocking is not None else time.monotonic() - (started or 0.0)
+        progress.memory_saved(step, stood)
+
+    def settle(self) -> None:
+        """Wait for a background save and log (not raise) its failure: the exit path's."""
+        try:
+            self.wait()
+        except Exception as exc:  # the memory tier is a cache; the disk is the record
+            log.warning("rank %d: the memory tier's last save failed: %r", self.rank, exc)
+
+    def wait(self) -> None:
+        """Wait for a save still keeping and sending in the background; its error, if it
+        failed (the step is then not held: `load_latest` verifies what it restores)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def _keep(self, shard: int, step: int, data: bytes) -> None:
         self.area.mkdir(parents=True, exist_ok=True)
@@ -230,6 +281,7 @@ class MemoryTier:
         """(step, this rank's state, "memory" or "peer") of the newest step, at least
         `min_step`, that memory holds for every rank; None on every rank otherwise (a
         collective)."""
+        self.wait()
         listings: list[Any] = [None] * self.world
         dist.all_gather_object(listings, self.listing(), group=self.group)
         chosen = holders([{int(k): v for k, v in x.items()} for x in listings], self.nodes,
@@ -263,6 +315,8 @@ class MemoryTier:
 
     def clear(self) -> None:
         """Drop this run's area on this node (every rank of the node may call it)."""
+        with contextlib.suppress(Exception):  # whatever it left is removed below
+            self.wait()
         shutil.rmtree(self.area, ignore_errors=True)
         with contextlib.suppress(OSError):  # the run's folder, once no node area is left
             self.area.parent.rmdir()

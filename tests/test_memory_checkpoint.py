@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ftslurm.memory_checkpoint import holders, partners
+
+from .conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +54,17 @@ tier = MemoryTier()
 if phase == "save":
     for step in (10, 20, 30):
         tier.save(step, {"w": torch.full((1000,), float(rank * 100 + step)), "step": step})
+    tier.wait()  # the last save's replicas are sent in the background
+    print(json.dumps({"rank": rank, "keeps": tier.keeps}), flush=True)
+elif phase == "async":  # rank 1 pauses before it saves: rank 0's save returns all the same
+    import signal
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    state = {"w": torch.full((1000,), float(rank))}
+    tier.save(10, state)
+    state["w"].fill_(-1.0)  # the training goes on: the save holds its own snapshot
+    print("returned", flush=True)
+    tier.wait()
     print(json.dumps({"rank": rank, "keeps": tier.keeps}), flush=True)
 else:
     got = tier.load_latest(min_step=int(sys.argv[2]) if len(sys.argv) > 2 else None)
@@ -114,6 +129,41 @@ def test_a_corrupt_or_missing_replica_leaves_the_world_to_the_persistent_tier(tm
     assert [(g["step"], g["tier"]) for g in got] == [(30, "memory")] * 4
     assert [o["got"] for o in run_world(tmp_path, ["a", "a", "b", "b"], "load", "31")] == [
         None] * 4
+
+
+@pytest.mark.slow
+def test_a_save_returns_after_its_snapshot_and_the_replica_follows_in_the_background(
+        tmp_path):  # fmt: skip
+    """Forced timing: rank 1 (node b) is stopped before it saves, so rank 0's replica cannot
+    be received; rank 0's save returns all the same (the step stood still only for the
+    snapshot), its own state is in node a's memory, and the replica reaches node b once
+    rank 1 runs again. The state kept is the snapshot, not what the training did after."""
+    port = str(23000 + os.getpid() % 20000)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM"))}
+    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+               FTSLURM_MEMORY_DIR=str(tmp_path / "shm"), FTSLURM_RUN_ID="r1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, "async"],
+                              env={**env, "RANK": str(r), "SLURMD_NODENAME": n},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r, n in enumerate(["a", "b"])]  # fmt: skip
+    try:
+        assert procs[0].stdout is not None
+        assert procs[0].stdout.readline().strip() == "returned"  # while rank 1 is stopped
+        wait_for(lambda: (area(tmp_path, "a") / "shard-0-step-10.json").exists(), 60,
+                 "rank 0's own state in node a's memory")  # fmt: skip
+        assert not (area(tmp_path, "b") / "shard-0-step-10.pt").exists()  # not sent yet
+        os.kill(procs[1].pid, signal.SIGCONT)
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+    replica = torch.load(area(tmp_path, "b") / "shard-0-step-10.pt", weights_only=True)
+    assert float(replica["w"][0]) == 0.0  # rank 0's snapshot, not the -1 written after
 
 
 @pytest.mark.parametrize("world", [["a", "a"]])
