@@ -85,3 +85,60 @@ def test_a_month_of_2048_nodes_is_deterministic_per_seed():
     assert (a.ettr, a.node_failures, a.attempts) == (b.ettr, b.node_failures, b.attempts)
     assert 150 < a.node_failures < 350  # ~3.79 per 1000 node-days
     assert 0.5 < a.ettr < 1.0
+
+
+# ------------------------------------------------- two tiers and asynchronous saves
+TIERED = JobModel(work_s=10_000, checkpoint_interval_s=1_000, checkpoint_cost_s=10,
+                  restart_cost_s=100, memory_interval_s=250, memory_cost_s=2,
+                  memory_restart_cost_s=40)  # fmt: skip
+PERIOD = 4 * 250 + 3 * 2 + 10  # three memory saves, then one to disk
+
+
+def test_two_tier_arithmetic_memory_every_segment_disk_every_fourth():
+    assert TIERED.layout() == (250, 4) and TIERED.tiered and not JOB.tiered
+    # one full period, two memory segments more, 100 s into the next
+    computed, memory, disk = TIERED.positions(100 + PERIOD + 2 * 252 + 100, 10_000)
+    assert (computed, memory, disk) == (1_600, 1_500, 1_000)
+    assert TIERED.finish_after(10_000) == 100 + 10_000 + 9 * 10 + 30 * 2  # 39 saves, 9 disk
+    assert TIERED.in_job_restart_cost_s == 40 and JOB.in_job_restart_cost_s == 100
+    # one tier, unchanged: the memory position is the disk one
+    assert JOB.positions(100 + 1_010 * 3 + 500, 10_000) == (3_500, 3_000, 3_000)
+
+
+def test_an_in_job_restart_resumes_from_memory_a_new_allocation_from_disk():
+    from ftslurm.backends.mock import model
+
+    cluster = VirtualCluster(MockConfig(requeue_delay_s=0))
+    job = cluster.submit(JobOptions(nodes=1), TIERED)
+    at = 100 + PERIOD + 2 * 252 + 100  # memory holds 1500, disk 1000
+    cluster.at(at, lambda: cluster.restart_in_job(job))
+    cluster.run(until=at + 1)
+    run = cluster.runs[job]
+    assert run.remaining_at_start == 10_000 - 1_500  # from memory, not disk
+    assert cluster._model(job, run).restart_cost_s == 40  # the cheaper restore
+    assert cluster.memory_ahead_s(job) == 0  # taken up by the run
+    assert cluster.stats.lost_s == 100  # only the work since the memory checkpoint
+    # 20 s into the new run (its start-up not over) the job is requeued: a new allocation,
+    # started at once (no requeue delay), from the disk checkpoint
+    cluster.at(at + 20, lambda: cluster.act(model.requeue(cluster.st, job, False, cluster.now)))
+    cluster.run(until=at + 21)
+    run = cluster.runs[job]
+    assert run.serial == 3 and run.remaining_at_start == 10_000 - 1_000
+    assert run.rolled_back == 500  # memory was 500 s ahead of the disk: lost with it
+    assert cluster._model(job, run).restart_cost_s == 100  # loads from disk
+    assert cluster.stats.productive_s == 1_000 and cluster.stats.lost_s == 600
+
+
+def test_an_asynchronous_save_floors_the_interval_and_counts_once_written():
+    job = JobModel(work_s=10_000, checkpoint_interval_s=100, checkpoint_cost_s=5,
+                   restart_cost_s=0, write_s=300)  # fmt: skip
+    assert job.layout() == (300, 1)  # the interval never shorter than the write
+    assert job.positions(305 + 10, 10_000) == (310, 0, 0)  # snapshot taken, not yet written
+    assert job.positions(305 + 300, 10_000) == (600, 300, 300)  # written
+    assert job.exit_save_s == 305 and job.in_job_restart_cost_s == 0
+    cluster = VirtualCluster(MockConfig())
+    jid = cluster.submit(JobOptions(nodes=1), job)
+    cluster.at(305 + 200, lambda: cluster.restart_in_job(jid))  # the write was cut short
+    cluster.run(until=305 + 201)
+    assert cluster.runs[jid].remaining_at_start == 10_000  # back to the start
+    assert cluster.stats.lost_s == 500

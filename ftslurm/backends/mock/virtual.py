@@ -11,7 +11,8 @@ failures drawn from a seeded Poisson process. The benchmarks build their policie
 
 What happens inside the allocation, for policies that act there (benchmarks/goodput.py):
 `set_speed` slows a run (a straggler node) or stalls it (a hang), `restart_in_job` restarts
-the ranks in the same allocation, `end_processes` makes the job's processes exit by
+the ranks in the same allocation (from the newest memory checkpoint when the `JobModel` keeps
+a memory tier; a start in a new allocation resumes from disk), `end_processes` makes the job's processes exit by
 themselves (a crash, a watchdog), `preempt` is Slurm preemption with a grace time, and the
 `on_start` / `on_run_end` hooks report every run with a breakdown of its wall time
 (`RunBreakdown`). None of them is used by `simulate_campaign`.
@@ -45,28 +46,108 @@ from ftslurm.core.types import (
 
 @dataclass(frozen=True)
 class JobModel:
-    """A training job as the simulator sees it (all in seconds of wall time)."""
+    """A training job as the simulator sees it (all in seconds of wall time).
+
+    One tier (the default): every `checkpoint_interval_s` of compute the job stands still
+    `checkpoint_cost_s` to save to disk; any restart resumes from the newest disk checkpoint.
+
+    Two tiers (`memory_interval_s` set): every `memory_interval_s` of compute it saves to
+    node memory with peer replicas (`ftslurm.memory_checkpoint`), standing still
+    `memory_cost_s`; every k-th of those saves (k = the disk interval over the memory one,
+    rounded, at least 1) goes to disk instead, costing `checkpoint_cost_s` (its snapshot
+    also serves as the memory copy). A restart inside the allocation (`restart_in_job`)
+    resumes from the newest memory checkpoint and costs `memory_restart_cost_s`; a start in
+    a new allocation has lost the memory tier and resumes from the newest disk checkpoint.
+
+    Asynchronous disk saves (`write_s` > 0): `checkpoint_cost_s` is the blocking snapshot;
+    the write goes on in the background for `write_s` (of the run's progress) and the
+    checkpoint counts on disk only once written. The disk interval is never shorter than
+    the write (a save waits for the previous one, `ftslurm.checkpoint`), and a save on the
+    checkpoint signal waits for its own write before the job exits."""
 
     work_s: float  # compute needed, at full speed
-    checkpoint_interval_s: float  # compute between two checkpoints
-    checkpoint_cost_s: float  # wall time one checkpoint takes
+    checkpoint_interval_s: float  # compute between two disk checkpoints
+    checkpoint_cost_s: float  # wall time one disk checkpoint blocks the training
     restart_cost_s: float = 0.0  # start-up plus loading the checkpoint, at every start
     checkpoint_on_signal: bool = True  # a warning signal makes it checkpoint, then exit
     continue_code: int = 0  # the exit code after that checkpoint ("continue me")
+    write_s: float = 0.0  # background write of an asynchronous disk save (0: synchronous)
+    memory_interval_s: float | None = None  # compute between memory checkpoints (None: none)
+    memory_cost_s: float = 0.0  # wall time one memory checkpoint blocks the training
+    memory_restart_cost_s: float | None = None  # restart from memory (None: restart_cost_s)
+
+    @property
+    def tiered(self) -> bool:
+        """Whether the job keeps a memory tier or saves asynchronously (else the one-tier,
+        synchronous arithmetic, unchanged)."""
+        return self.memory_interval_s is not None or self.write_s > 0
+
+    @property
+    def exit_save_s(self) -> float:
+        """Wall time of the save on the checkpoint signal: blocking, then its write."""
+        return self.checkpoint_cost_s + self.write_s
+
+    @property
+    def in_job_restart_cost_s(self) -> float:
+        """Start-up of a restart inside the allocation (from memory, with a memory tier)."""
+        if self.memory_interval_s is None or self.memory_restart_cost_s is None:
+            return self.restart_cost_s
+        return self.memory_restart_cost_s
+
+    def layout(self) -> tuple[float, int]:
+        """(compute per segment, segments per disk checkpoint): each segment ends with a
+        checkpoint, the k-th with a disk one (one tier: every one)."""
+        disk = max(self.checkpoint_interval_s, self.write_s)
+        if self.memory_interval_s is None:
+            return disk, 1
+        seg = self.memory_interval_s
+        return seg, max(1, round(disk / seg), math.ceil(self.write_s / seg))
 
     def finish_after(self, remaining_s: float) -> float:
         """Wall time from a start to the end of the work (checkpoints included)."""
-        segments = max(1, math.ceil(remaining_s / self.checkpoint_interval_s))
-        return self.restart_cost_s + remaining_s + (segments - 1) * self.checkpoint_cost_s
+        if not self.tiered:
+            segments = max(1, math.ceil(remaining_s / self.checkpoint_interval_s))
+            return self.restart_cost_s + remaining_s + (segments - 1) * self.checkpoint_cost_s
+        seg, k = self.layout()
+        saves = max(1, math.ceil(remaining_s / seg)) - 1
+        disk = saves // k
+        return (self.restart_cost_s + remaining_s + disk * self.checkpoint_cost_s
+                + (saves - disk) * self.memory_cost_s)  # fmt: skip
+
+    def positions(self, elapsed_s: float, remaining_s: float) -> tuple[float, float, float]:
+        """(computed, newest memory checkpoint, newest disk checkpoint written) after
+        `elapsed_s` of a run, in work from its start (never more than remaining). One
+        tier: the memory position is the disk one."""
+        if not self.tiered:
+            saved = self.saved_after(elapsed_s, remaining_s)
+            return self.computed_after(elapsed_s, remaining_s), saved, saved
+        seg, k = self.layout()
+        done = max(0.0, elapsed_s - self.restart_cost_s)
+        period = k * seg + (k - 1) * self.memory_cost_s + self.checkpoint_cost_s
+        full, rest = divmod(done, period)
+        inside = min(k - 1, math.floor(rest / (seg + self.memory_cost_s))) if k > 1 else 0
+        rest -= inside * (seg + self.memory_cost_s)
+        memory = (full * k + inside) * seg
+        computed = memory + min(rest, seg)
+        written = math.floor(max(0.0, done - self.write_s) / period) * k * seg
+        if self.memory_interval_s is None:  # no memory tier: only what is written counts
+            memory = written
+        return (min(remaining_s, computed), min(remaining_s, memory),
+                min(remaining_s, written))  # fmt: skip
 
     def saved_after(self, elapsed_s: float, remaining_s: float) -> float:
-        """Work safely checkpointed after `elapsed_s` of a run (never more than remaining)."""
+        """Work safely checkpointed after `elapsed_s` of a run (never more than remaining);
+        with two tiers, in memory."""
+        if self.tiered:
+            return self.positions(elapsed_s, remaining_s)[1]
         cycle = self.checkpoint_interval_s + self.checkpoint_cost_s
         done = max(0.0, elapsed_s - self.restart_cost_s)
         return min(remaining_s, math.floor(done / cycle) * self.checkpoint_interval_s)
 
     def computed_after(self, elapsed_s: float, remaining_s: float) -> float:
         """Work computed (saved or not) after `elapsed_s` of a run."""
+        if self.tiered:
+            return self.positions(elapsed_s, remaining_s)[0]
         cycle = self.checkpoint_interval_s + self.checkpoint_cost_s
         done = max(0.0, elapsed_s - self.restart_cost_s)
         full, rest = divmod(done, cycle)
@@ -88,6 +169,9 @@ class _Run:
     slow_s: float = 0.0  # wall time lost to running below full speed, before `speed_since`
     stalled_s: float = 0.0  # wall time at speed 0, before `speed_since`
     signal_progress: float | None = None  # progress when the checkpoint signal came
+    # work kept in the memory tier of the last allocation, beyond its disk checkpoint, that
+    # this run (in a new allocation) does not have: lost when it started
+    rolled_back: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +191,9 @@ class RunBreakdown:
     checkpoint_s: float  # writing checkpoints (periodic and on the signal)
     slow_s: float  # wall time lost to running below full speed
     stalled_s: float  # wall time at speed 0
+    # work the earlier runs kept in memory only, lost when this one began in a new
+    # allocation (from the disk checkpoint): counted kept before, lost now
+    rolled_back_s: float = 0.0
 
 
 @dataclass
@@ -140,6 +227,9 @@ class VirtualCluster:
         self.now = start
         self.models: dict[str, JobModel] = {}
         self.remaining: dict[str, float] = {}  # workload -> work left after its last checkpoint
+        # workload -> work left after its newest memory checkpoint, in the allocation that
+        # holds it (jobs with two tiers; at most `remaining`)
+        self.in_memory: dict[str, float] = {}
         self.workloads: dict[str, str] = {}  # job -> its workload
         self._ended: set[tuple[str, int]] = set()  # (job, restart count) endings reported
         self.runs: dict[str, _Run] = {}
@@ -149,6 +239,9 @@ class VirtualCluster:
         self.on_end: Callable[[str, JobState], None] | None = None
         self.on_start: Callable[[str], None] | None = None  # a run began (after Launch)
         self.on_run_end: Callable[[RunBreakdown], None] | None = None
+        # the model a run about to start follows (the job id; True: a restart inside the
+        # allocation): the compute side reads its checkpoint cadence at every start
+        self.plan_start: Callable[[str, bool], JobModel] | None = None
         self._exits: dict[str, model.Exited] = {}  # processes that ended by themselves
         self.changed = True  # the state changed outside `run` (an action): step it first
         self._serial = 0
@@ -232,15 +325,23 @@ class VirtualCluster:
         run.speed = speed
         run.finish_at = self._finish_time(run, self._model(job_id, run))
 
-    def restart_in_job(self, job_id: str, restart_cost_s: float) -> None:
+    def restart_in_job(self, job_id: str, restart_cost_s: float | None = None) -> None:
         """The job's launcher restarts the ranks in the same allocation: the current run ends
-        (work since its last checkpoint is lost) and a new one starts now, paying
-        `restart_cost_s` to start up and load the checkpoint. Slurm sees nothing."""
+        (work since its last checkpoint is lost) and a new one starts now from the newest
+        memory checkpoint (with one tier: the disk one), paying `restart_cost_s` (default:
+        the model's `in_job_restart_cost_s`) to start up and load it. Slurm sees nothing."""
         if job_id in self.runs:
             self._end_run(job_id, completed=False)
         job = self.st.jobs.get(job_id)
         if job is not None and job.state is JobState.RUNNING:
-            self._start_run(job_id, restart_cost_s=restart_cost_s)
+            self._start_run(job_id, restart_cost_s=restart_cost_s, in_job=True)
+
+    def memory_ahead_s(self, job_id: str) -> float:
+        """Work the job's memory tier holds beyond its disk checkpoint (lost if the next
+        start is in a new allocation)."""
+        key = self.workloads[job_id]
+        memory = self.in_memory.get(key)
+        return 0.0 if memory is None else self.remaining[key] - memory
 
     def end_processes(self, job_id: str, code: int = 1) -> None:
         """The job's processes exit by themselves now with `code` (a crash that srun
@@ -329,15 +430,33 @@ class VirtualCluster:
         return job_id not in self.runs and job_id in self.models and job is not None \
             and job.state in (JobState.RUNNING, JobState.COMPLETING)
 
-    def _start_run(self, job_id: str, restart_cost_s: float | None = None) -> None:
+    def _start_run(self, job_id: str, restart_cost_s: float | None = None,
+                   in_job: bool = False) -> None:  # fmt: skip
+        """A run starts: in the allocation (`in_job`) from the newest memory checkpoint, in
+        a new one from the disk checkpoint (what only memory held is lost)."""
+        planned = self.plan_start is not None
+        if self.plan_start is not None:
+            self.models[job_id] = self.plan_start(job_id, in_job)
         job = self.models[job_id]
+        if in_job and restart_cost_s is None:
+            restart_cost_s = job.in_job_restart_cost_s
         own = None if restart_cost_s is None else replace(job, restart_cost_s=restart_cost_s)
         job = own or job
-        remaining = self.remaining[self.workloads[job_id]]
+        key = self.workloads[job_id]
+        remaining = self.remaining[key]
+        memory = self.in_memory.pop(key, None)
+        rolled_back = 0.0
+        if memory is not None and in_job:
+            remaining = memory
+        elif memory is not None:
+            rolled_back = remaining - memory
+            self.stats.productive_s -= rolled_back
+            self.stats.lost_s += rolled_back
         self.stats.attempts += 1
         self._serial += 1
         self.runs[job_id] = _Run(self.now, remaining, self.now + job.finish_after(remaining),
-                                 serial=self._serial, job=own)  # fmt: skip
+                                 serial=self._serial, job=own or (job if planned else None),
+                                 rolled_back=rolled_back)  # fmt: skip
         if self.on_start:
             self.on_start(job_id)
 
@@ -345,14 +464,22 @@ class VirtualCluster:
         run = self.runs.pop(job_id)
         job = self._model(job_id, run)
         elapsed = self._progress(run)
+        key = self.workloads[job_id]
         if completed and run.saved_on_exit is not None:
-            saved = computed = run.saved_on_exit
+            saved = computed = written = run.saved_on_exit
         elif completed:
-            saved = computed = run.remaining_at_start
+            saved = computed = written = run.remaining_at_start
+        elif job.tiered:
+            computed, saved, written = job.positions(elapsed, run.remaining_at_start)
         else:
-            saved = job.saved_after(elapsed, run.remaining_at_start)
+            saved = written = job.saved_after(elapsed, run.remaining_at_start)
             computed = job.computed_after(elapsed, run.remaining_at_start)
-        self.remaining[self.workloads[job_id]] = run.remaining_at_start - saved
+        if job.tiered:  # memory holds `saved`; the disk, what was written (else as before)
+            self.in_memory[key] = run.remaining_at_start - saved
+            if written > 0 or completed:
+                self.remaining[key] = run.remaining_at_start - written
+        else:
+            self.remaining[key] = run.remaining_at_start - saved
         self.stats.productive_s += saved
         self.stats.lost_s += computed - saved
         if self.on_run_end:
@@ -369,7 +496,7 @@ class VirtualCluster:
         run.saved_on_exit = job.computed_after(progress, run.remaining_at_start)
         run.signal_progress = progress
         if run.speed == 1.0 and run.speed_since is None:
-            run.finish_at = min(run.finish_at, self.now + job.checkpoint_cost_s)
+            run.finish_at = min(run.finish_at, self.now + job.exit_save_s)
         else:
             run.finish_at = self._finish_time(run, job)
 
@@ -416,7 +543,7 @@ class VirtualCluster:
     def _finish_time(self, run: _Run, job: JobModel) -> float:
         target = job.finish_after(run.remaining_at_start)
         if run.signal_progress is not None:
-            target = min(target, run.signal_progress + job.checkpoint_cost_s)
+            target = min(target, run.signal_progress + job.exit_save_s)
         if run.speed <= 0:
             return math.inf
         return self.now + max(0.0, target - self._progress(run)) / run.speed
@@ -430,7 +557,7 @@ class VirtualCluster:
             job_id=job_id, serial=run.serial, started=run.started, ended=self.now,
             completed=completed, signalled=run.signal_progress is not None, saved_s=saved,
             computed_s=computed, startup_s=startup, checkpoint_s=progress - startup - computed,
-            slow_s=slow, stalled_s=stalled,
+            slow_s=slow, stalled_s=stalled, rolled_back_s=run.rolled_back,
         )  # fmt: skip
 
 
