@@ -457,3 +457,17 @@ def test_a_straggler_flagged_then_benched_is_flagged_once():
     out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
                     known(files=core.RunFiles(benched=(benched,))), NOW)  # not flagged yet
     assert [f.node for f in of(out, core.FlagNode)] == ["n2"]
+
+
+def test_the_signal_lead_covers_an_asynchronous_saves_background_write():
+    """An asynchronous save blocks 6 s, then writes 60 s in the background; the job waits for
+    that write before it exits, so the lead must cover both (2 x 66 + 5 s, not 60 s)."""
+    observed = info(JobState.RUNNING, start_time=NOW, time_limit_s=3600)
+    r = run(settings={"exclude_stragglers": False})
+    progress = {"max_checkpoint_save_s": 6.0, "max_checkpoint_write_s": 60.0}
+    out = core.step(attempt(start=NOW), observed, r, known(files=core.RunFiles(
+        progress=progress)), NOW)  # fmt: skip
+    assert core.Wake(NOW + 3600 - (2 * 66 + 5)) in out
+    sync = core.step(attempt(start=NOW), observed, r, known(files=core.RunFiles(
+        progress={"max_checkpoint_save_s": 6.0})), NOW)  # fmt: skip
+    assert core.Wake(NOW + 3600 - 60) in sync

@@ -517,6 +517,17 @@ def _cadence(run: Run, facts: Facts, settings: FtSettings,
     return [WriteCadence(tuned)]  # idempotent; logged (`cadence`) once written
 
 
+def _exit_save(progress: dict[str, Any]) -> Any:
+    """How long the save on the checkpoint signal takes, as the run reported its saves: the
+    longest blocking part plus, for an asynchronous save, the longest background write,
+    which the job waits for before it exits (`ftslurm.checkpoint`: `wait()`)."""
+    save = progress.get("max_checkpoint_save_s")
+    write = _seconds(progress.get("max_checkpoint_write_s"))
+    if write is None or not isinstance(save, (int, float)):
+        return save
+    return float(save) + write
+
+
 def _seconds(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
@@ -691,8 +702,7 @@ def _signal(a: Attempt, info: JobInfo, run: Run, files: RunFiles, settings: FtSe
     it will be due, if not yet."""
     if a.checkpoint_signal_at is not None:
         return None
-    lead, warning = policy.checkpoint_lead(settings.preempt_time,
-                                           files.progress.get("max_checkpoint_save_s"))
+    lead, warning = policy.checkpoint_lead(settings.preempt_time, _exit_save(files.progress))
     if not settings.preempt_time or info.time_limit_s is None or info.start_time is None:
         return None
     due = info.start_time + info.time_limit_s - lead
