@@ -12,10 +12,10 @@ failures drawn from a seeded Poisson process. The benchmarks build their policie
 What happens inside the allocation, for policies that act there (benchmarks/goodput.py):
 `set_speed` slows a run (a straggler node) or stalls it (a hang), `restart_in_job` restarts
 the ranks in the same allocation (from the newest memory checkpoint when the `JobModel` keeps
-a memory tier; a start in a new allocation resumes from disk), `end_processes` makes the job's processes exit by
-themselves (a crash, a watchdog), `preempt` is Slurm preemption with a grace time, and the
-`on_start` / `on_run_end` hooks report every run with a breakdown of its wall time
-(`RunBreakdown`). None of them is used by `simulate_campaign`.
+a memory tier; a start in a new allocation resumes from disk), `end_processes` makes the
+job's processes exit by themselves (a crash, a watchdog), `preempt` is Slurm preemption
+with a grace time, and the `on_start` / `on_run_end` hooks report every run with a
+breakdown of its wall time (`RunBreakdown`). None of them is used by `simulate_campaign`.
 
 `VirtualBackend` is the scheduler protocol over a `VirtualCluster`: the daemon's own
 `Reconciler` runs against it on the virtual clock (benchmarks/goodput.py measures every
