@@ -246,6 +246,7 @@ from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, NodeStatus
 from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualBackend, VirtualCluster
 from ftslurm.backends.protocol import SchedulerBackend
+from ftslurm.core.cadence import Cadence, young
 from ftslurm.core.contract import ExitCode, RunDir
 from ftslurm.core.recovery import Recovery, recovery
 from ftslurm.core.settings import Cause, FtSettings
@@ -256,7 +257,7 @@ from ftslurm.daemon.reconcile import Reconciler, new_run_record
 from ftslurm.daemon.records import Attempt, Run, RunState
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import make_spec
-from ftslurm.fsutil import write_json_atomic
+from ftslurm.fsutil import read_json, write_json_atomic
 from ftslurm.recipe import Recipe
 
 DAY = 86400.0
@@ -293,6 +294,17 @@ CHECKPOINT_INTERVAL_S = 1800.0  # Check-N-Run's 30 min default (RSC assumes 1 h)
 CHECKPOINT_COST_S = 60.0  # blocking save (BLOOM 40 s for 2.3 TB; 7B sync DCP 149 s)
 RESTART_COST_S = 300.0  # start-up + checkpoint load, every start (Kokolis: u0 5-20 min)
 STEP_S = 10.0  # training step (assumed); ftslurm learns its hang timeout from it
+# Asynchronous saves (ftslurm.checkpoint): the step blocks for the snapshot only; the write
+# (the same CHECKPOINT_COST_S) goes on in the background. PyTorch blog, "Reducing Model
+# Checkpointing Times by Over 10x with PyTorch Distributed Asynchronous Checkpointing"
+# (2024): a 7B model's blocking time 148.8 s synchronous, 6.3 s asynchronous.
+ASYNC_SNAPSHOT_S = 6.0
+# The memory tier (ftslurm.memory_checkpoint): the same GPU-to-host snapshot (MegaScale,
+# NSDI'24: "several seconds"), the copy to the partner node assumed overlapped with it.
+MEMORY_SAVE_S = ASYNC_SNAPSHOT_S
+# A restart from memory (in the allocation) keeps the start-up and swaps the load from
+# storage (assumed to take as long as the write, CHECKPOINT_COST_S) for a memory copy.
+MEMORY_RESTART_COST_S = RESTART_COST_S - CHECKPOINT_COST_S + MEMORY_SAVE_S  # 246 s
 WALL_LIMIT_S = 20 * HOUR  # typical HPC wall limit (Bekman, ml-engineering)
 
 # ---------------------------------------------------------------------- Slurm (mock)
@@ -384,9 +396,12 @@ class JobSetup:
     sourced constants above; `--interval`, `--checkpoint-write`, `--restart` and
     `--queue-wait` change them."""
 
-    checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S
-    checkpoint_cost_s: float = CHECKPOINT_COST_S  # w
-    restart_cost_s: float = RESTART_COST_S  # u0
+    checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S  # of the fixed-cadence policies
+    checkpoint_cost_s: float = CHECKPOINT_COST_S  # w (synchronous; an async save's write)
+    restart_cost_s: float = RESTART_COST_S  # u0 (from disk)
+    snapshot_s: float = ASYNC_SNAPSHOT_S  # what an asynchronous disk save blocks
+    memory_save_s: float = MEMORY_SAVE_S  # what a memory-tier save blocks
+    memory_restart_s: float = MEMORY_RESTART_COST_S  # u0 of a restart from memory
     queue_wait_s: float = 0.0  # q: other jobs hold the nodes this long after each requeue
     wall_limit_s: float | None = WALL_LIMIT_S  # None: no wall limit
     requeue_delay_s: int = REQUEUE_DELAY_S
@@ -394,14 +409,6 @@ class JobSetup:
 
 
 # ------------------------------------------------------------------- the bounds (pure)
-def young_daly_interval(checkpoint_cost_s: float, failure_rate_per_s: float) -> float:
-    """Young's (and Kokolis') optimal checkpoint interval sqrt(2 w / lam); inf without
-    failures."""
-    if failure_rate_per_s <= 0:
-        return math.inf
-    return math.sqrt(2 * max(0.0, checkpoint_cost_s) / failure_rate_per_s)
-
-
 def kokolis_ettr(failure_rate_per_s: float, restart_s: float, interval_s: float,
                  checkpoint_cost_s: float = 0.0, queue_s: float = 0.0,
                  queued_rate_per_s: float | None = None) -> float:  # fmt: skip
@@ -437,7 +444,10 @@ def ideal_bound(nodes: int, failures_per_node_day: float, restart_s: float,
     with q charged to the failures that need a new allocation (queued_per_node_day)."""
     lam = nodes * failures_per_node_day / DAY
     lam_q = nodes * queued_per_node_day / DAY
-    dt = young_daly_interval(checkpoint_cost_s, lam)
+    # Young's interval sqrt(2 w M) (ftslurm.core.cadence), Kokolis' dt*: inf without
+    # failures, 0 for a free checkpoint
+    dt = math.inf if lam <= 0 else young(checkpoint_cost_s, 1 / lam) if checkpoint_cost_s > 0 \
+        else 0.0  # fmt: skip
     if lam <= 0:
         ettr = 1.0
     elif dt == 0:
@@ -451,19 +461,26 @@ def ideal_bound(nodes: int, failures_per_node_day: float, restart_s: float,
 
 
 def bounds(trace: Trace, setup: JobSetup) -> dict[str, dict[str, float]]:
-    """Both bounds for a trace: today's (u0 = the job's restart cost, lemons known in
+    """The bounds for a trace: today's (u0 = the job's restart cost, lemons known in
     advance and never used: lam over the failures a job on healthy nodes sees) and the
-    strict one (u0 = 0, lam over every failure in the fleet, lemons included). Each at the
-    Young/Daly interval, with q charged per node failure (a crash or hang can be restarted
-    in the allocation, a dead node cannot)."""
+    strict one (u0 = 0, lam over every failure in the fleet, lemons included), both with
+    the synchronous w; and today's with the asynchronous snapshot as w ("async"), the bound
+    of the policies that save asynchronously or to memory. Each at the Young/Daly
+    interval, with q charged per node failure (a crash or hang can be restarted in the
+    allocation, a dead node cannot)."""
     q = setup.queue_wait_s
-    today = ideal_bound(trace.nodes, trace.ordinary_failures_per_node_day(),
-                        setup.restart_cost_s, setup.checkpoint_cost_s, q,
-                        trace.node_failures_per_node_day(lemons=False))  # fmt: skip
+    ordinary = trace.ordinary_failures_per_node_day()
+    healthy_nodes = trace.node_failures_per_node_day(lemons=False)
+    today = ideal_bound(trace.nodes, ordinary, setup.restart_cost_s, setup.checkpoint_cost_s,
+                        q, healthy_nodes)  # fmt: skip
     strict = ideal_bound(trace.nodes, trace.fleet_failures_per_node_day(), 0.0,
                          setup.checkpoint_cost_s, q,
                          trace.node_failures_per_node_day(lemons=True))  # fmt: skip
-    return {"today": today, "strict": strict}
+    snapshot = min(setup.snapshot_s, setup.memory_save_s)
+    fast = ideal_bound(trace.nodes, ordinary, setup.restart_cost_s, snapshot, q, healthy_nodes)
+    fast_strict = ideal_bound(trace.nodes, trace.fleet_failures_per_node_day(), 0.0, snapshot,
+                              q, trace.node_failures_per_node_day(lemons=True))  # fmt: skip
+    return {"today": today, "strict": strict, "async": fast, "strict_async": fast_strict}
 
 
 # ---------------------------------------------------------------------- the trace
@@ -611,10 +628,25 @@ class Policy:
     # the tool's default stop after this many consecutive failed attempts; the simulated
     # budget is unlimited, and the campaign counts how often this default would have stopped
     default_failure_budget: int | None = None
+    # The job's checkpoints (the compute side). `tuned`: it follows the interval(s) the
+    # daemon writes into the run directory (`RunDir.cadence`, from the save times it reports
+    # in progress.json and the store's failure history), read at every start; else every
+    # JobSetup.checkpoint_interval_s. `async_save`: a disk save blocks for its snapshot, the
+    # write goes on in the background. `memory_tier`: memory checkpoints with peer replicas,
+    # from which a restart inside the allocation resumes.
+    tuned: bool = False
+    async_save: bool = False
+    memory_tier: bool = False
 
     @property
     def in_job_restarts(self) -> int:
         return self.settings.num_in_job_restarts
+
+    @property
+    def fast_saves(self) -> bool:
+        """Whether its checkpoints block for a snapshot only (async or memory): measured
+        against the bound with that w."""
+        return self.async_save or self.memory_tier
 
 
 PLAIN = tool_settings(use_launcher=False)
@@ -632,10 +664,12 @@ def spares_for(nodes: int) -> int:
 
 def policies(setup: JobSetup = JobSetup(), nodes: int = 0) -> tuple[Policy, ...]:
     """The policies (ftslurm's checkpoint signal lead follows w through the core: the
-    daemon reads the save time the job reports); the spares policy asks for
-    `spares_for(nodes)` spares."""
-    del setup  # every policy is the same for any job setup
-    ftslurm = Policy("ftslurm", "ftslurm", FTSLURM, daemon=True, signal=None, launcher=True,
+    daemon reads the save time the job reports); the spares policies ask for
+    `spares_for(nodes)` spares. ftslurm's fixed-cadence policies pin the setup's interval
+    (the daemon writes that); the tuned ones leave it "auto"."""
+    fixed = FTSLURM.model_copy(update={"checkpoint_interval": setup.checkpoint_interval_s})
+    spares = {"spare_nodes": spares_for(nodes)}
+    ftslurm = Policy("ftslurm", "ftslurm", fixed, daemon=True, signal=None, launcher=True,
                      save_on_preempt=True,
                      hang_timeout_s=FTSLURM_HANG_TIMEOUT_S + FTSLURM_MONITOR_S,
                      startup_hang_timeout_s=FTSLURM_SETUP_TIMEOUT_S + FTSLURM_MONITOR_S,
@@ -657,7 +691,14 @@ def policies(setup: JobSetup = JobSetup(), nodes: int = 0) -> tuple[Policy, ...]
         replace(ftslurm, key="ftslurm_slurm", label="ftslurm, Slurm detects", peer_detect=False),
         ftslurm,
         replace(ftslurm, key="ftslurm_spares", label="ftslurm + spares",
-                settings=FTSLURM.model_copy(update={"spare_nodes": spares_for(nodes)})),
+                settings=fixed.model_copy(update=spares)),
+        replace(ftslurm, key="ftslurm_async", label="ftslurm + async, tuned", settings=FTSLURM,
+                tuned=True, async_save=True),
+        replace(ftslurm, key="ftslurm_memory", label="ftslurm + memory tier, tuned",
+                settings=FTSLURM, tuned=True, memory_tier=True),
+        replace(ftslurm, key="ftslurm_all", label="ftslurm, everything",
+                settings=FTSLURM.model_copy(update=spares), tuned=True, async_save=True,
+                memory_tier=True),
     )  # fmt: skip
 
 
@@ -685,6 +726,9 @@ class Result:
     lost_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
     counts: dict[str, int] = field(default_factory=dict)
     spare_node_s: float = 0.0  # node-seconds the hot spares were held idle
+    # the checkpoint intervals at each start of a tuned policy: (time, memory interval or
+    # None, disk interval) as read from the daemon's cadence file
+    intervals: list[tuple[float, float | None, float]] = field(default_factory=list)
 
     def count(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
@@ -713,11 +757,7 @@ class Campaign:
                          slurmd_timeout_s=setup.slurmd_timeout_s,
                          kill_wait_s=KILL_WAIT_S, min_job_age_s=MIN_JOB_AGE_S)  # fmt: skip
         self.c = VirtualCluster(cfg, queue_wait_s=setup.queue_wait_s)
-        self.job = JobModel(work_s=10 * trace.horizon_s + DAY,
-                            checkpoint_interval_s=setup.checkpoint_interval_s,
-                            checkpoint_cost_s=setup.checkpoint_cost_s,
-                            restart_cost_s=setup.restart_cost_s,
-                            continue_code=CONTINUE_CODE)  # fmt: skip
+        self.job = self._job_model(None)
         signal = pol.signal
 
         def header(options: JobOptions) -> JobOptions:  # the tool's own sbatch header
@@ -761,7 +801,43 @@ class Campaign:
         self.c.on_start = self._on_start
         self.c.on_run_end = self._on_run_end
         self.c.on_end = self._on_end
+        self.c.plan_start = self._plan_start
+        self.run_restart_s = setup.restart_cost_s  # the current run's start-up
         self._submit_run()
+
+    # -------------------------------------------------------------- the job's saves
+    def _job_model(self, cadence: Cadence | None) -> JobModel:
+        """The job as it checkpoints under this policy: at the fixed interval, or at the
+        daemon's `cadence` (a tuned policy; before the daemon has written one, the fixed
+        interval for both tiers)."""
+        s, pol = self.setup, self.pol
+        disk, memory = s.checkpoint_interval_s, None
+        if pol.tuned and cadence is not None and cadence.interval_s is not None:
+            disk = cadence.tier_interval("disk") or disk
+            memory = cadence.interval_s if cadence.disk_interval_s is not None else None
+        if pol.memory_tier and memory is None:
+            memory = disk
+        if not pol.memory_tier:
+            memory = None
+        return JobModel(work_s=10 * self.trace.horizon_s + DAY, checkpoint_interval_s=disk,
+                        checkpoint_cost_s=s.snapshot_s if pol.async_save else s.checkpoint_cost_s,
+                        restart_cost_s=s.restart_cost_s, continue_code=CONTINUE_CODE,
+                        write_s=s.checkpoint_cost_s if pol.async_save else 0.0,
+                        memory_interval_s=memory,
+                        memory_cost_s=s.memory_save_s if pol.memory_tier else 0.0,
+                        memory_restart_cost_s=s.memory_restart_s if pol.memory_tier else None)
+
+    def _plan_start(self, jid: str, in_job: bool) -> JobModel:
+        """At every start the job reads the daemon's checkpoint cadence (a tuned policy), as
+        the rank agent does (`ftslurm.agent.rank`)."""
+        del jid, in_job  # the same file for every start
+        if not self.pol.tuned:
+            return self.job
+        cadence = Cadence.from_json(read_json(self.paths.cadence))
+        self.job = self._job_model(cadence)
+        memory, disk = self.job.memory_interval_s, self.job.layout()
+        self.r.intervals.append((self.c.now, memory, disk[0] * disk[1]))
+        return self.job
 
     # ------------------------------------------------------------------ driving
     def _submit_run(self) -> None:
@@ -884,6 +960,10 @@ class Campaign:
             self._account(b, in_flight=True)
             return
         job = self.c.st.jobs.get(self.jid or "")
+        if job is not None and job.state is not JobState.RUNNING:  # its memory is gone
+            ahead = self.c.memory_ahead_s(job.job_id)
+            self.r.productive_s -= ahead
+            self._add("lost_work", ahead)
         if self.resubmit_at is not None and self.ended_at is not None:
             self._add("detection", self.ended_at - self.last_end)
             self._add("human", min(now, self.resubmit_at) - self.ended_at)
@@ -900,8 +980,11 @@ class Campaign:
 
     def _account(self, b: RunBreakdown, in_flight: bool = False) -> None:
         r = self.r
-        r.productive_s += b.computed_s if in_flight else b.saved_s
-        self._add("lost_work", 0.0 if in_flight else b.computed_s - b.saved_s)
+        # what memory held beyond the disk, counted kept by an earlier run, is lost when
+        # this run began in a new allocation
+        r.productive_s += (b.computed_s if in_flight else b.saved_s) - b.rolled_back_s
+        self._add("lost_work", (0.0 if in_flight else b.computed_s - b.saved_s)
+                  + b.rolled_back_s)  # fmt: skip
         self._add("startup", b.startup_s)
         self._add("checkpoint", b.checkpoint_s)
         self._add("stragglers", b.slow_s)
@@ -922,9 +1005,14 @@ class Campaign:
                                 "attempt": self._attempt(), "updated_at": self.c.now}
         if saved > 0:
             data.update(checkpoint_step=int(saved), checkpoint_at=self.c.now)
-        if self.setup.checkpoint_cost_s > 0:
-            data.update(checkpoint_save_s=self.setup.checkpoint_cost_s,
-                        max_checkpoint_save_s=self.setup.checkpoint_cost_s)  # fmt: skip
+        job = self.job
+        if job.checkpoint_cost_s > 0:  # the disk save: what it blocked (async: the snapshot)
+            data.update(checkpoint_save_s=job.checkpoint_cost_s,
+                        max_checkpoint_save_s=job.checkpoint_cost_s)  # fmt: skip
+        if job.write_s > 0:  # ... and its background write
+            data.update(checkpoint_write_s=job.write_s, max_checkpoint_write_s=job.write_s)
+        if job.memory_interval_s is not None and job.memory_cost_s > 0:  # the memory tier
+            data.update(memory_step=int(saved), memory_save_s=job.memory_cost_s)
         self.paths.root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.paths.progress, data)
 
@@ -951,6 +1039,8 @@ class Campaign:
         self.run_serial += 1
         self.run_start = now
         self.stall = None
+        run = self.c.runs[jid]
+        self.run_restart_s = (run.job or self.c.models[jid]).restart_cost_s
         if self.in_job:
             self.in_job = False
         else:
@@ -1053,7 +1143,7 @@ class Campaign:
                 self._give_up(hung=False)  # the step fails (srun --kill-on-bad-exit)
         elif f.kind == "hang":
             self._stall("hung")
-            startup = now - self.run_start < self.setup.restart_cost_s
+            startup = now - self.run_start < self.run_restart_s
             wait = self.pol.startup_hang_timeout_s if startup else self.pol.hang_timeout_s
             self._later(wait, lambda: self._recover(hung=True))
 
@@ -1102,7 +1192,7 @@ class Campaign:
         if self.jid not in self.c.runs:  # its ranks died with the node: nobody trained since
             self._add("detection", now - self.last_end)
         self.in_job = True
-        self.c.restart_in_job(self.jid or "", self.setup.restart_cost_s)
+        self.c.restart_in_job(self.jid or "")  # from memory with a memory tier
 
     def _stall(self, why: str) -> None:
         self.stall = why
@@ -1121,7 +1211,7 @@ class Campaign:
             self.restarts_used += 1
             self.r.count("in_job_restarts")
             self.in_job = True
-            self.c.restart_in_job(self.jid or "", self.setup.restart_cost_s)
+            self.c.restart_in_job(self.jid or "")  # from memory with a memory tier
         else:
             self._give_up(hung)
 
@@ -1184,8 +1274,10 @@ class Campaign:
 # ----------------------------------------------------------------------- reporting
 def simulate(seed: int, sizes: list[int], days: float, fm: FailureModel = FailureModel(),
              setup: JobSetup = JobSetup(), queue_waits: tuple[float, ...] = (0.0,),
-             ) -> dict[str, Any]:  # fmt: skip
-    """Per size one trace, replayed under every policy for each queue wait q."""
+             keys: tuple[str, ...] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Per size one trace, replayed under every policy (or those of `keys`) for each queue
+    wait q. A policy that saves asynchronously or to memory is measured against the bound
+    with that w ("x today" against "async")."""
     results: dict[str, Any] = {}
     for size in sizes:
         trace = draw_trace(seed, size, days, fm)
@@ -1195,21 +1287,37 @@ def simulate(seed: int, sizes: list[int], days: float, fm: FailureModel = Failur
             bnd = bounds(trace, s)
             per: dict[str, Any] = {}
             for pol in policies(s, size):
+                if keys is not None and pol.key not in keys:
+                    continue
                 started = time.perf_counter()
                 res = Campaign(trace, pol, s).run()
+                own = bnd["async" if pol.fast_saves else "today"]["ettr"]
+                own_strict = bnd["strict_async" if pol.fast_saves else "strict"]["ettr"]
                 per[pol.key] = {
                     "label": pol.label, "ettr": res.ettr,
-                    "ratio_to_bound": res.ettr / bnd["today"]["ettr"],
-                    "ratio_to_strict": res.ettr / bnd["strict"]["ettr"],
+                    "ratio_to_bound": res.ettr / own,
+                    "ratio_to_strict": res.ettr / own_strict,
                     "wall_s": res.wall_s, "productive_s": res.productive_s,
                     "lost_s": dict(res.lost_s), "counts": dict(sorted(res.counts.items())),
                     "spare_nodes": pol.settings.spare_nodes,
                     "spare_node_hours": res.spare_node_s / HOUR,
+                    "intervals": _intervals(res.intervals),
                     "sim_s": time.perf_counter() - started,
                 }  # fmt: skip
             runs.append({"queue_wait_s": q, "bounds": bnd, "policies": per})
         results[str(size)] = {"trace": trace.facts(), "runs": runs}
     return results
+
+
+def _intervals(seen: list[tuple[float, float | None, float]]) -> dict[str, Any] | None:
+    """A tuned policy's checkpoint intervals: at its first and last start and how often
+    they changed (None: a fixed cadence)."""
+    if not seen:
+        return None
+    (_, memory0, disk0), (_, memory1, disk1) = seen[0], seen[-1]
+    changes = sum(1 for a, b in zip(seen, seen[1:], strict=False) if a[1:] != b[1:])
+    return {"starts": len(seen), "changes": changes, "first_memory_s": memory0,
+            "first_disk_s": disk0, "last_memory_s": memory1, "last_disk_s": disk1}
 
 
 # ------------------------------------------------------------------ the calibration
@@ -1275,6 +1383,7 @@ def assumptions() -> dict[str, Any]:
              "PREEMPT_GRACE_S", "MAINTENANCE_S", "STRAGGLER_EPISODES_PER_NODE_DAY",
              "STRAGGLER_DURATION_S", "STRAGGLER_SLOWDOWN", "SPARE_FRACTION",
              "CHECKPOINT_INTERVAL_S", "CHECKPOINT_COST_S", "RESTART_COST_S", "STEP_S",
+             "ASYNC_SNAPSHOT_S", "MEMORY_SAVE_S", "MEMORY_RESTART_COST_S",
              "WALL_LIMIT_S", "SLURMD_TIMEOUT_S", "REQUEUE_DELAY_S", "KILL_WAIT_S",
              "NCCL_WATCHDOG_S", "SUBMITIT_SIGNAL_DELAY_S", "HUMAN_RESUBMIT_MEDIAN_S",
              "HUMAN_RESUBMIT_SIGMA", "NEMO_RANK_HEARTBEAT_S", "NEMO_INITIAL_HEARTBEAT_S",
@@ -1319,9 +1428,12 @@ def print_tables(out: dict[str, Any]) -> None:
                            sorted(tr["faults_in_pool"].items()))  # fmt: skip
         for run in entry["runs"]:
             b, st = run["bounds"]["today"], run["bounds"]["strict"]
+            fa = run["bounds"]["async"]
             caption = (f"today's bound {b['ettr']:.3f}: lam = {b['failures_per_day']:.2f}/day "
                        f"(lemons left out), Young/Daly {b['interval_s'] / 60:.0f} min, u0 = "
-                       f"{b['restart_s']:.0f} s, w = {b['checkpoint_cost_s']:.0f} s\n"
+                       f"{b['restart_s']:.0f} s, w = {b['checkpoint_cost_s']:.0f} s; with "
+                       f"w = {fa['checkpoint_cost_s']:g} s (async, memory: their 'x today') "
+                       f"{fa['ettr']:.3f} at {fa['interval_s'] / 60:.0f} min\n"
                        f"strict bound {st['ettr']:.3f}: lam = {st['failures_per_day']:.2f}/day "
                        f"(whole fleet), Young/Daly {st['interval_s'] / 60:.0f} min, u0 = 0\n"
                        f"trace: {tr['pool_nodes']} nodes in the pool ({tr['lemon_nodes']} "
@@ -1360,6 +1472,8 @@ def print_tables(out: dict[str, Any]) -> None:
                   f"{out['elapsed_s']:.1f} s")  # fmt: skip
     for line in spare_lines(out):
         console.print(f"spares: {line}")
+    for line in cadence_lines(out):
+        console.print(f"cadence: {line}")
     for note in out["checks"]:
         console.print(f"check: {note}")
 
@@ -1367,16 +1481,16 @@ def print_tables(out: dict[str, Any]) -> None:
 def markdown(out: dict[str, Any]) -> str:
     """The summary table of docs/performance.md."""
     keys = list(out["policies"])
-    head = ["nodes", "q"] + [out["policies"][k] for k in keys] + ["today's bound",
-                                                                   "strict bound"]
+    head = ["nodes", "q"] + [out["policies"][k] for k in keys] + [
+        "today's bound", "strict bound", "today's, async w", "strict, async w"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for size, entry in out["results"].items():
         for run in entry["runs"]:
             cells = [size, f"{run['queue_wait_s'] / 60:g} min"]
             cells += [f"{p['ettr']:.3f} ({p['ratio_to_bound']:.3f})"
                       for p in (run["policies"][k] for k in keys)]  # fmt: skip
-            cells += [f"{run['bounds']['today']['ettr']:.3f}",
-                      f"{run['bounds']['strict']['ettr']:.3f}"]  # fmt: skip
+            cells += [f"{run['bounds'][b]['ettr']:.3f}"
+                      for b in ("today", "strict", "async", "strict_async")]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *(f"- {line}" for line in spare_lines(out))]
     return "\n".join(lines)
@@ -1401,6 +1515,28 @@ def spare_lines(out: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cadence_lines(out: dict[str, Any]) -> list[str]:
+    """Per tuned policy, size and q: the intervals the daemon tuned, at the first start
+    that had its file and at the last (the failure history moves them)."""
+    lines = []
+    for size, entry in out["results"].items():
+        for run in entry["runs"]:
+            for p in run["policies"].values():
+                iv = p.get("intervals")
+                if not iv:
+                    continue
+                first, last = (f"{_span(iv[f'{k}_memory_s'])}/{_span(iv[f'{k}_disk_s'])}"
+                               for k in ("first", "last"))  # fmt: skip
+                lines.append(f"{size} nodes, {_q(run)}, {p['label']}: memory/disk interval "
+                             f"{first} at the first start, {last} at the last "
+                             f"({iv['starts']} starts, {iv['changes']} changes)")
+    return lines
+
+
+def _span(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+
+
 def checks(out: dict[str, Any]) -> list[str]:
     """Plausibility: what should hold, and whether it did."""
     notes: list[str] = []
@@ -1416,7 +1552,7 @@ def checks(out: dict[str, Any]) -> list[str]:
                             else "all below today's bound") + "; "
                          + (f"ABOVE the strict bound: {', '.join(over_strict)}" if over_strict
                             else "all below the strict bound"))  # fmt: skip
-    if len(sizes) > 1:
+    if len(sizes) > 1 and "plain" in out["policies"]:
         plain = [out["results"][s]["runs"][0]["policies"]["plain"]["ettr"] for s in sizes]
         falls = all(a >= b for a, b in zip(plain, plain[1:], strict=False))
         notes.append(f"plain requeue ETTR by size {' > '.join(f'{x:.3f}' for x in plain)}: "
@@ -1498,6 +1634,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="w: blocking checkpoint write in seconds")
     parser.add_argument("--restart", type=float, default=RESTART_COST_S,
                         help="u0: start-up plus checkpoint load in seconds, at every start")
+    parser.add_argument("--snapshot", type=float, default=ASYNC_SNAPSHOT_S,
+                        help="what an asynchronous disk save blocks, in seconds (its write, "
+                             "--checkpoint-write, goes on in the background)")  # fmt: skip
+    parser.add_argument("--memory-save", type=float, default=MEMORY_SAVE_S,
+                        help="what a memory-tier save blocks, in seconds")
+    parser.add_argument("--memory-restart", type=float, default=MEMORY_RESTART_COST_S,
+                        help="start-up plus restore from memory in seconds (in-job restarts "
+                             "of the memory-tier policies)")  # fmt: skip
+    parser.add_argument("--policies", default=",".join(p.key for p in POLICIES),
+                        help="comma-separated policy keys to simulate (default: all)")
     parser.add_argument("--queue-wait", default="0,600",
                         help="q: seconds each requeue waits for nodes held by other jobs, "
                              "comma-separated for several runs")  # fmt: skip
@@ -1523,6 +1669,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--lemon-share is a share between 0 and 1")
     if not 0 < args.interval < math.inf:
         parser.error("--interval must be a positive number of seconds")
+    for flag in ("snapshot", "memory_save", "memory_restart"):
+        if not 0 < getattr(args, flag) < math.inf:
+            parser.error(f"--{flag.replace('_', '-')} must be a positive number of seconds")
+    known = [p.key for p in POLICIES]
+    args.policies = tuple(k.strip() for k in args.policies.split(",") if k.strip())
+    unknown = [k for k in args.policies if k not in known]
+    if unknown or not args.policies:
+        parser.error(f"--policies takes keys among {','.join(known)}; got "
+                     f"{','.join(unknown) or 'none'}")
     return args
 
 
@@ -1539,13 +1694,17 @@ def main(argv: list[str] | None = None) -> int:
                       lemon_share=args.lemon_share,
                       straggler_episodes_per_node_day=args.straggler_rate)  # fmt: skip
     setup = JobSetup(checkpoint_interval_s=args.interval, checkpoint_cost_s=args.checkpoint_write,
-                     restart_cost_s=args.restart)  # fmt: skip
+                     restart_cost_s=args.restart, snapshot_s=args.snapshot,
+                     memory_save_s=args.memory_save,
+                     memory_restart_s=args.memory_restart)  # fmt: skip
     started = time.perf_counter()
-    results = simulate(args.seed, args.sizes, args.days, fm, setup, args.queue_wait)
+    results = simulate(args.seed, args.sizes, args.days, fm, setup, args.queue_wait,
+                       args.policies)  # fmt: skip
     out: dict[str, Any] = {"seed": args.seed, "days": args.days, "sizes": args.sizes,
                            "queue_waits_s": list(args.queue_wait),
                            "failure_model": asdict(fm), "job_setup": asdict(setup),
-                           "policies": {p.key: p.label for p in POLICIES},
+                           "policies": {p.key: p.label for p in POLICIES
+                                        if p.key in args.policies},
                            "causes": list(CAUSES), "results": results,
                            "elapsed_s": time.perf_counter() - started,
                            "assumptions": assumptions()}  # fmt: skip

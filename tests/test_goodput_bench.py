@@ -58,9 +58,9 @@ def test_bound_at_the_young_daly_interval_llama3_rate(write_s, restart_s, interv
 
 
 def test_young_daly_interval_worked_case_and_edges():
-    # 1024 GPUs at the RSC-1 rate, 30 s writes: 42 min
-    assert gp.young_daly_interval(30, per_s(128, 6.5e-3)) / 60 == pytest.approx(42, abs=0.6)
-    assert gp.young_daly_interval(30, 0.0) == math.inf
+    # 1024 GPUs at the RSC-1 rate, 30 s writes: 42 min (the core's Young, in the bound)
+    assert gp.ideal_bound(128, 6.5e-3, 300, 30)["interval_s"] / 60 == pytest.approx(42, abs=0.6)
+    assert gp.ideal_bound(128, 6.5e-3, 300, 0)["interval_s"] == 0
     b = gp.ideal_bound(64, 0.0, 300, 60)
     assert b["ettr"] == 1.0 and b["interval_s"] == math.inf
 
