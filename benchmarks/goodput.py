@@ -1,5 +1,5 @@
-"""Goodput of a month-long training job under four fault-tolerance policies, on the same
-seeded failure traces, against two bounds.
+"""Goodput of a month-long training job under fault-tolerance policies (three tools, ftslurm
+and one variant per mechanism), on the same seeded failure traces, against the bounds.
 
 For each job size (`--sizes`, nodes) one failure trace is drawn from `--seed` over `--days`
 and replayed, unchanged, under each policy on the virtual-clock mock scheduler
@@ -22,6 +22,7 @@ the ETTR as a share of each bound.
     python benchmarks/goodput.py [--sizes 128,1024,2048] [--days 30] [--seed 1]
         [--failure-rate 3.79] [--lemon-share 0.714] [--straggler-rate 0.002]
         [--interval 1800] [--checkpoint-write 60] [--restart 300] [--queue-wait 0,600]
+        [--snapshot 6] [--memory-save 6] [--memory-restart 246] [--policies KEY,...]
         [--plot goodput.png] [--json | --markdown]
     python benchmarks/goodput.py --calibrate [--days 30] [--seed 1]
 
@@ -113,6 +114,25 @@ Policies
             new one runs, as above (a straggler: moved by held requeue).
             The spares' cost is reported beside their gain: K idle node-hours per
             hour held, against the productive node-hours gained over ftslurm without them.
+  ftslurm + async, tuned
+            ftslurm with asynchronous disk saves (`ftslurm.checkpoint`): a save blocks for
+            its snapshot (ASYNC_SNAPSHOT_S), its write (CHECKPOINT_COST_S) goes on in the
+            background and counts once done; and the tuned cadence: the job checkpoints at
+            the interval the daemon writes into the run directory (checkpoint_interval
+            "auto": `ftslurm.core.cadence`, Daly's optimum from the save times the job
+            reports in progress.json and the node failures the daemon's store has seen in
+            this simulation, never shorter than the write), read at every start (before the
+            daemon's first file: the fixed 30 min).
+  ftslurm + memory tier, tuned
+            ftslurm with the memory tier (`ftslurm.memory_checkpoint`: node memory plus a
+            peer replica, MEMORY_SAVE_S per save) and the tuned cadence's two intervals
+            (memory; disk, a multiple of it); disk saves synchronous. A restart inside the
+            allocation (crash, hang, spare swap) resumes from the newest memory checkpoint
+            at MEMORY_RESTART_COST_S; a new allocation from the newest disk checkpoint.
+  ftslurm, everything
+            ftslurm + spares, async saves, the memory tier and the tuned cadence together.
+  The fixed-cadence ftslurm policies pin checkpoint_interval to the setup's 30 min (what
+  their daemon writes); the baselines have no cadence file.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
   needs ~36 continuations, and whoever plans one raises submitit's max_num_timeout=3,
   NeMo's num_job_retries_on_failure=2 and ftslurm's 2 (ftslurm gets the same treatment).
@@ -157,6 +177,16 @@ The job (the same for every policy):
       default; a 60 s synchronous save (BLOOM: 40 s for 2.3 TB; 149 s for 7B sync DCP).
   RESTART_COST_S = 300    start-up plus checkpoint load at every start, in-job restarts
       included (Kokolis: u0 of 5-20 min typical; the low end).
+  ASYNC_SNAPSHOT_S = 6    what an asynchronous disk save blocks (PyTorch blog, "Reducing
+      Model Checkpointing Times by Over 10x with PyTorch Distributed Asynchronous
+      Checkpointing", 2024: 7B, 148.8 s synchronous, 6.3 s blocking asynchronous); its
+      write, CHECKPOINT_COST_S, in the background (MegaScale, NSDI'24: GPU to host in
+      "several seconds", then asynchronously to HDFS).
+  MEMORY_SAVE_S = 6    a memory-tier save: the same GPU-to-host snapshot, the copy to the
+      partner node assumed overlapped with it (Gemini, SOSP'23, interleaves checkpoint
+      traffic with training; ByteRobust, SOSP'25: per-step in-memory checkpoints under 1%).
+  MEMORY_RESTART_COST_S = 300 - 60 + 6 = 246    a restart from memory keeps the start-up
+      and swaps the load from storage (assumed as long as the write) for a memory copy.
   STEP_S = 10    training step time (assumed), from which ftslurm's hang timeout is learned.
   WALL_LIMIT_S = 20 h    typical HPC wall limit (Bekman, ml-engineering).
 Slurm (mock defaults): SlurmdTimeout 300 s, requeue delay 120 s (cred_expire; BeginTime is
@@ -181,8 +211,8 @@ queue + q, whatever its BeginTime (a start-now included; Slurm's 121 s requeue d
 within q). It is charged to "requeue". An in-job restart does not leave the allocation and
 pays no q.
 
-The bounds per size and q, both Kokolis' queue-aware formula at the Young/Daly interval
-dt* = sqrt(2 w / lam):
+The bounds per size and q, Kokolis' queue-aware formula at the Young/Daly interval
+dt* = sqrt(2 w / lam) (`ftslurm.core.cadence.young`):
   E[ETTR] = (1 - lam (u0 + dt/2)) / ((1 + w/dt)(1 + lam_q q))
 with w = the job's checkpoint write and lam_q = N x the trace's node-failure rate (only a
 dead node needs a new allocation and so waits in the queue; crashes and hangs can be
@@ -193,6 +223,8 @@ limits and stragglers free.
             its healthy nodes): lemons known in advance and never used.
   strict    u0 = 0, lam = N x the trace's rate of every failure in the pool, lemons
             included (lam_q: every node failure): nothing known in advance, restarts free.
+  async     today's and strict with w = ASYNC_SNAPSHOT_S: the bounds of the policies that
+            save asynchronously or to memory ("x today" and "x strict" of those policies).
 At the published rates the strict bound is the lower one (lemons double lam at 2048
 nodes, more than u0 costs); neither is above the other for every input. The script checks
 and reports each policy against both.
@@ -219,8 +251,8 @@ Cost: the simulation is single-threaded and runs the daemon's real loop and SQLi
 (in a temporary folder, on /dev/shm where there is one): ftslurm's daemon looks about once
 a minute while a job runs (it reads the straggler report every report interval), about
 43,000 cycles a simulated month. The default three sizes under two queue waits and all
-four policies (24 simulations) take a few minutes of one core, `--calibrate` under a
-minute.
+nine policies (54 simulations) take about a quarter of an hour of one core
+(`--policies` picks some), `--calibrate` under a minute.
 """
 
 from __future__ import annotations
