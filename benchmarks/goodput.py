@@ -251,7 +251,7 @@ Cost: the simulation is single-threaded and runs the daemon's real loop and SQLi
 (in a temporary folder, on /dev/shm where there is one): ftslurm's daemon looks about once
 a minute while a job runs (it reads the straggler report every report interval), about
 43,000 cycles a simulated month. The default three sizes under two queue waits and all
-nine policies (54 simulations) take about a quarter of an hour of one core
+nine policies (54 simulations) took 45 min of wall time on a shared 2-core machine
 (`--policies` picks some), `--calibrate` under a minute.
 """
 
