@@ -1,4 +1,8 @@
-"""`python -m ftslurm.localcluster up|down|status|destroy|fail-node N|revive-node N|...`."""
+"""`python -m ftslurm.localcluster [--version 24.11] up|down|status|destroy|fail-node N|...`.
+
+Without `--version` it is the host's Slurm (22.05); `--version 24.11` is a second cluster,
+run from a Debian trixie root filesystem, with its own folder and ports (both can run).
+"""
 
 from __future__ import annotations
 
@@ -6,25 +10,36 @@ import argparse
 import logging
 import sys
 
-from ftslurm.localcluster.harness import DEFAULT_ROOT, ClusterError, LocalCluster
+from ftslurm.localcluster.config import render_env_sh
+from ftslurm.localcluster.harness import ClusterError, LocalCluster, default_root
+from ftslurm.localcluster.rootfs import DEFAULT_CACHE, HOST_RELEASE, VERSIONS
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ftslurm.localcluster",
                                      description="A local 4-node Slurm cluster on loopback.")
-    parser.add_argument("--root", default=str(DEFAULT_ROOT), help="the cluster's folder")
+    parser.add_argument("--version", default=HOST_RELEASE, choices=VERSIONS,
+                        help=f"the Slurm release (default {HOST_RELEASE}, the host's own)")
+    parser.add_argument("--root", help="the cluster's folder (default: "
+                        + ", ".join(f"{v}: {default_root(v)}" for v in VERSIONS) + ")")
+    parser.add_argument("--cache", default=str(DEFAULT_CACHE),
+                        help="where another release's root filesystem is built and kept")
     parser.add_argument("command", choices=["up", "down", "status", "destroy", "fail-node",
                                             "revive-node", "stop-controller", "start-controller",
                                             "env"])
     parser.add_argument("node", nargs="?")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    cluster = LocalCluster(args.root)
     try:
+        cluster = LocalCluster(args.root, version=args.version, cache=args.cache)
         match args.command:
             case "up":
                 cluster.up()
-                print(f"local Slurm cluster up: {', '.join(cluster.layout.node_names)} idle")
+                if cluster.build_s:
+                    print(f"built the Slurm {args.version} root filesystem in "
+                          f"{cluster.build_s:.0f} s")
+                print(f"local Slurm {args.version} cluster up: "
+                      f"{', '.join(cluster.layout.node_names)} idle")
                 print(f"use it with: . {cluster.layout.env_file}")
             case "down":
                 cluster.down()
@@ -40,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"node {node:<7} {states.get(node, 'unreachable')}")
                 return 0 if cluster.is_up() else 1
             case "env":
-                print(f"export SLURM_CONF={cluster.layout.slurm_conf}")
+                print(render_env_sh(cluster.layout), end="")
             case "fail-node" | "revive-node":
                 if not args.node:
                     parser.error(f"{args.command} needs a node name")

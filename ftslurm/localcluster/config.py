@@ -6,6 +6,7 @@ and return file contents, so the configuration can be unit-tested and read in on
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,9 @@ class ClusterLayout:
     min_job_age: int = 60  # Slurm's default is 300; shorter keeps the MinJobAge test short
     kill_wait: int = 30
     db_password: str = "ftslurm-local"
+    # Daemons and clients run from another Slurm release's root filesystem (rootfs.py);
+    # clients are then wrapper scripts in `bin_dir`, put first on PATH by env.sh.
+    chrooted: bool = False
 
     @property
     def node_names(self) -> list[str]:
@@ -56,6 +60,10 @@ class ClusterLayout:
     @property
     def slurm_conf(self) -> Path:
         return self.etc / "slurm.conf"
+
+    @property
+    def cgroup_conf(self) -> Path:
+        return self.etc / "cgroup.conf"
 
     @property
     def slurmdbd_conf(self) -> Path:
@@ -96,6 +104,11 @@ class ClusterLayout:
     @property
     def mysql_socket(self) -> Path:
         return self.mysql_dir / "mysqld.sock"
+
+    @property
+    def bin_dir(self) -> Path:
+        """Wrapper scripts for a chrooted release's clients (sbatch, squeue, ...)."""
+        return self.root / "bin"
 
     @property
     def env_file(self) -> Path:
@@ -177,5 +190,17 @@ StorageLoc=slurm_acct_db
 """
 
 
+def render_cgroup_conf(lay: ClusterLayout) -> str:
+    """Slurm 24.11's slurmd initialises its cgroup plugin even with proctrack/linuxproc and
+    task/none, and stops when /sys/fs/cgroup is not there (as in its chroot): the local
+    cluster tracks processes itself, so the plugin is switched off. 22.05 reads no such file."""
+    return "# Written by ftslurm's local cluster harness.\nCgroupPlugin=disabled\n"
+
+
 def render_env_sh(lay: ClusterLayout) -> str:
-    return f'export SLURM_CONF="{lay.slurm_conf}"\n'
+    """`export` lines for a shell: SLURM_CONF, and for a chrooted release the wrapper
+    folder first on PATH (the host's own clients are another release)."""
+    text = f"export SLURM_CONF={shlex.quote(str(lay.slurm_conf))}\n"
+    if lay.chrooted:
+        text += f'export PATH={shlex.quote(str(lay.bin_dir))}:"$PATH"\n'
+    return text

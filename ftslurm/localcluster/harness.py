@@ -10,6 +10,10 @@ process "on" that node, so slurmctld sees a node that stopped answering; `stop_c
 takes slurmctld away while the rest keeps running.
 
 It must run as root (it starts daemons as root and as the munge/mysql users).
+
+`LocalCluster(version="24.11")` runs another Slurm release the same way, its daemons inside
+a chroot of a Debian root filesystem that ships it (`rootfs`), with ports, folder and munge
+socket of its own, so it runs beside the host's 22.05 cluster.
 """
 
 from __future__ import annotations
@@ -31,9 +35,19 @@ from ftslurm.errors import ConfigError, FtslurmError
 from ftslurm.fsutil import forget_node_memory, memory_base
 from ftslurm.localcluster.config import (
     ClusterLayout,
+    render_cgroup_conf,
     render_env_sh,
     render_slurm_conf,
     render_slurmdbd_conf,
+)
+from ftslurm.localcluster.rootfs import (
+    DEFAULT_CACHE,
+    HOST_RELEASE,
+    Rootfs,
+    RootfsError,
+    Sysroot,
+    release_for,
+    write_client_wrappers,
 )
 
 log = logging.getLogger(__name__)
@@ -51,6 +65,14 @@ NODE_MARKER = "FTSLURM_LOCAL_NODE"  # env var set on each slurmd (and inherited 
 
 class ClusterError(FtslurmError):
     """The local cluster could not be started or controlled."""
+
+
+def default_root(version: str = HOST_RELEASE) -> Path:
+    """The host release's cluster lives in DEFAULT_ROOT, another beside it, named after
+    its version, so both can run at once."""
+    if version == HOST_RELEASE:
+        return DEFAULT_ROOT
+    return DEFAULT_ROOT.with_name(f"{DEFAULT_ROOT.name}-{version}")
 
 
 def wait_for(cond: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:
@@ -132,18 +154,59 @@ class DaemonStatus:
 class LocalCluster:
     """Start, inspect, break and stop a local multi-node Slurm cluster."""
 
-    def __init__(self, root: Path | str = DEFAULT_ROOT, **layout_overrides) -> None:
+    def __init__(self, root: Path | str | None = None, *, version: str = HOST_RELEASE,
+                 cache: Path | str = DEFAULT_CACHE, **layout_overrides) -> None:  # fmt: skip
+        try:
+            release = release_for(version)
+        except RootfsError as exc:
+            raise ClusterError(str(exc)) from None
+        self.version = version
+        if release is not None:
+            layout_overrides = {"base_port": release.base_port, "chrooted": True,
+                                "cluster_name": release.cluster_name, **layout_overrides}
         self.layout = ClusterLayout(
-            root=Path(root).resolve(), hostname=socket.gethostname().split(".")[0],
-            **layout_overrides,
+            root=Path(root or default_root(version)).resolve(),
+            hostname=socket.gethostname().split(".")[0], **layout_overrides,
         )  # fmt: skip
+        self.rootfs: Rootfs | None = None
+        self.sysroot: Sysroot | None = None
+        self.build_s = 0.0  # how long `up` spent building the root filesystem
+        if release is not None:
+            try:
+                self.rootfs = Rootfs(release, Path(cache))
+                # The mount point lives beside the cache, not in the cluster's folder: a walk
+                # or removal of that folder (or of /tmp) must never reach the cached tree.
+                name = str(self.layout.root).strip("/").replace("/", "_")
+                self.sysroot = Sysroot(self.rootfs, self.rootfs.cache / "mnt" / name,
+                                       self.layout.root)  # fmt: skip
+            except RootfsError as exc:
+                raise ClusterError(str(exc)) from None
 
     # ------------------------------------------------------------------ env
     def env(self) -> dict[str, str]:
         """The environment Slurm's clients need to talk to this cluster."""
         env = dict(os.environ)
         env["SLURM_CONF"] = str(self.layout.slurm_conf)
+        if self.layout.chrooted:
+            env["PATH"] = os.pathsep.join([str(self.layout.bin_dir), env.get("PATH", "")])
         return env
+
+    def _daemon_argv(self, name: str, *args: str, user: str | None = None) -> list[str]:
+        """argv that runs this release's `name` (as `user`, if given): the host's binary,
+        or the root filesystem's inside the chroot."""
+        as_user = ["runuser", "-u", user, "--"] if user else []
+        if self.sysroot is None or self.rootfs is None:
+            return [*as_user, _sbin(name), *args]
+        if not user:
+            return self.sysroot.argv(name, *args)
+        return self.sysroot.argv("runuser", *as_user[1:], self.rootfs.binary(name), *args)
+
+    def _user_ids(self, user: str) -> tuple[int, int]:
+        """The (uid, gid) the daemons' user has where they run (host or chroot)."""
+        if self.rootfs is None:
+            entry = pwd.getpwnam(user)
+            return entry.pw_uid, entry.pw_gid
+        return self.rootfs.passwd_ids(user)
 
     def _daemon_env(self, node: str | None = None) -> dict[str, str]:
         env = self.env()
@@ -169,7 +232,14 @@ class LocalCluster:
         return [b for b in REQUIRED_BINARIES if shutil.which(b, path=_sbin_path()) is None]
 
     def ensure_packages(self) -> None:
-        """Install Slurm, munge, slurmdbd and MariaDB from Debian's packages when missing."""
+        """Install Slurm, munge, slurmdbd and MariaDB from Debian's packages when missing
+        (for another release: build its root filesystem unless a complete one is cached)."""
+        if self.rootfs is not None:
+            try:
+                self.build_s = self.rootfs.ensure()
+            except (RootfsError, subprocess.TimeoutExpired) as exc:
+                raise ClusterError(f"root filesystem for Slurm {self.version}: {exc}") from None
+            return
         missing = self.missing_binaries()
         if not missing:
             return
@@ -202,6 +272,12 @@ class LocalCluster:
         lay = self.layout
         fresh = not lay.state_dir.exists()
         self._write_files()
+        if self.sysroot is not None and self.rootfs is not None:
+            try:
+                self.sysroot.mount()
+            except RootfsError as exc:
+                raise ClusterError(str(exc)) from None
+            write_client_wrappers(lay.bin_dir, self.rootfs, self.sysroot.path, lay.slurm_conf)
         self._start_munged()
         self._start_mysql()
         self._start_slurmdbd()
@@ -224,10 +300,21 @@ class LocalCluster:
         self._stop_pidfile(lay.pid_file("munged"))
         # Anything we started that outlived its pid file (e.g. a slurmstepd).
         self._kill_matching(lambda env: env.get(MARKER) == str(lay.root), signal.SIGKILL)
+        if self.sysroot is not None:
+            # Whatever is mounted there, also what a crashed run left (the mount table says).
+            wait_for(lambda: not self._kill_matching(
+                lambda env: env.get(MARKER) == str(lay.root), signal.SIGKILL), 10,
+                "the cluster's processes to be gone")  # fmt: skip
+            try:
+                self.sysroot.unmount()
+            except RootfsError as exc:
+                raise ClusterError(str(exc)) from None
 
     def destroy(self) -> None:
         """`down`, then remove the cluster's folder (jobs, accounting, logs)."""
         self.down()
+        if self.sysroot is not None and self.sysroot.mounted():
+            raise ClusterError(f"{self.sysroot.path} is still mounted; not removing anything")
         shutil.rmtree(self.layout.root, ignore_errors=True)
 
     def daemons(self) -> list[DaemonStatus]:
@@ -348,6 +435,8 @@ class LocalCluster:
             (lay.spool / node).mkdir(exist_ok=True)
         lay.slurm_conf.write_text(render_slurm_conf(lay))
         lay.slurmdbd_conf.write_text(render_slurmdbd_conf(lay))
+        if lay.chrooted:
+            lay.cgroup_conf.write_text(render_cgroup_conf(lay))
         os.chmod(lay.slurmdbd_conf, 0o600)
         lay.env_file.write_text(render_env_sh(lay))
 
@@ -355,18 +444,18 @@ class LocalCluster:
         lay = self.layout
         if _read_pid(lay.pid_file("munged")):
             return
-        munge = pwd.getpwnam("munge")
+        munge_ids = self._user_ids("munge")
         lay.munge_dir.mkdir(mode=0o700, exist_ok=True)
         if not lay.munge_key.exists():
             lay.munge_key.write_bytes(os.urandom(1024))
         os.chmod(lay.munge_key, 0o400)
         for path in (lay.munge_dir, lay.munge_key):
-            os.chown(path, munge.pw_uid, munge.pw_gid)
+            os.chown(path, *munge_ids)
         pid_file = lay.munge_dir / "munged.pid"
-        self._run(["runuser", "-u", "munge", "--", _sbin("munged"), "--force",
-                   f"--key-file={lay.munge_key}", f"--socket={lay.munge_socket}",
-                   f"--pid-file={pid_file}", f"--log-file={lay.munge_dir / 'munged.log'}",
-                   f"--seed-file={lay.munge_dir / 'munged.seed'}"])  # fmt: skip
+        self._run(self._daemon_argv(
+            "munged", "--force", f"--key-file={lay.munge_key}", f"--socket={lay.munge_socket}",
+            f"--pid-file={pid_file}", f"--log-file={lay.munge_dir / 'munged.log'}",
+            f"--seed-file={lay.munge_dir / 'munged.seed'}", user="munge"))  # fmt: skip
         wait_for(lambda: _read_pid(pid_file) is not None, 15, "munged")
         lay.pid_file("munged").write_text(pid_file.read_text())
 
@@ -374,26 +463,32 @@ class LocalCluster:
         lay = self.layout
         if _read_pid(lay.pid_file("mysqld")):
             return
-        mysql = pwd.getpwnam("mysql")
         initialised = (lay.mysql_dir / "mysql").is_dir()
         lay.mysql_dir.mkdir(exist_ok=True)
-        os.chown(lay.mysql_dir, mysql.pw_uid, mysql.pw_gid)
+        os.chown(lay.mysql_dir, *self._user_ids("mysql"))
         if not initialised:
-            self._run(["mariadb-install-db", "--no-defaults", f"--datadir={lay.mysql_dir}",
-                       "--user=mysql", "--auth-root-authentication-method=socket",
-                       "--skip-test-db"], timeout=180)  # fmt: skip
+            self._run(self._daemon_argv(
+                "mariadb-install-db", "--no-defaults", f"--datadir={lay.mysql_dir}",
+                "--user=mysql", "--auth-root-authentication-method=socket",
+                "--skip-test-db"), timeout=180)  # fmt: skip
+        # MariaDB 11.8 (trixie) turns TLS on by itself, and slurmdbd 24.11.5 with its
+        # libmariadb then dies at start ("_check_mysql_concat_is_sane: null result"):
+        # a loopback-only database needs no TLS.
+        no_tls = ("--skip-ssl",) if lay.chrooted else ()
         with open(lay.log_dir / "mysqld.out", "ab") as out:
             proc = subprocess.Popen(
-                [_sbin("mariadbd"), "--no-defaults", f"--datadir={lay.mysql_dir}",
-                 f"--socket={lay.mysql_socket}", f"--port={lay.mysql_port}",
-                 "--bind-address=127.0.0.1", "--user=mysql", "--skip-log-bin",
-                 "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900",
-                 f"--log-error={lay.log_dir / 'mysqld.log'}"],
+                self._daemon_argv(
+                    "mariadbd", "--no-defaults", *no_tls, f"--datadir={lay.mysql_dir}",
+                    f"--socket={lay.mysql_socket}", f"--port={lay.mysql_port}",
+                    "--bind-address=127.0.0.1", "--user=mysql", "--skip-log-bin",
+                    "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900",
+                    f"--log-error={lay.log_dir / 'mysqld.log'}"),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                 env=self._daemon_env(),
             )  # fmt: skip
         lay.pid_file("mysqld").write_text(f"{proc.pid}\n")
-        sql = ["mariadb", "--no-defaults", f"--socket={lay.mysql_socket}", "-u", "root"]
+        sql = self._daemon_argv("mariadb", "--no-defaults", *no_tls,
+                                f"--socket={lay.mysql_socket}", "-u", "root")  # fmt: skip
         wait_for(lambda: proc.poll() is None and self._run(sql + ["-e", "SELECT 1"],
                  check=False).returncode == 0, 60, "MariaDB to accept connections")  # fmt: skip
         pw = lay.db_password
@@ -407,7 +502,7 @@ class LocalCluster:
     def _start_slurmdbd(self) -> None:
         lay = self.layout
         if not _read_pid(lay.pid_file("slurmdbd")):
-            self._run([_sbin("slurmdbd")])
+            self._run(self._daemon_argv("slurmdbd"))
         wait_for(lambda: self._run(["sacctmgr", "-n", "-P", "show", "cluster"],
                  check=False, timeout=15).returncode == 0, 60, "slurmdbd to answer")  # fmt: skip
 
@@ -430,13 +525,13 @@ class LocalCluster:
     def _start_slurmctld(self, clear_state: bool) -> None:
         lay = self.layout
         if not _read_pid(lay.pid_file("slurmctld")):
-            self._run([_sbin("slurmctld"), "-i"] if clear_state else [_sbin("slurmctld")])
+            self._run(self._daemon_argv("slurmctld", *(["-i"] if clear_state else [])))
         wait_for(self._ping_controller, 60, "slurmctld to answer")
 
     def _start_slurmd(self, node: str) -> None:
         if _read_pid(self.layout.slurmd_pid_file(node)):
             return
-        self._run([_sbin("slurmd"), "-N", node], env=self._daemon_env(node))
+        self._run(self._daemon_argv("slurmd", "-N", node), env=self._daemon_env(node))
         wait_for(lambda: _read_pid(self.layout.slurmd_pid_file(node)) is not None, 30,
                  f"slurmd of {node}")  # fmt: skip
 
