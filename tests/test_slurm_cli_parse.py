@@ -1,7 +1,13 @@
-"""The Slurm CLI parsers on output recorded from a real Slurm 22.05 cluster."""
+"""The Slurm CLI parsers on output recorded from real Slurm clusters (22.05 and 24.11).
+
+Each release's files were recorded by `tests/record_slurm_outputs.py` (or by hand, for the
+first 22.05 ones) with the backend's own flags; `jobs_<version>.json` says which job id plays
+which part, so every test asks the same questions of every release.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,80 +18,112 @@ from ftslurm.errors import SchedulerRejected
 
 DATA = Path(__file__).parent / "data"
 NOW = 1_800_000_000.0
+# (MinJobAge, full version) of each recording's cluster.
+CONFIG = {"22.05": (300, "22.05.8"), "24.11": (60, "24.11.5")}
+RELEASES = sorted(p.stem.removeprefix("jobs_") for p in DATA.glob("jobs_*.json"))
 
 
-def recorded(name: str) -> str:
-    return (DATA / name).read_text()
+class Recording:
+    """One release's recorded outputs and the ids of its jobs by part."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.ids: dict[str, str] = json.loads((DATA / f"jobs_{version}.json").read_text())
+
+    def text(self, name: str) -> str:
+        return (DATA / f"{name}_{self.version}.txt").read_text()
+
+    def __getitem__(self, role: str) -> str:
+        return self.ids[role]
 
 
-def test_squeue_rows_become_jobinfo_with_decoded_exit_status():
-    jobs = parse.parse_squeue(recorded("squeue_22.05.txt"), NOW)
-    assert jobs["8"].state is JobState.FAILED
-    assert (jobs["8"].exit_code, jobs["8"].signal) == (3, None)
-    assert jobs["9"].state is JobState.FAILED and jobs["9"].signal == 9
-    assert jobs["7"].state is JobState.COMPLETED and jobs["7"].nodes == ("n1", "n2")
-    live = jobs["67"]
+@pytest.fixture(params=RELEASES)
+def rec(request) -> Recording:
+    return Recording(request.param)
+
+
+def test_every_release_is_recorded():
+    assert RELEASES == sorted(CONFIG)
+
+
+def test_squeue_rows_become_jobinfo_with_decoded_exit_status(rec):
+    jobs = parse.parse_squeue(rec.text("squeue"), NOW)
+    assert jobs[rec["failed"]].state is JobState.FAILED
+    assert (jobs[rec["failed"]].exit_code, jobs[rec["failed"]].signal) == (3, None)
+    assert jobs[rec["killed"]].state is JobState.FAILED and jobs[rec["killed"]].signal == 9
+    two = jobs[rec["two_node"]]
+    assert two.state is JobState.COMPLETED and len(set(two.nodes)) == 2
+    live = jobs[rec["live"]]
     assert live.state is JobState.RUNNING and live.name == "live run"
     assert live.comment == "ftslurm:run=abc:attempt=1"
     assert live.time_limit_s == 600 and live.end_time is None and live.start_time
-    held = jobs["68"]
+    held = jobs[rec["held"]]
     assert held.state is JobState.PENDING and held.nodes == () and held.start_time is None
     assert held.reason == "JobHeldUser"
-    assert jobs["66"].state is JobState.TIMEOUT and jobs["66"].time_limit_s == 60
+    assert jobs[rec["timeout"]].state is JobState.TIMEOUT
+    assert jobs[rec["timeout"]].time_limit_s == 60
     assert all(j.observed_at == NOW and not j.from_accounting for j in jobs.values())
 
 
-def test_squeue_shows_restart_count_after_requeue():
-    jobs = parse.parse_squeue(recorded("squeue_22.05.txt"), NOW)
-    assert jobs["63"].restart_count == 1 and jobs["65"].restart_count == 1
-    assert jobs["7"].restart_count == 0
+def test_squeue_shows_restart_count_after_requeue(rec):
+    jobs = parse.parse_squeue(rec.text("squeue"), NOW)
+    assert jobs[rec["requeued"]].restart_count == 1
+    assert jobs[rec["node_fail"]].restart_count == 1
+    assert jobs[rec["two_node"]].restart_count == 0
 
 
-def test_sacct_duplicates_count_restarts_and_last_row_is_current():
-    jobs = parse.parse_sacct(recorded("sacct_22.05.txt"), NOW)
-    assert jobs["65"].restart_count == 1 and jobs["65"].state is JobState.CANCELLED
-    assert jobs["62"].state is JobState.CANCELLED and jobs["62"].raw_state == "CANCELLED by 0"
-    assert (jobs["8"].exit_code, jobs["9"].signal) == (3, 9)
-    assert jobs["66"].state is JobState.TIMEOUT and jobs["66"].time_limit_s == 60
-    assert jobs["68"].start_time is None and jobs["68"].end_time is None
+def test_sacct_duplicates_count_restarts_and_last_row_is_current(rec):
+    jobs = parse.parse_sacct(rec.text("sacct"), NOW)
+    node_fail = jobs[rec["node_fail"]]
+    assert node_fail.restart_count == 1 and node_fail.state is JobState.CANCELLED
+    requeued = jobs[rec["requeued"]]
+    assert requeued.state is JobState.CANCELLED and requeued.raw_state == "CANCELLED by 0"
+    assert (jobs[rec["failed"]].exit_code, jobs[rec["killed"]].signal) == (3, 9)
+    assert jobs[rec["timeout"]].state is JobState.TIMEOUT
+    assert jobs[rec["timeout"]].time_limit_s == 60
+    assert jobs[rec["held"]].start_time is None and jobs[rec["held"]].end_time is None
 
 
-def test_sacct_find_format_keeps_free_text_and_reads_the_comment():
+def test_sacct_find_format_keeps_free_text_and_reads_the_comment(rec):
     """Recorded with --delimiter=<unit separator>: a '|' in a job name is just text."""
-    jobs = parse.parse_sacct(recorded("sacct_find_22.05.txt"), NOW, parse.SACCT_FIND_FIELDS,
-                             parse.SEP)  # fmt: skip
-    assert (jobs["1"].name, jobs["1"].comment, jobs["1"].exit_code) == (
-        "odd|name", "ftslurm:rec1:0", 3)
-    assert (jobs["2"].state, jobs["2"].comment, jobs["2"].from_accounting) == (
+    jobs = parse.parse_sacct(rec.text("sacct_find"), NOW, parse.SACCT_FIND_FIELDS, parse.SEP)
+    failed, completed = jobs[rec["find_failed"]], jobs[rec["find_completed"]]
+    assert (failed.name, failed.comment, failed.exit_code) == ("odd|name", "ftslurm:rec1:0", 3)
+    assert (completed.state, completed.comment, completed.from_accounting) == (
         JobState.COMPLETED, "ftslurm:rec2:1", True)
-    assert parse.parse_sacct(recorded("sacct_22.05.txt"), NOW)["65"].comment is None
+    assert parse.parse_sacct(rec.text("sacct"), NOW)[rec["requeued"]].comment is None
 
 
-def test_scontrol_records_keep_values_with_spaces():
-    rec = parse.parse_scontrol_record("JobId=5 JobName=a b c Reason=Not responding ExitCode=0:9")
-    assert rec == {"JobId": "5", "JobName": "a b c", "Reason": "Not responding", "ExitCode": "0:9"}
-    jobs = parse.parse_scontrol_jobs(recorded("scontrol_show_job_22.05.txt"), NOW)
-    assert jobs["67"].state is JobState.RUNNING and jobs["67"].nodes == ("n1", "n2")
-    assert jobs["65"].restart_count == 1 and jobs["9"].signal == 9
-    squeue = parse.parse_squeue(recorded("squeue_22.05.txt"), NOW)
+def test_scontrol_records_keep_values_with_spaces(rec):
+    line = "JobId=5 JobName=a b c Reason=Not responding ExitCode=0:9"
+    assert parse.parse_scontrol_record(line) == {
+        "JobId": "5", "JobName": "a b c", "Reason": "Not responding", "ExitCode": "0:9"}
+    jobs = parse.parse_scontrol_jobs(rec.text("scontrol_show_job"), NOW)
+    live = jobs[rec["live"]]
+    assert live.state is JobState.RUNNING and len(set(live.nodes)) == 2
+    assert jobs[rec["node_fail"]].restart_count == 1 and jobs[rec["killed"]].signal == 9
+    squeue = parse.parse_squeue(rec.text("squeue"), NOW)
     for job_id, info in jobs.items():  # the two sources agree on what both show
         assert (info.state, info.restart_count, info.nodes) == (
             squeue[job_id].state, squeue[job_id].restart_count, squeue[job_id].nodes)
 
 
-def test_sinfo_nodes_and_states():
-    nodes = parse.parse_sinfo_nodes(recorded("sinfo_22.05.txt"))
+def test_sinfo_nodes_and_states(rec):
+    nodes = parse.parse_sinfo_nodes(rec.text("sinfo"))
     assert [n.name for n in nodes] == ["n1", "n2", "n3", "n4"]
-    assert nodes[0].state is NodeState.MIXED and nodes[0].reason is None
+    live = parse.parse_squeue(rec.text("squeue"), NOW)[rec["live"]]
+    busy = {n.name for n in nodes if n.state in (NodeState.MIXED, NodeState.ALLOCATED)}
+    assert set(live.nodes) <= busy and all(n.reason is None for n in nodes)
     down = parse.parse_sinfo_nodes("n2|down*|Not responding\nn2|down*|Not responding\n")
     assert len(down) == 1 and down[0].state is NodeState.DOWN and not down[0].responding
     assert down[0].reason == "Not responding"
 
 
-def test_config_facts():
-    facts = parse.parse_config(recorded("scontrol_show_config_22.05.txt"))
-    assert (facts.min_job_age_s, facts.accounting, facts.kill_wait_s) == (300, True, 30)
-    assert facts.version == "22.05.8" and facts.job_requeue
+def test_config_facts(rec):
+    facts = parse.parse_config(rec.text("scontrol_show_config"))
+    min_job_age, version = CONFIG[rec.version]
+    assert (facts.min_job_age_s, facts.accounting, facts.kill_wait_s) == (min_job_age, True, 30)
+    assert facts.version == version and facts.job_requeue
     no_accounting = parse.parse_config("AccountingStorageType = accounting_storage/none\n")
     assert no_accounting.accounting is False
 
@@ -99,6 +137,9 @@ def test_expand_nodes_uses_hostlist_syntax(text, expected):
 
 
 def test_wait_status_and_exit_pairs():
+    # squeue's exit_code: a wait status on 22.05, an "exit:signal" pair on 24.11
+    assert parse.decode_squeue_exit("768") == parse.decode_squeue_exit("3:0") == (3, None)
+    assert parse.decode_squeue_exit("9") == parse.decode_squeue_exit("0:9") == (0, 9)
     assert parse.decode_wait_status("768") == (3, None)
     assert parse.decode_wait_status("9") == (0, 9)
     assert parse.decode_wait_status("garbage") == (None, None)

@@ -80,6 +80,12 @@ def decode_exit_pair(raw: str) -> tuple[int | None, int | None]:
     return int(code), (int(sig) if sig.isdigit() and int(sig) else None)
 
 
+def decode_squeue_exit(raw: str) -> tuple[int | None, int | None]:
+    """squeue's `exit_code`: Slurm 22.05 prints the wait(2) status ("768"), 24.11 the
+    "exit:signal" pair ("3:0") as sacct and scontrol do; both are read."""
+    return decode_exit_pair(raw) if ":" in raw else decode_wait_status(raw)
+
+
 def _time_limit(value: str) -> int | None:
     text = value.strip()
     if text.isdigit():  # sacct TimelimitRaw is minutes
@@ -100,7 +106,7 @@ def parse_squeue(text: str, observed_at: float) -> dict[str, JobInfo]:
         if len(cells) < len(SQUEUE_FIELDS):
             raise SchedulerRejected(f"unexpected squeue line: {line[:120]!r}")
         row = dict(zip(SQUEUE_FIELDS, cells, strict=False))
-        exit_code, sig = decode_wait_status(row["exit_code"])
+        exit_code, sig = decode_squeue_exit(row["exit_code"])
         state = JobState.from_slurm(row["State"])
         reason = _text(row["Reason"])
         jobs[row["JobID"].strip()] = JobInfo(
