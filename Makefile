@@ -6,8 +6,13 @@ PY := $(VENV)/bin/python
 # The CPU build is enough for tests and demos; override for a GPU build.
 TORCH_SPEC ?= torch==2.13.0
 CLUSTER := $(PY) -m ftslurm.localcluster
+# The second Slurm release `make test` runs the conformance and CLI live tests on (a chroot
+# of a Debian trixie root filesystem, built once into /var/cache/ftslurm; ~40 s).
+SECOND_SLURM := 24.11
+CLUSTER2 := $(CLUSTER) --version $(SECOND_SLURM)
 
-.PHONY: install demo demo-slurm test unit fast lint slurm-up slurm-down slurm-status slurm-destroy bench clean
+.PHONY: install demo demo-slurm test unit fast lint slurm-up slurm-down slurm-status slurm-destroy \
+	slurm2-up slurm2-down slurm2-destroy bench clean
 
 install: $(VENV)/.installed
 
@@ -33,17 +38,22 @@ demo-slurm: install
 	$(CLUSTER) up
 	$(PY) examples/demo_node_failure.py
 
-# Everything: installs, starts the local Slurm cluster, runs every test, stops the cluster.
+# Everything: installs, starts both local Slurm clusters (22.05 and $(SECOND_SLURM)), runs
+# every test, stops both. Fails when the tests against either release fail or none ran.
 test: install lint
 	@set -o pipefail; \
 	$(CLUSTER) up || exit 1; \
+	$(CLUSTER2) up || { $(CLUSTER) destroy; exit 1; }; \
 	summary=$$(mktemp); rc=0; \
-	FTSLURM_TEST_SUMMARY=$$summary $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) FTSLURM_TEST_SUMMARY=$$summary \
+		$(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	$(CLUSTER2) destroy || true; \
 	$(CLUSTER) destroy || true; \
 	if [ $$rc -eq 5 ]; then echo "Error: pytest collected no tests"; exit 1; fi; \
 	$(PY) -c "import json,sys; s=json.load(open('$$summary')); \
-	print(f\"real Slurm cluster: {s['slurm_passed']} tests passed, {s['slurm_failed']} failed, {s['slurm_skipped']} skipped\"); \
-	sys.exit(0 if s['slurm_passed'] > 0 and not s['slurm_failed'] else 1)" || rc=1; \
+	line=lambda p: f\"{s[p+'_passed']} passed, {s[p+'_failed']} failed, {s[p+'_skipped']} skipped\"; \
+	print(f\"real Slurm cluster 22.05: {line('slurm')}; Slurm $(SECOND_SLURM): {line('slurm_2411')}\"); \
+	sys.exit(0 if all(s[p+'_passed'] > 0 and not s[p+'_failed'] for p in ('slurm', 'slurm_2411')) else 1)" || rc=1; \
 	exit $$rc
 
 lint: install
@@ -68,6 +78,16 @@ slurm-status: install
 
 slurm-destroy: install
 	$(CLUSTER) destroy
+
+# The second release's cluster by hand (beside the first: its own folder, ports, munge).
+slurm2-up: install
+	$(CLUSTER2) up
+
+slurm2-down: install
+	$(CLUSTER2) down
+
+slurm2-destroy: install
+	$(CLUSTER2) destroy
 
 # Every benchmark; results and what they mean: docs/performance.md.
 bench: install

@@ -3,6 +3,12 @@
 The cluster is started once per session (or reused when `make slurm-up` already started
 it) and stopped at the end only if this session started it. Under CI (CI=true) a cluster
 that cannot start is a failure, never a skip.
+
+A second cluster runs Slurm 24.11 (`python -m ftslurm.localcluster --version 24.11 up`).
+The conformance scenarios and the CLI backend's live tests run against it too when it is
+asked for (FTSLURM_SLURM_VERSIONS=22.05,24.11, as `make test` does) or already up: their
+cluster parameter is `slurm` (22.05) or `slurm-24.11` (`CLUSTER_PARAMS`, `use_cluster`),
+and the summary counts the tests against each release apart.
 """
 
 from __future__ import annotations
@@ -24,6 +30,25 @@ from ftslurm.localcluster import ClusterError, LocalCluster
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SUMMARY_FILE = os.environ.get("FTSLURM_TEST_SUMMARY")  # where .ci/run reads the counts
+SECOND_RELEASE = "24.11"
+SECOND_ID = f"slurm-{SECOND_RELEASE}"  # the test id part, e.g. test_x[slurm-24.11]
+
+
+def _second_release_wanted() -> bool:
+    """Asked for by FTSLURM_SLURM_VERSIONS, or (when that is unset) already running: its
+    slurmctld's pid file names a live slurmctld. Decided at collection, without a command."""
+    asked = os.environ.get("FTSLURM_SLURM_VERSIONS")
+    if asked is not None:
+        return SECOND_RELEASE in [v.strip() for v in asked.split(",")]
+    return any(d.alive for d in LocalCluster(version=SECOND_RELEASE).daemons()
+               if d.name == "slurmctld")  # fmt: skip
+
+
+SECOND_WANTED = _second_release_wanted()
+# The Slurm side of a test that runs on every release: 22.05 always, 24.11 when wanted.
+CLUSTER_PARAMS = [pytest.param("slurm", marks=pytest.mark.slurm)] + (
+    [pytest.param(SECOND_ID, marks=[pytest.mark.slurm, pytest.mark.slurm_2411])]
+    if SECOND_WANTED else [])  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):
@@ -69,9 +94,8 @@ def measurements() -> Measurements:
     return _MEASUREMENTS
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[LocalCluster]:
-    cluster = LocalCluster()
+def _session_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """Start `cluster` unless it is up; stop it afterwards only if it was started here."""
     started_here = False
     try:
         if not cluster.is_up():
@@ -80,9 +104,20 @@ def slurm_cluster() -> Iterator[LocalCluster]:
         else:
             cluster.wait_nodes_idle(timeout=120)
     except (ClusterError, OSError) as exc:
+        what = f"the local Slurm {cluster.version} cluster"
         if IN_CI:
-            pytest.fail(f"the local Slurm cluster did not start under CI: {exc}", pytrace=False)
-        pytest.skip(f"no local Slurm cluster: {exc}")
+            pytest.fail(f"{what} did not start under CI: {exc}", pytrace=False)
+        pytest.skip(f"no {what}: {exc}")
+    yield cluster
+    if started_here and not os.environ.get("FTSLURM_KEEP_CLUSTER"):
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_2205() -> Iterator[LocalCluster]:
+    """The host's Slurm (22.05); SLURM_CONF points at it for the whole session."""
+    gen = _session_cluster(LocalCluster())
+    cluster = next(gen)
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.layout.slurm_conf)
     yield cluster
@@ -90,8 +125,33 @@ def slurm_cluster() -> Iterator[LocalCluster]:
         os.environ.pop("SLURM_CONF", None)
     else:
         os.environ["SLURM_CONF"] = old
-    if started_here and not os.environ.get("FTSLURM_KEEP_CLUSTER"):
-        cluster.down()
+    next(gen, None)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_2411() -> Iterator[LocalCluster]:
+    """The Slurm 24.11 cluster (chroot); tests select it with `use_cluster`."""
+    yield from _session_cluster(LocalCluster(version=SECOND_RELEASE))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_cluster_2205: LocalCluster) -> LocalCluster:
+    """The cluster most tests use: the host's 22.05 (jobs there can run this project's
+    Python; the 24.11 chroot has no Python, so only CLI-level suites run on both)."""
+    return slurm_cluster_2205
+
+
+def use_cluster(request: pytest.FixtureRequest, param: str,
+                monkeypatch: pytest.MonkeyPatch) -> LocalCluster:  # fmt: skip
+    """The cluster of a `CLUSTER_PARAMS` value; for 24.11 its SLURM_CONF and wrapper folder
+    are this test's environment (put back afterwards), so every client call reaches it."""
+    if param != SECOND_ID:
+        return request.getfixturevalue("slurm_cluster_2205")
+    cluster = request.getfixturevalue("slurm_cluster_2411")
+    env = cluster.env()
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+    monkeypatch.setenv("PATH", env["PATH"])
+    return cluster
 
 
 @pytest.fixture
@@ -110,17 +170,24 @@ def jobs(backend: SlurmCliBackend) -> Iterator[list[str]]:
             backend.cancel(job_id)
 
 
+@contextlib.contextmanager
+def nodes_kept_healthy(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """Every node of `cluster` is idle before, and back up and idle after."""
+    cluster.wait_nodes_idle(timeout=120)
+    yield cluster
+    states = cluster.node_states()
+    for node in cluster.layout.node_names:
+        if states.get(node, "").startswith(("down", "drain", "fail")) or \
+                not any(d.alive for d in cluster.daemons() if d.name == f"slurmd-{node}"):
+            cluster.revive_node(node)
+    cluster.wait_nodes_idle(timeout=120)
+
+
 @pytest.fixture
 def healthy_nodes(slurm_cluster: LocalCluster) -> Iterator[LocalCluster]:
     """For tests that break nodes: every node is back up and idle afterwards."""
-    slurm_cluster.wait_nodes_idle(timeout=120)
-    yield slurm_cluster
-    states = slurm_cluster.node_states()
-    for node in slurm_cluster.layout.node_names:
-        if states.get(node, "").startswith(("down", "drain", "fail")) or \
-                not any(d.alive for d in slurm_cluster.daemons() if d.name == f"slurmd-{node}"):
-            slurm_cluster.revive_node(node)
-    slurm_cluster.wait_nodes_idle(timeout=120)
+    with nodes_kept_healthy(slurm_cluster) as cluster:
+        yield cluster
 
 
 def wait_job(
@@ -169,18 +236,25 @@ def wait_file(path: Path, cond: Callable[[str], bool], timeout: float, what: str
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    passed = [r for r in terminalreporter.stats.get("passed", []) if "slurm" in r.keywords]
-    failed = [r for r in terminalreporter.stats.get("failed", []) if "slurm" in r.keywords]
-    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "slurm" in r.keywords]
-    terminalreporter.write_sep("=", "real Slurm cluster")
+    def count(outcome: str, second: bool) -> int:
+        return sum(1 for r in terminalreporter.stats.get(outcome, [])
+                   if "slurm" in r.keywords and ("slurm_2411" in r.keywords) == second)  # fmt: skip
+
+    counts = {f"{prefix}_{outcome}": count(outcome, second)
+              for prefix, second in (("slurm", False), ("slurm_2411", True))
+              for outcome in ("passed", "failed", "skipped")}  # fmt: skip
+    terminalreporter.write_sep("=", "real Slurm clusters")
     terminalreporter.write_line(
-        f"tests against the real Slurm cluster: {len(passed)} passed, {len(failed)} failed, "
-        f"{len(skipped)} skipped"
-    )
+        f"tests against the real Slurm cluster 22.05: {counts['slurm_passed']} passed, "
+        f"{counts['slurm_failed']} failed, {counts['slurm_skipped']} skipped")  # fmt: skip
+    terminalreporter.write_line(
+        f"tests against the real Slurm cluster {SECOND_RELEASE}: "
+        f"{counts['slurm_2411_passed']} passed, {counts['slurm_2411_failed']} failed, "
+        f"{counts['slurm_2411_skipped']} skipped"
+        + ("" if SECOND_WANTED else " (not asked for: FTSLURM_SLURM_VERSIONS)"))  # fmt: skip
     for name, value in sorted(_MEASUREMENTS.values.items()):
         terminalreporter.write_line(f"  {name}: {value:.2f}")
     if SUMMARY_FILE:
         Path(SUMMARY_FILE).write_text(json.dumps({
-            "slurm_passed": len(passed), "slurm_failed": len(failed),
-            "slurm_skipped": len(skipped), "measurements": _MEASUREMENTS.values,
+            **counts, "slurm_2411_wanted": SECOND_WANTED, "measurements": _MEASUREMENTS.values,
         }))  # fmt: skip

@@ -1,9 +1,11 @@
 """One scenario suite, two backends: the mock scheduler must behave as the real Slurm does.
 
-Each test runs against `mock` (MockScheduler with its controller) and `slurm` (the Slurm
-CLI backend on the real local cluster). Where they differ, the test fails and the fix goes
-into the mock. Durations that are cluster settings (requeue delay, KillWait, time limits)
-come from the harness, so the mock can use shorter ones; the behaviour asserted is the same.
+Each test runs against `mock` (MockScheduler with its controller), `slurm` (the Slurm
+CLI backend on the real local 22.05 cluster) and, when that cluster is wanted, `slurm-24.11`
+(the same backend on the Slurm 24.11 cluster; conftest's CLUSTER_PARAMS). Where they
+differ, the test fails and the fix goes into the mock (or, between releases, the backend).
+Durations that are cluster settings (requeue delay, KillWait, time limits) come from the
+harness, so the mock can use shorter ones; the behaviour asserted is the same.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from ftslurm.backends.slurm_cli.parse import expand_nodes
 from ftslurm.core.types import JobOptions, JobState, NodeState, SignalTarget
 from ftslurm.errors import InvalidJobId
 
-from .conftest import in_state, wait_file, wait_job
+from .conftest import (
+    CLUSTER_PARAMS,
+    SECOND_ID,
+    in_state,
+    nodes_kept_healthy,
+    use_cluster,
+    wait_file,
+    wait_job,
+)
 
 SLEEP = "#!/bin/bash\nsleep 600\n"
 
@@ -45,7 +55,7 @@ class Harness:
     min_job_age_s: float
 
 
-@pytest.fixture(params=["mock", pytest.param("slurm", marks=pytest.mark.slurm)])
+@pytest.fixture(params=["mock", *CLUSTER_PARAMS])
 def harness(request, tmp_path, monkeypatch) -> Iterator[Harness]:
     monkeypatch.chdir(tmp_path)
     if request.param == "mock":
@@ -67,11 +77,12 @@ def harness(request, tmp_path, monkeypatch) -> Iterator[Harness]:
         for job_dir in backend.store.jobs_dir.glob("*"):  # what ignored SIGTERM is left
             procs.reap(job_dir)
         return
-    cluster = request.getfixturevalue("healthy_nodes")
-    backend = SlurmCliBackend(CommandRunner(timeout_s=30))
-    yield Harness("slurm", backend, cluster.fail_node, cluster.revive_node,
-                  requeue_delay_s=120, short_limit="1", short_limit_s=60, warn_before_s=50,
-                  node_fail_timeout_s=90, min_job_age_s=cluster.layout.min_job_age)
+    with nodes_kept_healthy(use_cluster(request, request.param, monkeypatch)) as cluster:
+        backend = SlurmCliBackend(CommandRunner(timeout_s=30))
+        yield Harness(request.param, backend, cluster.fail_node, cluster.revive_node,
+                      requeue_delay_s=120, short_limit="1", short_limit_s=60,
+                      warn_before_s=50, node_fail_timeout_s=90,
+                      min_job_age_s=cluster.layout.min_job_age)  # fmt: skip
 
 
 @pytest.fixture
@@ -264,8 +275,13 @@ def test_a_no_kill_job_survives_a_lost_node_and_runs_new_steps_on_the_others(
     """`sbatch --no-kill` (observed on Slurm 22.05: tests/data/nokill_22.05.txt). A node that
     is not the batch host dies under two steps spanning both nodes: once it is declared down
     the job is still RUNNING on the other node alone; the plain step is ended (its surviving
-    task killed, srun 137), the `srun --no-kill` step's surviving task runs on to its end
-    (srun 0), and a new one-node step runs on the surviving node."""
+    task killed, srun 137),
+    the `srun --no-kill` step's surviving task runs on to its end (srun 0), and a new
+    one-node step runs on the surviving node.
+
+    Slurm 24.11 does the same, but its srun exits 1 for both steps (the plain step's
+    surviving task killed, "Force Terminated StepId"; the `--no-kill` step's ran to its end):
+    a step that lost a node is not a success there. The mock follows 22.05."""
     d = tmp_path
     task = (f'echo "$0 $SLURM_PROCID $SLURMD_NODENAME" >> {d}/ready; '
             f'while [ ! -e {d}/release ]; do sleep 0.2; done; echo "$0 $SLURM_PROCID" >> {d}/done')
@@ -291,14 +307,16 @@ srun --overlap -N1 -n1 bash -c 'echo $SLURMD_NODENAME' > {d}/after; echo "after 
     try:
         rc = wait_file(d / "rc", lambda t: "plain" in t, harness.node_fail_timeout_s,
                        "the plain step to end")  # fmt: skip
-        assert rc.split() == ["plain", "137"]
+        plain_rc = rc.split()[1]  # (the no-kill step may have ended as well by now)
+        assert plain_rc == ("1" if harness.name == SECOND_ID else "137")
         info = backend.query([job])[job]
         assert (info.state, info.nodes, info.restart_count) == (JobState.RUNNING,
                                                                  (survivor,), 0)  # fmt: skip
         assert {n.name: n for n in backend.nodes()}[victim].state is NodeState.DOWN
         (d / "release").touch()
         rc = wait_file(d / "rc", lambda t: "after" in t, 60, "the no-kill step and a new step")
-        assert rc.split() == ["plain", "137", "nokill", "0", "after", "0"]
+        nokill_rc = "1" if harness.name == SECOND_ID else "0"
+        assert rc.split() == ["plain", plain_rc, "nokill", nokill_rc, "after", "0"]
         # the surviving task of the --no-kill step ran to its end; the plain step's did not
         assert (d / "done").read_text().split() == ["nokill", str(_rank_of(d, survivor))]
         assert (d / "after").read_text().split() == [survivor]

@@ -1,4 +1,8 @@
-"""The Slurm CLI backend against the real local 4-node cluster (no fakes)."""
+"""The Slurm CLI backend against the real local 4-node cluster (no fakes).
+
+Every test runs against each wanted Slurm release (ids `slurm` for 22.05, `slurm-24.11`):
+the module's `slurm_cluster` is parametrized, and conftest's `backend`, `jobs` and
+`healthy_nodes` follow it."""
 
 from __future__ import annotations
 
@@ -16,11 +20,18 @@ from ftslurm.backends.slurm_cli import CommandRunner, SlurmCliBackend
 from ftslurm.core.contract import EnvName
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.errors import ConfigError, InvalidJobId, InvalidPartition
+from ftslurm.localcluster import LocalCluster
 from ftslurm.templates import render_job_script
 
-from .conftest import in_state, wait_job
+from .conftest import CLUSTER_PARAMS, in_state, use_cluster, wait_job
 
 SLEEP = "#!/bin/bash\nsleep 600\n"
+
+
+@pytest.fixture(params=CLUSTER_PARAMS)
+def slurm_cluster(request, monkeypatch) -> LocalCluster:
+    """This module's tests run on every wanted release; clients reach the one selected."""
+    return use_cluster(request, request.param, monkeypatch)
 
 
 def test_submit_query_cancel_round_trip(backend, jobs):
