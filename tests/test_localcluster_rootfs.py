@@ -1,0 +1,65 @@
+"""The second Slurm release's pieces that need no root and no cluster: what reaches a shell
+(wrapper scripts, env.sh) and the one-line refusals of bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ftslurm.localcluster import ClusterError, LocalCluster
+from ftslurm.localcluster.__main__ import main
+from ftslurm.localcluster.config import ClusterLayout, render_env_sh
+from ftslurm.localcluster.rootfs import (
+    RELEASES,
+    Rootfs,
+    RootfsError,
+    checked_path,
+    release_for,
+    render_client_wrapper,
+)
+
+
+def test_unknown_versions_and_unsafe_paths_are_refused_in_one_line(capsys):
+    with pytest.raises(ClusterError, match="unknown Slurm version '23.02'; known: 22.05, 24.11"):
+        LocalCluster(version="23.02")
+    with pytest.raises(RootfsError, match="must be an absolute path"):
+        checked_path(Path("/tmp/a b"), "the cluster folder")
+    with pytest.raises(RootfsError, match="must be an absolute path"):
+        checked_path(Path("/tmp/$(reboot)"), "the cluster folder")
+    with pytest.raises(ClusterError, match="must be an absolute path"):
+        LocalCluster("/tmp/x;y", version="24.11")
+    with pytest.raises(RootfsError, match="http"):
+        Rootfs(RELEASES["24.11"], Path("/var/cache/ftslurm"), mirror="ftp://x'; rm")
+    assert main(["--version", "24.11", "--root", "/tmp/a'b", "env"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and err.count("\n") == 1
+    assert release_for("22.05") is None
+
+
+def test_the_second_release_has_its_own_folder_ports_and_munge_socket():
+    first, second = LocalCluster(), LocalCluster(version="24.11")
+    assert first.layout.root != second.layout.root
+    assert first.layout.munge_socket != second.layout.munge_socket
+    ports = lambda lay: {lay.ctld_port, lay.dbd_port, lay.mysql_port, *lay.slurmd_ports}  # noqa: E731
+    assert not ports(first.layout) & ports(second.layout)
+    assert second.layout.chrooted and not first.layout.chrooted
+    assert second.env()["PATH"].startswith(f"{second.layout.bin_dir}{os.pathsep}")
+
+
+def test_env_sh_and_the_wrappers_quote_what_they_are_given(tmp_path):
+    lay = ClusterLayout(root=Path("/tmp/it's here"), hostname="h", chrooted=True)
+    out = subprocess.run(["sh", "-c", render_env_sh(lay) + 'echo "$SLURM_CONF"; echo "$PATH"'],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                         check=True).stdout.splitlines()  # fmt: skip
+    assert out == ["/tmp/it's here/etc/slurm.conf", "/tmp/it's here/bin:/usr/bin:/bin"]
+    # A wrapper whose chroot folder is absent from the caller's view refuses sbatch with
+    # one line (the job's directory must be visible), and its text parses as shell.
+    script = tmp_path / "sbatch"
+    script.write_text(render_client_wrapper("sbatch", "/usr/bin/sbatch", tmp_path / "no root",
+                                            Path("/tmp/c'onf/slurm.conf")))  # fmt: skip
+    proc = subprocess.run(["sh", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "not visible to the Slurm chroot" in proc.stderr
