@@ -40,8 +40,11 @@ def _second_release_wanted() -> bool:
     asked = os.environ.get("FTSLURM_SLURM_VERSIONS")
     if asked is not None:
         return SECOND_RELEASE in [v.strip() for v in asked.split(",")]
-    return any(d.alive for d in LocalCluster(version=SECOND_RELEASE).daemons()
-               if d.name == "slurmctld")  # fmt: skip
+    try:
+        daemons = LocalCluster(version=SECOND_RELEASE).daemons()
+    except ClusterError:  # e.g. an unusable cache folder: then it is not running either
+        return False
+    return any(d.alive for d in daemons if d.name == "slurmctld")
 
 
 SECOND_WANTED = _second_release_wanted()
