@@ -40,20 +40,27 @@ demo-slurm: install
 
 # Everything: installs, starts both local Slurm clusters (22.05 and $(SECOND_SLURM)), runs
 # every test, stops both. Fails when the tests against either release fail or none ran.
+# The tests against $(SECOND_SLURM) (its own cluster, mostly waiting on Slurm) run in a second
+# pytest beside the main one; their output follows the main run's.
 test: install lint
 	@set -o pipefail; \
 	$(CLUSTER) up || exit 1; \
 	$(CLUSTER2) up || { $(CLUSTER) destroy; exit 1; }; \
-	summary=$$(mktemp); rc=0; \
+	summary=$$(mktemp); summary2=$$(mktemp); log2=$$(mktemp); rc=0; rc2=0; \
+	FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) FTSLURM_TEST_SUMMARY=$$summary2 \
+		$(PY) -m pytest -p no:cacheprovider -m slurm_2411 $(PYTEST_ARGS) >$$log2 2>&1 & second=$$!; \
 	FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) FTSLURM_TEST_SUMMARY=$$summary \
-		$(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+		$(PY) -m pytest -m "not slurm_2411" $(PYTEST_ARGS) || rc=$$?; \
+	wait $$second || rc2=$$?; \
+	echo "=== the tests against Slurm $(SECOND_SLURM) (run beside the others) ==="; cat $$log2; \
 	$(CLUSTER2) destroy || true; \
 	$(CLUSTER) destroy || true; \
-	if [ $$rc -eq 5 ]; then echo "Error: pytest collected no tests"; exit 1; fi; \
-	$(PY) -c "import json,sys; s=json.load(open('$$summary')); \
-	line=lambda p: f\"{s[p+'_passed']} passed, {s[p+'_failed']} failed, {s[p+'_skipped']} skipped\"; \
-	print(f\"real Slurm cluster 22.05: {line('slurm')}; Slurm $(SECOND_SLURM): {line('slurm_2411')}\"); \
-	sys.exit(0 if all(s[p+'_passed'] > 0 and not s[p+'_failed'] for p in ('slurm', 'slurm_2411')) else 1)" || rc=1; \
+	if [ $$rc -eq 5 ] || [ $$rc2 -eq 5 ]; then echo "Error: pytest collected no tests"; exit 1; fi; \
+	[ $$rc2 -eq 0 ] || rc=1; \
+	$(PY) -c "import json,sys; s=json.load(open('$$summary')); s2=json.load(open('$$summary2')); \
+	line=lambda s, p: f\"{s[p+'_passed']} passed, {s[p+'_failed']} failed, {s[p+'_skipped']} skipped\"; \
+	print(f\"real Slurm cluster 22.05: {line(s, 'slurm')}; Slurm $(SECOND_SLURM): {line(s2, 'slurm_2411')}\"); \
+	sys.exit(0 if s['slurm_passed'] > 0 and not s['slurm_failed'] and s2['slurm_2411_passed'] > 0 and not s2['slurm_2411_failed'] else 1)" || rc=1; \
 	exit $$rc
 
 lint: install

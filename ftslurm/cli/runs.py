@@ -951,6 +951,12 @@ def _ask_daemon(kind: str, data: dict[str, Any]) -> tuple[Request | None, str]:
 daemon_app = typer.Typer(help="The daemon that owns the runs.", no_args_is_help=True)
 
 
+# How long a daemon's lease must stay silent before another daemon takes it over.
+LeaseTimeoutOpt = Annotated[float, typer.Option(
+    "--lease-timeout", min=1.0, help="Seconds a daemon's lease must stay silent (its daemon "
+    "dead or cut off) before another daemon takes it over.")]
+
+
 @daemon_app.command("start")
 def daemon_start() -> None:
     """Start the daemon for this state directory (no-op if it runs)."""
@@ -969,9 +975,7 @@ def daemon_submit(
     handover: Annotated[int, typer.Option(
         "--handover", min=60, help="Seconds before the time limit at which the daemon job "
         "submits its successor and hands over.")] = as_job.DEFAULT_HANDOVER_S,
-    lease_timeout: Annotated[float, typer.Option(
-        "--lease-timeout", min=1.0, help="Seconds a dead daemon's lease must stay silent "
-        "before the next one takes over.")] = DAEMON_LEASE_TIMEOUT_S,
+    lease_timeout: LeaseTimeoutOpt = DAEMON_LEASE_TIMEOUT_S,
     sbatch_arg: Annotated[list[str] | None, _opt("--sbatch-arg", help="Any other sbatch "
                           "flag for the daemon job, e.g. --sbatch-arg=--qos=long; "
                           "repeatable (default: none).")] = None,
@@ -1064,9 +1068,7 @@ def _fmt_age(seconds: float) -> str:
 def daemon_run(
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Log at debug level (default: info).")] = False,
-    lease_timeout: Annotated[float, typer.Option(
-        "--lease-timeout", min=1.0, help="Seconds another host's daemon must stay silent "
-        "before this one takes its lease over.")] = DAEMON_LEASE_TIMEOUT_S,
+    lease_timeout: LeaseTimeoutOpt = DAEMON_LEASE_TIMEOUT_S,
     job: Annotated[bool, typer.Option("--job", hidden=True,
                    help="Run as a daemon job (`daemon submit`).")] = False,
     successor: Annotated[bool, typer.Option("--successor", hidden=True,
