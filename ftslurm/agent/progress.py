@@ -118,7 +118,8 @@ def memory_saved(step: int, duration_s: float) -> None:
     where = _target()
     if where is None:
         return
-    _update(where, memory_step=int(step), memory_save_s=float(duration_s), step=int(step))
+    # not `step`: an asynchronous save reports from its writer, after the training moved on
+    _update(where, memory_step=int(step), memory_save_s=float(duration_s))
 
 
 def finished(step: int | None = None) -> None:
