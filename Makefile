@@ -40,27 +40,47 @@ demo-slurm: install
 
 # Everything: installs, starts both local Slurm clusters (22.05 and $(SECOND_SLURM)), runs
 # every test, stops both. Fails when the tests against either release fail or none ran.
-# The tests against $(SECOND_SLURM) (its own cluster, mostly waiting on Slurm) run in a second
-# pytest beside the main one; their output follows the main run's.
+# As root, the main run is an ordinary user's, $(TEST_USER) (created if missing, registered
+# in accounting; the cluster's fault controls alone go through sudo): root is Slurm's super
+# user and would skip the permission checks users meet. The tests against $(SECOND_SLURM)
+# (its own cluster, mostly waiting on Slurm), also as that user, run in a second pytest
+# beside the main one; their output follows the main run's.
+TEST_USER ?= ftslurm-test
+
 test: install lint
 	@set -o pipefail; \
 	$(CLUSTER) up || exit 1; \
 	$(CLUSTER2) up || { $(CLUSTER) destroy; exit 1; }; \
-	summary=$$(mktemp); summary2=$$(mktemp); log2=$$(mktemp); rc=0; rc2=0; \
+	summary=$$(mktemp); summary2=$$(mktemp); log2=$$(mktemp); rc=0; rc2=0; as_user=""; \
+	if [ "$$(id -u)" = 0 ]; then \
+		{ $(CLUSTER) add-user $(TEST_USER) && $(CLUSTER2) add-user $(TEST_USER); } || \
+			{ $(CLUSTER2) destroy; $(CLUSTER) destroy; exit 1; }; \
+		chown $(TEST_USER) $$summary $$summary2; as_user="runuser -u $(TEST_USER) --"; \
+	fi; \
 	FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) FTSLURM_TEST_SUMMARY=$$summary2 \
-		$(PY) -m pytest -p no:cacheprovider -m slurm_2411 $(PYTEST_ARGS) >$$log2 2>&1 & second=$$!; \
+		PYTHONDONTWRITEBYTECODE=1 $$as_user $(PY) -m pytest -p no:cacheprovider \
+		-m slurm_2411 $(PYTEST_ARGS) >$$log2 2>&1 & second=$$!; \
 	FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) FTSLURM_TEST_SUMMARY=$$summary \
-		$(PY) -m pytest -m "not slurm_2411" $(PYTEST_ARGS) || rc=$$?; \
+		PYTHONDONTWRITEBYTECODE=1 $$as_user $(PY) -m pytest -p no:cacheprovider \
+		-m "not slurm_2411" $(PYTEST_ARGS) || rc=$$?; \
 	wait $$second || rc2=$$?; \
 	echo "=== the tests against Slurm $(SECOND_SLURM) (run beside the others) ==="; cat $$log2; \
+	if [ $$rc -ne 0 ] || [ $$rc2 -ne 0 ]; then \
+		first=$${FTSLURM_LOCAL_CLUSTER_DIR:-/tmp/ftslurm-localcluster}; \
+		for ctld in $$first/log/slurmctld.log $$first-$(SECOND_SLURM)/log/slurmctld.log; do \
+			echo "=== the last lines of $$ctld ==="; tail -n 60 $$ctld 2>/dev/null; done; fi; \
 	$(CLUSTER2) destroy || true; \
 	$(CLUSTER) destroy || true; \
 	if [ $$rc -eq 5 ] || [ $$rc2 -eq 5 ]; then echo "Error: pytest collected no tests"; exit 1; fi; \
 	[ $$rc2 -eq 0 ] || rc=1; \
 	$(PY) -c "import json,sys; s=json.load(open('$$summary')); s2=json.load(open('$$summary2')); \
 	line=lambda s, p: f\"{s[p+'_passed']} passed, {s[p+'_failed']} failed, {s[p+'_skipped']} skipped\"; \
+	who=lambda s: f\"as {s['user']}, {'an unprivileged user' if s['unprivileged'] else 'root'}\"; \
 	print(f\"real Slurm cluster 22.05: {line(s, 'slurm')}; Slurm $(SECOND_SLURM): {line(s2, 'slurm_2411')}\"); \
-	sys.exit(0 if s['slurm_passed'] > 0 and not s['slurm_failed'] and s2['slurm_2411_passed'] > 0 and not s2['slurm_2411_failed'] else 1)" || rc=1; \
+	print(f\"main run {who(s)}: {s['passed']} tests passed ({s['slurm_passed']} on a real cluster); Slurm $(SECOND_SLURM) run {who(s2)}: {s2['passed']} passed\"); \
+	users_ok=not '$$as_user' or (s['unprivileged'] and s2['unprivileged']); \
+	print('' if users_ok else 'Error: a run meant for $(TEST_USER) ran as root'); \
+	sys.exit(0 if users_ok and s['slurm_passed'] > 0 and not s['slurm_failed'] and s2['slurm_2411_passed'] > 0 and not s2['slurm_2411_failed'] else 1)" || rc=1; \
 	exit $$rc
 
 lint: install

@@ -48,6 +48,11 @@ class SchedulerRejected(SchedulerError, PermanentError):
     """The scheduler refused the request (bad partition, bad option, ...)."""
 
 
+class OperatorNeeded(SchedulerRejected):
+    """Slurm refused a user what only its operator can grant or do (a registration in
+    accounting, access to the munge socket, a request on another user's job or a node)."""
+
+
 class InvalidJobId(SchedulerRejected):
     """The scheduler does not know the job (or the id is malformed)."""
 

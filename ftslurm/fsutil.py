@@ -102,15 +102,16 @@ def folder_error(path: Path | str, exc: OSError) -> ConfigError:
     return ConfigError(f"cannot use folder {path}: {exc.strerror or exc}")
 
 
-def memory_base(environ: Mapping[str, str] | None = None) -> Path:
+def memory_base(environ: Mapping[str, str] | None = None, uid: int | None = None) -> Path:
     """Where the memory checkpoint tier keeps its node areas (`ftslurm.memory_checkpoint`):
     $FTSLURM_MEMORY_DIR, else /dev/shm/ftslurm-<uid> (the temporary folder without
-    /dev/shm)."""
+    /dev/shm); `uid` is the process owner's (default: this process's)."""
     configured = JobEnv.from_environ(os.environ if environ is None else environ).memory_dir
     if configured:
         return Path(configured)
     shm = Path("/dev/shm")
-    return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / f"ftslurm-{os.getuid()}"
+    owner = os.getuid() if uid is None else uid
+    return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / f"ftslurm-{owner}"
 
 
 def forget_node_memory(base: Path, node: str) -> None:

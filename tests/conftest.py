@@ -16,12 +16,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from ftslurm.backends.slurm_cli import CommandRunner, SlurmCliBackend
 from ftslurm.core.types import JobInfo, JobState
@@ -29,6 +32,13 @@ from ftslurm.errors import InvalidJobId
 from ftslurm.localcluster import ClusterError, LocalCluster
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# `make test` runs the main suite as an unprivileged user (root is Slurm's super user and
+# skips the permission checks a real user meets); only fault controls act as root (sudo).
+RUN_AS = pwd.getpwuid(os.geteuid()).pw_name
+UNPRIVILEGED = os.geteuid() != 0
+if not os.access(Path.cwd(), os.W_OK):
+    # A checkout the user may read, not write: Hypothesis keeps its examples elsewhere.
+    set_hypothesis_home_dir(Path(tempfile.gettempdir()) / f"ftslurm-hypothesis-{os.geteuid()}")
 SUMMARY_FILE = os.environ.get("FTSLURM_TEST_SUMMARY")  # where .ci/run reads the counts
 SECOND_RELEASE = "24.11"
 SECOND_ID = f"slurm-{SECOND_RELEASE}"  # the test id part, e.g. test_x[slurm-24.11]
@@ -255,9 +265,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         f"{counts['slurm_2411_passed']} passed, {counts['slurm_2411_failed']} failed, "
         f"{counts['slurm_2411_skipped']} skipped"
         + ("" if SECOND_WANTED else " (not asked for: FTSLURM_SLURM_VERSIONS)"))  # fmt: skip
+    ran = sum(len(terminalreporter.stats.get(o, [])) for o in ("passed", "failed"))
+    terminalreporter.write_line(
+        f"run as {RUN_AS} ({'unprivileged' if UNPRIVILEGED else 'root'}): {ran} tests, "
+        f"{counts['slurm_passed'] + counts['slurm_2411_passed']} of them passed on a real "
+        "cluster")  # fmt: skip
     for name, value in sorted(_MEASUREMENTS.values.items()):
         terminalreporter.write_line(f"  {name}: {value:.2f}")
     if SUMMARY_FILE:
         Path(SUMMARY_FILE).write_text(json.dumps({
             **counts, "slurm_2411_wanted": SECOND_WANTED, "measurements": _MEASUREMENTS.values,
+            "user": RUN_AS, "unprivileged": UNPRIVILEGED,
+            "passed": len(terminalreporter.stats.get("passed", [])),
         }))  # fmt: skip

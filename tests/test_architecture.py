@@ -112,7 +112,8 @@ CONTRACT_IMPORTS = {"__future__", "json", "re", "signal", "collections.abc", "da
 OWN_VARIABLES = {"FTSLURM_HOME", "FTSLURM_MOCK_HOME", "FTSLURM_MOCK_JOB_DIR",
                  "FTSLURM_TEST_PAUSE_AFTER_RECORD", "FTSLURM_LOCAL_CLUSTER",
                  "FTSLURM_LOCAL_NODE", "FTSLURM_LOCAL_CLUSTER_DIR", "FTSLURM_ROOTFS_CACHE",
-                 "FTSLURM_DEBIAN_MIRROR", "FTSLURM_STATE_FS"}  # fmt: skip
+                 "FTSLURM_DEBIAN_MIRROR", "FTSLURM_STATE_FS",
+                 "FTSLURM_CLUSTER_OPERATOR"}  # fmt: skip
 # The files the two sides share (ftslurm.core.contract.RunDir, HeartbeatDir): a string that is
 # one of these names, or begins or ends like one, spells a shared file out again.
 SHARED_NAMES = {"progress.json", "FINISHED", "straggler-nodes.json", "report.json",

@@ -12,6 +12,7 @@ from ftslurm.errors import (
     InvalidJobId,
     InvalidPartition,
     JobStateConflict,
+    OperatorNeeded,
     SchedulerRejected,
     SchedulerUnavailable,
     TransientError,
@@ -81,12 +82,20 @@ def test_format_time_limit_rounds_up_to_minutes():
     ("scancel: error: Kill job error on job id 5: Job/step already completing or completed",
      JobStateConflict),
     ("sbatch: error: something nobody expected", SchedulerRejected),
+    # Refusals an ordinary user meets (Slurm 22.05, the local cluster, as a user):
+    ("scancel: error: Kill job error on job id 8: Access/permission denied", OperatorNeeded),
+    ("scontrol: Invalid user id for job 8", OperatorNeeded),
+    ("squeue: slurm_load_jobs error: Protocol authentication error", OperatorNeeded),
+    ("sbatch: error: Batch job submission failed: Invalid account or account/partition "
+     "combination specified", OperatorNeeded),
 ])  # fmt: skip
 def test_classify_failed_commands(stderr, kind):
     err = classify(["/usr/bin/" + stderr.split(":")[0]], 1, "noise\n" + stderr + "\n")
     assert type(err) is kind
     assert err.message.startswith(stderr.split(":")[0] + ":") and "\n" not in err.message
     assert isinstance(err, TransientError) == (kind is SchedulerUnavailable)
+    if kind is OperatorNeeded:  # one line that says who can help
+        assert "operator" in err.user_message() and "\n" not in err.user_message()
 
 
 def test_sbatch_args_golden():

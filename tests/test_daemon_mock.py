@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from ftslurm.backends.mock import MockScheduler
+from ftslurm.core.contract import HUNG_NODE_REPORTS, RunDir
 from ftslurm.daemon.reconcile import new_run_record
 from ftslurm.daemon.records import SUBMITTING, Run, RunState
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
+from ftslurm.fsutil import read_json
 from ftslurm.recipe import load_recipe
 
 from .daemon_scenarios import (
@@ -284,7 +286,13 @@ def test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending(cli, 
     assert a["state"] == "TIMEOUT" and a["cause"] == "hang", a
     assert "retry budget exhausted (0/0); last ending: hang" in s["reason"], s["reason"]
     # The hang is a SIGSTOP at 15 s wall time: the rank stops inside its "step" section or
-    # between two, so the reason names the section, or says it was outside any.
-    assert re.search(r"rank 1 \(node n\d\) hung( in section '\w+')? when the job was told "
+    # between two, so the reason names the section, or says it was outside any. The ranks
+    # waiting on it in the all-reduce fall silent too: the reason names the rank silent
+    # longest, which is a waiter when it beat last a few ms before the stopped rank did (the
+    # same step); the stopped rank is always among those the launchers found hung.
+    assert re.search(r"rank \d \(node n\d\) hung( in section '\w+')? when the job was told "
                      r"to stop: .*(in section '\w+'|outside any section)", a["reason"]), a["reason"]
+    hung = [h.get("rank") for path in RunDir(s["run_dir"]).attempt(0).glob(HUNG_NODE_REPORTS)
+            for h in (read_json(path) or {}).get("hung", [])]  # fmt: skip
+    assert 1 in hung, hung
     assert "checkpoint signal sent at" in a["reason"] and "not acted on" in a["reason"]

@@ -28,7 +28,7 @@ from ftslurm.agent.heartbeat import (
     read_beat,
     watch_cpu,
 )
-from ftslurm.core.contract import ExitCode
+from ftslurm.core.contract import EnvName, ExitCode
 
 TRAIN = r'''
 import json, os, signal, sys, time
@@ -166,10 +166,11 @@ def launch_script(tmp_path: Path, source: str, nproc: int, timeouts: str,
     """The launcher over `source` (a script of its own, not TRAIN), one in-job restart
     allowed, with these timeouts."""
     (tmp_path / "script.py").write_text(source)
-    for name in ("run", "ckpt"):
+    for name in ("run", "ckpt", "node-tmp"):
         (tmp_path / name).mkdir(exist_ok=True)
     env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"),
                FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"), MASTER_ADDR="127.0.0.1",
+               TMPDIR=str(tmp_path / "node-tmp"),
                SLURM_JOB_ID=str(os.getpid() % 9000 + len(str(tmp_path)) * 13))  # fmt: skip
     for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
         env.pop(key, None)
@@ -190,6 +191,22 @@ def test_a_stopped_rank_of_a_script_without_heartbeats_is_seen_by_its_cpu_time(t
     assert "no CPU use" in report["hangs"][0]["reason"]
     assert "timeout 3s" in report["hangs"][0]["reason"]
     assert "round 1 starts at 10" in out
+
+
+def test_each_launcher_gets_a_heartbeat_folder_of_its_own_and_removes_it(tmp_path):
+    """The folder between a launcher and its ranks is fresh and private (0700): one left by
+    a killed launcher (same job id, node rank, even pid; perhaps another user's) in the
+    node's temporary folder is never reused. It is gone once the launcher ends."""
+    seen = tmp_path / "seen.txt"
+    source = ("import os, stat\n"
+              f"d = os.environ[{EnvName.HEARTBEAT_DIR.value!r}]\n"
+              f"open({str(seen)!r}, 'w').write(d + ' ' + oct(stat.S_IMODE(os.stat(d).st_mode)))\n")
+    code, out = finish(launch_script(tmp_path, source, 1, "{}"))  # TMPDIR: tmp_path/node-tmp
+    assert code == ExitCode.FINISHED, out
+    folder, mode = seen.read_text().split()
+    assert mode == "0o700"
+    assert Path(folder).parent == tmp_path / "node-tmp"
+    assert Path(folder).name.startswith("ftslurm-hb-") and not Path(folder).exists()
 
 
 def test_restarts_exhausted_exit_with_the_documented_code(tmp_path):

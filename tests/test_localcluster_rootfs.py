@@ -63,3 +63,5 @@ def test_env_sh_and_the_wrappers_quote_what_they_are_given(tmp_path):
     proc = subprocess.run(["sh", str(script)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "not visible to the Slurm chroot" in proc.stderr
+    # Root enters the chroot itself; a user through sudo, and runs the client as itself.
+    assert 'exec sudo -n -E chroot --userspec="$(id -u):$(id -g)"' in script.read_text()

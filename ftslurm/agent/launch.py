@@ -42,6 +42,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -254,10 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     run = env.run
     run_dir = run.root if run is not None else None
     node_name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    hb = HeartbeatDir.for_launcher(os.environ.get("TMPDIR", "/tmp"), job, args.node_rank,
-                                   os.getpid())  # fmt: skip
+    # A folder of this launcher's own (0700, a fresh name): one left by a launcher that was
+    # killed (a lost node) may carry the same job id, node rank and pid, and another user's.
+    named = HeartbeatDir.for_launcher(os.environ.get("TMPDIR", "/tmp"), job, args.node_rank,
+                                      os.getpid()).root  # fmt: skip
+    named.parent.mkdir(parents=True, exist_ok=True)
+    hb = HeartbeatDir(tempfile.mkdtemp(prefix=f"{named.name}-", dir=named.parent))
     hb_dir = hb.root
-    hb_dir.mkdir(parents=True, exist_ok=True)
     os.environ[EnvName.HEARTBEAT_DIR.value] = str(hb_dir)
     # Every round of ranks gets a fresh store (hosted by rank 0 on a new port): with the
     # agents' shared store, ranks of a restarted round can read the addresses published by

@@ -25,9 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default=str(DEFAULT_CACHE),
                         help="where another release's root filesystem is built and kept")
     parser.add_argument("command", choices=["up", "down", "status", "destroy", "fail-node",
-                                            "revive-node", "stop-controller", "start-controller",
-                                            "env"])
-    parser.add_argument("node", nargs="?")
+                                            "revive-node", "kill-tasks", "stop-controller",
+                                            "start-controller", "slurmd-timeout", "add-user",
+                                            "env"])  # fmt: skip
+    parser.add_argument("node", nargs="?",
+                        help="the node (fail-node, revive-node, kill-tasks), the seconds or "
+                        "'default' (slurmd-timeout), the user name (add-user)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -56,14 +59,30 @@ def main(argv: list[str] | None = None) -> int:
                 return 0 if cluster.is_up() else 1
             case "env":
                 print(render_env_sh(cluster.layout), end="")
-            case "fail-node" | "revive-node":
+            case "fail-node" | "revive-node" | "kill-tasks":
                 if not args.node:
                     parser.error(f"{args.command} needs a node name")
-                if args.command == "fail-node":
-                    print(f"killed {len(cluster.fail_node(args.node))} processes of {args.node}")
-                else:
+                if args.command == "revive-node":
                     cluster.revive_node(args.node)
                     print(f"{args.node} is back")
+                else:
+                    killed = (cluster.fail_node if args.command == "fail-node"
+                              else cluster.kill_job_processes)(args.node)  # fmt: skip
+                    print(f"killed {len(killed)} processes of {args.node} "
+                          f"(pids {' '.join(map(str, killed))})")
+            case "slurmd-timeout":
+                if args.node != "default" and not (args.node or "").isdigit():
+                    parser.error("slurmd-timeout needs a number of seconds or 'default'")
+                cluster.set_slurmd_timeout(None if args.node == "default" else int(args.node))
+                print(f"SlurmdTimeout={args.node}")
+            case "add-user":
+                if not args.node:
+                    parser.error("add-user needs a user name")
+                opened = cluster.add_user(args.node)
+                for path in opened:
+                    print(f"opened {path} to other users (search only)")
+                print(f"{args.node} is a user of the local Slurm {args.version} cluster; "
+                      "fault controls through sudo")
             case "stop-controller":
                 cluster.stop_controller()
             case "start-controller":

@@ -22,10 +22,12 @@ import contextlib
 import logging
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from ftslurm.errors import ConfigError, FtslurmError
 from ftslurm.fsutil import forget_node_memory, memory_base
+from ftslurm.localcluster import users
 from ftslurm.localcluster.config import (
     ClusterLayout,
     render_cgroup_conf,
@@ -92,8 +95,8 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    # A zombie still answers kill(0); treat it as gone.
+        pass  # another user's (a user looking at root's daemons): alive, or a zombie
+    # A zombie still answers kill(0) (or refuses it to another user); treat it as gone.
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -359,17 +362,20 @@ class LocalCluster:
         Returns the pids killed. slurmctld marks the node DOWN after SlurmdTimeout.
         """
         self._check_node(node)
+        if os.geteuid() != 0:
+            return _pids_in(self._operator("fail-node", node))
         ours = self._job_process_on(node)
         bases = {memory_base({})}
+        for pid in _all_pids():  # the bases of the job processes' owners, before they die
+            env = _proc_environ(pid)
+            if ours(env):
+                with contextlib.suppress(ConfigError, OSError):
+                    bases.add(memory_base(env, uid=os.stat(f"/proc/{pid}").st_uid))
 
         def on_node(env: dict[str, str]) -> bool:
             if env.get(MARKER) == str(self.layout.root) and env.get(NODE_MARKER) == node:
                 return True  # slurmd and the slurmstepds it exec'd
-            if ours(env):
-                with contextlib.suppress(ConfigError):
-                    bases.add(memory_base(env))
-                return True
-            return False
+            return ours(env)
 
         killed = self._kill_matching(on_node, signal.SIGKILL)
         for base in bases:
@@ -380,6 +386,8 @@ class LocalCluster:
         """Kill every job process on node `node` (its tasks and their children) and leave
         its slurmd: to Slurm the node is up and the job still runs there. Returns the pids."""
         self._check_node(node)
+        if os.geteuid() != 0:
+            return _pids_in(self._operator("kill-tasks", node))
         return self._kill_matching(self._job_process_on(node), signal.SIGKILL)
 
     def _job_process_on(self, node: str) -> Callable[[dict[str, str]], bool]:
@@ -392,6 +400,9 @@ class LocalCluster:
     def revive_node(self, node: str, timeout: float = 60) -> None:
         """Restart a failed node's slurmd, resume it, and wait until it is idle again."""
         self._check_node(node)
+        if os.geteuid() != 0:
+            self._operator("revive-node", node)
+            return
         self._start_slurmd(node)
         self._run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
         self.wait_nodes_idle([node], timeout=timeout)
@@ -401,22 +412,33 @@ class LocalCluster:
         """Run with Slurm's `SlurmdTimeout` at `seconds` (e.g. its default, 300), then put
         back the layout's: slurm.conf is rewritten and `scontrol reconfigure` applies it at
         once (verified on 22.05: `scontrol show config` shows the new value)."""
-        self._reconfigure(replace(self.layout, slurmd_timeout=seconds))
+        self.set_slurmd_timeout(seconds)
         try:
             yield
         finally:
-            self._reconfigure(self.layout)
+            self.set_slurmd_timeout(None)
 
-    def _reconfigure(self, layout: ClusterLayout) -> None:
+    def set_slurmd_timeout(self, seconds: int | None) -> None:
+        """Rewrite slurm.conf with `SlurmdTimeout=seconds` (None: the layout's) and apply it."""
+        if os.geteuid() != 0:
+            self._operator("slurmd-timeout", "default" if seconds is None else str(seconds))
+            return
+        layout = self.layout if seconds is None else replace(self.layout, slurmd_timeout=seconds)
         layout.slurm_conf.write_text(render_slurm_conf(layout))
         self._run(["scontrol", "reconfigure"])
 
     def stop_controller(self, timeout: float = 30) -> None:
         """Stop slurmctld (its state is kept on disk); clients then cannot reach it."""
+        if os.geteuid() != 0:
+            self._operator("stop-controller")
+            return
         self._stop_pidfile(self.layout.pid_file("slurmctld"), timeout=timeout)
 
     def start_controller(self, timeout: float = 60) -> None:
         """Start slurmctld again, recovering its saved state, and wait until it answers."""
+        if os.geteuid() != 0:
+            self._operator("start-controller")
+            return
         self._start_slurmctld(clear_state=False)
         wait_for(self._ping_controller, timeout, "slurmctld to answer")
 
@@ -445,7 +467,9 @@ class LocalCluster:
         if _read_pid(lay.pid_file("munged")):
             return
         munge_ids = self._user_ids("munge")
-        lay.munge_dir.mkdir(mode=0o700, exist_ok=True)
+        lay.munge_dir.mkdir(exist_ok=True)
+        # Every local user may reach the socket (search, no listing); the key stays 0400.
+        os.chmod(lay.munge_dir, 0o711)
         if not lay.munge_key.exists():
             lay.munge_key.write_bytes(os.urandom(1024))
         os.chmod(lay.munge_key, 0o400)
@@ -516,11 +540,62 @@ class LocalCluster:
             self._run(["sacctmgr", "-i", "add", "account", "ftslurm",
                        f"cluster={lay.cluster_name}", "description=ftslurm",
                        "organization=ftslurm"])  # fmt: skip
-        user = pwd.getpwuid(os.geteuid()).pw_name
-        users = self._run(["sacctmgr", "-n", "-P", "show", "user", "format=user"]).stdout
-        if user not in users.split():
+        self._register_user(pwd.getpwuid(os.geteuid()).pw_name)
+
+    def _register_user(self, user: str) -> None:
+        known = self._run(["sacctmgr", "-n", "-P", "show", "user", "format=user"]).stdout
+        if user not in known.split():
             self._run(["sacctmgr", "-i", "add", "user", user, "account=ftslurm",
-                       f"cluster={lay.cluster_name}"])  # fmt: skip
+                       f"cluster={self.layout.cluster_name}"])  # fmt: skip
+
+    # ------------------------------------------------------- ordinary users
+    def add_user(self, user: str) -> list[Path]:
+        """Make `user` an ordinary user of this (running) cluster: the system account
+        (created if missing), registered in accounting, able to reach this project's
+        interpreter and code, and allowed the fault controls through sudo
+        (`users.render_sudo_rule`). Returns the folders opened for it."""
+        if os.geteuid() != 0:
+            raise ClusterError("adding a user to the local cluster needs root")
+        try:
+            entry = users.ensure_account(user)
+            if self.rootfs is not None:  # the chroot's daemons look users up in its files
+                self.rootfs.add_account(entry)
+            self._register_user(user)
+            python = users.this_python()
+            reach = [Path(python).parent, Path(os.path.realpath(python)).parent,
+                     Path(sys.base_prefix), Path(__file__).parents[2]]  # fmt: skip
+            if self.sysroot is not None:  # the wrappers look for the user's folder in it
+                reach.append(self.sysroot.path)
+            opened = [p for path in reach for p in users.open_path(user, path)]
+            if not users.runs_as(user, [python, "-c", "import ftslurm.localcluster"]):
+                raise ClusterError(f"{user} cannot run {python} -m ftslurm (is the project "
+                                   "readable by other users?)")  # fmt: skip
+            users.ensure_sudo(users.render_sudo_rule(user, python))
+            if self.sysroot is not None:
+                chroot = shutil.which("chroot", path=_sbin_path()) or "/usr/sbin/chroot"
+                users.ensure_sudo(users.render_chroot_rule(user, chroot, self.sysroot.path.parent),
+                                  users.CHROOT_SUDOERS_FILE)  # fmt: skip
+        except (users.UserError, RootfsError, subprocess.TimeoutExpired) as exc:
+            raise ClusterError(str(exc)) from None
+        return opened
+
+    def _operator(self, *command: str) -> str:
+        """Run a fault control as the cluster's operator (root) for a caller who is not:
+        `users.operator_argv` through $FTSLURM_CLUSTER_OPERATOR (default `sudo -n`)."""
+        argv = users.operator_argv(users.operator_prefix(), users.this_python(), self.version,
+                                   self.layout.root, *command)  # fmt: skip
+        what = f"{command[0]} is a fault control of the cluster's operator (root)"
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                                  stdin=subprocess.DEVNULL)  # fmt: skip
+        except FileNotFoundError:
+            raise ClusterError(f"{what}; {argv[0]} is missing",
+                               hint="run it as root, or `add-user` this user") from None
+        if proc.returncode != 0:
+            lines = (proc.stderr or proc.stdout).strip().splitlines()
+            raise ClusterError(f"{what}: {lines[-1] if lines else f'exit {proc.returncode}'}",
+                               hint="run it as root, or `add-user` this user")  # fmt: skip
+        return proc.stdout
 
     def _start_slurmctld(self, clear_state: bool) -> None:
         lay = self.layout
@@ -562,6 +637,12 @@ class LocalCluster:
             except ProcessLookupError:
                 pass
         return victims
+
+
+def _pids_in(text: str) -> list[int]:
+    """The pids a fault control printed (`... (pids 12 34)`)."""
+    found = re.search(r"\(pids([\d ]*)\)", text)
+    return [int(p) for p in found.group(1).split()] if found else []
 
 
 def _sbin_path() -> str:

@@ -20,8 +20,11 @@ finds them first on PATH and drives the other release unchanged.
 
 from __future__ import annotations
 
+import contextlib
+import grp
 import logging
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -94,7 +97,7 @@ def checked_path(path: Path, what: str) -> Path:
     return path
 
 
-def _run(argv: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> str:
+def run_checked(argv: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, env=env)  # fmt: skip
     if proc.returncode != 0:
@@ -153,30 +156,30 @@ class Rootfs:
         if self.complete():
             return 0.0
         begin = time.monotonic()
-        _ensure_debootstrap()
+        ensure_debian_package("debootstrap", "debootstrap")
         partial = self.path.with_name(self.path.name + ".partial")
         if mounts_under(partial):
             raise RootfsError(f"{partial} still has mounts; unmount them first")
         shutil.rmtree(partial, ignore_errors=True)
         partial.parent.mkdir(parents=True, exist_ok=True)
         log.info("building a Debian %s root filesystem in %s", self.release.suite, partial)
-        _run(["debootstrap", "--variant=minbase", self.release.suite, str(partial),
+        run_checked(["debootstrap", "--variant=minbase", self.release.suite, str(partial),
               self.mirror], timeout=BUILD_TIMEOUT_S)  # fmt: skip
         # No package may start a daemon while it is installed into the tree.
         policy = partial / "usr/sbin/policy-rc.d"
         policy.write_text("#!/bin/sh\nexit 101\n")
         policy.chmod(0o755)
         proc = partial / "proc"
-        _run(["mount", "-t", "proc", "proc", str(proc)])
+        run_checked(["mount", "-t", "proc", "proc", str(proc)])
         try:
             env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
                    "LC_ALL": "C"}  # fmt: skip
             log.info("installing %s into it", " ".join(ROOTFS_PACKAGES))
-            _run(["chroot", str(partial), "apt-get", "update", "-qq"], BUILD_TIMEOUT_S, env)
-            _run(["chroot", str(partial), "apt-get", "install", "-y", "-qq",
+            run_checked(["chroot", str(partial), "apt-get", "update", "-qq"], BUILD_TIMEOUT_S, env)
+            run_checked(["chroot", str(partial), "apt-get", "install", "-y", "-qq",
                   "--no-install-recommends", *ROOTFS_PACKAGES], BUILD_TIMEOUT_S, env)  # fmt: skip
-            _run(["chroot", str(partial), "apt-get", "clean"], 120, env)
-            version = _run(["chroot", str(partial), "dpkg-query", "-W", "-f=${Version}",
+            run_checked(["chroot", str(partial), "apt-get", "clean"], 120, env)
+            version = run_checked(["chroot", str(partial), "dpkg-query", "-W", "-f=${Version}",
                             "slurm-client"], 60, env).strip()  # fmt: skip
         finally:
             subprocess.run(["umount", str(proc)], capture_output=True, check=False)
@@ -193,6 +196,19 @@ class Rootfs:
         log.info("root filesystem with Slurm %s ready in %.0f s", version, took)
         return took
 
+    def add_account(self, entry: pwd.struct_passwd) -> None:
+        """Give the tree the host's account `entry` (same name and ids) and its group, so
+        the chroot's daemons know a host user's jobs; a no-op when the name is there."""
+        with contextlib.suppress(RootfsError):
+            self.passwd_ids(entry.pw_name)
+            return
+        group = grp.getgrgid(entry.pw_gid).gr_name
+        with open(self.path / "etc/group", "a") as f:
+            f.write(f"{group}:x:{entry.pw_gid}:\n")
+        with open(self.path / "etc/passwd", "a") as f:
+            f.write(f"{entry.pw_name}:x:{entry.pw_uid}:{entry.pw_gid}::{entry.pw_dir}:"
+                    f"{entry.pw_shell}\n")
+
     def passwd_ids(self, user: str) -> tuple[int, int]:
         """(uid, gid) of `user` in the tree's /etc/passwd (its ids may differ from the host's)."""
         for line in (self.path / "etc/passwd").read_text().splitlines():
@@ -202,16 +218,18 @@ class Rootfs:
         raise RootfsError(f"no user {user!r} in {self.path}/etc/passwd")
 
 
-def _ensure_debootstrap() -> None:
-    if shutil.which("debootstrap", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"):
+def ensure_debian_package(binary: str, package: str) -> None:
+    """Install Debian's `package` (root, apt) unless `binary` is already on the PATH or in
+    /usr/sbin; the package lists are fetched first."""
+    if shutil.which(binary, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"):
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RootfsError("debootstrap is missing; install Debian's debootstrap package (root)")
-    log.info("installing debootstrap")
+        raise RootfsError(f"{binary} is missing; install Debian's {package} package (root)")
+    log.info("installing %s", package)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for argv in (["apt-get", "update", "-qq"],
-                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "debootstrap"]):
-        _run(argv, 900, env)
+                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]):
+        run_checked(argv, 900, env)
 
 
 # ------------------------------------------------------------------ one cluster's chroot
@@ -239,11 +257,11 @@ class Sysroot:
         have = set(mounts_under(self.path))
         self.path.mkdir(parents=True, exist_ok=True)
         if self.path not in have:
-            _run(["mount", "--bind", str(self.rootfs.path), str(self.path)])
+            run_checked(["mount", "--bind", str(self.rootfs.path), str(self.path)])
             # Mounts made below it are ours alone: none propagates back to the host.
-            _run(["mount", "--make-rslave", str(self.path)])
+            run_checked(["mount", "--make-rslave", str(self.path)])
         if self.path / "proc" not in have:
-            _run(["mount", "-t", "proc", "proc", str(self.path / "proc")])
+            run_checked(["mount", "-t", "proc", "proc", str(self.path / "proc")])
         for source, target in self._binds():
             if target in have:
                 continue
@@ -252,8 +270,8 @@ class Sysroot:
             elif not target.exists():
                 target.touch()  # a minbase tree has no /etc/hosts to mount over
             flag = "--rbind" if source == "/dev" else "--bind"  # /dev/shm, /dev/pts with it
-            _run(["mount", flag, source, str(target)])
-            _run(["mount", "--make-rslave", str(target)])
+            run_checked(["mount", flag, source, str(target)])
+            run_checked(["mount", "--make-rslave", str(target)])
 
     def mounted(self) -> bool:
         return self.path in mounts_under(self.path)
@@ -277,7 +295,10 @@ def render_client_wrapper(tool: str, binary: str, sysroot: Path, slurm_conf: Pat
     """A host-side `tool` that runs the chroot's `binary` with the cluster's SLURM_CONF.
 
     It keeps the caller's working directory (the job's, for sbatch) when the chroot can see
-    it; inside the chroot already (a job's srun) it execs the binary directly."""
+    it; inside the chroot already (a job's srun) it execs the binary directly. Entering a
+    chroot needs root: a user's call enters it through sudo (`users.render_chroot_rule`)
+    and runs the client as that user (`chroot --userspec`), with the user's environment and
+    PATH, so Slurm sees the user's request."""
     root, conf, exe = (shlex.quote(str(v)) for v in (sysroot, slurm_conf, binary))
     if tool in CWD_CLIENTS:
         elsewhere = (f'echo "{tool}: the working directory $PWD is not visible to the '
@@ -289,7 +310,9 @@ def render_client_wrapper(tool: str, binary: str, sysroot: Path, slurm_conf: Pat
 if [ -e /{MARKER} ]; then SLURM_CONF={conf} exec {exe} "$@"; fi
 cwd=$PWD
 [ -d {root}"$cwd" ] || {{ {elsewhere}; }}
-exec chroot {root} /usr/bin/env -C "$cwd" SLURM_CONF={conf} {exe} "$@"
+[ "$(id -u)" = 0 ] && exec chroot {root} /usr/bin/env -C "$cwd" SLURM_CONF={conf} {exe} "$@"
+exec sudo -n -E chroot --userspec="$(id -u):$(id -g)" {root} \\
+    /usr/bin/env -C "$cwd" PATH="$PATH" SLURM_CONF={conf} {exe} "$@"
 """
 
 

@@ -31,6 +31,7 @@ from ftslurm.errors import (
     InvalidJobId,
     InvalidPartition,
     JobStateConflict,
+    OperatorNeeded,
     SchedulerRejected,
     SchedulerUnavailable,
 )
@@ -62,6 +63,20 @@ _PERMANENT: tuple[tuple[re.Pattern[str], type[FtslurmError]], ...] = (
 )  # fmt: skip
 
 
+# Refusals only Slurm's operator can lift, with what to ask for (seen as an ordinary user on
+# Slurm 22.05: another user's job, a node update, a munge socket the user cannot reach).
+_OPERATOR: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"munge.*permission denied|protocol authentication error"),
+     "Slurm's authentication (munge) refused this user; an operator must let users reach "
+     "the munge socket"),
+    (re.compile(r"invalid account|account/partition combination|user.*not.*association|"
+                r"invalid qos"),
+     "this user has no association for that account, partition or QOS; an operator adds "
+     "one with sacctmgr add user NAME account=ACCOUNT"),
+    (re.compile(r"access/permission denied|invalid user id|not authorized"),
+     "allowed to the job's owner and Slurm's operator only"),
+)  # fmt: skip
+
 _NOISE = re.compile(r"^(\w+: )?(error: )?(batch job submission failed: )?", re.IGNORECASE)
 
 
@@ -78,6 +93,9 @@ def classify(argv: Sequence[str], returncode: int, stderr: str) -> FtslurmError:
     prog = os.path.basename(argv[0]) if argv else "slurm"
     if any(fragment in low for fragment in _TRANSIENT):
         return SchedulerUnavailable(f"{prog}: {line}")
+    for pattern, hint in _OPERATOR:
+        if pattern.search(low):
+            return OperatorNeeded(f"{prog}: {line}", hint=hint)
     for pattern, kind in _PERMANENT:
         if pattern.search(low):
             return kind(f"{prog}: {line}")
