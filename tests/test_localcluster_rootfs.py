@@ -65,3 +65,16 @@ def test_env_sh_and_the_wrappers_quote_what_they_are_given(tmp_path):
     assert "not visible to the Slurm chroot" in proc.stderr
     # Root enters the chroot itself; a user through sudo, and runs the client as itself.
     assert 'exec sudo -n -E chroot --userspec="$(id -u):$(id -g)"' in script.read_text()
+
+
+def test_a_binary_that_is_an_alternatives_link_is_found_inside_the_tree(tmp_path):
+    """Debian installs `/usr/sbin/slurmctld -> /etc/alternatives/slurmctld`, an absolute link
+    that resolves only inside the tree. On a host without Slurm the link dangles from outside,
+    and the tree must still be usable (seen on a fresh machine: 'slurmctld is missing')."""
+    rootfs = Rootfs(release_for("24.11"), cache=tmp_path)
+    sbin = rootfs.path / "usr" / "sbin"
+    sbin.mkdir(parents=True)
+    (sbin / "slurmctld").symlink_to("/etc/alternatives/ftslurm-test-no-such-alternative")
+    assert rootfs.binary("slurmctld") == "/usr/sbin/slurmctld"
+    with pytest.raises(RootfsError, match="slurmd is missing"):
+        rootfs.binary("slurmd")

@@ -145,9 +145,13 @@ class Rootfs:
         return (self.path / MARKER).read_text().strip() if self.complete() else ""
 
     def binary(self, name: str) -> str:
-        """Where `name` lives inside the tree (/usr/sbin/slurmd, /usr/bin/mariadb, ...)."""
+        """Where `name` lives inside the tree (/usr/sbin/slurmd, /usr/bin/mariadb, ...).
+
+        Debian's alternatives make some of them absolute links (`/usr/sbin/slurmctld ->
+        /etc/alternatives/slurmctld`) that only resolve inside the tree, so the link itself
+        is what counts here, not whether the host happens to have the same one."""
         for folder in ("usr/sbin", "usr/bin", "sbin", "bin"):
-            if (self.path / folder / name).exists():
+            if os.path.lexists(self.path / folder / name):
                 return f"/{folder}/{name}"
         raise RootfsError(f"{name} is missing from {self.path}; remove it to rebuild")
 
