@@ -11,7 +11,7 @@ import pytest
 
 from ftslurm.localcluster import ClusterError, LocalCluster
 from ftslurm.localcluster.__main__ import main
-from ftslurm.localcluster.config import ClusterLayout, render_env_sh
+from ftslurm.localcluster.config import ClusterLayout, render_env_sh, render_slurm_conf
 from ftslurm.localcluster.rootfs import (
     RELEASES,
     Rootfs,
@@ -47,6 +47,10 @@ def test_the_second_release_has_its_own_folder_ports_and_munge_socket():
     assert not ports(first.layout) & ports(second.layout)
     assert second.layout.chrooted and not first.layout.chrooted
     assert second.env()["PATH"].startswith(f"{second.layout.bin_dir}{os.pathsep}")
+    # 24.11's one-agent ping round lasts MessageTimeout + TCPTimeout (12 s) with a node dead:
+    # SlurmdTimeout must leave room for it, or the living nodes go down with the dead one.
+    assert (first.layout.slurmd_timeout, second.layout.slurmd_timeout) == (10, 30)
+    assert "SlurmdTimeout=30\n" in render_slurm_conf(second.layout)
 
 
 def test_env_sh_and_the_wrappers_quote_what_they_are_given(tmp_path):

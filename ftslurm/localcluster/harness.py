@@ -166,7 +166,8 @@ class LocalCluster:
         self.version = version
         if release is not None:
             layout_overrides = {"base_port": release.base_port, "chrooted": True,
-                                "cluster_name": release.cluster_name, **layout_overrides}
+                                "cluster_name": release.cluster_name,
+                                "slurmd_timeout": release.slurmd_timeout, **layout_overrides}
         self.layout = ClusterLayout(
             root=Path(root or default_root(version)).resolve(),
             hostname=socket.gethostname().split(".")[0], **layout_overrides,

@@ -62,6 +62,11 @@ class SlurmRelease:
     suite: str  # the Debian suite that ships it
     base_port: int  # a port range of its own, so both clusters can run at once
     cluster_name: str
+    # SlurmdTimeout of the local cluster. 24.11 pings every node in one agent and applies the
+    # answers when the slowest is in: with one slurmd dead that round lasts MessageTimeout plus
+    # TCPTimeout (12 s seen with the defaults), so at 10 s the living nodes were declared down
+    # with the dead one (seen under load: "Nodes n[1-4] not responding, setting DOWN").
+    slurmd_timeout: int = 10
 
     @property
     def rootfs_name(self) -> str:
@@ -70,7 +75,8 @@ class SlurmRelease:
 
 # Releases that run from a chroot. HOST_RELEASE is the host's own and needs none.
 RELEASES: dict[str, SlurmRelease] = {
-    "24.11": SlurmRelease("24.11", "trixie", base_port=17800, cluster_name="ftslurm2411"),
+    "24.11": SlurmRelease("24.11", "trixie", base_port=17800, cluster_name="ftslurm2411",
+                          slurmd_timeout=30),
 }
 VERSIONS = (HOST_RELEASE, *RELEASES)
 
