@@ -4,7 +4,7 @@ Root is Slurm's super user: its requests skip the permission checks every real u
 So the test suite runs as an unprivileged account (`make test` creates it), and only the
 cluster's fault controls (`fail-node`, `revive-node`, `slurmd-timeout`, ...) act as root.
 A caller that is not root reaches them through `OPERATOR_ENV` (default `sudo -n`), running
-`python -m ftslurm.localcluster ... COMMAND` as the operator: `sudo_rule` is the one line
+`python -m ftslurm.localcluster ... COMMAND` as the operator: `render_sudo_rule` is the line
 of sudoers that allows exactly that command to that user.
 
 `render_*`/`*_argv` are pure; the rest acts on the machine and needs root.
