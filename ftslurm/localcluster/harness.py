@@ -50,6 +50,7 @@ from ftslurm.localcluster.rootfs import (
     RootfsError,
     Sysroot,
     release_for,
+    sbin_path,
     write_client_wrappers,
 )
 
@@ -233,7 +234,7 @@ class LocalCluster:
     # ------------------------------------------------------------ packages
     @staticmethod
     def missing_binaries() -> list[str]:
-        return [b for b in REQUIRED_BINARIES if shutil.which(b, path=_sbin_path()) is None]
+        return [b for b in REQUIRED_BINARIES if shutil.which(b, path=sbin_path()) is None]
 
     def ensure_packages(self) -> None:
         """Install Slurm, munge, slurmdbd and MariaDB from Debian's packages when missing
@@ -573,7 +574,7 @@ class LocalCluster:
                                    "readable by other users?)")  # fmt: skip
             users.ensure_sudo(users.render_sudo_rule(user, python))
             if self.sysroot is not None:
-                chroot = shutil.which("chroot", path=_sbin_path()) or "/usr/sbin/chroot"
+                chroot = shutil.which("chroot", path=sbin_path()) or "/usr/sbin/chroot"
                 users.ensure_sudo(users.render_chroot_rule(user, chroot, self.sysroot.path.parent),
                                   users.CHROOT_SUDOERS_FILE)  # fmt: skip
         except (users.UserError, RootfsError, subprocess.TimeoutExpired) as exc:
@@ -646,9 +647,5 @@ def _pids_in(text: str) -> list[int]:
     return [int(p) for p in found.group(1).split()] if found else []
 
 
-def _sbin_path() -> str:
-    return os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-
-
 def _sbin(name: str) -> str:
-    return shutil.which(name, path=_sbin_path()) or name
+    return shutil.which(name, path=sbin_path()) or name

@@ -174,7 +174,7 @@ class Rootfs:
         partial.parent.mkdir(parents=True, exist_ok=True)
         log.info("building a Debian %s root filesystem in %s", self.release.suite, partial)
         run_checked(["debootstrap", "--variant=minbase", self.release.suite, str(partial),
-              self.mirror], timeout=BUILD_TIMEOUT_S)  # fmt: skip
+                     self.mirror], timeout=BUILD_TIMEOUT_S)  # fmt: skip
         # No package may start a daemon while it is installed into the tree.
         policy = partial / "usr/sbin/policy-rc.d"
         policy.write_text("#!/bin/sh\nexit 101\n")
@@ -186,11 +186,11 @@ class Rootfs:
                    "LC_ALL": "C"}  # fmt: skip
             log.info("installing %s into it", " ".join(ROOTFS_PACKAGES))
             run_checked(["chroot", str(partial), "apt-get", "update", "-qq"], BUILD_TIMEOUT_S, env)
-            run_checked(["chroot", str(partial), "apt-get", "install", "-y", "-qq",
-                  "--no-install-recommends", *ROOTFS_PACKAGES], BUILD_TIMEOUT_S, env)  # fmt: skip
+            install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends"]
+            run_checked(["chroot", str(partial), *install, *ROOTFS_PACKAGES], BUILD_TIMEOUT_S, env)
             run_checked(["chroot", str(partial), "apt-get", "clean"], 120, env)
-            version = run_checked(["chroot", str(partial), "dpkg-query", "-W", "-f=${Version}",
-                            "slurm-client"], 60, env).strip()  # fmt: skip
+            version = run_checked(["chroot", str(partial), "dpkg-query", "-W",
+                                   "-f=${Version}", "slurm-client"], 60, env).strip()  # fmt: skip
         finally:
             subprocess.run(["umount", str(proc)], capture_output=True, check=False)
         if not version.startswith(self.release.version + "."):
@@ -228,10 +228,15 @@ class Rootfs:
         raise RootfsError(f"no user {user!r} in {self.path}/etc/passwd")
 
 
+def sbin_path() -> str:
+    """PATH plus the system folders a user's PATH may lack (where root's tools live)."""
+    return os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
 def ensure_debian_package(binary: str, package: str) -> None:
     """Install Debian's `package` (root, apt) unless `binary` is already on the PATH or in
     /usr/sbin; the package lists are fetched first."""
-    if shutil.which(binary, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"):
+    if shutil.which(binary, path=sbin_path()):
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise RootfsError(f"{binary} is missing; install Debian's {package} package (root)")

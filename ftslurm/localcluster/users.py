@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from ftslurm.errors import FtslurmError
-from ftslurm.localcluster.rootfs import ensure_debian_package, run_checked
+from ftslurm.localcluster.rootfs import ensure_debian_package, run_checked, sbin_path
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def ensure_sudo(rule: str, path: Path = SUDOERS_FILE) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(rule)
     tmp.chmod(0o440)
-    visudo = shutil.which("visudo", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    visudo = shutil.which("visudo", path=sbin_path())
     if visudo:
         run_checked([visudo, "-c", "-q", "-f", str(tmp)], 60)
     os.replace(tmp, path)
