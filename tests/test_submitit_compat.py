@@ -266,7 +266,7 @@ def test_damaged_continuations_raise_one_line_errors(tmp_path, damage, words):
 
 # --------------------------------------------------------------------------- other endings
 COUNTER = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
 import submitit
 from ftslurm.agent import progress, submitit_compat
@@ -303,8 +303,21 @@ def plain(limit, mode):
     mark(f"started-{RANK}-{os.environ['FTSLURM_ATTEMPT']}", 0)
     time.sleep(limit)
 
+def signal_inside_progress_write():
+    # The worst moment: the checkpoint signal lands while report_step() holds the lock of
+    # progress.json (the handler then runs inside that critical section).
+    real = progress.write_json_atomic
+    def write(*args, **kwargs):
+        if not os.path.exists(OUT / "signalled"):
+            mark("signalled", 1)
+            os.kill(os.getpid(), signal.SIGUSR2)
+        real(*args, **kwargs)
+    progress.write_json_atomic = write
+
 if __name__ == "__main__":
     mode = sys.argv[1]
+    if mode == "in-lock":
+        signal_inside_progress_write()
     result = submitit_compat.run(plain if mode == "plain" else Counter(), 10**9, mode)
     print(f"result {result}")
 """
@@ -345,6 +358,17 @@ def test_small_callable_continues_over_attempts_at_its_count(tmp_path, sig):
     second = read(folder(tmp_path) / compat.MANIFEST)
     assert second["sequence"] == 2 and second["step"] >= first["step"]
     assert rank_report(tmp_path, attempt=1)["outcome"] == "checkpointed"
+
+
+def test_a_signal_while_progress_is_being_written_still_stores_and_records_the_continuation(
+        tmp_path):  # fmt: skip
+    proc = run_counter(tmp_path, "in-lock")
+    assert proc.wait() == 0, proc.stderr()
+    assert (tmp_path / "out" / "signalled").exists()
+    assert "continuation 1 stored" in proc.stderr()
+    manifest = read(folder(tmp_path) / compat.MANIFEST)
+    saved = read(tmp_path / "run" / "progress.json")
+    assert saved["checkpoint_step"] == manifest["step"] == 1 and saved["finished"] is False
 
 
 def test_checkpoint_returning_none_asks_not_to_be_retried(tmp_path):

@@ -242,6 +242,9 @@ class _Runner:
         self.rank = self.agent.rank
         self.started_at = time.time()
         self.exit_code: int | None = None  # decided by the signal handler
+        # (step, seconds) of the continuation the handler stored, recorded once unwound
+        self.saved: tuple[int, float] | None = None
+        self.recorded = threading.Lock()
         self.handling = False
         self.returned = False
 
@@ -279,7 +282,9 @@ class _Runner:
             training_step = self._training_step()
             step = training_step if training_step is not None else sequence
             manifest = save_continuation(self.folder, delayed, sequence, step, training_step)
-            self.agent.checkpoint_saved(step, time.monotonic() - started)
+            # Recorded in progress.json only after unwinding (`_record_saved`): the signal
+            # may have landed while the callable's own report held that file's lock.
+            self.saved = (step, time.monotonic() - started)
         except _Exit:
             raise
         except Exception:
@@ -295,10 +300,20 @@ class _Runner:
         """Unwind the callable with `code`; cleanup that outlasts UNWIND_TIMEOUT_S (waiting
         for ranks that already left, say) must not turn a stored continuation into a kill."""
         self.exit_code = code
-        timer = threading.Timer(UNWIND_TIMEOUT_S, _hard_exit, (code,))
+        timer = threading.Timer(UNWIND_TIMEOUT_S, self._give_up_unwinding, (code,))
         timer.daemon = True
         timer.start()
         raise _Exit(code)
+
+    def _give_up_unwinding(self, code: int) -> None:
+        self._record_saved()
+        _hard_exit(code)
+
+    def _record_saved(self) -> None:
+        """Tell the daemon (progress.json) of the stored continuation; once, from outside
+        the signal handler."""
+        if self.saved is not None and self.recorded.acquire(blocking=False):
+            self.agent.checkpoint_saved(*self.saved)
 
     def _training_step(self) -> int | None:
         """The step the callable last reported in this process, else the one the resumed
@@ -352,6 +367,7 @@ class _Runner:
             if not isinstance(exc, _Exit):  # e.g. a collective whose peers already left
                 _say(f"ignoring {type(exc).__name__} raised while the callable unwound "
                      f"after the checkpoint signal")  # fmt: skip
+            self._record_saved()
             self.agent.close()
             raise SystemExit(self.exit_code) from None
         self.returned = True
