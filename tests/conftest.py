@@ -76,7 +76,8 @@ LOG_SUFFIXES = (".log", ".out", ".err")
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failing test that ran jobs leaves their logs in its report: the tail of every log
-    under its tmp_path (launcher, job and daemon output), for a failure seen only in CI."""
+    under its tmp_path (launcher, job and daemon output) and, when it used a local cluster,
+    the tail of the Slurm daemons' logs: for a failure seen only in CI."""
     report = yield
     tmp = getattr(item, "funcargs", {}).get("tmp_path")
     if report.failed and isinstance(tmp, Path) and tmp.is_dir():
@@ -85,6 +86,15 @@ def pytest_runtest_makereport(item, call):
             with contextlib.suppress(OSError):
                 tail = path.read_text(errors="replace").splitlines()[-40:]
                 report.sections.append((f"log {path.relative_to(tmp)}", "\n".join(tail)))
+    if report.failed:
+        clusters = {id(v): v for v in getattr(item, "funcargs", {}).values()
+                    if isinstance(v, LocalCluster)}  # fmt: skip
+        for cluster in clusters.values():
+            for path in sorted(cluster.layout.log_dir.glob("slurm*.log")):
+                with contextlib.suppress(OSError):
+                    tail = path.read_text(errors="replace").splitlines()[-40:]
+                    report.sections.append((f"Slurm {cluster.version} {path.name}",
+                                            "\n".join(tail)))  # fmt: skip
     return report
 
 

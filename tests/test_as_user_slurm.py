@@ -62,3 +62,12 @@ def test_fault_controls_reach_root_only_through_the_operator(slurm_cluster, monk
     assert "fault control of the cluster's operator" in err.value.user_message()
     assert "\n" not in err.value.user_message()
     assert slurm_cluster.node_states()[node] == "idle"
+
+
+def test_the_user_reads_the_slurm_daemons_logs(slurm_cluster):
+    """A failing test shows the tail of slurmctld's and the slurmds' logs (conftest): Slurm
+    creates them 0600 for root, so the cluster makes them first, readable."""
+    names = ["slurmctld", *(f"slurmd-{node}" for node in slurm_cluster.layout.node_names)]
+    for name in names:
+        text = (slurm_cluster.layout.log_dir / f"{name}.log").read_text()
+        assert "started" in text.lower(), (name, text[-500:])

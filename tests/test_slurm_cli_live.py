@@ -34,7 +34,7 @@ def slurm_cluster(request, monkeypatch) -> LocalCluster:
     return use_cluster(request, request.param, monkeypatch)
 
 
-def test_submit_query_cancel_round_trip(backend, jobs):
+def test_submit_query_cancel_round_trip(slurm_cluster, backend, jobs):
     job = backend.submit(SLEEP, JobOptions(name="roundtrip", comment="ftslurm:run=r1:attempt=0"))
     jobs.append(job)
     info = wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING")
@@ -42,7 +42,11 @@ def test_submit_query_cancel_round_trip(backend, jobs):
     assert info.comment == "ftslurm:run=r1:attempt=0"
     assert len(info.nodes) == 1 and info.start_time is not None and not info.from_accounting
     backend.cancel(job)
-    info = wait_job(backend, job, in_state(JobState.CANCELLED), 30, "CANCELLED")
+    # The job stays COMPLETING until its node's slurmd reports its processes gone: within
+    # KillWait (SIGTERM, then SIGKILL) once that slurmd answers. A fully loaded CI machine
+    # once took more than 30 s.
+    ending_s = slurm_cluster.layout.kill_wait + 30
+    info = wait_job(backend, job, in_state(JobState.CANCELLED), ending_s, "CANCELLED")
     assert info.state.is_terminal and info.end_time is not None
     backend.cancel(job)  # cancelling an ended job again is not an error
 

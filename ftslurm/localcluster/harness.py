@@ -457,6 +457,12 @@ class LocalCluster:
         os.chmod(lay.root, 0o755)
         for node in lay.node_names:
             (lay.spool / node).mkdir(exist_ok=True)
+        # Slurm creates its logs 0600; made first, they stay readable to the cluster's users
+        # (a failing test shows them) as long as the file exists.
+        for name in ("slurmctld", *(f"slurmd-{node}" for node in lay.node_names)):
+            log_file = lay.log_dir / f"{name}.log"
+            log_file.touch()
+            os.chmod(log_file, 0o644)
         lay.slurm_conf.write_text(render_slurm_conf(lay))
         lay.slurmdbd_conf.write_text(render_slurmdbd_conf(lay))
         if lay.chrooted:
