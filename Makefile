@@ -39,49 +39,58 @@ demo-slurm: install
 	$(PY) examples/demo_node_failure.py
 
 # Everything: installs, starts both local Slurm clusters (22.05 and $(SECOND_SLURM)), runs
-# every test, stops both. Fails when the tests against either release fail or none ran.
-# As root, the main run is an ordinary user's, $(TEST_USER) (created if missing, registered
+# every test, stops both. Fails when any test fails or a part ran none.
+# As root, the tests run as an ordinary user, $(TEST_USER) (created if missing, registered
 # in accounting; the cluster's fault controls alone go through sudo): root is Slurm's super
-# user and would skip the permission checks users meet. The tests against $(SECOND_SLURM)
-# (its own cluster, mostly waiting on Slurm), also as that user, run in a second pytest
-# beside the main one; their output follows the main run's.
+# user and would skip the permission checks users meet.
+# Three pytests run side by side, since the cluster tests mostly wait on Slurm: the tests
+# without a cluster (in the foreground), those against 22.05, those against $(SECOND_SLURM);
+# the other two's output follows. They share nothing a test relies on: the clusters' job
+# ids start at FirstJobId, clear of the mock's (rendezvous ports come from them), and the
+# tests without a cluster keep the memory tier in a folder of their own (node names are
+# alike, and a lost node's memory is wiped by name).
 TEST_USER ?= ftslurm-test
+PYTEST_RUN = PYTHONDONTWRITEBYTECODE=1 FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) \
+	$$as_user $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 test: install lint
 	@set -o pipefail; \
 	$(CLUSTER) up || exit 1; \
 	$(CLUSTER2) up || { $(CLUSTER) destroy; exit 1; }; \
-	summary=$$(mktemp); summary2=$$(mktemp); log2=$$(mktemp); rc=0; rc2=0; as_user=""; \
+	sum1=$$(mktemp); sum2=$$(mktemp); sum3=$$(mktemp); log2=$$(mktemp); log3=$$(mktemp); \
+	mem=$$(mktemp -d /dev/shm/ftslurm-tests.XXXXXX 2>/dev/null || mktemp -d); \
+	rc1=0; rc2=0; rc3=0; as_user=""; \
 	if [ "$$(id -u)" = 0 ]; then \
 		{ $(CLUSTER) add-user $(TEST_USER) && $(CLUSTER2) add-user $(TEST_USER); } || \
 			{ $(CLUSTER2) destroy; $(CLUSTER) destroy; exit 1; }; \
-		chown $(TEST_USER) $$summary $$summary2; as_user="runuser -u $(TEST_USER) --"; \
+		chown $(TEST_USER) $$sum1 $$sum2 $$sum3 $$mem; as_user="runuser -u $(TEST_USER) --"; \
 	fi; \
-	FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) FTSLURM_TEST_SUMMARY=$$summary2 \
-		PYTHONDONTWRITEBYTECODE=1 $$as_user $(PY) -m pytest -p no:cacheprovider \
-		-m slurm_2411 $(PYTEST_ARGS) >$$log2 2>&1 & second=$$!; \
-	FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) FTSLURM_TEST_SUMMARY=$$summary \
-		PYTHONDONTWRITEBYTECODE=1 $$as_user $(PY) -m pytest -p no:cacheprovider \
-		-m "not slurm_2411" $(PYTEST_ARGS) || rc=$$?; \
-	wait $$second || rc2=$$?; \
-	echo "=== the tests against Slurm $(SECOND_SLURM) (run beside the others) ==="; cat $$log2; \
-	if [ $$rc -ne 0 ] || [ $$rc2 -ne 0 ]; then \
+	FTSLURM_TEST_SUMMARY=$$sum2 $(PYTEST_RUN) -m "slurm and not slurm_2411" >$$log2 2>&1 & p2=$$!; \
+	FTSLURM_TEST_SUMMARY=$$sum3 $(PYTEST_RUN) -m slurm_2411 >$$log3 2>&1 & p3=$$!; \
+	FTSLURM_TEST_SUMMARY=$$sum1 FTSLURM_MEMORY_DIR=$$mem $(PYTEST_RUN) -m "not slurm" || rc1=$$?; \
+	wait $$p2 || rc2=$$?; wait $$p3 || rc3=$$?; \
+	echo "=== the tests against Slurm 22.05 (run beside the others) ==="; cat $$log2; \
+	echo "=== the tests against Slurm $(SECOND_SLURM) (run beside the others) ==="; cat $$log3; \
+	if [ $$rc2 -ne 0 ] || [ $$rc3 -ne 0 ]; then \
 		first=$${FTSLURM_LOCAL_CLUSTER_DIR:-/tmp/ftslurm-localcluster}; \
 		for ctld in $$first/log/slurmctld.log $$first-$(SECOND_SLURM)/log/slurmctld.log; do \
 			echo "=== the last lines of $$ctld ==="; tail -n 60 $$ctld 2>/dev/null; done; fi; \
 	$(CLUSTER2) destroy || true; \
 	$(CLUSTER) destroy || true; \
-	if [ $$rc -eq 5 ] || [ $$rc2 -eq 5 ]; then echo "Error: pytest collected no tests"; exit 1; fi; \
-	[ $$rc2 -eq 0 ] || rc=1; \
-	$(PY) -c "import json,sys; s=json.load(open('$$summary')); s2=json.load(open('$$summary2')); \
+	rm -rf $$mem; \
+	echo "pytest exit codes: without a cluster $$rc1, Slurm 22.05 $$rc2, Slurm $(SECOND_SLURM) $$rc3"; \
+	for rc in $$rc1 $$rc2 $$rc3; do \
+		if [ $$rc -eq 5 ]; then echo "Error: a pytest run collected no tests"; exit 1; fi; done; \
+	$(PY) -c "import json,sys; s1, s2, s3 = (json.load(open(p)) for p in sys.argv[1:]); \
 	line=lambda s, p: f\"{s[p+'_passed']} passed, {s[p+'_failed']} failed, {s[p+'_skipped']} skipped\"; \
-	who=lambda s: f\"as {s['user']}, {'an unprivileged user' if s['unprivileged'] else 'root'}\"; \
-	print(f\"real Slurm cluster 22.05: {line(s, 'slurm')}; Slurm $(SECOND_SLURM): {line(s2, 'slurm_2411')}\"); \
-	print(f\"main run {who(s)}: {s['passed']} tests passed ({s['slurm_passed']} on a real cluster); Slurm $(SECOND_SLURM) run {who(s2)}: {s2['passed']} passed\"); \
-	users_ok=not '$$as_user' or (s['unprivileged'] and s2['unprivileged']); \
+	print(f\"without a cluster: {s1['passed']} passed; real Slurm cluster 22.05: {line(s2, 'slurm')}; Slurm $(SECOND_SLURM): {line(s3, 'slurm_2411')}\"); \
+	runs = (s1, s2, s3); users = sorted({s['user'] for s in runs}); \
+	print(f\"all {sum(s['passed'] for s in runs)} passed tests ran as {', '.join(users)}\" + ('' if all(s['unprivileged'] for s in runs) else ' (root among them)')); \
+	users_ok = not '$$as_user' or all(s['unprivileged'] for s in runs); \
 	print('' if users_ok else 'Error: a run meant for $(TEST_USER) ran as root'); \
-	sys.exit(0 if users_ok and s['slurm_passed'] > 0 and not s['slurm_failed'] and s2['slurm_2411_passed'] > 0 and not s2['slurm_2411_failed'] else 1)" || rc=1; \
-	exit $$rc
+	sys.exit(0 if users_ok and s1['passed'] > 0 and not s1['slurm_passed'] + s1['slurm_2411_passed'] and s2['slurm_passed'] > 0 and not s2['slurm_failed'] and s3['slurm_2411_passed'] > 0 and not s3['slurm_2411_failed'] else 1)" \
+		$$sum1 $$sum2 $$sum3 || exit 1; \
+	[ $$rc1 -eq 0 ] && [ $$rc2 -eq 0 ] && [ $$rc3 -eq 0 ]
 
 lint: install
 	$(VENV)/bin/ruff check ftslurm tests benchmarks examples

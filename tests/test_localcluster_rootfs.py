@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ftslurm.core.contract import rendezvous_port
 from ftslurm.localcluster import ClusterError, LocalCluster
 from ftslurm.localcluster.__main__ import main
 from ftslurm.localcluster.config import ClusterLayout, render_env_sh, render_slurm_conf
@@ -51,6 +52,16 @@ def test_the_second_release_has_its_own_folder_ports_and_munge_socket():
     # SlurmdTimeout must leave room for it, or the living nodes go down with the dead one.
     assert (first.layout.slurmd_timeout, second.layout.slurmd_timeout) == (10, 30)
     assert "SlurmdTimeout=30\n" in render_slurm_conf(second.layout)
+
+
+def test_the_clusters_jobs_never_share_a_rendezvous_port_with_the_mocks():
+    """The suite runs the mock's jobs (ids from 1) beside the local clusters' (ids from
+    FirstJobId): none of the first 3000 of each, over 6 restarts, asks for the same port."""
+    lay = LocalCluster().layout
+    assert f"FirstJobId={lay.first_job_id}\n" in render_slurm_conf(lay)
+    ports = lambda first: {rendezvous_port(job, restart)  # noqa: E731
+                           for job in range(first, first + 3000) for restart in range(6)}
+    assert not ports(1) & ports(lay.first_job_id)
 
 
 def test_env_sh_and_the_wrappers_quote_what_they_are_given(tmp_path):

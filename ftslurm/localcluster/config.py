@@ -26,6 +26,10 @@ class ClusterLayout:
     slurmd_timeout: int = 10
     min_job_age: int = 60  # Slurm's default is 300; shorter keeps the MinJobAge test short
     kill_wait: int = 30
+    # Job ids from 20001, where a fresh Slurm starts at 1 like the mock scheduler: the
+    # rendezvous port comes from the job id (`ftslurm.core.contract.rendezvous_port`), so
+    # a Slurm job and a mock job running on this host at once never ask for one port.
+    first_job_id: int = 20001
     db_password: str = "ftslurm-local"
     # Daemons and clients run from another Slurm release's root filesystem (rootfs.py);
     # clients are then wrapper scripts in `bin_dir`, put first on PATH by env.sh.
@@ -154,6 +158,7 @@ ReturnToService=2
 SlurmdTimeout={lay.slurmd_timeout}
 MinJobAge={lay.min_job_age}
 KillWait={lay.kill_wait}
+FirstJobId={lay.first_job_id}
 JobRequeue=1
 SchedulerType=sched/backfill
 JobAcctGatherType=jobacct_gather/none
