@@ -301,14 +301,16 @@ def node_hangs(run_dir: Path, attempt: int = 0) -> list[dict[str, Any]]:
 
 def hang_is_caught_in_the_first_attempt(cli: Cli, tmp_path: Path, *submit_args: str) -> None:
     """Scenario (issue: the first attempt lost its whole wall limit to a hang): rank 1 is
-    stopped 15 s into the first attempt of a run that configures no timeout. The launchers'
+    stopped 30 s into the first attempt of a run that configures no timeout. The launchers'
     defaults, learned from the pace after the warm-up steps, catch it within the learned
     timeout (30 s: 3 x 0.05 s steps, raised to the floor) plus 5 s, restart the ranks in-job
-    from the last checkpoint, and the run ends with the parameters of an uninterrupted one."""
-    steps, ckpt = 400, tmp_path / "ckpt"
+    from the last checkpoint, and the run ends with the parameters of an uninterrupted one.
+    (30 s, not less: the stop must come after the warm-up, and on a loaded machine the
+    ranks' start-up alone has taken more than 12 s; 800 steps still run then.)"""
+    steps, ckpt = 800, tmp_path / "ckpt"
     expected = reference_digest(tmp_path, steps)
     out = cli.submit(*submit_args, "--retries", "0", "--in-job-restarts", "2", "-N", "2",
-                     "-t", "5", "--inject", "hang@15s:1", str(RECIPE), "--", "--steps",
+                     "-t", "5", "--inject", "hang@30s:1", str(RECIPE), "--", "--steps",
                      str(steps), "--step-time", "0.05", "--checkpoint-dir", str(ckpt))  # fmt: skip
     s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
     assert s["state"] == "COMPLETED", s
