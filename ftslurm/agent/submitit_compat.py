@@ -28,11 +28,11 @@ What submitit (1.5) does, and what `run` does in its place:
   period on TERM to save). The continuation is stored atomically, reported to the daemon
   (`ftslurm.agent.progress`) once the callable has unwound (the signal may have come while
   the callable's own step report held progress.json's lock), and the process exits 0:
-  "checkpointed, continue me". There is
-  no `scontrol requeue`: the daemon owns requeueing, and submits the continuation without
-  spending the failure budget. The other ranks do not call `checkpoint()` either; they wait
-  (up to FTSLURM_GRACE_S, default 120 s) until rank 0's continuation is stored and exit 0
-  too, so no rank leaves rank 0 waiting in a collective while it saves.
+  "checkpointed, continue me". There is no `scontrol requeue`: the daemon owns requeueing,
+  and submits the continuation without spending the failure budget. The other ranks do not
+  call `checkpoint()` either; they wait (up to FTSLURM_GRACE_S, default 120 s) until rank
+  0's continuation is stored and exit 0 too, so no rank leaves rank 0 waiting in a
+  collective while it saves.
 * When the callable returns, `run` reports the end of training (`progress.finished`, which
   writes the FINISHED marker) and returns its result.
 
