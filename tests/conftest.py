@@ -79,22 +79,24 @@ def pytest_runtest_makereport(item, call):
     under its tmp_path (launcher, job and daemon output) and, when it used a local cluster,
     the tail of the Slurm daemons' logs: for a failure seen only in CI."""
     report = yield
-    tmp = getattr(item, "funcargs", {}).get("tmp_path")
-    if report.failed and isinstance(tmp, Path) and tmp.is_dir():
+    if not report.failed:
+        return report
+
+    def add_tail(title: str, path: Path) -> None:
+        with contextlib.suppress(OSError):
+            tail = path.read_text(errors="replace").splitlines()[-40:]
+            report.sections.append((title, "\n".join(tail)))
+
+    funcargs = getattr(item, "funcargs", {})
+    tmp = funcargs.get("tmp_path")
+    if isinstance(tmp, Path) and tmp.is_dir():
         logs = sorted(p for p in tmp.rglob("*") if p.suffix in LOG_SUFFIXES and p.is_file())
         for path in logs[:20]:
-            with contextlib.suppress(OSError):
-                tail = path.read_text(errors="replace").splitlines()[-40:]
-                report.sections.append((f"log {path.relative_to(tmp)}", "\n".join(tail)))
-    if report.failed:
-        clusters = {id(v): v for v in getattr(item, "funcargs", {}).values()
-                    if isinstance(v, LocalCluster)}  # fmt: skip
-        for cluster in clusters.values():
-            for path in sorted(cluster.layout.log_dir.glob("slurm*.log")):
-                with contextlib.suppress(OSError):
-                    tail = path.read_text(errors="replace").splitlines()[-40:]
-                    report.sections.append((f"Slurm {cluster.version} {path.name}",
-                                            "\n".join(tail)))  # fmt: skip
+            add_tail(f"log {path.relative_to(tmp)}", path)
+    clusters = {id(v): v for v in funcargs.values() if isinstance(v, LocalCluster)}
+    for cluster in clusters.values():
+        for path in sorted(cluster.layout.log_dir.glob("slurm*.log")):
+            add_tail(f"Slurm {cluster.version} {path.name}", path)
     return report
 
 

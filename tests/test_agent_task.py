@@ -495,7 +495,7 @@ def stopped_share(out: Path, env: Mapping[str, str]) -> float:
                              "-c", BUSY_CHILD, str(out), "1.5"], env=dict(env),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
-        pid_file = out.with_suffix(".pid")
+        pid_file = Path(f"{out}.pid")  # where BUSY_CHILD writes its pid
         wait_for(lambda: pid_file.exists() or proc.poll() is not None, 30, "the child's pid")
         stat = Path(f"/proc/{pid_file.read_text()}/stat")
         looks = stopped = 0
