@@ -75,7 +75,14 @@ import torch.distributed as dist
 
 from ftslurm.agent import progress
 from ftslurm.core.contract import CHECKPOINT_MANIFEST, JobEnv
-from ftslurm.fsutil import fsync_dir, read_json, write_json_atomic
+from ftslurm.fsutil import (
+    fsync_dir,
+    make_dirs,
+    read_json,
+    restrict,
+    sharing_modes,
+    write_json_atomic,
+)
 
 log = logging.getLogger("ftslurm.checkpoint")
 
@@ -245,7 +252,7 @@ class CheckpointManager:
     def __init__(self, directory: str | Path | None = None, keep_last: int = 3, *,
                  rank: int | None = None, world_size: int | None = None,
                  report: bool = True, pin_memory: bool = True, asynchronous: bool = True,
-                 busy: str = "wait") -> None:  # fmt: skip
+                 busy: str = "wait", sharing: str | None = None) -> None:  # fmt: skip
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
         if busy not in ("wait", "skip"):
@@ -254,6 +261,8 @@ class CheckpointManager:
         if directory is None:
             directory = JobEnv.from_environ(os.environ).checkpoint_folder
         self.directory = Path(directory)
+        # Private by default (0700 folders, 0600 files): weights are the owner's alone.
+        self.dir_mode, self.file_mode = sharing_modes(sharing)
         self.keep_last = keep_last
         on = _distributed()
         self.rank = rank if rank is not None else (
@@ -359,10 +368,10 @@ class CheckpointManager:
         """The save protocol (module doc). `blocked_s`: an asynchronous save, the time the
         training stood still for it (the rest of the time since `started` was written in
         the background)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory, self.dir_mode)
         path, manifest = self.path_of(step), self.manifest_of(step)
         tmp = self.directory / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
         try:
             with os.fdopen(fd, "wb", buffering=0) as raw, ThreadPoolExecutor(1) as pool:
                 writer = _HashingWriter(raw, pool)
@@ -381,7 +390,7 @@ class CheckpointManager:
             "format": MANIFEST_FORMAT, "step": int(step), "file": path.name,
             "size": writer.size, "sha256": writer.digest.hexdigest(), "save_s": seconds,
             "blocking_s": blocking, "time": time.time(), "world_size": self.world_size,
-        })  # fmt: skip
+        }, mode=self.file_mode)  # fmt: skip
         log.info("checkpoint of step %d saved: %s (%d bytes, %.2f s, %.2f s of it blocking)",
                  step, path, writer.size, seconds, blocking)  # fmt: skip
         self._prune(step)
@@ -538,9 +547,11 @@ def sharded_steps(directory: str | Path) -> list[int]:
                   and (Path(directory, n, ".metadata")).is_file())  # fmt: skip
 
 
-def save_sharded(directory: str | Path, step: int, state_dict: dict[str, Any]) -> Path:
+def save_sharded(directory: str | Path, step: int, state_dict: dict[str, Any],
+                 sharing: str | None = None) -> Path:  # fmt: skip
     """Collective: every rank saves its shards of `state_dict` with torch.distributed.checkpoint
-    into `<directory>/sharded-step-<step>`; works without a process group too."""
+    into `<directory>/sharded-step-<step>`; works without a process group too. The files are
+    private unless `sharing` (default: the job's setting) is "group"."""
     import torch.distributed.checkpoint as dcp
 
     directory = Path(directory)
@@ -548,15 +559,17 @@ def save_sharded(directory: str | Path, step: int, state_dict: dict[str, Any]) -
     tmp = directory / f".sharded-step-{step}.tmp"
     on = _distributed()
     rank = dist.get_rank() if on else 0
+    dir_mode, file_mode = sharing_modes(sharing)
     if rank == 0:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(directory, dir_mode)
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crashed save
-        tmp.mkdir()
+        make_dirs(tmp, dir_mode)
     _barrier()
     with _without_group_warning():
         dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(tmp), no_dist=not on)
     _barrier()
     if rank == 0:
+        restrict(tmp, dir_mode, file_mode)  # torch wrote them with the umask's modes
         if final.exists():
             old = directory / f".sharded-step-{step}.old"
             shutil.rmtree(old, ignore_errors=True)

@@ -6,6 +6,7 @@ import ctypes
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,17 +78,73 @@ def read_json(path: Path | str) -> Any:
 
 
 def private_dir(path: Path | str) -> Path:
-    """Create `path` (and parents) and make it 0700; `ConfigError` (one line) when it cannot
-    be: a file is in the way, a parent is a file, no permission."""
+    """Create `path` (and missing parents) as a folder only its owner can use (0700) and
+    return it. A folder that already exists keeps its mode (ftslurm never changes the mode
+    of a folder it did not create), but one other users can write to is refused: state
+    kept there could be changed or removed by them. `ConfigError` (one line) when it
+    cannot be used: a file is in the way, a parent is a file, no permission."""
     path = Path(path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, 0o700)
+        make_dirs(path, 0o700)
+        if writable_by_others(path):
+            raise ConfigError(
+                f"{path} can be written by other users (mode {stat.filemode(path.stat().st_mode)})"
+                ": ftslurm keeps runs only in a folder of your own",
+                hint="point it at a folder only you can write, e.g. a new subfolder")
         if not os.access(path, os.W_OK | os.X_OK):
             raise PermissionError(13, "Permission denied", str(path))
     except OSError as exc:
         raise folder_error(path, exc) from None
     return path
+
+
+def writable_by_others(path: Path | str) -> bool:
+    """Whether users other than the owner may create or remove files in folder `path`."""
+    return bool(Path(path).stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def make_dirs(path: Path | str, mode: int) -> Path:
+    """`mkdir -p` whose created folders get `mode` (less the umask), the last one exactly
+    `mode`; folders that exist already are left as they are."""
+    target = path = Path(path)
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=mode)
+        except FileExistsError:  # made by someone else meanwhile: theirs, left alone
+            if not folder.is_dir():
+                raise
+            continue
+        os.chmod(folder, mode)  # the umask may have taken bits `mode` asks for
+    return target
+
+
+def restrict(folder: Path | str, dir_mode: int, file_mode: int) -> None:
+    """Give `folder` (which this process created) and everything in it these modes."""
+    for root, _dirs, files in os.walk(folder):
+        os.chmod(root, dir_mode)
+        for name in files:
+            os.chmod(os.path.join(root, name), file_mode)
+
+
+# What the files of a training's state may show to others: `private` (the default: model
+# weights and optimizer state are the owner's alone) or `group` (readable by the group,
+# for a folder a team shares); folder mode, file mode.
+SHARING_MODES = {"private": (0o700, 0o600), "group": (0o750, 0o640)}
+
+
+def sharing_modes(sharing: str | None = None) -> tuple[int, int]:
+    """(folder mode, file mode) for checkpoints: `sharing` if given, else the job's
+    setting ($FTSLURM_CHECKPOINT_SHARING, default private)."""
+    if sharing is None:
+        sharing = JobEnv.from_environ(os.environ).checkpoint_sharing
+    if sharing not in SHARING_MODES:
+        raise ConfigError(f"checkpoint sharing {sharing!r}: must be one of "
+                          f"{', '.join(SHARING_MODES)}")
+    return SHARING_MODES[sharing]
 
 
 def folder_error(path: Path | str, exc: OSError) -> ConfigError:

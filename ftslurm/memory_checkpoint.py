@@ -67,7 +67,7 @@ import torch.distributed as dist
 from ftslurm.agent import progress
 from ftslurm.checkpoint import _IN_FLIGHT, _snapshot
 from ftslurm.core.contract import EnvName, node_memory_area
-from ftslurm.fsutil import memory_base, read_json, write_json_atomic
+from ftslurm.fsutil import make_dirs, memory_base, read_json, write_json_atomic
 
 log = logging.getLogger("ftslurm.memory_checkpoint")
 
@@ -210,14 +210,15 @@ class MemoryTier:
             raise error
 
     def _keep(self, shard: int, step: int, data: bytes) -> None:
-        self.area.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.area, 0o700)  # the node's memory: its owner's alone
         path = self.area / f"shard-{shard}-step-{step}.pt"
         tmp = self.area / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_bytes(data)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            f.write(data)
         os.replace(tmp, path)  # a RAM file system: no fsync; a torn file has no manifest
         write_json_atomic(path.with_suffix(".json"), {
             "shard": shard, "step": step, "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+            "sha256": hashlib.sha256(data).hexdigest()}, mode=0o600)  # fmt: skip
 
     def _drop_older(self, shard: int, step: int) -> None:
         for path in self.area.glob(f"shard-{shard}-step-*"):

@@ -103,7 +103,13 @@ from submitit.helpers import DelayedSubmission
 
 from ftslurm.agent import rank as fta
 from ftslurm.core.contract import ExitCode, JobEnv
-from ftslurm.fsutil import read_json, write_bytes_atomic, write_json_atomic
+from ftslurm.fsutil import (
+    make_dirs,
+    read_json,
+    sharing_modes,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 
 FOLDER = "submitit"
 MANIFEST = "continuation.json"
@@ -151,17 +157,18 @@ def save_continuation(folder: Path, delayed: Any, sequence: int, step: int,
                       training_step: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Store `delayed` (a DelayedSubmission) as continuation number `sequence`; returns the
     manifest. The manifest is replaced only once the file it names is complete."""
-    folder.mkdir(parents=True, exist_ok=True)
+    dir_mode, file_mode = sharing_modes()  # the callable holds the training's state
+    make_dirs(folder, dir_mode)
     data = cloudpickle.dumps(delayed, protocol=pickle.HIGHEST_PROTOCOL)
     name = f"continuation-{sequence:06d}.pkl"
-    write_bytes_atomic(folder / name, data)
+    write_bytes_atomic(folder / name, data, mode=file_mode)
     manifest = {
         "format": FORMAT, "file": name, "size": len(data),
         "sha256": hashlib.sha256(data).hexdigest(), "sequence": sequence, "step": step,
         "training_step": training_step, "attempt": _attempt_text(),
         "callable": _describe(getattr(delayed, "function", delayed)), "time": time.time(),
     }  # fmt: skip
-    write_json_atomic(folder / MANIFEST, manifest)
+    write_json_atomic(folder / MANIFEST, manifest, mode=file_mode)
     for old in folder.iterdir():  # earlier continuations, and temporary files of crashed saves
         stale = old.name.startswith("continuation-") and old.suffix == ".pkl"
         if (stale and old.name != name) or (old.name.startswith(".") and old.suffix == ".tmp"):

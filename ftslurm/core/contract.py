@@ -329,6 +329,7 @@ class EnvName(str, Enum):
     PEER_TIMEOUT_S = "FTSLURM_PEER_TIMEOUT_S"  # a node silent this long is reported lost
     SPARE_NODES = "FTSLURM_SPARE_NODES"  # nodes of the job kept idle to replace a lost one
     MEMORY_DIR = "FTSLURM_MEMORY_DIR"  # where the memory checkpoint tier keeps node areas
+    CHECKPOINT_SHARING = "FTSLURM_CHECKPOINT_SHARING"  # private (0700/0600) or group
 
 
 def _alias(name: EnvName) -> Any:
@@ -377,6 +378,8 @@ class JobEnv(BaseModel):
     peer_timeout_s: float = Field(DEFAULT_PEER_TIMEOUT_S, gt=0, **_alias(EnvName.PEER_TIMEOUT_S))
     spare_nodes: int = Field(0, ge=0, **_alias(EnvName.SPARE_NODES))
     memory_dir: str | None = Field(None, **_alias(EnvName.MEMORY_DIR))
+    checkpoint_sharing: Literal["private", "group"] = Field(
+        "private", **_alias(EnvName.CHECKPOINT_SHARING))
 
     @field_validator("checkpoint_signal")
     @classmethod

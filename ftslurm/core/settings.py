@@ -132,6 +132,10 @@ class FtSettings(BaseModel):
     failure_rate_prior: float = Field(5.0, gt=0)
     failure_prior_node_days: float = Field(1000.0, gt=0)
     memory_tier_coverage: float = Field(0.5, ge=0, lt=1)
+    # Who may read the run's checkpoints (`ftslurm.checkpoint`): "private" (folders 0700,
+    # files 0600: weights are the owner's alone) or "group" (0750 / 0640, for a folder a
+    # team shares). Folders that exist already keep their mode.
+    checkpoint_sharing: Literal["private", "group"] = "private"
 
     @field_validator("checkpoint_signal")
     @classmethod

@@ -77,7 +77,7 @@ _SETTING_TO_ENV = {
     "straggler_reference": "straggler_reference", "num_in_job_restarts": "in_job_restarts",
     "grace_s": "grace_s", "peer_timeout_s": "peer_timeout_s",
     # Hot spares: the launchers train on SLURM_NNODES - spare_nodes nodes, keep the rest idle.
-    "spare_nodes": "spare_nodes",
+    "spare_nodes": "spare_nodes", "checkpoint_sharing": "checkpoint_sharing",
 }  # fmt: skip
 
 
@@ -114,6 +114,8 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
     spares = int(settings.get("spare_nodes", 0)) if launcher else 0
     if spares:
         fields.append("spare_nodes")
+    if settings.get("checkpoint_sharing", "private") != "private":
+        fields.append("checkpoint_sharing")
     given: dict[str, Any] = {field: settings.get(key, getattr(defaults, field))
                              for key, field in _SETTING_TO_ENV.items() if field in fields}
     if launcher:
