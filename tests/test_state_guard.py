@@ -90,15 +90,20 @@ def test_wal_deleted_while_the_daemon_is_down_is_refused_and_recover_brings_the_
     store.add_run(make_run("r2"))
     for _ in range(3):
         store.append_event("r2", "running", {}, 2.0)
+    older = tmp_path / "older.bak"
+    shutil.copy2(home / BACKUP_NAME, older)  # the backup from before r2
     keeper = service.Keeper(store, backup_interval_s=3600)
     keeper.next_backup = float("inf")
-    keeper.after_cycle()  # checkpoint (blocked by the reader) and the mark
+    keeper.after_cycle()  # checkpoint (blocked by the reader), the mark, a backup (new run)
     assert read_mark(home) == 4
-    # The daemon is killed and the WAL deleted: the copy below is what remains on disk.
+    assert runs_in(home / BACKUP_NAME) == 2  # a new run is backed up at once
+    # The daemon is killed and the WAL deleted: the copy below is what remains on disk,
+    # with a backup from before r2 (one taken before the run came).
     lost = tmp_path / "lost"
     lost.mkdir(mode=0o700)
-    for name in (DB_NAME, BACKUP_NAME, MARK_NAME):
+    for name in (DB_NAME, MARK_NAME):
         shutil.copy2(home / name, lost / name)
+    shutil.copy2(older, lost / BACKUP_NAME)
     reader.close()
     store.close()
     monkeypatch.setenv("FTSLURM_HOME", str(lost))

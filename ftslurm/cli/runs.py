@@ -42,9 +42,16 @@ from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
 from ftslurm.core.validate import OWNED_SBATCH_FLAGS
 from ftslurm.daemon import as_job, service, user_requests
 from ftslurm.daemon.reconcile import new_run_record
-from ftslurm.daemon.records import NEVER_SUBMITTED, Attempt, Run, RunState
-from ftslurm.daemon.store import Request, Store, marked_backends
-from ftslurm.daemon.submission import backend_key, build_attempt, make_spec, tag
+from ftslurm.daemon.records import NEVER_SUBMITTED, Attempt, Run, RunState, parse_tag
+from ftslurm.daemon.store import (
+    RUNS_DIR,
+    Request,
+    Store,
+    mark_backend,
+    marked_backends,
+    mirror_run,
+)
+from ftslurm.daemon.submission import backend_key, build_attempt, make_spec
 from ftslurm.errors import (
     ConfigError,
     FtslurmError,
@@ -244,7 +251,7 @@ def submit(
                           "(the mock scheduler)")  # fmt: skip
     home = state_dir()
     run_id = uuid.uuid4().hex[:10]
-    run_dir = home / "runs" / run_id
+    run_dir = home / RUNS_DIR / run_id
     settings = loaded.settings()
     spec = make_spec(loaded, run_dir=run_dir, backend=backend_kind, workdir=str(Path.cwd()),
                      inject=tuple(i.spec() for i in injections),
@@ -272,6 +279,10 @@ def submit(
         store.add_run(run)
         store.add_attempt(attempt)
         store.append_event(run_id, "created", {"recipe": str(recipe)}, time.time())
+    # Beside the database: the run (rebuilt from it if the database loses it) and where its
+    # jobs live (looked at for jobs without a run).
+    mirror_run(run)
+    mark_backend(home, backend_key(spec))
     if dry_run:
         _warn_injections(injections, create_backend(backend_kind, spec["mock_home"]))
     _pause_for_tests()
@@ -667,11 +678,9 @@ def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend)
 
 
 def tagged_run(comment: str | None) -> str | None:
-    """The run id in a job's ftslurm tag (`submission.tag`), or None for any other comment."""
-    parts = (comment or "").split(":")
-    if len(parts) == 3 and parts[2].isdigit() and tag(parts[1], int(parts[2])) == comment:
-        return parts[1]
-    return None
+    """The run id in a job's ftslurm tag (`records.tag`), or None for any other comment."""
+    parsed = parse_tag(comment)
+    return parsed[0] if parsed else None
 
 
 def orphan_jobs(jobs: list[JobInfo], known: set[str]) -> dict[str, str]:
@@ -1049,11 +1058,17 @@ def daemon_recover() -> None:
     """Restore the state database from its last backup (the daemon must be stopped); the
     damaged files are kept."""
     restored = service.recover(state_dir())
-    age = max(0.0, time.time() - restored.taken_at)
-    kept = f"; the replaced files are in {restored.kept_in}" if restored.kept_in else ""
-    typer.echo(f"restored {restored.runs} run(s) ({restored.active_runs} active) from the "
-               f"backup of {datetime.fromtimestamp(restored.taken_at):%Y-%m-%d %H:%M:%S} "
-               f"({_fmt_age(age)} old){kept}")  # fmt: skip
+    if restored.taken_at is None:
+        typer.echo(f"the state database is sound and keeps its {restored.runs} run(s) "
+                   f"({restored.active_runs} active); runs it had lost are rebuilt")
+    else:
+        age = max(0.0, time.time() - restored.taken_at)
+        kept = f"; the replaced files are in {restored.kept_in}" if restored.kept_in else ""
+        typer.echo(f"restored {restored.runs} run(s) ({restored.active_runs} active) from the "
+                   f"backup of {datetime.fromtimestamp(restored.taken_at):%Y-%m-%d %H:%M:%S} "
+                   f"({_fmt_age(age)} old){kept}")  # fmt: skip
+    for line in restored.rebuilt:  # runs rebuilt from their folders, jobs nothing manages
+        typer.echo(line)
 
 
 def _fmt_age(seconds: float) -> str:

@@ -104,7 +104,7 @@ from ftslurm.daemon.records import (
     RunState,
     tag,
 )
-from ftslurm.daemon.store import DiskFull, StaleRecord, StateError, Store
+from ftslurm.daemon.store import DiskFull, StaleRecord, StateError, Store, update_mirror
 from ftslurm.daemon.submission import backend_key, build_attempt
 from ftslurm.daemon.user_requests import apply_requests
 from ftslurm.errors import (
@@ -209,6 +209,7 @@ def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt
             a = write(a)
         store.append_event(run.run_id, *event, clock())
         current = store.get_run(run.run_id)
+    update_mirror(run, attempt=a.attempt, job_id=a.job_id)  # rebuilt from it if need be
     if current is not None and current.cancel_requested and a.job_id:
         with contextlib.suppress(JobStateConflict, InvalidJobId):  # it ended meanwhile
             backend.cancel(a.job_id)
@@ -946,6 +947,7 @@ class Reconciler:
         self._write_run(replace(current, state=state, reason=reason, ended_at=now))
         self.store.append_event(run.run_id, "run_ended", {"state": state.value,
                                                          "reason": reason}, now)
+        update_mirror(run, state=state.value, reason=reason, ended_at=now)
 
     def _note_facts(self, kind: str, backend: SchedulerBackend) -> None:
         if kind not in self._min_job_age:

@@ -63,6 +63,14 @@ def tag(run_id: str, attempt: int) -> str:
     return f"ftslurm:{run_id}:{attempt}"
 
 
+def parse_tag(comment: str | None) -> tuple[str, int] | None:
+    """(run id, attempt) of a job's ftslurm tag (`tag`), or None for any other comment."""
+    parts = (comment or "").split(":")
+    if len(parts) == 3 and parts[2].isdigit() and tag(parts[1], int(parts[2])) == comment:
+        return parts[1], int(parts[2])
+    return None
+
+
 @dataclass
 class Run:
     run_id: str

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftslurm.backends import HOME_ENV, create_backend
@@ -45,6 +45,7 @@ from ftslurm.core.leases import (
 )
 from ftslurm.daemon import as_job
 from ftslurm.daemon.reconcile import Reconciler
+from ftslurm.daemon.records import parse_tag
 from ftslurm.daemon.store import (
     DB_NAME,
     DaemonAlreadyRunning,
@@ -54,12 +55,14 @@ from ftslurm.daemon.store import (
     StateError,
     Store,
     marked_backends,
+    mirrored_runs,
     os_state_error,
-    restore_backup,
+    recover_state,
     this_host,
     write_mark,
 )
-from ftslurm.errors import FtslurmError
+from ftslurm.daemon.submission import backend_key
+from ftslurm.errors import FtslurmError, TransientError
 
 log = logging.getLogger("ftslurm.daemon")
 WAKE_FILE = "wake"
@@ -76,7 +79,8 @@ def wake(home: Path) -> None:
 
 class Keeper:
     """The daemon's care of its database between cycles: WAL checkpoint and mark after a
-    cycle that wrote, a backup every `backup_interval_s` when something changed."""
+    cycle that wrote, a backup every `backup_interval_s` when something changed and at once
+    when a run was added."""
 
     def __init__(self, store: Store, backup_interval_s: float) -> None:
         self.store = store
@@ -84,6 +88,7 @@ class Keeper:
         self.backup_interval_s = backup_interval_s
         self._marked = (-1, -1)  # (connection changes, newest event id) last recorded
         self._backed_up: tuple[int, int] | None = None
+        self._backed_up_run = -1  # the newest run (`Store.newest_run`) at the last backup
         self.next_backup = time.monotonic()
 
     def after_cycle(self, backends: Iterable[str] = ()) -> None:
@@ -98,7 +103,10 @@ class Keeper:
             except OSError as exc:
                 raise os_state_error(exc, self.store.home) from None
             self._marked = seen
-        if time.monotonic() >= self.next_backup:
+        newest_run = self.store.newest_run()
+        if time.monotonic() >= self.next_backup or newest_run != self._backed_up_run:
+            # A new run is backed up at once: a backup without it could not bring it back.
+            self._backed_up_run = newest_run
             if seen != self._backed_up:
                 self.store.backup()
                 self._backed_up = seen
@@ -456,8 +464,10 @@ def stop(home: Path, timeout_s: float = 30.0) -> int | None:
 
 
 def recover(home: Path) -> Restored:
-    """Put the last backup back (see `store.restore_backup`); refused while a daemon runs
-    (the daemon lock is held throughout, so none can start meanwhile)."""
+    """Rebuild lost runs, or put the last backup back (`store.recover_state`); refused while
+    a daemon runs (the daemon lock is held throughout, so none can start meanwhile). The
+    scheduler is asked first which tagged jobs are active: the runs they belong to are
+    adopted, and those no run claims afterwards are named."""
     lock = DaemonLock(home, this_host())
     lock.acquire()
     try:
@@ -465,9 +475,42 @@ def recover(home: Path) -> Restored:
         if elsewhere is not None and not elsewhere.here:
             raise DaemonAlreadyRunning(f"a daemon serves {home} on host {elsewhere.host} "
                                        f"(pid {elsewhere.pid})", hint="stop it first")
-        return restore_backup(home)
+        jobs = tagged_jobs(home)  # asked first: a scheduler that cannot answer stops it here
+        newest: dict[str, tuple[int, str]] = {}
+        for job_id, (run_id, attempt) in sorted(jobs.items(), key=lambda j: j[1][1]):
+            newest[run_id] = (attempt, job_id)
+        restored = recover_state(home, active=newest)
+        with Store(home) as store:
+            known = {r.run_id for r in store.list_runs()}
+        unknown = sorted((job, run) for job, (run, _) in jobs.items() if run not in known)
+        return replace(restored, rebuilt=[*restored.rebuilt, *(
+            f"job {job} carries the tag of run {run}, which neither the backup nor a run folder "
+            "holds: nothing manages it (cancel it, or submit the run again)"
+            for job, run in unknown)])  # fmt: skip
     finally:
         lock.release()
+
+
+def tagged_jobs(home: Path) -> dict[str, tuple[str, int]]:
+    """Job id -> (run id, attempt) of the active jobs that carry an ftslurm tag, on every
+    backend this state directory used (the mark's, the run folders'). A backend that cannot
+    answer is a `TransientError`: recovering without its answer could lose a run's job."""
+    keys = set(marked_backends(home)) | {backend_key(m["spec"]) for m in mirrored_runs(home)
+                                         .values() if "backend" in m["spec"]}  # fmt: skip
+    found: dict[str, tuple[str, int]] = {}
+    for key in sorted(keys):
+        kind, _, where = key.partition(":")
+        try:
+            jobs = create_backend(kind, where or None).active_jobs()
+        except FtslurmError as exc:
+            raise TransientError(f"cannot ask the scheduler ({key}) which jobs are active: "
+                                 f"{exc.user_message()}",
+                                 hint="recover when it answers; nothing was changed") from None
+        for job in jobs:
+            parsed = parse_tag(job.comment)
+            if parsed is not None:
+                found[job.job_id] = parsed
+    return found
 
 
 def configure_logging(verbose: bool = False) -> None:

@@ -68,14 +68,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from ftslurm.core.cadence import DAY_S, FailureHistory
 from ftslurm.core.leases import DaemonLease
-from ftslurm.daemon.records import Attempt, Event, NodeFlag, Run, RunState
+from ftslurm.daemon.records import Attempt, AttemptState, Event, NodeFlag, Run, RunState
+from ftslurm.daemon.records import tag as record_tag
 from ftslurm.errors import FtslurmError, PermanentError
 from ftslurm.fsutil import (
     STATE_FS_ENV,
@@ -96,6 +97,11 @@ DAMAGED_PREFIX = "damaged-"
 DB_SUFFIXES = ("", "-wal", "-shm", "-journal")  # the database file and SQLite's companions
 BUSY_TIMEOUT_S = 10.0
 RECOVER_HINT = "stop the daemon and run `ftslurm daemon recover` to restore the last backup"
+RUNS_DIR = "runs"  # $FTSLURM_HOME/runs/<run id>/: each run's folder (`RunDir`)
+# In a run's folder: the run as `submit` recorded it (`mirror_run`), so that a run the
+# database loses (a deleted WAL, an older backup put back) is noticed and rebuilt.
+RUN_MIRROR = "run.json"
+LOST_RUN = "lost with the state database and rebuilt from its folder"
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -240,6 +246,51 @@ def write_mark(home: Path, event_id: int, backends: Iterable[str] = ()) -> None:
     write_json_atomic(Path(home) / MARK_NAME, data, mode=0o600)
 
 
+def mark_backend(home: Path, key: str) -> None:
+    """Add backend `key` to those the mark names (`write_mark`), before the daemon has
+    seen a run of it."""
+    if key not in marked_backends(home):
+        write_mark(home, read_mark(home), [*marked_backends(home), key])
+
+
+def mirror_run(run: Run) -> None:
+    """Write what `submit` recorded of `run` into its folder (atomically, 0600): the store
+    refuses a database that lacks a mirrored run, and `restore_backup` rebuilds it."""
+    data = {"run_id": run.run_id, "name": run.name, "created_at": run.created_at,
+            "spec": run.spec, "settings": run.settings}  # fmt: skip
+    write_json_atomic(Path(run.spec["run_dir"]) / RUN_MIRROR, data, mode=0o600)
+
+
+def update_mirror(run: Run, **fields: Any) -> None:
+    """Note in the run's mirror (`mirror_run`) how far the daemon took it: the attempt it
+    submitted and its job (`attempt`, `job_id`), or how it ended (`state`, `reason`); a run
+    without a mirror gets none (one recorded before mirrors existed, or by a test)."""
+    path = Path(run.spec.get("run_dir") or "") / RUN_MIRROR
+    data = read_json(path) if run.spec.get("run_dir") else None
+    if isinstance(data, dict) and data.get("run_id") == run.run_id:
+        write_json_atomic(path, {**data, **fields}, mode=0o600)
+
+
+def mirrored_runs(home: Path | str, skip: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+    """Run id -> the mirror (`mirror_run`) of each run folder under `home` whose id is not
+    in `skip`; folders without a readable mirror are not runs `submit` recorded."""
+    skip = set(skip)
+    try:
+        names = sorted(os.listdir(Path(home) / RUNS_DIR))
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        if name in skip:
+            continue
+        data = read_json(Path(home) / RUNS_DIR / name / RUN_MIRROR)
+        if (isinstance(data, dict) and data.get("run_id") == name
+                and isinstance(data.get("spec"), dict)
+                and isinstance(data.get("settings"), dict)):  # fmt: skip
+            found[name] = data
+    return found
+
+
 class DaemonAlreadyRunning(FtslurmError):
     """Another daemon holds this state directory."""
 
@@ -257,7 +308,8 @@ class Store:
     and any number of processes may open the same directory at once.
     """
 
-    def __init__(self, home: Path | str, network: bool | None = None) -> None:
+    def __init__(self, home: Path | str, network: bool | None = None,
+                 check_runs: bool = True) -> None:  # fmt: skip
         self.home = private_dir(home)
         self.path = self.home / DB_NAME
         # WAL on a local filesystem, a rollback journal on a shared one (module doc)
@@ -283,6 +335,8 @@ class Store:
                 self._db.execute("PRAGMA synchronous = FULL")
                 self._db.execute("PRAGMA foreign_keys = ON")
                 self._migrate()
+                if check_runs:
+                    self._check_runs()  # a run `submit` recorded that the database lost
         except BaseException:
             self._db.close()
             raise
@@ -309,6 +363,21 @@ class Store:
                 f"the state database {self.path} has lost committed changes: its newest event "
                 f"is {newest}, but events up to {mark} were committed (was {DB_NAME}-wal "
                 "deleted or an older copy put back?)", hint=RECOVER_HINT)  # fmt: skip
+
+    def missing_runs(self) -> dict[str, dict[str, Any]]:
+        """The mirrors (`mirror_run`) of runs that are not in the database."""
+        known = [row["run_id"] for row in self._read("SELECT run_id FROM runs")]
+        return mirrored_runs(self.home, known)
+
+    def _check_runs(self) -> None:
+        lost = sorted(self.missing_runs())
+        if lost:
+            more = " ..." if len(lost) > 5 else ""
+            raise StateDamaged(
+                f"the state database {self.path} has lost run(s) {', '.join(lost[:5])}{more}: "
+                f"their folders say `submit` recorded them (was {DB_NAME}-wal deleted or an "
+                "older copy put back?)",
+                hint="stop the daemon and run `ftslurm daemon recover`: it rebuilds them")
 
     def _set_journal(self) -> None:
         """Switch to this filesystem's journal mode (WAL persists in the file; a switch
@@ -576,6 +645,10 @@ class Store:
                           (len(prefix), prefix))
         return [self._run(r) for r in rows]
 
+    def newest_run(self) -> int:
+        """A number that grows with every run added (the newest row's id; 0: none)."""
+        return int(self._read("SELECT coalesce(max(rowid), 0) FROM runs")[0][0])
+
     def stamp(self) -> tuple[int, int]:
         """What changes whenever anything is committed to the database: SQLite's
         `data_version` (moves on a commit by any other connection, of this process or
@@ -830,14 +903,19 @@ class Restored:
 
     runs: int
     active_runs: int
-    taken_at: float  # when the backup was written
+    taken_at: float | None  # when the backup was written (None: none was put back)
     kept_in: Path | None  # where the replaced files went (None: there were none)
+    rebuilt: list[str] = field(default_factory=list)  # a line per run rebuilt from its folder
 
 
-def restore_backup(home: Path | str, now: float | None = None) -> Restored:
+def restore_backup(home: Path | str, now: float | None = None,
+                   active: dict[str, tuple[int, str]] | None = None) -> Restored:
     """Put `home/state.db.bak` back as the state database, after checking it; the files it
-    replaces (database, WAL, shared memory, mark) move to `home/damaged-<time>/`. The caller
-    makes sure no daemon runs (it holds the `DaemonLock`)."""
+    replaces (database, WAL, shared memory, mark) move to `home/damaged-<time>/`. Runs the
+    backup lacks but whose folders hold their mirror (`mirror_run`) are rebuilt
+    (`rebuild_runs`); `active` says which runs still have a job at the scheduler (run id ->
+    (attempt, job id); none without it). The caller makes sure no daemon runs (it holds
+    the `DaemonLock`)."""
     home = private_dir(home)
     backup = home / BACKUP_NAME
     if not backup.is_file():
@@ -855,10 +933,10 @@ def restore_backup(home: Path | str, now: float | None = None) -> Restored:
                 if rows != ["ok"]:
                     raise StateDamaged(f"the backup {backup} is damaged too ({rows[0]})")
                 tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
-                runs = active = newest = 0
+                runs = active_runs = newest = 0
                 if {"runs", "events"} <= tables:
                     marks = ",".join("?" * len(_TERMINAL))
-                    runs, active = db.execute(
+                    runs, active_runs = db.execute(
                         f"SELECT count(*), count(*) FILTER (WHERE state NOT IN ({marks})) "
                         "FROM runs", _TERMINAL).fetchone()  # fmt: skip
                     newest = int(db.execute("SELECT max(event_id) FROM events").fetchone()[0]
@@ -885,11 +963,84 @@ def restore_backup(home: Path | str, now: float | None = None) -> Restored:
     finally:
         for suffix in DB_SUFFIXES:
             staging.with_name(staging.name + suffix).unlink(missing_ok=True)
-    if newest:
-        write_mark(home, newest, marked_backends(kept) if kept else ())
-    with Store(home) as store:
+    # The backends used stay known (orphan jobs are looked for there), also when the backup
+    # holds no event yet.
+    write_mark(home, newest, marked_backends(kept) if kept else ())
+    with Store(home, check_runs=False) as store:
         store.check_integrity()
-    return Restored(runs=int(runs), active_runs=int(active), taken_at=taken_at, kept_in=kept)
+        missing = store.missing_runs()
+        when = time.time() if now is None else now
+        rebuilt = rebuild_runs(store, missing, active or {}, when)
+        write_mark(home, store.newest_event_id(), marked_backends(home))
+    return Restored(runs=int(runs), active_runs=int(active_runs), taken_at=taken_at,
+                    kept_in=kept, rebuilt=rebuilt)  # fmt: skip
+
+
+def recover_state(home: Path | str, now: float | None = None,
+                  active: dict[str, tuple[int, str]] | None = None) -> Restored:
+    """`ftslurm daemon recover`: a database that is sound but lacks runs their folders
+    mirror (its WAL deleted after `submit` committed) gets them rebuilt in place, keeping
+    everything newer than the backup; any other (damaged, or lost committed events) gets
+    the last backup put back (`restore_backup`), then the same rebuilding."""
+    try:
+        with Store(home, check_runs=False) as store:
+            store.check_integrity()
+            missing = store.missing_runs()
+            if missing:
+                when = time.time() if now is None else now
+                rebuilt = rebuild_runs(store, missing, active or {}, when)
+                runs = store.list_runs()
+                write_mark(store.home, store.newest_event_id(), marked_backends(store.home))
+                return Restored(runs=len(runs), taken_at=None, kept_in=None, rebuilt=rebuilt,
+                                active_runs=sum(not r.state.is_terminal for r in runs))
+    except StateError:
+        pass  # not sound: the backup, below
+    return restore_backup(home, now, active)
+
+
+def rebuild_runs(store: Store, mirrors: dict[str, dict[str, Any]],
+                 active: dict[str, tuple[int, str]], now: float) -> list[str]:
+    """Add the runs of `mirrors` (lost by the database: `Store.missing_runs`) back, one line
+    each for the user. `active`: run id -> (attempt, job id) of the newest job the scheduler
+    still holds for it (by the attempt's tag): such a run comes back as that attempt about to
+    be submitted, which the daemon adopts by its tag instead of submitting again. Otherwise
+    the mirror says how far the daemon took it (`update_mirror`): ended (it comes back so),
+    never submitted (it is submitted now), or submitted and gone from the scheduler: then
+    how it ended is not known, and it comes back FAILED, since submitting it again unasked
+    could run it twice."""
+    lines = []
+    for run_id, m in sorted(mirrors.items()):
+        found = active.get(run_id)
+        ended = m.get("state") in _TERMINAL
+        run = Run(run_id=run_id, name=str(m.get("name") or run_id), state=RunState.PENDING,
+                  created_at=float(m.get("created_at") or now), spec=m["spec"],
+                  settings=m["settings"])  # fmt: skip
+        attempt = Attempt(run_id, int(m.get("attempt") or 0), AttemptState.SUBMITTING,
+                          tag=record_tag(run_id, int(m.get("attempt") or 0)))  # fmt: skip
+        if found:  # adopted by its tag instead of submitted again
+            attempt = replace(attempt, attempt=found[0], tag=record_tag(run_id, found[0]))
+            line = (f"run {run_id}: rebuilt from its folder; its job {found[1]} (attempt "
+                    f"{found[0]}) is still at the scheduler, and the daemon adopts it")
+        elif ended:
+            run = replace(run, state=RunState(m["state"]), reason=m.get("reason"),
+                          ended_at=float(m.get("ended_at") or now))  # fmt: skip
+            attempt = replace(attempt, state=AttemptState.UNKNOWN, job_id=m.get("job_id"))
+            line = f"run {run_id}: rebuilt from its folder as {m['state']} (it had ended)"
+        elif m.get("job_id") is None:  # never submitted: the daemon submits it now
+            line = f"run {run_id}: rebuilt from its folder; it had not been submitted yet"
+        else:
+            run = replace(run, state=RunState.FAILED, ended_at=now, reason=(
+                f"{LOST_RUN}: its job {m['job_id']} is no longer at the scheduler and how it "
+                "ended is not known; its checkpoints are kept: submit it again to continue"))
+            attempt = replace(attempt, state=AttemptState.UNKNOWN, job_id=m.get("job_id"),
+                              reason=run.reason)  # fmt: skip
+            line = f"run {run_id}: rebuilt from its folder as FAILED ({run.reason})"
+        with store.transaction():
+            store.add_run(run)
+            store.add_attempt(attempt)
+            store.append_event(run_id, "rebuilt", {"job_id": found[1] if found else None}, now)
+        lines.append(line)
+    return lines
 
 
 def lock_name(host: str) -> str:
