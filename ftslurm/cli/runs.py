@@ -261,6 +261,8 @@ def submit(
         return
     store = Store(home)
     store.check_integrity()  # a damaged database is refused before anything is submitted
+    if dry_run:  # the first line: which mock, and how long a failed node goes unnoticed
+        _say_mock(create_backend(backend_kind, spec["mock_home"]), spec["mock_home"])
     if warn:  # after every check, so that an error stays the only line
         typer.echo(f"Warning: {warning}", err=True)
     if home_warning:
@@ -374,7 +376,7 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         "in_job_restarts_total": sum(a.in_job_restarts for a in attempts),
         "continuations": run.continuations,
         "excluded_nodes": sorted(f.node for f in store.node_flags(time.time())),
-        "last_checkpoint_step": run.last_checkpoint_step,
+        "last_checkpoint_step": checkpoint_step(run),
         "reason": run.reason, "backend": run.spec.get("backend"),
         "run_dir": run.spec.get("run_dir"),
         "checkpoint_dir": run.spec.get("checkpoint_dir"),
@@ -382,6 +384,23 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         "checkpoint_cadence": cadence.data if (cadence := store.latest_event(
             run.run_id, "cadence")) else None,  # the interval last written (core.cadence)
     }  # fmt: skip
+
+
+def _progress(run: Run) -> dict[str, Any]:
+    """The run's progress.json (what its script told: steps, checkpoints), or {}."""
+    run_dir = run.spec.get("run_dir")
+    found = read_json(RunDir(run_dir).progress) if run_dir else None
+    return found if isinstance(found, dict) else {}
+
+
+def checkpoint_step(run: Run, progress: dict[str, Any] | None = None) -> int | None:
+    """The step of the run's newest checkpoint: what its script told in progress.json (at
+    every save, so also while an attempt runs), else what the daemon recorded (at an
+    attempt's end)."""
+    told = (_progress(run) if progress is None else progress).get("checkpoint_step")
+    if isinstance(told, int) and not isinstance(told, bool):
+        return told
+    return run.last_checkpoint_step
 
 
 def _fmt_time(t: float | None, now: float | None = None) -> str:
@@ -652,17 +671,35 @@ def status(
         console.print(f"{said}: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
+# The SlurmdTimeout (s) a shorter wait is suggested from (`mock up --slurmd-timeout`).
+SHORT_SLURMD_TIMEOUT_S = 20
+
+
+def _say_mock(backend: SchedulerBackend, home: str | None) -> None:
+    """The first line of a dry run (stderr): the mock cluster it runs on and the
+    SlurmdTimeout that cluster uses (a new one gets Slurm's 300 s)."""
+    facts = backend.cluster_facts()
+    nodes = len(backend.nodes())
+    err.print(f"dry run on the mock cluster in {home or mock_home()} ({nodes} nodes, "
+              f"SlurmdTimeout {facts.slurmd_timeout_s} s: a failed node is declared down "
+              f"{facts.slurmd_timeout_s} s after it stopped answering)", markup=False,
+              highlight=False, soft_wrap=True)  # fmt: skip
+
+
 def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend) -> None:
     """One line on stderr when a dry run injects a node failure: nothing shows it until the
-    mock, like Slurm, declares the node down after its SlurmdTimeout."""
+    mock, like Slurm, declares the node down after its SlurmdTimeout; how to shorten the
+    wait only when it is long."""
     fails = [i for i in injections if i.kind is InjectKind.NODE_FAIL]
     if not fails:
         return
     timeout = backend.cluster_facts().slurmd_timeout_s
+    shorter = (" (for a shorter wait: `ftslurm mock destroy`, then `ftslurm mock up "
+               f"--slurmd-timeout {SHORT_SLURMD_TIMEOUT_S}`)"
+               if timeout > SHORT_SLURMD_TIMEOUT_S else "")  # fmt: skip
     err.print(f"{', '.join(i.spec() for i in fails)}: the mock notices a failed node after its "
               f"SlurmdTimeout ({timeout} s), as Slurm does; until then `ftslurm status` shows "
-              "the node as not responding (for a shorter wait: `ftslurm mock destroy`, then "
-              "`ftslurm mock up --slurmd-timeout 20`)", markup=False, highlight=False,
+              f"the node as not responding{shorter}", markup=False, highlight=False,
               soft_wrap=True)  # fmt: skip
 
 
