@@ -120,3 +120,67 @@ def test_click_package_exceptions_are_handled_as_typers(home, capsys, monkeypatc
     assert "Traceback" not in err and "unexpected" not in err
     if said:
         assert said in err
+
+
+# ------------------------------------------------------------ help (issue 25 item 18)
+def help_of(capsys, monkeypatch, width: int, *argv: str) -> str:
+    monkeypatch.setenv("COLUMNS", str(width))
+    assert main([*argv, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+def walk(command, path=()):  # type: ignore[no-untyped-def]
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from walk(sub, (*path, name))
+
+
+def test_help_texts_wrap_at_the_terminals_width_not_the_docstrings(capsys, monkeypatch):
+    import typer
+
+    from ftslurm.cli.main import app, readable
+
+    for path, command in walk(readable(typer.main.get_command(app))):
+        texts = [command.help or ""] + [p.help or "" for p in command.params]
+        assert not [t for t in texts if "\n" in t.replace("\n\n", "")], path
+    out = help_of(capsys, monkeypatch, 300)
+    line = next(x for x in out.splitlines() if "│ status " in x)
+    assert "stopped answering." in line, out  # one line: no break where the docstring had one
+
+
+def test_help_placeholders_read_as_words(capsys, monkeypatch):
+    import typer
+
+    from ftslurm.cli.main import app
+
+    for path, command in walk(typer.main.get_command(app)):
+        if getattr(command, "hidden", False) or hasattr(command, "commands"):
+            continue
+        out = help_of(capsys, monkeypatch, 120, *path)
+        assert not any(x in out for x in ("{", "<int", "<str", "<bool", "<float", "<path",
+                                          "<list", "<file")), (path, out)  # fmt: skip
+    assert "Usage: ftslurm submit [OPTIONS] RECIPE [ARGS]..." in help_of(
+        capsys, monkeypatch, 120, "submit")
+    assert "Usage: ftslurm report [OPTIONS] RUN " in help_of(capsys, monkeypatch, 120, "report")
+    assert "--retries                INTEGER" in help_of(capsys, monkeypatch, 120, "submit")
+
+
+def test_submit_help_is_grouped(capsys, monkeypatch):
+    out = help_of(capsys, monkeypatch, 120, "submit")
+    order = [out.index(title) for title in ("Retries and recovery", "Checkpoints",
+                                            "sbatch's flags", "dry run")]  # fmt: skip
+    assert order == sorted(order), out
+    assert order[0] < out.index("--retries") < order[1] < out.index("--preempt-time")
+    assert order[2] < out.index("--partition") < order[3] < out.index("--inject")
+
+
+def test_the_double_dash_hint_only_after_the_recipe(capsys, home, tmp_path):
+    script = str(tmp_path / "train.py")
+    for argv, hinted in ((["submit", script, "--lr", "3e-4"], True),
+                         (["submit", "-N", "2", "-t", "10", script, "--lr=3e-4"], True),
+                         (["submit", "--lr", "3e-4", script], False),
+                         (["submit", "-N", "2", "--bogus", script], False)):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "No such option" in err
+        assert ("after `--`" in err) is hinted, (argv, err)

@@ -11,10 +11,12 @@ copy since typer 0.22, the click package before), so no handler names a missing 
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 import shlex
 import sys
 import traceback
+import typing
 from typing import Annotated, Any
 
 import typer
@@ -191,6 +193,79 @@ def _unexpected(exc: BaseException, argv: list[str] | None) -> int:
     return 1
 
 
+# What an option's value is, in words, by the type's name (click's words, which typer
+# 0.22 and later replaced with `<int>`, `<str>`, `<list[str]>`).
+_TYPE_WORDS = {"integer": "INTEGER", "int": "INTEGER", "float": "NUMBER", "text": "TEXT",
+               "str": "TEXT", "path": "PATH", "file": "FILE", "boolean": "BOOLEAN",
+               "bool": "BOOLEAN"}  # fmt: skip
+
+
+def _paragraphs(text: str) -> str:
+    """A help text with each paragraph's lines joined (a docstring's line breaks are not
+    the terminal's: the help wraps at word boundaries at the terminal's width)."""
+    parts = [" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n")]
+    return "\n\n".join(p for p in parts if p)
+
+
+def _argument_word(param: Any) -> str:
+    """An argument as the usage line shows it: RECIPE, [RUN], [ARGS]..."""
+    word = (param.metavar or param.name or "ARG").upper()
+    word = word if param.required else f"[{word}]"
+    return word + ("..." if param.nargs != 1 else "")
+
+
+def _type_word(param: Any) -> str:
+    """INTEGER, NUMBER, TEXT, PATH, ...: from click's type, or typer's type descriptor."""
+    kind = getattr(param, "type", None)
+    if kind is not None:
+        name = str(getattr(kind, "name", "") or "").lower().split(" ")[0]
+    else:
+        annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+        inner = typing.get_args(annotation)
+        annotation = inner[0] if inner and typing.get_origin(annotation) is list else annotation
+        name = str(getattr(annotation, "__name__", "") or "").lower()
+    return _TYPE_WORDS.get(name, name.upper() or "VALUE")
+
+
+def readable(command: Any) -> Any:
+    """The click command tree with help a person reads: texts that wrap at word boundaries,
+    placeholders as words (`RECIPE`, `INTEGER`, not `{recipe}`, `<int>`), flags without a
+    type. Works on every typer and click that pyproject allows (public attributes, and
+    `get_usage_pieces`, which both clicks call for the usage line)."""
+    for attr in ("help", "short_help"):
+        text = getattr(command, attr, None)
+        if isinstance(text, str) and text:
+            setattr(command, attr, _paragraphs(text))
+    for param in getattr(command, "params", ()):
+        if isinstance(getattr(param, "help", None), str):
+            param.help = _paragraphs(param.help)
+        if param.param_type_name == "argument":
+            word = _argument_word(param)
+            param.get_usage_pieces = lambda ctx, word=word: [word]
+            param.metavar = (param.metavar or param.name or "ARG").upper() + (
+                "..." if param.nargs != 1 else "")  # fmt: skip
+            if hasattr(param, "display_type_rich"):  # typer 0.22+: the name says it all
+                param.display_type_rich = lambda ctx: None
+        elif param.param_type_name == "option" and param.metavar is None:
+            flag = getattr(param, "is_flag", False) or getattr(param, "count", False)
+            many = getattr(param, "multiple", False)
+            param.metavar = "" if flag else _type_word(param)
+            if many and not flag:
+                param.metavar += "..."
+    plain_help = command.get_help_option
+
+    def help_option(ctx: Any) -> Any:  # --help is a flag: no type shown
+        option = plain_help(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
+    for sub in getattr(command, "commands", {}).values():
+        readable(sub)
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status. Every error ends in one line: an
     `FtslurmError` as `Error: ...` with its code, bad usage as typer's message (exit 2), an
@@ -202,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     _DEBUG["on"] = False
     try:
         try:
-            result = app(args=argv, prog_name="ftslurm", standalone_mode=False)
+            command = readable(typer.main.get_command(app))
+            runs.put_in_panels(command.commands["submit"], runs.SUBMIT_PANELS)
+            result = command.main(args=argv, prog_name="ftslurm", standalone_mode=False)
             sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         except FtslurmError as exc:
             print(f"Error: {exc.user_message()}", file=sys.stderr)

@@ -120,6 +120,29 @@ def _opt(*names: str, help: str, hidden: bool = False) -> Any:
     return typer.Option(*names, help=help, hidden=hidden, show_default=False)
 
 
+# The panels of `submit --help`, by option (the rest, --json and --help: Options).
+SUBMIT_PANELS = {
+    "Retries and recovery": ("--retries", "--in-job-restarts", "--spare-nodes"),
+    "Checkpoints": ("--preempt-time", "--checkpoint-dir"),
+    "The job (sbatch's flags)": (
+        "--nodes", "--ntasks-per-node", "--ntasks", "--gpus-per-node", "--cpus-per-task",
+        "--time", "--partition", "--account", "--exclude", "--job-name", "--mem",
+        "--mem-per-cpu", "--gres", "--gpus", "--constraint", "--qos", "--dependency",
+        "--mail-type", "--mail-user", "--nodelist", "--exclusive", "--reservation", "--wckey",
+        "--sbatch-arg"),
+    "Rehearsal and dry run": ("--dry-run", "--inject", "--print-script"),
+}  # fmt: skip
+
+
+def put_in_panels(command: Any, panels: dict[str, tuple[str, ...]]) -> None:
+    """Set the `--help` panel of each option of the click `command` named in `panels`."""
+    panel_of = {name: panel for panel, names in panels.items() for name in names}
+    for param in command.params:
+        panel = next((panel_of[n] for n in getattr(param, "opts", ()) if n in panel_of), None)
+        if panel is not None:
+            param.rich_help_panel = panel
+
+
 def submit(
     recipe: Annotated[Path, typer.Argument(help="A training script or a recipe file.")],
     args: Annotated[list[str] | None, typer.Argument(help="Arguments after `--`.")] = None,
