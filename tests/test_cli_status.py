@@ -85,9 +85,11 @@ def test_a_dry_runs_first_line_names_the_mocks_slurmd_timeout(capsys, home, tmp_
     code, out, err = cli(capsys, "submit", "--dry-run", "--inject", "node_fail@5s",
                          "train.sh")  # fmt: skip
     assert code == 0, err
-    first = err.splitlines()[0]
-    assert "mock cluster" in first and "SlurmdTimeout 7 s" in first, err
+    (first,) = out.splitlines()  # the one line a dry run prints on stdout
+    assert "on the mock cluster in" in first and "(SlurmdTimeout 7 s)" in first, out
     assert "--slurmd-timeout" not in err  # 7 s is short already
+    code, out, err = cli(capsys, "submit", "--dry-run", "--json", "train.sh")
+    assert code == 0 and json.loads(out)["slurmd_timeout_s"] == 7, err
 
 
 def test_mock_reset_brings_nodes_back_and_clears_their_exclusions(capsys, home, daemon,

@@ -293,8 +293,6 @@ def submit(
     store.check_integrity()  # a damaged database is refused before anything is submitted
     run_name = loaded.name or recipe.name
     name_warning = _name_in_use(store, run_name, chosen=name is not None)
-    if dry_run:  # the first line: which mock, and how long a failed node goes unnoticed
-        _say_mock(create_backend(backend_kind, spec["mock_home"]), spec["mock_home"])
     if warn:  # after every check, so that an error stays the only line
         typer.echo(f"Warning: {warning}", err=True)
     if home_warning:
@@ -313,9 +311,12 @@ def submit(
         _warn_injections(injections, create_backend(backend_kind, spec["mock_home"]))
     _pause_for_tests()
     job_id, note = _await_submission(store, home, run_id)
-    where = " on the mock scheduler" if dry_run else ""
+    where, facts = "", {}
+    if dry_run:  # which mock, and how long a failed node goes unnoticed there
+        where, facts = _mock_words(create_backend(backend_kind, spec["mock_home"]),
+                                   spec["mock_home"])  # fmt: skip
     if as_json:
-        typer.echo(json.dumps({"run_id": run_id, "job_id": job_id}))
+        typer.echo(json.dumps({"run_id": run_id, "job_id": job_id, **facts}))
     elif job_id:
         typer.echo(f"run {run_id} submitted as job {job_id}{where}; "
                    f"see `ftslurm status {run_id}`")  # fmt: skip
@@ -815,15 +816,14 @@ def status(
 SHORT_SLURMD_TIMEOUT_S = 20
 
 
-def _say_mock(backend: SchedulerBackend, home: str | None) -> None:
-    """The first line of a dry run (stderr): the mock cluster it runs on and the
-    SlurmdTimeout that cluster uses (a new one gets Slurm's 300 s)."""
-    facts = backend.cluster_facts()
-    nodes = len(backend.nodes())
-    err.print(f"dry run on the mock cluster in {home or mock_home()} ({nodes} nodes, "
-              f"SlurmdTimeout {facts.slurmd_timeout_s} s: a failed node is declared down "
-              f"{facts.slurmd_timeout_s} s after it stopped answering)", markup=False,
-              highlight=False, soft_wrap=True)  # fmt: skip
+def _mock_words(backend: SchedulerBackend, home: str | None) -> tuple[str, dict[str, Any]]:
+    """What a dry run's line says of its mock cluster (where it is, and the SlurmdTimeout
+    after which it declares a failed node down: a mock that `submit` creates has Slurm's
+    300 s), and the same for --json."""
+    timeout = backend.cluster_facts().slurmd_timeout_s
+    where = str(home or mock_home())
+    return (f" on the mock cluster in {where} (SlurmdTimeout {timeout} s)",
+            {"mock_home": where, "slurmd_timeout_s": timeout})
 
 
 def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend) -> None:
