@@ -501,6 +501,7 @@ def test_status_shows_where_a_runs_checkpoints_go(capsys, home):
         spec = {**stored.spec, "checkpoint_dir": "/scratch/u/ftslurm/d779d72089/checkpoints",
                 "checkpoint_dir_from": "$SCRATCH"}  # fmt: skip
         store.update_run(replace(stored, spec=spec))
+    (Path(stored.spec["run_dir"]) / "progress.json").write_text('{"checkpoint_step": 10}')
     code, out, err = cli(capsys, "status", "d77")
     assert code == 0, err
     assert ("checkpoints in: /scratch/u/ftslurm/d779d72089/checkpoints (from $SCRATCH)"

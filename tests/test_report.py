@@ -529,3 +529,36 @@ def test_status_says_a_node_was_lost_and_what_recovers_it():
         "n2 lost 11 s ago (peer report) → spare: ranks restarting"]
     assert recovery_notes(running, spare, {0: [{"started_at": 53.0}]}, 60.0) == [
         "n2 lost 11 s ago (peer report) → spare: ranks restarted 4 s later"]
+
+
+def test_the_lost_nodes_table_and_the_timeline_agree_on_a_requeue(home, capsys, monkeypatch):
+    """Slurm's verdict on a lost node (NODE_FAIL) is recorded with the recovery "new_job",
+    but Slurm requeued the same job: the lost-nodes table and the timeline both say so."""
+    from ftslurm.report.goodput import node_losses
+
+    attempts = [Attempt("r", 0, "NODE_FAIL", job_id="1", start=100.0, end=160.0),
+                Attempt("r", 1, "RUNNING", job_id="1", start=170.0)]
+    events = [Event(1, 165.0, "r", "node_lost", {"attempt": 0, "node": "n2",
+                                                 "source": "slurm", "time": 165.0,
+                                                 "recovery": "new_job"}),
+              Event(2, 166.0, "r", "requeued", {"attempt": 1, "job_id": "1"}),
+              Event(3, 170.5, "r", "running", {"attempt": 1, "job_id": "1"})]  # fmt: skip
+    (loss,) = node_losses(attempts, events, {})
+    assert loss.how == "requeue"
+    fresh = [attempts[0], Attempt("r", 1, "RUNNING", job_id="2", start=170.0)]
+    assert node_losses(fresh, events, {})[0].how == "new_job"
+    assert node_losses(attempts[:1], events, {})[0].how is None  # nothing after it yet
+    with Store(home) as store, store.transaction():
+        run = make_run(state=RunState.RUNNING)
+        store.add_run(Run(**{**run.__dict__, "run_id": "r"}))
+        for a in attempts:
+            store.add_attempt(a)
+        for e in events:
+            store.append_event("r", e.kind, e.data, e.time)
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run_cli(capsys, "report", "r")
+    assert code == 0, err
+    assert "job requeued" in out and "new job" not in out, out
+    assert "n2 lost (seen by Slurm): the job is requeued" in out
+    code, out, _ = run_cli(capsys, "report", "r", "--json")
+    assert json.loads(out)["node_losses"][0]["how"] == "requeue"

@@ -114,6 +114,40 @@ def revive_node(node: str) -> None:
     MockScheduler(mock_home()).revive_node(node)
 
 
+@app.command()
+def reset() -> None:
+    """Start over after a rehearsal: every failed, down or drained node back up, and
+    ftslurm's exclusions of the mock's nodes cleared (those flagged by dry runs or by hand),
+    in one command. Runs, jobs and settings are kept."""
+    from ftslurm.backends.slurm_cli.parse import compress_nodes
+    from ftslurm.cli import runs as runs_cli
+    from ftslurm.core.types import NodeState
+    from ftslurm.daemon import user_requests
+
+    home = mock_home()
+    if not (home / "mock.sqlite").exists():
+        raise ConfigError(f"no mock cluster in {home}; run `ftslurm mock up`")
+    mock = MockScheduler(home)
+    infos = mock.nodes()
+    broken = [n.name for n in infos if not n.responding or not n.state.usable
+              or n.state is NodeState.DRAINING]  # fmt: skip
+    for name in broken:
+        mock.revive_node(name)
+    said = [f"{compress_nodes(broken)} back up" if broken else "every node was up"]
+    names = {n.name for n in infos}
+    with runs_cli._store() as store:
+        mock_runs = {r.run_id for r in store.list_runs() if r.spec.get("backend") == "mock"}
+        flagged = sorted(f.node for f in store.node_flags() if f.node in names
+                         and (f.run_id is None or f.run_id in mock_runs))  # fmt: skip
+    if flagged:
+        done, note = runs_cli._ask_daemon(*user_requests.nodes_remove(flagged))
+        said.append(f"{compress_nodes(flagged)} no longer excluded" if done is not None
+                    else f"removing the exclusion of {compress_nodes(flagged)}: {note}")
+    else:
+        said.append("no exclusions to clear")
+    typer.echo(f"mock cluster in {home} reset: {'; '.join(said)}")
+
+
 def _stop(home: Path) -> None:
     pid = controller_pid(home)
     if pid:

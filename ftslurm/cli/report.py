@@ -169,7 +169,8 @@ def _losses_table(rep: GoodputReport) -> Table:
         return "-" if s is None else format_duration(s)
 
     for x in rep.losses:
-        how = "spare (in the job)" if x.recovery == "spare" else "new job"
+        how = {"spare": "spare (in the job)", "requeue": "job requeued",
+               "new_job": "new job"}.get(x.how or "", "none (yet)")
         table.add_row(str(x.attempt), x.node or "-", x.source, fmt(x.detection_s),
                       fmt(x.recovery_s) if x.recovered_at is not None else "not yet", how)
     for source, m in losses_by_source(rep.losses).items():

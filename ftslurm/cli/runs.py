@@ -6,6 +6,7 @@ user state dir); the daemon owns the runs once submitted.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from typing import Annotated, Any
 
 import hostlist
 import typer
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
@@ -74,14 +75,19 @@ def _store() -> Store:
 
 def _run_or_fail(store: Store, ref: str) -> Run:
     """The run that `ref` names: its id, a unique prefix of its id (as `git` takes a commit),
-    or its `--name` when no other run has it. An exact id always wins."""
+    or its `--name` when no other run has it, or when exactly one of the runs that have it
+    is active (`submit` refuses a `--name` an active run has). An exact id always wins."""
     if not ref:
         raise ConfigError("no run given: name it by its id, a prefix of its id, or its name")
     runs = store.find_runs(ref)
     if len(runs) == 1 and runs[0].run_id == ref:
         return runs[0]
     ids = {r.run_id for r in runs}
-    runs += [r for r in store.list_runs() if r.name == ref and r.run_id not in ids]
+    named = [r for r in store.list_runs() if r.name == ref and r.run_id not in ids]
+    active = [r for r in named if not r.state.is_terminal]
+    if not runs and len(named) > 1 and len(active) == 1:
+        return active[0]  # a name reused after its run ended names the active run
+    runs += named
     if not runs:
         raise ConfigError(f"no run {ref!r} in {store.path.parent} (give a run id, a prefix "
                           "of one, or a run's name; `ftslurm status` lists them)")  # fmt: skip
@@ -121,6 +127,29 @@ def _opt(*names: str, help: str, hidden: bool = False) -> Any:
     return typer.Option(*names, help=help, hidden=hidden, show_default=False)
 
 
+# The panels of `submit --help`, by option (the rest, --json and --help: Options).
+SUBMIT_PANELS = {
+    "Retries and recovery": ("--retries", "--in-job-restarts", "--spare-nodes"),
+    "Checkpoints": ("--preempt-time", "--checkpoint-dir"),
+    "The job (sbatch's flags)": (
+        "--nodes", "--ntasks-per-node", "--ntasks", "--gpus-per-node", "--cpus-per-task",
+        "--time", "--partition", "--account", "--exclude", "--job-name", "--mem",
+        "--mem-per-cpu", "--gres", "--gpus", "--constraint", "--qos", "--dependency",
+        "--mail-type", "--mail-user", "--nodelist", "--exclusive", "--reservation", "--wckey",
+        "--sbatch-arg"),
+    "Rehearsal and dry run": ("--dry-run", "--inject", "--print-script"),
+}  # fmt: skip
+
+
+def put_in_panels(command: Any, panels: dict[str, tuple[str, ...]]) -> None:
+    """Set the `--help` panel of each option of the click `command` named in `panels`."""
+    panel_of = {name: panel for panel, names in panels.items() for name in names}
+    for param in command.params:
+        panel = next((panel_of[n] for n in getattr(param, "opts", ()) if n in panel_of), None)
+        if panel is not None:
+            param.rich_help_panel = panel
+
+
 def submit(
     recipe: Annotated[Path, typer.Argument(help="A training script or a recipe file.")],
     args: Annotated[list[str] | None, typer.Argument(help="Arguments after `--`.")] = None,
@@ -158,8 +187,9 @@ def submit(
     exclude: Annotated[_Text, _opt("-x", "--exclude", help="Nodes never to use, "
                        "comma-separated (ftslurm adds the nodes it flags). (default: none)")
                        ] = None,
-    name: Annotated[_Text, _opt("-J", "--job-name", "--name", help="Job name. (default: the "
-                    "recipe's, else ftslurm-RUN_ID)")] = None,
+    name: Annotated[_Text, _opt("-J", "--job-name", "--name", help="The run's name (and its "
+                    "jobs'): commands take it for the run id; refused while an active run "
+                    "has it. (default: the recipe's, else the recipe file's name)")] = None,
     mem: Annotated[_Text, _opt("--mem", help=f"Memory per node, e.g. 64G (unit: M if none). "
                    f"{_SBATCH}. {_RECIPE}")] = None,
     mem_per_cpu: Annotated[_Text, _opt("--mem-per-cpu", help="Memory per CPU, e.g. 4G (unit: "
@@ -268,14 +298,19 @@ def submit(
         return
     store = Store(home)
     store.check_integrity()  # a damaged database is refused before anything is submitted
+    run_name = loaded.name or recipe.name
+    name_warning = _name_in_use(store, run_name, chosen=name is not None)
     if warn:  # after every check, so that an error stays the only line
         typer.echo(f"Warning: {warning}", err=True)
     if home_warning:
         typer.echo(f"Warning: {home_warning}", err=True)
+    if name_warning:
+        typer.echo(f"Warning: {name_warning}", err=True)
     private_dir(run_dir)
     RunDir(run_dir).logs.mkdir(exist_ok=True)
-    run, attempt = new_run_record(run_id, loaded.name or recipe.name, spec, settings, time.time())
+    run, attempt = new_run_record(run_id, run_name, spec, settings, time.time())
     with store.transaction():  # the run and its submission intent: the daemon submits it
+        _name_in_use(store, run_name, chosen=name is not None)  # again, with the write lock
         store.add_run(run)
         store.add_attempt(attempt)
         store.append_event(run_id, "created", {"recipe": str(recipe)}, time.time())
@@ -287,14 +322,32 @@ def submit(
         _warn_injections(injections, create_backend(backend_kind, spec["mock_home"]))
     _pause_for_tests()
     job_id, note = _await_submission(store, home, run_id)
-    where = " on the mock scheduler" if dry_run else ""
+    where, facts = "", {}
+    if dry_run:  # which mock, and how long a failed node goes unnoticed there
+        where, facts = _mock_words(create_backend(backend_kind, spec["mock_home"]),
+                                   spec["mock_home"])  # fmt: skip
     if as_json:
-        typer.echo(json.dumps({"run_id": run_id, "job_id": job_id}))
+        typer.echo(json.dumps({"run_id": run_id, "job_id": job_id, **facts}))
     elif job_id:
         typer.echo(f"run {run_id} submitted as job {job_id}{where}; "
                    f"see `ftslurm status {run_id}`")  # fmt: skip
     else:
         typer.echo(f"run {run_id} recorded{where}; {note}; see `ftslurm status {run_id}`")
+
+
+def _name_in_use(store: Store, name: str, chosen: bool) -> str | None:
+    """A name an active run has: refused when the user chose it (`--name`: a second run
+    under it could not be named by it), else (the recipe's name or its file's) one line to
+    warn with; None when no active run has it."""
+    holders = [r for r in store.list_runs(active_only=True) if r.name == name]
+    if not holders:
+        return None
+    held = ", ".join(f"{r.run_id} ({r.state.value})" for r in holders)
+    if chosen:
+        raise ConfigError(f"--name {name!r}: active run {held} has that name; give another "
+                          "--name, or cancel that run first")  # fmt: skip
+    return (f"active run {held} is also named {name!r}; name this one with --name to refer "
+            "to it by name, or use its run id")  # fmt: skip
 
 
 def _checkpoints_at_home(spec: dict[str, Any]) -> str | None:
@@ -371,21 +424,36 @@ def _await_submission(store: Store, home: Path, run_id: str) -> tuple[str | None
 
 
 # ---------------------------------------------------------------------------- status
+# How an attempt that left a checkpoint to be continued from reads in `status`: its job
+# exited 75 ("continue me"), which Slurm counts as FAILED, or 0 (a submitit-style exit).
+CONTINUED = "CONTINUED"
+
+
+def continued(attempt: Attempt, verdicts: dict[int, str]) -> bool:
+    """Whether the attempt ended as a continuation: it checkpointed and the daemon went on
+    from it (not a continuation failed for making no checkpoint progress)."""
+    return attempt.cause == "checkpointed" and verdicts.get(attempt.attempt) != "fail"
+
+
 def run_summary(store: Store, run: Run) -> dict[str, Any]:
     attempts = store.attempts(run.run_id)
+    verdicts = {e.data["attempt"]: str(e.data.get("verdict")) for e in store.events(run.run_id)
+                if e.kind == "ended" and isinstance(e.data.get("attempt"), int)}  # fmt: skip
     return {
         "run_id": run.run_id, "name": run.name, "state": run.state.value,
+        "created_at": run.created_at,
         "attempts": [{
             "attempt": a.attempt, "job_id": a.job_id, "state": a.state,
             "exit_code": a.exit_code, "nodes": a.nodes, "start": a.start, "end": a.end,
             "reason": a.reason, "cause": a.cause, "in_job_restarts": a.in_job_restarts,
+            "continuation": continued(a, verdicts),
         } for a in attempts],
         "job_retries_used": run.job_retries_used,
         "job_retries_max": run.settings.get("num_job_retries_on_failure"),
         "in_job_restarts_total": sum(a.in_job_restarts for a in attempts),
         "continuations": run.continuations,
         "excluded_nodes": sorted(f.node for f in store.node_flags(time.time())),
-        "last_checkpoint_step": run.last_checkpoint_step,
+        "last_checkpoint_step": checkpoint_step(run),
         "reason": run.reason, "backend": run.spec.get("backend"),
         "run_dir": run.spec.get("run_dir"),
         "checkpoint_dir": run.spec.get("checkpoint_dir"),
@@ -393,6 +461,23 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         "checkpoint_cadence": cadence.data if (cadence := store.latest_event(
             run.run_id, "cadence")) else None,  # the interval last written (core.cadence)
     }  # fmt: skip
+
+
+def _progress(run: Run) -> dict[str, Any]:
+    """The run's progress.json (what its script told: steps, checkpoints), or {}."""
+    run_dir = run.spec.get("run_dir")
+    found = read_json(RunDir(run_dir).progress) if run_dir else None
+    return found if isinstance(found, dict) else {}
+
+
+def checkpoint_step(run: Run, progress: dict[str, Any] | None = None) -> int | None:
+    """The step of the run's newest checkpoint: what its script told in progress.json (at
+    every save, so also while an attempt runs), else what the daemon recorded (at an
+    attempt's end)."""
+    told = (_progress(run) if progress is None else progress).get("checkpoint_step")
+    if isinstance(told, int) and not isinstance(told, bool):
+        return told
+    return run.last_checkpoint_step
 
 
 def _fmt_time(t: float | None, now: float | None = None) -> str:
@@ -463,27 +548,64 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int,
 
 
 _RUN_COLS = (
-    Col("run", None), Col("name", 60, wraps=True), Col("state", 90), Col("attempt", 40),
-    Col("job", 70), Col("job state", 20), Col("nodes", 50, wraps=True), Col("retries", 30),
-    Col("cont.", 10), Col("ckpt step", 15), Col("reason", 45, wraps=True),
+    Col("run", None), Col("name", 60, wraps=True), Col("state", 90), Col("submitted", 35),
+    Col("attempt", 40), Col("job", 70), Col("job state", 20), Col("nodes", 50, wraps=True),
+    Col("retries", 30), Col("cont.", 10), Col("ckpt step", 15), Col("reason", 45, wraps=True),
 )  # fmt: skip
 
+# A note `policy.decide` adds to the reason of every ending of a run whose ranks wrote no
+# heartbeats: said once under a table, not on every row.
+_SAID_ONCE = ("the ranks wrote no heartbeats",)
 
-def _table(summaries: list[dict[str, Any]], width: int | None = None) -> Table:
+
+def split_reason(reason: str | None) -> tuple[str, list[str]]:
+    """A reason without the notes said once under a table, and those notes (pure)."""
+    parts = (reason or "").split("; ")
+    once = [p for p in parts if p.startswith(_SAID_ONCE)]
+    return "; ".join(p for p in parts if p not in once), once
+
+
+def _job_state(attempt: dict[str, Any]) -> str:
+    """An attempt's state as `status` shows it: a continuation reads as one, not FAILED."""
+    return CONTINUED if attempt.get("continuation") else str(attempt.get("state", "-"))
+
+
+def _run_rows(summaries: list[dict[str, Any]], notes: dict[str, None],
+              now: float) -> list[list[str]]:  # fmt: skip
     rows = []
     for s in summaries:
         last = s["attempts"][-1] if s["attempts"] else {}
         style = _STYLE.get(s["state"], "")
+        reason, once = split_reason(s["reason"])
+        notes.update(dict.fromkeys(once))
         rows.append([
             s["run_id"], escape(s["name"]),
             f"[{style}]{s['state']}[/]" if style else s["state"],
+            _fmt_time(s.get("created_at"), now),
             str(last.get("attempt", "-")), str(last.get("job_id") or "-"),
-            str(last.get("state", "-")), _fmt_nodes(last.get("nodes") or []),
+            _job_state(last) if last else "-", _fmt_nodes(last.get("nodes") or []),
             f"{s['job_retries_used']}/{s['job_retries_max']}", str(s["continuations"]),
             str(s["last_checkpoint_step"] if s["last_checkpoint_step"] is not None else "-"),
-            escape(s["reason"] or ""),
+            escape(reason),
         ])  # fmt: skip
+    return rows
+
+
+def _table(summaries: list[dict[str, Any]], width: int | None = None,
+           notes: dict[str, None] | None = None, now: float | None = None) -> Table:  # fmt: skip
+    """The runs table; the notes said once are collected into `notes`."""
+    rows = _run_rows(summaries, {} if notes is None else notes,
+                     time.time() if now is None else now)  # fmt: skip
     return fitted_table(_RUN_COLS, rows, width or console.width, title="ftslurm runs")
+
+
+def ordered(runs: Sequence[Run]) -> list[Run]:
+    """Runs as `status` and `watch` list them: running first, then the other active ones,
+    then those that ended; each group in the order they were submitted (pure)."""
+    def rank(run: Run) -> int:
+        return 0 if run.state is RunState.RUNNING else 1 if not run.state.is_terminal else 2
+
+    return sorted(runs, key=rank)
 
 
 _ATTEMPT_COLS = (
@@ -493,11 +615,17 @@ _ATTEMPT_COLS = (
 )  # fmt: skip
 
 
-def _attempts_table(summary: dict[str, Any], width: int, now: float) -> Table:
-    rows = [[str(a["attempt"]), str(a["job_id"] or "-"), a["state"], a["cause"] or "-",
-             str(a["exit_code"] if a["exit_code"] is not None else "-"),
-             _fmt_nodes(a["nodes"]), _fmt_time(a["start"], now), _fmt_time(a["end"], now),
-             escape(a["reason"] or "")] for a in summary["attempts"]]  # fmt: skip
+def _attempts_table(summary: dict[str, Any], width: int, now: float,
+                    notes: dict[str, None] | None = None) -> Table:  # fmt: skip
+    rows = []
+    for a in summary["attempts"]:
+        reason, once = split_reason(a["reason"])
+        if notes is not None:
+            notes.update(dict.fromkeys(once))
+        rows.append([str(a["attempt"]), str(a["job_id"] or "-"), _job_state(a),
+                     a["cause"] or "-", str(a["exit_code"] if a["exit_code"] is not None else "-"),
+                     _fmt_nodes(a["nodes"]), _fmt_time(a["start"], now), _fmt_time(a["end"], now),
+                     escape(reason)])  # fmt: skip
     return fitted_table(_ATTEMPT_COLS, rows, width, title=f"attempts of {summary['run_id']}")
 
 
@@ -623,16 +751,39 @@ def _recoveries(store: Store, runs: Sequence[Run], now: float) -> list[str]:
     return notes
 
 
+def uses_checkpoints(summary: dict[str, Any], progress: dict[str, Any]) -> bool:
+    """Whether the run saves checkpoints where ftslurm put them: its script told of one, or
+    its checkpoint folder holds something (a plain script may never write there)."""
+    if isinstance(progress.get("checkpoint_step"), int):
+        return True
+    folder = summary.get("checkpoint_dir")
+    try:
+        return bool(folder) and any(Path(folder).iterdir())
+    except OSError:
+        return False
+
+
+def uses_cadence(summary: dict[str, Any], progress: dict[str, Any]) -> bool:
+    """Whether the run's ranks follow the tuned checkpoint interval: they report their steps
+    to ftslurm (the rank agent, whose `should_checkpoint()` reads the interval), and no
+    ending said they wrote no heartbeats."""
+    silent = any(split_reason(a["reason"])[1] for a in summary["attempts"])
+    return isinstance(progress.get("step"), int) and not silent
+
+
 def status(
     run_id: Annotated[str | None, typer.Argument(
         metavar="RUN", help=f"{_RUN_HELP} Default: every run.", show_default=False,
         callback=_resolve_run_arg)] = None,
+    active: Annotated[bool, typer.Option("--active", help="Only the runs that have not "
+                      "ended.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show runs (all, or one) with their attempts, the nodes lost under an active run with
-    the recovery under way, and nodes of a running attempt that stopped answering."""
+    the recovery under way, and nodes of a running attempt that stopped answering. Running
+    runs come first."""
     store = _store()
-    runs = [_run_or_fail(store, run_id)] if run_id else store.list_runs()
+    runs = [_run_or_fail(store, run_id)] if run_id else ordered(store.list_runs(active))
     warn_orphan_jobs(store, runs)
     summaries = [run_summary(store, r) for r in runs]
     now = time.time()
@@ -644,36 +795,62 @@ def status(
         else:
             typer.echo(json.dumps(summaries, indent=1))
         return
-    console.print(_table(summaries))
+    if not summaries:
+        typer.echo("no active runs" if active else "no runs yet (`ftslurm submit`)")
+        return
+    said_once: dict[str, None] = {}
+    console.print(_table(summaries, notes=said_once, now=now))
     if run_id:
-        console.print(_attempts_table(summaries[0], console.width, now))
+        console.print(_attempts_table(summaries[0], console.width, now, said_once))
         s = summaries[0]
-        console.print(f"{s['state']}" + (f": {s['reason']}" if s["reason"] else ""),
+        reason, once = split_reason(s["reason"])
+        said_once.update(dict.fromkeys(once))
+        console.print(f"{s['state']}" + (f": {reason}" if reason else ""),
                       markup=False, highlight=False, soft_wrap=True)  # fmt: skip
-        if s["checkpoint_dir"]:
+        progress = _progress(runs[0])
+        if s["checkpoint_dir"] and uses_checkpoints(s, progress):
             source = f" (from {s['checkpoint_dir_from']})" if s["checkpoint_dir_from"] else ""
             console.print(f"checkpoints in: {s['checkpoint_dir']}{source}", markup=False,
                           highlight=False, soft_wrap=True)  # fmt: skip
         cadence = Cadence.from_json(s["checkpoint_cadence"])
-        if cadence is not None:
+        if cadence is not None and uses_cadence(s, progress):
             console.print(f"checkpoints: {cadence.describe()}", markup=False, highlight=False,
                           soft_wrap=True)  # fmt: skip
+    for note in said_once:
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     for note in notes:
         said = "lost node" if note in recoveries else "warning"
         console.print(f"{said}: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
+# The SlurmdTimeout (s) a shorter wait is suggested from (`mock up --slurmd-timeout`).
+SHORT_SLURMD_TIMEOUT_S = 20
+
+
+def _mock_words(backend: SchedulerBackend, home: str | None) -> tuple[str, dict[str, Any]]:
+    """What a dry run's line says of its mock cluster (where it is, and the SlurmdTimeout
+    after which it declares a failed node down: a mock that `submit` creates has Slurm's
+    300 s), and the same for --json."""
+    timeout = backend.cluster_facts().slurmd_timeout_s
+    where = str(home or mock_home())
+    return (f" on the mock cluster in {where} (SlurmdTimeout {timeout} s)",
+            {"mock_home": where, "slurmd_timeout_s": timeout})
+
+
 def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend) -> None:
     """One line on stderr when a dry run injects a node failure: nothing shows it until the
-    mock, like Slurm, declares the node down after its SlurmdTimeout."""
+    mock, like Slurm, declares the node down after its SlurmdTimeout; how to shorten the
+    wait only when it is long."""
     fails = [i for i in injections if i.kind is InjectKind.NODE_FAIL]
     if not fails:
         return
     timeout = backend.cluster_facts().slurmd_timeout_s
+    shorter = (" (for a shorter wait: `ftslurm mock destroy`, then `ftslurm mock up "
+               f"--slurmd-timeout {SHORT_SLURMD_TIMEOUT_S}`)"
+               if timeout > SHORT_SLURMD_TIMEOUT_S else "")  # fmt: skip
     err.print(f"{', '.join(i.spec() for i in fails)}: the mock notices a failed node after its "
               f"SlurmdTimeout ({timeout} s), as Slurm does; until then `ftslurm status` shows "
-              "the node as not responding (for a shorter wait: `ftslurm mock destroy`, then "
-              "`ftslurm mock up --slurmd-timeout 20`)", markup=False, highlight=False,
+              f"the node as not responding{shorter}", markup=False, highlight=False,
               soft_wrap=True)  # fmt: skip
 
 
@@ -739,7 +916,8 @@ def wait(
         "--timeout", help="Give up after this many seconds (exit 124). Default: no limit.",
         show_default=False)] = None,
 ) -> None:
-    """Wait for a run to end: exit 0 COMPLETED, 1 FAILED or CANCELLED, 124 on timeout."""
+    """Wait for a run to end and print how it ended: exit 0 COMPLETED, 1 FAILED or
+    CANCELLED, 124 on timeout."""
     store = _store()
     run = _run_or_fail(store, run_id)
     if not run.state.is_terminal:
@@ -751,8 +929,9 @@ def wait(
             raise typer.Exit(124)
         time.sleep(0.25)
         run = _run_or_fail(store, run_id)
-    err.print(f"run {run_id} {run.state.value}" + (f": {run.reason}" if run.reason else ""),
-              markup=False)  # fmt: skip
+    # the result on stdout (`wait RUN > result.txt`, `$(ftslurm wait RUN)`); only the
+    # timeout above goes to stderr
+    typer.echo(f"run {run_id} {run.state.value}" + (f": {run.reason}" if run.reason else ""))
     raise typer.Exit(0 if run.state is RunState.COMPLETED else 1)
 
 
@@ -1095,18 +1274,44 @@ def daemon_run(
 
 
 # ---------------------------------------------------------------------------- watch
+def watch_view(summaries: list[dict[str, Any]], width: int, height: int,
+               now: float) -> RenderableType:  # fmt: skip
+    """What `watch` shows in a `width` x `height` terminal: the runs table (running runs
+    first, as `ordered` lists them) with as many rows as fit, leaving out the oldest ended
+    runs first, and one line saying how many were left out."""
+    shown = list(summaries)
+    left_out = 0
+    measure = Console(width=width, file=io.StringIO(), color_system=None)
+    while True:
+        said_once: dict[str, None] = {}
+        parts: list[RenderableType] = [_table(shown, width, said_once, now)]
+        parts += [Text(f"note: {n}", overflow="ellipsis", no_wrap=True) for n in said_once]
+        if left_out:
+            parts.append(Text(f"{left_out} more run(s) not shown: `ftslurm status` lists "
+                              "every run", overflow="ellipsis", no_wrap=True))  # fmt: skip
+        view = Group(*parts)
+        lines = measure.render_lines(view, measure.options.update(width=width), pad=False)
+        if len(lines) <= height or not shown:
+            return view
+        ended = [i for i, x in enumerate(shown) if RunState(x["state"]).is_terminal]
+        shown.pop(ended[0] if ended else -1)
+        left_out += 1
+
+
 def watch(
     interval: Annotated[float, typer.Option(
         "--interval", help="Seconds between refreshes.", min=0.05)] = 1.0,
     until_done: Annotated[bool, typer.Option("--until-done",
                           help="Return when no run is active.")] = False,
 ) -> None:
-    """A live view of every run."""
+    """A live view of every run: running runs first, as many as the terminal holds."""
     store = _store()
     with Live(console=console, refresh_per_second=4) as live:
         while True:
-            runs = store.list_runs()
-            live.update(_table([run_summary(store, r) for r in runs]))
+            runs = ordered(store.list_runs())
+            width, height = console.size
+            live.update(watch_view([run_summary(store, r) for r in runs], width,
+                                   max(height - 1, 5), time.time()))  # fmt: skip
             if until_done and not any(not r.state.is_terminal for r in runs):
                 return
             time.sleep(interval)

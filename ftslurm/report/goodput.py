@@ -183,6 +183,28 @@ class NodeLoss:
     detection_s: float | None  # None: when the node was last heard of is not known
     recovered_at: float | None  # None: not (yet) running again
     recovery_s: float | None
+    # How the run went on, as the attempts show it: "spare" (inside the job), "requeue"
+    # (the same job again: Slurm's requeue after NODE_FAIL), "new_job" (another job), or
+    # None while no next attempt exists (`recovery` is then the daemon's decision alone)
+    how: str | None = None
+
+
+def recovered_how(attempts: Sequence[Attempt], lost_in: int, recovery: str) -> str | None:
+    """How the run went on after a node was lost in attempt `lost_in` (`NodeLoss.how`):
+    the recovery recorded with the loss says spare or not; whether the next attempt ran as
+    the same job requeued or as another job, only the attempts tell."""
+    if recovery == "spare":
+        return "spare"
+    by_no = {a.attempt: a for a in attempts}
+    nxt = next((a for n, a in sorted(by_no.items()) if n > lost_in), None)
+    if nxt is None or not nxt.job_id:
+        return None
+    lost = by_no.get(lost_in)
+    return "requeue" if lost is not None and lost.job_id == nxt.job_id else "new_job"
+
+
+_HOW = {"spare": "a spare takes over", "requeue": "the job is requeued",
+        "new_job": "a new job"}  # fmt: skip
 
 
 def node_losses(attempts: Sequence[Attempt], events: Sequence[Event],
@@ -212,7 +234,8 @@ def node_losses(attempts: Sequence[Attempt], events: Sequence[Event],
             attempt=d["attempt"], node=d.get("node"), source=str(d.get("source") or "peer"),
             recovery=str(d.get("recovery") or "new_job"), detected_at=detected,
             detection_s=float(took) if isinstance(took, (int, float)) else None,
-            recovered_at=back, recovery_s=None if back is None else max(0.0, back - detected)))
+            recovered_at=back, recovery_s=None if back is None else max(0.0, back - detected),
+            how=recovered_how(attempts, d["attempt"], str(d.get("recovery") or "new_job"))))
     return tuple(out)
 
 
@@ -257,7 +280,8 @@ class GoodputReport:
             "node_losses": [{"attempt": x.attempt, "node": x.node, "source": x.source,
                              "recovery": x.recovery, "detected_at": x.detected_at,
                              "detection_s": x.detection_s, "recovered_at": x.recovered_at,
-                             "recovery_s": x.recovery_s} for x in self.losses],
+                             "recovery_s": x.recovery_s, "how": x.how}
+                            for x in self.losses],
             "losses_by_source": losses_by_source(self.losses),
         }  # fmt: skip
 
@@ -485,7 +509,9 @@ def _timeline(
                 str(d.get("source")), f"peer {d.get('reported_by')}")
             took = f" {format_duration(d['detection_s'])} after it was last heard" \
                 if isinstance(d.get("detection_s"), (int, float)) else ""  # fmt: skip
-            how = "a spare takes over" if d.get("recovery") == "spare" else "a new job"
+            recorded = str(d.get("recovery") or "new_job")
+            went_on = recovered_how(attempts, k, recorded) if k is not None else None
+            how = _HOW[went_on or ("spare" if recorded == "spare" else "new_job")]
             entries.append(TimelineEntry(e.time, e.kind, f"{d.get('node') or 'a node'} lost "
                                          f"(seen by {who}{took}): {how}", k))  # fmt: skip
         elif e.kind == "straggler":
