@@ -36,12 +36,25 @@ Two measurements, each taken for ftslurm and for plain Slurm side by side in the
    The node killed is one that trains and is not the batch host. Rounds wait at most
    PROGRESS_DEADLINE_S for progress.
 
+4. Kill -> training progressing again with every default (`--only defaults`): Slurm's
+   default SlurmdTimeout (300 s), the default `peer_timeout_s` and the daemon's default
+   back-off (the kill comes `--settle` seconds after the submission, 120 by default, when
+   the daemon looks at most once a minute), one round per case:
+   - batch-host: a 2-node run loses its batch host (node rank 0); no spare;
+   - other-node: a 2-node run loses its other node; no spare;
+   - spare: a 2-node run with `spare_nodes=1` (3 nodes) loses a node that trains, not the
+     batch host;
+   - one-node: a 1-node run loses its node.
+   Targets: under 30 s without a spare, under 15 s with one.
+
 Detection time depends on the cluster's SlurmdTimeout (and the kill on KillWait): the
 settings found are printed with the results. Needs a running cluster (`make slurm-up`) and
 root (to kill a node's slurmd); every job is cancelled and every node revived, even on error.
 
-    python benchmarks/slurm_recovery.py [--repeat 3] [--only recovery|preempt|progress]
-        [--timeouts 10,300] [--paths slurm,today,peer,spare] [--json]
+    python benchmarks/slurm_recovery.py [--repeat 3]
+        [--only recovery|preempt|progress|defaults] [--timeouts 10,300]
+        [--paths slurm,today,peer,spare] [--cases batch-host,other-node,spare,one-node]
+        [--settle 120] [--json]
 """
 
 from __future__ import annotations
@@ -134,6 +147,8 @@ for step in range(start, steps):
 dist.destroy_process_group()
 '''
 PROGRESS_PATHS = ("slurm", "today", "peer", "spare")
+DEFAULT_CASES = ("batch-host", "other-node", "spare", "one-node")
+DEFAULT_SLURMD_TIMEOUT_S = 300  # Slurm's default
 PROGRESS_DEADLINE_S = 900.0  # at SlurmdTimeout 300 s Slurm's own path needs ~7 min
 UNREACHABLE_PEER_TIMEOUT_S = 10**6  # "today": the launchers never report a lost node
 
@@ -524,6 +539,84 @@ class Bench:
                 rounds += [self.progress_round(path, timeout, log) for path in paths]
         return {"rounds": rounds, "deadline_s": PROGRESS_DEADLINE_S}
 
+    # ---------------------------------------------------------------- defaults
+    def defaults_round(self, case: str, settle: float,
+                       log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+        """One case of `--only defaults`: a run with every default setting trains, the
+        daemon backs off for `settle` seconds, a node is killed, the first new step is
+        timed."""
+        self.cluster.wait_nodes_idle(timeout=120)
+        folder = self.tmp / f"defaults-{case}"
+        out = folder / "train"
+        out.mkdir(parents=True)
+        command = [sys.executable, str(self.ddp), str(out), "1000000"]
+        cli = Ftslurm(folder / "home")
+        self.clis.append(cli)
+        settings: dict[str, Any] = {"nodes": 1 if case == "one-node" else 2,
+                                    "ntasks_per_node": 1, "time": "20",
+                                    "num_job_retries_on_failure": 3}  # fmt: skip
+        if case == "spare":
+            settings["spare_nodes"] = 1
+        recipe = folder / "ddp_recipe.py"
+        recipe.write_text("import ftslurm\n"
+                          f"recipe = ftslurm.Recipe(command={command!r}, "
+                          + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")\n")
+        submitted = time.monotonic()
+        run_id = cli.submit(recipe)
+
+        def job_now() -> str:
+            a = cli.store.latest_attempt(run_id)
+            return (a.job_id if a else None) or ""
+
+        wait(lambda: len(step_lines(out)) >= 15, 180, f"{case}: 15 training steps")
+        wait(lambda: time.monotonic() - submitted >= settle, settle + 1, "the daemon to back off")
+        first_job = job_now()
+        host = show_job(first_job).get("BatchHost", "")
+        trained = sorted({p.read_text().strip() for p in out.glob("rank-*.node")})
+        victim = host if case in ("batch-host", "one-node") else \
+            next(n for n in trained if n and n != host)  # fmt: skip
+        before = step_lines(out)
+        with self.lock:
+            self.killed.add(victim)
+        self.cluster.fail_node(victim)
+        kill = time.time()
+        log(f"defaults {case}: killed {victim} at step {before[-1][0]}, job {first_job}")
+
+        def progressed() -> Any:  # a step logged by another process than before the kill
+            rows = [r for r in step_lines(out) if r[1] > kill and r[2] != before[-1][2]]
+            return rows[0] if rows else None
+
+        try:
+            first = wait(progressed, PROGRESS_DEADLINE_S, f"{case}: a step after the kill")
+        except RuntimeError:
+            first = None
+        after_job = job_now()
+        events = cli.store.events(run_id)
+        lost = [e.data for e in events if e.kind == "node_lost"]
+        cli.cancel(run_id)
+        self.revive([victim])
+        result = {"case": case, "killed": victim, "job_id": first_job,
+                  "job_id_after": after_job, "same_job": after_job == first_job,
+                  "kill_to_progress_s": rounded(first[1] - kill if first else None),
+                  "detected_by": lost[0].get("source") if lost else None,
+                  "detection_s": lost[0].get("detection_s") if lost else None,
+                  "target_s": 15 if case == "spare" else 30}  # fmt: skip
+        log(f"defaults {case}: {result['kill_to_progress_s']} s "
+            f"({'same job' if result['same_job'] else 'job ' + after_job}; "
+            f"detected by {result['detected_by']})")
+        cli.close()
+        return result
+
+    def defaults(self, cases: list[str], repeat: int, settle: float,
+                 log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+        with self.cluster.slurmd_timeout(DEFAULT_SLURMD_TIMEOUT_S):
+            rounds = [self.defaults_round(case, settle, log)
+                      for _ in range(repeat) for case in cases]  # fmt: skip
+        summary_ = {case: summary([r["kill_to_progress_s"] for r in rounds if r["case"] == case])
+                    for case in cases}  # fmt: skip
+        return {"rounds": rounds, "summary": summary_, "settle_s": settle,
+                "slurmd_timeout_s": DEFAULT_SLURMD_TIMEOUT_S}  # fmt: skip
+
     # ----------------------------------------------------------------- preempt
     def preempt(self, repeat: int, log: Callable[[str], None]) -> dict[str, Any]:
         self.cluster.wait_nodes_idle(timeout=120)
@@ -681,19 +774,39 @@ def report(result: dict[str, Any]) -> None:
                           else f"> {prog['deadline_s']:.0f}", "yes" if r["same_job"] else "no",
                           r["detected_by"] or "-", fmt(redone))  # fmt: skip
         console.print(table)
+    dflt = result.get("defaults")
+    if dflt:
+        table = Table(title=f"Every default (SlurmdTimeout {dflt['slurmd_timeout_s']} s, "
+                            f"kill {dflt['settle_s']:.0f} s after the submission): "
+                            "kill -> first new step, s")  # fmt: skip
+        for col in ("case", "kill->step", "target", "same job", "detected by", "detection"):
+            table.add_column(col, justify="right")
+        for r in dflt["rounds"]:
+            table.add_row(r["case"], fmt(r["kill_to_progress_s"]) if r["kill_to_progress_s"]
+                          is not None else f"> {PROGRESS_DEADLINE_S:.0f}",
+                          f"< {r['target_s']}", "yes" if r["same_job"] else "no",
+                          r["detected_by"] or "-", fmt(r["detection_s"]))  # fmt: skip
+        console.print(table)
     console.print(f"wall time {result['wall_s']:.0f}s")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", choices=("recovery", "preempt", "progress"))
+    parser.add_argument("--only", choices=("recovery", "preempt", "progress", "defaults"))
     parser.add_argument("--timeouts", default="10,300",
                         help="SlurmdTimeout values (s) for the progress rounds")
     parser.add_argument("--paths", default=",".join(PROGRESS_PATHS),
                         help="recovery paths of the progress rounds")
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                        help="cases of the defaults rounds")
+    parser.add_argument("--settle", type=float, default=120.0,
+                        help="seconds from a defaults round's submission to the kill")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    if not cases or set(cases) - set(DEFAULT_CASES) or args.settle < 0:
+        parser.error(f"--cases: some of {','.join(DEFAULT_CASES)}; --settle: seconds >= 0")
     try:
         timeouts = [int(t) for t in args.timeouts.split(",") if t.strip()]
     except ValueError:
@@ -732,6 +845,8 @@ def main() -> int:
             result["recovery"] = bench.recovery(args.repeat, log)
         if args.only in (None, "progress"):
             result["progress"] = bench.progress(timeouts, paths, log)
+        if args.only in (None, "defaults"):
+            result["defaults"] = bench.defaults(cases, args.repeat, args.settle, log)
     finally:
         bench.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)

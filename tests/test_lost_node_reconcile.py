@@ -240,3 +240,70 @@ def test_after_a_spare_swap_a_silent_batch_host_still_ends_the_job(tmp_path, mon
         rec.cycle()
     assert commands(backend, mark)[:2] == [("cancel", a.job_id), ("submit", "ftslurm:r0:1")]
     assert store.attempts("r0")[0].lost_nodes == [lost, batch]
+
+
+# ------------------------------------- the look between cycles: no wait for the back-off
+def test_between_cycles_the_look_sees_a_report_and_a_silent_batch_host_without_a_query(
+        tmp_path, monkeypatch):  # fmt: skip
+    """However long the daemon backs off between cycles (up to a minute), its look every
+    second sees a loss report, a launcher's node report and the batch host's lease falling
+    silent, with no scheduler command: the daemon runs a cycle at once."""
+    backend, store, rec = two_nodes(tmp_path, monkeypatch)
+    nodes = store.latest_attempt("r0").nodes  # type: ignore[union-attr]
+    write_lease(tmp_path, 0, nodes[0], 1)
+    rec.cycle()
+    mark = len(backend.log)
+    limit = daemon_timeout(FtSettings().peer_timeout_s)
+    for seq in range(2, 12):  # alive: nothing to do
+        write_lease(tmp_path, 0, nodes[0], seq)
+        backend.now += 3
+        assert not rec.look()
+    silent_since = backend.now
+    while backend.now < silent_since + limit - 1:  # silent, not for long enough
+        backend.now += 1
+        assert not rec.look()
+    backend.now += 2
+    assert rec.look()  # the batch host's lease would be judged silent now
+    assert backend.log[mark:] == []  # not one scheduler command
+    write_lease(tmp_path, 0, nodes[0], 99)
+    backend.now += 1
+    assert not rec.look()
+    (RunDir(tmp_path / "run").attempt(0) / "node-1.json").write_text("{}")  # a launcher left
+    assert rec.look()
+    assert not rec.look()  # once
+    report_lost(tmp_path, store, 1)
+    assert rec.look() and rec.look()  # until a cycle has read it
+    assert backend.log[mark:] == []
+    rec.cycle()
+    assert store.latest_attempt("r0").attempt == 1  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------ a job of one node keeps a lease
+def test_a_one_node_jobs_silent_lease_ends_it_within_the_peer_timeout(tmp_path, monkeypatch):
+    """A job of one node has no peer to report it: the daemon judges its lease itself,
+    after `peer_timeout_s` (no survivor's report to wait for), and runs a fresh job."""
+    monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
+    backend, store, rec = running_on_the_model(
+        tmp_path, 1, FtSettings(num_job_retries_on_failure=2, preempt_time=0), cycles=3)
+    old = store.latest_attempt("r0")
+    assert old is not None and len(old.nodes) == 1
+    node = old.nodes[0]
+    timeout = FtSettings().peer_timeout_s
+    assert daemon_timeout(timeout, 1) == timeout
+    for seq in range(1, 9):
+        write_lease(tmp_path, 0, node, seq)
+        backend.now += 3
+        rec.cycle()
+    mark = len(backend.log)
+    silent_since = backend.now
+    while backend.now < silent_since + timeout - 1:
+        backend.now += 1
+        rec.cycle()
+    assert commands(backend, mark) == []
+    backend.now += 2
+    assert rec.look()
+    rec.cycle()
+    assert commands(backend, mark) == [("cancel", old.job_id), ("submit", "ftslurm:r0:1")]
+    first, second = store.attempts("r0")
+    assert first.cause == "node_fail" and first.lost_nodes == [node], first
+    assert node in backend.st.jobs[second.job_id or ""].exclude

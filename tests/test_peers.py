@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,26 @@ def test_a_watcher_that_was_paused_itself_reads_before_it_judges():
     assert lost_peers({1: after}, 61.0, T, START) == []
 
 
+@pytest.mark.parametrize("lease_seen,dropped,now,lost", [
+    ("renewed", False, 5.0, False),  # heard within the timeout
+    ("renewed", True, 5.0, True),  # its connection closed without a goodbye: at once
+    ("renewed", False, 15.0, True),  # silent past the timeout (frozen, cut off)
+    ("ended", True, 5.0, False),  # it ended on its own: its close is no death
+    ("ended", False, 1e6, False),
+    ("never", True, 5.0, True),  # connected, then dropped before its lease was read
+    ("never", False, 15.0, False),  # never heard: the start timeout
+    ("never", False, START + 1, True),
+], ids=lambda v: str(v))
+def test_what_counts_as_lost(lease_seen, dropped, now, lost):
+    seen = Seen(1, changed_at=0.0)
+    if lease_seen != "never":
+        seen = observe(seen, lease(1, "finished" if lease_seen == "ended" else None), 1.0, 101.0)
+    if dropped:
+        seen = replace(seen, dropped_at=2.0)
+    assert is_lost(seen, now, T, START) is lost
+    assert lost_peers({1: seen}, now, T, START) == ([1] if lost else [])
+
+
 def test_settled_waits_for_news_after_the_failure_or_a_verdict():
     heard = observe(Seen(1, 0.0), lease(1), 1.0, 101.0)
     assert not settled({1: heard}, since=5.0, now=6.0, timeout=T, start_timeout=START)
@@ -145,6 +166,90 @@ def test_the_watch_reports_a_silent_peer_once_with_who_and_when(tmp_path):
     assert me.lost == [1]  # once
     me.stop("failed")
     assert Lease.from_json(json.loads(run.peer_lease(3, 0).read_text())).ended == "failed"
+
+
+# ------------------------------------------------- connections: a death is seen at once
+# A node's launcher in a process of its own (node rank 1), with a peer timeout of a minute:
+# the lease alone would tell of its death only after 60 s.
+PEER = r'''
+import signal, sys, time
+from pathlib import Path
+from ftslurm.agent.peers import PeerWatch
+from ftslurm.core.contract import RunDir
+w = PeerWatch(RunDir(Path(sys.argv[1])), attempt=0, node_rank=1, nnodes=2, node="nB",
+              job_id="1", timeout=60.0, start_timeout=300.0).start()
+signal.signal(signal.SIGTERM, lambda *_: w.leaving())
+print("ready", flush=True)
+how = sys.stdin.readline().strip()
+if how == "stop":
+    w.stop("finished")
+if how in ("stop", "exit"):
+    sys.exit(0)
+time.sleep(1e6)
+'''
+SLOW = 60.0  # the peer timeout of these tests: no verdict may come from the lease's silence
+
+
+@pytest.fixture
+def pair(tmp_path) -> Iterator[tuple[PeerWatch, subprocess.Popen, RunDir]]:
+    """Node 0's watch in this process, node 1's in a child; node 0 has connected to it."""
+    run = RunDir(tmp_path / "run")
+    run.attempt(0).mkdir(parents=True)
+    child = subprocess.Popen([sys.executable, "-c", PEER, str(run.root)], text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             start_new_session=True)  # fmt: skip
+    me = None
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        me = PeerWatch(run, attempt=0, node_rank=0, nnodes=2, node="nA", job_id="1",
+                       timeout=SLOW, start_timeout=300.0).start()  # fmt: skip
+        wait_for(lambda: 1 in me._links, 30, "node 0 connected to node 1")
+        yield me, child, run
+    finally:
+        if me is not None:
+            me.stop("finished")
+        kill_groups([child])
+
+
+def test_a_peer_whose_launcher_is_killed_is_reported_at_once_not_after_the_timeout(pair):
+    me, child, run = pair
+    os.killpg(child.pid, signal.SIGKILL)
+    wait_for(run.peer_lost(0, 1).exists, SLOW / 3, "the report of the killed peer")
+    report = json.loads(run.peer_lost(0, 1).read_text())
+    assert report["how"] == "dropped" and report["lost_node"] == "nB", report
+    assert report["silent_s"] < SLOW and me.lost == [1]
+
+
+@pytest.mark.parametrize("how", ["stop", "exit", "terminated-then-killed"])
+def test_a_peer_that_ends_or_is_being_ended_is_never_reported(pair, how):
+    """Its normal end (the lease marked ended, a goodbye), an interpreter exit without it
+    (the goodbye at exit), a termination signal (the job ended: a goodbye) and then
+    SIGKILL: none is a death."""
+    me, child, run = pair
+    if how == "terminated-then-killed":
+        os.killpg(child.pid, signal.SIGTERM)
+        wait_for(lambda: 1 in me._bye_from, 30, "the goodbye")
+        os.killpg(child.pid, signal.SIGKILL)
+    else:
+        assert child.stdin is not None
+        child.stdin.write(how + "\n")
+        child.stdin.flush()
+    child.wait(timeout=30)
+    wait_for(lambda: 1 not in me._links, 30, "the connection's close to be seen")
+    me.tick()
+    assert me.lost == [] and not run.peer_lost(0, 1).exists()
+
+
+def test_a_watcher_being_ended_reports_no_one(pair):
+    """Node 0 is told to leave (the job is ended: every node goes down in any order); node
+    1's death then is no loss to report."""
+    me, child, run = pair
+    me.leaving()
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait(timeout=30)
+    wait_for(lambda: 1 not in me._links, 30, "the connection's close to be seen")
+    me.tick()
+    assert me.lost == [] and not run.peer_lost(0, 1).exists()
 
 
 # ---------------------------------------------------------------- the setting reaches the job
@@ -262,7 +367,11 @@ def test_a_lost_node_is_reported_by_the_survivor_within_the_timeout(nodes, victi
     assert report["reported_by"] == nodes.names[survivor]
     assert report["reported_by_node_rank"] == survivor
     assert report["last_heard"] <= lost_at + poll_interval(PEER_TIMEOUT) + 1
-    assert report["silent_s"] > PEER_TIMEOUT and report["peer_timeout_s"] == PEER_TIMEOUT
+    assert report["peer_timeout_s"] == PEER_TIMEOUT
+    if how == signal.SIGKILL:  # its connection closed: at once, not after the timeout
+        assert report["how"] == "dropped", report
+    else:  # a frozen node's connection stays open: its lease's silence tells
+        assert report["how"] == "silent" and report["silent_s"] > PEER_TIMEOUT, report
     assert report["time"] - lost_at < bound + 3, report  # slack for a loaded machine
     assert not nodes.run.peer_lost(0, survivor).exists()  # the survivor is not reported
 

@@ -624,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
             state["look_at_stop"] = True
         if sig == signal.SIGTERM and state["stop_at"] is None:
             state["stop_at"] = time.monotonic() + args.grace
+        if sig in (signal.SIGTERM, signal.SIGINT) and agent_box.get("watch") is not None:
+            agent_box["watch"].leaving()  # the job is being ended: its close is no death
         for local_rank, pid in (pcontext.pids().items() if pcontext else ()):
             send(local_rank, pid, sig)
 
@@ -662,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
     watch = PeerWatch(run, attempt=attempt, node_rank=args.node_rank, nnodes=args.nnodes,
                       node=node_name, job_id=job, timeout=args.peer_timeout,
                       start_timeout=args.rdzv_timeout, role=role).start() \
-        if run is not None and args.nnodes > 1 else None  # fmt: skip
+        if run is not None else None  # fmt: skip
+    agent_box["watch"] = watch  # (a job of one node: its lease, for the daemon to watch)
     started = time.time()
     ran = False
     result = None

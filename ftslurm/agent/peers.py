@@ -41,21 +41,30 @@ watches has ended, been heard since (two new leases), or been judged lost (`sett
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from ftslurm.core.contract import RunDir
+from ftslurm.core.contract import JobEnv, RunDir
 from ftslurm.core.leases import Lease, Seen, is_lost, observe, poll_interval
 from ftslurm.fsutil import read_json, temp_path, write_json_atomic
 
 log = logging.getLogger("ftslurm.launch")
 
 WATCHED = 2  # how many nodes after its own (in ring order) each launcher watches
+BACKLOG = 16  # connections a launcher's listener keeps (its watchers: two)
+CONNECT_TIMEOUT_S = 1.0  # a connect to a peer's listener that takes longer is tried again
+BYE = b"bye\n"  # what a launcher on its way out sends its watchers before it closes
+TASK_START_TIMEOUT_S = 300.0  # without the launcher: a node never heard from, lost after
 
 
 def watched(node_rank: int, nnodes: int, count: int = WATCHED) -> list[int]:
@@ -87,6 +96,7 @@ def loss_report(seen: Seen, *, now: float, wall: float, timeout: float, me: int,
             "last_heard": seen.heard_at,
             "lease_time": seen.lease.time if seen.lease else None,
             "silent_s": round(now - seen.changed_at, 3), "peer_timeout_s": timeout,
+            "how": "dropped" if seen.dropped_at is not None else "silent",
             "reported_by": node, "reported_by_node_rank": me, "time": wall,
             "job_id": job_id, "attempt": attempt}  # fmt: skip
 
@@ -97,7 +107,7 @@ class PeerWatch:
     def __init__(self, run: RunDir, *, attempt: int, node_rank: int, nnodes: int, node: str,
                  job_id: str, timeout: float, start_timeout: float, role: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 wall: Callable[[], float] = time.time, listen: bool = True) -> None:  # fmt: skip
         self.run, self.attempt, self.node_rank, self.node = run, attempt, node_rank, node
         self.job_id, self.timeout, self.start_timeout = job_id, timeout, start_timeout
         self.interval = poll_interval(timeout)
@@ -107,6 +117,18 @@ class PeerWatch:
         self.lost: list[int] = []  # the peers this launcher judged lost, in order
         self.seq = 0
         self.role = role
+        self.addr: str | None = None  # "host:port" of the listener, once it listens
+        self._listen = listen
+        self._listener: socket.socket | None = None
+        self._accepted: list[socket.socket] = []  # the watchers' connections to this node
+        self._links: dict[int, socket.socket] = {}  # this node's connections to its peers
+        self._bye_from: set[int] = set()  # peers that said goodbye (their close is no death)
+        self._leaving = threading.Event()  # this launcher is on its way out: no more reports
+        self._said_bye = False
+        self._conns = threading.RLock()  # `leaving` may come from a signal handler
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._writing = threading.Lock()  # the watch thread and set_role both write
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -115,16 +137,111 @@ class PeerWatch:
 
     def start(self) -> PeerWatch:
         self.run.attempt(self.attempt).mkdir(parents=True, exist_ok=True)
+        if self._listen:
+            try:  # a free port of the kernel's choice, on every interface
+                self._listener = socket.create_server(("", 0), backlog=BACKLOG)
+                self._listener.setblocking(False)
+                self.addr = f"{advertised_host()}:{self._listener.getsockname()[1]}"
+            except OSError as exc:  # the lease alone still tells
+                log.warning("peer watch: no listening socket (%s): leases only", exc)
         self._write_lease(None)
+        atexit.register(self.leaving)  # an interpreter that exits is no dead node
         self._thread.start()
         return self
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        due = self.clock()  # the peers' leases read (and their listeners dialled) at once
+        while not self._stop.is_set():
             try:
-                self.tick()
+                self._wait_io(max(0.0, due - self.clock()))
+                if self._stop.is_set():
+                    return
+                if self.clock() >= due:
+                    self.tick()
+                    self._connect()
+                    due = self.clock() + self.interval
             except Exception as exc:  # never let the watch stop the training
                 log.warning("peer watch: %s", exc)
+                self._stop.wait(self.interval)
+                due = self.clock()
+
+    def _wait_io(self, timeout: float) -> None:
+        """Wait up to `timeout` for a connection to accept, a peer's goodbye or its
+        connection's close (a death: judged at once, `Seen.dropped_at`)."""
+        with self._conns:
+            socks = [self._wake_r, *self._accepted, *self._links.values()]
+            if self._listener is not None:
+                socks.append(self._listener)
+        ready, _, _ = select.select(socks, [], [], timeout)
+        dropped = False
+        for sock in ready:
+            if sock is self._wake_r:
+                with contextlib.suppress(OSError):
+                    self._wake_r.recv(4096)
+            elif sock is self._listener:
+                self._accept()
+            elif sock in self._accepted:  # a watcher wrote (nothing is asked) or left
+                if not _read(sock):
+                    self._drop_accepted(sock)
+            else:
+                r = next(r for r, link in self._links.items() if link is sock)
+                data = _read(sock)
+                if data and BYE in data:
+                    self._bye_from.add(r)
+                if data:
+                    continue
+                del self._links[r]
+                sock.close()
+                if r in self._bye_from or self._leaving.is_set():
+                    continue
+                log.warning("node rank %d: its connection closed without a goodbye", r)
+                with self._lock:
+                    s = self.seen[r]
+                    if s.dropped_at is None:
+                        self.seen[r] = replace(s, dropped_at=self.clock())
+                dropped = True
+        if dropped:
+            self.tick()  # its lease read again first: one that ended is no loss
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        with self._conns:
+            if len(self._accepted) >= BACKLOG:
+                conn.close()  # watchers are two; more are not ours
+                return
+            conn.setblocking(False)
+            self._accepted.append(conn)
+            if self._said_bye:
+                _send(conn, BYE)
+
+    def _drop_accepted(self, sock: socket.socket) -> None:
+        with self._conns:
+            if sock in self._accepted:
+                self._accepted.remove(sock)
+        sock.close()
+
+    def _connect(self) -> None:
+        """Connect to each watched peer whose lease names its listener (once per poll
+        until it succeeds; a refused or slow connect leaves the lease's timeout alone)."""
+        with self._lock:
+            seen = dict(self.seen)
+        for r, s in seen.items():
+            lease = s.lease
+            if r in self._links or r in self._bye_from or s.dropped_at is not None \
+                    or not isinstance(lease, Lease) or lease.addr is None \
+                    or lease.ended is not None or r in self.lost:  # fmt: skip
+                continue
+            host, _, port = lease.addr.rpartition(":")
+            try:
+                link = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
+            except (OSError, ValueError):
+                continue
+            link.setblocking(False)
+            self._links[r] = link
 
     def tick(self) -> None:
         """One poll: renew the lease, read the peers', report the newly lost."""
@@ -134,8 +251,9 @@ class PeerWatch:
         now, wall = self.clock(), self.wall()
         with self._lock:
             self.seen = {r: observe(s, leases[r], now, wall) for r, s in self.seen.items()}
-            new = [r for r in lost_peers(self.seen, now, self.timeout, self.start_timeout)
-                   if r not in self.lost]  # fmt: skip
+            new = [] if self._leaving.is_set() else [
+                r for r in lost_peers(self.seen, now, self.timeout, self.start_timeout)
+                if r not in self.lost]  # fmt: skip
             self.lost.extend(new)
             seen = dict(self.seen)
             self._ticked.notify_all()
@@ -144,8 +262,12 @@ class PeerWatch:
 
     def _report(self, seen: Seen, now: float, wall: float) -> None:
         name = seen.lease.node if seen.lease else f"node rank {seen.node_rank}"
-        log.warning("node %s (node rank %d) silent for %.1fs: reporting it lost", name,
-                    seen.node_rank, now - seen.changed_at)  # fmt: skip
+        if seen.dropped_at is not None:
+            log.warning("node %s (node rank %d): its launcher died (connection closed): "
+                        "reporting it lost", name, seen.node_rank)  # fmt: skip
+        else:
+            log.warning("node %s (node rank %d) silent for %.1fs: reporting it lost", name,
+                        seen.node_rank, now - seen.changed_at)  # fmt: skip
         path = self.run.peer_lost(self.attempt, seen.node_rank)
         if path.exists():  # another launcher saw it first
             return
@@ -164,11 +286,24 @@ class PeerWatch:
         with self._writing:
             self.seq += 1
             lease = Lease(self.node_rank, self.node, os.getpid(), self.seq, self.wall(), ended,
-                          self.role)  # fmt: skip
+                          self.role, self.addr)  # fmt: skip
             path = self.run.peer_lease(self.attempt, self.node_rank)
             tmp = temp_path(path)
             tmp.write_text(json.dumps(lease.to_json()))
             os.replace(tmp, path)
+
+    def leaving(self) -> None:
+        """This launcher is on its way out (a termination signal, its end, the interpreter's
+        exit): say goodbye to its watchers, so that its connections' close is no death, and
+        report no one from now on (its peers are going down with it, in any order). Safe in
+        a signal handler."""
+        self._leaving.set()
+        with self._conns:
+            if not self._said_bye:
+                self._said_bye = True
+                for conn in self._accepted:
+                    _send(conn, BYE)
+        _send(self._wake_w, b"!")
 
     def wait_settled(self) -> None:
         """Wait until every watched node has a verdict given after now (see `settled`),
@@ -183,11 +318,63 @@ class PeerWatch:
                 self._ticked.wait(left)
 
     def stop(self, ended: str) -> None:
-        """End the watch and mark the lease ended (`ended`: the launcher's outcome)."""
+        """End the watch and mark the lease ended (`ended`: the launcher's outcome), then
+        say goodbye and close the connections."""
         self._stop.set()
+        _send(self._wake_w, b"!")
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval + 5)
         try:
             self._write_lease(ended)
         except OSError as exc:
             log.warning("peer watch: could not mark the lease ended: %s", exc)
+        self.leaving()
+        atexit.unregister(self.leaving)
+        with self._conns:
+            for sock in [*self._accepted, *self._links.values()]:
+                sock.close()
+            self._accepted, self._links = [], {}
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+
+
+def task_watch(job: JobEnv, environ: Mapping[str, str], attempt: int,
+               node: str) -> PeerWatch | None:  # fmt: skip
+    """Without the launcher (`use_launcher=False`), the lease of the node, kept by the task
+    wrapper (`ftslurm.agent.task`) of its first task: the daemon watches the batch host's
+    (the only watcher of a job of one node), and the nodes of a larger job watch each
+    other's as launchers do, by the lease alone (no connections: srun's kill of a failed
+    step's other tasks would read as deaths). None: not this task's to keep (another local
+    task, under the launcher, or no run directory)."""
+    if job.run is None or job.heartbeat_dir or (environ.get("SLURM_LOCALID") or "0") != "0":
+        return None
+    try:
+        nnodes = int(environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or 1)
+        node_rank = int(environ.get("SLURM_NODEID") or 0)
+    except ValueError:
+        return None
+    return PeerWatch(job.run, attempt=attempt, node_rank=node_rank, nnodes=nnodes, node=node,
+                     job_id=environ.get("SLURM_JOB_ID", "local"), timeout=job.peer_timeout_s,
+                     start_timeout=TASK_START_TIMEOUT_S, listen=False).start()  # fmt: skip
+
+
+def advertised_host() -> str:
+    """The name the watchers connect to: this host's name, as the batch script's
+    MASTER_ADDR (`hostname`)."""
+    return socket.gethostname()
+
+
+def _read(sock: socket.socket) -> bytes:
+    """What a connection says; b"" once it closed (or was reset)."""
+    try:
+        return sock.recv(4096)
+    except BlockingIOError:
+        return b"?"  # nothing after all: not a close
+    except OSError:
+        return b""
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        sock.send(data)

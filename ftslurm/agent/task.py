@@ -43,6 +43,7 @@ from typing import IO
 
 import hostlist
 
+from ftslurm.agent.peers import task_watch
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.core.contract import (
     NAMED_EXITS,
@@ -363,6 +364,8 @@ class Task:
         injector = threading.Thread(target=self._inject, args=(pending, done), daemon=True)
         if pending:
             injector.start()
+        # Without the launcher, the node's lease (`peers.task_watch`): its loss is seen.
+        watch = task_watch(self.job, self.environ, self.attempt, self.node)
         status = self.proc.wait()
         done.set()
         if pending:
@@ -378,6 +381,8 @@ class Task:
         outcome = classify_exit(code, sig, self.checkpoint_signal_at is not None,
                                 time.monotonic() - self.started, tail, window,
                                 str(stop.get("outcome") or "checkpointed") if stop else None)
+        if watch is not None:
+            watch.stop(outcome)
         if outcome == "teardown_failed":
             print(f"ftslurm: rank {self.rank} died while tearing down ("
                   f"{f'signal {sig}' if sig else f'exit {code}'}) after it saved step "

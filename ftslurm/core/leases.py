@@ -5,7 +5,10 @@ daemon's own (one daemon per state directory across hosts, `ftslurm.daemon.servi
 A lease (`RunDir.peer_lease`) is rewritten every `poll_interval` by its node's launcher with
 a counter that grows; a watcher judges a node lost when the counter has not changed for a
 timeout measured on the watcher's own clock, from the read that saw the change (clocks of
-two machines are never compared). See `ftslurm.agent.peers` for the protocol.
+two machines are never compared). A watcher also holds a TCP connection to each node it
+watches (the address in the lease, `addr`): a connection that closes without the node's
+goodbye means its launcher died, and the node is lost at once (`Seen.dropped`); the lease's
+timeout bounds only a silent death (a frozen or cut-off node). See `ftslurm.agent.peers`.
 
 The daemon's lease is a row of the state database that the serving daemon renews the same
 way (`DaemonLease`); a daemon starting on another host takes it only when it is free,
@@ -31,11 +34,14 @@ class Lease:
     # With hot spares (`ftslurm.agent.spares`): "active" once its launcher started ranks,
     # "spare" while it waits to replace a lost node; None without spares.
     role: str | None = None
+    # "host:port" of the launcher's listening socket (a free port it chose): its watchers
+    # connect there, and its death closes their connections; None: none (lease only)
+    addr: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"node_rank": self.node_rank, "node": self.node, "pid": self.pid,
                 "seq": self.seq, "time": self.time, "ended": self.ended,
-                "role": self.role}  # fmt: skip
+                "role": self.role, "addr": self.addr}  # fmt: skip
 
     @staticmethod
     def from_json(data: Any) -> Lease | None:
@@ -44,7 +50,8 @@ class Lease:
             return Lease(int(data["node_rank"]), str(data["node"]), int(data["pid"]),
                          int(data["seq"]), float(data["time"]),
                          None if data.get("ended") is None else str(data["ended"]),
-                         None if data.get("role") is None else str(data["role"]))
+                         None if data.get("role") is None else str(data["role"]),
+                         None if data.get("addr") is None else str(data["addr"]))
         except (TypeError, KeyError, ValueError):
             return None
 
@@ -77,6 +84,9 @@ class Seen:
     lease: Lease | DaemonLease | None = None  # None: never read
     heard_at: float | None = None  # watcher's wall clock at the last change
     changed_before: float | None = None  # the change before the last one (monotonic)
+    # the watcher's connection to it closed without a goodbye (its launcher died): lost at
+    # once unless its lease says it ended; None: not dropped
+    dropped_at: float | None = None
 
 
 def observe(seen: Seen, lease: Lease | DaemonLease | None, now: float, wall: float) -> Seen:
@@ -89,8 +99,13 @@ def observe(seen: Seen, lease: Lease | DaemonLease | None, now: float, wall: flo
 
 
 def is_lost(seen: Seen, now: float, timeout: float, start_timeout: float) -> bool:
-    """Whether the peer is lost: silent for `timeout` since its lease last changed, or for
-    `start_timeout` since the watch began when it never wrote one; an ended lease never."""
+    """Whether the peer is lost: its connection dropped without a goodbye, or silent for
+    `timeout` since its lease last changed, or for `start_timeout` since the watch began
+    when it never wrote one; an ended lease never."""
+    if seen.lease is not None and seen.lease.ended is not None:
+        return False
+    if seen.dropped_at is not None:
+        return True
     if seen.lease is None:
         return now - seen.changed_at > start_timeout
     return seen.lease.ended is None and now - seen.changed_at > timeout
@@ -101,12 +116,13 @@ def poll_interval(timeout: float) -> float:
     return min(5.0, max(0.5, timeout / 6))
 
 
-def daemon_timeout(timeout: float) -> float:
+def daemon_timeout(timeout: float, nnodes: int = 2) -> float:
     """How long the daemon lets the batch host's lease stay silent before it judges that
     node lost itself: `timeout` plus two of the launchers' polls, the longest a live
     survivor takes to report it (`PeerWatch.wait_settled`). The daemon is the watcher of
-    last resort: the survivors may be gone with it (their rendezvous lived there)."""
-    return timeout + 2 * poll_interval(timeout)
+    last resort: the survivors may be gone with it (their rendezvous lived there). A job of
+    one node has no survivor to wait for: `timeout` alone."""
+    return timeout if nnodes < 2 else timeout + 2 * poll_interval(timeout)
 
 
 def daemon_lease_verdict(current: DaemonLease | None, seen: Seen, *, host: str, now: float,

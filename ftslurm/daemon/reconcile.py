@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import fnmatch
 import functools
 import logging
 import math
@@ -87,7 +88,7 @@ from ftslurm.core.contract import (
     ROUND_RECORDS,
     RunDir,
 )
-from ftslurm.core.leases import Lease, Seen, observe
+from ftslurm.core.leases import Lease, Seen, daemon_timeout, is_lost, observe
 from ftslurm.core.recovery import BATCH_NODE_RANK
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
@@ -225,6 +226,7 @@ class _Again(Exception):
 
 
 _BATCHED = (core.Requeue, core.SetExclusions, core.Release, core.StartNow)
+_LOOKED = (AttemptState.RUNNING, AttemptState.COMPLETING)  # the attempts `look` looks at
 
 
 @dataclass(eq=False)
@@ -293,6 +295,8 @@ class Reconciler:
         self._batch_seen: dict[tuple[str, int], Seen] = {}
         # run id -> (the attempt, its watched files)
         self._paths: dict[str, tuple[int, tuple[str, ...]]] = {}
+        # (run id, attempt) -> its node reports as last counted by `look`
+        self._reports_seen: dict[tuple[str, int], int] = {}
 
     # ----------------------------------------------------------------- the cycle
     def cycle(self) -> float:
@@ -574,10 +578,9 @@ class Reconciler:
         return files
 
     def _batch_lease(self, run: Run, a: Attempt) -> Seen | None:
-        """The batch host's lease of a multi-node attempt, read now (one small file) and
-        timed on the daemon's clock: the daemon is its watcher of last resort (`step`)."""
-        if _nodes(run, a) < 2:
-            return None
+        """The batch host's lease of an attempt, read now (one small file) and timed on the
+        daemon's clock: the daemon is its watcher of last resort (`step`), and the only one
+        of a job of one node."""
         key = (run.run_id, a.attempt)
         seen = self._batch_seen.get(key)
         if seen is None:
@@ -595,10 +598,9 @@ class Reconciler:
         known = self._paths.get(run.run_id)
         if known is None or known[0] != a.attempt:
             rd = RunDir(Path(run.spec["run_dir"]))
+            # the batch host's lease last: read again when it changes
             watched = [str(rd.progress), str(rd.straggler_report), str(rd.recovery(a.attempt)),
-                       str(rd.cadence)]
-            if _nodes(run, a) > 1:  # the batch host's lease: read again when it changes
-                watched.append(str(rd.peer_lease(a.attempt, BATCH_NODE_RANK)))
+                       str(rd.cadence), str(rd.peer_lease(a.attempt, BATCH_NODE_RANK))]
             known = self._paths[run.run_id] = (a.attempt, tuple(watched))
         paths = known[1]
         wall = time.time_ns()
@@ -610,6 +612,51 @@ class Reconciler:
         settled = all(_settled(sig, wall) for sig in sigs)
         self._watched[run.run_id] = _Watched(paths, sigs, files, settled)
         return files
+
+    # ------------------------------------------------- the look between cycles (module doc)
+    def look(self) -> bool:
+        """The cheap look between two cycles, whatever the back-off, with no scheduler
+        query: for each running attempt whose files a cycle has read, a stat of its
+        recovery folder, a listing of its attempt folder and a read of its batch host's
+        lease. True: a cycle must run now (a loss or bench report came, a launcher left its
+        node report, or the batch host's lease would now be judged silent)."""
+        now = self.clock()
+        wake = False
+        for run, a in self._pairs:
+            if a.state not in _LOOKED or not a.job_id:
+                continue
+            known, seen = self._paths.get(run.run_id), self._watched.get(run.run_id)
+            if known is None or known[0] != a.attempt or seen is None or seen.paths is not known[1]:
+                continue  # no cycle has read its files yet: the next one will
+            key = (run.run_id, a.attempt)
+            rd = RunDir(Path(run.spec["run_dir"]))
+            recovery = str(rd.recovery(a.attempt))
+            if _signature(recovery) != seen.sigs[known[1].index(recovery)]:
+                wake = True
+            try:
+                reports = sum(1 for e in os.scandir(rd.attempt(a.attempt))
+                              if fnmatch.fnmatch(e.name, NODE_REPORTS))  # fmt: skip
+            except OSError:
+                reports = 0
+            if reports > self._reports_seen.get(key, reports):
+                wake = True
+            self._reports_seen[key] = reports
+            lease = self._batch_seen.get(key)
+            if lease is None or a.state is not AttemptState.RUNNING:
+                continue
+            lease = self._batch_seen[key] = observe(lease, Lease.from_json(
+                read_json(rd.peer_lease(a.attempt, BATCH_NODE_RANK))), now, now)  # fmt: skip
+            settings = self._parsed_settings(run)
+            if settings is not None and isinstance(lease.lease, Lease) \
+                    and lease.lease.node not in a.lost_nodes \
+                    and is_lost(lease, now, daemon_timeout(settings.peer_timeout_s,
+                                                           len(a.nodes) or _nodes(run, a)),
+                                math.inf):  # fmt: skip
+                wake = True
+        if len(self._reports_seen) > 2 * len(self._pairs) + 16:  # of attempts gone by
+            live = {(r.run_id, a.attempt) for r, a in self._pairs}
+            self._reports_seen = {k: v for k, v in self._reports_seen.items() if k in live}
+        return wake
 
     def _gather(self, what: frozenset[str], kind: str, backend: SchedulerBackend, run: Run,
                 a: Attempt, facts: core.Facts) -> core.Facts:  # fmt: skip

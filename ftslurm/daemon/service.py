@@ -2,7 +2,10 @@
 
 `serve` is the foreground loop (`ftslurm daemon run`, e.g. under a systemd user unit);
 `start` launches it detached and waits until it holds the lock; `stop` asks it to end.
-Commands that change a run (`submit`, `cancel`) call `wake` so the loop looks at once.
+Commands that change a run (`submit`, `cancel`) call `wake` so the loop looks at once;
+between cycles the loop looks every `LOOK_S` at the running attempts' recovery folders,
+node reports and batch host leases (no scheduler query) and runs a cycle at once when a
+node was reported lost, a launcher ended or the batch host's lease fell silent.
 
 One daemon per state directory, whatever host it runs on: the local `DaemonLock` keeps one
 per host; across hosts sharing the directory (a network home, a daemon running as a Slurm
@@ -68,6 +71,10 @@ log = logging.getLogger("ftslurm.daemon")
 WAKE_FILE = "wake"
 LOG_FILE = "daemon.log"
 BACKUP_INTERVAL_S = 300.0  # a backup at most this often, and only when something changed
+# How often the daemon looks at the running attempts' recovery folders, node reports and
+# batch host leases between cycles (`Reconciler.look`: no scheduler query), so a lost node
+# is acted on in seconds whatever the back-off between cycles (up to a minute).
+LOOK_S = 1.0
 
 
 def wake(home: Path) -> None:
@@ -315,9 +322,16 @@ def serve(home: Path, stop: threading.Event | None = None,
                 interval = min(interval, as_job.SUCCESSOR_POLL_S)
             seen = _mtime(wake_path)
             deadline = min(time.monotonic() + interval, keeper.next_backup)
+            next_look = time.monotonic() + LOOK_S
             while not stop.is_set() and time.monotonic() < deadline:
                 if _mtime(wake_path) != seen:
                     break
+                if time.monotonic() >= next_look:  # whatever the back-off: a loss waits not
+                    began = time.monotonic()
+                    if _looked(reconciler):
+                        break
+                    took = time.monotonic() - began  # at most a tenth of the daemon's time
+                    next_look = time.monotonic() + max(LOOK_S, 10 * took)
                 stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
     finally:
         stop.set()
@@ -326,6 +340,16 @@ def serve(home: Path, stop: threading.Event | None = None,
         store.close()
         lock.release()
         log.info("daemon %d stopped", os.getpid())
+
+
+def _looked(reconciler: Reconciler) -> bool:
+    """`Reconciler.look`: whether a cycle must run now. A failed look waits for the cycle,
+    which reads the same files and says what is wrong."""
+    try:
+        return reconciler.look()
+    except Exception as exc:
+        log.debug("look between cycles failed: %s", exc)
+        return False
 
 
 def _mtime(path: Path) -> float:

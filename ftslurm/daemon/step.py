@@ -557,12 +557,13 @@ def _batch_host_silent(a: Attempt, info: JobInfo, files: RunFiles, settings: FtS
     """The batch host judged lost by the daemon itself: its launcher's lease, timed on the
     daemon's clock, silent for `daemon_timeout(peer_timeout_s)` while Slurm says the job
     runs, and no launcher reported it (the survivors may have gone with the rendezvous it
-    hosted). A lease never read, or ended, is never lost. None: not silent."""
+    hosted; a job of one node has no other watcher). A lease never read, or ended, is never
+    lost. None: not silent."""
     seen, timeout = files.batch_lease, settings.peer_timeout_s
-    if info.state is not JobState.RUNNING or seen is None or seen.lease is None \
-            or not is_lost(seen, now, daemon_timeout(timeout), float("inf")):
-        return None
     nodes = a.nodes or list(info.nodes)
+    if info.state is not JobState.RUNNING or seen is None or seen.lease is None \
+            or not is_lost(seen, now, daemon_timeout(timeout, len(nodes)), float("inf")):
+        return None
     node = seen.lease.node or (nodes[BATCH_NODE_RANK] if nodes else "")
     if not node:
         return None
@@ -582,7 +583,8 @@ def batch_lease_wake(a: Attempt, info: JobInfo, files: RunFiles,
     if info.state is not JobState.RUNNING or seen is None or seen.lease is None \
             or seen.lease.ended is not None or seen.lease.node in a.lost_nodes:
         return None
-    return seen.changed_at + daemon_timeout(settings.peer_timeout_s)
+    return seen.changed_at + daemon_timeout(settings.peer_timeout_s,
+                                            len(a.nodes or info.nodes))  # fmt: skip
 
 
 def _lost_words(loss: Loss) -> str:

@@ -106,11 +106,12 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
     injections = parse_injections(tuple(spec.get("inject", ())))
     # What travels to the compute side; a setting a stored run lacks gets JobEnv's default.
     defaults = JobEnv()
+    # peer_timeout_s: every job keeps a lease, with the launcher or without
     fields = ["checkpoint_signal", "straggler_interval_s", "straggler_threshold",
-              "straggler_windows", "straggler_reference"]  # fmt: skip
+              "straggler_windows", "straggler_reference", "peer_timeout_s"]  # fmt: skip
     launcher = settings.get("use_launcher", True)
     if launcher:
-        fields += ["in_job_restarts", "grace_s", "peer_timeout_s"]
+        fields += ["in_job_restarts", "grace_s"]
     spares = int(settings.get("spare_nodes", 0)) if launcher else 0
     if spares:
         fields.append("spare_nodes")
