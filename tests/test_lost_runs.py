@@ -13,8 +13,10 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from ftslurm.core.types import JobOptions
 from ftslurm.daemon import service
 from ftslurm.daemon.records import AttemptState, RunState, tag
 from ftslurm.daemon.store import (
+    BACKUP_NAME,
     DB_NAME,
     RUN_MIRROR,
     Store,
@@ -61,6 +64,24 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def stop_outside_a_write(pid: int, db: Path) -> None:
+    """SIGSTOP `pid` at a moment it holds no write lock on `db` (a stop inside its lease
+    renewal would block every writer): stopped, then checked, continued and tried again."""
+    for _ in range(100):
+        os.kill(pid, signal.SIGSTOP)
+        probe = sqlite3.connect(db, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:  # locked: let it finish its write
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+        finally:
+            probe.close()
+    raise AssertionError(f"pid {pid} held the write lock of {db} at every try")
 
 
 def mirrored(home: Path, run: str, **fields: object) -> Store:
@@ -116,8 +137,9 @@ def test_the_wal_deleted_after_submit_committed_loses_no_run(home, tmp_path, cap
     `recover`, and submitted by the next daemon."""
     code, out, err = cli(capsys, "daemon", "start")
     assert code == 0, err
+    wait_for((home / BACKUP_NAME).exists, 60, "the daemon serving (its first backup)")
     daemon = service.running_pid(home)
-    os.kill(daemon, signal.SIGSTOP)
+    stop_outside_a_write(daemon, home / DB_NAME)
     try:
         submit = subprocess.Popen(
             [sys.executable, "-m", "ftslurm", "submit", "--dry-run", "-t", "10", "--name",
