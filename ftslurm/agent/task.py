@@ -281,10 +281,17 @@ class Task:
     def _deliver_held(self, done: threading.Event) -> None:
         """Looks again, every HELD_LOOK_S, for a process that catches a held signal (the
         handler only appends to `held`; only this thread removes from it)."""
+        told: set[int] = set()
         while not done.wait(HELD_LOOK_S):
             for sig in list(self.held):
                 if self._deliver_selective(sig):
                     self.held.remove(sig)
+                elif sig not in told:
+                    told.add(sig)
+                    name = signals.Signals(sig).name
+                    print(f"ftslurm: {name} held: no process of rank {self.rank} catches it "
+                          f"(delivered if one installs a handler; a script without one is "
+                          f"left to run to its wall limit)", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ threads
     def _copy_stderr(self, pipe: IO[bytes]) -> None:
