@@ -12,6 +12,11 @@ from __future__ import annotations
 import os
 
 
+def readable() -> bool:
+    """Whether this system shows signal masks at all (Linux's /proc)."""
+    return os.path.exists("/proc/self/status")
+
+
 def caught_signals(pid: int) -> frozenset[int] | None:
     """The signals `pid` has a handler for (its `SigCgt` mask), or None when that cannot be
     read (the process is gone, or there is no /proc)."""

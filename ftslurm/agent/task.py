@@ -49,7 +49,7 @@ from typing import IO
 import hostlist
 
 from ftslurm.agent.rank import read_stop_record
-from ftslurm.agent.sigmask import catchers
+from ftslurm.agent.sigmask import catchers, readable
 from ftslurm.core.contract import (
     NAMED_EXITS,
     WITHHELD_SIGNAL,
@@ -251,10 +251,10 @@ class Task:
         of the command's group that catch it. False: none does (yet); it is held."""
         assert self.proc is not None
         targets = catchers(self.proc.pid, sig)
-        if targets is None:  # the mask cannot be read: the rank agent's record tells
+        if targets is None and not readable():  # no masks here: the rank agent's record tells
             if not self._rank_ready():
                 return False
-        elif not targets:
+        elif not targets:  # none catches it, or the command is gone: it stays held
             return False
         if self.stopped_ever and not self.hung:
             self._signal_group(signals.SIGCONT)  # a straggler's pause must not hold it back
