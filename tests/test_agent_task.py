@@ -391,6 +391,85 @@ def test_checkpoint_signal_makes_exit_zero_checkpointed(tmp_path: Path) -> None:
     assert before <= r["checkpoint_signal_at"] <= r["ended_at"]
 
 
+# A child without a USR2 handler until the file "arm" appears (never, unless the test makes
+# it); it exits 0 when "go" appears, or on USR2 once it has its handler.
+LATE_HANDLER_CHILD = r'''
+import os, signal, sys, time
+folder = sys.argv[1]
+def got(sig, _frame):
+    open(os.path.join(folder, signal.Signals(sig).name), "w").close()
+    sys.exit(0)
+open(os.path.join(folder, "ready"), "w").close()
+armed = False
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline and not os.path.exists(os.path.join(folder, "go")):
+    if not armed and os.path.exists(os.path.join(folder, "arm")):
+        signal.signal(signal.SIGUSR2, got)
+        open(os.path.join(folder, "armed"), "w").close()
+        armed = True
+    time.sleep(0.01)
+sys.exit(0 if os.path.exists(os.path.join(folder, "go")) else 5)
+'''
+
+
+def held_said(err: Path) -> bool:
+    return "SIGUSR2 held: no process of rank 0 catches it" in err.read_text(errors="replace")
+
+
+def test_a_child_without_a_handler_is_not_killed_by_the_checkpoint_signal(tmp_path: Path
+                                                                          ) -> None:  # fmt: skip
+    """USR2 would end a script without a handler: the wrapper holds it instead, the script
+    runs on and finishes (not "checkpointed": it never got the signal), and the report
+    names the signal withheld."""
+    err = tmp_path / "stderr"
+    with err.open("wb") as out:
+        proc = start([sys.executable, "-c", LATE_HANDLER_CHILD, str(tmp_path)],
+                     clean_env(FTSLURM_RUN_DIR=str(tmp_path)), stderr=out)  # fmt: skip
+        wait_for((tmp_path / "ready").exists, what="the child to start")
+        proc.send_signal(signal.SIGUSR2)
+        wait_for(lambda: held_said(err), what="the wrapper to hold USR2")
+        assert proc.poll() is None
+        (tmp_path / "go").touch()
+        assert finish(proc) == 0, err.read_text()
+    r = report(tmp_path)
+    assert (r["outcome"], r["signal"], r["checkpoint_signal_withheld"]) == (
+        "finished", None, "USR2"), r  # fmt: skip
+    assert r["checkpoint_signal_at"] is not None  # it came, when
+
+
+def test_a_held_checkpoint_signal_is_delivered_once_the_child_catches_it(tmp_path: Path
+                                                                          ) -> None:  # fmt: skip
+    err = tmp_path / "stderr"
+    with err.open("wb") as out:
+        proc = start([sys.executable, "-c", LATE_HANDLER_CHILD, str(tmp_path)],
+                     clean_env(FTSLURM_RUN_DIR=str(tmp_path)), stderr=out)  # fmt: skip
+        wait_for((tmp_path / "ready").exists, what="the child to start")
+        proc.send_signal(signal.SIGUSR2)
+        wait_for(lambda: held_said(err), what="the wrapper to hold USR2")
+        (tmp_path / "arm").touch()  # the child installs its handler now
+        assert finish(proc) == 0, err.read_text()
+    assert (tmp_path / "SIGUSR2").exists() and not (tmp_path / "go").exists()
+    r = report(tmp_path)
+    assert (r["outcome"], r["checkpoint_signal_withheld"]) == ("checkpointed", None), r
+
+
+def test_a_plain_child_ended_by_term_after_a_withheld_signal(tmp_path: Path) -> None:
+    """What the wall limit does to a plain script: TERM ends it (TERM is never held); the
+    report says the checkpoint signal was withheld, so the daemon continues the run."""
+    err = tmp_path / "stderr"
+    with err.open("wb") as out:
+        proc = start([sys.executable, "-c", LATE_HANDLER_CHILD, str(tmp_path)],
+                     clean_env(FTSLURM_RUN_DIR=str(tmp_path)), stderr=out)  # fmt: skip
+        wait_for((tmp_path / "ready").exists, what="the child to start")
+        proc.send_signal(signal.SIGUSR2)
+        wait_for(lambda: held_said(err), what="the wrapper to hold USR2")
+        proc.send_signal(signal.SIGTERM)
+        assert finish(proc) == 128 + signal.SIGTERM
+    r = report(tmp_path)
+    assert (r["outcome"], r["signal"], r["checkpoint_signal_withheld"]) == (
+        "killed", signal.SIGTERM, "USR2"), r  # fmt: skip
+
+
 # A child that beats: writes a growing counter (and its pid) every 20 ms until TERM.
 HEARTBEAT_CHILD = r'''
 import os, signal, sys, time

@@ -90,6 +90,43 @@ def test_wall_limit_after_a_checkpoint_continues_from_that_step(cli, tmp_path):
     assert step["finished"] is True and step["step"] == 150
 
 
+# A plain script: no signal handler; it keeps its own progress in a file and resumes from it.
+PLAIN = """import sys, time
+from pathlib import Path
+done = Path(sys.argv[1])
+step = int(done.read_text()) if done.exists() else 0
+while step < 100000:
+    step += 1
+    done.write_text(str(step))
+    time.sleep(0.1)
+"""
+
+
+def test_a_script_without_a_handler_is_left_to_its_wall_limit_and_continued(cli, tmp_path):
+    """The checkpoint signal (USR2, 10 s before a 15 s limit) would kill a script that does
+    not catch it (exit 140, a crash) or, held, leave it to a timeout that spends the
+    budget: it is withheld from the script, the wall limit ends the attempt, and the run
+    goes on from the script's own last checkpoint, saying why."""
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    out = cli.submit("--dry-run", "-t", "0:15", "--preempt-time", "10", "--retries", "0",
+                     str(script), "--", str(tmp_path / "step.txt"))  # fmt: skip
+    s = cli.wait_for(out["run_id"], lambda s: len(s["attempts"]) > 1 or ended(s), 120,
+                     "the first attempt to end")  # fmt: skip
+    cli("cancel", out["run_id"])
+    a = s["attempts"][0]
+    assert (a["state"], a["cause"]) == ("TIMEOUT", "checkpointed"), s
+    assert s["job_retries_used"] == 0 and s["continuations"] == 1, s
+    assert "the script does not handle SIGUSR2: left to the wall limit, continued from its " \
+        "last checkpoint" in a["reason"], a["reason"]  # fmt: skip
+    rank = read_json(RunDir(s["run_dir"]).rank_report(0, 0)) or {}
+    assert rank.get("checkpoint_signal_withheld") == "USR2", rank
+    assert rank.get("signal") != signal.SIGUSR2 and rank.get("exit_code") != 140, rank
+    node = read_json(RunDir(s["run_dir"]).node_report(0, 0)) or {}
+    assert node.get("checkpoint_signal_withheld_ranks") == [0], node
+    assert int((tmp_path / "step.txt").read_text()) > 0
+
+
 def test_budget_exhausted_fails_with_the_reason_and_wait_exits_1(cli, tmp_path):
     train = write_train(tmp_path)
     out = cli.submit("--dry-run", "--retries", "1", str(train), "--", "50", "0.01", "5", "3")

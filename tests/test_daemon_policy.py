@@ -207,6 +207,16 @@ CLASSIFY_ROWS = [
     ("completed/hung-at-stop-but-saved", E(J.COMPLETED, 0, hung=HUNG,
                                            rank_outcomes=("checkpointed",)), {},
      C.CHECKPOINTED),
+    # The checkpoint signal withheld from a script that does not catch it: the wall limit
+    # ended it on purpose, a continuation from its own last checkpoint (a plain script that
+    # reports none); a run that reports its checkpoints still needs a new one (6b).
+    ("timeout/signal-withheld", E(J.TIMEOUT, None, signal=9, rank_outcomes=("killed",),
+                                  checkpoint_signal_sent=True, signal_withheld="USR2"), {},
+     C.CHECKPOINTED),
+    ("timeout/signal-withheld-no-new-checkpoint", E(J.TIMEOUT, None, checkpoints_known=True,
+                                                    signal_withheld="USR2"), {}, C.TIMEOUT),
+    ("failed/signal-withheld-is-still-a-crash", E(J.FAILED, 1, rank_outcomes=("failed",),
+                                                  signal_withheld="USR2"), {}, C.CRASH),
     # PREEMPTED, or requeued by Slurm itself: continued only with a "checkpointed" report.
     ("preempted", E(J.PREEMPTED, 0), {}, C.PREEMPTED),
     ("preempted/checkpointed-outcome", E(J.PREEMPTED, 0, rank_outcomes=("checkpointed",)), {},
@@ -423,6 +433,19 @@ def test_no_note_when_the_signal_was_acted_on_or_the_ranks_beat():
     assert decide(C.CHECKPOINTED, e, B(), DEFAULT).reason == "checkpointed: continuing"
 
 
+def test_the_reason_says_the_script_does_not_handle_the_checkpoint_signal():
+    e = E(J.TIMEOUT, None, signal=9, checkpoint_signal_sent=True, checkpoint_signal_at=60.0,
+          checkpoints_known=False, signal_withheld="USR2")
+    d = decide(classify(e, DEFAULT), e, B(), DEFAULT)
+    assert (d.verdict, d.budget) == (V.CONTINUE, B(cont=1, stalled=1))
+    assert d.reason == ("checkpointed: continuing; the script does not handle SIGUSR2: left "
+                        "to the wall limit, continued from its last checkpoint")
+    known = dataclasses.replace(e, checkpoints_known=True)  # and none newer: a timeout
+    d = decide(classify(known, DEFAULT), known, B(), DEFAULT)
+    assert d.verdict is V.RETRY and "no checkpoint since the last" in d.reason
+    assert "not acted on" not in d.reason  # it never reached the script
+
+
 def test_hang_defaults_are_on_and_setup_and_checkpointing_keep_their_own_limits():
     s = FtSettings(section_timeouts={"step": 60, "setup": None})
     assert s.section_timeouts == {"setup": None, "checkpointing": 1800, "step": 60}
@@ -489,6 +512,7 @@ def endings(draw) -> Ending:
         checkpoint_advanced=draw(st.booleans()),
         finished_marker=draw(rarely(10)),
         suspect_node=draw(st.none() | st.sampled_from(NODES)),
+        signal_withheld=draw(st.sampled_from((None, None, "USR2"))),
     )
 
 

@@ -233,6 +233,34 @@ def test_sigterm_makes_every_rank_checkpoint_at_the_same_step_and_ask_to_continu
     assert node_report(tmp_path)["outcome"] == "checkpointed"
 
 
+def test_a_checkpoint_signal_during_the_rendezvous_reaches_the_ranks_once_they_start(
+        tmp_path):  # fmt: skip
+    """Node 0's launcher waits in the rendezvous for node 1's (its lease is written, so its
+    handlers are in place) when the checkpoint signal comes: there are no ranks to send it
+    to yet. It is remembered: the ranks get it once they start, checkpoint and ask to
+    continue, instead of training on to the end."""
+    two = ("--nproc-per-node", "1", "--nnodes", "2", "--peer-timeout", "60")
+    first = start(tmp_path, *two, "--node-rank", "0", steps=400)
+    second = None
+    try:
+        lease = tmp_path / "run" / "attempts" / "0" / "peer-lease-0.json"
+        deadline = time.monotonic() + 60
+        while not lease.exists():
+            assert time.monotonic() < deadline and first.poll() is None, "no launcher lease"
+            time.sleep(0.05)
+        first.send_signal(signal.SIGUSR2)
+        second = start(tmp_path, *two, "--node-rank", "1", steps=400)
+        code, out = finish(first)
+        assert code == ExitCode.CONTINUE, out
+        assert re.search(r"rank \d checkpointed at \d+", out), out
+        assert finish(second)[0] == ExitCode.CONTINUE
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
 def sigterm_when_training(tmp_path: Path, proc: subprocess.Popen) -> tuple[int, str]:
     deadline = time.monotonic() + 60
     progress = tmp_path / "run" / "progress.json"

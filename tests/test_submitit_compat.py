@@ -400,13 +400,19 @@ def test_failing_checkpoint_is_a_failure_and_keeps_the_previous_continuation(tmp
     assert compat.load_continuation(folder(tmp_path)) is not None
 
 
-def test_plain_function_ends_as_the_signal_would(tmp_path):
+def test_plain_function_is_not_killed_by_the_checkpoint_signal_and_ends_as_term_would(
+        tmp_path):  # fmt: skip
     proc = run_counter(tmp_path, "plain")
     started(tmp_path, proc, steps=False)
-    proc.signal(signal.SIGUSR2)
-    assert proc.wait() == 128 + signal.SIGUSR2  # the wrapper's code for "killed by it"
+    proc.signal(signal.SIGUSR2)  # not caught: the wrapper holds it back
+    wait_for(lambda: "SIGUSR2 held" in proc.stderr() or not proc.alive(), 30,
+             "the wrapper to hold USR2")  # fmt: skip
+    assert proc.alive(), proc.stderr()
+    proc.signal(signal.SIGTERM)
+    assert proc.wait() == 128 + signal.SIGTERM  # the wrapper's code for "killed by it"
     assert "has no checkpoint() method" in proc.stderr()
-    assert rank_report(tmp_path)["outcome"] == "killed"
+    report = rank_report(tmp_path)
+    assert (report["outcome"], report["checkpoint_signal_withheld"]) == ("killed", "USR2")
     assert not (folder(tmp_path) / compat.MANIFEST).exists()
 
 

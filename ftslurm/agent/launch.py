@@ -6,8 +6,10 @@ Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it s
   exits non-zero (torch elastic) or hangs (here: a section or heartbeat timeout read from
   the ranks' shared-memory records, `ftslurm.agent.heartbeat`);
 - forwards the checkpoint signal (USR2 by default) and USR1 to the ranks without stopping
-  anything, and on SIGTERM gives them `--grace` seconds to checkpoint and exit before
-  killing them (not a fixed 30 s);
+  anything (one that comes before the ranks exist reaches them once they start; each rank's
+  wrapper passes it on only to processes that catch it, `ftslurm.agent.task`, and the node
+  report lists the ranks that never caught it), and on SIGTERM gives them `--grace`
+  seconds to checkpoint and exit before killing them (not a fixed 30 s);
 - exits with a code the daemon understands (`ftslurm.core.contract.ExitCode`), and writes
   `$FTSLURM_RUN_DIR/attempts/<attempt>/node-<node_rank>.json` (in-job restarts, hangs,
   outcome, teardown failures). The outcome comes from what the ranks recorded as well as
@@ -71,6 +73,8 @@ from ftslurm.agent.straggler import collect_report
 from ftslurm.core.contract import (
     NAMED_EXITS,
     RANK_REPORTS,
+    WITHHELD_RANKS,
+    WITHHELD_SIGNAL,
     EnvName,
     ExitCode,
     HeartbeatDir,
@@ -308,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
                 if watch is not None:
                     watch.set_role(sp.ACTIVE)
             started = super()._start_workers(worker_group)
-            while early:  # what came before the ranks existed reaches them when ready
-                forward(early.pop(0), None)
+            came, early[:] = list(early), []  # what came before the ranks existed
+            for sig in came:  # reaches them when ready
+                forward(sig, None)
             if run is not None and worker_group.group_rank == 0:
                 record_round(worker_group)
             return started
@@ -626,7 +631,10 @@ def main(argv: list[str] | None = None) -> int:
             state["stop_at"] = time.monotonic() + args.grace
         if sig in (signal.SIGTERM, signal.SIGINT) and agent_box.get("watch") is not None:
             agent_box["watch"].leaving()  # the job is being ended: its close is no death
-        for local_rank, pid in (pcontext.pids().items() if pcontext else ()):
+        pids = pcontext.pids() if pcontext else {}
+        if not pids and sig not in (signal.SIGTERM, signal.SIGINT) and sig not in early:
+            early.append(sig)  # no ranks yet (the rendezvous): theirs once they start
+        for local_rank, pid in pids.items():
             send(local_rank, pid, sig)
 
     checkpoint_sig = env.checkpoint_signal_number
@@ -752,6 +760,9 @@ def main(argv: list[str] | None = None) -> int:
                          "initial": timeouts.initial, "warmup_steps": timeouts.warmup_steps},
             "heartbeats": state["heartbeats"],  # False: hangs were judged by CPU use alone
             "peers_lost": list(watch.lost) if watch is not None else [],  # node ranks
+            # ranks whose processes never caught the checkpoint signal (ftslurm.agent.task)
+            WITHHELD_RANKS: sorted(r for r in state["ranks"] if (read_json(
+                run.rank_report(attempt, r)) or {}).get(WITHHELD_SIGNAL)),
         })  # fmt: skip
     shutil.rmtree(hb_dir, ignore_errors=True)
     log.info("ranks ended: %s after %d in-job restart(s); exit %d", outcome,

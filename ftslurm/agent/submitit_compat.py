@@ -41,9 +41,12 @@ The other endings:
 * `checkpoint()` returns None: submitit does not requeue the job ("checkpoint function
   returned None"). Here nothing is stored and the process exits 93, which asks the daemon
   not to retry the run.
-* The callable has no checkpoint method (a plain function): nothing can be saved, so the
-  process ends as the signal would have ended it without a handler; the daemon treats that
-  like any failure (a retry from the last continuation, if there is one, spends the budget).
+* The callable has no checkpoint method (a plain function): nothing can be saved. The
+  checkpoint signal is not caught, so under ftslurm's task wrapper it never reaches the
+  process (the wrapper delivers it only to processes that catch it): the callable runs on
+  until the wall limit ends it, as a plain script, and the daemon goes on from the last
+  continuation, if there is one (docs/policy.md). SIGTERM ends the process as it would
+  without a handler; the daemon treats that like any failure.
 * `checkpoint()` raises, or storing the continuation fails: the traceback is printed and the
   process exits 1, a failure; the previous continuation is left intact.
 * The saved continuation cannot be used (missing, truncated or altered so that its size or
@@ -259,9 +262,15 @@ class _Runner:
 
     # ------------------------------------------------------------------ signals
     def install(self) -> None:
+        plain = _checkpoint_method(self.function) is None
         for sig in {self.agent.checkpoint_signal, signal.SIGTERM}:
-            signal.signal(sig, self.on_signal)
-        if getattr(self.agent, "_requested", False):  # came before our handlers were in
+            if plain and sig != signal.SIGTERM:
+                # Nothing to save on the checkpoint signal: not caught, so the task wrapper
+                # holds it back and the wall limit ends the callable, as a plain script.
+                signal.signal(sig, signal.SIG_DFL)
+            else:
+                signal.signal(sig, self.on_signal)
+        if getattr(self.agent, "_requested", False) and not plain:  # came before our handlers
             self.on_signal(self.agent.checkpoint_signal, None)
 
     def on_signal(self, signum: int, _frame: Any) -> None:

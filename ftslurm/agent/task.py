@@ -5,9 +5,13 @@ For every task (rank) of an attempt it
   NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT) computed from Slurm's, and
   FTSLURM_ATTEMPT (FTSLURM_ATTEMPT_BASE + SLURM_RESTART_COUNT when the base is set);
 - runs it in its own process group, copying its stderr through (and keeping the tail);
-- forwards TERM, INT, HUP, USR1, USR2 and CONT to that group (the handler only records and
-  forwards), remembering when the checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL, default
-  USR2) or TERM first came;
+- forwards TERM, INT, HUP and CONT to that group (the handler only records and forwards),
+  remembering when the checkpoint signal (FTSLURM_CHECKPOINT_SIGNAL, default USR2) or TERM
+  first came; USR1, USR2 and the checkpoint signal, whose default action would end a script
+  that does not expect them, go only to the processes of the group that catch them (their
+  caught-signal mask, `ftslurm.agent.sigmask`), and are held while none does: delivered once
+  one installs its handler (the rank agent's, say), never to a plain script, which the wall
+  limit ends instead (the report then names the signal in `checkpoint_signal_withheld`);
 - carries out the in-job fault injections of FTSLURM_INJECT (crash, hang, straggler): a
   crash or hang once per run (a spec already listed in an earlier attempt's report of this
   rank is skipped); a straggler slows the node it first hits and, like a bad node, that node
@@ -17,9 +21,10 @@ For every task (rank) of an attempt it
   (atomic) for the daemon:
       {"rank", "node", "job_id", "restart_count", "attempt", "exit_code", "signal",
        "started_at", "ended_at", "checkpoint_signal_at", "injected", "outcome",
-       "error_tail", "saved_step", "disk_full_path"}
+       "error_tail", "saved_step", "disk_full_path", "checkpoint_signal_withheld"}
   where outcome is one of "finished", "checkpointed" (exit 0 after the checkpoint signal:
-  continue me), "teardown_failed" (the rank recorded "saved step S, stopping" through the
+  continue me; a checkpoint signal held back from a script that never caught it does not
+  count), "teardown_failed" (the rank recorded "saved step S, stopping" through the
   rank agent, `saved_step`, and then died while tearing down: the save stands),
   "resume_elsewhere" (16), "failed_validation" (17), "do_not_retry" (93), "disk_full" (it
   died of ENOSPC, "No space left on device", at `disk_full_path` when its stderr names
@@ -45,8 +50,10 @@ import hostlist
 
 from ftslurm.agent.peers import task_watch
 from ftslurm.agent.rank import read_stop_record
+from ftslurm.agent.sigmask import catchers, readable
 from ftslurm.core.contract import (
     NAMED_EXITS,
+    WITHHELD_SIGNAL,
     EnvName,
     ExitCode,
     HeartbeatDir,
@@ -62,7 +69,9 @@ FORWARDED = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGUSR1,
 TAIL_BYTES = 16 * 1024
 TAIL_LINES = 40
 STRAGGLER_PERIOD_S = 0.1
-HOLD_SIGNALS_MAX_S = 120.0  # how long USR1/USR2 wait for the rank agent to attach
+HOLD_SIGNALS_MAX_S = 120.0  # without a readable signal mask: how long USR1/USR2 wait for
+# the rank agent to attach
+HELD_LOOK_S = 0.5  # how often a held signal looks again for a process that catches it
 _USER_ERROR = re.compile(
     r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError)(:|$)"
     r"|can't open file")  # fmt: skip
@@ -200,6 +209,12 @@ class Task:
         self.lock = threading.Lock()
         self.proc: subprocess.Popen[bytes] | None = None
         self.early: list[int] = []  # signals that came before the command started
+        # Signals that would end a process without a handler: delivered only to those that
+        # catch them, held (in `held`, each once) while none does.
+        self.selective = {signals.SIGUSR1, signals.SIGUSR2, self.checkpoint_signal} - {
+            signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGCONT}
+        self.held: list[int] = []
+        self.told_to_stop = False  # TERM, or the checkpoint signal, reached the command
         self.hung = False
         self.stopped_ever = False
 
@@ -217,32 +232,67 @@ class Task:
     def _forward(self, sig: int, _frame: object) -> None:
         if self.checkpoint_signal_at is None and sig in (self.checkpoint_signal, signals.SIGTERM):
             self.checkpoint_signal_at = time.time()
-        if self.proc is None or (sig in (signals.SIGUSR1, signals.SIGUSR2, self.checkpoint_signal)
-                                 and not self._rank_ready()):
-            # Not there yet, or its handler not yet installed (the default action of USR1/2
-            # is to die): held and delivered once the rank agent has attached.
+        if self.proc is None:  # not there yet: held until it starts
             self.early.append(sig)
+            return
+        if sig in self.selective:
+            if not self._deliver_selective(sig) and sig not in self.held:
+                self.held.append(sig)  # looked at again by `_deliver_held`
             return
         if sig == signals.SIGCONT:
             self.hung = False
         elif self.stopped_ever and not self.hung:
             self._signal_group(signals.SIGCONT)  # a straggler's pause must not hold it back
+        if sig == signals.SIGTERM:
+            self.told_to_stop = True
         self._signal_group(sig)
 
+    def _deliver_selective(self, sig: int) -> bool:
+        """Deliver a signal whose default action would end a process only to the processes
+        of the command's group that catch it. False: none does (yet); it is held."""
+        assert self.proc is not None
+        targets = catchers(self.proc.pid, sig)
+        if targets is None and not readable():  # no masks here: the rank agent's record tells
+            if not self._rank_ready():
+                return False
+        elif not targets:  # none catches it, or the command is gone: it stays held
+            return False
+        if self.stopped_ever and not self.hung:
+            self._signal_group(signals.SIGCONT)  # a straggler's pause must not hold it back
+        if sig == self.checkpoint_signal:
+            self.told_to_stop = True
+        if targets is None:
+            self._signal_group(sig)
+        for pid in targets or ():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return True
+
     def _rank_ready(self) -> bool:
-        """Under the launcher, the rank agent's heartbeat record shows the rank's signal
-        handlers are in place; without the launcher there is nothing to wait for."""
+        """Where the signal mask cannot be read: under the launcher, the rank agent's
+        heartbeat record shows the rank's signal handlers are in place; without the
+        launcher there is nothing to wait for."""
         hb_dir = self.job.heartbeat_dir
         if not hb_dir or time.monotonic() - self.started > HOLD_SIGNALS_MAX_S:
             return True
         return HeartbeatDir(hb_dir).record(self.env.get("LOCAL_RANK", "0")).exists()
 
     def _deliver_held(self, done: threading.Event) -> None:
-        while not done.is_set():
-            if self.early and self._rank_ready():
-                while self.early:
-                    self._forward(self.early.pop(0), None)
-            done.wait(0.1)
+        """Looks again, every HELD_LOOK_S, for a process that catches a held signal (the
+        handler only appends to `held`; only this thread removes from it)."""
+        told: set[int] = set()
+        while not done.wait(HELD_LOOK_S):
+            for sig in list(self.held):
+                if self._deliver_selective(sig):
+                    self.held.remove(sig)
+                elif sig not in told:
+                    told.add(sig)
+                    name = signals.Signals(sig).name
+                    print(f"ftslurm: {name} held: no process of rank {self.rank} catches it "
+                          f"(delivered if one installs a handler; a script without one is "
+                          f"left to run to its wall limit)", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ threads
     def _copy_stderr(self, pipe: IO[bytes]) -> None:
@@ -323,7 +373,7 @@ class Task:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
-        for sig in FORWARDED:
+        for sig in {*FORWARDED, self.checkpoint_signal}:
             signals.signal(sig, self._forward)
         if self.rundir is not None:  # only this process of the rank may record its stop
             self.rundir.stop_record(self.attempt, self.rank).unlink(missing_ok=True)
@@ -378,7 +428,8 @@ class Task:
             tail = self.tail.decode(errors="replace")
         window = self.job.user_error_window_s
         stop = read_stop_record(self.run_dir, self.attempt, self.rank)
-        outcome = classify_exit(code, sig, self.checkpoint_signal_at is not None,
+        withheld = self.checkpoint_signal in self.held  # no process of the rank caught it
+        outcome = classify_exit(code, sig, self.told_to_stop,
                                 time.monotonic() - self.started, tail, window,
                                 str(stop.get("outcome") or "checkpointed") if stop else None)
         if watch is not None:
@@ -390,11 +441,14 @@ class Task:
                   file=sys.stderr, flush=True)  # fmt: skip
         self._report(code, sig, outcome, tail if status != 0 else None,
                      saved_step=stop.get("step") if stop else None,
-                     disk_full_path=disk_full(tail)[1] if outcome == "disk_full" else None)
+                     disk_full_path=disk_full(tail)[1] if outcome == "disk_full" else None,
+                     withheld=self.checkpoint_signal.name.removeprefix("SIG") if withheld
+                     else None)  # fmt: skip
         return code if code is not None else 128 + (sig or 0)
 
     def _report(self, code: int | None, sig: int | None, outcome: str, tail: str | None,
-                saved_step: int | None = None, disk_full_path: str | None = None) -> None:
+                saved_step: int | None = None, disk_full_path: str | None = None,
+                withheld: str | None = None) -> None:
         if self.rundir is None:
             return
         path = self.rundir.rank_report(self.attempt, self.rank)
@@ -408,6 +462,7 @@ class Task:
             "outcome": outcome,
             "error_tail": "\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
             "saved_step": saved_step, "disk_full_path": disk_full_path,
+            WITHHELD_SIGNAL: withheld,
         })  # fmt: skip
 
 

@@ -96,6 +96,13 @@ def checked_signal_name(value: str | int) -> str:
     except ConfigError as exc:
         raise ValueError(exc.message) from None
 
+# The checkpoint signal held back from a rank because no process of it catches the signal
+# (a plain script: the wall limit ends it instead, `ftslurm.agent.sigmask`): in a rank
+# report (`ftslurm.agent.task`) the signal's name ("USR2"), in a node report
+# (`ftslurm.agent.launch`) the global ranks of the node that withheld it.
+WITHHELD_SIGNAL = "checkpoint_signal_withheld"
+WITHHELD_RANKS = "checkpoint_signal_withheld_ranks"
+
 
 # ----------------------------------------------------------------------------- ports
 PORT_BASE, PORT_SPAN = 20000, 40000

@@ -47,6 +47,9 @@ class Ending:
     checkpoint_after_signal: bool = False  # a checkpoint was reported after the signal
     heartbeats: bool = True  # False: the ranks wrote no heartbeats (no rank agent)
     disk_full_at: str | None = None  # "NODE at PATH" of a rank that died of ENOSPC
+    # The checkpoint signal ("USR2") held back from ranks none of whose processes catch it
+    # (a plain script, `ftslurm.agent.task`): the wall limit ended them instead.
+    signal_withheld: str | None = None
 
 
 def classify(e: Ending, settings: FtSettings) -> Cause:
@@ -98,7 +101,10 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     if e.state is JobState.OUT_OF_MEMORY:
         return Cause.OOM
     if e.state is JobState.TIMEOUT:
-        return Cause.CHECKPOINTED if e.checkpoint_advanced else Cause.TIMEOUT
+        # A script that does not handle the checkpoint signal was left to its wall limit on
+        # purpose: it goes on from its own last checkpoint, a continuation.
+        return Cause.CHECKPOINTED if e.checkpoint_advanced or e.signal_withheld \
+            else Cause.TIMEOUT  # fmt: skip
     if e.state is JobState.PREEMPTED or e.requeued_by_scheduler:
         return Cause.CHECKPOINTED if e.checkpoint_advanced else Cause.PREEMPTED
     return Cause.CRASH
@@ -151,7 +157,12 @@ def decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
     notes = []
     if cause is Cause.HANG and e.hung:
         notes.append(e.hung)
-    if (e.state is JobState.TIMEOUT and e.checkpoint_signal_at is not None
+    withheld = e.signal_withheld and e.state is JobState.TIMEOUT
+    if withheld and cause in (Cause.CHECKPOINTED, Cause.TIMEOUT):
+        notes.append(f"the script does not handle SIG{e.signal_withheld}: left to the wall "
+                     "limit, " + ("continued from its last checkpoint" if cause is
+                                  Cause.CHECKPOINTED else "no checkpoint since the last"))
+    if (e.state is JobState.TIMEOUT and e.checkpoint_signal_at is not None and not withheld
             and e.checkpoints_known and not e.checkpoint_after_signal):  # fmt: skip
         at = datetime.fromtimestamp(e.checkpoint_signal_at, timezone.utc)
         notes.append(f"checkpoint signal sent at {at:%Y-%m-%d %H:%M:%S} UTC, not acted on: "

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ftslurm.core.cadence import Cadence, FailureHistory, cadence
+from ftslurm.core.contract import WITHHELD_RANKS, WITHHELD_SIGNAL
 from ftslurm.core.leases import Seen, daemon_timeout, is_lost
 from ftslurm.core.recovery import BATCH_NODE_RANK, Recovery, Source, recovery
 from ftslurm.core.settings import Cause, FtSettings
@@ -796,6 +797,10 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
         heartbeats=all(r.get("heartbeats", True) for r in launchers),
         disk_full_at=next((f"{r.get('node')} at {r.get('disk_full_path') or 'an unknown path'}"
                            for r in reports if r.get("outcome") == "disk_full"), None),
+        signal_withheld=next((str(r[WITHHELD_SIGNAL]) for r in reports
+                              if r.get(WITHHELD_SIGNAL)), None) or (
+            settings.checkpoint_signal if any(r.get(WITHHELD_RANKS) for r in launchers)
+            else None),
     )  # fmt: skip
     cause = policy.classify(ending, settings)
     if peer_lost and cause is not Cause.FINISHED:  # a node was lost under it: whatever
