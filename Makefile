@@ -45,10 +45,11 @@ demo-slurm: install
 # user and would skip the permission checks users meet.
 # Three pytests run side by side, since the cluster tests mostly wait on Slurm: the tests
 # without a cluster (in the foreground), those against 22.05, those against $(SECOND_SLURM);
-# the other two's output follows. They share nothing a test relies on: the clusters' job
-# ids start at FirstJobId, clear of the mock's (rendezvous ports come from them), and the
-# tests without a cluster keep the memory tier in a folder of their own (node names are
-# alike, and a lost node's memory is wiped by name).
+# the other two's output follows. They share nothing a test relies on: rendezvous ports
+# are bound and published by the launchers (none comes from a job id), job ids differ (the
+# clusters' from FirstJobId 20001, the mock's from a random offset), and the tests without
+# a cluster keep the memory tier in a folder of their own (node names are alike, and a
+# lost node's memory is wiped by name).
 TEST_USER ?= ftslurm-test
 PYTEST_RUN = PYTHONDONTWRITEBYTECODE=1 FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) \
 	$$as_user $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)

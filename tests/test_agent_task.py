@@ -111,13 +111,14 @@ def test_torch_env_defaults_and_kept_values() -> None:
 
 
 def test_master_port_is_shared_by_ranks_and_moves_with_restarts() -> None:
-    ranks = [torch_env({"SLURM_JOB_ID": "123456", "SLURM_RESTART_COUNT": "2",
+    """Ranks of one step started without the launcher (a rank alone gets a free port)."""
+    ranks = [torch_env({"SLURM_JOB_ID": "123456", "SLURM_RESTART_COUNT": "2", "SLURM_NTASKS": "4",
                         "SLURM_PROCID": str(r)})["MASTER_PORT"] for r in range(4)]  # fmt: skip
     assert len(set(ranks)) == 1
-    ports = {torch_env({"SLURM_JOB_ID": "123456", "SLURM_RESTART_COUNT": str(n)})["MASTER_PORT"]
-             for n in range(10)}  # fmt: skip
+    ports = {torch_env({"SLURM_JOB_ID": "123456", "SLURM_RESTART_COUNT": str(n),
+                        "SLURM_NTASKS": "2"})["MASTER_PORT"] for n in range(10)}  # fmt: skip
     assert len(ports) == 10
-    port = torch_env({"SLURM_JOB_ID": "123456"})["MASTER_PORT"]
+    port = torch_env({"SLURM_JOB_ID": "123456", "SLURM_NTASKS": "2"})["MASTER_PORT"]
     assert port == str(rendezvous_port("123456", 0))
     assert all(20000 <= rendezvous_port(str(j), r) <= 59999 for j in range(0, 10**6, 9973)
                for r in range(3))  # fmt: skip

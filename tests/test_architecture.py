@@ -119,8 +119,8 @@ OWN_VARIABLES = {"FTSLURM_HOME", "FTSLURM_MOCK_HOME", "FTSLURM_MOCK_JOB_DIR",
 SHARED_NAMES = {"progress.json", "FINISHED", "straggler-nodes.json", "report.json",
                 "state.json", "sections.json", ".ftslurm-observed"}  # fmt: skip
 SHARED_PREFIXES = ("rank-", "node-", "stopping-rank-", "hung-node-", "fired-rank-", "ready-",
-                   "peer-lease-", "lost-", "round-", "benched-",
-                   "ftslurm-hb-", "job-%j")  # fmt: skip
+                   "peer-lease-", "lost-", "round-", "benched-", "rendezvous-",
+                   "launcher-failed-", "ftslurm-hb-", "job-%j")  # fmt: skip
 SHARED_SUFFIXES = (".hb",)
 # Folder names too common to forbid everywhere: forbidden as a path component (`x / "logs"`).
 SHARED_FOLDERS = {"attempts", "logs", "stragglers", "checkpoints", "recovery"}

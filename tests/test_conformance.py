@@ -122,6 +122,24 @@ def test_two_node_job_places_one_task_on_each_of_two_distinct_nodes(harness, sub
     assert {r[1] for r in rows} == set(info.nodes) and len(set(info.nodes)) == 2
 
 
+def test_srun_wait_ends_the_step_that_long_after_its_first_task_ended(harness, submitted,
+                                                                     tmp_path):  # fmt: skip
+    """`srun --wait=S`: S seconds after the first task of a step ends, Slurm terminates the
+    tasks left (here one that would run for 10 minutes), and the step and the job end."""
+    d = tmp_path
+    task = (f'if [ "$SLURM_PROCID" = 0 ]; then exit 0; fi; echo started > {d}/waiting; '
+            f'for i in $(seq 600); do sleep 1; done; echo ran-on > {d}/done')  # fmt: skip
+    script = f"#!/bin/bash\nsrun --wait=2 bash -c '{task}'\necho \"srun $?\" > {d}/rc\n"
+    job = harness.backend.submit(script, JobOptions(nodes=2, ntasks_per_node=1,
+                                                    time_limit="15"))  # fmt: skip
+    submitted.append(job)
+    info = wait_job(harness.backend, job, lambda i: i.state.is_terminal, 120,
+                    "the step to be ended by --wait")  # fmt: skip
+    assert (d / "waiting").exists() and not (d / "done").exists()
+    assert (d / "rc").read_text().split()[0] == "srun", info
+    assert info.state in (JobState.COMPLETED, JobState.FAILED), info
+
+
 def test_requeue_waits_the_delay_and_start_now_skips_it(harness, submitted, measurements):
     backend = harness.backend
     fast = backend.submit(SLEEP, JobOptions(name="fast"))

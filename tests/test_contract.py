@@ -156,11 +156,50 @@ def test_the_launchers_and_the_ranks_agree_on_the_port(monkeypatch: pytest.Monke
         monkeypatch.setenv("SLURM_RESTART_COUNT", str(restarts))
         monkeypatch.setenv("MASTER_ADDR", "n1")
         endpoint = launch._endpoint(launch.parse_args(["--", "true"]))
-        master = torch_env({"SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": str(restarts)})
+        master = torch_env({"SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": str(restarts),
+                            "SLURM_NTASKS": "2"})  # fmt: skip
         assert endpoint == f"n1:{master['MASTER_PORT']}"
         assert int(master["MASTER_PORT"]) == rendezvous_port(job, restarts)
     ports = {rendezvous_port("123456", n) for n in range(10)}
     assert len(ports) == 10 and all(20000 <= p <= 59999 for p in ports)
+
+
+def test_a_rank_alone_gets_a_free_port_not_the_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:  # another process listens on the port the job id gives (or it is taken already)
+        held.bind(("", rendezvous_port("4242", 0)))
+        held.listen()
+    except OSError:
+        pass
+    try:
+        port = int(torch_env({"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1"})["MASTER_PORT"])
+        assert port != rendezvous_port("4242", 0)
+        with socket.socket() as sock:
+            sock.bind(("", port))  # free
+    finally:
+        held.close()
+    assert torch_env({"SLURM_JOB_ID": "4242", "MASTER_PORT": "1234"})["MASTER_PORT"] == "1234"
+
+
+def test_a_rendezvous_record_is_taken_only_for_its_own_job_step_and_restart() -> None:
+    from ftslurm.core.contract import published_rendezvous, rendezvous_record
+
+    record = rendezvous_record(host="n1", port=41234, rdzv_id="ftslurm-r-0-0-ab", job_id="7",
+                               step_id="0", restart_count=0, pid=1, time=0.0)  # fmt: skip
+    assert published_rendezvous(record, job_id="7", step_id="0", restart_count=0) == (
+        "n1", 41234, "ftslurm-r-0-0-ab")
+    for other in ({"job_id": "8"}, {"step_id": "1"}, {"restart_count": 1}):
+        mine = {"job_id": "7", "step_id": "0", "restart_count": 0, **other}
+        assert published_rendezvous(record, **mine) is None  # type: ignore[arg-type]
+    for torn in (None, [], {**record, "port": 0}, {**record, "port": "41234"},
+                 {**record, "host": ""}):  # fmt: skip
+        assert published_rendezvous(torn, job_id="7", step_id="0", restart_count=0) is None
+    assert RunDir("/runs/r1").rendezvous(2, 1) == Path("/runs/r1/attempts/2/rendezvous-1.json")
+    assert RunDir("/runs/r1").launcher_failed(2, 3) == Path(
+        "/runs/r1/attempts/2/recovery/launcher-failed-3.json")
 
 
 def test_the_task_wrapper_refuses_a_bad_variable_in_one_line(tmp_path: Path) -> None:

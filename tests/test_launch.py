@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -509,3 +510,99 @@ def test_a_rank_attached_without_heartbeats_is_not_taken_for_hung_by_the_initial
     report = node_report(tmp_path)
     assert report["in_job_restarts"] == 0 and report["hangs"] == [], report
     assert report["heartbeats"] is False
+
+
+SHORT_DDP = r'''
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for _ in range(5):
+    t = torch.ones(1); dist.all_reduce(t)
+assert t.item() == dist.get_world_size()
+dist.destroy_process_group()
+'''
+
+
+def launchers(tmp_path: Path, node_ranks: tuple[int, ...], *launch_args: str,
+              job: str = "4242", nnodes: int = 2) -> list[subprocess.Popen]:  # fmt: skip
+    """Launchers of a job of `nnodes` nodes on this machine ("nodes" n0, n1, ...), without
+    --rdzv-endpoint: node rank 0 binds a port and publishes it in the run directory."""
+    (tmp_path / "ddp.py").write_text(SHORT_DDP)
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    procs = []
+    for node_rank in node_ranks:
+        env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"), SLURM_JOB_ID=job,
+                   SLURM_STEP_ID="0", FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+                   MASTER_ADDR="127.0.0.1", SLURMD_NODENAME=f"n{node_rank}")  # fmt: skip
+        for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT",
+                    "FTSLURM_ATTEMPT_BASE", "FTSLURM_PEER_TIMEOUT_S"):  # fmt: skip
+            env.pop(key, None)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node=1",
+             f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--monitor-interval=0.2",
+             "--peer-timeout=5", *launch_args, "--", sys.executable, str(tmp_path / "ddp.py")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True))  # fmt: skip
+    return procs
+
+
+def ended(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str]]:
+    """Each launcher's exit code and output; every one still running afterwards is killed."""
+    try:
+        return [finish(p, timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def test_the_launchers_meet_on_the_port_the_host_bound_though_the_jobs_port_is_taken(tmp_path):
+    from ftslurm.core.contract import RunDir, rendezvous_port
+
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:  # another process listens on the port the job id gives (or it is taken already)
+        held.bind(("", rendezvous_port("4242", 0)))
+        held.listen()
+    except OSError:
+        pass
+    try:
+        results = ended(launchers(tmp_path, (0, 1)))
+    finally:
+        held.close()
+    assert [code for code, _ in results] == [0, 0], results
+    record = json.loads(RunDir(tmp_path / "run").rendezvous(0, 0).read_text())
+    assert record["port"] != rendezvous_port("4242", 0)
+    assert record["job_id"] == "4242" and record["step_id"] == "0", record
+    assert record["id"].startswith("ftslurm-4242-0-0-"), record  # a fresh id per launch
+
+
+def test_a_launcher_alone_at_the_rendezvous_reports_its_timeout_and_exits_1(tmp_path):
+    from ftslurm.core.contract import RunDir
+
+    run = RunDir(tmp_path / "run")
+    ((code, out),) = ended(launchers(tmp_path, (0,), "--rdzv-timeout=3"))
+    assert code == ExitCode.FAILED, out
+    failed = json.loads(run.launcher_failed(0, 0).read_text())
+    assert failed["phase"] == "rendezvous" and "Timeout" in failed["error"], failed
+    report = json.loads(run.node_report(0, 0).read_text())
+    assert report["outcome"] == "launcher_failed" and report["error"] == failed["error"]
+    assert "Error: the launcher failed before its ranks started" in out
+    assert "Traceback" not in out, out
+
+
+def test_a_launcher_failing_at_the_rendezvous_is_reported_and_its_peer_gives_up(tmp_path):
+    from ftslurm.core.contract import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.rendezvous(0, 0).mkdir(parents=True)  # node 0 cannot publish its endpoint
+    (host, peer) = ended(launchers(tmp_path, (0, 1)))
+    assert host[0] == peer[0] == ExitCode.FAILED, (host, peer)
+    failed = json.loads(run.launcher_failed(0, 0).read_text())
+    assert "IsADirectoryError" in failed["error"], failed
+    gave_up = json.loads(run.node_report(0, 1).read_text())
+    assert gave_up["outcome"] == "launcher_failed", gave_up
+    assert "the rendezvous host's launcher (node rank 0) failed" in gave_up["error"], gave_up
+    assert not run.launcher_failed(0, 1).exists()  # news of a peer: not its own failure
+    # the launchers watched each other from before the rendezvous
+    assert run.peer_lease(0, 1).exists() and run.peer_lease(0, 0).exists()

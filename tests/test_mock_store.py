@@ -26,8 +26,8 @@ T0 = 1_000.0
 SCRIPT = "#!/bin/bash\n" + "# a line of a rendered batch script\n" * 50
 
 
-def scheduler(home: Path) -> MockScheduler:
-    return MockScheduler(home, clock=lambda: T0)  # time stands still: no timed events
+def scheduler(home: Path, config: MockConfig | None = None) -> MockScheduler:
+    return MockScheduler(home, config, clock=lambda: T0)  # time stands still: no timed events
 
 
 def held(s: MockScheduler, comment: str = "c") -> str:
@@ -96,15 +96,24 @@ def test_a_change_made_by_another_process_is_seen(tmp_path):
 
 
 def test_a_cluster_destroyed_and_created_again_is_not_taken_for_the_cached_one(tmp_path):
-    first = scheduler(tmp_path)
+    first = scheduler(tmp_path, MockConfig(first_job_id=1))
     old = held(first, comment="old")
     assert [j.job_id for j in first.find_jobs("old")] == [old]
     for name in (DB_FILE, DB_FILE + "-wal", DB_FILE + "-shm"):
         (tmp_path / name).unlink(missing_ok=True)
-    again = scheduler(tmp_path)
+    again = scheduler(tmp_path, MockConfig(first_job_id=1))
     assert held(again, comment="new") == old  # the same job id, in another cluster
     assert first.find_jobs("old") == []
     assert [j.comment for j in first.active_jobs()] == ["new"]
+
+
+def test_each_mock_cluster_numbers_its_jobs_from_an_id_of_its_own(tmp_path):
+    """Two mock clusters on one machine: their job ids differ (each starts at a random
+    multiple of 1000 from 100000), unless a config names Slurm's FirstJobId."""
+    firsts = {held(scheduler(tmp_path / f"c{k}")) for k in range(3)}
+    assert len(firsts) == 3 and all(int(j) >= 100000 and int(j) % 1000 == 0 for j in firsts)
+    fixed = scheduler(tmp_path / "fixed", MockConfig(first_job_id=1))
+    assert [held(fixed) for _ in range(3)] == ["1", "2", "3"]
 
 
 def test_scripts_and_environments_are_kept_apart_from_the_state(tmp_path):

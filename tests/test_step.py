@@ -471,3 +471,53 @@ def test_the_signal_lead_covers_an_asynchronous_saves_background_write():
     sync = core.step(attempt(start=NOW), observed, r, known(files=core.RunFiles(
         progress={"max_checkpoint_save_s": 6.0})), NOW)  # fmt: skip
     assert core.Wake(NOW + 3600 - 60) in sync
+
+
+def launcher_failed(node_rank: int = 1, node: str = "n2", **kw) -> dict:
+    """A launcher's report that it failed before its ranks started (ftslurm.agent.launch)."""
+    return {"node_rank": node_rank, "node": node, "job_id": "7", "attempt": 0,
+            "error": "RendezvousTimeoutError: the rendezvous timed out", "phase": "rendezvous",
+            "exit_code": 1, "time": NOW - 1.0, **kw}  # fmt: skip
+
+
+def test_a_launcher_failed_before_its_ranks_started_ends_the_running_attempt_at_once():
+    """The job still runs (the other launchers wait at the rendezvous): the attempt ends
+    now as a failure whose reason starts with the launcher's error, the next attempt is a
+    fresh job, and the old one is cancelled once that is recorded."""
+    r = run(settings={"num_job_retries_on_failure": 2})
+    files = core.RunFiles(launchers_failed=(launcher_failed(time=NOW - 0.5),
+                                            launcher_failed(0, "n1", error="a later one")))
+    out = core.step(attempt(), info(JobState.RUNNING), r, known(files=files), NOW)
+    (ended,) = of(out, core.Record)
+    assert ended.attempt.state is AttemptState.FAILED and ended.attempt.cause == "crash"
+    assert ended.attempt.reason.startswith(
+        "a launcher failed before its ranks started (node n1, node rank 0, in the "
+        "rendezvous): a later one; ")  # the first by time
+    (upd,) = of(out, core.UpdateRun)
+    assert upd.run.reason == ended.attempt.reason and upd.run.job_retries_used == 1
+    (event,) = [e for e in of(out, core.Event) if e.kind == "ended"]
+    assert event.data["reason"] == ended.attempt.reason
+    assert event.data["launcher_failed"]["node"] == "n1"
+    (nxt,) = of(out, core.NewAttempt)
+    assert (nxt.attempt.state, nxt.attempt.job_id) == (AttemptState.SUBMITTING, None)
+    assert of(out, core.Cancel) == [core.Cancel("7")]
+
+
+def test_a_launcher_failure_of_another_job_or_after_a_loss_is_not_this_attempts():
+    files = core.RunFiles(launchers_failed=(launcher_failed(job_id="6"),))
+    out = core.step(attempt(), info(JobState.RUNNING), run(), known(files=files), NOW)
+    assert not of(out, core.Record) and not of(out, core.Cancel)
+    files = core.RunFiles(launchers_failed=(launcher_failed(),))
+    out = core.step(attempt(lost_nodes=["n2"]), info(JobState.RUNNING), run(),
+                    known(files=files, previous=None), NOW)  # fmt: skip
+    assert not of(out, core.NewAttempt)
+
+
+def test_an_ending_after_a_launcher_failed_says_so_first_in_its_reason():
+    files = core.RunFiles(launchers_failed=(launcher_failed(),), launchers_read=True)
+    out = core.step(attempt(), info(JobState.FAILED, exit_code=1), run(), known(files=files),
+                    NOW)  # fmt: skip
+    (ended,) = of(out, core.Record)
+    assert ended.attempt.reason.startswith("a launcher failed before its ranks started "
+                                           "(node n2, node rank 1, in the rendezvous): "
+                                           "RendezvousTimeoutError"), ended.attempt.reason

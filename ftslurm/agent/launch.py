@@ -17,9 +17,17 @@ Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it s
   step S, stopping" (`ftslurm.agent.rank`) and one then died while tearing down its
   process group, the node still exits 75 "checkpointed", with a warning; a rank that
   died before recording its save stays a failure;
+- meets the other nodes' launchers at a rendezvous hosted by node rank 0's launcher on a
+  free port it binds and publishes in the run directory (`RunDir.rendezvous`, with an id
+  unique per run, attempt, restart and launch); the others wait for it. Without a run
+  directory the port comes from the job (`rendezvous_port`), or `--rdzv-endpoint`;
 - on a job of several nodes, watches the other nodes' launchers through a lease each in the
-  run directory and reports a node silent for `--peer-timeout` seconds
-  (`attempts/<attempt>/recovery/lost-<node_rank>.json`; `ftslurm.agent.peers`);
+  run directory, from before the rendezvous, and reports a node silent for
+  `--peer-timeout` seconds (`attempts/<attempt>/recovery/lost-<node_rank>.json`;
+  `ftslurm.agent.peers`);
+- when it fails before its ranks start (its setup or the rendezvous), writes its node
+  report with the error's last line and `recovery/launcher-failed-<node_rank>.json`, so the
+  daemon ends the attempt at once, and exits 1;
 - with hot spares (`--spare-nodes`), keeps N nodes training and K waiting, swaps a spare in
   for a node lost, and steps out itself (`recovery/benched-<node_rank>.json`, exit 0) when
   its ranks hang or the straggler report names its node, while a spare can take its place
@@ -40,6 +48,7 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -81,7 +90,9 @@ from ftslurm.core.contract import (
     JobEnv,
     RunDir,
     observed_record,
+    published_rendezvous,
     rendezvous_port,
+    rendezvous_record,
 )
 from ftslurm.core.settings import (
     DEFAULT_INITIAL_S,
@@ -237,6 +248,95 @@ def _endpoint(args: argparse.Namespace) -> str:
     return f"{host}:{port}"
 
 
+class Abandoned(Exception):
+    """The rendezvous given up for news of a peer (its launcher failed or its node was
+    lost) or a stop: not this launcher's own failure."""
+
+
+PUBLISHED_POLL_S = 0.1  # how often a launcher looks for the published rendezvous endpoint
+ERROR_CHARS = 400  # an error's line in the reports, at most
+
+
+def error_line(exc: BaseException) -> str:
+    """An error as a traceback's last line says it (`Type: message`, on one line), with
+    the innermost cause's when it is another (torch wraps a bind failure in a connection
+    error that only says "see inner exception")."""
+
+    def line(e: BaseException) -> str:
+        text = " ".join(str(e).split())
+        return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+    root, seen = exc, {id(exc)}
+    while (inner := root.__cause__ or root.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        root = inner
+    said = line(exc) if root is exc else f"{line(exc)} ({line(root)})"
+    return said if len(said) <= ERROR_CHARS else said[:ERROR_CHARS - 3] + "..."
+
+
+def wait_published(run: RunDir, attempt: int, restarts: int, *, job: str, step_id: str,
+                   timeout: float, abandon: Callable[[], str | None]) -> tuple[str, int, str]:
+    """The endpoint node rank 0's launcher published for this job's step and restart
+    (host, port, rendezvous id); `Abandoned` when `abandon` gives a reason first, and
+    `TimeoutError` after `timeout` seconds."""
+    path = run.rendezvous(attempt, restarts)
+    deadline = time.monotonic() + timeout
+    while True:
+        found = published_rendezvous(read_json(path), job_id=job, step_id=step_id,
+                                     restart_count=restarts)  # fmt: skip
+        if found is not None:
+            return found
+        why = abandon()
+        if why:
+            raise Abandoned(why)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node rank 0's launcher published no rendezvous endpoint "
+                               f"within {timeout:.0f}s ({path})")  # fmt: skip
+        time.sleep(PUBLISHED_POLL_S)
+
+
+def rendezvous_handler(args: argparse.Namespace, common: dict[str, Any], *,
+                       run: RunDir | None, attempt: int, job: str, restarts: int,
+                       abandon: Callable[[], str | None]) -> Any:  # fmt: skip
+    """The c10d rendezvous handler of this launcher. Node rank 0 hosts the store on a
+    port it binds (port 0: the system picks a free one) and publishes it in the run
+    directory; the others wait for that record and join it. With `--rdzv-endpoint`, or
+    several nodes and no run directory to publish in, every node uses the endpoint given or
+    derived from the job (`_endpoint`), as torchrun does."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    if args.rdzv_endpoint or (run is None and args.nnodes > 1):
+        params = RendezvousParameters(endpoint=_endpoint(args), run_id=f"ftslurm-{job}-{restarts}",
+                                      is_host=args.node_rank == 0, **common)  # fmt: skip
+        return rdzv_registry.get_rendezvous_handler(params)
+    step_id = os.environ.get("SLURM_STEP_ID", "")
+    if args.node_rank == 0:
+        host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+        rdzv_id = f"ftslurm-{args.env.run_id or job}-{attempt}-{restarts}-" \
+            f"{secrets.token_hex(4)}"  # fmt: skip
+        params = RendezvousParameters(endpoint=f"{host}:0", run_id=rdzv_id, is_host=True,
+                                      **common)  # fmt: skip
+        backend, store = create_backend(params)
+        handler = create_handler(store, backend, params)
+        if run is not None:
+            path = run.rendezvous(attempt, restarts)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, rendezvous_record(
+                host=host, port=store.port, rdzv_id=rdzv_id, job_id=job, step_id=step_id,
+                restart_count=restarts, pid=os.getpid(), time=time.time()))  # fmt: skip
+        log.info("rendezvous %s hosted at %s:%d", rdzv_id, host, store.port)
+        return handler
+    assert run is not None
+    host, port, rdzv_id = wait_published(run, attempt, restarts, job=job, step_id=step_id,
+                                         timeout=args.rdzv_timeout, abandon=abandon)  # fmt: skip
+    params = RendezvousParameters(endpoint=f"{host}:{port}", run_id=rdzv_id, is_host=False,
+                                  **common)  # fmt: skip
+    return rdzv_registry.get_rendezvous_handler(params)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Signals may come before torch is even imported: record them, forward them later.
     early: list[int] = []
@@ -248,8 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.rendezvous import RendezvousParameters, RendezvousTimeoutError
-    from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
     job = os.environ.get("SLURM_JOB_ID", "local")
     restarts = _env_int("SLURM_RESTART_COUNT", 0)
@@ -282,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [],
                              "next_peer_check": 0.0, "next_collect": 0.0, "pace": {},
                              "cpu": {}, "heartbeats": False, "look_at_stop": False,
-                             "teardown": {}, "ranks": set()}  # fmt: skip
+                             "teardown": {}, "ranks": set(), "ranks_started": False}  # fmt: skip
 
     spares = args.spare_nodes
     # Hot spares (ftslurm.agent.spares): what this launcher knows of the nodes lost so far.
@@ -300,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
 
     class Agent(LocalElasticAgent):
         def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            state["ranks_started"] = True
             for old in [*hb_dir.glob(hb.RECORDS), *hb_dir.glob(hb.READY)]:
                 old.unlink(missing_ok=True)
             state["pace"], state["cpu"] = {}, {}  # a new round learns its pace again
@@ -641,17 +741,79 @@ def main(argv: list[str] | None = None) -> int:
     for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, checkpoint_sig}:
         signal.signal(sig, forward)
 
+    # The other nodes' launchers watch this one's lease and it theirs (ftslurm.agent.peers),
+    # from before the rendezvous: a node lost while the others wait for it is reported too.
+    role = (sp.SPARE if sp.starts_as_spare(args.node_rank, args.nnodes, spares) else None) \
+        if spares else None  # fmt: skip
+    watch = PeerWatch(run, attempt=attempt, node_rank=args.node_rank, nnodes=args.nnodes,
+                      node=node_name, job_id=job, timeout=args.peer_timeout,
+                      start_timeout=args.rdzv_timeout, role=role).start() \
+        if run is not None else None  # fmt: skip
+    agent_box["watch"] = watch  # (a job of one node: its lease, for the daemon to watch)
+    started = time.time()
+
+    def launcher_failed(exc: BaseException, phase: str) -> int:
+        """The launcher failed before its ranks started: its node report says why (the
+        error's last line) and, when the failure is its own (not news of a peer), the
+        recovery folder too, where the daemon sees it at its next look and ends the attempt
+        at once. Told to stop meanwhile, it only leaves (128 + SIGTERM)."""
+        if watch is not None:
+            watch.stop("launcher_failed")
+        shutil.rmtree(hb_dir, ignore_errors=True)
+        if state["stop_at"] is not None:
+            log.info("told to stop before the ranks started: %s", error_line(exc))
+            return 128 + signal.SIGTERM
+        own = not isinstance(exc, Abandoned)
+        error = error_line(exc) if own else str(exc)
+        code = int(ExitCode.FAILED)
+        record = {"node_rank": args.node_rank, "node": node_name, "job_id": job,
+                  "attempt": attempt, "error": error, "phase": phase, "exit_code": code,
+                  "time": time.time()}  # fmt: skip
+        if run is not None:
+            try:
+                if own:
+                    path = run.launcher_failed(attempt, args.node_rank)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_json_atomic(path, record)
+                path = run.node_report(attempt, args.node_rank)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(path, {
+                    **record, "outcome": "launcher_failed", "in_job_restarts": 0,
+                    "max_restarts": args.max_restarts, "started_at": started,
+                    "ended_at": time.time(),
+                    "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
+            except OSError as io:
+                log.error("could not report the failure in %s: %s", run.root, io)
+        log.error("Error: the launcher failed before its ranks started (%s): %s", phase, error)
+        return code
+
+    def abandon() -> str | None:
+        """Why to stop waiting for the rendezvous host: told to stop, or its launcher failed
+        or was reported lost (None: wait on)."""
+        if state["stop_at"] is not None:
+            return "told to stop"
+        if run is None:
+            return None
+        failed = read_json(run.launcher_failed(attempt, 0))
+        if isinstance(failed, dict) and failed.get("job_id") == job:
+            return f"the rendezvous host's launcher (node rank 0) failed: {failed.get('error')}"
+        lost = read_json(run.peer_lost(attempt, 0))
+        if isinstance(lost, dict) and lost.get("job_id") == job:
+            return "the rendezvous host (node rank 0) was reported lost"
+        return None
+
     # With spares the rendezvous takes exactly the N nodes that train; the others wait on
     # its redundancy list, and a dead participant is dropped in seconds, not torch's 15 s.
     nactive = sp.active_nodes(args.nnodes, spares)
     keep_alive = {"keep_alive_interval": sp.KEEP_ALIVE_S,
                   "keep_alive_max_attempt": sp.KEEP_ALIVE_MISSES} if spares else {}
-    params = RendezvousParameters(
-        backend="c10d", endpoint=_endpoint(args), run_id=f"ftslurm-{job}-{restarts}",
-        min_nodes=nactive, max_nodes=nactive, is_host=args.node_rank == 0,
-        timeout=args.rdzv_timeout, last_call_timeout=5, **keep_alive,
-    )  # fmt: skip
-    handler = rdzv_registry.get_rendezvous_handler(params)
+    try:
+        handler = rendezvous_handler(
+            args, {"backend": "c10d", "min_nodes": nactive, "max_nodes": nactive,
+                   "join_timeout": args.rdzv_timeout, "last_call_timeout": 5, **keep_alive},
+            run=run, attempt=attempt, job=job, restarts=restarts, abandon=abandon)  # fmt: skip
+    except Exception as exc:
+        return launcher_failed(exc, "rendezvous")
     if spares:
         # A spare left on the wait list after a swap is no new member to make room for:
         # torch would restart the healthy ranks for it, over and over.
@@ -666,17 +828,9 @@ def main(argv: list[str] | None = None) -> int:
                   start_method="spawn", shutdown_timeout=int(max(1, args.grace)),
                   exit_barrier_timeout=60)
     agent_box["agent"] = agent
-    # The other nodes' launchers watch this one's lease and it theirs (ftslurm.agent.peers).
-    role = (sp.SPARE if sp.starts_as_spare(args.node_rank, args.nnodes, spares) else None) \
-        if spares else None  # fmt: skip
-    watch = PeerWatch(run, attempt=attempt, node_rank=args.node_rank, nnodes=args.nnodes,
-                      node=node_name, job_id=job, timeout=args.peer_timeout,
-                      start_timeout=args.rdzv_timeout, role=role).start() \
-        if run is not None else None  # fmt: skip
-    agent_box["watch"] = watch  # (a job of one node: its lease, for the daemon to watch)
-    started = time.time()
     ran = False
     result = None
+    failed: int | None = None  # the exit code of a launcher that failed at the rendezvous
     try:
         if role == sp.SPARE and not wait_to_join():
             ran = True  # the training ended before this spare was needed
@@ -685,7 +839,10 @@ def main(argv: list[str] | None = None) -> int:
             ran = True
     except Exception as exc:
         if not (spares and not spare_state["trained"]):
-            raise
+            if state["ranks_started"] or state["signalled"]:
+                raise
+            # Failed in the rendezvous: reported at once, before the rendezvous is closed.
+            failed, ran = launcher_failed(exc, "rendezvous"), True
         # A spare that never trained leaves when the rendezvous closes or its host is gone.
         log.info("spare leaves: %s", exc)
         ran = True
@@ -699,6 +856,8 @@ def main(argv: list[str] | None = None) -> int:
             if watch is not None and not ran:
                 watch.wait_settled()
                 watch.stop("error")
+    if failed is not None:
+        return failed
     def out_of_training(role: str, outcome: str, said: str, **fields: Any) -> int:
         """A spare never needed or a node that stepped out: its outcome and exit 0 (srun's
         exit status is the highest of its tasks': a 0 leaves the job's verdict to the nodes

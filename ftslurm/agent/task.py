@@ -2,7 +2,8 @@
 
 For every task (rank) of an attempt it
 - gives the command torch's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-  NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT) computed from Slurm's, and
+  NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT: a free port for a rank alone, else
+  `rendezvous_port` of the job) computed from Slurm's, and
   FTSLURM_ATTEMPT (FTSLURM_ATTEMPT_BASE + SLURM_RESTART_COUNT when the base is set);
 - runs it in its own process group, copying its stderr through (and keeping the tail);
 - forwards TERM, INT, HUP and CONT to that group (the handler only records and forwards),
@@ -119,8 +120,12 @@ def torch_env(environ: Mapping[str, str], job: JobEnv | None = None) -> dict[str
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or (
         hostlist.expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
+    # One rank alone needs no agreement: a port free now, not one derived from the job id,
+    # which another job's (another mock cluster's) or any process may hold. Ranks of one
+    # step started without the launcher have nowhere to agree but the job: derived.
     env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(
-        rendezvous_port(environ.get("SLURM_JOB_ID"), restarts))
+        free_port() if env["WORLD_SIZE"] == "1"
+        else rendezvous_port(environ.get("SLURM_JOB_ID"), restarts))
     if environ.get("TORCHELASTIC_RUN_ID"):  # started by the launcher: its ranks stand
         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                     "MASTER_ADDR", "MASTER_PORT"):  # fmt: skip
@@ -130,6 +135,13 @@ def torch_env(environ: Mapping[str, str], job: JobEnv | None = None) -> dict[str
     if job.attempt_base is not None or job.attempt is not None:
         env[EnvName.ATTEMPT.value] = str(job.current_attempt(restarts))
     return env
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the system's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
 
 
 def disk_full(stderr_tail: str) -> tuple[bool, str | None]:

@@ -14,7 +14,9 @@ checks it):
   the rank agent each parse it once (`JobEnv.from_environ(os.environ)`), with the defaults
   here; a bad value is a one-line `ConfigError`;
 - `parse_signal`: the one parser of signal names ("USR2", "SIGUSR2", "12");
-- `rendezvous_port`: the one port rule every node of an attempt agrees on.
+- `RunDir.rendezvous` and `published_rendezvous`: the endpoint the launcher of node rank 0
+  bound and published for the others (`rendezvous_port`: the fallback without a run
+  directory).
 
 No I/O here: path arithmetic, parsing and rendering only.
 """
@@ -109,12 +111,39 @@ PORT_BASE, PORT_SPAN = 20000, 40000
 
 
 def rendezvous_port(job_id: str | int | None, restart_count: int = 0) -> int:
-    """The port (20000-59999) every node and rank of an attempt agrees on, from the job id
-    and Slurm's restart count alone: the launchers' rendezvous endpoint, and MASTER_PORT of
-    ranks started without the launcher. Another one for each restart of the job (104729 is
-    prime to 40000, so consecutive restarts never collide)."""
+    """A port (20000-59999) from the job id and Slurm's restart count alone: the fallback
+    every node can compute where nothing was published (a launcher or a rank started
+    without a run directory). Two jobs of one id (two mock clusters, two Slurm clusters) or
+    any other process may hold it: with a run directory the rendezvous host binds a free
+    port and publishes it instead (`RunDir.rendezvous`). Another one for each restart of
+    the job (104729 is prime to 40000, so consecutive restarts never collide)."""
     job = int(re.sub(r"\D", "", str(job_id or "")) or 0)
     return PORT_BASE + (job * 7919 + restart_count * 104729) % PORT_SPAN
+
+
+def rendezvous_record(*, host: str, port: int, rdzv_id: str, job_id: str, step_id: str,
+                      restart_count: int, pid: int, time: float) -> dict[str, Any]:  # fmt: skip
+    """What the rendezvous host publishes in `RunDir.rendezvous` (JSON): the address it
+    bound, the rendezvous id (unique per run, attempt, restart and launch), and the job,
+    step and restart it serves, so a reader never takes another launch's endpoint."""
+    return {"host": host, "port": int(port), "id": rdzv_id, "job_id": str(job_id),
+            "step_id": str(step_id), "restart_count": int(restart_count), "pid": pid,
+            "time": time}  # fmt: skip
+
+
+def published_rendezvous(record: Any, *, job_id: str, step_id: str,
+                         restart_count: int) -> tuple[str, int, str] | None:  # fmt: skip
+    """(host, port, rendezvous id) from a published record when it is one of this job's
+    step and restart, else None (not written yet, torn, or left by another launch)."""
+    if not isinstance(record, dict) or record.get("job_id") != str(job_id) \
+            or record.get("step_id") != str(step_id) \
+            or record.get("restart_count") != restart_count:
+        return None
+    host, port, rdzv_id = record.get("host"), record.get("port"), record.get("id")
+    if not (isinstance(host, str) and host and isinstance(rdzv_id, str) and rdzv_id
+            and isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
+        return None
+    return host, port, rdzv_id
 
 
 # ----------------------------------------------------------------------------- paths
@@ -131,6 +160,7 @@ HUNG_NODE_REPORTS = "hung-node-*.json"
 PEER_LOST_REPORTS = "lost-*.json"  # RunDir.peer_lost
 ROUND_RECORDS = "round-*.json"  # RunDir.round_record
 BENCHED_RECORDS = "benched-*.json"  # RunDir.benched
+LAUNCHER_FAILED_REPORTS = "launcher-failed-*.json"  # RunDir.launcher_failed
 CHECKPOINT_MANIFEST = re.compile(r"step-(\d+)\.json")  # ftslurm.checkpoint's manifests
 
 
@@ -203,6 +233,12 @@ class RunDir:
         launchers can tell a lost node from a live one."""
         return self.attempt(attempt) / f"peer-lease-{node_rank}.json"
 
+    def rendezvous(self, attempt: str | int, restart_count: int) -> Path:
+        """Where the launcher of node rank 0 publishes the rendezvous endpoint it bound (a
+        free port) for restart `restart_count` of the job (JSON: `rendezvous_record`); the
+        other launchers wait for it (`published_rendezvous`)."""
+        return self.attempt(attempt) / f"rendezvous-{restart_count}.json"
+
     def recovery(self, attempt: str | int) -> Path:
         """The folder of what a loss inside the attempt's allocation left: the peer-loss
         reports, the in-job rounds after the first, the nodes that stepped out. One folder,
@@ -231,6 +267,14 @@ class RunDir:
         it (JSON: node_rank, node, why ("hang", "straggler"), reason (the launcher's words),
         time, job_id, attempt): the daemon flags it for later attempts like a lost node."""
         return self.recovery(attempt) / f"benched-{node_rank}.json"
+
+    def launcher_failed(self, attempt: str | int, node_rank: int) -> Path:
+        """A launcher that failed before its ranks started (in its setup or the rendezvous:
+        a port it could not bind, a host it could not reach, a rendezvous that timed out):
+        JSON: node_rank, node, job_id, attempt, error (the error's last line), phase
+        ("setup" or "rendezvous"), exit_code, time. The daemon ends the attempt at once with
+        the error in its reason, rather than waiting for the other launchers' timeouts."""
+        return self.recovery(attempt) / f"launcher-failed-{node_rank}.json"
 
     def fired(self, rank: int) -> Path:
         """The fault injections rank `rank` carried out in this run."""

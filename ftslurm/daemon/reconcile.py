@@ -82,6 +82,7 @@ from ftslurm.core.cadence import REWRITE_TOLERANCE, Cadence, FailureHistory
 from ftslurm.core.contract import (
     BENCHED_RECORDS,
     HUNG_NODE_REPORTS,
+    LAUNCHER_FAILED_REPORTS,
     NODE_REPORTS,
     PEER_LOST_REPORTS,
     RANK_REPORTS,
@@ -1030,7 +1031,8 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool,
     recovery = paths.recovery(attempt)
     found = dict(lost=_records(recovery, PEER_LOST_REPORTS),
                  rounds=_records(recovery, ROUND_RECORDS),
-                 benched=_records(recovery, BENCHED_RECORDS))  # fmt: skip
+                 benched=_records(recovery, BENCHED_RECORDS),
+                 launchers_failed=_records(recovery, LAUNCHER_FAILED_REPORTS))  # fmt: skip
     if not ending:
         return core.RunFiles(progress=progress, straggler_report=straggler, cadence=cadence,
                              **found)  # fmt: skip

@@ -89,6 +89,8 @@ class RunFiles:
     lost: tuple[Mapping[str, Any], ...] = ()
     rounds: tuple[Mapping[str, Any], ...] = ()
     benched: tuple[Mapping[str, Any], ...] = ()
+    # launchers that failed before their ranks started (launcher-failed-*.json)
+    launchers_failed: tuple[Mapping[str, Any], ...] = ()
     # the launchers' last leases (RunDir.peer_lease), read at an ending only: when a node
     # Slurm declared failed was last heard of
     leases: tuple[Mapping[str, Any], ...] = ()
@@ -296,7 +298,7 @@ def step(a: Attempt, observed: JobInfo | None, run: Run, facts: Facts,
     if a.state is AttemptState.REQUEUING:
         return _requeuing(a, observed, run, facts, now)
     if observed.state.is_terminal or observed.restart_count > a.restart_count:
-        return _ended(a, observed, run, facts, now)
+        return _launcher_noted(a, facts, _ended(a, observed, run, facts, now))
     return _watch(a, observed, run, facts, now)
 
 
@@ -450,6 +452,9 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     lost = _lost(a, info, run, facts, settings, files, now)
     if lost is not None:
         return [*out, *lost]
+    failed = _launcher_failed(a, info, run, facts, files, now)
+    if failed is not None:
+        return failed if _asks(failed) else [*out, *failed]
     if a.lost_nodes:  # has every live launcher ended? Slurm waits on the dead node's task
         if not files.launchers_read:
             return _need("node_reports")
@@ -720,6 +725,60 @@ def _signal(a: Attempt, info: JobInfo, run: Run, files: RunFiles, settings: FtSe
     out.append(Record(replace(a, checkpoint_signal_at=now)))
     out.append(Signal(a.job_id or "", settings.checkpoint_signal))
     return None
+
+
+def _launcher_failed(a: Attempt, info: JobInfo, run: Run, facts: Facts, files: RunFiles,
+                     now: float) -> list[Intent] | None:  # fmt: skip
+    """A launcher that failed before its ranks started (its report in the recovery folder:
+    a port it could not bind, a rendezvous that timed out) ends the attempt now, not when
+    the other launchers' rendezvous or Slurm's `srun --wait` gives up: recorded as a failed
+    job with the launcher's error first in the reason (`_launcher_noted`); the next attempt
+    is a fresh job and the old one is cancelled once this is recorded. None: no such report
+    (or a node of the attempt was lost, which explains it and is acted on as a loss)."""
+    first = _launcher_failure(a, files)
+    if first is None:
+        return None
+    code = first.get("exit_code")
+    done = replace(info, state=JobState.FAILED, signal=None,
+                   exit_code=code if isinstance(code, int) and code > 0 else 1,
+                   end_time=float(first.get("time") or now))  # fmt: skip
+    return _launcher_noted(a, facts, _ended(a, done, run, facts, now, stuck=True))
+
+
+def _launcher_failure(a: Attempt, files: RunFiles) -> Mapping[str, Any] | None:
+    """The first report of a launcher of the attempt's job that failed before its ranks
+    started, unless a node of the attempt was lost (the loss explains it)."""
+    failed = sorted((r for r in files.launchers_failed
+                     if r.get("attempt") in (None, a.attempt)
+                     and str(r.get("job_id")) == str(a.job_id)),
+                    key=lambda r: float(r.get("time") or 0))  # fmt: skip
+    return failed[0] if failed and not a.lost_nodes else None
+
+
+def _launcher_noted(a: Attempt, facts: Facts, ended: list[Intent]) -> list[Intent]:
+    """An attempt's ending with the error of a launcher that failed before its ranks
+    started put first in its reason (and the report in the "ended" event), so that "a
+    launcher never started the ranks" is told from a failure of the training."""
+    first = None if _asks(ended) or facts.files is None else _launcher_failure(a, facts.files)
+    if first is None:
+        return ended
+    note = (f"a launcher failed before its ranks started (node {first.get('node')}, node "
+            f"rank {first.get('node_rank')}, in the {first.get('phase') or 'rendezvous'}): "
+            f"{first.get('error') or 'no error recorded'}")  # fmt: skip
+    said = next((i.data.get("reason") for i in ended
+                 if isinstance(i, Event) and i.kind == "ended"), None)  # fmt: skip
+
+    def noted(i: Intent) -> Intent:
+        if isinstance(i, Record) and i.attempt.reason == said:
+            return Record(replace(i.attempt, reason=f"{note}; {said}"))
+        if isinstance(i, UpdateRun) and i.run.reason == said:
+            return UpdateRun(replace(i.run, reason=f"{note}; {said}"))
+        if isinstance(i, Event) and i.kind == "ended":
+            return Event(i.kind, {**i.data, "reason": f"{note}; {said}",
+                                  "launcher_failed": dict(first)})  # fmt: skip
+        return i
+
+    return [noted(i) for i in ended] if said is not None else ended
 
 
 def _asks(intents: list[Intent]) -> bool:

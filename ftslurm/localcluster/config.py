@@ -26,9 +26,11 @@ class ClusterLayout:
     slurmd_timeout: int = 10
     min_job_age: int = 60  # Slurm's default is 300; shorter keeps the MinJobAge test short
     kill_wait: int = 30
-    # Job ids from 20001, where a fresh Slurm starts at 1 like the mock scheduler: the
-    # rendezvous port comes from the job id (`ftslurm.core.contract.rendezvous_port`), so
-    # a Slurm job and a mock job running on this host at once never ask for one port.
+    # Job ids from 20001, where a fresh Slurm starts at 1: apart from the mock's (from a
+    # random multiple of 1000 from 100000), so a job id in a log names one job. No
+    # rendezvous port depends on it where a run directory exists (the launchers publish
+    # the port they bound); ranks of several tasks without the launcher still derive one
+    # (`ftslurm.core.contract.rendezvous_port`).
     first_job_id: int = 20001
     db_password: str = "ftslurm-local"
     # Daemons and clients run from another Slurm release's root filesystem (rootfs.py);

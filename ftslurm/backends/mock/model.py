@@ -88,6 +88,9 @@ class MockNodeSpec(_Counted):
     gpus: int = 0
 
 
+MAX_JOB_ID = 0x03FF0000  # Slurm's MaxJobId default (67043328)
+
+
 def _default_nodes() -> list[MockNodeSpec]:
     return [MockNodeSpec(name=f"n{i}") for i in range(1, 5)]
 
@@ -105,6 +108,9 @@ class MockConfig(_Counted):
     preempt_requeue: bool = True  # PreemptMode=REQUEUE (else CANCEL: the job ends PREEMPTED)
     accounting: bool = True
     cluster_name: str = "mock"
+    # Slurm's FirstJobId. None: the store picks a random one (`store.first_job_id`), so the
+    # job ids of two mock clusters on one machine (two users', a test suite's) differ.
+    first_job_id: int | None = Field(None, ge=1, le=MAX_JOB_ID)
 
     def partition_map(self) -> dict[str, list[str]]:
         return self.partitions or {"debug": [n.name for n in self.nodes]}
@@ -198,7 +204,7 @@ class MockState(_Counted):
     def create(cls, config: MockConfig | None = None) -> MockState:
         config = config or MockConfig()
         nodes = {n.name: MockNode(name=n.name, cpus=n.cpus) for n in config.nodes}
-        return cls(config=config, nodes=nodes)
+        return cls(config=config, nodes=nodes, next_job_id=config.first_job_id or 1)
 
 
 # ---------------------------------------------------------------------------- effects

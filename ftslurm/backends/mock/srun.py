@@ -1,11 +1,15 @@
 """The mock `srun`: starts a job step's tasks as local processes, one group per task.
 
 Placed first on a mock job's PATH. It understands the options jobs commonly pass
-(-N/--nodes, -n/--ntasks, --ntasks-per-node, --kill-on-bad-exit, -k/--no-kill, and ignores
-the output-shaping ones), gives each task the environment Slurm's srun would (SLURM_PROCID,
-SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME, SLURM_STEP_ID, ...), records the tasks in
-`steps/<id>.json` so the mock can signal or kill them by node, and exits like srun: 0 when
-every task succeeded, else the first failing task's code (128+N for a signal).
+(-N/--nodes, -n/--ntasks, --ntasks-per-node, --kill-on-bad-exit, -k/--no-kill, -W/--wait,
+and ignores the output-shaping ones), gives each task the environment Slurm's srun would
+(SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME, SLURM_STEP_ID, ...), records
+the tasks in `steps/<id>.json` so the mock can signal or kill them by node, and exits like
+srun: 0 when every task succeeded, else the first failing task's code (128+N for a signal).
+
+`--wait=S` as Slurm's: S seconds after the first task ended (whatever its code), the tasks
+still running are terminated (SIGTERM, then SIGKILL after the job's KillWait); 0, or no
+--wait, waits for them all (Slurm's WaitTime default).
 
 A node of a `--no-kill` job that the controller declared down (`procs.node_down`) is left out
 of new steps; a step asking for more nodes than are left waits, as Slurm's does, until it is
@@ -30,10 +34,10 @@ import hostlist
 from ftslurm.backends.mock import procs
 
 _VALUE_OPTS = {"-N": "nodes", "--nodes": "nodes", "-n": "ntasks", "--ntasks": "ntasks",
-               "--ntasks-per-node": "tpn"}  # fmt: skip
+               "--ntasks-per-node": "tpn", "-W": "wait", "--wait": "wait"}  # fmt: skip
 _IGNORED_WITH_VALUE = {"-J", "--job-name", "-o", "--output", "-e", "--error", "--export",
                        "--mpi", "--cpu-bind", "--gpus-per-task", "-c", "--cpus-per-task",
-                       "--wait", "-W", "--label-format", "--overlap-opts"}  # fmt: skip
+                       "--label-format", "--overlap-opts"}  # fmt: skip
 _IGNORED_FLAGS = {"-u", "--unbuffered", "-l", "--label", "--overlap", "--exact", "-Q", "--quiet",
                   "-v", "--verbose"}  # fmt: skip
 
@@ -137,13 +141,26 @@ def main(argv: list[str] | None = None) -> int:
             {"pid": p.pid, "pgid": p.pid, "node": n, "rank": r}
             for r, (p, n) in enumerate(tasks)
         ]})  # fmt: skip
+    try:
+        wait_s = float(opts.get("wait") or 0)
+    except ValueError:
+        print(f"srun (ftslurm mock): invalid --wait {opts.get('wait')!r}", file=sys.stderr)
+        return 2
     return _wait(tasks, job_dir,
-                 kill_on_bad_exit=opts.get("kill_on_bad_exit", "0") not in ("0", ""))
+                 kill_on_bad_exit=opts.get("kill_on_bad_exit", "0") not in ("0", ""),
+                 wait_s=wait_s)  # fmt: skip
+
+
+def _kill_wait_s(job_dir: Path) -> float:
+    """The job's KillWait (how long SIGKILL follows SIGTERM)."""
+    return float((procs.read_json(job_dir / "launch.json") or {}).get("kill_wait_s", 30))
 
 
 def _wait(tasks: list[tuple[subprocess.Popen, str]], job_dir: Path,
-          kill_on_bad_exit: bool) -> int:  # fmt: skip
+          kill_on_bad_exit: bool, wait_s: float = 0.0) -> int:  # fmt: skip
     first_bad: int | None = None
+    terminate_at: float | None = None  # --wait: when the tasks left are terminated
+    kill_at: float | None = None
     running = {p.pid: (p, node) for p, node in tasks}
     lost: set[str] = set()  # nodes that died under the step, not yet declared down
     while running or lost:
@@ -156,6 +173,8 @@ def _wait(tasks: list[tuple[subprocess.Popen, str]], job_dir: Path,
             if code is None:
                 continue
             del running[pid]
+            if terminate_at is None and wait_s > 0 and not procs.node_lost(job_dir, node):
+                terminate_at = time.monotonic() + wait_s  # the first task ended
             if procs.node_lost(job_dir, node):
                 # A dead host sends no exit status: like Slurm's srun, wait for the
                 # controller's verdict (NODE_FAIL ends the job; a --no-kill job lives on and
@@ -170,6 +189,24 @@ def _wait(tasks: list[tuple[subprocess.Popen, str]], job_dir: Path,
                             os.killpg(other.pid, signal.SIGKILL)
                         except ProcessLookupError:
                             pass
+        now = time.monotonic()
+        if terminate_at is not None and now >= terminate_at and running:
+            print(f"srun: error: first task exited {wait_s:g}s ago: terminating the "
+                  f"{len(running)} task(s) left", file=sys.stderr, flush=True)  # fmt: skip
+            for other, _ in running.values():
+                for sig in (signal.SIGCONT, signal.SIGTERM):
+                    try:
+                        os.killpg(other.pid, sig)
+                    except ProcessLookupError:
+                        pass
+            terminate_at, kill_at = None, now + _kill_wait_s(job_dir)
+        if kill_at is not None and now >= kill_at:
+            for other, _ in running.values():
+                try:
+                    os.killpg(other.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            kill_at = None
         time.sleep(0.05)
     return first_bad or 0
 

@@ -43,6 +43,27 @@ def _new_generation() -> int:
     return secrets.randbits(62)
 
 
+FIRST_JOB_IDS = (100, 60000)  # a new cluster's first job id: 1000 x a number in this range
+
+
+def first_job_id() -> int:
+    """A new mock cluster's first job id when its config names none: random, a multiple of
+    1000 from 100000 to 60000000 (under Slurm's MaxJobId), so two mock clusters on one
+    machine (two users' homes, a dry run beside the test suite) hardly ever share an id.
+    Nothing depends on ids being unique across clusters (a launcher publishes the port it
+    bound); an id shared with another cluster's job only makes logs ambiguous."""
+    low, high = FIRST_JOB_IDS
+    return 1000 * (low + secrets.randbelow(high - low + 1))
+
+
+def new_state(config: MockConfig | None) -> MockState:
+    """A new cluster's state, its first job id chosen when the config left it open."""
+    config = config or MockConfig()
+    if config.first_job_id is None:
+        config = config.model_copy(update={"first_job_id": first_job_id()})
+    return MockState.create(config)
+
+
 class MockStore:
     def __init__(self, home: Path | str) -> None:
         self.home = Path(home)
@@ -82,7 +103,8 @@ class MockStore:
                 conn.execute("ALTER TABLE state ADD COLUMN generation INTEGER")
             row = conn.execute("SELECT schema FROM state WHERE id = 1").fetchone()
             if row is None:
-                self._write(conn, MockState.create(config), first_new=1, insert=True)
+                state = new_state(config)
+                self._write(conn, state, first_new=state.next_job_id, insert=True)
             elif row[0] < SCHEMA_VERSION:  # scripts and environments were in the state
                 body = conn.execute("SELECT body FROM state WHERE id = 1").fetchone()[0]
                 self._write(conn, MockState.model_validate_json(body), first_new=1)
@@ -99,7 +121,7 @@ class MockStore:
             conn.execute("BEGIN IMMEDIATE")
             row = conn.execute("SELECT generation FROM state WHERE id = 1").fetchone()
             if row is None:
-                state, generation = MockState.create(), None
+                state, generation = new_state(None), None
             elif cached is not None and cached[0] == row[0]:
                 state, generation = cached[1], row[0]
             else:
@@ -126,11 +148,8 @@ class MockStore:
                insert: bool = False) -> int:  # fmt: skip
         """Store the state with a new generation, and the scripts of the jobs numbered from
         `first_new` on (those submitted since it was read) in `launch`; return the generation."""
-        new: list[MockJob] = []
-        for number in range(first_new, state.next_job_id):
-            job = state.jobs.get(str(number)) or state.accounting.get(str(number))
-            if job is not None and (job.script or job.env):
-                new.append(job)
+        new = [job for job in (*state.jobs.values(), *state.accounting.values())
+               if int(job.job_id) >= first_new and (job.script or job.env)]
         conn.executemany("INSERT OR REPLACE INTO launch VALUES (?, ?, ?)",
                          [(j.job_id, j.script, json.dumps(j.env)) for j in new])  # fmt: skip
         for job in new:  # kept in `launch` now: the state in memory stays small

@@ -1,0 +1,114 @@
+"""The rendezvous on the mock scheduler, end to end (daemon, mock jobs, launchers): runs of
+two mock clusters on one machine at once, a run whose job's derived port another process
+holds, and a launcher that fails at the rendezvous (the attempt ends at once, its error in
+the reason)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ftslurm.core.contract import rendezvous_port
+
+from .daemon_scenarios import Cli
+
+TRAIN = r'''
+import time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for _ in range(10):
+    t = torch.ones(1); dist.all_reduce(t); time.sleep(0.05)
+assert t.item() == dist.get_world_size()
+print(f"rank {dist.get_rank()} done", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def ended(s: dict) -> bool:
+    return s["state"] in ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def mock_cli(tmp_path: Path, name: str, **config: object) -> Iterator[Cli]:
+    """A state directory and a mock cluster of its own (KillWait 5 s); both stopped after."""
+    c = Cli(tmp_path / name / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / name / "mock")},
+            cwd=tmp_path)  # fmt: skip
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"kill_wait_s": 5, **config}))
+    c("mock", "up", "--config", str(path))
+    try:
+        yield c
+    finally:
+        c.stop_daemon()
+        c("mock", "destroy", check=False)
+
+
+@pytest.fixture
+def first(tmp_path) -> Iterator[Cli]:
+    yield from mock_cli(tmp_path, "a")
+
+
+@pytest.fixture
+def second(tmp_path) -> Iterator[Cli]:
+    yield from mock_cli(tmp_path, "b")
+
+
+@pytest.fixture
+def train(tmp_path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    return path
+
+
+def test_two_mock_clusters_on_one_machine_run_two_node_jobs_at_once(first, second, train):
+    runs = [(c, c.submit("--dry-run", "--retries", "0", "-N", "2", "-t", "5", str(train)))
+            for c in (first, second)]  # fmt: skip
+    for c, out in runs:
+        s = c.wait_for(out["run_id"], ended, 240, "the run to end")
+        assert s["state"] == "COMPLETED", s
+    jobs = [c.summary(out["run_id"])["attempts"][0]["job_id"] for c, out in runs]
+    assert jobs[0] != jobs[1]  # each mock cluster numbers its jobs from an id of its own
+
+
+def test_a_run_completes_while_another_process_listens_on_its_jobs_port(tmp_path, train):
+    for c in mock_cli(tmp_path, "fixed", first_job_id=777000):
+        held = socket.socket()
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:  # the port the job id gives (or it is taken already, which is the same)
+            held.bind(("", rendezvous_port("777000", 0)))
+            held.listen()
+        except OSError:
+            pass
+        try:
+            out = c.submit("--dry-run", "--retries", "0", "-N", "2", "-t", "5", str(train))
+            s = c.wait_for(out["run_id"], ended, 240, "the run to end")
+        finally:
+            held.close()
+        assert s["state"] == "COMPLETED", s
+        assert s["attempts"][0]["job_id"] == "777000", s
+
+
+def test_a_launcher_failing_at_the_rendezvous_ends_the_attempt_at_once(first, tmp_path, train):
+    recipe = tmp_path / "failing_recipe.py"
+    # In attempt 0 a folder takes the place of the rendezvous record: node 0's launcher
+    # cannot publish the port it bound and fails; the retry runs as usual.
+    recipe.write_text(f"""import ftslurm
+recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(train)!r}],
+    setup=['[ "$FTSLURM_ATTEMPT" != 0 ] || mkdir -p '
+           '"$FTSLURM_RUN_DIR/attempts/0/rendezvous-${{SLURM_RESTART_COUNT:-0}}.json"'])
+""")
+    out = first.submit("--dry-run", "--retries", "1", str(recipe))
+    # well before the other launcher's rendezvous timeout (300 s) and srun --wait (180 s)
+    s = first.wait_for(out["run_id"], lambda s: s["attempts"][0]["state"] not in (
+        "PENDING", "SUBMITTING", "RUNNING"), 120, "attempt 0 to end")  # fmt: skip
+    failed = s["attempts"][0]
+    assert failed["state"] == "FAILED" and failed["cause"] == "crash", s
+    assert "a launcher failed before its ranks started" in failed["reason"], failed
+    assert "node rank 0, in the rendezvous" in failed["reason"], failed
+    assert "IsADirectoryError" in failed["reason"], failed
+    s = first.wait_for(out["run_id"], ended, 240, "the run to end")
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s
