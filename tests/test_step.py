@@ -471,3 +471,26 @@ def test_the_signal_lead_covers_an_asynchronous_saves_background_write():
     sync = core.step(attempt(start=NOW), observed, r, known(files=core.RunFiles(
         progress={"max_checkpoint_save_s": 6.0})), NOW)  # fmt: skip
     assert core.Wake(NOW + 3600 - 60) in sync
+
+
+def test_an_ending_records_the_injections_that_fired_so_no_later_job_repeats_them():
+    """Issue 25: each injection fires once per run. Ended by a peer report (a fresh job
+    follows) after running past node_fail@10, the run records it as fired; an attempt
+    that ended before 10 s did not reach it; the crash its ranks report is recorded too,
+    a straggler never (its node stays slow)."""
+    spec = {**run().spec, "inject": ["node_fail@10", "crash@3:1", "straggler@1:0*2"]}
+    r = run(spec=spec, settings={"num_job_retries_on_failure": 3})
+    out = core.step(attempt(start=NOW - 30), info(JobState.RUNNING), r,
+                    known(files=lost_files(lost_report())), NOW)  # fmt: skip
+    (upd,) = of(out, core.UpdateRun)
+    assert upd.run.injected == ["node_fail@10"]
+    # A requeued job whose ranks reported the crash, and which ran 5 s only
+    reports = ({"rank": 1, "outcome": "killed", "injected": ["crash@3:1", "straggler@1:0*2"]},)
+    out = core.step(attempt(start=NOW - 5), info(JobState.PENDING, restart_count=1), r,
+                    known(files=core.RunFiles(rank_reports=reports)), NOW)  # fmt: skip
+    (upd,) = of(out, core.UpdateRun)
+    assert upd.run.injected == ["crash@3:1"]
+    # what fired before stays
+    out = core.step(attempt(start=NOW - 5), info(JobState.FAILED, exit_code=1, end_time=NOW),
+                    replace(r, injected=["node_fail@10"]), known(), NOW)  # fmt: skip
+    assert of(out, core.UpdateRun)[-1].run.injected == ["node_fail@10"]
