@@ -494,3 +494,21 @@ def test_an_ending_records_the_injections_that_fired_so_no_later_job_repeats_the
     out = core.step(attempt(start=NOW - 5), info(JobState.FAILED, exit_code=1, end_time=NOW),
                     replace(r, injected=["node_fail@10"]), known(), NOW)  # fmt: skip
     assert of(out, core.UpdateRun)[-1].run.injected == ["node_fail@10"]
+
+
+def test_the_reason_says_what_the_first_failed_rank_said():
+    """Issue 25: a user error or a crash names the rank's exception in the reason."""
+    reports = ({"rank": 1, "node": "n2", "outcome": "killed", "ended_at": NOW - 1,
+                "error_line": "RuntimeError: peer closed the connection"},
+               {"rank": 0, "node": "n1", "outcome": "user_error", "ended_at": NOW - 3,
+                "error_line": "ModuleNotFoundError: No module named 'foo'"},
+               {"rank": 2, "node": "n2", "outcome": "finished"})  # fmt: skip
+    assert core.first_error(reports) == "rank 0 (n1): ModuleNotFoundError: No module named 'foo'"
+    assert core.first_error(reports[2:]) == ""
+    out = core.step(attempt(start=NOW - 5), info(JobState.FAILED, exit_code=1, end_time=NOW),
+                    run(), known(files=core.RunFiles(rank_reports=reports)), NOW)  # fmt: skip
+    (rec,) = of(out, core.Record)
+    assert rec.attempt.cause == "user_error"
+    assert rec.attempt.reason == ("user error: it would fail the same way again; rank 0 (n1): "
+                                  "ModuleNotFoundError: No module named 'foo'")
+    assert of(out, core.UpdateRun)[-1].run.reason == rec.attempt.reason

@@ -47,6 +47,9 @@ class Ending:
     checkpoint_after_signal: bool = False  # a checkpoint was reported after the signal
     heartbeats: bool = True  # False: the ranks wrote no heartbeats (no rank agent)
     disk_full_at: str | None = None  # "NODE at PATH" of a rank that died of ENOSPC
+    # what the first rank to fail said, in one line of its stderr ("rank 0 (n1):
+    # ModuleNotFoundError: No module named 'foo'"), empty when none did
+    error: str = ""
 
 
 def classify(e: Ending, settings: FtSettings) -> Cause:
@@ -115,6 +118,11 @@ _SAID_BY_THE_JOB = (
 )  # fmt: skip
 
 
+# The endings a failed rank's own words explain (its error line goes into the reason).
+SAID_BY_A_RANK = frozenset({Cause.USER_ERROR, Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE,
+                            Cause.FAILED_VALIDATION, Cause.DO_NOT_RETRY})  # fmt: skip
+
+
 class Verdict(str, Enum):
     COMPLETE = "complete"
     CONTINUE = "continue"  # a new attempt that spends no failure budget
@@ -145,12 +153,16 @@ class Decision:
 def decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
            cancel_requested: bool = False) -> Decision:  # fmt: skip
     """What to do after an attempt ended for `cause`, given what was spent so far. The
-    reason names the hung rank, a checkpoint signal that was not acted on, and a run whose
-    ranks wrote no heartbeats (its hangs are seen only by CPU idleness)."""
+    reason names the hung rank, what the first failed rank said (the last line of its
+    error, for the endings a rank's error explains), a checkpoint signal that was not
+    acted on, and a run whose ranks wrote no heartbeats (its hangs are seen only by CPU
+    idleness)."""
     d = _decide(cause, e, budget, settings, cancel_requested)
     notes = []
     if cause is Cause.HANG and e.hung:
         notes.append(e.hung)
+    if cause in SAID_BY_A_RANK and e.error:
+        notes.append(e.error)
     if (e.state is JobState.TIMEOUT and e.checkpoint_signal_at is not None
             and e.checkpoints_known and not e.checkpoint_after_signal):  # fmt: skip
         at = datetime.fromtimestamp(e.checkpoint_signal_at, timezone.utc)

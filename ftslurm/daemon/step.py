@@ -817,6 +817,7 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
         heartbeats=all(r.get("heartbeats", True) for r in launchers),
         disk_full_at=next((f"{r.get('node')} at {r.get('disk_full_path') or 'an unknown path'}"
                            for r in reports if r.get("outcome") == "disk_full"), None),
+        error=first_error(reports),
     )  # fmt: skip
     cause = policy.classify(ending, settings)
     if peer_lost and cause is not Cause.FINISHED:  # a node was lost under it: whatever
@@ -869,6 +870,19 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
     if stuck:  # recorded first; the job no longer trains, it only waits on a dead node
         out.append(Cancel(a.job_id or ""))
     return out
+
+
+def first_error(reports: Sequence[Mapping[str, Any]]) -> str:
+    """What the first rank to fail said (its report's `error_line`), with the rank and
+    node: "rank 0 (n1): ModuleNotFoundError: No module named 'foo'"; empty when no rank
+    report carries one."""
+    failed = [r for r in reports if isinstance(r.get("error_line"), str) and r["error_line"]]
+    if not failed:
+        return ""
+    r = min(failed, key=lambda r: (_seconds(r.get("ended_at")) or float("inf"),
+                                   str(r.get("rank"))))  # fmt: skip
+    node = f" ({r['node']})" if r.get("node") else ""
+    return f"rank {r.get('rank')}{node}: {r['error_line']}"
 
 
 def _slurm_lost(a: Attempt, down: Sequence[str], files: RunFiles,
