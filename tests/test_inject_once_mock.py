@@ -81,7 +81,9 @@ def _lost_events(cli: Cli, run_id: str) -> list[dict]:
 def test_a_requeued_job_does_not_fire_an_injection_again(quick_mock, tmp_path, inject):
     """The fault ends the first attempt (a node lost, or rank 0 killed) and the daemon
     requeues the same job (its restart count goes up): the second attempt runs past the
-    injection's time and completes. One retry only: a second firing would fail the run."""
+    injection's time and completes. One retry only: a second firing would fail the run.
+    (This path held before issue 25 too, the mock and the ranks remembering what fired in
+    the job; the run now records it as well, for any fresh job after it.)"""
     recipe = _recipe(tmp_path, 5, nodes=2, use_launcher=False)
     out = quick_mock.submit("--dry-run", "--retries", "1", "--inject", inject, str(recipe))
     s = quick_mock.wait_for(out["run_id"], ended, 150, "the run to end")
