@@ -15,6 +15,8 @@ from ftslurm.daemon.store import Store
 
 from .daemon_scenarios import Cli, ended
 
+pytestmark = pytest.mark.slow  # end-to-end daemon scenarios: about 2.5 minutes in all
+
 # A plain script: in the first attempt, a rank started a second time inside the attempt
 # (the spare's round) fails at once, so the run moves to a fresh job; otherwise it sleeps
 # SLEEP seconds (past the injection's time) and ends well.
@@ -95,7 +97,6 @@ def test_a_requeued_job_does_not_fire_an_injection_again(quick_mock, tmp_path, i
         "node_fail@2" if inject.startswith("node") else "crash@1:0"]
 
 
-@pytest.mark.slow
 def test_a_fresh_job_after_a_lost_node_does_not_lose_a_node_again(slow_mock, tmp_path):
     """The issue's run: `--retries 1 -N 2 --inject node_fail@15`; the survivor's launcher
     reports the loss, the daemon moves the run to a fresh job, which runs past 15 s without
@@ -112,7 +113,6 @@ def test_a_fresh_job_after_a_lost_node_does_not_lose_a_node_again(slow_mock, tmp
     assert len(s["excluded_nodes"]) == 1, s
 
 
-@pytest.mark.slow
 def test_after_a_spare_took_a_lost_nodes_place_a_fresh_job_loses_no_node(slow_mock, tmp_path):
     """A spare takes the lost node's place inside the first job; the restarted ranks then
     fail, so the run goes on in a fresh job (the old one waits on its dead node): that job

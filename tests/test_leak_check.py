@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 INNER = '''
@@ -62,6 +64,7 @@ def test_a_process_a_test_left_running_fails_the_run_and_is_stopped(tmp_path: Pa
         assert not _alive(int(pid)), f"pid {pid} still runs"
 
 
+@pytest.mark.slow
 def test_the_daemon_fixtures_teardown_cancels_the_runs_and_leaves_no_daemon(tmp_path: Path):
     """`daemon_cli` (the real-cluster suites' fixture) after a test that left a run active:
     the run is cancelled and then the daemon stopped (it cancelled after stopping the
