@@ -4,6 +4,10 @@ The cluster is started once per session (or reused when `make slurm-up` already 
 it) and stopped at the end only if this session started it. Under CI (CI=true) a cluster
 that cannot start is a failure, never a skip.
 
+At the end of the session a check fails the run if a daemon, mock controller, launcher or
+other ftslurm process a test started is still alive (`left_behind`): it names the test's
+folder, and stops them.
+
 A second cluster runs Slurm 24.11 (`python -m ftslurm.localcluster --version 24.11 up`).
 The conformance scenarios and the CLI backend's live tests run against it too when it is
 asked for (FTSLURM_SLURM_VERSIONS=22.05,24.11, as `make test` does) or already up: their
@@ -17,6 +21,7 @@ import contextlib
 import json
 import os
 import pwd
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -284,9 +289,123 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         "cluster")  # fmt: skip
     for name, value in sorted(_MEASUREMENTS.values.items()):
         terminalreporter.write_line(f"  {name}: {value:.2f}")
+    _report_left_behind(terminalreporter)
     if SUMMARY_FILE:
         Path(SUMMARY_FILE).write_text(json.dumps({
             **counts, "slurm_2411_wanted": SECOND_WANTED, "measurements": _MEASUREMENTS.values,
             "user": RUN_AS, "unprivileged": UNPRIVILEGED,
             "passed": len(terminalreporter.stats.get("passed", [])),
         }))  # fmt: skip
+
+
+# ------------------------------------------------------------------- left-behind processes
+# Every test that starts a daemon, mock controller or launcher stops it, also when it fails.
+# A process of ftslurm (its command line names it: `ftslurm daemon run`, the mock
+# controller, a mock job, a launcher, a task wrapper) is the session's when its command
+# line, its state folders (FTSLURM_HOME, FTSLURM_MOCK_HOME, FTSLURM_RUN_DIR) or its working
+# directory lie under this session's base temporary folder, whose first component is the
+# folder of the test that started it. Those still alive at the end (after a grace for the
+# ones a last teardown is ending) fail the run and are stopped, SIGTERM then SIGKILL.
+LEAK_GRACE_S = float(os.environ.get("FTSLURM_TEST_LEAK_GRACE_S", "10"))
+_STATE_VARS = ("FTSLURM_HOME", "FTSLURM_MOCK_HOME", "FTSLURM_RUN_DIR")
+_KINDS = (("ftslurm daemon run", "daemon"), ("ftslurm.backends.mock.controller", "mock controller"),
+          ("ftslurm.agent.launch", "launcher"), ("ftslurm.backends.mock.jobwrap", "mock job"),
+          ("ftslurm.backends.mock.srun", "mock srun"), ("ftslurm.agent.task", "task wrapper"))
+_LEFT: list[str] = []  # what the check found, for the summary
+
+
+def _test_folder(text: str, base: str) -> str | None:
+    """The first component under `base` of a path in `text` (an argument may hold a path
+    inside a longer string), or None."""
+    at = text.find(base + os.sep)
+    if at < 0:
+        return None
+    words = text[at + len(base) + 1:].split(os.sep, 1)[0].split()
+    return words[0] if words else None
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
+def left_behind(base: Path) -> list[tuple[int, str, str]]:
+    """The live ftslurm processes of the session whose base temporary folder is `base`:
+    (pid, what it is, the test's folder), this process and its ancestors left out."""
+    found = []
+    mine, root = _ancestors(), str(base)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            args = [a.decode(errors="replace")
+                    for a in (entry / "cmdline").read_bytes().split(b"\0") if a]  # fmt: skip
+        except OSError:
+            continue
+        line = " ".join(args)
+        if "ftslurm" not in line:  # (a zombie's command line is empty: not alive)
+            continue
+        places = list(args)
+        with contextlib.suppress(OSError):
+            for item in (entry / "environ").read_bytes().split(b"\0"):
+                key, _, value = item.decode(errors="replace").partition("=")
+                if key in _STATE_VARS:
+                    places.append(value)
+        with contextlib.suppress(OSError):
+            places.append(os.readlink(entry / "cwd"))
+        folder = next((f for f in (_test_folder(p, root) for p in places) if f), None)
+        if folder is not None:
+            what = next((kind for marker, kind in _KINDS if marker in line), "ftslurm process")
+            found.append((int(entry.name), what, folder))
+    return found
+
+
+def _stop(pids: list[int], timeout: float = 5.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}/cmdline").exists()
+                                                  and Path(f"/proc/{p}/cmdline").read_bytes()
+                                                  for p in pids):  # fmt: skip
+            time.sleep(0.1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run when a test left an ftslurm process alive (see `left_behind`)."""
+    if hasattr(session.config, "workerinput") or not Path("/proc").is_dir():
+        return  # an xdist worker: the controller looks under the base of all of them
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    base = factory.getbasetemp().resolve()
+    deadline = time.monotonic() + LEAK_GRACE_S
+    left = left_behind(base)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = left_behind(base)
+    if not left:
+        return
+    _stop([pid for pid, _, _ in left])
+    _LEFT.extend(f"{what} pid {pid}, of the test folder {base / folder}"
+                 for pid, what, folder in left)  # fmt: skip
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _report_left_behind(terminalreporter) -> None:
+    if not _LEFT:
+        return
+    terminalreporter.write_sep("=", "processes left behind by tests (now stopped)", red=True)
+    for line in _LEFT:
+        terminalreporter.write_line(line)
+    terminalreporter.write_line("FAILED: every test that starts a daemon, mock controller or "
+                                "launcher must stop it, also when it fails")

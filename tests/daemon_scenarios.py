@@ -132,21 +132,35 @@ class Cli:
         self("daemon", "stop", check=False)
 
 
+CANCEL_WAIT_S = 60.0  # how long a test's teardown waits for its daemon to end its runs
+
+
 def daemon_cli(tmp_path: Path, **env: str) -> Iterator[Cli]:
     """A `Cli` with its own home for one test (a fixture's body: `yield from`); after it,
-    its daemon is stopped and its runs still active are cancelled."""
+    its runs still active are cancelled and, once the daemon has ended them (or after
+    CANCEL_WAIT_S), the daemon is stopped. In that order: `cancel` starts a daemon when
+    none serves, so a cancel after the stop would leave one running."""
     from ftslurm.daemon.store import Store
+
+    def active() -> list[str]:
+        store = Store(c.home)
+        try:
+            return [run.run_id for run in store.list_runs(active_only=True)]
+        finally:
+            store.close()
 
     c = Cli(tmp_path / "home", cwd=tmp_path, env=env or None)
     yield c
-    c.stop_daemon()
-    store = Store(c.home)
     try:
-        active = store.list_runs(active_only=True)
+        runs = active()
+        for run_id in runs:
+            c("cancel", run_id, check=False)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while runs and time.monotonic() < deadline:
+            time.sleep(0.5)
+            runs = active()
     finally:
-        store.close()
-    for run in active:
-        c("cancel", run.run_id, check=False)
+        c.stop_daemon()
 
 
 def ended(s: dict[str, Any]) -> bool:

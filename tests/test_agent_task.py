@@ -19,6 +19,7 @@ from ftslurm.agent.task import (
     _applies,
     classify_exit,
     disk_full,
+    error_line,
     parse_inject_env,
     torch_env,
 )
@@ -321,12 +322,30 @@ def test_child_gets_torch_env_and_report_goes_to_the_attempt(tmp_path: Path) -> 
     assert (r["attempt"], r["restart_count"], r["outcome"]) == (3, 1, "finished")
 
 
+@pytest.mark.parametrize("tail,code,line", [
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+     "ModuleNotFoundError: No module named 'foo'\n", 1,
+     "ModuleNotFoundError: No module named 'foo'"),
+    # the exception line, not what a library printed after it
+    ("torch.distributed.DistNetworkError: port in use\n[W socket.cpp] closing\n", 1,
+     "torch.distributed.DistNetworkError: port in use"),
+    ("KeyboardInterrupt\n", None, "KeyboardInterrupt"),
+    ("loss went NaN at step 40, giving up\n", 3, "loss went NaN at step 40, giving up"),
+    ("step 10\nstep 11\n", None, None),  # killed by a signal: its last line says nothing
+    ("", 1, None),
+    ("ValueError: " + "x" * 400, 1, "ValueError: " + "x" * 285 + "..."),
+])  # fmt: skip
+def test_the_error_line_says_what_failed(tail: str, code: int | None, line: str | None) -> None:
+    assert error_line(tail, code) == line
+
+
 def test_user_error_and_missing_command(tmp_path: Path) -> None:
     done = run(py("import nonexistent_module_xyz"), clean_env(FTSLURM_RUN_DIR=str(tmp_path)))
     assert done.returncode == 1 and b"nonexistent_module_xyz" in done.stderr
     r = report(tmp_path)
     assert r["outcome"] == "user_error"
     assert r["error_tail"].splitlines()[-1].startswith("ModuleNotFoundError")
+    assert r["error_line"] == "ModuleNotFoundError: No module named 'nonexistent_module_xyz'"
 
     done = run(["/nonexistent/ftslurm-no-such-command"], clean_env(FTSLURM_RUN_DIR=str(tmp_path),
                                                                    FTSLURM_ATTEMPT="1"))
@@ -334,6 +353,7 @@ def test_user_error_and_missing_command(tmp_path: Path) -> None:
     assert len(done.stderr.decode().strip().splitlines()) == 1
     r = report(tmp_path, attempt=1)
     assert r["outcome"] == "user_error" and r["exit_code"] == 127
+    assert r["error_line"].startswith("ftslurm: cannot start '/nonexistent/ftslurm-no-such")
 
     usage = subprocess.run([sys.executable, "-m", "ftslurm.agent.task", "--"], env=clean_env(),
                            capture_output=True, timeout=30)  # fmt: skip

@@ -132,6 +132,24 @@ def test_what_the_daemon_renders_the_job_parses_back() -> None:
     assert JobEnv.from_environ(plain).straggler_interval_s == JobEnv().straggler_interval_s
 
 
+def test_a_new_job_of_a_run_leaves_out_the_injections_that_fired() -> None:
+    """Each injection fires once per run (issue 25): the fault the scheduler carries out and
+    the crash the ranks carried out in an earlier job are not in a fresh job's script or
+    options; the straggler stays (its node stays slow)."""
+    spec = {"options": {"name": None, "nodes": 2, "ntasks_per_node": 1, "cpus_per_task": 1,
+                        "gpus_per_node": None, "time_limit": "10", "partition": None,
+                        "account": None, "exclude": [], "extra": {}},
+            "run_dir": "/runs/r1", "checkpoint_dir": "/ck", "workdir": "/w", "setup": [],
+            "env": {}, "inject": ["node_fail@10", "crash@5:1", "straggler@2:0*3"],
+            "python": "/usr/bin/python3", "command": ["train.py"]}  # fmt: skip
+    script, options = build_attempt("r1", spec, {}, 0, ())
+    assert options.inject == ("node_fail@10",)
+    assert JobEnv.from_environ(_exports(script)).inject == "crash@5:1,straggler@2:0*3"
+    script, options = build_attempt("r1", spec, {}, 1, (), ["node_fail@10", "crash@5:1"])
+    assert options.inject == ()
+    assert JobEnv.from_environ(_exports(script)).inject == "straggler@2:0*3"
+
+
 @pytest.mark.parametrize("text,expected", [
     ("USR2", signal.SIGUSR2), ("usr1", signal.SIGUSR1), ("SIGTERM", signal.SIGTERM),
     (" sigint ", signal.SIGINT), (str(int(signal.SIGUSR1)), signal.SIGUSR1), (15, signal.SIGTERM),

@@ -146,6 +146,11 @@ def test_user_error_is_not_retried(cli, tmp_path):
     s = cli.wait_for(out["run_id"], ended, 120, "the run to fail")
     assert s["state"] == "FAILED" and s["job_retries_used"] == 0
     assert s["attempts"][0]["cause"] == "user_error"
+    # what failed, in the reason (issue 25): the rank's exception, in status and in wait
+    said = "rank 0 (n1): ModuleNotFoundError: No module named 'no_such_module_for_ftslurm'"
+    assert said in s["attempts"][0]["reason"] and said in s["reason"], s
+    waited = cli("wait", out["run_id"], check=False)
+    assert said in " ".join((waited.stdout + waited.stderr).split())  # as wrapped to 80
 
 
 def test_a_rank_dying_of_enospc_ends_the_run_at_once_with_the_reason(cli, tmp_path):

@@ -1013,3 +1013,11 @@ def test_spares_take_stragglers_while_the_one_rule_says_spare(stragglers, gone, 
                                                               expected):  # fmt: skip
     allocation = ["n1", "n2", "n3", "n4"]
     assert spares_take_stragglers(stragglers, allocation, gone, spares) is expected
+
+
+def test_a_failed_ranks_words_are_in_the_reason_of_the_endings_they_explain():
+    said = "rank 3 (n2): RuntimeError: CUDA error: an illegal memory access"
+    crash = decide(C.CRASH, E(J.FAILED, 1, error=said), Budget(), DEFAULT)
+    assert crash.reason == f"crash: retry 1/2; {said}"
+    lost = decide(C.NODE_FAIL, E(J.NODE_FAIL, error=said), Budget(), DEFAULT)
+    assert said not in lost.reason  # a survivor's error after a lost node says nothing

@@ -600,10 +600,11 @@ def test_upgrade_from_a_version_1_database_keeps_the_data(tmp_path: Path, monkey
             old.flag_node(NodeFlag("n2", "node_fail", 5.0, None, "r1"))
             assert old.schema_version() == 1
     with Store(home) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 4
+        assert s.schema_version() == SCHEMA_VERSION == 5
         run = s.get_run("r1")
         assert (run.name, run.job_retries_used, run.reason, run.cancel_requested) == (
             "name-r1", 2, "why", True)
+        assert run.injected == []
         assert run.version == 0
         (a,) = s.attempts("r1")
         assert (a.job_id, a.nodes, a.version, a.lost_nodes) == ("1000", ["n1"], 0, [])
@@ -623,6 +624,16 @@ def test_the_lost_nodes_an_attempt_acted_on_are_stored(store: Store) -> None:
     store.update_attempt(replace(a, lost_nodes=["n2", "n4"]))
     assert store.latest_attempt("r1").lost_nodes == ["n2", "n4"]
     assert store.attempts("r1")[0].lost_nodes == ["n2", "n4"]
+
+
+def test_the_injections_that_fired_in_a_run_are_stored(store: Store) -> None:
+    """Which fault injections fired survives a daemon restart (schema 5): each fires once
+    per run."""
+    store.add_run(Run("r1", "r1", RunState.RUNNING, 1.0, {}, {}))
+    assert store.get_run("r1").injected == []
+    store.update_run(replace(store.get_run("r1"), injected=["node_fail@10"]))
+    assert store.get_run("r1").injected == ["node_fail@10"]
+    assert store.list_runs()[0].injected == ["node_fail@10"]
 
 
 def test_requests_are_recorded_and_applied_once(store: Store) -> None:

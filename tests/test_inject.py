@@ -153,3 +153,26 @@ def test_a_dead_task_host_ends_the_job_in_node_fail_not_failed(tmp_path):
     finally:
         stop.set()
         thread.join()
+
+
+def test_an_attempt_reaches_the_schedulers_injections_it_ran_long_enough_for():
+    """What the daemon counts as fired when an attempt ends: node_fail and preempt at their
+    time, timeout (the wall limit) at the start; crash, hang, straggler are the ranks' to
+    report; an attempt that never ran reached none."""
+    from ftslurm.core.inject import parse_injections, reached
+
+    injections = parse_injections(["node_fail@10", "preempt@30", "timeout@5m", "crash@1",
+                                   "straggler@0:1*3"])  # fmt: skip
+    assert reached(injections, None) == ()
+    assert reached(injections, 9.5) == ("timeout@300",)
+    assert reached(injections, 10.0) == ("node_fail@10", "timeout@300")
+    assert reached(injections, 31.0) == ("node_fail@10", "preempt@30", "timeout@300")
+
+
+def test_a_new_job_carries_what_did_not_fire_and_a_straggler_always():
+    from ftslurm.core.inject import parse_injections, still_to_fire
+
+    injections = parse_injections(["node_fail@10", "crash@20:1", "straggler@0:1*3"])
+    left = still_to_fire(injections, {"node_fail@10", "crash@20:1", "straggler@0:1*3"})
+    assert [i.spec() for i in left] == ["straggler@0:1*3"]
+    assert still_to_fire(injections, ()) == injections

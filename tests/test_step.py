@@ -521,3 +521,44 @@ def test_an_ending_after_a_launcher_failed_says_so_first_in_its_reason():
     assert ended.attempt.reason.startswith("a launcher failed before its ranks started "
                                            "(node n2, node rank 1, in the rendezvous): "
                                            "RendezvousTimeoutError"), ended.attempt.reason
+
+
+def test_an_ending_records_the_injections_that_fired_so_no_later_job_repeats_them():
+    """Issue 25: each injection fires once per run. Ended by a peer report (a fresh job
+    follows) after running past node_fail@10, the run records it as fired; an attempt
+    that ended before 10 s did not reach it; the crash its ranks report is recorded too,
+    a straggler never (its node stays slow)."""
+    spec = {**run().spec, "inject": ["node_fail@10", "crash@3:1", "straggler@1:0*2"]}
+    r = run(spec=spec, settings={"num_job_retries_on_failure": 3})
+    out = core.step(attempt(start=NOW - 30), info(JobState.RUNNING), r,
+                    known(files=lost_files(lost_report())), NOW)  # fmt: skip
+    (upd,) = of(out, core.UpdateRun)
+    assert upd.run.injected == ["node_fail@10"]
+    # A requeued job whose ranks reported the crash, and which ran 5 s only
+    reports = ({"rank": 1, "outcome": "killed", "injected": ["crash@3:1", "straggler@1:0*2"]},)
+    out = core.step(attempt(start=NOW - 5), info(JobState.PENDING, restart_count=1), r,
+                    known(files=core.RunFiles(rank_reports=reports)), NOW)  # fmt: skip
+    (upd,) = of(out, core.UpdateRun)
+    assert upd.run.injected == ["crash@3:1"]
+    # what fired before stays
+    out = core.step(attempt(start=NOW - 5), info(JobState.FAILED, exit_code=1, end_time=NOW),
+                    replace(r, injected=["node_fail@10"]), known(), NOW)  # fmt: skip
+    assert of(out, core.UpdateRun)[-1].run.injected == ["node_fail@10"]
+
+
+def test_the_reason_says_what_the_first_failed_rank_said():
+    """Issue 25: a user error or a crash names the rank's exception in the reason."""
+    reports = ({"rank": 1, "node": "n2", "outcome": "killed", "ended_at": NOW - 1,
+                "error_line": "RuntimeError: peer closed the connection"},
+               {"rank": 0, "node": "n1", "outcome": "user_error", "ended_at": NOW - 3,
+                "error_line": "ModuleNotFoundError: No module named 'foo'"},
+               {"rank": 2, "node": "n2", "outcome": "finished"})  # fmt: skip
+    assert core.first_error(reports) == "rank 0 (n1): ModuleNotFoundError: No module named 'foo'"
+    assert core.first_error(reports[2:]) == ""
+    out = core.step(attempt(start=NOW - 5), info(JobState.FAILED, exit_code=1, end_time=NOW),
+                    run(), known(files=core.RunFiles(rank_reports=reports)), NOW)  # fmt: skip
+    (rec,) = of(out, core.Record)
+    assert rec.attempt.cause == "user_error"
+    assert rec.attempt.reason == ("user error: it would fail the same way again; rank 0 (n1): "
+                                  "ModuleNotFoundError: No module named 'foo'")
+    assert of(out, core.UpdateRun)[-1].run.reason == rec.attempt.reason

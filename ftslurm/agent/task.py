@@ -22,15 +22,19 @@ For every task (rank) of an attempt it
   (atomic) for the daemon:
       {"rank", "node", "job_id", "restart_count", "attempt", "exit_code", "signal",
        "started_at", "ended_at", "checkpoint_signal_at", "injected", "outcome",
-       "error_tail", "saved_step", "disk_full_path", "checkpoint_signal_withheld"}
+       "error_tail", "error_line", "saved_step", "disk_full_path",
+       "checkpoint_signal_withheld"}
   where outcome is one of "finished", "checkpointed" (exit 0 after the checkpoint signal:
   continue me; a checkpoint signal held back from a script that never caught it does not
   count), "teardown_failed" (the rank recorded "saved step S, stopping" through the
   rank agent, `saved_step`, and then died while tearing down: the save stands),
   "resume_elsewhere" (16), "failed_validation" (17), "do_not_retry" (93), "disk_full" (it
   died of ENOSPC, "No space left on device", at `disk_full_path` when its stderr names
-  it), "user_error", "killed" or "failed" (see `classify_exit`); a stop record left by an
-  earlier process of this rank is removed before the command starts;
+  it), "user_error", "killed" or "failed" (see `classify_exit`); `error_line` says in one
+  line what failed, for the daemon's reason (the last Python exception line of its stderr,
+  "ModuleNotFoundError: No module named 'foo'", see `error_line`; null when it did not
+  fail); a stop record left by an earlier process of this rank is removed before the
+  command starts;
 - exits with the command's code (128+N when signal N killed it; 127 when it cannot start).
 """
 
@@ -80,6 +84,10 @@ _USER_ERROR = re.compile(
 _DISK_FULL = re.compile(r"\[Errno 28\]|No space left on device|ENOSPC")
 _DISK_FULL_PATH = re.compile(r"No space left on device: ('([^']*)'|\"([^\"]*)\")")
 DISK_FULL_LINES = 5  # how far from the end of the tail the fatal error may be
+# The line a Python traceback ends with: the exception's (dotted) type, then its message.
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|"
+                             r"KeyboardInterrupt|StopIteration)(:|$)")  # fmt: skip
+ERROR_LINE_CHARS = 300  # the longest error line a report carries
 
 
 def _int(value: str | None, default: int = 0) -> int:
@@ -153,6 +161,20 @@ def disk_full(stderr_tail: str) -> tuple[bool, str | None]:
             match = _DISK_FULL_PATH.search(line)
             return True, (match.group(2) or match.group(3)) if match else None
     return False, None
+
+
+def error_line(stderr_tail: str, exit_code: int | None) -> str | None:
+    """What failed, in one line of a failed rank's stderr: the last Python exception line
+    (the end of a traceback: "ModuleNotFoundError: No module named 'foo'"), else, for a
+    command that exited non-zero (not killed by a signal), its last line. None when there
+    is neither. At most ERROR_LINE_CHARS characters."""
+    lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
+    found = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
+    if found is None and exit_code not in (None, 0) and lines:
+        found = lines[-1]
+    if found is None:
+        return None
+    return found if len(found) <= ERROR_LINE_CHARS else found[: ERROR_LINE_CHARS - 3] + "..."
 
 
 def classify_exit(exit_code: int | None, signal: int | None, checkpoint_signal_seen: bool,
@@ -400,7 +422,7 @@ class Task:
                 else ExitCode.CANNOT_EXECUTE
             message = f"ftslurm: cannot start {self.command[0]!r}: {exc.strerror or exc}"
             print(message, file=sys.stderr, flush=True)
-            self._report(code, None, "user_error", message)
+            self._report(code, None, "user_error", message, error=message)
             return code
         held, self.early = self.early, []
         for sig in held:
@@ -455,12 +477,13 @@ class Task:
                      saved_step=stop.get("step") if stop else None,
                      disk_full_path=disk_full(tail)[1] if outcome == "disk_full" else None,
                      withheld=self.checkpoint_signal.name.removeprefix("SIG") if withheld
-                     else None)  # fmt: skip
+                     else None,
+                     error=error_line(tail, code) if status != 0 else None)  # fmt: skip
         return code if code is not None else 128 + (sig or 0)
 
     def _report(self, code: int | None, sig: int | None, outcome: str, tail: str | None,
                 saved_step: int | None = None, disk_full_path: str | None = None,
-                withheld: str | None = None) -> None:
+                withheld: str | None = None, error: str | None = None) -> None:
         if self.rundir is None:
             return
         path = self.rundir.rank_report(self.attempt, self.rank)
@@ -473,6 +496,7 @@ class Task:
             "checkpoint_signal_at": self.checkpoint_signal_at, "injected": self.injected,
             "outcome": outcome,
             "error_tail": "\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
+            "error_line": error,
             "saved_step": saved_step, "disk_full_path": disk_full_path,
             WITHHELD_SIGNAL: withheld,
         })  # fmt: skip

@@ -212,7 +212,9 @@ class RunDir:
         return self.attempts / str(attempt)
 
     def rank_report(self, attempt: str | int, rank: int) -> Path:
-        """What the task wrapper of `rank` reports when its command ends."""
+        """What the task wrapper of `rank` reports when its command ends (JSON, keys in
+        `ftslurm.agent.task`; `error_line`: what failed in one line of its stderr, the
+        exception's type and message, which the daemon puts in the attempt's reason)."""
         return self.attempt(attempt) / f"rank-{rank}.json"
 
     def node_report(self, attempt: str | int, node_rank: int) -> Path:

@@ -14,7 +14,9 @@ TIME is how long after the job (each attempt) starts: `90`, `90s`, `5m`, `2h`, `
 | timeout   | the attempt's wall limit becomes TIME   | none                             |
 
 Each injection fires once, in the first attempt that runs long enough to reach it; the node
-a straggler slows stays slow for the rest of the run (a bad node: moving off it helps). On the
+a straggler slows stays slow for the rest of the run (a bad node: moving off it helps). The
+daemon records what fired in the run (`reached`; the ranks' reports for crash and hang) and
+a later job of the run carries only the rest (`still_to_fire`). On the
 mock scheduler node_fail, preempt, crash, hang and timeout act on the simulated cluster; the
 kinds a job can do to itself (crash, hang, straggler) also travel to the job in the
 `FTSLURM_INJECT` environment variable, for the rank agent to act on, on a real cluster too.
@@ -23,6 +25,7 @@ kinds a job can do to itself (crash, hang, straggler) also travel to the job in 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -124,3 +127,23 @@ def parse_injections(specs: list[str] | tuple[str, ...]) -> tuple[Injection, ...
 def env_value(injections: tuple[Injection, ...]) -> str:
     """What travels to the job in FTSLURM_INJECT: the in-job kinds, comma-separated."""
     return ",".join(i.spec() for i in injections if i.kind.in_job)
+
+
+def reached(injections: Iterable[Injection], ran_s: float | None) -> tuple[str, ...]:
+    """The specs of the injections the scheduler carries out (node_fail, preempt, timeout)
+    that an attempt which ran for `ran_s` seconds reached: a timeout (its wall limit) as soon
+    as it started, the others at their time. None: it never ran, so none. The kinds a job
+    does to itself are timed by its ranks, which report what they did."""
+    if ran_s is None:
+        return ()
+    return tuple(i.spec() for i in injections if not i.kind.in_job
+                 and (i.kind is InjectKind.TIMEOUT or ran_s >= i.at_s))  # fmt: skip
+
+
+def still_to_fire(injections: Iterable[Injection],
+                  fired: Collection[str]) -> tuple[Injection, ...]:  # fmt: skip
+    """What a new job of the run carries: the injections not fired yet (`fired`: their
+    specs), and a straggler always (the node it slowed stays slow; its ranks remember
+    which node that is)."""
+    return tuple(i for i in injections
+                 if i.kind is InjectKind.STRAGGLER or i.spec() not in fired)  # fmt: skip

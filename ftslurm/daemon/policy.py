@@ -50,6 +50,9 @@ class Ending:
     # The checkpoint signal ("USR2") held back from ranks none of whose processes catch it
     # (a plain script, `ftslurm.agent.task`): the wall limit ended them instead.
     signal_withheld: str | None = None
+    # what the first rank to fail said, in one line of its stderr ("rank 0 (n1):
+    # ModuleNotFoundError: No module named 'foo'"), empty when none did
+    error: str = ""
 
 
 def classify(e: Ending, settings: FtSettings) -> Cause:
@@ -121,6 +124,11 @@ _SAID_BY_THE_JOB = (
 )  # fmt: skip
 
 
+# The endings a failed rank's own words explain (its error line goes into the reason).
+SAID_BY_A_RANK = frozenset({Cause.USER_ERROR, Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE,
+                            Cause.FAILED_VALIDATION, Cause.DO_NOT_RETRY})  # fmt: skip
+
+
 class Verdict(str, Enum):
     COMPLETE = "complete"
     CONTINUE = "continue"  # a new attempt that spends no failure budget
@@ -151,12 +159,16 @@ class Decision:
 def decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
            cancel_requested: bool = False) -> Decision:  # fmt: skip
     """What to do after an attempt ended for `cause`, given what was spent so far. The
-    reason names the hung rank, a checkpoint signal that was not acted on, and a run whose
-    ranks wrote no heartbeats (its hangs are seen only by CPU idleness)."""
+    reason names the hung rank, what the first failed rank said (the last line of its
+    error, for the endings a rank's error explains), a checkpoint signal that was not
+    acted on, and a run whose ranks wrote no heartbeats (its hangs are seen only by CPU
+    idleness)."""
     d = _decide(cause, e, budget, settings, cancel_requested)
     notes = []
     if cause is Cause.HANG and e.hung:
         notes.append(e.hung)
+    if cause in SAID_BY_A_RANK and e.error:
+        notes.append(e.error)
     withheld = e.signal_withheld and e.state is JobState.TIMEOUT
     if withheld and cause in (Cause.CHECKPOINTED, Cause.TIMEOUT):
         notes.append(f"the script does not handle SIG{e.signal_withheld}: left to the wall "

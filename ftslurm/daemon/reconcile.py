@@ -199,7 +199,7 @@ def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt
         event = ("adopted", {"attempt": a.attempt, "job_id": job.job_id})
     else:
         script, options = build_attempt(run.run_id, run.spec, run.settings, a.attempt,
-                                        intent.exclude)  # fmt: skip
+                                        intent.exclude, run.injected)  # fmt: skip
         job_id = backend.submit(script, options)
         a = replace(a, job_id=job_id, state=AttemptState.PENDING, submitted_at=clock())
         event = ("submitted", {"attempt": a.attempt, "job_id": job_id,

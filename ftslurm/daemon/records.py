@@ -89,6 +89,9 @@ class Run:
     reason: str | None = None  # why the run ended (or the last decision), for `status`
     cancel_requested: bool = False
     ended_at: float | None = None
+    # the fault injections (specs, `ftslurm.core.inject`) that fired in an attempt so far:
+    # each fires once per run, so a later job of the run leaves them out
+    injected: list[str] = field(default_factory=list)
     # The stored version this copy was read at (`Store.update_run` is compare-and-set on it);
     # bookkeeping, not content: two copies of the same run compare equal across versions.
     version: int = field(default=0, compare=False)

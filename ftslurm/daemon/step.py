@@ -40,6 +40,7 @@ from typing import Any
 
 from ftslurm.core.cadence import Cadence, FailureHistory, cadence
 from ftslurm.core.contract import WITHHELD_RANKS, WITHHELD_SIGNAL
+from ftslurm.core.inject import InjectKind, parse_injections, reached
 from ftslurm.core.leases import Seen, daemon_timeout, is_lost
 from ftslurm.core.recovery import BATCH_NODE_RANK, Recovery, Source, recovery
 from ftslurm.core.settings import Cause, FtSettings
@@ -430,6 +431,27 @@ def _budget(run: Run) -> Budget:
                   run.stalled_continuations)  # fmt: skip
 
 
+def _injected(run: Run, start: float | None, end: float | None,
+              reports: Sequence[Mapping[str, Any]] = ()) -> list[str]:  # fmt: skip
+    """The run's fired injections once an attempt that ran from `start` to `end` ended: the
+    scheduler's (node_fail, preempt, timeout) that it ran long enough to reach, and the
+    crashes and hangs its ranks' `reports` say they carried out (a straggler is never
+    counted: its node stays slow). Each fires once per run (`submission.build_attempt`)."""
+    specs = tuple(run.spec.get("inject") or ())
+    if not specs:
+        return list(run.injected)
+    ran = end - start if start is not None and end is not None else None
+    done = set(run.injected) | set(reached(parse_injections(specs), ran))
+    in_job = {i.spec() for i in parse_injections(specs)
+              if i.kind in (InjectKind.CRASH, InjectKind.HANG)}  # fmt: skip
+    done |= {x for r in reports for x in (r.get("injected") or ()) if x in in_job}
+    return sorted(done)
+
+
+def _start(a: Attempt, info: JobInfo) -> float | None:
+    return a.start if a.start is not None else info.start_time
+
+
 def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> list[Intent]:
     """Record what changed; act on straggler reports; send the checkpoint signal when due."""
     out: list[Intent] = []
@@ -652,7 +674,7 @@ def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSetting
                   continuations=d.budget.continuations,
                   stalled_continuations=d.budget.stalled_continuations,
                   last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
-                  reason=reason)  # fmt: skip
+                  reason=reason, injected=_injected(run, _start(a, info), now))  # fmt: skip
     ended = Event("ended", {
         "attempt": a.attempt, "job_id": a.job_id, "state": JobState.NODE_FAIL.value,
         "cause": Cause.NODE_FAIL.value, "verdict": d.verdict.value, "reason": reason,
@@ -696,7 +718,8 @@ def _straggler(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSe
     nxt = Attempt(run.run_id, a.attempt + 1, AttemptState.REQUEUING, job_id=a.job_id,
                   tag=a.tag, restart_count=a.restart_count + 1)  # fmt: skip
     return [*out, Record(moved),
-            UpdateRun(replace(run, cause_counts=dict(d.budget.cause_counts), reason=d.reason)),
+            UpdateRun(replace(run, cause_counts=dict(d.budget.cause_counts), reason=d.reason,
+                              injected=_injected(run, _start(a, info), now))),
             NewAttempt(nxt),
             Event("ended", {"attempt": a.attempt, "job_id": a.job_id, "state": moved.state.value,
                             "cause": d.cause.value, "verdict": d.verdict.value,
@@ -860,6 +883,7 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
                               if r.get(WITHHELD_SIGNAL)), None) or (
             settings.checkpoint_signal if any(r.get(WITHHELD_RANKS) for r in launchers)
             else None),
+        error=first_error(reports),
     )  # fmt: skip
     cause = policy.classify(ending, settings)
     if peer_lost and cause is not Cause.FINISHED:  # a node was lost under it: whatever
@@ -883,7 +907,8 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
                   continuations=d.budget.continuations,
                   stalled_continuations=d.budget.stalled_continuations,
                   last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
-                  reason=d.reason)  # fmt: skip
+                  reason=d.reason,
+                  injected=_injected(run, finished.start, finished.end, reports))  # fmt: skip
     out.append(Record(finished))
     out += [flag_node(node, why, facts.flags, now, settings) for node, why in d.exclude]
     how = Recovery.NEW_JOB
@@ -911,6 +936,19 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
     if stuck:  # recorded first; the job no longer trains, it only waits on a dead node
         out.append(Cancel(a.job_id or ""))
     return out
+
+
+def first_error(reports: Sequence[Mapping[str, Any]]) -> str:
+    """What the first rank to fail said (its report's `error_line`), with the rank and
+    node: "rank 0 (n1): ModuleNotFoundError: No module named 'foo'"; empty when no rank
+    report carries one."""
+    failed = [r for r in reports if isinstance(r.get("error_line"), str) and r["error_line"]]
+    if not failed:
+        return ""
+    r = min(failed, key=lambda r: (_seconds(r.get("ended_at")) or float("inf"),
+                                   str(r.get("rank"))))  # fmt: skip
+    node = f" ({r['node']})" if r.get("node") else ""
+    return f"rank {r.get('rank')}{node}: {r['error_line']}"
 
 
 def _slurm_lost(a: Attempt, down: Sequence[str], files: RunFiles,

@@ -2,7 +2,8 @@
 
 Tables (schema version in `PRAGMA user_version`, upgraded by `MIGRATIONS` in order):
     runs       one row per run: name, state, times, retry counters and the last reason as
-               columns (so they can be queried), spec/settings/cause_counts as JSON text
+               columns (so they can be queried), spec/settings/cause_counts and the fault
+               injections that fired as JSON text
     attempts   one row per (run_id, attempt): state, scheduler job id, tag, nodes (JSON),
                times, how it ended and its cause
     events     append-only log of what the daemon saw, decided and did; `event_id` only
@@ -148,12 +149,16 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             pid INTEGER NOT NULL, seq INTEGER NOT NULL, time REAL NOT NULL, ended TEXT,
             job_id TEXT)""",
     ]),
+    (5, [
+        # the fault injections that fired in the run (JSON list): each fires once per run
+        "ALTER TABLE runs ADD COLUMN injected TEXT NOT NULL DEFAULT '[]'",
+    ]),
 ]  # fmt: skip
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]
 
 _RUN_COLS = ("run_id", "name", "state", "created_at", "ended_at", "spec", "settings",
              "job_retries_used", "cause_counts", "continuations", "stalled_continuations",
-             "last_checkpoint_step", "reason", "cancel_requested")  # fmt: skip
+             "last_checkpoint_step", "reason", "cancel_requested", "injected")  # fmt: skip
 _ATTEMPT_COLS = ("run_id", "attempt", "state", "job_id", "tag", "restart_count", "nodes",
                  "submitted_at", "start", "end_", "exit_code", "signal", "reason", "cause",
                  "in_job_restarts", "checkpoint_signal_at", "failure_seen_at",
@@ -559,7 +564,8 @@ class Store:
         return (run.run_id, run.name, RunState(run.state).value, run.created_at, run.ended_at,
                 json.dumps(run.spec), json.dumps(run.settings), run.job_retries_used,
                 json.dumps(run.cause_counts), run.continuations, run.stalled_continuations,
-                run.last_checkpoint_step, run.reason, int(run.cancel_requested))  # fmt: skip
+                run.last_checkpoint_step, run.reason, int(run.cancel_requested),
+                json.dumps(run.injected))  # fmt: skip
 
     @staticmethod
     def _run(row: sqlite3.Row, shared: dict[str, Any] | None = None) -> Run:
@@ -576,7 +582,7 @@ class Store:
             stalled_continuations=row["stalled_continuations"],
             last_checkpoint_step=row["last_checkpoint_step"], reason=row["reason"],
             cancel_requested=bool(row["cancel_requested"]), ended_at=row["ended_at"],
-            version=row["version"],
+            injected=json.loads(row["injected"]), version=row["version"],
         )  # fmt: skip
 
     def add_run(self, run: Run) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from ftslurm.core.contract import (
     attempt_setup_line,
     default_checkpoint_dir,
 )
-from ftslurm.core.inject import env_value, parse_injections
+from ftslurm.core.inject import env_value, parse_injections, still_to_fire
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import JobOptions
 from ftslurm.daemon.records import tag
@@ -99,11 +99,16 @@ def backend_key(spec: dict[str, Any]) -> str:
 
 
 def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], attempt: int,
-                  exclude: tuple[str, ...]) -> tuple[str, JobOptions]:  # fmt: skip
-    """The batch script and sbatch options for attempt `attempt` of a run."""
+                  exclude: tuple[str, ...],
+                  fired: Collection[str] = ()) -> tuple[str, JobOptions]:  # fmt: skip
+    """The batch script and sbatch options for attempt `attempt` of a run. `fired`: the
+    fault injections that fired in an earlier attempt (`Run.injected`): each fires once per
+    run, so the new job carries only the others (a straggler always: its node stays slow).
+    A requeued job runs the script it was submitted with, and its scheduler (the mock)
+    remembers what fired in it; the ranks remember the crashes and hangs they carried out."""
     o = spec["options"]
     run_dir = spec["run_dir"]
-    injections = parse_injections(tuple(spec.get("inject", ())))
+    injections = still_to_fire(parse_injections(tuple(spec.get("inject", ()))), fired)
     # What travels to the compute side; a setting a stored run lacks gets JobEnv's default.
     defaults = JobEnv()
     # peer_timeout_s: every job keeps a lease, with the launcher or without
