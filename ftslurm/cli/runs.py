@@ -40,7 +40,7 @@ from ftslurm.core.leases import DAEMON_LEASE_TIMEOUT_S
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
-from ftslurm.core.validate import OWNED_SBATCH_FLAGS
+from ftslurm.core.validate import OWNED_SBATCH_FLAGS, bad_char, check_line
 from ftslurm.daemon import as_job, service, user_requests
 from ftslurm.daemon.reconcile import new_run_record
 from ftslurm.daemon.records import NEVER_SUBMITTED, Attempt, Run, RunState, parse_tag
@@ -1051,7 +1051,10 @@ def nodes_list(as_json: JsonOpt = False) -> None:
         typer.echo(json.dumps([f.__dict__ for f in flags]))
         return
     now = time.time()
-    rows = [[f.node, escape(f.reason), _fmt_time(f.since, now),
+    # A reason stored before control characters were refused shows them escaped (\x1b),
+    # never as raw terminal sequences.
+    rows = [[f.node, escape(f.reason if not bad_char(f.reason) else repr(f.reason)[1:-1]),
+             _fmt_time(f.since, now),
              _fmt_time(f.expires_at, now) if f.expires_at else "never", f.run_id or "-"]
             for f in flags]  # fmt: skip
     console.print(fitted_table(_NODE_COLS, rows, console.width, title="excluded nodes"))
@@ -1089,6 +1092,7 @@ def nodes_add(
 ) -> None:
     """Keep nodes out of every later attempt."""
     names = node_names(node)
+    check_line("--reason", reason)  # one line of printable text: `nodes list` prints it
     if ttl is not None and ttl <= 0:
         raise ConfigError(f"--ttl must be a positive number of seconds, not {ttl:g}")
     done, note = _ask_daemon(*user_requests.nodes_add(names, reason, ttl))

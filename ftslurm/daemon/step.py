@@ -794,6 +794,8 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
         heartbeats=all(r.get("heartbeats", True) for r in launchers),
         disk_full_at=next((f"{r.get('node')} at {r.get('disk_full_path') or 'an unknown path'}"
                            for r in reports if r.get("outcome") == "disk_full"), None),
+        error_line=next((str(r.get("error_tail") or "").strip().rsplit("\n", 1)[-1]
+                         for r in reports if r.get("outcome") == "user_error"), ""),
     )  # fmt: skip
     cause = policy.classify(ending, settings)
     if peer_lost and cause is not Cause.FINISHED:  # a node was lost under it: whatever
