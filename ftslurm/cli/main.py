@@ -281,11 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     aborts = _classes("Abort")
     exits = _classes("Exit")
     _DEBUG["on"] = False
+    runs.forget_submit()  # of an earlier call in this process (tests call main often)
     try:
         try:
             command = readable(typer.main.get_command(app))
             runs.put_in_panels(command.commands["submit"], runs.SUBMIT_PANELS)
             result = command.main(args=argv, prog_name="ftslurm", standalone_mode=False)
+            if result == 130:  # typer 0.22 and later end a Ctrl-C so, returned here
+                note = runs.interrupted_submit()
+                if note:
+                    print(note, file=sys.stderr)
             sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         except FtslurmError as exc:
             print(f"Error: {exc.user_message()}", file=sys.stderr)
@@ -297,10 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             code = getattr(exc, "exit_code", getattr(exc, "code", 0))
             return code if isinstance(code, int) else 0
         except aborts as exc:  # click before typer 0.22 turns Ctrl-C into Abort
-            print("Aborted!", file=sys.stderr)
+            print(runs.interrupted_submit() or "Aborted!", file=sys.stderr)
             return 130 if isinstance(exc.__cause__, KeyboardInterrupt) else 1
         except KeyboardInterrupt:
-            print("Aborted!", file=sys.stderr)
+            print(runs.interrupted_submit() or "Aborted!", file=sys.stderr)
             return 130
         except SystemExit as exc:
             if exc.code is None or isinstance(exc.code, int):

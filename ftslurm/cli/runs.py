@@ -306,6 +306,7 @@ def submit(
         typer.echo(f"Warning: {home_warning}", err=True)
     if name_warning:
         typer.echo(f"Warning: {name_warning}", err=True)
+    _SUBMITTING.update(home=home, run_id=run_id)  # an interrupt from here on says more
     private_dir(run_dir)
     RunDir(run_dir).logs.mkdir(exist_ok=True)
     run, attempt = new_run_record(run_id, run_name, spec, settings, time.time())
@@ -333,6 +334,36 @@ def submit(
                    f"see `ftslurm status {run_id}`")  # fmt: skip
     else:
         typer.echo(f"run {run_id} recorded{where}; {note}; see `ftslurm status {run_id}`")
+
+
+# The run `submit` is recording (its state folder and id), for `interrupted_submit`.
+_SUBMITTING: dict[str, Any] = {}
+
+
+def forget_submit() -> None:
+    _SUBMITTING.clear()
+
+
+def interrupted_submit() -> str | None:
+    """What a Ctrl-C during `submit` left, in one line, once `submit` began recording a
+    run: recorded (the daemon submits it: the interrupt stopped only the wait), or not
+    recorded (nothing was submitted); None when no run was being recorded."""
+    home, run_id = _SUBMITTING.get("home"), _SUBMITTING.get("run_id")
+    _SUBMITTING.clear()
+    if home is None or run_id is None:
+        return None
+    try:
+        with Store(home) as store:
+            recorded = store.get_run(run_id) is not None
+        serving = service.serving(home) is not None
+    except Exception:  # noqa: BLE001 - an interrupt is no time for a second error
+        return None
+    if not recorded:
+        return "interrupted before the run was recorded: nothing was recorded or submitted"
+    later = ("the daemon will submit it" if serving
+             else "a daemon will submit it once one runs (`ftslurm daemon start`)")
+    return (f"interrupted: run {run_id} is recorded and {later}; the interrupt stopped only "
+            f"the wait (`ftslurm status {run_id}`, `ftslurm cancel {run_id}`)")
 
 
 def _name_in_use(store: Store, name: str, chosen: bool) -> str | None:
@@ -785,6 +816,7 @@ def status(
     store = _store()
     runs = [_run_or_fail(store, run_id)] if run_id else ordered(store.list_runs(active))
     warn_orphan_jobs(store, runs)
+    warn_no_daemon(store.home, runs)
     summaries = [run_summary(store, r) for r in runs]
     now = time.time()
     recoveries = _recoveries(store, runs, now)
@@ -907,6 +939,24 @@ def warn_orphan_jobs(store: Store, runs: list[Run]) -> None:
                   f"{store.path}: nothing manages them (state lost? see `ftslurm daemon "
                   "recover`, or cancel them)", markup=False, highlight=False,
                   soft_wrap=True)  # fmt: skip
+
+
+def warn_no_daemon(home: Path, runs: Sequence[Run]) -> None:
+    """One line (stderr) when runs have not ended and no daemon serves them: nothing submits
+    a PENDING run, watches a RUNNING one or retries it until a daemon runs."""
+    waiting = [r for r in runs if not r.state.is_terminal]
+    if not waiting:
+        return
+    try:
+        if service.serving(home) or service.queued_daemon_job(home):
+            return
+    except FtslurmError:
+        return  # a scheduler that does not answer now: not known, not worth a wait here
+    which = (f"run {waiting[0].run_id}" if len(waiting) == 1
+             else f"the {len(waiting)} runs that have not ended")  # fmt: skip
+    err.print(f"warning: no daemon serves {home}: nothing submits, watches or retries "
+              f"{which} until one runs (`ftslurm daemon start`)", markup=False,
+              highlight=False, soft_wrap=True)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- wait
