@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -237,6 +238,11 @@ def submit(
                       "(default: none)")] = None,
     print_script: Annotated[bool, _opt("--print-script", help="Print the sbatch script of the "
                             "first attempt; submit nothing. (default: off)")] = False,
+    snapshot_code: Annotated[bool, _opt("--snapshot-code/--no-snapshot-code", help="Copy the "
+                             "recipe file into the run folder at submit, so every attempt "
+                             "runs what was submitted; --no-snapshot-code runs the file as it "
+                             "is at each attempt (to pick up fixes on purpose). Only the recipe "
+                             "file is copied, not its folder. (default: on)")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a training run; the daemon then owns it until it ends."""
@@ -251,6 +257,10 @@ def submit(
         except ConfigError as exc:
             raise ConfigError(f"--preempt-time: {exc.user_message()}") from None
     loaded = load_recipe(recipe, list(args or ()))
+    if not snapshot_code and recipe.suffix != ".py" and not os.access(recipe, os.X_OK):
+        raise ConfigError(f"recipe {recipe} is not executable and not a Python file (.py): "
+                          f"`chmod +x {recipe}`, or keep --snapshot-code (the copy is made "
+                          "executable)")  # fmt: skip
     # Each --sbatch-arg is one word of sbatch's command line: `--k=v`, `--k`, `-kv`, or
     # a flag and its value in two (`--sbatch-arg=-q --sbatch-arg=high`).
     from_args = sbatch_flags(list(sbatch_arg or ()), "--sbatch-arg")
@@ -286,6 +296,9 @@ def submit(
     spec = make_spec(loaded, run_dir=run_dir, backend=backend_kind, workdir=str(Path.cwd()),
                      inject=tuple(i.spec() for i in injections),
                      mock_home=mock_home() if dry_run else None, environ=os.environ)  # fmt: skip
+    snapshot = RunDir(run_dir).root / CODE_DIR / recipe.name if snapshot_code else None
+    if snapshot is not None:
+        spec = snapshot_spec(spec, recipe.resolve(), snapshot)
     home_warning = _checkpoints_at_home(spec)
     script, _ = build_attempt(run_id, spec, settings.model_dump(mode="json"), 0, ())
     warn = warning and settings.preempt_time
@@ -309,6 +322,8 @@ def submit(
     _SUBMITTING.update(home=home, run_id=run_id)  # an interrupt from here on says more
     private_dir(run_dir)
     RunDir(run_dir).logs.mkdir(exist_ok=True)
+    if spec.get("code_snapshot"):
+        take_snapshot(recipe, snapshot)  # type: ignore[arg-type]
     run, attempt = new_run_record(run_id, run_name, spec, settings, time.time())
     with store.transaction():  # the run and its submission intent: the daemon submits it
         _name_in_use(store, run_name, chosen=name is not None)  # again, with the write lock
@@ -334,6 +349,43 @@ def submit(
                    f"see `ftslurm status {run_id}`")  # fmt: skip
     else:
         typer.echo(f"run {run_id} recorded{where}; {note}; see `ftslurm status {run_id}`")
+
+
+# The folder of a run's snapshot of its recipe file (`submit --snapshot-code`).
+CODE_DIR = "code"
+
+
+def snapshot_spec(spec: dict[str, Any], original: Path, snapshot: Path) -> dict[str, Any]:
+    """The spec whose attempts run `snapshot` in place of the recipe file `original`: every
+    first word of the command that is the file becomes the copy (later ones are the
+    script's own arguments, left as given) (pure). For a Python file, the
+    original's folder goes on PYTHONPATH (after the copy's own folder, which `python FILE`
+    puts first), so that modules beside the recipe import as they did; the working
+    directory stays the submit directory."""
+    command = list(spec["command"])
+    if str(original) not in command:
+        return {**spec, "code_snapshot": None}  # the command does not run the recipe file
+    command[command.index(str(original))] = str(snapshot)
+    setup = list(spec["setup"])
+    if original.suffix == ".py":
+        folder = shlex.quote(str(original.parent))
+        setup.insert(0, f'export PYTHONPATH={folder}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+    return {**spec, "command": command, "setup": setup,
+            "code_snapshot": {"path": str(snapshot), "from": str(original)}}  # fmt: skip
+
+
+def take_snapshot(recipe: Path, snapshot: Path) -> None:
+    """Copy the recipe file to `snapshot` (owner only, executable: a script runs without
+    its own execute bit, as sbatch runs its copy); a one-line error when it cannot."""
+    try:
+        private_dir(snapshot.parent)
+        tmp = snapshot.with_name(f".{snapshot.name}.tmp")
+        shutil.copyfile(recipe, tmp)
+        os.chmod(tmp, 0o700)
+        os.replace(tmp, snapshot)
+    except OSError as exc:
+        raise ConfigError(f"cannot copy recipe {recipe} into the run folder: "
+                          f"{exc.strerror or exc}") from None  # fmt: skip
 
 
 # The run `submit` is recording (its state folder and id), for `interrupted_submit`.
