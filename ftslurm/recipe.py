@@ -12,6 +12,7 @@ Command-line options override the recipe's values (`with_overrides`).
 from __future__ import annotations
 
 import ast
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -145,13 +146,24 @@ def defines_recipe(source: str) -> bool:
         for node in tree.body)  # fmt: skip
 
 
+# The largest recipe file read: a training script or a recipe, never data. Checked before
+# reading, so that a wrong path to a huge file is refused at once, not read into memory.
+MAX_RECIPE_BYTES = 16 * 1024 * 1024
+
+
 def _read_source(path: Path) -> str:
     if path.is_dir():
         raise ConfigError(f"recipe {path} is a directory; give a training script or a recipe file")
     if not path.is_file():
         raise ConfigError(f"recipe not found: {path}")
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_RECIPE_BYTES:
+                raise _too_big(path, size)
+            data = f.read(MAX_RECIPE_BYTES + 1)  # it may have grown since
+            if len(data) > MAX_RECIPE_BYTES:
+                raise _too_big(path, len(data))
     except OSError as exc:
         raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from None
     try:
@@ -163,10 +175,26 @@ def _read_source(path: Path) -> str:
                           "training script or a recipe file") from None  # fmt: skip
 
 
+def _too_big(path: Path, size: int) -> ConfigError:
+    return ConfigError(f"recipe {path} is {size / 2**20:.1f} MiB: a recipe file is at most "
+                       f"{MAX_RECIPE_BYTES // 2**20} MiB (a script, not data); give the "
+                       "training script or the recipe file")  # fmt: skip
+
+
+def check_script(path: Path, source: str) -> None:
+    """A recipe that is not a Python file is run as a program: it must start with `#!` (a
+    script; binaries are refused as not text already), else the job fails with exit 126."""
+    if path.suffix != ".py" and not source.startswith("#!"):
+        raise ConfigError(f"recipe {path} is not a Python file (.py) and not a script (no #! "
+                          "line): ftslurm runs a .py file with python and anything else as a "
+                          "program; give the training script")  # fmt: skip
+
+
 def load_recipe(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Read a recipe file of either form; the result always has a command."""
     path = Path(path)
     source = _read_source(path)
+    check_script(path, source)
     if path.suffix == ".py":
         try:
             compile(source, str(path), "exec")

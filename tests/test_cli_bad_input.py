@@ -27,6 +27,9 @@ def env(tmp_path, monkeypatch):
                                         "#SBATCH --mem=4G # per node\necho hi\n")  # fmt: skip
     (tmp_path / "binary.bin").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\xff\xfe")
     (tmp_path / "folder").mkdir()
+    (tmp_path / "noshebang.sh").write_text("echo training\n")
+    with (tmp_path / "huge.py").open("wb") as f:  # sparse: no disk, no time to write
+        f.truncate(17 * 1024 * 1024)
     for name, header in [("owned_out", "--output=x.log"), ("owned_array", "-a 0-3"),
                          ("unclosed", "--qos='high"), ("bare", "normal")]:  # fmt: skip
         (tmp_path / f"{name}.sh").write_text(f"#!/bin/bash\n#SBATCH {header}\necho hi\n")
@@ -90,6 +93,10 @@ BAD = [
     (["comment.py"], "--comment is set by ftslurm itself"),
     (["newname.py"], "--job-name"),
     (["train.sh", "--", "a\x00b"], "NUL byte"),
+    # issue 26 item 6: a recipe that is no script is refused at submit, not run into exit 126
+    (["noshebang.sh"], "not a Python file (.py) and not a script (no #! line)"),
+    (["../" * 30 + "etc/passwd"], "not a script (no #! line)"),
+    (["huge.py"], "is 17.0 MiB: a recipe file is at most 16 MiB"),
 ]
 BAD_TIMES = [
     (["-t", "1:99:99x", "--dry-run", "train.sh"], "malformed time limit '1:99:99x'"),
@@ -97,6 +104,14 @@ BAD_TIMES = [
     (["-t", "ten", "--dry-run", "train.sh"], "malformed time limit"),
     (["-t", "1\n", "--dry-run", "train.sh"], "--time"),
     (["-t", "1", "--dry-run", "train.sh"], "not shorter than the time limit"),  # 60 s lead
+    # issue 26 item 6: limits Slurm cannot hold, fields out of range, non-ASCII digits
+    (["-t", "9" * 30, "--dry-run", "train.sh"], "is longer than Slurm takes"),
+    (["-t", "35791395", "--dry-run", "train.sh"], "is longer than Slurm takes"),
+    (["-t", "24855-03:14:08", "--dry-run", "train.sh"], "at most 24855 days"),
+    (["-t", "1-99", "--dry-run", "train.sh"], "99 hours is out of range (0-23 after days)"),
+    (["-t", "1:75:00", "--dry-run", "train.sh"], "75 minutes is out of range"),
+    (["-t", "5:60", "--dry-run", "train.sh"], "60 seconds is out of range"),
+    (["-t", "\u0661\u0662", "--dry-run", "train.sh"], "malformed time limit"),
 ]
 
 
@@ -202,3 +217,48 @@ def test_the_mock_takes_sbatch_flags_it_does_not_model(env, tmp_path):
     st = MockState.create(MockConfig())
     job_id = model.submit(st, script, options, 0.0)
     assert st.jobs[job_id].time_limit_s == 600 and st.jobs[job_id].open_mode == "append"
+
+
+@pytest.mark.parametrize("limit,seconds", [("24855-03:14:07", 2**31 - 1), ("1-23:59:59", 172799),
+                                          ("35791394", 35791394 * 60), ("0:59", 59)])
+def test_the_longest_limits_slurm_takes_are_taken(limit, seconds):
+    from ftslurm.core.timefmt import parse_time_limit
+
+    assert parse_time_limit(limit) == seconds
+
+
+USAGE = [
+    (["submit", "-N", "abc", "train.sh"], "'--nodes'", None),
+    (["submit", "--bogus", "train.sh"], "No such option: --bogus", None),
+    (["submit", "train.sh", "--lr", "3e-4"], "No such option: --lr", "after `--`"),
+    (["watch", "--interval", "0"], "'--interval'", None),
+    (["status", "--bogus"], "No such option: --bogus", None),
+    (["submit"], "Missing argument 'RECIPE'", None),
+    (["nosuch"], "No such command 'nosuch'", None),
+]
+
+
+@pytest.mark.parametrize("argv,fragment,hint", USAGE, ids=lambda v: " ".join(v)
+                         if isinstance(v, list) else None)  # fmt: skip
+def test_a_usage_error_is_one_error_line(env, capsys, argv, fragment, hint):
+    """Issue 26 item 6: bad usage is one `Error:` line naming the command's --help (plus
+    the one hint of a common mistake), never typer's box of usage lines."""
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    assert lines[0].startswith("Error: ") and fragment in lines[0], err
+    assert f"(see `ftslurm {argv[0] if argv[0] != 'nosuch' else ''}".rstrip() in lines[0]
+    assert lines[1:] == ([f"Hint: {lines[1][6:]}"] if hint else []), err
+    assert not hint or hint in lines[1]
+    assert "Usage:" not in err and "\u256d" not in err  # no usage line, no box
+
+
+def test_a_node_reason_with_control_characters_is_refused(env, capsys):
+    """Issue 26 item 6: `nodes add --reason` with ESC and a newline is refused in one line
+    (nothing recorded), never stored and printed raw by `nodes list`."""
+    code = main(["nodes", "add", "n1", "--reason", "bad\x1b[2J\nsecond line"])
+    out, err = capsys.readouterr()
+    assert code != 0 and out == ""
+    assert err.count("\n") == 1 and err.startswith("Error: --reason ") and "control" in err
+    assert not (env / "home").exists()

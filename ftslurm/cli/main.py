@@ -1,8 +1,8 @@
 """The `ftslurm` command line.
 
 Errors are caught in one place (`main`): an `FtslurmError` prints `Error: <one line>` on
-stderr and exits with its code; bad usage exits 2 with the usage message (and a hint where
-the mistake is a common one); a closed stdout (`ftslurm status | head -1`) ends quietly
+stderr and exits with its code; bad usage exits 2 with one `Error:` line too (and a hint
+where the mistake is a common one); a closed stdout (`ftslurm status | head -1`) ends quietly
 with 0; anything else is one line and a hint (`ftslurm --debug ...` shows the traceback).
 The exception classes are looked up in typer and in every click it may raise from (its own
 copy since typer 0.22, the click package before), so no handler names a missing class.
@@ -138,13 +138,19 @@ def _follows_an_argument(command: Any, argv: list[str] | None, option: str | Non
 
 
 def _show_usage_error(exc: Exception, argv: list[str] | None) -> None:
-    """Print a usage error as typer does (with rich when it is there), then any hint."""
+    """A usage error in one line, `Error: <what> (see `ftslurm CMD --help`)`, then the hint
+    for a common mistake, if any: never typer's usage box. A group given no command has
+    shown its help already (click's NoArgsIsHelpError): nothing more to say."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        return
     try:
-        from typer import rich_utils
-
-        rich_utils.rich_format_error(exc)  # type: ignore[arg-type]
-    except ImportError:  # pragma: no cover - typer without rich
-        exc.show()  # type: ignore[attr-defined]
+        text = exc.format_message()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - any click: fall back on the exception's text
+        text = str(exc)
+    text = " ".join(str(text).split()) or type(exc).__name__
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None) or "ftslurm"
+    print(f"Error: {text} (see `{path} --help`)", file=sys.stderr)
     hint = _usage_hint(exc, argv)
     if hint:
         print(f"Hint: {hint}", file=sys.stderr)
@@ -268,18 +274,23 @@ def readable(command: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status. Every error ends in one line: an
-    `FtslurmError` as `Error: ...` with its code, bad usage as typer's message (exit 2), an
+    `FtslurmError` as `Error: ...` with its code, bad usage as one `Error:` line (exit 2), an
     interrupt as 130, a closed stdout quietly with 0, anything else as one line with a hint
     (`--debug` for the traceback)."""
     usage = _classes("ClickException")
     aborts = _classes("Abort")
     exits = _classes("Exit")
     _DEBUG["on"] = False
+    runs.forget_submit()  # of an earlier call in this process (tests call main often)
     try:
         try:
             command = readable(typer.main.get_command(app))
             runs.put_in_panels(command.commands["submit"], runs.SUBMIT_PANELS)
             result = command.main(args=argv, prog_name="ftslurm", standalone_mode=False)
+            if result == 130:  # typer 0.22 and later end a Ctrl-C so, returned here
+                note = runs.interrupted_submit()
+                if note:
+                    print(note, file=sys.stderr)
             sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         except FtslurmError as exc:
             print(f"Error: {exc.user_message()}", file=sys.stderr)
@@ -291,10 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             code = getattr(exc, "exit_code", getattr(exc, "code", 0))
             return code if isinstance(code, int) else 0
         except aborts as exc:  # click before typer 0.22 turns Ctrl-C into Abort
-            print("Aborted!", file=sys.stderr)
+            print(runs.interrupted_submit() or "Aborted!", file=sys.stderr)
             return 130 if isinstance(exc.__cause__, KeyboardInterrupt) else 1
         except KeyboardInterrupt:
-            print("Aborted!", file=sys.stderr)
+            print(runs.interrupted_submit() or "Aborted!", file=sys.stderr)
             return 130
         except SystemExit as exc:
             if exc.code is None or isinstance(exc.code, int):

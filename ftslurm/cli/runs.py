@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -40,7 +41,7 @@ from ftslurm.core.leases import DAEMON_LEASE_TIMEOUT_S
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import JobInfo, JobState, NodeInfo, NodeState
-from ftslurm.core.validate import OWNED_SBATCH_FLAGS
+from ftslurm.core.validate import OWNED_SBATCH_FLAGS, bad_char, check_line
 from ftslurm.daemon import as_job, service, user_requests
 from ftslurm.daemon.reconcile import new_run_record
 from ftslurm.daemon.records import NEVER_SUBMITTED, Attempt, Run, RunState, parse_tag
@@ -237,6 +238,11 @@ def submit(
                       "(default: none)")] = None,
     print_script: Annotated[bool, _opt("--print-script", help="Print the sbatch script of the "
                             "first attempt; submit nothing. (default: off)")] = False,
+    snapshot_code: Annotated[bool, _opt("--snapshot-code/--no-snapshot-code", help="Copy the "
+                             "recipe file into the run folder at submit, so every attempt "
+                             "runs what was submitted; --no-snapshot-code runs the file as it "
+                             "is at each attempt (to pick up fixes on purpose). Only the recipe "
+                             "file is copied, not its folder. (default: on)")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a training run; the daemon then owns it until it ends."""
@@ -251,6 +257,10 @@ def submit(
         except ConfigError as exc:
             raise ConfigError(f"--preempt-time: {exc.user_message()}") from None
     loaded = load_recipe(recipe, list(args or ()))
+    if not snapshot_code and recipe.suffix != ".py" and not os.access(recipe, os.X_OK):
+        raise ConfigError(f"recipe {recipe} is not executable and not a Python file (.py): "
+                          f"`chmod +x {recipe}`, or keep --snapshot-code (the copy is made "
+                          "executable)")  # fmt: skip
     # Each --sbatch-arg is one word of sbatch's command line: `--k=v`, `--k`, `-kv`, or
     # a flag and its value in two (`--sbatch-arg=-q --sbatch-arg=high`).
     from_args = sbatch_flags(list(sbatch_arg or ()), "--sbatch-arg")
@@ -286,6 +296,9 @@ def submit(
     spec = make_spec(loaded, run_dir=run_dir, backend=backend_kind, workdir=str(Path.cwd()),
                      inject=tuple(i.spec() for i in injections),
                      mock_home=mock_home() if dry_run else None, environ=os.environ)  # fmt: skip
+    snapshot = RunDir(run_dir).root / CODE_DIR / recipe.name if snapshot_code else None
+    if snapshot is not None:
+        spec = snapshot_spec(spec, recipe.resolve(), snapshot)
     home_warning = _checkpoints_at_home(spec)
     script, _ = build_attempt(run_id, spec, settings.model_dump(mode="json"), 0, ())
     warn = warning and settings.preempt_time
@@ -306,8 +319,11 @@ def submit(
         typer.echo(f"Warning: {home_warning}", err=True)
     if name_warning:
         typer.echo(f"Warning: {name_warning}", err=True)
+    _SUBMITTING.update(home=home, run_id=run_id)  # an interrupt from here on says more
     private_dir(run_dir)
     RunDir(run_dir).logs.mkdir(exist_ok=True)
+    if spec.get("code_snapshot"):
+        take_snapshot(recipe, snapshot)  # type: ignore[arg-type]
     run, attempt = new_run_record(run_id, run_name, spec, settings, time.time())
     with store.transaction():  # the run and its submission intent: the daemon submits it
         _name_in_use(store, run_name, chosen=name is not None)  # again, with the write lock
@@ -333,6 +349,73 @@ def submit(
                    f"see `ftslurm status {run_id}`")  # fmt: skip
     else:
         typer.echo(f"run {run_id} recorded{where}; {note}; see `ftslurm status {run_id}`")
+
+
+# The folder of a run's snapshot of its recipe file (`submit --snapshot-code`).
+CODE_DIR = "code"
+
+
+def snapshot_spec(spec: dict[str, Any], original: Path, snapshot: Path) -> dict[str, Any]:
+    """The spec whose attempts run `snapshot` in place of the recipe file `original`: every
+    first word of the command that is the file becomes the copy (later ones are the
+    script's own arguments, left as given) (pure). For a Python file, the
+    original's folder goes on PYTHONPATH (after the copy's own folder, which `python FILE`
+    puts first), so that modules beside the recipe import as they did; the working
+    directory stays the submit directory."""
+    command = list(spec["command"])
+    if str(original) not in command:
+        return {**spec, "code_snapshot": None}  # the command does not run the recipe file
+    command[command.index(str(original))] = str(snapshot)
+    setup = list(spec["setup"])
+    if original.suffix == ".py":
+        folder = shlex.quote(str(original.parent))
+        setup.insert(0, f'export PYTHONPATH={folder}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+    return {**spec, "command": command, "setup": setup,
+            "code_snapshot": {"path": str(snapshot), "from": str(original)}}  # fmt: skip
+
+
+def take_snapshot(recipe: Path, snapshot: Path) -> None:
+    """Copy the recipe file to `snapshot` (owner only, executable: a script runs without
+    its own execute bit, as sbatch runs its copy); a one-line error when it cannot."""
+    try:
+        private_dir(snapshot.parent)
+        tmp = snapshot.with_name(f".{snapshot.name}.tmp")
+        shutil.copyfile(recipe, tmp)
+        os.chmod(tmp, 0o700)
+        os.replace(tmp, snapshot)
+    except OSError as exc:
+        raise ConfigError(f"cannot copy recipe {recipe} into the run folder: "
+                          f"{exc.strerror or exc}") from None  # fmt: skip
+
+
+# The run `submit` is recording (its state folder and id), for `interrupted_submit`.
+_SUBMITTING: dict[str, Any] = {}
+
+
+def forget_submit() -> None:
+    _SUBMITTING.clear()
+
+
+def interrupted_submit() -> str | None:
+    """What a Ctrl-C during `submit` left, in one line, once `submit` began recording a
+    run: recorded (the daemon submits it: the interrupt stopped only the wait), or not
+    recorded (nothing was submitted); None when no run was being recorded."""
+    home, run_id = _SUBMITTING.get("home"), _SUBMITTING.get("run_id")
+    _SUBMITTING.clear()
+    if home is None or run_id is None:
+        return None
+    try:
+        with Store(home) as store:
+            recorded = store.get_run(run_id) is not None
+        serving = service.serving(home) is not None
+    except Exception:  # noqa: BLE001 - an interrupt is no time for a second error
+        return None
+    if not recorded:
+        return "interrupted before the run was recorded: nothing was recorded or submitted"
+    later = ("the daemon will submit it" if serving
+             else "a daemon will submit it once one runs (`ftslurm daemon start`)")
+    return (f"interrupted: run {run_id} is recorded and {later}; the interrupt stopped only "
+            f"the wait (`ftslurm status {run_id}`, `ftslurm cancel {run_id}`)")
 
 
 def _name_in_use(store: Store, name: str, chosen: bool) -> str | None:
@@ -785,6 +868,7 @@ def status(
     store = _store()
     runs = [_run_or_fail(store, run_id)] if run_id else ordered(store.list_runs(active))
     warn_orphan_jobs(store, runs)
+    warn_no_daemon(store.home, runs)
     summaries = [run_summary(store, r) for r in runs]
     now = time.time()
     recoveries = _recoveries(store, runs, now)
@@ -907,6 +991,24 @@ def warn_orphan_jobs(store: Store, runs: list[Run]) -> None:
                   f"{store.path}: nothing manages them (state lost? see `ftslurm daemon "
                   "recover`, or cancel them)", markup=False, highlight=False,
                   soft_wrap=True)  # fmt: skip
+
+
+def warn_no_daemon(home: Path, runs: Sequence[Run]) -> None:
+    """One line (stderr) when runs have not ended and no daemon serves them: nothing submits
+    a PENDING run, watches a RUNNING one or retries it until a daemon runs."""
+    waiting = [r for r in runs if not r.state.is_terminal]
+    if not waiting:
+        return
+    try:
+        if service.serving(home) or service.queued_daemon_job(home):
+            return
+    except FtslurmError:
+        return  # a scheduler that does not answer now: not known, not worth a wait here
+    which = (f"run {waiting[0].run_id}" if len(waiting) == 1
+             else f"the {len(waiting)} runs that have not ended")  # fmt: skip
+    err.print(f"warning: no daemon serves {home}: nothing submits, watches or retries "
+              f"{which} until one runs (`ftslurm daemon start`)", markup=False,
+              highlight=False, soft_wrap=True)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- wait
@@ -1051,7 +1153,10 @@ def nodes_list(as_json: JsonOpt = False) -> None:
         typer.echo(json.dumps([f.__dict__ for f in flags]))
         return
     now = time.time()
-    rows = [[f.node, escape(f.reason), _fmt_time(f.since, now),
+    # A reason stored before control characters were refused shows them escaped (\x1b),
+    # never as raw terminal sequences.
+    rows = [[f.node, escape(f.reason if not bad_char(f.reason) else repr(f.reason)[1:-1]),
+             _fmt_time(f.since, now),
              _fmt_time(f.expires_at, now) if f.expires_at else "never", f.run_id or "-"]
             for f in flags]  # fmt: skip
     console.print(fitted_table(_NODE_COLS, rows, console.width, title="excluded nodes"))
@@ -1089,6 +1194,7 @@ def nodes_add(
 ) -> None:
     """Keep nodes out of every later attempt."""
     names = node_names(node)
+    check_line("--reason", reason)  # one line of printable text: `nodes list` prints it
     if ttl is not None and ttl <= 0:
         raise ConfigError(f"--ttl must be a positive number of seconds, not {ttl:g}")
     done, note = _ask_daemon(*user_requests.nodes_add(names, reason, ttl))

@@ -8,6 +8,7 @@ sleep before the next look (`next_poll_interval`). docs/policy.md is the table i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -53,6 +54,9 @@ class Ending:
     # what the first rank to fail said, in one line of its stderr ("rank 0 (n1):
     # ModuleNotFoundError: No module named 'foo'"), empty when none did
     error: str = ""
+    # The last line of the first user error a rank reported ("ftslurm: cannot start 'X':
+    # Permission denied", "python: can't open file 'X': [Errno 2] ..."), "" when none did.
+    error_line: str = ""
 
 
 def classify(e: Ending, settings: FtSettings) -> Cause:
@@ -208,6 +212,8 @@ def _decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
     if cause is Cause.DISK_FULL:
         return Decision(Verdict.FAIL, cause, f"disk full on {e.disk_full_at or 'a node'}: "
                         "free space and resubmit", budget)  # fmt: skip
+    if cause is Cause.USER_ERROR:
+        return Decision(Verdict.FAIL, cause, user_error_reason(e), budget)
     if cause not in RETRYABLE:
         return Decision(Verdict.FAIL, cause, _NO_RETRY[cause], budget)
     exclude = _exclusions(cause, e, settings)
@@ -233,6 +239,32 @@ _NO_RETRY = {
     Cause.DO_NOT_RETRY: "the job asked not to be retried (exit 93)",
     Cause.DEADLINE: "the job's deadline passed",
 }
+
+
+_CANNOT_START = re.compile(r"cannot start '(?P<path>.*)': (?P<why>.*)$")
+_CANNOT_OPEN = re.compile(r"can't open file '(?P<path>.*)': \[Errno 2\]")
+
+
+def user_error_reason(e: Ending) -> str:
+    """Why a user error fails the run, in words: a command that is not found (exit 127, or
+    python's "can't open file": a script deleted or moved since the submit) or cannot be
+    executed (exit 126: not executable, no permission, not a program), naming the file the
+    rank reported, else the rank's last error line."""
+    line = " ".join(e.error_line.split())[:300]
+    opened, started = _CANNOT_OPEN.search(line), _CANNOT_START.search(line)
+    if opened:
+        what = f"{opened['path']} not found (deleted or moved since the submit?)"
+    elif e.exit_code == ExitCode.NOT_FOUND:
+        what = f"{started['path']} not found" if started else "the command was not found"
+        what += " (exit 127)"
+    elif e.exit_code == ExitCode.CANNOT_EXECUTE:
+        why = f": {started['why']}" if started else ""
+        what = (f"{started['path'] if started else 'the command'} cannot be executed (exit "
+                f"126{why}: not executable, no permission, or not a script or program)")
+    else:  # the rank's line itself, unless the rank's words follow as a note (`error`)
+        what = "" if e.error else line
+    return f"user error: {what}: it would fail the same way again" if what \
+        else _NO_RETRY[Cause.USER_ERROR]
 
 
 def _exclusions(cause: Cause, e: Ending, settings: FtSettings) -> tuple[tuple[str, str], ...]:

@@ -884,6 +884,9 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
             settings.checkpoint_signal if any(r.get(WITHHELD_RANKS) for r in launchers)
             else None),
         error=first_error(reports),
+        error_line=next((str(r.get("error_line") or r.get("error_tail") or "").strip()
+                         .rsplit("\n", 1)[-1] for r in reports
+                         if r.get("outcome") == "user_error"), ""),
     )  # fmt: skip
     cause = policy.classify(ending, settings)
     if peer_lost and cause is not Cause.FINISHED:  # a node was lost under it: whatever
