@@ -775,7 +775,7 @@ def test_settings_defaults():
         "stop_if_straggler": False, "peer_timeout_s": 20, "spare_nodes": 0,
         "checkpoint_interval": "auto", "checkpoint_save_prior_s": 60,
         "failure_rate_prior": 5, "failure_prior_node_days": 1000,
-        "memory_tier_coverage": 0.5,
+        "memory_tier_coverage": 0.5, "checkpoint_sharing": "private",
     }  # fmt: skip
 
 

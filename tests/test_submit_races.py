@@ -74,7 +74,8 @@ def test_a_submit_paused_after_recording_leads_to_exactly_one_job(cli, tmp_path)
         os.kill(proc.pid, signal.SIGCONT)
     out, errs = proc.communicate(timeout=120)
     assert proc.returncode == 0, errs
-    assert json.loads(out) == {"run_id": run_id, "job_id": job}
+    said = json.loads(out)
+    assert (said["run_id"], said["job_id"]) == (run_id, job)
     assert [j.job_id for j in _jobs_of(tmp_path, run_id)] == [job]
     cli("cancel", run_id)
 
