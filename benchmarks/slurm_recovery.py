@@ -165,6 +165,21 @@ def step_lines(out: Path) -> list[tuple[int, float, str]]:
 
 
 # ------------------------------------------------------------------------ helpers
+def first_step_after(out: Path, kill: float, before: list[tuple[int, float, str]],
+                     what: str) -> tuple[int, float, str] | None:
+    """The first step logged after `kill` by another process than the last one `before`
+    (the training going again), or None when none came within the deadline."""
+
+    def progressed() -> Any:
+        rows = [r for r in step_lines(out) if r[1] > kill and r[2] != before[-1][2]]
+        return rows[0] if rows else None
+
+    try:
+        return wait(progressed, PROGRESS_DEADLINE_S, f"{what}: a step after the kill")
+    except RuntimeError:
+        return None
+
+
 def sh(*argv: str, check: bool = True, timeout: float = 30) -> str:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)  # fmt: skip
@@ -499,14 +514,7 @@ class Bench:
         log(f"progress {path} @ SlurmdTimeout {slurmd_timeout}: killed {victim} "
             f"at step {before[-1][0]}, job {first_job}")
 
-        def progressed() -> Any:  # a step logged by another process than before the kill
-            rows = [r for r in step_lines(out) if r[1] > kill and r[2] != before[-1][2]]
-            return rows[0] if rows else None
-
-        try:
-            first = wait(progressed, PROGRESS_DEADLINE_S, f"{path}: a step after the kill")
-        except RuntimeError:
-            first = None
+        first = first_step_after(out, kill, before, path)
         after_job = job_now()
         events = cli.store.events(run_id) if cli is not None else []
         lost = [e.data for e in events if e.kind == "node_lost"]
@@ -582,14 +590,7 @@ class Bench:
         kill = time.time()
         log(f"defaults {case}: killed {victim} at step {before[-1][0]}, job {first_job}")
 
-        def progressed() -> Any:  # a step logged by another process than before the kill
-            rows = [r for r in step_lines(out) if r[1] > kill and r[2] != before[-1][2]]
-            return rows[0] if rows else None
-
-        try:
-            first = wait(progressed, PROGRESS_DEADLINE_S, f"{case}: a step after the kill")
-        except RuntimeError:
-            first = None
+        first = first_step_after(out, kill, before, case)
         after_job = job_now()
         events = cli.store.events(run_id)
         lost = [e.data for e in events if e.kind == "node_lost"]
