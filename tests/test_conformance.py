@@ -69,9 +69,8 @@ def harness(request, tmp_path, monkeypatch) -> Iterator[Harness]:
         yield Harness("mock", backend, backend.fail_node, backend.revive_node,
                       requeue_delay_s=8, short_limit="0:20", short_limit_s=20,
                       warn_before_s=10, node_fail_timeout_s=20, min_job_age_s=5)
-        for job in backend.query([str(i) for i in range(1, 50)]).values():
-            if job.state.is_active:
-                backend.cancel(job.job_id)
+        for job in backend.active_jobs():  # the ids start at a random first id
+            backend.cancel(job.job_id)
         stop.set()
         thread.join()
         for job_dir in backend.store.jobs_dir.glob("*"):  # what ignored SIGTERM is left

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ftslurm.backends.mock import MockScheduler
+from ftslurm.backends.mock.store import MockStore
 from ftslurm.core.contract import HUNG_NODE_REPORTS, RunDir
 from ftslurm.daemon.reconcile import new_run_record
 from ftslurm.daemon.records import SUBMITTING, Run, RunState
@@ -54,8 +55,12 @@ def cli(tmp_path) -> Iterator[Cli]:
 
 
 def mock_jobs(tmp_path) -> dict:
+    """Every job the mock cluster has numbered (its ids start at a random first id), as
+    the scheduler reports each now."""
     scheduler = MockScheduler(tmp_path / "mock")
-    return scheduler.query([str(i) for i in range(1, 40)])
+    with MockStore(tmp_path / "mock").transaction() as state:
+        first, last = state.config.first_job_id or 1, state.next_job_id
+    return scheduler.query([str(i) for i in range(first, last)])
 
 
 def test_node_failure_is_retried_on_other_nodes_with_the_failed_node_excluded(cli, tmp_path):
