@@ -387,6 +387,13 @@ CAUSE_LABELS = {"lost_work": "lost work", "startup": "startup", "checkpoint": "c
 
 
 # ------------------------------------------------------------ the knobs (command line)
+def slurm_limit(seconds: int) -> str:
+    """`seconds` as Slurm's D-HH:MM:SS, to the second (each field in range)."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    return f"{days}-{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+
+
 @dataclass(frozen=True)
 class FailureModel:
     """What goes wrong, per node (the trace's rates). The defaults are the sourced constants
@@ -876,7 +883,7 @@ class Campaign:
         """What `ftslurm submit` does: record the run and its first attempt's intent."""
         run_id = f"r{len(self.runs) + 1}"
         limit = None if self.setup.wall_limit_s is None else \
-            f"0:{int(self.setup.wall_limit_s)}"
+            slurm_limit(int(self.setup.wall_limit_s))
         recipe = Recipe(command=["train"], nodes=self.trace.nodes, time=limit, name=WORKLOAD,
                         spare_nodes=self.pol.settings.spare_nodes)  # fmt: skip
         spec = make_spec(recipe, run_dir=self.paths.root, backend="mock",
