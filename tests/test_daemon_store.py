@@ -172,7 +172,7 @@ def test_list_runs_order_and_active_filter(store: Store) -> None:
     assert all(not r.state.is_terminal for r in store.list_runs(active_only=True))
 
 
-def test_latest_attempt_and_find_by_job(store: Store) -> None:
+def test_latest_attempt(store: Store) -> None:
     store.add_run(make_run("r1"))
     store.add_run(make_run("r2", created_at=200.0))
     assert store.latest_attempt("r1") is None
@@ -182,10 +182,6 @@ def test_latest_attempt_and_find_by_job(store: Store) -> None:
     store.add_attempt(make_attempt("r2", 0, job_id="20"))
     assert store.latest_attempt("r1").attempt == 2
     assert [a.attempt for a in store.attempts("r1")] == [0, 1, 2]
-    found = store.find_attempt_by_job("10")
-    assert (found.run_id, found.attempt) == ("r1", 1)
-    assert store.find_attempt_by_job("20").run_id == "r2"
-    assert store.find_attempt_by_job("99") is None
 
 
 def test_active_heads_give_the_versions_of_active_runs_and_their_latest_attempts(

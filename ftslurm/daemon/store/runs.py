@@ -199,13 +199,6 @@ class RunsMixin(Connection):
                           "LIMIT 1", (run_id,))  # fmt: skip
         return attempt_record(rows[0]) if rows else None
 
-    def find_attempt_by_job(self, job_id: str) -> Attempt | None:
-        """The latest attempt that ran as `job_id` (a requeued job keeps its id)."""
-        rows = self._read("SELECT a.* FROM attempts a JOIN runs r USING (run_id) "
-                          "WHERE a.job_id = ? ORDER BY r.created_at DESC, a.attempt DESC "
-                          "LIMIT 1", (job_id,))  # fmt: skip
-        return attempt_record(rows[0]) if rows else None
-
     # ------------------------------------------------------------------ events
     def append_event(self, run_id: str | None, kind: str, data: dict[str, Any],
                      time: float) -> int:  # fmt: skip
