@@ -18,7 +18,6 @@ import pytest
 
 from ftslurm import fsutil
 from ftslurm.backends.mock.store import MockStore
-from ftslurm.daemon import store as store_mod
 from ftslurm.daemon.records import SUBMITTING, Attempt, Event, NodeFlag, Run, RunState
 from ftslurm.daemon.store import (
     SCHEMA_VERSION,
@@ -27,6 +26,9 @@ from ftslurm.daemon.store import (
     StaleRecord,
     StateError,
     Store,
+    lock_name,
+    schema,
+    this_host,
 )
 from ftslurm.errors import ConfigError, FtslurmError
 from ftslurm.fsutil import STATE_FS_ENV
@@ -170,7 +172,7 @@ def test_list_runs_order_and_active_filter(store: Store) -> None:
     assert all(not r.state.is_terminal for r in store.list_runs(active_only=True))
 
 
-def test_latest_attempt_and_find_by_job(store: Store) -> None:
+def test_latest_attempt(store: Store) -> None:
     store.add_run(make_run("r1"))
     store.add_run(make_run("r2", created_at=200.0))
     assert store.latest_attempt("r1") is None
@@ -180,10 +182,6 @@ def test_latest_attempt_and_find_by_job(store: Store) -> None:
     store.add_attempt(make_attempt("r2", 0, job_id="20"))
     assert store.latest_attempt("r1").attempt == 2
     assert [a.attempt for a in store.attempts("r1")] == [0, 1, 2]
-    found = store.find_attempt_by_job("10")
-    assert (found.run_id, found.attempt) == ("r1", 1)
-    assert store.find_attempt_by_job("20").run_id == "r2"
-    assert store.find_attempt_by_job("99") is None
 
 
 def test_active_heads_give_the_versions_of_active_runs_and_their_latest_attempts(
@@ -309,9 +307,9 @@ def test_reopen_keeps_data_and_skips_migrations(tmp_path: Path, monkeypatch) -> 
         s.add_run(make_run())
         s.append_event("r1", "created", {}, 1.0)
     # A next version adds a table; a re-run of it (or of an earlier one) would fail.
-    migrations = [*store_mod.MIGRATIONS, (SCHEMA_VERSION + 1, ["CREATE TABLE extra (x)"])]
-    monkeypatch.setattr(store_mod, "MIGRATIONS", migrations)
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    migrations = [*schema.MIGRATIONS, (SCHEMA_VERSION + 1, ["CREATE TABLE extra (x)"])]
+    monkeypatch.setattr(schema, "MIGRATIONS", migrations)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     for _ in range(2):
         with Store(home) as s:
             assert s.schema_version() == SCHEMA_VERSION + 1
@@ -325,10 +323,10 @@ def test_reopen_keeps_data_and_skips_migrations(tmp_path: Path, monkeypatch) -> 
 def test_failed_migration_changes_nothing(tmp_path: Path, monkeypatch) -> None:
     home = tmp_path / "home"
     Store(home).close()
-    migrations = [*store_mod.MIGRATIONS,
+    migrations = [*schema.MIGRATIONS,
                   (SCHEMA_VERSION + 1, ["CREATE TABLE extra (x)", "NOT SQL AT ALL"])]
-    monkeypatch.setattr(store_mod, "MIGRATIONS", migrations)
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(schema, "MIGRATIONS", migrations)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with pytest.raises(StateError, match="syntax error"):
         Store(home)
     with sqlite3.connect(home / "state.db") as db:
@@ -512,8 +510,7 @@ def test_daemon_lock_across_processes(tmp_path: Path) -> None:
     )
     try:
         _wait_for_line(proc, "locked", timeout=60)
-        assert stat.S_IMODE((home / store_mod.lock_name(store_mod.this_host())).stat().st_mode) \
-            == 0o600
+        assert stat.S_IMODE((home / lock_name(this_host())).stat().st_mode) == 0o600
         assert DaemonLock.holder_pid(home) == proc.pid
         lock = DaemonLock(home)
         with pytest.raises(DaemonAlreadyRunning) as info:
@@ -588,8 +585,8 @@ def test_a_write_in_a_rolled_back_transaction_leaves_the_copy_stale(store: Store
 def test_upgrade_from_a_version_1_database_keeps_the_data(tmp_path: Path, monkeypatch) -> None:
     home = tmp_path / "home"
     with monkeypatch.context() as m:  # a database written by the ftslurm of schema 1
-        m.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:1])
-        m.setattr(store_mod, "SCHEMA_VERSION", 1)
+        m.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
+        m.setattr(schema, "SCHEMA_VERSION", 1)
         with Store(home) as old:
             old._db.execute("INSERT INTO runs VALUES ('r1', 'name-r1', 'RUNNING', 100.0, NULL,"
                             " '{}', '{}', 2, '{}', 0, 0, NULL, 'why', 1)")  # fmt: skip
