@@ -20,8 +20,8 @@ from ftslurm.backends.mock.model import MockConfig, MockState
 from ftslurm.cli.main import main
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy
-from ftslurm.daemon.reconcile import Reconciler, new_run_record
-from ftslurm.daemon.records import AttemptState, Run, RunState
+from ftslurm.daemon.reconcile import Reconciler
+from ftslurm.daemon.records import AttemptState, Run, RunState, new_run_record
 from ftslurm.daemon.store import DaemonLock, StaleRecord, Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe

@@ -25,7 +25,8 @@ from ftslurm.backends.batch import OneJobPerCommand
 from ftslurm.backends.mock import model
 from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
 from ftslurm.daemon.policy import FtSettings
-from ftslurm.daemon.reconcile import Reconciler, new_run_record
+from ftslurm.daemon.reconcile import Reconciler
+from ftslurm.daemon.records import new_run_record
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import make_spec
 from ftslurm.errors import FtslurmError, SchedulerUnavailable

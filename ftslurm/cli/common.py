@@ -13,11 +13,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ftslurm.backends import state_dir
 from ftslurm.daemon import service
 from ftslurm.daemon.records import Run
 from ftslurm.daemon.store import Store
 from ftslurm.errors import ConfigError, FtslurmError
+from ftslurm.paths import state_dir
 from ftslurm.report.notes import Col, fit_columns
 
 console = Console()

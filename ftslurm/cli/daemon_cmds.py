@@ -11,13 +11,14 @@ from typing import Annotated
 
 import typer
 
-from ftslurm.backends import create_backend, state_dir
+from ftslurm.backends import create_backend
 from ftslurm.cli.common import JsonOpt, _opt, _store, _Text
 from ftslurm.core.leases import DAEMON_LEASE_TIMEOUT_S
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.daemon import as_job, service
 from ftslurm.daemon.store import Store
 from ftslurm.errors import ConfigError
+from ftslurm.paths import state_dir
 from ftslurm.recipe import sbatch_flags
 from ftslurm.report.notes import fmt_age
 

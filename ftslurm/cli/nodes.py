@@ -12,13 +12,13 @@ import hostlist
 import typer
 from rich.markup import escape
 
-from ftslurm.backends import state_dir
 from ftslurm.backends.slurm_cli.parse import compress_nodes
 from ftslurm.cli.common import JsonOpt, _await_daemon, _store, console, err, fitted_table
 from ftslurm.core.validate import bad_char, check_line
 from ftslurm.daemon import user_requests
 from ftslurm.daemon.store import Request
 from ftslurm.errors import ConfigError
+from ftslurm.paths import state_dir
 from ftslurm.report.notes import Col, fmt_time
 
 nodes_app = typer.Typer(help="The node exclusion list every later attempt gets.",

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home, state_dir
+from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli.parse import compress_nodes
 from ftslurm.cli.common import (
@@ -43,6 +43,7 @@ from ftslurm.daemon.store import Store, marked_backends
 from ftslurm.daemon.submission import backend_key
 from ftslurm.errors import ConfigError, FtslurmError
 from ftslurm.fsutil import read_json
+from ftslurm.paths import state_dir
 from ftslurm.report.notes import Col, fmt_time, lost_node_notes, recovery_notes, split_reason
 
 # How an attempt that left a checkpoint to be continued from reads in `status`: its job

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ftslurm.backends import create_backend, mock_home, state_dir
+from ftslurm.backends import create_backend, mock_home
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.cli.common import (
     JsonOpt,
@@ -38,8 +38,7 @@ from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_inj
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.validate import OWNED_SBATCH_FLAGS
 from ftslurm.daemon import service
-from ftslurm.daemon.reconcile import new_run_record
-from ftslurm.daemon.records import NEVER_SUBMITTED
+from ftslurm.daemon.records import NEVER_SUBMITTED, new_run_record
 from ftslurm.daemon.store import RUNS_DIR, Store, mark_backend, mirror_run
 from ftslurm.daemon.submission import backend_key, build_attempt, make_spec
 from ftslurm.errors import (
@@ -50,6 +49,7 @@ from ftslurm.errors import (
     SchedulerUnavailable,
 )
 from ftslurm.fsutil import private_dir
+from ftslurm.paths import state_dir
 from ftslurm.recipe import load_recipe, no_limit_warning, sbatch_flags
 
 

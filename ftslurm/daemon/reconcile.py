@@ -104,7 +104,6 @@ from ftslurm.daemon.records import (
     NodeFlag,
     Run,
     RunState,
-    tag,
 )
 from ftslurm.daemon.store import DiskFull, StaleRecord, StateError, Store, update_mirror
 from ftslurm.daemon.submission import backend_key, build_attempt
@@ -119,8 +118,7 @@ from ftslurm.errors import (
 )
 from ftslurm.fsutil import read_json, write_json_atomic
 
-__all__ = ["NEVER_SUBMITTED", "REQUEUING", "Reconciler", "hung_at_stop", "new_run_record",
-           "submit_attempt"]  # fmt: skip
+__all__ = ["NEVER_SUBMITTED", "REQUEUING", "Reconciler", "hung_at_stop", "submit_attempt"]
 
 log = logging.getLogger("ftslurm.daemon")
 HISTORY_REFRESH_S = 60.0  # how often the failure history behind tuned intervals is read
@@ -1067,10 +1065,3 @@ def hung_at_stop(folder: Path) -> str:
     where = f" in section {h['section']!r}" if h.get("section") else ""
     return f"rank {rank} (node {node}) hung{where} when the job was told to stop: " \
            f"{h.get('reason')}"
-
-
-def new_run_record(run_id: str, name: str, spec: dict[str, Any], settings: FtSettings,
-                   now: float) -> tuple[Run, Attempt]:  # fmt: skip
-    run = Run(run_id=run_id, name=name, state=RunState.PENDING, created_at=now, spec=spec,
-              settings=settings.model_dump(mode="json"))  # fmt: skip
-    return run, Attempt(run_id, 0, SUBMITTING, tag=tag(run_id, 0))
