@@ -216,14 +216,6 @@ def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt
     return a
 
 
-class _Again(Exception):
-    """Step the attempt again with these facts (a cancel read anew, a requeue refused)."""
-
-    def __init__(self, facts: core.Facts) -> None:
-        super().__init__()
-        self.facts = facts
-
-
 _BATCHED = (core.Requeue, core.SetExclusions, core.Release, core.StartNow)
 _LOOKED = (AttemptState.RUNNING, AttemptState.COMPLETING)  # the attempts `look` looks at
 
@@ -413,10 +405,6 @@ class Reconciler:
                         isinstance(i, core.Wake) for i in intents):
                     self._remember_quiet(run, a, info, facts, intents, now)
                 nxt = self._execute(backend, run, a, intents, deadlines)
-            except _Again as again:
-                asked.add("again")  # facts the shell set itself: not a quiet step
-                facts = again.facts
-                continue
             except SchedulerUnavailable as exc:
                 log.warning("run %s: scheduler unavailable, will retry: %s", run.run_id, exc)
                 if a.state is SUBMITTING and (run.run_id, a.attempt) not in self._deferred:
@@ -965,12 +953,6 @@ class Reconciler:
         self.store.flag_node(NodeFlag(node=flag.node, reason=flag.reason, since=now,
                                       expires_at=None if flag.ttl_s is None else now + flag.ttl_s,
                                       run_id=run_id))  # fmt: skip
-
-    def _flag(self, node: str, why: str, now: float, settings: FtSettings,
-              run_id: str) -> None:  # fmt: skip
-        """Flag a node now, for longer when it is a repeat offender (`step.flag_node`)."""
-        flag = core.flag_node(node, why, tuple(self.store.node_flags()), now, settings)
-        self._write_flag(flag, now, run_id)
 
     def _never_submitted(self, run: Run, a: Attempt, message: str) -> None:
         """The scheduler refused the attempt: it is marked so and the run ends FAILED."""
