@@ -99,8 +99,8 @@ from ftslurm.core.types import (
     NodeState,
     SignalTarget,
 )
-from ftslurm.daemon.reconcile import Reconciler, new_run_record
-from ftslurm.daemon.records import Attempt, NodeFlag
+from ftslurm.daemon.reconcile import Reconciler
+from ftslurm.daemon.records import Attempt, NodeFlag, new_run_record
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import backend_key, build_attempt, make_spec, tag
 from ftslurm.errors import InvalidJobId

@@ -285,8 +285,8 @@ from ftslurm.core.settings import Cause, FtSettings
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy as ftpolicy
 from ftslurm.daemon import step as core
-from ftslurm.daemon.reconcile import Reconciler, new_run_record
-from ftslurm.daemon.records import Attempt, Run, RunState
+from ftslurm.daemon.reconcile import Reconciler
+from ftslurm.daemon.records import Attempt, Run, RunState, new_run_record
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import make_spec
 from ftslurm.fsutil import read_json, write_json_atomic

@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 
 from ftslurm import __version__
-from ftslurm.backends.slurm_cli.backend import sbatch_args
+from ftslurm.core.sbatch import sbatch_args
 from ftslurm.core.types import JobOptions
 from ftslurm.core.validate import check_command, check_env
 from ftslurm.errors import ConfigError

@@ -105,7 +105,7 @@ class Cli:
 
     def summary(self, run_id: str) -> dict[str, Any]:
         """What `status RUN_ID --json` prints, read in this process."""
-        from ftslurm.cli.runs import run_summary
+        from ftslurm.cli.status import run_summary
         from ftslurm.daemon.store import Store
 
         store = Store(self.home)

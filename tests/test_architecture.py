@@ -85,15 +85,77 @@ def test_local_cluster_config_gives_each_slurmd_its_own_files_and_never_uses_etc
     assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
 
 
-@pytest.mark.parametrize("name", ["policy.py", "step.py", "records.py"])
+@pytest.mark.parametrize("name", ["policy.py", "step.py", "records.py", "submission.py"])
 def test_daemon_decisions_are_pure(name):
-    """The daemon's decisions (`step`, `policy`) and the records they read do no I/O, and
-    import nothing of the daemon's shell (the store, the loop, submission, the agent)."""
+    """The daemon's decisions (`step`, `policy`), the records they read and the batch script
+    of an attempt (`submission`) do no I/O, and import nothing of the daemon's shell (the
+    store, the loop, the agent; the decisions nothing of `submission` either)."""
     shell = {"ftslurm.daemon.store", "ftslurm.daemon.reconcile", "ftslurm.daemon.service",
              "ftslurm.daemon.submission", "ftslurm.agent", "ftslurm.fsutil"}  # fmt: skip
+    shell.discard(f"ftslurm.daemon.{name.removesuffix('.py')}")
     bad = {m for m in imported_modules(PACKAGE / "daemon" / name)
            if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE | shell)}
     assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def _module_file(name: str) -> Path | None:
+    """The file of ftslurm module `name` (a package's `__init__.py`), None for any other."""
+    base = ROOT.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if name.split(".")[0] == "ftslurm" and path.exists():
+            return path
+    return None
+
+
+def ftslurm_modules_loaded(name: str) -> set[str]:
+    """The ftslurm modules that importing `name` can load: followed through every import
+    (also those inside functions), with the packages each one sits in."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        module = todo.pop()
+        if module in seen or _module_file(module) is None:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        tree = ast.parse(_module_file(module).read_text())  # type: ignore[union-attr]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                todo.append(node.module)  # and `from package import module`:
+                todo += [f"{node.module}.{alias.name}" for alias in node.names]
+    return seen
+
+
+# The layers that talk to the world: schedulers, the terminal, the state database, the
+# daemon's loop and process, the compute side, the local cluster.
+IO_LAYERS = ("ftslurm.backends", "ftslurm.cli", "ftslurm.localcluster", "ftslurm.agent",
+             "ftslurm.daemon.store", "ftslurm.daemon.reconcile", "ftslurm.daemon.service",
+             "ftslurm.daemon.as_job")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [
+    "ftslurm.daemon.policy", "ftslurm.daemon.step", "ftslurm.daemon.records",
+    "ftslurm.daemon.submission", "ftslurm.report.goodput", "ftslurm.report.notes",
+])  # fmt: skip
+def test_pure_modules_reach_no_io_layer_through_their_imports(name):
+    """Not even through a module they import (the batch script's template once imported
+    the Slurm CLI backend for its sbatch flags, so `submission` loaded a backend)."""
+    bad = {m for m in ftslurm_modules_loaded(name)
+           if any(m == f or m.startswith(f + ".") for f in IO_LAYERS)}
+    assert not bad, f"{name} loads {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "report").glob("*.py")),
+                         ids=lambda p: p.name)  # fmt: skip
+def test_reporting_is_pure(path):
+    """The reporting package (goodput, the commands' prose) reads no clock, file or
+    terminal: values in, words and numbers out."""
+    bad = {m for m in imported_modules(path)
+           if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)}
+    assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
 def test_settings_live_in_the_core_and_nothing_imports_them_from_the_daemon():

@@ -20,8 +20,8 @@ from ftslurm.backends.mock.model import MockConfig, MockState
 from ftslurm.cli.main import main
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy
-from ftslurm.daemon.reconcile import Reconciler, new_run_record
-from ftslurm.daemon.records import AttemptState, Run, RunState
+from ftslurm.daemon.reconcile import Reconciler
+from ftslurm.daemon.records import AttemptState, Run, RunState, new_run_record
 from ftslurm.daemon.store import DaemonLock, StaleRecord, Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
@@ -287,12 +287,12 @@ def _node_failure_run(tmp: Path):  # type: ignore[no-untyped-def]
 
 
 def test_a_cancel_at_any_write_point_of_a_node_failure_is_never_lost(tmp_path, monkeypatch):
-    from ftslurm.cli import runs as runs_cli
+    from ftslurm.cli import submit as submit_cli
 
     monkeypatch.setenv("FTSLURM_HOME", str(tmp_path / "home"))
     # the command cancels the job on the same simulated cluster; it need not wait for a
     # submission under way (this test is the daemon, and answers only when it returns)
-    monkeypatch.setattr(runs_cli, "SUBMIT_WAIT_S", 0.0)
+    monkeypatch.setattr(submit_cli, "SUBMIT_WAIT_S", 0.0)
 
     # how many writes the daemon makes handling the failure, up to the next attempt running
     backend, store, rec = _node_failure_run(tmp_path / "count")
@@ -321,7 +321,7 @@ def test_a_cancel_at_any_write_point_of_a_node_failure_is_never_lost(tmp_path, m
         tmp = tmp_path / str(i)
         backend, store, rec = _node_failure_run(tmp)
         monkeypatch.setenv("FTSLURM_HOME", str(tmp / "home"))
-        monkeypatch.setattr(runs_cli, "create_backend", lambda *_a, b=backend, **_k: b)
+        monkeypatch.setattr(submit_cli, "create_backend", lambda *_a, b=backend, **_k: b)
         lock = DaemonLock(tmp / "home")  # the test is the daemon: `cancel` starts none
         lock.acquire()
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from ftslurm.cli import runs as runs_cli
+from ftslurm.cli import status as status_cli
 from ftslurm.cli.main import main
 from ftslurm.daemon.records import Attempt, Run, RunState
 from ftslurm.daemon.store import Store
@@ -88,7 +88,7 @@ def test_an_unexpected_error_is_one_line_and_a_hint(home, capsys, monkeypatch):
     def broken():  # type: ignore[no-untyped-def]
         raise KeyError("n99")
 
-    monkeypatch.setattr(runs_cli, "_store", broken)
+    monkeypatch.setattr(status_cli, "_store", broken)
     code = main(["status"])
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
@@ -114,7 +114,7 @@ def test_click_package_exceptions_are_handled_as_typers(home, capsys, monkeypatc
     def raising():  # type: ignore[no-untyped-def]
         raise raised
 
-    monkeypatch.setattr(runs_cli, "_store", raising)
+    monkeypatch.setattr(status_cli, "_store", raising)
     assert main(["status"]) == code
     err = capsys.readouterr().err
     assert "Traceback" not in err and "unexpected" not in err

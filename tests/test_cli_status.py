@@ -15,7 +15,8 @@ import pytest
 from rich.console import Console
 
 from ftslurm.backends.mock import MockConfig, MockScheduler
-from ftslurm.cli import runs as runs_cli
+from ftslurm.cli import status as status_cli
+from ftslurm.cli import submit as submit_cli
 from ftslurm.core.cadence import Cadence
 from ftslurm.core.inject import parse_injections
 from ftslurm.daemon import service
@@ -68,7 +69,7 @@ def test_status_json_shows_the_checkpoint_the_script_told_of_while_running(capsy
 def test_a_short_slurmd_timeout_gets_no_hint_to_shorten_it(capsys, tmp_path):
     for timeout, hinted in ((3, False), (20, False), (300, True)):
         mock = MockScheduler(tmp_path / f"mock{timeout}", MockConfig(slurmd_timeout_s=timeout))
-        runs_cli._warn_injections(parse_injections(("node_fail@10s",)), mock)
+        submit_cli._warn_injections(parse_injections(("node_fail@10s",)), mock)
         err = capsys.readouterr().err
         assert f"SlurmdTimeout ({timeout} s)" in err
         assert ("--slurmd-timeout" in err) is hinted, err
@@ -77,8 +78,8 @@ def test_a_short_slurmd_timeout_gets_no_hint_to_shorten_it(capsys, tmp_path):
 def test_a_dry_runs_first_line_names_the_mocks_slurmd_timeout(capsys, home, tmp_path,
                                                               monkeypatch):  # fmt: skip
     mock = MockScheduler(tmp_path / "mock", MockConfig(slurmd_timeout_s=7))
-    monkeypatch.setattr(runs_cli, "create_backend", lambda kind, where=None: mock)
-    monkeypatch.setattr(runs_cli, "_await_submission",
+    monkeypatch.setattr(submit_cli, "create_backend", lambda kind, where=None: mock)
+    monkeypatch.setattr(submit_cli, "_await_submission",
                         lambda store, home, run_id: (None, "the daemon will submit it"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.sh").write_text("#!/bin/bash\necho training\n")
@@ -143,7 +144,7 @@ def test_a_continuation_reads_as_one_not_as_failed(monkeypatch, capsys, home):
 
 # ------------------------------------------------------------ 15. the same --name
 def submit(capsys, tmp_path, monkeypatch, *argv: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(runs_cli, "_await_submission",
+    monkeypatch.setattr(submit_cli, "_await_submission",
                         lambda store, home, run_id: (None, "the daemon will submit it"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.sh").write_text("#!/bin/bash\necho training\n")
@@ -253,7 +254,7 @@ def test_watch_fits_80x24_with_the_active_runs_first():
         })  # fmt: skip
     summaries = summaries[27:] + summaries[:27]  # as `ordered` lists them
     con = Console(width=80, height=24, file=io.StringIO(), record=True, color_system=None)
-    con.print(runs_cli.watch_view(summaries, 80, 24, 1_000_100.0))
+    con.print(status_cli.watch_view(summaries, 80, 24, 1_000_100.0))
     lines = con.export_text().splitlines()
     assert len(lines) <= 24 and max(len(line) for line in lines) <= 80, "\n".join(lines)
     text = "\n".join(lines)

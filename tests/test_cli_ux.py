@@ -23,8 +23,10 @@ from ftslurm import __version__
 from ftslurm.backends import pyslurm_backend
 from ftslurm.backends.mock import MockConfig, MockScheduler
 from ftslurm.backends.slurm_cli import parse
+from ftslurm.cli import nodes as nodes_cli
 from ftslurm.cli import report as report_cli
-from ftslurm.cli import runs as runs_cli
+from ftslurm.cli import status as status_cli
+from ftslurm.cli import submit as submit_cli
 from ftslurm.cli.main import app, main
 from ftslurm.core.inject import parse_injections
 from ftslurm.core.types import NodeInfo, NodeState
@@ -33,6 +35,7 @@ from ftslurm.daemon.reconcile import Reconciler
 from ftslurm.daemon.records import Attempt, NodeFlag, Run, RunState
 from ftslurm.daemon.store import Store
 from ftslurm.errors import FtslurmError
+from ftslurm.report.notes import fmt_time, lost_node_notes
 
 from .conftest import wait_for
 
@@ -258,12 +261,12 @@ def test_lost_node_notes_say_when_the_scheduler_will_notice():
     infos = [NodeInfo("n1", NodeState.MIXED, "mix"),
              NodeInfo("n2", NodeState.MIXED, "mix*", not_responding_since=since),
              NodeInfo("n3", NodeState.IDLE, "idle*")]  # fmt: skip
-    notes = runs_cli.lost_node_notes(["n1", "n2", "n3"], infos, 300, since + 10)
+    notes = lost_node_notes(["n1", "n2", "n3"], infos, 300, since + 10)
     assert notes[0] == ("n2 not responding since 12:00:03; the scheduler declares it down "
                         "at about 12:05:03 (SlurmdTimeout 300 s)")  # fmt: skip
     assert notes[1].startswith("n3 not responding;") and "300 s" in notes[1]
     assert len(notes) == 2
-    assert runs_cli.lost_node_notes(["n1"], infos, 300, since) == []
+    assert lost_node_notes(["n1"], infos, 300, since) == []
 
 
 class CountingMock:
@@ -284,7 +287,7 @@ class CountingMock:
 def test_status_says_a_node_of_a_running_attempt_stopped_answering(capsys, home, monkeypatch):
     mock_home = Path(os.environ["FTSLURM_MOCK_HOME"])
     backend = CountingMock(mock_home)
-    monkeypatch.setattr(runs_cli, "create_backend", lambda kind, where=None: backend)
+    monkeypatch.setattr(status_cli, "create_backend", lambda kind, where=None: backend)
     add_run(home, "d779d72089", state=RunState.RUNNING, attempts=1, nodes=("n1", "n2"),
             attempt_state="RUNNING")  # fmt: skip
     add_run(home, "a1b2c3d4e5", state=RunState.RUNNING, attempts=1, nodes=("n3",),
@@ -307,7 +310,7 @@ def test_status_asks_no_scheduler_when_no_run_is_active(capsys, home, monkeypatc
     def no_backend(*_args, **_kwargs):
         raise AssertionError("status asked a scheduler")
 
-    monkeypatch.setattr(runs_cli, "create_backend", no_backend)
+    monkeypatch.setattr(status_cli, "create_backend", no_backend)
     add_run(home, "d779d72089")
     code, _, err = cli(capsys, "status")
     assert code == 0, err
@@ -315,9 +318,9 @@ def test_status_asks_no_scheduler_when_no_run_is_active(capsys, home, monkeypatc
 
 def test_a_dry_run_node_failure_warns_once_about_slurmd_timeout(capsys, tmp_path):
     mock = MockScheduler(tmp_path / "mock", MockConfig(slurmd_timeout_s=300))
-    runs_cli._warn_injections(parse_injections(("crash@10s", "hang@20s")), mock)
+    submit_cli._warn_injections(parse_injections(("crash@10s", "hang@20s")), mock)
     assert capsys.readouterr().err == ""
-    runs_cli._warn_injections(parse_injections(("node_fail@30s", "crash@10s")), mock)
+    submit_cli._warn_injections(parse_injections(("node_fail@30s", "crash@10s")), mock)
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert "node_fail@30" in err and "SlurmdTimeout (300 s)" in err
@@ -327,8 +330,8 @@ def test_a_dry_run_node_failure_warns_once_about_slurmd_timeout(capsys, tmp_path
 # ------------------------------------------------------------------ 10. tables that fit
 def render(monkeypatch, capsys, width: int, *argv: str) -> str:
     con = Console(width=width, file=io.StringIO(), record=True, color_system=None)
-    monkeypatch.setattr(runs_cli, "console", con)
-    monkeypatch.setattr(report_cli, "console", con)
+    for module in (status_cli, nodes_cli, report_cli):
+        monkeypatch.setattr(module, "console", con)
     code, _, err = cli(capsys, *argv)
     assert code == 0, err
     return con.export_text()
@@ -381,9 +384,9 @@ def test_times_show_the_date_when_not_today(monkeypatch, capsys, home):
 
 def test_fmt_time_is_pure_in_now():
     t = datetime(2026, 3, 1, 19, 21, 31).timestamp()
-    assert runs_cli._fmt_time(t, t + 60) == "19:21:31"
-    assert runs_cli._fmt_time(t, t + 86400) == "2026-03-01 19:21:31"
-    assert runs_cli._fmt_time(None, t) == "-"
+    assert fmt_time(t, t + 60) == "19:21:31"
+    assert fmt_time(t, t + 86400) == "2026-03-01 19:21:31"
+    assert fmt_time(None, t) == "-"
 
 
 # ------------------------------------------------------------------ 11. help that teaches
@@ -487,10 +490,10 @@ def test_checkpoints_default_to_the_sites_scratch_and_never_silently_to_home(tmp
     # the state directory under the home directory: a warning; elsewhere, none
     home_spec = {"checkpoint_dir_from": "the state directory",
                  "checkpoint_dir": str(Path.home() / ".local" / "x" / "checkpoints")}
-    warning = runs_cli._checkpoints_at_home(home_spec)
+    warning = submit_cli._checkpoints_at_home(home_spec)
     assert warning and "under your home directory" in warning and "$SCRATCH" in warning
-    assert runs_cli._checkpoints_at_home({**home_spec, "checkpoint_dir": "/scratch/x"}) is None
-    assert runs_cli._checkpoints_at_home({**home_spec, "checkpoint_dir_from": "$SCRATCH"}) is None
+    assert submit_cli._checkpoints_at_home({**home_spec, "checkpoint_dir": "/scratch/x"}) is None
+    assert submit_cli._checkpoints_at_home({**home_spec, "checkpoint_dir_from": "$SCRATCH"}) is None
 
 
 def test_status_shows_where_a_runs_checkpoints_go(capsys, home):

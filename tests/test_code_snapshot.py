@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ftslurm.cli.runs import CODE_DIR, snapshot_spec
+from ftslurm.cli.submit import CODE_DIR, snapshot_spec
 
 from .daemon_scenarios import Cli
 

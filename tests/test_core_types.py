@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftslurm.backends.slurm_cli import classify, sbatch_args
+from ftslurm.backends.slurm_cli import classify
+from ftslurm.core.sbatch import sbatch_args
 from ftslurm.core.timefmt import format_time_limit, parse_time_limit
 from ftslurm.core.types import JobOptions, JobState, NodeState
 from ftslurm.errors import (

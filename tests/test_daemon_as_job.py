@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ftslurm.backends.slurm_cli.backend import sbatch_args
+from ftslurm.core.sbatch import sbatch_args
 from ftslurm.core.types import JobInfo, JobOptions, JobState
 from ftslurm.daemon import as_job, service
 from ftslurm.errors import FtslurmError

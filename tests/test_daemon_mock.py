@@ -20,8 +20,7 @@ import pytest
 from ftslurm.backends.mock import MockScheduler
 from ftslurm.backends.mock.store import MockStore
 from ftslurm.core.contract import HUNG_NODE_REPORTS, RunDir
-from ftslurm.daemon.reconcile import new_run_record
-from ftslurm.daemon.records import SUBMITTING, Run, RunState
+from ftslurm.daemon.records import SUBMITTING, Run, RunState, new_run_record
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.fsutil import read_json

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from ftslurm.backends.slurm_cli import SlurmCliBackend
-from ftslurm.daemon.reconcile import new_run_record
-from ftslurm.daemon.records import SUBMITTING
+from ftslurm.daemon.records import SUBMITTING, new_run_record
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe

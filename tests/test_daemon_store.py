@@ -652,7 +652,8 @@ def test_a_request_that_cannot_be_applied_on_a_full_disk_does_not_stop_the_polli
     ending is seen), reports the full disk, and applies the request once there is room."""
     from ftslurm.core.settings import FtSettings
     from ftslurm.daemon import user_requests
-    from ftslurm.daemon.reconcile import Reconciler, new_run_record
+    from ftslurm.daemon.reconcile import Reconciler
+    from ftslurm.daemon.records import new_run_record
     from ftslurm.daemon.store import DiskFull
     from ftslurm.daemon.submission import make_spec
     from ftslurm.recipe import Recipe

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ftslurm.cli import runs as runs_cli
+from ftslurm.cli import submit as submit_cli
 from ftslurm.cli.main import main
-from ftslurm.cli.runs import PAUSE_ENV
+from ftslurm.cli.submit import PAUSE_ENV
 from ftslurm.daemon.records import Attempt, Run, RunState
 from ftslurm.daemon.store import Store
 
@@ -56,12 +56,12 @@ def test_status_of_ended_runs_says_nothing_of_the_daemon(home, capsys):
 
 
 def test_an_interrupt_before_the_run_is_recorded_says_nothing_was(home):
-    runs_cli._SUBMITTING.update(home=home, run_id="r-not-there")
+    submit_cli._SUBMITTING.update(home=home, run_id="r-not-there")
     add_run(home, "other", RunState.PENDING)
-    note = runs_cli.interrupted_submit()
+    note = submit_cli.interrupted_submit()
     assert note == ("interrupted before the run was recorded: nothing was recorded or "
                     "submitted")  # fmt: skip
-    assert runs_cli.interrupted_submit() is None  # said once
+    assert submit_cli.interrupted_submit() is None  # said once
 
 
 @pytest.fixture

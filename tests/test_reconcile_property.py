@@ -25,7 +25,9 @@ from ftslurm.backends.batch import OneJobPerCommand
 from ftslurm.backends.mock import model
 from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, NodeInfo, SignalTarget
 from ftslurm.daemon.policy import FtSettings
-from ftslurm.daemon.reconcile import Reconciler, new_run_record
+from ftslurm.daemon.reconcile import Reconciler
+from ftslurm.daemon.records import new_run_record
+from ftslurm.daemon.step import flag_node
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import make_spec
 from ftslurm.errors import FtslurmError, SchedulerUnavailable
@@ -301,7 +303,7 @@ def test_a_node_flagged_again_soon_is_kept_out_longer(tmp_path):
     rec = Reconciler(store, lambda _kind: ModelBackend(), clock=lambda: 0.0)
     ft = FtSettings()
     day = ft.node_exclusion_ttl_s
-    rec._flag("n2", "node_fail", 0.0, ft, "r0")
-    rec._flag("n2", "node_fail", 1.5 * day, ft, "r1")  # back for half a day, failed again
+    for now, run_id in ((0.0, "r0"), (1.5 * day, "r1")):  # back for half a day, failed again
+        rec._write_flag(flag_node("n2", "node_fail", store.node_flags(), now, ft), now, run_id)
     (flag,) = store.node_flags()
     assert (flag.since, flag.expires_at, flag.run_id) == (1.5 * day, 3.5 * day, "r1")

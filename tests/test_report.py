@@ -513,8 +513,8 @@ def test_a_spare_recovers_when_its_round_runs_at_its_first_step():
 
 
 def test_status_says_a_node_was_lost_and_what_recovers_it():
-    from ftslurm.cli.runs import recovery_notes
     from ftslurm.daemon.records import Attempt, Event
+    from ftslurm.report.notes import recovery_notes
 
     attempts, events = _lost_history()
     queued = [attempts[0], Attempt("r", 1, "PENDING", job_id="45")]

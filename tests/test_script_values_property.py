@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from ftslurm.backends.slurm_cli.backend import sbatch_args
+from ftslurm.core.sbatch import sbatch_args
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.errors import ConfigError
 from ftslurm.recipe import Recipe, sbatch_words

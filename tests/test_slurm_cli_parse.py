@@ -98,13 +98,19 @@ def test_scontrol_records_keep_values_with_spaces(rec):
     line = "JobId=5 JobName=a b c Reason=Not responding ExitCode=0:9"
     assert parse.parse_scontrol_record(line) == {
         "JobId": "5", "JobName": "a b c", "Reason": "Not responding", "ExitCode": "0:9"}
-    jobs = parse.parse_scontrol_jobs(rec.text("scontrol_show_job"), NOW)
+    # recorded `scontrol show job -o` lines, as `describe` reads them
+    jobs = {r["JobId"]: r for r in map(parse.parse_scontrol_record,
+                                       rec.text("scontrol_show_job").splitlines())
+            if "JobId" in r}  # fmt: skip
     live = jobs[rec["live"]]
-    assert live.state is JobState.RUNNING and len(set(live.nodes)) == 2
-    assert jobs[rec["node_fail"]].restart_count == 1 and jobs[rec["killed"]].signal == 9
+    assert live["JobState"] == "RUNNING" and len(set(parse.expand_nodes(live["NodeList"]))) == 2
+    assert live["BatchHost"] in parse.expand_nodes(live["NodeList"])
+    assert jobs[rec["node_fail"]]["Restarts"] == "1"
+    assert parse.decode_exit_pair(jobs[rec["killed"]]["ExitCode"])[1] == 9
     squeue = parse.parse_squeue(rec.text("squeue"), NOW)
-    for job_id, info in jobs.items():  # the two sources agree on what both show
-        assert (info.state, info.restart_count, info.nodes) == (
+    for job_id, r in jobs.items():  # the two sources agree on what both show
+        assert (JobState.from_slurm(r["JobState"]), int(r["Restarts"]),
+                parse.expand_nodes(r["NodeList"])) == (
             squeue[job_id].state, squeue[job_id].restart_count, squeue[job_id].nodes)
 
 

@@ -24,8 +24,7 @@ from ftslurm.backends.mock import MockScheduler
 from ftslurm.cli.main import main
 from ftslurm.core.types import ClusterFacts, JobInfo, JobOptions, JobState
 from ftslurm.daemon import service
-from ftslurm.daemon.reconcile import new_run_record
-from ftslurm.daemon.records import RunState
+from ftslurm.daemon.records import RunState, new_run_record
 from ftslurm.daemon.store import (
     BACKUP_NAME,
     DB_NAME,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ftslurm.backends.mock import MockScheduler
-from ftslurm.cli.runs import PAUSE_ENV
+from ftslurm.cli.submit import PAUSE_ENV
 from ftslurm.daemon import service
 from ftslurm.daemon.reconcile import NEVER_SUBMITTED
 from ftslurm.daemon.store import Store

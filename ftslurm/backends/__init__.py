@@ -14,28 +14,12 @@ import os
 import threading
 from pathlib import Path
 
-import platformdirs
-
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.errors import BackendUnavailable, ConfigError
+from ftslurm.paths import state_dir
 
 BACKENDS = ("auto", "slurm", "pyslurm", "mock")
-HOME_ENV = "FTSLURM_HOME"
 MOCK_HOME_ENV = "FTSLURM_MOCK_HOME"
-
-
-def state_dir() -> Path:
-    """ftslurm's state directory: FTSLURM_HOME, or the platform's user state dir.
-    `ConfigError` (one line) when something other than a folder is in its place."""
-    chosen = os.environ.get(HOME_ENV)
-    path = Path(chosen or platformdirs.user_state_dir("ftslurm"))
-    existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), path)
-    if existing.exists() and not existing.is_dir():
-        where = f"{HOME_ENV}={path}" if chosen else str(path)
-        what = "is not a folder" if existing == path else f"is under a file ({existing})"
-        raise ConfigError(f"the state directory {where} {what}",
-                          hint=f"point {HOME_ENV} at a folder")
-    return path
 
 
 def mock_home() -> Path:
@@ -72,5 +56,4 @@ def create_backend(kind: str = "slurm", home: Path | str | None = None, *,
     return cli
 
 
-__all__ = ["BACKENDS", "HOME_ENV", "MOCK_HOME_ENV", "SchedulerBackend", "create_backend",
-           "mock_home", "state_dir"]
+__all__ = ["BACKENDS", "MOCK_HOME_ENV", "SchedulerBackend", "create_backend", "mock_home"]

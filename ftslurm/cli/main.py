@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from ftslurm import __version__
-from ftslurm.cli import report, runs
+from ftslurm.cli import daemon_cmds, nodes, report, status, submit
 from ftslurm.cli.mock import app as mock_app
 from ftslurm.cli.scheduler import app as scheduler_app
 from ftslurm.errors import FtslurmError
@@ -34,7 +34,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-runs.register(app)
+# The commands, in the order `ftslurm --help` lists them.
+app.command(context_settings={"allow_extra_args": False})(submit.submit)
+app.command()(status.status)
+app.command()(status.wait)
+app.command()(submit.cancel)
+app.command()(status.logs)
+app.command()(status.watch)
+app.add_typer(nodes.nodes_app, name="nodes")
+app.add_typer(daemon_cmds.daemon_app, name="daemon")
 report.register(app)
 app.add_typer(scheduler_app, name="scheduler")
 app.add_typer(mock_app, name="mock")
@@ -281,14 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     aborts = _classes("Abort")
     exits = _classes("Exit")
     _DEBUG["on"] = False
-    runs.forget_submit()  # of an earlier call in this process (tests call main often)
+    submit.forget_submit()  # of an earlier call in this process (tests call main often)
     try:
         try:
             command = readable(typer.main.get_command(app))
-            runs.put_in_panels(command.commands["submit"], runs.SUBMIT_PANELS)
+            submit.put_in_panels(command.commands["submit"], submit.SUBMIT_PANELS)
             result = command.main(args=argv, prog_name="ftslurm", standalone_mode=False)
             if result == 130:  # typer 0.22 and later end a Ctrl-C so, returned here
-                note = runs.interrupted_submit()
+                note = submit.interrupted_submit()
                 if note:
                     print(note, file=sys.stderr)
             sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
@@ -302,10 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             code = getattr(exc, "exit_code", getattr(exc, "code", 0))
             return code if isinstance(code, int) else 0
         except aborts as exc:  # click before typer 0.22 turns Ctrl-C into Abort
-            print(runs.interrupted_submit() or "Aborted!", file=sys.stderr)
+            print(submit.interrupted_submit() or "Aborted!", file=sys.stderr)
             return 130 if isinstance(exc.__cause__, KeyboardInterrupt) else 1
         except KeyboardInterrupt:
-            print(runs.interrupted_submit() or "Aborted!", file=sys.stderr)
+            print(submit.interrupted_submit() or "Aborted!", file=sys.stderr)
             return 130
         except SystemExit as exc:
             if exc.code is None or isinstance(exc.code, int):

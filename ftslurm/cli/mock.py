@@ -120,7 +120,8 @@ def reset() -> None:
     ftslurm's exclusions of the mock's nodes cleared (those flagged by dry runs or by hand),
     in one command. Runs, jobs and settings are kept."""
     from ftslurm.backends.slurm_cli.parse import compress_nodes
-    from ftslurm.cli import runs as runs_cli
+    from ftslurm.cli.common import _store
+    from ftslurm.cli.nodes import _ask_daemon
     from ftslurm.core.types import NodeState
     from ftslurm.daemon import user_requests
 
@@ -135,12 +136,12 @@ def reset() -> None:
         mock.revive_node(name)
     said = [f"{compress_nodes(broken)} back up" if broken else "every node was up"]
     names = {n.name for n in infos}
-    with runs_cli._store() as store:
+    with _store() as store:
         mock_runs = {r.run_id for r in store.list_runs() if r.spec.get("backend") == "mock"}
         flagged = sorted(f.node for f in store.node_flags() if f.node in names
                          and (f.run_id is None or f.run_id in mock_runs))  # fmt: skip
     if flagged:
-        done, note = runs_cli._ask_daemon(*user_requests.nodes_remove(flagged))
+        done, note = _ask_daemon(*user_requests.nodes_remove(flagged))
         said.append(f"{compress_nodes(flagged)} no longer excluded" if done is not None
                     else f"removing the exclusion of {compress_nodes(flagged)}: {note}")
     else:

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ftslurm.cli.runs import JsonOpt, RunArg, _fmt_time, _run_or_fail, _store, console, err
+from ftslurm.cli.common import JsonOpt, RunArg, _run_or_fail, _store, console, err
 from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import (
     CHECKPOINT_MANIFEST,
@@ -42,6 +42,7 @@ from ftslurm.report.goodput import (
     goodput,
     losses_by_source,
 )
+from ftslurm.report.notes import fmt_time
 
 _CLEAN = {"finished", "checkpointed"}  # a launcher or rank that ended on its own
 _MEANING = {
@@ -183,7 +184,7 @@ def _timeline_table(rep: GoodputReport) -> Table:
     table = Table("time", "+elapsed", "attempt", "kind", "what", title="timeline")
     now = time.time()
     for e in rep.timeline:
-        table.add_row(_fmt_time(e.time, now), format_duration(max(0.0, e.time - rep.begin)),
+        table.add_row(fmt_time(e.time, now), format_duration(max(0.0, e.time - rep.begin)),
                       "-" if e.attempt is None else str(e.attempt), e.kind, e.text)  # fmt: skip
     return table
 

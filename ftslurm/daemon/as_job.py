@@ -32,10 +32,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ftslurm.backends import HOME_ENV
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.paths import HOME_ENV
 
 log = logging.getLogger("ftslurm.daemon")
 

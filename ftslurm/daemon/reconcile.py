@@ -104,7 +104,6 @@ from ftslurm.daemon.records import (
     NodeFlag,
     Run,
     RunState,
-    tag,
 )
 from ftslurm.daemon.store import DiskFull, StaleRecord, StateError, Store, update_mirror
 from ftslurm.daemon.submission import backend_key, build_attempt
@@ -119,8 +118,7 @@ from ftslurm.errors import (
 )
 from ftslurm.fsutil import read_json, write_json_atomic
 
-__all__ = ["NEVER_SUBMITTED", "REQUEUING", "Reconciler", "hung_at_stop", "new_run_record",
-           "submit_attempt"]  # fmt: skip
+__all__ = ["NEVER_SUBMITTED", "REQUEUING", "Reconciler", "hung_at_stop", "submit_attempt"]
 
 log = logging.getLogger("ftslurm.daemon")
 HISTORY_REFRESH_S = 60.0  # how often the failure history behind tuned intervals is read
@@ -216,14 +214,6 @@ def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt
         with contextlib.suppress(JobStateConflict, InvalidJobId):  # it ended meanwhile
             backend.cancel(a.job_id)
     return a
-
-
-class _Again(Exception):
-    """Step the attempt again with these facts (a cancel read anew, a requeue refused)."""
-
-    def __init__(self, facts: core.Facts) -> None:
-        super().__init__()
-        self.facts = facts
 
 
 _BATCHED = (core.Requeue, core.SetExclusions, core.Release, core.StartNow)
@@ -415,10 +405,6 @@ class Reconciler:
                         isinstance(i, core.Wake) for i in intents):
                     self._remember_quiet(run, a, info, facts, intents, now)
                 nxt = self._execute(backend, run, a, intents, deadlines)
-            except _Again as again:
-                asked.add("again")  # facts the shell set itself: not a quiet step
-                facts = again.facts
-                continue
             except SchedulerUnavailable as exc:
                 log.warning("run %s: scheduler unavailable, will retry: %s", run.run_id, exc)
                 if a.state is SUBMITTING and (run.run_id, a.attempt) not in self._deferred:
@@ -968,12 +954,6 @@ class Reconciler:
                                       expires_at=None if flag.ttl_s is None else now + flag.ttl_s,
                                       run_id=run_id))  # fmt: skip
 
-    def _flag(self, node: str, why: str, now: float, settings: FtSettings,
-              run_id: str) -> None:  # fmt: skip
-        """Flag a node now, for longer when it is a repeat offender (`step.flag_node`)."""
-        flag = core.flag_node(node, why, tuple(self.store.node_flags()), now, settings)
-        self._write_flag(flag, now, run_id)
-
     def _never_submitted(self, run: Run, a: Attempt, message: str) -> None:
         """The scheduler refused the attempt: it is marked so and the run ends FAILED."""
         now = self.clock()
@@ -1067,10 +1047,3 @@ def hung_at_stop(folder: Path) -> str:
     where = f" in section {h['section']!r}" if h.get("section") else ""
     return f"rank {rank} (node {node}) hung{where} when the job was told to stop: " \
            f"{h.get('reason')}"
-
-
-def new_run_record(run_id: str, name: str, spec: dict[str, Any], settings: FtSettings,
-                   now: float) -> tuple[Run, Attempt]:  # fmt: skip
-    run = Run(run_id=run_id, name=name, state=RunState.PENDING, created_at=now, spec=spec,
-              settings=settings.model_dump(mode="json"))  # fmt: skip
-    return run, Attempt(run_id, 0, SUBMITTING, tag=tag(run_id, 0))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobState
 
 
@@ -125,6 +126,14 @@ class Attempt:
     def __post_init__(self) -> None:
         if not isinstance(self.state, AttemptState):
             self.state = AttemptState(self.state)
+
+
+def new_run_record(run_id: str, name: str, spec: dict[str, Any], settings: FtSettings,
+                   now: float) -> tuple[Run, Attempt]:  # fmt: skip
+    """A new run and its first attempt, to be submitted by the daemon (`SUBMITTING`)."""
+    run = Run(run_id=run_id, name=name, state=RunState.PENDING, created_at=now, spec=spec,
+              settings=settings.model_dump(mode="json"))  # fmt: skip
+    return run, Attempt(run_id, 0, SUBMITTING, tag=tag(run_id, 0))
 
 
 @dataclass

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ftslurm.backends import HOME_ENV, create_backend
+from ftslurm.backends import create_backend
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.core.leases import (
     DAEMON_LEASE_TIMEOUT_S,
@@ -66,6 +66,7 @@ from ftslurm.daemon.store import (
 )
 from ftslurm.daemon.submission import backend_key
 from ftslurm.errors import FtslurmError, TransientError
+from ftslurm.paths import HOME_ENV
 
 log = logging.getLogger("ftslurm.daemon")
 WAKE_FILE = "wake"

@@ -53,6 +53,7 @@ from ftslurm.localcluster.rootfs import (
     sbin_path,
     write_client_wrappers,
 )
+from ftslurm.procutil import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -90,21 +91,6 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, interval: floa
         time.sleep(interval)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's (a user looking at root's daemons): alive, or a zombie
-    # A zombie still answers kill(0) (or refuses it to another user); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _read_pid(path: Path) -> int | None:
     """The live pid in a pid file, if it still belongs to the daemon the file is named after.
 
@@ -115,7 +101,7 @@ def _read_pid(path: Path) -> int | None:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return None
     try:
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
@@ -631,10 +617,10 @@ class LocalCluster:
             return
         os.kill(pid, signal.SIGTERM)
         try:
-            wait_for(lambda: not _pid_alive(pid), timeout, f"pid {pid} to exit", interval=0.1)
+            wait_for(lambda: not pid_alive(pid), timeout, f"pid {pid} to exit", interval=0.1)
         except ClusterError:
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: not _pid_alive(pid), 10, f"pid {pid} to die", interval=0.1)
+            wait_for(lambda: not pid_alive(pid), 10, f"pid {pid} to die", interval=0.1)
 
     def _kill_matching(self, match: Callable[[dict[str, str]], bool], sig: int) -> list[int]:
         me = os.getpid()

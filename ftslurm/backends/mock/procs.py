@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import forget_node_memory, memory_base, read_json, write_json_atomic
+from ftslurm.procutil import NOT_RUNNING, pid_alive, stat_fields
 
 
 def launch_batch(
@@ -85,11 +86,11 @@ def reap(job_dir: Path, timeout_s: float = 10.0) -> None:
         wrapper = None
     deadline = time.monotonic() + timeout_s
     while True:
-        if wrapper and _alive(wrapper):
+        if wrapper and pid_alive(wrapper):
             os.kill(wrapper, signal.SIGKILL)
         _killpg(batch.get("pgid"), signal.SIGKILL)
         signal_steps(job_dir, signal.SIGKILL)
-        left = (wrapper and _alive(wrapper)) or _group_alive(batch.get("pgid")) or \
+        left = (wrapper and pid_alive(wrapper)) or _group_alive(batch.get("pgid")) or \
             steps_alive(job_dir)
         if not left or time.monotonic() > deadline:
             return
@@ -115,22 +116,6 @@ def _forget(proc: subprocess.Popen) -> None:
     threading.Thread(target=proc.wait, daemon=True).start()
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def _group_alive(pgid: int | None) -> bool:
     if not pgid:
         return False
@@ -141,12 +126,8 @@ def _group_alive(pgid: int | None) -> bool:
     # Zombies keep a group "alive" for killpg(0); look for a live member.
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            fields = stat_fields(int(entry))
+            if fields is not None and int(fields[2]) == pgid and fields[0] not in NOT_RUNNING:
                 return True
     return False
 
@@ -209,7 +190,7 @@ def kill_node(job_dir: Path, node: str, batch_host: str) -> int:
     if node == batch_host:
         batch = _batch(job_dir)
         for pid in (batch.get("wrapper"),):
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
                 count += 1
         count += _killpg(batch.get("pgid"), signal.SIGKILL)
@@ -260,12 +241,8 @@ def exit_status(job_dir: Path) -> tuple[int, int | None] | None:
 
 def batch_alive(job_dir: Path) -> bool:
     batch = _batch(job_dir)
-    return _alive(batch.get("wrapper")) or _group_alive(batch.get("pgid"))
+    return pid_alive(batch.get("wrapper")) or _group_alive(batch.get("pgid"))
 
 
 def steps_alive(job_dir: Path) -> bool:
     return any(_group_alive(t.get("pgid")) for t in _tasks(job_dir))
-
-
-def job_processes_alive(job_dir: Path) -> bool:
-    return batch_alive(job_dir) or steps_alive(job_dir)

@@ -169,31 +169,6 @@ def parse_scontrol_record(line: str) -> dict[str, str]:
     return record
 
 
-def parse_scontrol_jobs(text: str, observed_at: float) -> dict[str, JobInfo]:
-    """Parse `scontrol show job -o` (one job per line)."""
-    jobs = {}
-    for line in text.splitlines():
-        if not line.startswith("JobId="):
-            continue
-        rec = parse_scontrol_record(line)
-        state = JobState.from_slurm(rec.get("JobState", ""))
-        exit_code, sig = decode_exit_pair(rec.get("ExitCode", ""))
-        job_id = rec["JobId"]
-        jobs[job_id] = JobInfo(
-            job_id=job_id, state=state, observed_at=observed_at,
-            raw_state=rec.get("JobState", ""), exit_code=exit_code, signal=sig,
-            nodes=expand_nodes(rec.get("NodeList", "")),
-            submit_time=_epoch(rec.get("SubmitTime", "")),
-            start_time=_epoch(rec.get("StartTime", "")) if state is not JobState.PENDING else None,
-            end_time=_epoch(rec.get("EndTime", "")) if state.is_terminal else None,
-            time_limit_s=_time_limit(rec.get("TimeLimit", "")),
-            restart_count=int(rec.get("Restarts", "0") or 0),
-            reason=_text(rec.get("Reason", "")), name=_text(rec.get("JobName", "")),
-            comment=_text(rec.get("Comment", "")),
-        )  # fmt: skip
-    return jobs
-
-
 def parse_sinfo_nodes(text: str) -> list[NodeInfo]:
     """Parse `sinfo -h -N -o '%N|%t|%E'` (a node in several partitions appears once).
 

@@ -1,0 +1,148 @@
+"""The prose of the run commands (pure): times and ages in words, the notes on lost nodes
+and their recovery, the notes a reason says once under a table, and which columns of a
+table fit a terminal. Values in, words out: no clock, no file, no terminal (`ftslurm.cli`
+reads the state and prints)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ftslurm.core.types import JobState, NodeInfo, NodeState
+from ftslurm.daemon.records import Attempt
+
+
+def fmt_time(t: float | None, now: float) -> str:
+    """HH:MM:SS today; with the date on any other day (an expiry tomorrow must say so)."""
+    if not t:
+        return "-"
+    when = datetime.fromtimestamp(t)
+    today = datetime.fromtimestamp(now).date()
+    return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M:%S")
+
+
+def fmt_age(seconds: float) -> str:
+    """An age in words: seconds, minutes under two hours, else hours."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# ---------------------------------------------------------------------------- tables
+@dataclass(frozen=True)
+class Col:
+    """A table column. `keep` ranks what stays when the terminal is narrow (higher stays
+    longer; None: never dropped, never cut: run ids, node names). `wraps`: free text that
+    may fold over several lines, so it does not need its full width."""
+
+    header: str
+    keep: int | None
+    wraps: bool = False
+
+
+_WRAPPED_MIN = 16  # the width a wrapping column is granted when deciding what fits
+_CELL_EXTRA = 3  # a cell's padding and border
+
+
+def fit_columns(cols: Sequence[Col], widths: Sequence[Sequence[int]], width: int) -> list[int]:
+    """Which columns (indices, in order) fit `width`: drop the lowest `keep` first.
+
+    `widths` are the rows' cells as wide as they show (their text without markup)."""
+    natural = []
+    for i, col in enumerate(cols):
+        need = max([len(col.header), *(row[i] for row in widths)])
+        natural.append(min(need, _WRAPPED_MIN) if col.wraps else need)
+    shown = list(range(len(cols)))
+    droppable = sorted((i for i, c in enumerate(cols) if c.keep is not None),
+                       key=lambda i: cols[i].keep)  # fmt: skip
+    while sum(natural[i] + _CELL_EXTRA for i in shown) + 1 > width and droppable:
+        shown.remove(droppable.pop(0))
+    return shown
+
+
+# A note `policy.decide` adds to the reason of every ending of a run whose ranks wrote no
+# heartbeats: said once under a table, not on every row.
+_SAID_ONCE = ("the ranks wrote no heartbeats",)
+
+
+def split_reason(reason: str | None) -> tuple[str, list[str]]:
+    """A reason without the notes said once under a table, and those notes."""
+    parts = (reason or "").split("; ")
+    once = [p for p in parts if p.startswith(_SAID_ONCE)]
+    return "; ".join(p for p in parts if p not in once), once
+
+
+# ---------------------------------------------------------------------------- lost nodes
+def lost_node_notes(nodes: Sequence[str], infos: Sequence[NodeInfo], slurmd_timeout_s: int,
+                    now: float) -> list[str]:  # fmt: skip
+    """What to say about an allocation's nodes that stopped answering.
+
+    Until SlurmdTimeout has passed the scheduler still counts such a node as up and the job
+    as running, so nothing else shows that anything happened."""
+    by_name = {i.name: i for i in infos}
+    notes = []
+    for name in nodes:
+        info = by_name.get(name)
+        if info is None or info.responding:
+            continue
+        if info.state in (NodeState.DOWN, NodeState.FAIL):
+            notes.append(f"{name} is down ({info.reason or 'not responding'}); the scheduler "
+                         "ends the job on it")  # fmt: skip
+        elif info.not_responding_since is not None:
+            since = info.not_responding_since
+            notes.append(f"{name} not responding since {fmt_time(since, now)}; the scheduler "
+                         f"declares it down at about {fmt_time(since + slurmd_timeout_s, now)} "
+                         f"(SlurmdTimeout {slurmd_timeout_s} s)")  # fmt: skip
+        else:
+            notes.append(f"{name} not responding; the scheduler declares it down once it has "
+                         f"been silent for SlurmdTimeout ({slurmd_timeout_s} s)")  # fmt: skip
+    return notes
+
+
+def recovery_notes(attempts: Sequence[Attempt], events: Sequence[Any],
+                   rounds: dict[int, Sequence[dict[str, Any]]], now: float) -> list[str]:
+    """What to say about the nodes lost in a run's latest two attempts and the recovery
+    under way: "n2 lost 21 s ago (peer report) → new job 45 queued", or "→ spare:
+    ranks restarted 4 s later". `events` are the run's `node_lost` (and other) events,
+    `rounds` an attempt's in-job round records."""
+    if not attempts:
+        return []
+    by_no = {a.attempt: a for a in attempts}
+    latest = attempts[-1].attempt
+    notes = []
+    for e in events:
+        d = e.data
+        k = d.get("attempt")
+        if e.kind != "node_lost" or not isinstance(k, int) or k < latest - 1:
+            continue
+        at = d.get("time") if isinstance(d.get("time"), (int, float)) else e.time
+        source = {"slurm": "Slurm's verdict", "daemon": "the daemon's lease watch"}.get(
+            str(d.get("source")), "peer report")
+        head = f"{d.get('node') or 'a node'} lost {fmt_age(max(0.0, now - at))} ago ({source})"
+        if d.get("recovery") == "spare":
+            starts = [r.get("started_at") for r in rounds.get(k, ())
+                      if isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= at]
+            tail = (f"spare: ranks restarted {fmt_age(min(starts) - at)} later" if starts
+                    else "spare: ranks restarting")  # fmt: skip
+        else:
+            nxt = next((a for n, a in sorted(by_no.items()) if n > k), None)
+            if nxt is None:
+                tail = "ending the job"
+            else:
+                what = "new job" if nxt.job_id != by_no[k].job_id else "job"
+                job = f"{what} {nxt.job_id}" if nxt.job_id else f"{what} being submitted"
+                state = str(nxt.state)
+                if state == JobState.PENDING.value:
+                    tail = f"{job} queued"
+                elif state == JobState.RUNNING.value and nxt.start is not None:
+                    tail = f"{job} running {fmt_age(max(0.0, nxt.start - at))} later"
+                elif nxt.job_id:
+                    tail = f"{job} {state}"
+                else:
+                    tail = job
+        notes.append(f"{head} → {tail}")
+    return notes
