@@ -2,9 +2,9 @@
 (issue: ranks started, and trained, after `cancel` had replied).
 
 Forced timing, end to end (CLI, daemon, scheduler, launchers): both launchers of a
-2-node run are stopped (SIGSTOP) as soon as they exist, before node rank 0's launcher
-published its rendezvous endpoint, so no rank can start anywhere; then the run is
-cancelled. The scheduler continues every task and sends it SIGTERM, as Slurm does: the
+2-node run are stopped (SIGSTOP) as soon as their first handlers are in place, before node
+rank 0's launcher published its rendezvous endpoint, so no rank can start anywhere; then
+the run is cancelled. The scheduler continues every task and sends it SIGTERM, as Slurm does: the
 launchers must end on their own, stopped, and start no rank. On the mock scheduler, and
 on the real cluster (`slurm`).
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ftslurm.agent.sigmask import caught_signals
 from ftslurm.core.contract import EnvName, RunDir
 
 from .daemon_scenarios import Cli, daemon_cli, ended
@@ -62,13 +63,14 @@ def proc_state(pid: int) -> str:
 
 
 def hold_launchers(run_dir: str, nodes: int, timeout: float) -> dict[int, int]:
-    """SIGSTOP each launcher of the run as soon as it exists, until all `nodes` are held."""
+    """SIGSTOP each launcher of the run as soon as its first handlers are in place (it
+    catches SIGTERM: `ftslurm.agent.boot`), until all `nodes` are held."""
     deadline = time.monotonic() + timeout
     held: dict[int, int] = {}
     while len(held) < nodes:
         assert time.monotonic() < deadline, f"launchers held: {held}"
         for node_rank, pid in launcher_pids(run_dir).items():
-            if node_rank not in held:
+            if node_rank not in held and signal.SIGTERM in (caught_signals(pid) or ()):
                 os.kill(pid, signal.SIGSTOP)
                 held[node_rank] = pid
         time.sleep(0.01)

@@ -87,7 +87,7 @@ agent.exit(0)
 
 
 def start(tmp_path: Path, *launch_args: str, steps: int = 40, step_s: float = 0.05,
-          script: str = TRAIN, log: Path | None = None,
+          script: str = TRAIN, log: Path | None = None, entry: tuple[str, ...] = (),
           **env: str) -> subprocess.Popen:  # fmt: skip
     (tmp_path / "train.py").write_text(script)
     for name in ("run", "ckpt"):
@@ -99,7 +99,7 @@ def start(tmp_path: Path, *launch_args: str, steps: int = 40, step_s: float = 0.
     for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
         full_env.pop(key, None)
     return subprocess.Popen(
-        [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node", "2",
+        [*(entry or (sys.executable, "-m", "ftslurm.agent.launch")), "--nproc-per-node", "2",
          "--monitor-interval", "0.2", *launch_args, "--", sys.executable,
          str(tmp_path / "train.py"), str(steps), str(step_s)],
         env=full_env, stdout=log.open("w") if log else subprocess.PIPE,
@@ -357,6 +357,42 @@ def test_a_checkpoint_signal_before_the_ranks_start_reaches_them_once_they_do(tm
     assert code == ExitCode.CONTINUE, out
     assert re.search(r"rank 0 checkpointed at \d+", out), out
     assert node_report(tmp_path)["outcome"] == "checkpointed"
+
+
+# The launcher as `python -m` runs it, stopped (SIGSTOP) while its module still imports,
+# right after its first import (`ftslurm.agent.boot`): before `main` and its handlers.
+PAUSED_IN_IMPORTS = r'''
+import os, runpy, signal, sys
+paused = []
+def pause(event, args):
+    if event == "import" and args[0] == "ftslurm.agent.spares" and not paused:
+        paused.append(1)
+        os.kill(os.getpid(), signal.SIGSTOP)
+sys.addaudithook(pause)
+sys.argv = ["launch", *sys.argv[1:]]
+runpy._run_module_as_main("ftslurm.agent.launch")
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGTERM])
+def test_a_signal_while_the_launcher_still_imports_is_not_lost(tmp_path, sig):
+    """Before `main` runs (its imports take a while): the checkpoint signal neither ends the
+    launcher (its default action) nor is lost, it reaches the ranks once they start; a stop
+    means they never start."""
+    mark = tmp_path / "rank-started"
+    proc = start(tmp_path, *ONE_RANK, steps=100000, script=MARKED, RANK_MARK=str(mark),
+                 entry=(sys.executable, "-c", PAUSED_IN_IMPORTS))  # fmt: skip
+    try:
+        signal_at_pause(proc, sig)
+        code, out = finish(proc)
+    finally:
+        kill_left(proc)
+    if sig == signal.SIGTERM:
+        assert code == 128 + sig and not mark.exists(), out
+        assert node_report(tmp_path)["outcome"] == "stopped"
+    else:
+        assert code == ExitCode.CONTINUE, out
+        assert re.search(r"rank 0 checkpointed at \d+", out), out
 
 
 def test_a_stop_in_torchs_rendezvous_join_ends_it_at_once(tmp_path):

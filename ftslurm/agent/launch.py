@@ -63,7 +63,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ftslurm.agent import boot  # first: it records the signals that come meanwhile
 from ftslurm.agent import spares as sp
+from ftslurm.agent.boot import STOPS
 from ftslurm.agent.heartbeat import (
     FLOOR_S,
     SAFETY_FACTOR,
@@ -82,7 +84,7 @@ from ftslurm.agent.heartbeat import (
 from ftslurm.agent.peers import PeerWatch, poll_interval
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.straggler import collect_report
-from ftslurm.agent.task import STOPPED, STOPS  # a stop, and the outcome of one before a start
+from ftslurm.agent.task import STOPPED
 from ftslurm.core.contract import (
     DEFAULT_CHECKPOINT_SIGNAL,
     NAMED_EXITS,
@@ -375,22 +377,13 @@ def rendezvous_handler(args: argparse.Namespace, common: dict[str, Any], *,
 
 
 def main(argv: list[str] | None = None) -> int:
-    # One signal state from the first line on, so that no signal is lost in any phase:
-    # `early`, the signals for ranks that do not exist (yet): theirs once they start;
-    # `stop`, the first TERM or INT: the ranks never start after it (checked before every
-    # phase that leads to them). Until the handlers that forward are in place (torch is
-    # imported first), signals are only recorded here.
-    early: list[int] = []
-    stop: list[int] = []
-
-    def remember(sig: int, _frame: Any) -> None:
-        if sig in STOPS and not stop:
-            stop.append(sig)
-        if sig not in early:
-            early.append(sig)
-
-    for sig in {*STOPS, signal.SIGUSR1, signal.SIGUSR2, _checkpoint_signal()} - {None}:
-        signal.signal(sig, remember)  # type: ignore[arg-type]
+    # One signal state from the launcher's first lines on (`ftslurm.agent.boot`), so
+    # that no signal is lost in any phase: `early`, the signals for ranks that do not exist
+    # (yet): theirs once they start; `stop`, the first TERM or INT: the ranks never start
+    # after it (checked before every phase that leads to them). Until the handlers that
+    # forward are in place (torch is imported first), signals are only recorded.
+    early, stop = boot.EARLY, boot.STOP
+    boot.record(*[s for s in [_checkpoint_signal()] if s is not None])
     _pause_for_tests("start")
     logging.basicConfig(level=logging.INFO, format="ftslurm launch: %(message)s")
     args = parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -54,6 +54,7 @@ from typing import IO
 
 import hostlist
 
+from ftslurm.agent.boot import STOPS  # one before the command starts: it never does
 from ftslurm.agent.peers import task_watch
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.sigmask import catchers, readable
@@ -72,7 +73,6 @@ from ftslurm.fsutil import read_json, write_json_atomic
 
 FORWARDED = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGUSR1,
              signals.SIGUSR2, signals.SIGCONT)  # fmt: skip
-STOPS = (signals.SIGTERM, signals.SIGINT)  # before the command starts: it never does
 # The outcome of a rank (and of a launcher, `ftslurm.agent.launch`) told to stop before its
 # command (its ranks) started.
 STOPPED = "stopped"
