@@ -491,6 +491,54 @@ def test_a_plain_child_ended_by_term_after_a_withheld_signal(tmp_path: Path) -> 
         "killed", signal.SIGTERM, "USR2"), r  # fmt: skip
 
 
+# The wrapper, stopped (SIGSTOP) where it removes an old stop record of its rank: its
+# handlers are in place, its command not started yet (an audit hook: the code is the same).
+PAUSED_BEFORE_START = r'''
+import os, runpy, signal, sys
+paused, name = [], sys.argv[1]
+def pause(event, args):
+    if event == "os.remove" and not paused and str(args[0]).endswith(name):
+        paused.append(1)
+        os.kill(os.getpid(), signal.SIGSTOP)
+sys.addaudithook(pause)
+sys.argv = [sys.argv[0], *sys.argv[2:]]
+runpy.run_module("ftslurm.agent.task", run_name="__main__", alter_sys=True)
+'''
+
+
+def proc_stopped(pid: int) -> bool:
+    return proc_state(pid) == "T"
+
+
+def test_a_term_before_the_command_started_means_it_never_starts(tmp_path: Path) -> None:
+    """Forced timing: TERM reaches the wrapper after its handlers are in place and before
+    it starts the command. The command never starts, and the report says the rank was
+    stopped (not a command killed at its start)."""
+    from ftslurm.core.contract import RunDir
+
+    mark = tmp_path / "started"
+    err = tmp_path / "stderr"
+    with err.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PAUSED_BEFORE_START, RunDir(tmp_path).stop_record(0, 0).name,
+             "--", *py(f"open({str(mark)!r}, 'w').close()")],
+            env=clean_env(FTSLURM_RUN_DIR=str(tmp_path)), stdout=subprocess.PIPE,
+            stderr=out)  # fmt: skip
+        try:
+            wait_for(lambda: proc_stopped(proc.pid), 60, "the wrapper to pause")
+            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGCONT)
+            assert finish(proc) == 128 + signal.SIGTERM, err.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert not mark.exists()
+    r = report(tmp_path)
+    assert (r["outcome"], r["exit_code"], r["signal"]) == ("stopped", None, signal.SIGTERM), r
+    assert "told to stop (SIGTERM) before its command started" in err.read_text()
+
+
 # A child that beats: writes a growing counter (and its pid) every 20 ms until TERM.
 HEARTBEAT_CHILD = r'''
 import os, signal, sys, time

@@ -172,7 +172,8 @@ CONTRACT_IMPORTS = {"__future__", "json", "re", "signal", "collections.abc", "da
 # scheduler's own plumbing and the local test cluster's markers. Each is named by the module
 # that owns it; every other FTSLURM_* name lives in the contract module.
 OWN_VARIABLES = {"FTSLURM_HOME", "FTSLURM_MOCK_HOME", "FTSLURM_MOCK_JOB_DIR",
-                 "FTSLURM_TEST_PAUSE_AFTER_RECORD", "FTSLURM_LOCAL_CLUSTER",
+                 "FTSLURM_TEST_PAUSE_AFTER_RECORD", "FTSLURM_TEST_PAUSE_LAUNCH",
+                 "FTSLURM_LOCAL_CLUSTER",
                  "FTSLURM_LOCAL_NODE", "FTSLURM_LOCAL_CLUSTER_DIR", "FTSLURM_ROOTFS_CACHE",
                  "FTSLURM_DEBIAN_MIRROR", "FTSLURM_STATE_FS",
                  "FTSLURM_CLUSTER_OPERATOR"}  # fmt: skip

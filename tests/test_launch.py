@@ -87,7 +87,8 @@ agent.exit(0)
 
 
 def start(tmp_path: Path, *launch_args: str, steps: int = 40, step_s: float = 0.05,
-          script: str = TRAIN, **env: str) -> subprocess.Popen:  # fmt: skip
+          script: str = TRAIN, log: Path | None = None, entry: tuple[str, ...] = (),
+          **env: str) -> subprocess.Popen:  # fmt: skip
     (tmp_path / "train.py").write_text(script)
     for name in ("run", "ckpt"):
         (tmp_path / name).mkdir(exist_ok=True)
@@ -98,10 +99,11 @@ def start(tmp_path: Path, *launch_args: str, steps: int = 40, step_s: float = 0.
     for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
         full_env.pop(key, None)
     return subprocess.Popen(
-        [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node", "2",
+        [*(entry or (sys.executable, "-m", "ftslurm.agent.launch")), "--nproc-per-node", "2",
          "--monitor-interval", "0.2", *launch_args, "--", sys.executable,
          str(tmp_path / "train.py"), str(steps), str(step_s)],
-        env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=full_env, stdout=log.open("w") if log else subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
 
@@ -260,6 +262,196 @@ def test_a_checkpoint_signal_during_the_rendezvous_reaches_the_ranks_once_they_s
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+# TRAIN that leaves a mark as its first act: a rank's command started.
+MARKED = 'import os\nopen(os.environ["RANK_MARK"], "a").close()\n' + TRAIN
+
+
+def proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "?"
+
+
+def at_pause(proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until the launcher stopped itself at its test pause (`launch.PAUSE_ENV`)."""
+    deadline = time.monotonic() + timeout
+    while proc_state(proc.pid) != "T":
+        assert proc.poll() is None, f"the launcher ended before its pause: {proc.returncode}"
+        assert time.monotonic() < deadline, "the launcher did not pause"
+        time.sleep(0.02)
+
+
+def signal_at_pause(proc: subprocess.Popen, sig: int) -> None:
+    """The signal reaches the paused launcher exactly where it stopped, once continued."""
+    at_pause(proc)
+    proc.send_signal(sig)
+    proc.send_signal(signal.SIGCONT)
+
+
+def kill_left(*procs: subprocess.Popen | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+ONE_RANK = ("--nproc-per-node", "1", "--max-restarts", "0")
+
+
+@pytest.mark.parametrize("phase, sig", [
+    ("start", signal.SIGTERM),  # its first handlers only, before torch is imported
+    ("rendezvous", signal.SIGTERM),  # its handlers and lease in place, before the rendezvous
+    ("ranks", signal.SIGTERM),  # the rendezvous done, before the ranks are started
+    ("ranks", signal.SIGINT),
+])  # fmt: skip
+def test_a_stop_before_the_ranks_start_means_they_never_do(tmp_path, phase, sig):
+    """Forced timing: the launcher pauses at a phase, the stop reaches it there. No rank
+    ever starts, and the launcher ends at once, stopped: exit 128 + the signal and a node
+    report that says so (the old launcher started the ranks and let them train)."""
+    mark = tmp_path / "rank-started"
+    proc = start(tmp_path, *ONE_RANK, "--grace", "600", steps=100000, script=MARKED,
+                 RANK_MARK=str(mark), **{launch.PAUSE_ENV: phase})  # fmt: skip
+    try:
+        signal_at_pause(proc, sig)
+        code, out = finish(proc)
+    finally:
+        kill_left(proc)
+    assert code == 128 + sig, out
+    assert not mark.exists(), out
+    assert not (tmp_path / "run" / "attempts" / "0" / "rank-0.json").exists()
+    report = node_report(tmp_path)
+    assert (report["outcome"], report["signal"], report["exit_code"]) == (
+        "stopped", signal.Signals(sig).name, 128 + sig), report  # fmt: skip
+    assert "told to stop" in out and "Traceback" not in out, out
+
+
+def test_a_stop_while_the_ranks_are_being_started_reaches_them(tmp_path):
+    """The stop comes after the last look before the ranks start, while they are being
+    started (no process ids yet): they get it once their wrappers are ready, instead of
+    training on (the old launcher dropped it)."""
+    proc = start(tmp_path, *ONE_RANK, "--grace", "600", steps=100000,
+                 **{launch.PAUSE_ENV: "spawn"})  # fmt: skip
+    try:
+        signal_at_pause(proc, signal.SIGTERM)
+        code, out = finish(proc)
+    finally:
+        kill_left(proc)
+    assert code != ExitCode.FINISHED and "finished at" not in out, out
+    report = rank_report(tmp_path, 0)  # killed at its start, or stopped before, or saved
+    assert report["outcome"] in ("killed", "stopped", "checkpointed"), report
+    assert report["checkpoint_signal_at"] is not None, report
+
+
+@pytest.mark.parametrize("phase", ["start", "ranks", "spawn"])  # rendezvous: above
+def test_a_checkpoint_signal_before_the_ranks_start_reaches_them_once_they_do(tmp_path, phase):
+    proc = start(tmp_path, "--nproc-per-node", "1", steps=100000,
+                 **{launch.PAUSE_ENV: phase})  # fmt: skip
+    try:
+        signal_at_pause(proc, signal.SIGUSR2)
+        code, out = finish(proc)
+    finally:
+        kill_left(proc)
+    assert code == ExitCode.CONTINUE, out
+    assert re.search(r"rank 0 checkpointed at \d+", out), out
+    assert node_report(tmp_path)["outcome"] == "checkpointed"
+
+
+# The launcher as `python -m` runs it, stopped (SIGSTOP) while its module still imports,
+# right after its first import (`ftslurm.agent.boot`): before `main` and its handlers.
+PAUSED_IN_IMPORTS = r'''
+import os, runpy, signal, sys
+paused = []
+def pause(event, args):
+    if event == "import" and args[0] == "ftslurm.agent.spares" and not paused:
+        paused.append(1)
+        os.kill(os.getpid(), signal.SIGSTOP)
+sys.addaudithook(pause)
+sys.argv = ["launch", *sys.argv[1:]]
+runpy._run_module_as_main("ftslurm.agent.launch")
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGTERM])
+def test_a_signal_while_the_launcher_still_imports_is_not_lost(tmp_path, sig):
+    """Before `main` runs (its imports take a while): the checkpoint signal neither ends the
+    launcher (its default action) nor is lost, it reaches the ranks once they start; a stop
+    means they never start."""
+    mark = tmp_path / "rank-started"
+    proc = start(tmp_path, *ONE_RANK, steps=100000, script=MARKED, RANK_MARK=str(mark),
+                 entry=(sys.executable, "-c", PAUSED_IN_IMPORTS))  # fmt: skip
+    try:
+        signal_at_pause(proc, sig)
+        code, out = finish(proc)
+    finally:
+        kill_left(proc)
+    if sig == signal.SIGTERM:
+        assert code == 128 + sig and not mark.exists(), out
+        assert node_report(tmp_path)["outcome"] == "stopped"
+    else:
+        assert code == ExitCode.CONTINUE, out
+        assert re.search(r"rank 0 checkpointed at \d+", out), out
+
+
+def test_a_stop_in_torchs_rendezvous_join_ends_it_at_once(tmp_path):
+    """Node 0's launcher waits in torch's join for a node that never comes (up to the
+    300 s rendezvous timeout): a stop there ends the join at once, and no rank starts."""
+    log = tmp_path / "node-0.log"
+    mark = tmp_path / "rank-started"
+    proc = start(tmp_path, "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "0",
+                 "--peer-timeout", "600", script=MARKED, log=log, RANK_MARK=str(mark),
+                 LOGLEVEL="INFO")  # torch elastic's own log says when it joins
+    try:
+        deadline = time.monotonic() + 120
+        while "Rendezvous'ing worker group" not in log.read_text():  # the join begins
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)  # well within the join's own timeout
+    finally:
+        kill_left(proc)
+    out = log.read_text()
+    assert code == 128 + signal.SIGTERM, out
+    assert not mark.exists()
+    assert node_report(tmp_path)["outcome"] == "stopped"
+    assert "Traceback" not in out, out
+
+
+def test_a_host_stopped_before_it_published_its_endpoint_releases_the_others(tmp_path):
+    """Node 0's launcher is told to stop before it publishes its rendezvous endpoint;
+    node 1's, waiting for that endpoint and not signalled itself, sees node 0's lease end
+    "stopped" and gives up at once instead of waiting out the rendezvous timeout."""
+    from ftslurm.core.contract import RunDir
+
+    run = RunDir(tmp_path / "run")
+    mark = tmp_path / "rank-started"
+    two = ("--nproc-per-node", "1", "--nnodes", "2", "--peer-timeout", "600")
+    host = start(tmp_path, *two, "--node-rank", "0", script=MARKED, RANK_MARK=str(mark),
+                 **{launch.PAUSE_ENV: "rendezvous"})  # fmt: skip
+    other = None
+    try:
+        at_pause(host)
+        other = start(tmp_path, *two, "--node-rank", "1", script=MARKED, RANK_MARK=str(mark))
+        deadline = time.monotonic() + 120
+        while not run.peer_lease(0, 1).exists():  # its handlers are in place, it waits
+            assert other.poll() is None and time.monotonic() < deadline, "no lease"
+            time.sleep(0.05)
+        host.send_signal(signal.SIGTERM)
+        host.send_signal(signal.SIGCONT)
+        code, out = finish(host)
+        assert code == 128 + signal.SIGTERM, out
+        other_code = other.wait(timeout=60)  # well within the 300 s rendezvous timeout
+        other_out = other.communicate()[0]
+    finally:
+        kill_left(host, other)
+    assert other_code == ExitCode.FAILED, other_out
+    gave_up = json.loads(run.node_report(0, 1).read_text())
+    assert gave_up["outcome"] == "launcher_failed", gave_up
+    assert "node rank 0) was told to stop" in gave_up["error"], gave_up
+    assert not run.launcher_failed(0, 1).exists()  # news of a peer: not its own failure
+    assert not mark.exists()
 
 
 def sigterm_when_training(tmp_path: Path, proc: subprocess.Popen) -> tuple[int, str]:

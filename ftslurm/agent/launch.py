@@ -9,7 +9,10 @@ Built on torch.distributed.elastic (c10d rendezvous, worker-group restart): it s
   anything (one that comes before the ranks exist reaches them once they start; each rank's
   wrapper passes it on only to processes that catch it, `ftslurm.agent.task`, and the node
   report lists the ranks that never caught it), and on SIGTERM gives them `--grace`
-  seconds to checkpoint and exit before killing them (not a fixed 30 s);
+  seconds to checkpoint and exit before killing them (not a fixed 30 s). No signal is lost
+  in any phase: a SIGTERM or SIGINT that comes before the ranks started (from the
+  launcher's first line on, the rendezvous and torch's join included) means they never
+  start: the launcher exits 128 + the signal with the outcome "stopped" in its node report;
 - exits with a code the daemon understands (`ftslurm.core.contract.ExitCode`), and writes
   `$FTSLURM_RUN_DIR/attempts/<attempt>/node-<node_rank>.json` (in-job restarts, hangs,
   outcome, teardown failures). The outcome comes from what the ranks recorded as well as
@@ -60,7 +63,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ftslurm.agent import boot  # first: it records the signals that come meanwhile
 from ftslurm.agent import spares as sp
+from ftslurm.agent.boot import STOPS
 from ftslurm.agent.heartbeat import (
     FLOOR_S,
     SAFETY_FACTOR,
@@ -79,7 +84,9 @@ from ftslurm.agent.heartbeat import (
 from ftslurm.agent.peers import PeerWatch, poll_interval
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.straggler import collect_report
+from ftslurm.agent.task import STOPPED
 from ftslurm.core.contract import (
+    DEFAULT_CHECKPOINT_SIGNAL,
     NAMED_EXITS,
     RANK_REPORTS,
     WITHHELD_RANKS,
@@ -90,6 +97,7 @@ from ftslurm.core.contract import (
     JobEnv,
     RunDir,
     observed_record,
+    parse_signal,
     published_rendezvous,
     rendezvous_port,
     rendezvous_record,
@@ -253,6 +261,37 @@ class Abandoned(Exception):
     lost) or a stop: not this launcher's own failure."""
 
 
+class Stopped(Exception):
+    """Told to stop (SIGTERM, SIGINT) before the ranks started: they never do. Raised at
+    the phase boundaries before a round of ranks starts, and by the signal handler itself
+    out of torch's rendezvous join, so a stop does not wait for the other nodes."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(f"told to stop ({signal.Signals(sig).name}) before the ranks started")
+        self.sig = sig
+
+
+# Test hook: the launcher stops itself (SIGSTOP) at each phase named here (comma-separated:
+# "start", "rendezvous", "ranks", "spawn"; see `main`), so a test can send a signal at
+# exactly that point and then continue it.
+PAUSE_ENV = "FTSLURM_TEST_PAUSE_LAUNCH"
+
+
+def _pause_for_tests(phase: str) -> None:
+    if phase in os.environ.get(PAUSE_ENV, "").split(","):
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _checkpoint_signal() -> int | None:
+    """The job's checkpoint signal, read before anything else (None when it is not valid:
+    the job's settings are checked, in one line, with the arguments)."""
+    try:
+        return parse_signal(os.environ.get(EnvName.CHECKPOINT_SIGNAL.value)
+                            or DEFAULT_CHECKPOINT_SIGNAL)  # fmt: skip
+    except ConfigError:
+        return None
+
+
 PUBLISHED_POLL_S = 0.1  # how often a launcher looks for the published rendezvous endpoint
 ERROR_CHARS = 400  # an error's line in the reports, at most
 
@@ -338,10 +377,14 @@ def rendezvous_handler(args: argparse.Namespace, common: dict[str, Any], *,
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Signals may come before torch is even imported: record them, forward them later.
-    early: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda s, _f: early.append(s))
+    # One signal state from the launcher's first lines on (`ftslurm.agent.boot`), so
+    # that no signal is lost in any phase: `early`, the signals for ranks that do not exist
+    # (yet): theirs once they start; `stop`, the first TERM or INT: the ranks never start
+    # after it (checked before every phase that leads to them). Until the handlers that
+    # forward are in place (torch is imported first), signals are only recorded.
+    early, stop = boot.EARLY, boot.STOP
+    boot.record(*[s for s in [_checkpoint_signal()] if s is not None])
+    _pause_for_tests("start")
     logging.basicConfig(level=logging.INFO, format="ftslurm launch: %(message)s")
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     # Imported here: the rest of ftslurm does not need torch.
@@ -381,7 +424,15 @@ def main(argv: list[str] | None = None) -> int:
     state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [],
                              "next_peer_check": 0.0, "next_collect": 0.0, "pace": {},
                              "cpu": {}, "heartbeats": False, "look_at_stop": False,
-                             "teardown": {}, "ranks": set(), "ranks_started": False}  # fmt: skip
+                             "teardown": {}, "ranks": set(), "ranks_started": False,
+                             # a round of ranks is running (signals go to them, not `early`)
+                             "live": False,
+                             # in torch's rendezvous join: a stop raises `Stopped` out of it
+                             "joining": False,
+                             # the checkpoint signal came: every round that starts later
+                             # gets it too (one that died under it did not save)
+                             "checkpoint_asked": False,
+                             "last_result": None}  # the last round's ending (not HEALTHY)
 
     spares = args.spare_nodes
     # Hot spares (ftslurm.agent.spares): what this launcher knows of the nodes lost so far.
@@ -399,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
 
     class Agent(LocalElasticAgent):
         def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            _pause_for_tests("ranks")
+            if stop:  # told to stop before this round's ranks exist: they never start
+                raise Stopped(stop[0])
             state["ranks_started"] = True
             for old in [*hb_dir.glob(hb.RECORDS), *hb_dir.glob(hb.READY)]:
                 old.unlink(missing_ok=True)
@@ -411,17 +465,28 @@ def main(argv: list[str] | None = None) -> int:
                 spare_state["lost"] |= set(sp.gone_reports(run, attempt))
                 if watch is not None:
                     watch.set_role(sp.ACTIVE)
+            _pause_for_tests("spawn")
             started = super()._start_workers(worker_group)
+            state["live"] = True
             came, early[:] = list(early), []  # what came before the ranks existed
-            for sig in came:  # reaches them when ready
-                forward(sig, None)
+            if state["checkpoint_asked"] and checkpoint_sig not in came:
+                came.append(checkpoint_sig)
+            for sig in came:  # reaches them when ready (a stop that came while they
+                deliver(sig)  # were being started too: they get it)
             if run is not None and worker_group.group_rank == 0:
                 record_round(worker_group)
             return started
 
+        def _stop_workers(self, worker_group, *args, **kwargs):  # type: ignore[no-untyped-def]
+            state["live"] = False  # from now on signals wait for the next round
+            return super()._stop_workers(worker_group, *args, **kwargs)
+
         def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
             while True:
+                state["joining"] = True  # first: a stop from now on raises `Stopped`
                 try:
+                    if stop:
+                        raise Stopped(stop[0])
                     return super()._rendezvous(worker_group)
                 except RendezvousTimeoutError:
                     # A spare left waiting on the wait list times out with torch's join
@@ -430,8 +495,16 @@ def main(argv: list[str] | None = None) -> int:
                             and not (run is not None and run.finished.exists())):
                         raise
                     log.info("waiting on as a spare")
+                finally:
+                    state["joining"] = False
 
         def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+            result = self._judge_workers(worker_group)
+            if result.state is not WorkerState.HEALTHY:
+                state["last_result"] = result
+            return result
+
+        def _judge_workers(self, worker_group):  # type: ignore[no-untyped-def]
             result = super()._monitor_workers(worker_group)
             ranks = {w.global_rank for w in worker_group.workers}
             state["ranks"] = ranks
@@ -721,25 +794,45 @@ def main(argv: list[str] | None = None) -> int:
                 for sig in held.pop(local_rank):
                     send(local_rank, pids[local_rank], sig)
 
-    def forward(sig: int, _frame: Any) -> None:
+    def live_pids() -> dict[int, int]:
+        """The ranks of the round running now (none between rounds and before the first)."""
         agent = agent_box.get("agent")
         pcontext = getattr(agent, "_pcontext", None) if agent else None
+        return pcontext.pids() if pcontext and state["live"] else {}
+
+    def deliver(sig: int) -> None:
+        for local_rank, pid in live_pids().items():
+            send(local_rank, pid, sig)
+
+    def note(sig: int) -> None:
+        """What a signal changes in the launcher's state, whenever it came."""
+        if sig in STOPS and not stop:
+            stop.append(sig)
         if sig != signal.SIGUSR1:
             state["signalled"] = True
             state["look_at_stop"] = True
+        if sig == checkpoint_sig:
+            state["checkpoint_asked"] = True
         if sig == signal.SIGTERM and state["stop_at"] is None:
             state["stop_at"] = time.monotonic() + args.grace
-        if sig in (signal.SIGTERM, signal.SIGINT) and agent_box.get("watch") is not None:
+        if sig in STOPS and agent_box.get("watch") is not None:
             agent_box["watch"].leaving()  # the job is being ended: its close is no death
-        pids = pcontext.pids() if pcontext else {}
-        if not pids and sig not in (signal.SIGTERM, signal.SIGINT) and sig not in early:
-            early.append(sig)  # no ranks yet (the rendezvous): theirs once they start
-        for local_rank, pid in pids.items():
-            send(local_rank, pid, sig)
+
+    def forward(sig: int, _frame: Any) -> None:
+        note(sig)
+        if live_pids():
+            deliver(sig)
+            return
+        if sig not in early:
+            early.append(sig)  # no ranks (yet, or between rounds): theirs once they start
+        if sig in STOPS and state["joining"]:
+            raise Stopped(sig)  # out of torch's join: no waiting for the other nodes
 
     checkpoint_sig = env.checkpoint_signal_number
     for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, checkpoint_sig}:
         signal.signal(sig, forward)
+    for sig in list(early):  # what came before these handlers: noted now, delivered later
+        note(sig)
 
     # The other nodes' launchers watch this one's lease and it theirs (ftslurm.agent.peers),
     # from before the rendezvous: a node lost while the others wait for it is reported too.
@@ -756,13 +849,13 @@ def main(argv: list[str] | None = None) -> int:
         """The launcher failed before its ranks started: its node report says why (the
         error's last line) and, when the failure is its own (not news of a peer), the
         recovery folder too, where the daemon sees it at its next look and ends the attempt
-        at once. Told to stop meanwhile, it only leaves (128 + SIGTERM)."""
+        at once. Told to stop meanwhile, it was stopped, not failed (`stopped_before_ranks`)."""
+        if stop:
+            log.info("%s", error_line(exc) if not isinstance(exc, Stopped) else exc)
+            return stopped_before_ranks()
         if watch is not None:
             watch.stop("launcher_failed")
         shutil.rmtree(hb_dir, ignore_errors=True)
-        if state["stop_at"] is not None:
-            log.info("told to stop before the ranks started: %s", error_line(exc))
-            return 128 + signal.SIGTERM
         own = not isinstance(exc, Abandoned)
         error = error_line(exc) if own else str(exc)
         code = int(ExitCode.FAILED)
@@ -787,16 +880,45 @@ def main(argv: list[str] | None = None) -> int:
         log.error("Error: the launcher failed before its ranks started (%s): %s", phase, error)
         return code
 
+    def stopped_before_ranks() -> int:
+        """Told to stop (TERM, INT) before the ranks started: they never do. The node
+        report says so (outcome "stopped", the signal) and the launcher exits 128 + the
+        signal, as a process that signal ended."""
+        sig = stop[0]
+        code = 128 + sig
+        if watch is not None:
+            watch.stop(STOPPED)
+        shutil.rmtree(hb_dir, ignore_errors=True)
+        if run is not None:
+            try:
+                path = run.node_report(attempt, args.node_rank)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(path, {
+                    "node_rank": args.node_rank, "node": node_name, "job_id": job,
+                    "attempt": attempt, "outcome": STOPPED,
+                    "signal": signal.Signals(sig).name, "exit_code": code,
+                    "in_job_restarts": 0, "max_restarts": args.max_restarts,
+                    "started_at": started, "ended_at": time.time(),
+                    "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
+            except OSError as io:
+                log.error("could not write the node report in %s: %s", run.root, io)
+        log.info("told to stop (%s) before the ranks started: they never will; exit %d",
+                 signal.Signals(sig).name, code)  # fmt: skip
+        return code
+
     def abandon() -> str | None:
-        """Why to stop waiting for the rendezvous host: told to stop, or its launcher failed
-        or was reported lost (None: wait on)."""
-        if state["stop_at"] is not None:
+        """Why to stop waiting for the rendezvous host: told to stop, or its launcher failed,
+        was told to stop or was reported lost (None: wait on)."""
+        if stop:
             return "told to stop"
         if run is None:
             return None
         failed = read_json(run.launcher_failed(attempt, 0))
         if isinstance(failed, dict) and failed.get("job_id") == job:
             return f"the rendezvous host's launcher (node rank 0) failed: {failed.get('error')}"
+        host = sp.read_lease(run, attempt, 0)
+        if host is not None and host.ended == STOPPED:
+            return "the rendezvous host's launcher (node rank 0) was told to stop"
         lost = read_json(run.peer_lost(attempt, 0))
         if isinstance(lost, dict) and lost.get("job_id") == job:
             return "the rendezvous host (node rank 0) was reported lost"
@@ -807,6 +929,9 @@ def main(argv: list[str] | None = None) -> int:
     nactive = sp.active_nodes(args.nnodes, spares)
     keep_alive = {"keep_alive_interval": sp.KEEP_ALIVE_S,
                   "keep_alive_max_attempt": sp.KEEP_ALIVE_MISSES} if spares else {}
+    _pause_for_tests("rendezvous")
+    if stop and role != sp.SPARE:  # told to stop already: no rendezvous, no ranks
+        return stopped_before_ranks()
     try:
         handler = rendezvous_handler(
             args, {"backend": "c10d", "min_nodes": nactive, "max_nodes": nactive,
@@ -837,11 +962,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = agent.run()
             ran = True
+    except Stopped:  # before a round of ranks started: the first, or an in-job restart
+        ran = True
+        if state["ranks_started"]:  # the last round's ending stands; no restart was made
+            result = state["last_result"]
+            agent._remaining_restarts = min(args.max_restarts, agent._remaining_restarts + 1)
+        elif role != sp.SPARE:  # (a spare leaves as a spare never needed)
+            failed = stopped_before_ranks()
     except Exception as exc:
         if not (spares and not spare_state["trained"]):
-            if state["ranks_started"] or state["signalled"]:
+            if state["ranks_started"]:
                 raise
-            # Failed in the rendezvous: reported at once, before the rendezvous is closed.
+            # Failed in the rendezvous: reported at once, before the rendezvous is closed
+            # (one that ended under a stop: the launcher was stopped, `launcher_failed`).
             failed, ran = launcher_failed(exc, "rendezvous"), True
         # A spare that never trained leaves when the rendezvous closes or its host is gone.
         log.info("spare leaves: %s", exc)

@@ -30,11 +30,12 @@ For every task (rank) of an attempt it
   rank agent, `saved_step`, and then died while tearing down: the save stands),
   "resume_elsewhere" (16), "failed_validation" (17), "do_not_retry" (93), "disk_full" (it
   died of ENOSPC, "No space left on device", at `disk_full_path` when its stderr names
-  it), "user_error", "killed" or "failed" (see `classify_exit`); `error_line` says in one
-  line what failed, for the daemon's reason (the last Python exception line of its stderr,
-  "ModuleNotFoundError: No module named 'foo'", see `error_line`; null when it did not
-  fail); a stop record left by an earlier process of this rank is removed before the
-  command starts;
+  it), "user_error", "killed" or "failed" (see `classify_exit`), or "stopped" (TERM or INT
+  came before the command started: it never did, and the wrapper exits 128 + the signal);
+  `error_line` says in one line what failed, for the daemon's reason (the last Python
+  exception line of its stderr, "ModuleNotFoundError: No module named 'foo'", see
+  `error_line`; null when it did not fail); a stop record left by an earlier process of
+  this rank is removed before the command starts;
 - exits with the command's code (128+N when signal N killed it; 127 when it cannot start).
 """
 
@@ -53,6 +54,7 @@ from typing import IO
 
 import hostlist
 
+from ftslurm.agent.boot import STOPS  # one before the command starts: it never does
 from ftslurm.agent.peers import task_watch
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.sigmask import catchers, readable
@@ -71,6 +73,9 @@ from ftslurm.fsutil import read_json, write_json_atomic
 
 FORWARDED = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGUSR1,
              signals.SIGUSR2, signals.SIGCONT)  # fmt: skip
+# The outcome of a rank (and of a launcher, `ftslurm.agent.launch`) told to stop before its
+# command (its ranks) started.
+STOPPED = "stopped"
 TAIL_BYTES = 16 * 1024
 TAIL_LINES = 40
 STRAGGLER_PERIOD_S = 0.1
@@ -413,6 +418,14 @@ class Task:
             self.rundir.stop_record(self.attempt, self.rank).unlink(missing_ok=True)
         if self.job.heartbeat_dir:  # tell the launcher our handlers are in place
             HeartbeatDir(self.job.heartbeat_dir).ready(self.env.get("LOCAL_RANK", "0")).touch()
+        stop = next((s for s in self.early if s in STOPS), None)
+        if stop is not None:  # told to stop before the command started: it never does
+            message = (f"ftslurm: rank {self.rank} was told to stop "
+                       f"({signals.Signals(stop).name}) before its command started: not "
+                       f"starting it")  # fmt: skip
+            print(message, file=sys.stderr, flush=True)
+            self._report(None, stop, STOPPED, None)
+            return 128 + stop
         try:
             self.proc = subprocess.Popen(self.command, env=self.env, stderr=subprocess.PIPE,
                                          start_new_session=True,

@@ -1,0 +1,148 @@
+"""A run cancelled while its launchers are still at the rendezvous: no rank ever starts
+(issue: ranks started, and trained, after `cancel` had replied).
+
+Forced timing, end to end (CLI, daemon, scheduler, launchers): both launchers of a
+2-node run are stopped (SIGSTOP) as soon as their first handlers are in place, before node
+rank 0's launcher published its rendezvous endpoint, so no rank can start anywhere; then
+the run is cancelled. The scheduler continues every task and sends it SIGTERM, as Slurm does: the
+launchers must end on their own, stopped, and start no rank. On the mock scheduler, and
+on the real cluster (`slurm`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ftslurm.agent.sigmask import caught_signals
+from ftslurm.core.contract import EnvName, RunDir
+
+from .daemon_scenarios import Cli, daemon_cli, ended
+
+# The training: leaves a mark as its first act (a rank started), then trains for long.
+TRAIN = r'''
+import os, sys, time
+open(os.path.join(sys.argv[1], f"rank-{os.environ['RANK']}-{os.getpid()}"), "w").close()
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for _ in range(3000):
+    dist.all_reduce(torch.ones(1)); time.sleep(0.1)
+'''
+
+
+def launcher_pids(run_dir: str) -> dict[int, int]:
+    """Node rank -> pid of the launchers of the run now on this machine."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if argv[1:3] != [b"-m", b"ftslurm.agent.launch"]:
+                continue
+            env = dict(item.split(b"=", 1) for item in
+                       (entry / "environ").read_bytes().split(b"\0") if b"=" in item)  # fmt: skip
+        except OSError:
+            continue
+        if env.get(EnvName.RUN_DIR.value.encode()) == run_dir.encode():
+            found[int(env.get(b"SLURM_NODEID", b"0"))] = int(entry.name)
+    return found
+
+
+def proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "?"
+
+
+def hold_launchers(run_dir: str, nodes: int, timeout: float) -> dict[int, int]:
+    """SIGSTOP each launcher of the run as soon as its first handlers are in place (it
+    catches SIGTERM: `ftslurm.agent.boot`), until all `nodes` are held."""
+    deadline = time.monotonic() + timeout
+    held: dict[int, int] = {}
+    while len(held) < nodes:
+        assert time.monotonic() < deadline, f"launchers held: {held}"
+        for node_rank, pid in launcher_pids(run_dir).items():
+            if node_rank not in held and signal.SIGTERM in (caught_signals(pid) or ()):
+                os.kill(pid, signal.SIGSTOP)
+                held[node_rank] = pid
+        time.sleep(0.01)
+    for pid in held.values():  # stopped: a stop takes effect asynchronously
+        while proc_state(pid) not in ("T", "?"):
+            assert time.monotonic() < deadline, "a launcher did not stop"
+            time.sleep(0.01)
+    return held
+
+
+def cancel_at_the_rendezvous(cli: Cli, tmp_path: Path, *submit_args: str) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    train = tmp_path / "train.py"
+    train.write_text(TRAIN)
+    out = cli.submit(*submit_args, "--retries", "0", "-N", "2", "-t", "10", str(train), "--",
+                     str(marks))  # fmt: skip
+    run_dir = cli.status(out["run_id"])["run_dir"]
+    run = RunDir(run_dir)
+    held = hold_launchers(run_dir, 2, 180)
+    try:
+        # Node rank 0's launcher has not published its endpoint: no rank can start yet.
+        assert not run.rendezvous(0, 0).exists(), "node 0's launcher published already"
+        assert not list(marks.iterdir())
+        done = cli("cancel", out["run_id"])  # the scheduler continues them with SIGTERM
+        assert "cancel requested" in done.stdout, done.stdout
+        s = cli.wait_for(out["run_id"], ended, 120, "the run to end")
+        assert s["state"] == "CANCELLED", s
+        deadline = time.monotonic() + 120
+        while any(proc_state(pid) != "?" and proc_state(pid) != "Z" for pid in held.values()):
+            assert time.monotonic() < deadline, "the launchers did not end"
+            time.sleep(0.1)
+    finally:
+        for pid in held.values():  # never left stopped, whatever failed
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+    assert not list(marks.iterdir()), "ranks started after the cancel"
+    for node_rank in (0, 1):  # each ended on its own (none was killed at KillWait), stopped
+        report = json.loads(run.node_report(0, node_rank).read_text())
+        assert (report["outcome"], report["signal"]) == ("stopped", "SIGTERM"), report
+
+
+@pytest.fixture
+def mock(tmp_path) -> Iterator[Cli]:
+    """A state directory and a mock cluster of their own; KillWait 60 s: a launcher that
+    ended before it ended on its own."""
+    config = tmp_path / "mock.json"
+    config.write_text(json.dumps({"kill_wait_s": 60}))
+    cli = daemon_cli(tmp_path, FTSLURM_MOCK_HOME=str(tmp_path / "mock"))
+    c = next(cli)
+    c("mock", "up", "--config", str(config))
+    try:
+        yield c
+    finally:
+        try:
+            next(cli, None)  # its runs cancelled, its daemon stopped
+        finally:
+            c("mock", "destroy", check=False)
+
+
+@pytest.fixture
+def cluster_cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
+    yield from daemon_cli(tmp_path, PYTHONWARNINGS="ignore")
+
+
+def test_a_run_cancelled_at_the_rendezvous_starts_no_rank_on_the_mock(mock, tmp_path):
+    cancel_at_the_rendezvous(mock, tmp_path, "--dry-run")
+
+
+@pytest.mark.slurm
+def test_a_run_cancelled_at_the_rendezvous_starts_no_rank_on_slurm(cluster_cli, tmp_path):
+    cancel_at_the_rendezvous(cluster_cli, tmp_path)
