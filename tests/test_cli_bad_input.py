@@ -49,6 +49,9 @@ def submit(env: Path, capsys, *argv: str) -> tuple[int, str, str]:
 
 T = ["-t", "10", "--dry-run"]  # a time limit: no warning line next to the error
 BAD = [
+    # issue 26 item 4: a node the mock cluster does not have (it once killed the mock)
+    (["--inject", "node_fail@3:n99", "train.sh"], "node_fail@3:n99: the mock cluster in"),
+    (["--inject", "straggler@3:gpu7*2", "train.sh"], "has no such node"),
     (["--name", "a\necho pwned", "train.sh"], "--job-name"),
     (["-J", "a\rb", "train.sh"], "--job-name"),
     (["--name", "", "train.sh"], "name"),

@@ -148,6 +148,18 @@ def test_node_failure_is_noticed_after_slurmd_timeout_and_requeues():
     assert model.node_infos(st)[1].state is NodeState.IDLE
 
 
+def test_a_node_failure_aimed_at_a_node_the_cluster_lacks_changes_nothing():
+    """Issue 26 item 4: `node_fail@3:n99` once made every mock operation raise KeyError and
+    the controller die; `submit` refuses it now, and a job that carries one (recorded
+    before) runs on untouched."""
+    st = cluster()
+    job = start(st, nodes=1, inject=("node_fail@3:n99",))
+    model.advance(st, T0, {})
+    model.advance(st, T0 + 5, {})
+    assert model.query(st, [job], T0 + 5)[job].state is JobState.RUNNING
+    assert all(n.responding for n in model.node_infos(st))
+
+
 def test_node_failure_without_requeue_ends_in_node_fail():
     st = cluster(slurmd_timeout_s=10)
     job = start(st, requeue=False)

@@ -22,6 +22,9 @@ from typing import Annotated, Any
 import typer
 
 from ftslurm.backends import create_backend, mock_home
+from ftslurm.backends.mock.model import MockConfig
+from ftslurm.backends.mock.store import DB_FILE as MOCK_DB_FILE
+from ftslurm.backends.mock.store import MockStore
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.cli.common import (
     JsonOpt,
@@ -224,6 +227,8 @@ def submit(
     if cluster_side and not dry_run:
         raise ConfigError(f"{', '.join(cluster_side)} can only be injected with --dry-run "
                           "(the mock scheduler)")  # fmt: skip
+    if dry_run:
+        _check_injected_nodes(injections, mock_home())
     home = state_dir()
     run_id = uuid.uuid4().hex[:10]
     run_dir = home / RUNS_DIR / run_id
@@ -431,6 +436,24 @@ def _mock_words(backend: SchedulerBackend, home: str | None) -> tuple[str, dict[
     where = str(home or mock_home())
     return (f" on the mock cluster in {where} (SlurmdTimeout {timeout} s)",
             {"mock_home": where, "slurmd_timeout_s": timeout})
+
+
+def _check_injected_nodes(injections: Sequence[Injection], mock: Path) -> None:
+    """Refuse (one line) an injection aimed at a node the mock cluster does not have: its
+    nodes, or those a new one gets (`MockConfig`), read without creating anything."""
+    named = [i for i in injections if i.node is not None]
+    if not named:
+        return
+    if (mock / MOCK_DB_FILE).exists():
+        with MockStore(mock).transaction() as state:
+            nodes = list(state.nodes)
+    else:
+        nodes = [n.name for n in MockConfig().nodes]
+    unknown = [i.spec() for i in named if i.node not in nodes]
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: the mock cluster in {mock} has no such node",
+                          hint=f"its nodes: {', '.join(nodes)}; or give an index, e.g. "
+                          f"{named[0].kind.value}@{named[0].at_s:g}:0")
 
 
 def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend) -> None:

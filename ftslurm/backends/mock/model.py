@@ -503,7 +503,9 @@ def _injection_events(st: MockState, job: MockJob, now: float) -> list[Effect]:
         match spec.kind:
             case InjectKind.NODE_FAIL:
                 inj.fired = True
-                effects += fail_node(st, _target_node(job, spec), now)
+                node = _target_node(job, spec)
+                if node in st.nodes:  # `submit` refuses others; an old record is no crash
+                    effects += fail_node(st, node, now)
             case InjectKind.PREEMPT:
                 inj.fired = True
                 effects += _terminate(job, JobState.PREEMPTED, now, st.config.kill_wait_s)
