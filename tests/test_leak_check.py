@@ -46,9 +46,10 @@ def test_a_process_a_test_left_running_fails_the_run_and_is_stopped(tmp_path: Pa
     inner = tmp_path / "inner_tests"
     inner.mkdir()
     (inner / "test_inner.py").write_text(INNER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "FTSLURM_TEST_LEAK_GRACE_S": "1"}  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if k != "FTSLURM_TEST_SUMMARY"},  # outer's
+           "PYTHONPATH": os.pathsep.join(
+               [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "FTSLURM_TEST_LEAK_GRACE_S": "1"}  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
          "-q", "--basetemp", str(tmp_path / "base"), str(inner)],
