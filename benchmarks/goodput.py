@@ -282,6 +282,7 @@ from ftslurm.core.cadence import Cadence, young
 from ftslurm.core.contract import ExitCode, RunDir
 from ftslurm.core.recovery import Recovery, recovery
 from ftslurm.core.settings import Cause, FtSettings
+from ftslurm.core.timefmt import format_limit_exact
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy as ftpolicy
 from ftslurm.daemon import step as core
@@ -387,13 +388,6 @@ CAUSE_LABELS = {"lost_work": "lost work", "startup": "startup", "checkpoint": "c
 
 
 # ------------------------------------------------------------ the knobs (command line)
-def slurm_limit(seconds: int) -> str:
-    """`seconds` as Slurm's D-HH:MM:SS, to the second (each field in range)."""
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    return f"{days}-{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
-
-
 @dataclass(frozen=True)
 class FailureModel:
     """What goes wrong, per node (the trace's rates). The defaults are the sourced constants
@@ -883,7 +877,7 @@ class Campaign:
         """What `ftslurm submit` does: record the run and its first attempt's intent."""
         run_id = f"r{len(self.runs) + 1}"
         limit = None if self.setup.wall_limit_s is None else \
-            slurm_limit(int(self.setup.wall_limit_s))
+            format_limit_exact(int(self.setup.wall_limit_s))
         recipe = Recipe(command=["train"], nodes=self.trace.nodes, time=limit, name=WORKLOAD,
                         spare_nodes=self.pol.settings.spare_nodes)  # fmt: skip
         spec = make_spec(recipe, run_dir=self.paths.root, backend="mock",

@@ -113,3 +113,10 @@ def test_sbatch_args_golden():
         "--no-kill", "--exclusive", "--qos=high",
     ]  # fmt: skip
     assert sbatch_args(JobOptions()) == []
+
+
+@pytest.mark.parametrize("seconds", [1, 59, 60, 3000, 3599, 86399, 86400, 90061, 72000 * 30])
+def test_an_exact_limit_reads_back_to_the_second(seconds):
+    from ftslurm.core.timefmt import format_limit_exact
+
+    assert parse_time_limit(format_limit_exact(seconds)) == seconds

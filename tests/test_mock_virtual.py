@@ -67,7 +67,7 @@ def test_wall_limit_with_checkpoint_signal_continues_without_losing_work():
 
 def test_warning_signal_checkpoints_and_exits_for_a_continuation():
     cluster = VirtualCluster(MockConfig())
-    cluster.submit(JobOptions(nodes=1, time_limit="0:3000", signal="USR1@200"), JOB)
+    cluster.submit(JobOptions(nodes=1, time_limit="50:00", signal="USR1@200"), JOB)
     ends: list[JobState] = []
     cluster.on_end = lambda jid, state: (ends.append(state), cluster.remaining.pop(jid))
     cluster.run(until=5_000)

@@ -78,6 +78,14 @@ def format_time_limit(seconds: int | None) -> str:
     return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
 
 
+def format_limit_exact(seconds: int) -> str:
+    """`seconds` as Slurm's D-HH:MM:SS to the second, each field in range (what
+    `parse_time_limit` reads back as the same number of seconds)."""
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    return f"{days}-{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+
+
 def format_duration(seconds: float) -> str:
     """3725 -> '1h02m05s', 65 -> '1m05s', 4.25 -> '4.2s', 90061 -> '1d01h01m'."""
     if seconds < 60:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from ftslurm.backends.batch import OneJobPerCommand
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, MockState
+from ftslurm.core.timefmt import format_limit_exact
 from ftslurm.core.types import (
     ClusterFacts,
     JobInfo,
@@ -654,7 +655,7 @@ def simulate_campaign(
     cfg = base.model_copy(update={"nodes": [MockNodeSpec(name=f"n{i}", cpus=1)
                                             for i in range(1, total + 1)]})  # fmt: skip
     cluster = VirtualCluster(cfg)
-    limit = None if time_limit_s is None else f"0:{time_limit_s}"
+    limit = None if time_limit_s is None else format_limit_exact(time_limit_s)
     job_id = cluster.submit(JobOptions(nodes=nodes, time_limit=limit), job)
     rng = random.Random(seed)
     horizon = days * 86400.0
