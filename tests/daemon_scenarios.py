@@ -161,6 +161,40 @@ def daemon_cli(tmp_path: Path, **env: str) -> Iterator[Cli]:
             runs = active()
     finally:
         c.stop_daemon()
+        end_jobs(c.home, tmp_path)
+
+
+JOB_END_WAIT_S = 90.0  # KillWait (30 s on the local cluster) and a margin
+
+
+def end_jobs(home: Path, tmp_path: Path) -> None:
+    """Cancel the jobs of the test's runs that outlive them (a run ended while its job
+    still waits on a dead node's task, as Slurm's --no-kill does) and wait until no
+    process of the test's folder is left (`conftest.left_behind`)."""
+    from ftslurm.backends import create_backend
+    from ftslurm.daemon.store import Store
+    from ftslurm.daemon.submission import backend_key
+    from ftslurm.errors import FtslurmError
+
+    from .conftest import left_behind
+
+    if not (home / "state.db").exists():
+        return
+    store = Store(home)
+    try:
+        jobs = [(backend_key(run.spec), a.job_id) for run in store.list_runs()
+                for a in store.attempts(run.run_id) if a.job_id]  # fmt: skip
+    finally:
+        store.close()
+    for key, job in jobs:
+        kind, _, where = key.partition(":")
+        try:
+            create_backend(kind, where or None).cancel(job)
+        except FtslurmError:
+            pass  # ended and gone already
+    deadline = time.monotonic() + JOB_END_WAIT_S
+    while left_behind(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def ended(s: dict[str, Any]) -> bool:
