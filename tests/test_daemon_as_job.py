@@ -126,7 +126,11 @@ def test_a_successor_on_its_predecessors_node_waits_for_it_to_leave(tmp_path):
         with Store(home) as s:
             assert s.daemon_lease() is None
         predecessor.release()
-        wait_for(lambda: service.running_pid(home) is not None or errors, 30, "the successor")
+        def serving() -> bool:  # its lease taken, not only the node's lock (then a stop
+            with Store(home) as s:  # would end its wait for the lease, an error here)
+                return s.daemon_lease() is not None
+
+        wait_for(lambda: serving() or errors, 30, "the successor serving")
         assert not errors
     finally:
         stop.set()
