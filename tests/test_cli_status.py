@@ -8,6 +8,7 @@ import io
 import json
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from rich.console import Console
 from ftslurm.backends.mock import MockConfig, MockScheduler
 from ftslurm.cli import status as status_cli
 from ftslurm.cli import submit as submit_cli
+from ftslurm.cli.main import main
 from ftslurm.core.cadence import Cadence
 from ftslurm.core.inject import parse_injections
 from ftslurm.daemon import service
@@ -29,10 +31,12 @@ from .test_cli_ux import add_run, cli, render
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
+def home(tmp_path, monkeypatch) -> Iterator[Path]:
     monkeypatch.setenv("FTSLURM_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FTSLURM_MOCK_HOME", str(tmp_path / "mock"))
-    return tmp_path / "home"
+    yield tmp_path / "home"
+    if (tmp_path / "mock").exists():  # `status` asked the mock: its controller stops too
+        main(["mock", "destroy"])
 
 
 @pytest.fixture
