@@ -398,8 +398,13 @@ def test_transaction_nests_and_is_invisible_until_commit(tmp_path: Path) -> None
 def _append_events(home: str, worker: int, count: int, barrier) -> None:
     barrier.wait(timeout=60)
     with Store(home) as s:  # every worker opens (and may create) the database itself
+        barrier.wait(timeout=60)  # all have opened it: now they write at once
         for i in range(count):
             s.append_event(f"w{worker}", "tick", {"worker": worker, "i": i}, float(i))
+            # paced as writers are (a daemon's cycle writes a few records): SQLite queues no
+            # one, so with a rollback journal a process that writes in a tight loop can keep
+            # another out past the busy timeout on a loaded machine
+            time.sleep(0.002)
 
 
 @pytest.mark.parametrize("state_fs", ["local", "network"])

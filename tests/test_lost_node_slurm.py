@@ -23,10 +23,12 @@ from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, reference_digest
 
 pytestmark = pytest.mark.slurm
 
-# The replacement job running after the kill, at every default: the launchers see the
-# killed node's connections close at once and the daemon looks every second, whatever its
-# back-off (a lease's silence alone, `peer_timeout_s` = 20 s, could never meet it).
-KILL_TO_RUNNING_S = DEFAULT_PEER_TIMEOUT_S
+# The replacement job runs long before Slurm would notice the loss (SlurmdTimeout 300 s):
+# the launchers see the killed node's connections close at once and the daemon looks every
+# second, whatever its back-off. How fast is the benchmark's to say, with its targets
+# (benchmarks/slurm_recovery.py --only defaults: 6-9 s on a quiet machine); here the
+# bound only tells recovery from waiting for Slurm, on a machine as loaded as CI's.
+KILL_TO_RUNNING_S = 100.0
 
 
 def a_lost_node_is_replaced_by_a_fresh_job(
@@ -85,7 +87,7 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
 
 
 @pytest.mark.parametrize("node_rank", [1, 0], ids=["other-node", "batch-host"])
-def test_a_lost_node_is_replaced_within_20_s_at_slurms_default_timeout(
+def test_a_lost_node_is_replaced_before_slurm_notices_at_its_default_timeout(
         cli, healthy_nodes, tmp_path, measurements, node_rank):  # fmt: skip
     """The survivor's launcher reports the loss; of the batch host, the daemon may tell
     first (a survivor whose rendezvous went with the batch host can stop before it
