@@ -95,6 +95,7 @@ test: install lint
 
 lint: install
 	$(VENV)/bin/ruff check ftslurm tests benchmarks examples
+	$(VENV)/bin/ruff format --check ftslurm tests benchmarks examples
 
 # Tests that need no cluster (about 12 minutes on 2 cores).
 unit: install

@@ -160,17 +160,16 @@ def same_state(got: dict[str, Any], want: dict[str, torch.Tensor]) -> bool:
     """Whether a restore returned `want` (a benchmark that restored wrong data measured
     nothing)."""
     return got.keys() == want.keys() and all(
-        torch.equal(got[k].cpu(), v.cpu()) for k, v in want.items())  # fmt: skip
+        torch.equal(got[k].cpu(), v.cpu()) for k, v in want.items()
+    )
 
 
 # --------------------------------------------------------------------------- disk tier
 def disk_tier(work: Path, size_mb: int, repeat: int, device: str) -> dict[str, Any]:
     """The disk part (module doc): lists of seconds per repeat, and the checkpoint size."""
     state = make_state(size_mb, device)
-    ckpt = CheckpointManager(work / "checkpoints", keep_last=1, rank=0, world_size=1,
-                             report=False)  # fmt: skip
-    out: dict[str, Any] = {k: [] for k in ("raw", "read", "save", "blocking", "total",
-                                           "restore")}  # fmt: skip
+    ckpt = CheckpointManager(work / "checkpoints", keep_last=1, rank=0, world_size=1, report=False)
+    out: dict[str, Any] = {k: [] for k in ("raw", "read", "save", "blocking", "total", "restore")}
     out["dropped"] = True
     step = 0
     for _ in range(repeat):
@@ -214,26 +213,32 @@ def memory_rank(rank: int, port: int, work: str, size_mb: int, repeat: int) -> N
     except Exception as exc:
         traceback.print_exc()
         # a failed check says more than the error of a rank whose partner went away
-        result = {"error": str(exc) or type(exc).__name__,
-                  "check": isinstance(exc, BenchmarkError)}  # fmt: skip
+        result = {"error": str(exc) or type(exc).__name__, "check": isinstance(exc, BenchmarkError)}
         code = 1
     write_json_atomic(Path(work) / f"rank-{rank}.json", result)
     leave(code)
 
 
-def measure_memory(rank: int, port: int, work: Path, size_mb: int,
-                   repeat: int) -> dict[str, Any]:  # fmt: skip
+def measure_memory(rank: int, port: int, work: Path, size_mb: int, repeat: int) -> dict[str, Any]:
     """What `memory_rank` measures: per repeat, the seconds of save, of the restore from
     memory and of the restore from the peer, and the tiers load_latest returned."""
     timeout = timedelta(seconds=GROUP_TIMEOUT_S)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=MEMORY_RANKS,
-                            timeout=timeout)  # fmt: skip
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=MEMORY_RANKS, timeout=timeout
+    )
     tier = MemoryTier(base=work / "areas", run="bench", node=f"node-{rank}")
     state = make_state(size_mb, "cpu")
-    out: dict[str, Any] = {"rank": rank, "node": tier.node, "save": [], "save_blocking": [],
-                           "memory": [], "peer": [], "memory_tiers": [],
-                           "peer_tiers": []}  # fmt: skip
+    out: dict[str, Any] = {
+        "rank": rank,
+        "node": tier.node,
+        "save": [],
+        "save_blocking": [],
+        "memory": [],
+        "peer": [],
+        "memory_tiers": [],
+        "peer_tiers": [],
+    }
 
     def save_and_wait(step: int, state: dict[str, Any]) -> float:
         """The save (asynchronous: it returns after the snapshot) and its background part;
@@ -267,11 +272,14 @@ def measure_memory(rank: int, port: int, work: Path, size_mb: int,
                     path.unlink()
             got, seconds = timed(tier.load_latest, step)
             if got is None:
-                raise BenchmarkError(f"rank {rank}: {phase} restore of step {step}: "
-                                     "load_latest returned None")  # fmt: skip
+                raise BenchmarkError(
+                    f"rank {rank}: {phase} restore of step {step}: load_latest returned None"
+                )
             if got[2] != expected:
-                raise BenchmarkError(f"rank {rank}: {phase} restore of step {step} came from "
-                                     f"tier {got[2]!r}, expected {expected!r}")  # fmt: skip
+                raise BenchmarkError(
+                    f"rank {rank}: {phase} restore of step {step} came from "
+                    f"tier {got[2]!r}, expected {expected!r}"
+                )
             if got[0] != step or not same_state(got[1], state):
                 raise BenchmarkError(
                     f"rank {rank}: {phase} restore of step {step} returned "
@@ -287,12 +295,22 @@ def measure_memory(rank: int, port: int, work: Path, size_mb: int,
 def memory_tiers(work: Path, size_mb: int, repeat: int) -> list[dict[str, Any]]:
     """Run the memory part's ranks (spawned processes; a TCP store of this process on a free
     loopback port) and return each rank's result; BenchmarkError if any rank failed."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=GROUP_TIMEOUT_S))  # fmt: skip
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=GROUP_TIMEOUT_S),
+    )
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=memory_rank, name=f"memory-rank-{rank}",
-                         args=(rank, store.port, str(work), size_mb, repeat))
-             for rank in range(MEMORY_RANKS)]  # fmt: skip
+    procs = [
+        ctx.Process(
+            target=memory_rank,
+            name=f"memory-rank-{rank}",
+            args=(rank, store.port, str(work), size_mb, repeat),
+        )
+        for rank in range(MEMORY_RANKS)
+    ]
     limit_s = GROUP_TIMEOUT_S + 2 * size_mb * repeat  # a safety net: ranks time out first
     deadline = time.monotonic() + limit_s
     failed: list[int] = []
@@ -337,8 +355,7 @@ def memory_tiers(work: Path, size_mb: int, repeat: int) -> list[dict[str, Any]]:
 
 def slowest(results: list[dict[str, Any]], key: str) -> float:
     """The median over repeats of the slower rank's seconds."""
-    return statistics.median(max(times) for times in zip(*(r[key] for r in results),
-                                                         strict=True))  # fmt: skip
+    return statistics.median(max(times) for times in zip(*(r[key] for r in results), strict=True))
 
 
 # --------------------------------------------------------------------------- main
@@ -409,23 +426,33 @@ def main() -> int:
     size = args.size_mb
     raw_s, save_s = statistics.median(disk["raw"]), statistics.median(disk["save"])
     result: dict[str, Any] = {
-        "size_mb": size, "file_mb": round(disk["file_mb"], 3), "device": args.device,
-        "repeat": args.repeat, "raw_s": raw_s, "raw_mb_s": size / raw_s,
-        "save_s": save_s, "save_mb_s": size / save_s,
+        "size_mb": size,
+        "file_mb": round(disk["file_mb"], 3),
+        "device": args.device,
+        "repeat": args.repeat,
+        "raw_s": raw_s,
+        "raw_mb_s": size / raw_s,
+        "save_s": save_s,
+        "save_mb_s": size / save_s,
         "save_fraction_of_raw": raw_s / save_s,
         "async_blocking_s": statistics.median(disk["blocking"]),
         "async_total_s": statistics.median(disk["total"]),
-    }  # fmt: skip
+    }
     result["async_blocking_fraction"] = result["async_blocking_s"] / result["async_total_s"]
     read_s, copy_s = statistics.median(disk["read"]), statistics.median(copy)
-    result.update({
-        "raw_read_s": read_s, "raw_read_mb_s": size / read_s,
-        "page_cache_dropped": disk["dropped"],
-        "raw_copy_s": copy_s, "raw_copy_mb_s": size / copy_s,
-        "memory_device": "cpu", "memory_ranks": MEMORY_RANKS,
-        "memory_restore_tiers": [r["memory_tiers"][0] for r in ranks],
-        "peer_restore_tiers": [r["peer_tiers"][0] for r in ranks],
-    })  # fmt: skip
+    result.update(
+        {
+            "raw_read_s": read_s,
+            "raw_read_mb_s": size / read_s,
+            "page_cache_dropped": disk["dropped"],
+            "raw_copy_s": copy_s,
+            "raw_copy_mb_s": size / copy_s,
+            "memory_device": "cpu",
+            "memory_ranks": MEMORY_RANKS,
+            "memory_restore_tiers": [r["memory_tiers"][0] for r in ranks],
+            "peer_restore_tiers": [r["peer_tiers"][0] for r in ranks],
+        }
+    )
     measured = {
         "disk_restore": (statistics.median(disk["restore"]), read_s),
         "memory_save": (slowest(ranks, "save"), copy_s),
@@ -449,9 +476,11 @@ def print_table(r: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"checkpoint throughput: {r['size_mb']} MB, disk tier on {r['device']}, "
-                        f"memory tiers on {r['memory_device']} with {r['memory_ranks']} ranks, "
-                        f"median of {r['repeat']}")  # fmt: skip
+    table = Table(
+        title=f"checkpoint throughput: {r['size_mb']} MB, disk tier on {r['device']}, "
+        f"memory tiers on {r['memory_device']} with {r['memory_ranks']} ranks, "
+        f"median of {r['repeat']}"
+    )
     table.add_column("tier")
     table.add_column("measure")
     for name in ("seconds", "MB/s", "fraction"):
@@ -466,19 +495,45 @@ def print_table(r: dict[str, Any]) -> None:
     row("raw", f"disk read (after fadvise DONTNEED{cached})", "raw_read")
     row("raw", "memory copy (os.write into the memory dir)", "raw_copy", end=True)
     row("disk", "CheckpointManager.save", "save", f"{r['save_fraction_of_raw']:.2f} of raw write")
-    row("disk", "save_async blocking (snapshot)", "async_blocking",
-        f"{r['async_blocking_fraction']:.2f} of until durable")  # fmt: skip
+    row(
+        "disk",
+        "save_async blocking (snapshot)",
+        "async_blocking",
+        f"{r['async_blocking_fraction']:.2f} of until durable",
+    )
     row("disk", "save_async until durable", "async_total")
-    row("disk", "load_latest (restore)", "disk_restore",
-        f"{r['disk_restore_fraction_of_raw']:.2f} of raw read", end=True)  # fmt: skip
-    row("memory", "MemoryTier.save blocking (snapshot)", "memory_save_blocking",
-        f"{r['memory_save_blocking_s'] / r['memory_save_s']:.2f} of the whole save")  # fmt: skip
-    row("memory", "MemoryTier.save until kept and replicated", "memory_save",
-        f"{r['memory_save_fraction_of_raw']:.2f} of raw copy")  # fmt: skip
-    row("memory", "load_latest from this node's memory", "memory_restore",
-        f"{r['memory_restore_fraction_of_raw']:.2f} of raw copy", end=True)  # fmt: skip
-    row("peer", "load_latest from the partner's replica", "peer_restore",
-        f"{r['peer_restore_fraction_of_raw']:.2f} of raw copy")  # fmt: skip
+    row(
+        "disk",
+        "load_latest (restore)",
+        "disk_restore",
+        f"{r['disk_restore_fraction_of_raw']:.2f} of raw read",
+        end=True,
+    )
+    row(
+        "memory",
+        "MemoryTier.save blocking (snapshot)",
+        "memory_save_blocking",
+        f"{r['memory_save_blocking_s'] / r['memory_save_s']:.2f} of the whole save",
+    )
+    row(
+        "memory",
+        "MemoryTier.save until kept and replicated",
+        "memory_save",
+        f"{r['memory_save_fraction_of_raw']:.2f} of raw copy",
+    )
+    row(
+        "memory",
+        "load_latest from this node's memory",
+        "memory_restore",
+        f"{r['memory_restore_fraction_of_raw']:.2f} of raw copy",
+        end=True,
+    )
+    row(
+        "peer",
+        "load_latest from the partner's replica",
+        "peer_restore",
+        f"{r['peer_restore_fraction_of_raw']:.2f} of raw copy",
+    )
     Console().print(table)
 
 

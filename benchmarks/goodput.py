@@ -306,10 +306,12 @@ SHARE_NODE = 1 - SHARE_CRASH - SHARE_HANG  # hardware (GPU, memory, network, hos
 # the failure rate of 512+-GPU jobs from 14% to 4%: they carried 10/14 of the failures.
 LEMON_FRACTION = 0.012
 LEMON_SHARE = 10 / 14  # of the hardware failures
-HEALTHY_NODE_FAILURES_PER_NODE_DAY = (FAILURES_PER_NODE_DAY * SHARE_NODE * (1 - LEMON_SHARE)
-                                      / (1 - LEMON_FRACTION))  # fmt: skip
-LEMON_NODE_FAILURES_PER_NODE_DAY = (FAILURES_PER_NODE_DAY * SHARE_NODE * LEMON_SHARE
-                                    / LEMON_FRACTION)  # fmt: skip  # 206x: every ~6 days
+HEALTHY_NODE_FAILURES_PER_NODE_DAY = (
+    FAILURES_PER_NODE_DAY * SHARE_NODE * (1 - LEMON_SHARE) / (1 - LEMON_FRACTION)
+)
+LEMON_NODE_FAILURES_PER_NODE_DAY = (
+    FAILURES_PER_NODE_DAY * SHARE_NODE * LEMON_SHARE / LEMON_FRACTION
+)  # 206x: every ~6 days
 REPAIR_S = 4 * HOUR  # OPT-175B logbook: cloud node replacement "took hours" (assumed 4 h)
 # Llama 3: 47 planned interruptions (automated maintenance) in the same 54 days.
 PLANNED_PER_NODE_DAY = 47 / (2048 * 54)  # 0.425e-3
@@ -360,15 +362,19 @@ NEMO_JOB_RETRIES_ON_FAILURE = 2  # ... num_job_retries_on_failure: stop after 2 
 # PreemptionPlugin preempt_time 60 s gives TERM@60; its handler survives the SIGTERM at the
 # limit for KillWait more. The mock treats SIGTERM as a kill, so it is modelled as USR2@90.
 NEMO_SIGNAL_LEAD_S = 60 + KILL_WAIT_S
-FTSLURM = FtSettings(num_in_job_restarts=NEMO_IN_JOB_RESTARTS, stop_if_straggler=True,
-                     num_job_retries_on_failure=10**9)  # fmt: skip
+FTSLURM = FtSettings(
+    num_in_job_restarts=NEMO_IN_JOB_RESTARTS,
+    stop_if_straggler=True,
+    num_job_retries_on_failure=10**9,
+)
 _LAUNCHER = launcher_args(["--", "train"])  # the launcher's defaults
 FTSLURM_MONITOR_S = _LAUNCHER.monitor_interval  # 0.5 s
 FTSLURM_SETUP_TIMEOUT_S = 600.0  # configured "setup" section timeout (never tightened)
-FTSLURM_HANG_TIMEOUT_S = tightened(Timeouts(sections={"setup": FTSLURM_SETUP_TIMEOUT_S,
-                                                      "step": 180.0}, out_of_section=300.0),
-                                   [{"step": STEP_S}], _LAUNCHER.safety_factor
-                                   ).sections["step"]  # fmt: skip  # max(30, 3 x 10 s)
+FTSLURM_HANG_TIMEOUT_S = tightened(
+    Timeouts(sections={"setup": FTSLURM_SETUP_TIMEOUT_S, "step": 180.0}, out_of_section=300.0),
+    [{"step": STEP_S}],
+    _LAUNCHER.safety_factor,
+).sections["step"]  # max(30, 3 x 10 s)
 FTSLURM_SIGNAL_LEAD_S, _ = ftpolicy.checkpoint_lead(FTSLURM.preempt_time, CHECKPOINT_COST_S)
 # (at the default w; `policies(setup)` computes it for the setup's w)
 # Peer-loss detection (ftslurm.agent.peers): a node's launcher silent for peer_timeout_s is
@@ -380,11 +386,26 @@ SPARE_SHARE = 0.0025
 DAEMON_POLL_S = 60.0  # the daemon looks at least this often (next_poll_interval's ceiling)
 DAEMON_FAST_POLL_S = 1.0  # ... and this soon after its own action (its floor)
 
-CAUSES = ("lost_work", "startup", "checkpoint", "detection", "hung", "requeue", "human",
-          "stragglers")  # fmt: skip
-CAUSE_LABELS = {"lost_work": "lost work", "startup": "startup", "checkpoint": "checkpoint",
-                "detection": "detection", "hung": "hung", "requeue": "requeue",
-                "human": "human", "stragglers": "stragglers"}  # fmt: skip
+CAUSES = (
+    "lost_work",
+    "startup",
+    "checkpoint",
+    "detection",
+    "hung",
+    "requeue",
+    "human",
+    "stragglers",
+)
+CAUSE_LABELS = {
+    "lost_work": "lost work",
+    "startup": "startup",
+    "checkpoint": "checkpoint",
+    "detection": "detection",
+    "hung": "hung",
+    "requeue": "requeue",
+    "human": "human",
+    "stragglers": "stragglers",
+}
 
 
 # ------------------------------------------------------------ the knobs (command line)
@@ -412,8 +433,12 @@ class FailureModel:
 
     @property
     def healthy_node_failures_per_node_day(self) -> float:
-        return (self.failures_per_node_day * self.share_node * (1 - self._lemon_share)
-                / (1 - self.lemon_fraction))  # fmt: skip
+        return (
+            self.failures_per_node_day
+            * self.share_node
+            * (1 - self._lemon_share)
+            / (1 - self.lemon_fraction)
+        )
 
     @property
     def lemon_node_failures_per_node_day(self) -> float:
@@ -442,9 +467,14 @@ class JobSetup:
 
 
 # ------------------------------------------------------------------- the bounds (pure)
-def kokolis_ettr(failure_rate_per_s: float, restart_s: float, interval_s: float,
-                 checkpoint_cost_s: float = 0.0, queue_s: float = 0.0,
-                 queued_rate_per_s: float | None = None) -> float:  # fmt: skip
+def kokolis_ettr(
+    failure_rate_per_s: float,
+    restart_s: float,
+    interval_s: float,
+    checkpoint_cost_s: float = 0.0,
+    queue_s: float = 0.0,
+    queued_rate_per_s: float | None = None,
+) -> float:
     """E[ETTR] ~ (1 - lam (u0 + dt/2)) / ((1 + w/dt)(1 + lam_q q)) (Kokolis et al., with the
     queue time per failure q), clamped at 0. lam_q is the rate of the failures that send
     the job back to the queue (default: all of them). An infinite interval never
@@ -470,27 +500,43 @@ def renewal_ettr(failure_rate_per_s: float, restart_s: float, interval_s: float)
     return interval_s * lam / (math.exp(lam * restart_s) * math.expm1(lam * interval_s))
 
 
-def ideal_bound(nodes: int, failures_per_node_day: float, restart_s: float,
-                checkpoint_cost_s: float, queue_s: float = 0.0,
-                queued_per_node_day: float = 0.0) -> dict[str, float]:  # fmt: skip
+def ideal_bound(
+    nodes: int,
+    failures_per_node_day: float,
+    restart_s: float,
+    checkpoint_cost_s: float,
+    queue_s: float = 0.0,
+    queued_per_node_day: float = 0.0,
+) -> dict[str, float]:
     """Kokolis' formula at the Young/Daly interval for lam = nodes x failures_per_node_day,
     with q charged to the failures that need a new allocation (queued_per_node_day)."""
     lam = nodes * failures_per_node_day / DAY
     lam_q = nodes * queued_per_node_day / DAY
     # Young's interval sqrt(2 w M) (ftslurm.core.cadence), Kokolis' dt*: inf without
     # failures, 0 for a free checkpoint
-    dt = math.inf if lam <= 0 else young(checkpoint_cost_s, 1 / lam) if checkpoint_cost_s > 0 \
-        else 0.0  # fmt: skip
+    dt = (
+        math.inf
+        if lam <= 0
+        else young(checkpoint_cost_s, 1 / lam)
+        if checkpoint_cost_s > 0
+        else 0.0
+    )
     if lam <= 0:
         ettr = 1.0
     elif dt == 0:
         ettr = max(0.0, 1 - lam * restart_s) / (1 + lam_q * queue_s)
     else:
         ettr = kokolis_ettr(lam, restart_s, dt, checkpoint_cost_s, queue_s, lam_q)
-    return {"ettr": ettr, "failures_per_day": lam * DAY,
-            "mttf_h": math.inf if lam <= 0 else 1 / lam / HOUR,
-            "interval_s": dt, "restart_s": restart_s, "checkpoint_cost_s": checkpoint_cost_s,
-            "queue_s": queue_s, "queued_failures_per_day": lam_q * DAY}  # fmt: skip
+    return {
+        "ettr": ettr,
+        "failures_per_day": lam * DAY,
+        "mttf_h": math.inf if lam <= 0 else 1 / lam / HOUR,
+        "interval_s": dt,
+        "restart_s": restart_s,
+        "checkpoint_cost_s": checkpoint_cost_s,
+        "queue_s": queue_s,
+        "queued_failures_per_day": lam_q * DAY,
+    }
 
 
 def bounds(trace: Trace, setup: JobSetup) -> dict[str, dict[str, float]]:
@@ -504,15 +550,27 @@ def bounds(trace: Trace, setup: JobSetup) -> dict[str, dict[str, float]]:
     q = setup.queue_wait_s
     ordinary = trace.ordinary_failures_per_node_day()
     healthy_nodes = trace.node_failures_per_node_day(lemons=False)
-    today = ideal_bound(trace.nodes, ordinary, setup.restart_cost_s, setup.checkpoint_cost_s,
-                        q, healthy_nodes)  # fmt: skip
-    strict = ideal_bound(trace.nodes, trace.fleet_failures_per_node_day(), 0.0,
-                         setup.checkpoint_cost_s, q,
-                         trace.node_failures_per_node_day(lemons=True))  # fmt: skip
+    today = ideal_bound(
+        trace.nodes, ordinary, setup.restart_cost_s, setup.checkpoint_cost_s, q, healthy_nodes
+    )
+    strict = ideal_bound(
+        trace.nodes,
+        trace.fleet_failures_per_node_day(),
+        0.0,
+        setup.checkpoint_cost_s,
+        q,
+        trace.node_failures_per_node_day(lemons=True),
+    )
     snapshot = min(setup.snapshot_s, setup.memory_save_s)
     fast = ideal_bound(trace.nodes, ordinary, setup.restart_cost_s, snapshot, q, healthy_nodes)
-    fast_strict = ideal_bound(trace.nodes, trace.fleet_failures_per_node_day(), 0.0, snapshot,
-                              q, trace.node_failures_per_node_day(lemons=True))  # fmt: skip
+    fast_strict = ideal_bound(
+        trace.nodes,
+        trace.fleet_failures_per_node_day(),
+        0.0,
+        snapshot,
+        q,
+        trace.node_failures_per_node_day(lemons=True),
+    )
     return {"today": today, "strict": strict, "async": fast, "strict_async": fast_strict}
 
 
@@ -551,38 +609,43 @@ class Trace:
         """The trace's own rate of the failures a job on healthy nodes sees: crashes and
         hangs over the pool, node failures over its healthy nodes."""
         anywhere = sum(1 for f in self.faults if f.kind in ("crash", "hang"))
-        return (self._per_node_day(anywhere, len(self.pool))
-                + self.node_failures_per_node_day(lemons=False))  # fmt: skip
+        return self._per_node_day(anywhere, len(self.pool)) + self.node_failures_per_node_day(
+            lemons=False
+        )
 
     def node_failures_per_node_day(self, lemons: bool) -> float:
         """The trace's rate of node failures: over its healthy nodes (lemons=False) or over
         the whole pool, lemons' failures included."""
         if lemons:
-            return self._per_node_day(sum(1 for f in self.faults if f.kind == "node"),
-                                      len(self.pool))  # fmt: skip
+            return self._per_node_day(
+                sum(1 for f in self.faults if f.kind == "node"), len(self.pool)
+            )
         healthy = sum(1 for f in self.faults if f.kind == "node" and not f.lemon)
         return self._per_node_day(healthy, len(self.pool) - len(self.lemons))
 
     def fleet_failures_per_node_day(self) -> float:
         """Every failure in the pool (lemons included) per node-day."""
-        return self._per_node_day(sum(1 for f in self.faults if f.kind in FAILURE_KINDS),
-                                  len(self.pool))  # fmt: skip
+        return self._per_node_day(
+            sum(1 for f in self.faults if f.kind in FAILURE_KINDS), len(self.pool)
+        )
 
     def facts(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for f in self.faults:
             key = "lemon_node" if f.lemon else f.kind
             counts[key] = counts.get(key, 0) + 1
-        return {"nodes": self.nodes, "pool_nodes": len(self.pool),
-                "spare_nodes": len(self.pool) - self.nodes, "lemon_nodes": len(self.lemons),
-                "days": self.days, "faults_in_pool": counts,
-                "ordinary_failures_per_1000_node_days":
-                    1000 * self.ordinary_failures_per_node_day(),
-                "trace_fleet_failures_per_1000_node_days":
-                    1000 * self.fleet_failures_per_node_day(),
-                "fleet_failures_per_1000_node_days": 1000 * self.model.failures_per_node_day,
-                "lemon_failures_per_1000_node_days":
-                    1000 * self.model.lemon_node_failures_per_node_day}  # fmt: skip
+        return {
+            "nodes": self.nodes,
+            "pool_nodes": len(self.pool),
+            "spare_nodes": len(self.pool) - self.nodes,
+            "lemon_nodes": len(self.lemons),
+            "days": self.days,
+            "faults_in_pool": counts,
+            "ordinary_failures_per_1000_node_days": 1000 * self.ordinary_failures_per_node_day(),
+            "trace_fleet_failures_per_1000_node_days": 1000 * self.fleet_failures_per_node_day(),
+            "fleet_failures_per_1000_node_days": 1000 * self.model.failures_per_node_day,
+            "lemon_failures_per_1000_node_days": 1000 * self.model.lemon_node_failures_per_node_day,
+        }
 
 
 def draw_trace(seed: int, nodes: int, days: float, fm: FailureModel = FailureModel()) -> Trace:
@@ -593,8 +656,9 @@ def draw_trace(seed: int, nodes: int, days: float, fm: FailureModel = FailureMod
     horizon = days * DAY
     faults: list[Fault] = []
 
-    def poisson(per_node_day: float, among: tuple[str, ...],
-                make: Callable[[float, str], Fault]) -> None:  # fmt: skip
+    def poisson(
+        per_node_day: float, among: tuple[str, ...], make: Callable[[float, str], Fault]
+    ) -> None:
         rate = per_node_day * len(among) / DAY
         t = 0.0
         while rate > 0:
@@ -607,16 +671,29 @@ def draw_trace(seed: int, nodes: int, days: float, fm: FailureModel = FailureMod
     poisson(fm.failures_per_node_day * fm.share_crash, pool, lambda t, n: Fault(t, "crash", n))
     poisson(fm.failures_per_node_day * fm.share_hang, pool, lambda t, n: Fault(t, "hang", n))
     poisson(fm.healthy_node_failures_per_node_day, healthy, lambda t, n: Fault(t, "node", n))
-    poisson(fm.lemon_node_failures_per_node_day, tuple(sorted(lemons)),
-            lambda t, n: Fault(t, "node", n, lemon=True))  # fmt: skip
+    poisson(
+        fm.lemon_node_failures_per_node_day,
+        tuple(sorted(lemons)),
+        lambda t, n: Fault(t, "node", n, lemon=True),
+    )
     poisson(fm.planned_per_node_day, pool, lambda t, n: Fault(t, "maintenance", n))
     lo, hi = STRAGGLER_DURATION_S
-    poisson(fm.straggler_episodes_per_node_day, pool, lambda t, n: Fault(
-        t, "straggler", n, duration_s=math.exp(rng.uniform(math.log(lo), math.log(hi))),
-        slowdown=rng.uniform(*STRAGGLER_SLOWDOWN)))  # fmt: skip
+    poisson(
+        fm.straggler_episodes_per_node_day,
+        pool,
+        lambda t, n: Fault(
+            t,
+            "straggler",
+            n,
+            duration_s=math.exp(rng.uniform(math.log(lo), math.log(hi))),
+            slowdown=rng.uniform(*STRAGGLER_SLOWDOWN),
+        ),
+    )
     faults.sort(key=lambda f: (f.at, f.kind, f.node))
-    human = tuple(rng.lognormvariate(math.log(HUMAN_RESUBMIT_MEDIAN_S), HUMAN_RESUBMIT_SIGMA)
-                  for _ in range(4096))  # fmt: skip
+    human = tuple(
+        rng.lognormvariate(math.log(HUMAN_RESUBMIT_MEDIAN_S), HUMAN_RESUBMIT_SIGMA)
+        for _ in range(4096)
+    )
     return Trace(nodes, days, pool, lemons, tuple(faults), human, fm)
 
 
@@ -630,10 +707,17 @@ def tool_settings(**changes: Any) -> FtSettings:
     """A baseline tool's behaviour after an ending, in ftslurm's settings: budgets
     unlimited (see "Budgets"), no node kept out, no straggler handling, no checkpoint
     signal from a daemon (a tool's own `--signal` is in its job header: `Policy.signal`)."""
-    return FtSettings(**{"num_job_retries_on_failure": UNLIMITED,
-                         "max_stalled_continuations": UNLIMITED, "preempt_time": 0,
-                         "exclude_failed_nodes": False, "exclude_stragglers": False,
-                         "stop_if_straggler": False, **changes})  # fmt: skip
+    return FtSettings(
+        **{
+            "num_job_retries_on_failure": UNLIMITED,
+            "max_stalled_continuations": UNLIMITED,
+            "preempt_time": 0,
+            "exclude_failed_nodes": False,
+            "exclude_stragglers": False,
+            "stop_if_straggler": False,
+            **changes,
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -685,8 +769,9 @@ class Policy:
 PLAIN = tool_settings(use_launcher=False)
 # submitit resubmits nothing that failed: a crash or a hang killed by the watchdog ends the
 # run (a person takes over); Slurm's own requeues (node failure, preemption) go on.
-SUBMITIT = tool_settings(use_launcher=False,
-                         cause_budgets={Cause.CRASH: 0, Cause.HANG: 0, Cause.OOM: 0})
+SUBMITIT = tool_settings(
+    use_launcher=False, cause_budgets={Cause.CRASH: 0, Cause.HANG: 0, Cause.OOM: 0}
+)
 NEMO = tool_settings(num_in_job_restarts=NEMO_IN_JOB_RESTARTS)
 
 
@@ -702,37 +787,92 @@ def policies(setup: JobSetup = JobSetup(), nodes: int = 0) -> tuple[Policy, ...]
     (the daemon writes that); the tuned ones leave it "auto"."""
     fixed = FTSLURM.model_copy(update={"checkpoint_interval": setup.checkpoint_interval_s})
     spares = {"spare_nodes": spares_for(nodes)}
-    ftslurm = Policy("ftslurm", "ftslurm", fixed, daemon=True, signal=None, launcher=True,
-                     save_on_preempt=True,
-                     hang_timeout_s=FTSLURM_HANG_TIMEOUT_S + FTSLURM_MONITOR_S,
-                     startup_hang_timeout_s=FTSLURM_SETUP_TIMEOUT_S + FTSLURM_MONITOR_S,
-                     crash_detect_s=FTSLURM_MONITOR_S, peer_detect=True)  # fmt: skip
+    ftslurm = Policy(
+        "ftslurm",
+        "ftslurm",
+        fixed,
+        daemon=True,
+        signal=None,
+        launcher=True,
+        save_on_preempt=True,
+        hang_timeout_s=FTSLURM_HANG_TIMEOUT_S + FTSLURM_MONITOR_S,
+        startup_hang_timeout_s=FTSLURM_SETUP_TIMEOUT_S + FTSLURM_MONITOR_S,
+        crash_detect_s=FTSLURM_MONITOR_S,
+        peer_detect=True,
+    )
     return (
-        Policy("plain", "plain requeue", PLAIN, daemon=False, signal=None, launcher=False,
-               save_on_preempt=False, hang_timeout_s=NCCL_WATCHDOG_S,
-               startup_hang_timeout_s=NCCL_WATCHDOG_S, crash_detect_s=0.0),
-        Policy("submitit", "submitit", SUBMITIT, daemon=False,
-               signal=f"USR2@{SUBMITIT_SIGNAL_DELAY_S}", launcher=False, save_on_preempt=True,
-               hang_timeout_s=NCCL_WATCHDOG_S, startup_hang_timeout_s=NCCL_WATCHDOG_S,
-               crash_detect_s=0.0, human_resubmit=True),
-        Policy("nemo", "NeMo-Run", NEMO, daemon=False, signal=f"USR2@{NEMO_SIGNAL_LEAD_S}",
-               launcher=True, save_on_preempt=True,
-               hang_timeout_s=NEMO_RANK_HEARTBEAT_S + NVRX_CHECK_INTERVAL_S,
-               startup_hang_timeout_s=NEMO_INITIAL_HEARTBEAT_S + NVRX_CHECK_INTERVAL_S,
-               crash_detect_s=NVRX_MONITOR_S,
-               default_failure_budget=NEMO_JOB_RETRIES_ON_FAILURE),
+        Policy(
+            "plain",
+            "plain requeue",
+            PLAIN,
+            daemon=False,
+            signal=None,
+            launcher=False,
+            save_on_preempt=False,
+            hang_timeout_s=NCCL_WATCHDOG_S,
+            startup_hang_timeout_s=NCCL_WATCHDOG_S,
+            crash_detect_s=0.0,
+        ),
+        Policy(
+            "submitit",
+            "submitit",
+            SUBMITIT,
+            daemon=False,
+            signal=f"USR2@{SUBMITIT_SIGNAL_DELAY_S}",
+            launcher=False,
+            save_on_preempt=True,
+            hang_timeout_s=NCCL_WATCHDOG_S,
+            startup_hang_timeout_s=NCCL_WATCHDOG_S,
+            crash_detect_s=0.0,
+            human_resubmit=True,
+        ),
+        Policy(
+            "nemo",
+            "NeMo-Run",
+            NEMO,
+            daemon=False,
+            signal=f"USR2@{NEMO_SIGNAL_LEAD_S}",
+            launcher=True,
+            save_on_preempt=True,
+            hang_timeout_s=NEMO_RANK_HEARTBEAT_S + NVRX_CHECK_INTERVAL_S,
+            startup_hang_timeout_s=NEMO_INITIAL_HEARTBEAT_S + NVRX_CHECK_INTERVAL_S,
+            crash_detect_s=NVRX_MONITOR_S,
+            default_failure_budget=NEMO_JOB_RETRIES_ON_FAILURE,
+        ),
         replace(ftslurm, key="ftslurm_slurm", label="ftslurm, Slurm detects", peer_detect=False),
         ftslurm,
-        replace(ftslurm, key="ftslurm_spares", label="ftslurm + spares",
-                settings=fixed.model_copy(update=spares)),
-        replace(ftslurm, key="ftslurm_async", label="ftslurm + async, tuned", settings=FTSLURM,
-                tuned=True, async_save=True),
-        replace(ftslurm, key="ftslurm_memory", label="ftslurm + memory tier, tuned",
-                settings=FTSLURM, tuned=True, memory_tier=True),
-        replace(ftslurm, key="ftslurm_all", label="ftslurm, everything",
-                settings=FTSLURM.model_copy(update=spares), tuned=True, async_save=True,
-                memory_tier=True),
-    )  # fmt: skip
+        replace(
+            ftslurm,
+            key="ftslurm_spares",
+            label="ftslurm + spares",
+            settings=fixed.model_copy(update=spares),
+        ),
+        replace(
+            ftslurm,
+            key="ftslurm_async",
+            label="ftslurm + async, tuned",
+            settings=FTSLURM,
+            tuned=True,
+            async_save=True,
+        ),
+        replace(
+            ftslurm,
+            key="ftslurm_memory",
+            label="ftslurm + memory tier, tuned",
+            settings=FTSLURM,
+            tuned=True,
+            memory_tier=True,
+        ),
+        replace(
+            ftslurm,
+            key="ftslurm_all",
+            label="ftslurm, everything",
+            settings=FTSLURM.model_copy(update=spares),
+            tuned=True,
+            async_save=True,
+            memory_tier=True,
+        ),
+    )
 
 
 POLICIES = policies()
@@ -744,11 +884,19 @@ class ToolShell(Reconciler):
     and nothing updates the job's exclusions, releases it or starts it before Slurm's
     requeue delay is over. Every decision is still `step`'s, with the tool's settings."""
 
-    def _execute(self, backend: SchedulerBackend, run: Run, a: Attempt,
-                 intents: list[core.Intent], deadlines: list[float]) -> Attempt | None:  # fmt: skip
-        kept = [core.Requeue(i.job_id, hold=False) if isinstance(i, core.Requeue) else i
-                for i in intents
-                if not isinstance(i, core.SetExclusions | core.Release | core.StartNow)]
+    def _execute(
+        self,
+        backend: SchedulerBackend,
+        run: Run,
+        a: Attempt,
+        intents: list[core.Intent],
+        deadlines: list[float],
+    ) -> Attempt | None:
+        kept = [
+            core.Requeue(i.job_id, hold=False) if isinstance(i, core.Requeue) else i
+            for i in intents
+            if not isinstance(i, core.SetExclusions | core.Release | core.StartNow)
+        ]
         return super()._execute(backend, run, a, kept, deadlines)
 
 
@@ -782,13 +930,17 @@ class Campaign:
     progress.json, the launchers' node reports, the straggler report); it calls no
     scheduler action itself."""
 
-    def __init__(self, trace: Trace, pol: Policy, setup: JobSetup = JobSetup(),
-                 workdir: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, trace: Trace, pol: Policy, setup: JobSetup = JobSetup(), workdir: Path | None = None
+    ) -> None:
         self.trace, self.pol, self.setup = trace, pol, setup
-        cfg = MockConfig(nodes=[MockNodeSpec(name=n, cpus=1) for n in trace.pool],
-                         requeue_delay_s=setup.requeue_delay_s,
-                         slurmd_timeout_s=setup.slurmd_timeout_s,
-                         kill_wait_s=KILL_WAIT_S, min_job_age_s=MIN_JOB_AGE_S)  # fmt: skip
+        cfg = MockConfig(
+            nodes=[MockNodeSpec(name=n, cpus=1) for n in trace.pool],
+            requeue_delay_s=setup.requeue_delay_s,
+            slurmd_timeout_s=setup.slurmd_timeout_s,
+            kill_wait_s=KILL_WAIT_S,
+            min_job_age_s=MIN_JOB_AGE_S,
+        )
         self.c = VirtualCluster(cfg, queue_wait_s=setup.queue_wait_s)
         self.job = self._job_model(None)
         signal = pol.signal
@@ -796,10 +948,14 @@ class Campaign:
         def header(options: JobOptions) -> JobOptions:  # the tool's own sbatch header
             return options if signal is None else replace(options, signal=signal)
 
-        self.backend = VirtualBackend(self.c, self.job, workload=lambda _o: WORKLOAD,
-                                      amend=header)  # fmt: skip
-        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(
-            prefix="goodput-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.backend = VirtualBackend(self.c, self.job, workload=lambda _o: WORKLOAD, amend=header)
+        self._tmp = (
+            None
+            if workdir is not None
+            else tempfile.TemporaryDirectory(
+                prefix="goodput-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+            )
+        )
         self.dir = Path(workdir if workdir is not None else self._tmp.name)  # type: ignore[union-attr]
         self.paths = RunDir(self.dir / "run")
         self.store = Store(self.dir / "state")
@@ -852,13 +1008,17 @@ class Campaign:
             memory = disk
         if not pol.memory_tier:
             memory = None
-        return JobModel(work_s=10 * self.trace.horizon_s + DAY, checkpoint_interval_s=disk,
-                        checkpoint_cost_s=s.snapshot_s if pol.async_save else s.checkpoint_cost_s,
-                        restart_cost_s=s.restart_cost_s, continue_code=CONTINUE_CODE,
-                        write_s=s.checkpoint_cost_s if pol.async_save else 0.0,
-                        memory_interval_s=memory,
-                        memory_cost_s=s.memory_save_s if pol.memory_tier else 0.0,
-                        memory_restart_cost_s=s.memory_restart_s if pol.memory_tier else None)
+        return JobModel(
+            work_s=10 * self.trace.horizon_s + DAY,
+            checkpoint_interval_s=disk,
+            checkpoint_cost_s=s.snapshot_s if pol.async_save else s.checkpoint_cost_s,
+            restart_cost_s=s.restart_cost_s,
+            continue_code=CONTINUE_CODE,
+            write_s=s.checkpoint_cost_s if pol.async_save else 0.0,
+            memory_interval_s=memory,
+            memory_cost_s=s.memory_save_s if pol.memory_tier else 0.0,
+            memory_restart_cost_s=s.memory_restart_s if pol.memory_tier else None,
+        )
 
     def _plan_start(self, jid: str, in_job: bool) -> JobModel:
         """At every start the job reads the daemon's checkpoint cadence (a tuned policy), as
@@ -876,12 +1036,25 @@ class Campaign:
     def _submit_run(self) -> None:
         """What `ftslurm submit` does: record the run and its first attempt's intent."""
         run_id = f"r{len(self.runs) + 1}"
-        limit = None if self.setup.wall_limit_s is None else \
-            format_limit_exact(int(self.setup.wall_limit_s))
-        recipe = Recipe(command=["train"], nodes=self.trace.nodes, time=limit, name=WORKLOAD,
-                        spare_nodes=self.pol.settings.spare_nodes)  # fmt: skip
-        spec = make_spec(recipe, run_dir=self.paths.root, backend="mock",
-                         workdir=str(self.dir), mock_home=self.dir / "mock")  # fmt: skip
+        limit = (
+            None
+            if self.setup.wall_limit_s is None
+            else format_limit_exact(int(self.setup.wall_limit_s))
+        )
+        recipe = Recipe(
+            command=["train"],
+            nodes=self.trace.nodes,
+            time=limit,
+            name=WORKLOAD,
+            spare_nodes=self.pol.settings.spare_nodes,
+        )
+        spec = make_spec(
+            recipe,
+            run_dir=self.paths.root,
+            backend="mock",
+            workdir=str(self.dir),
+            mock_home=self.dir / "mock",
+        )
         run, first = new_run_record(run_id, WORKLOAD, spec, self.pol.settings, self.c.now)
         with self.store.transaction():
             self.store.add_run(run)
@@ -1016,8 +1189,7 @@ class Campaign:
         # what memory held beyond the disk, counted kept by an earlier run, is lost when
         # this run began in a new allocation
         r.productive_s += (b.computed_s if in_flight else b.saved_s) - b.rolled_back_s
-        self._add("lost_work", (0.0 if in_flight else b.computed_s - b.saved_s)
-                  + b.rolled_back_s)  # fmt: skip
+        self._add("lost_work", (0.0 if in_flight else b.computed_s - b.saved_s) + b.rolled_back_s)
         self._add("startup", b.startup_s)
         self._add("checkpoint", b.checkpoint_s)
         self._add("stragglers", b.slow_s)
@@ -1034,14 +1206,19 @@ class Campaign:
         """progress.json as `ftslurm.agent.progress` keeps it: the work saved so far is the
         checkpoint step; the blocking save time is reported with every checkpoint."""
         saved = self.job.work_s - self.c.remaining.get(WORKLOAD, self.job.work_s)
-        data: dict[str, Any] = {"step": int(saved), "finished": False,
-                                "attempt": self._attempt(), "updated_at": self.c.now}
+        data: dict[str, Any] = {
+            "step": int(saved),
+            "finished": False,
+            "attempt": self._attempt(),
+            "updated_at": self.c.now,
+        }
         if saved > 0:
             data.update(checkpoint_step=int(saved), checkpoint_at=self.c.now)
         job = self.job
         if job.checkpoint_cost_s > 0:  # the disk save: what it blocked (async: the snapshot)
-            data.update(checkpoint_save_s=job.checkpoint_cost_s,
-                        max_checkpoint_save_s=job.checkpoint_cost_s)  # fmt: skip
+            data.update(
+                checkpoint_save_s=job.checkpoint_cost_s, max_checkpoint_save_s=job.checkpoint_cost_s
+            )
         if job.write_s > 0:  # ... and its background write
             data.update(checkpoint_write_s=job.write_s, max_checkpoint_write_s=job.write_s)
         if job.memory_interval_s is not None and job.memory_cost_s > 0:  # the memory tier
@@ -1054,15 +1231,28 @@ class Campaign:
         the launcher decides them); without a launcher, the step's own exit code."""
         if not self.pol.launcher:
             return 0 if signalled else 1
-        out = decide_outcome(succeeded=signalled, failures={} if signalled else {0: 1},
-                             ranks={0}, stopped={}, signalled=signalled, finished=False,
-                             max_restarts=self.pol.in_job_restarts, hung=hung)  # fmt: skip
+        out = decide_outcome(
+            succeeded=signalled,
+            failures={} if signalled else {0: 1},
+            ranks={0},
+            stopped={},
+            signalled=signalled,
+            finished=False,
+            max_restarts=self.pol.in_job_restarts,
+            hung=hung,
+        )
         path = self.paths.node_report(self._attempt(), 0)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {
-            "node": self.alloc[0] if self.alloc else "", "outcome": out.outcome,
-            "code": int(out.code), "in_job_restarts": self.restarts_used,
-            "heartbeats": True})  # fmt: skip
+        write_json_atomic(
+            path,
+            {
+                "node": self.alloc[0] if self.alloc else "",
+                "outcome": out.outcome,
+                "code": int(out.code),
+                "in_job_restarts": self.restarts_used,
+                "heartbeats": True,
+            },
+        )
         return int(out.code)
 
     # -------------------------------------------------------------- cluster hooks
@@ -1081,8 +1271,10 @@ class Campaign:
             self._spares_held(self.alloc_until)  # the last allocation's
             self.alloc = list(self.c.st.jobs[jid].nodes)
             extra = max(0, len(self.alloc) - self.trace.nodes)  # the spares asked for
-            self.active, self.spares = self.alloc[:len(self.alloc) - extra], \
-                self.alloc[len(self.alloc) - extra:]
+            self.active, self.spares = (
+                self.alloc[: len(self.alloc) - extra],
+                self.alloc[len(self.alloc) - extra :],
+            )
             self.lost, self.alloc_since = set(), now
             self.alloc_serial += 1
             self.restarts_left = self.pol.in_job_restarts
@@ -1129,16 +1321,24 @@ class Campaign:
         """Whether the job has a live run (on `node`, when given) that a fault can hit."""
         job = self.c.st.jobs.get(self.jid or "")
         run = self.c.runs.get(self.jid or "")
-        return (job is not None and job.state is JobState.RUNNING and run is not None
-                and run.saved_on_exit is None and (node is None or node in self.active))
+        return (
+            job is not None
+            and job.state is JobState.RUNNING
+            and run is not None
+            and run.saved_on_exit is None
+            and (node is None or node in self.active)
+        )
 
     def _fault(self, f: Fault) -> None:
         st, now = self.c.st, self.c.now
         n = st.nodes[f.node]
         usable = n.status is NodeStatus.UP and n.dead_since is None
         job = st.jobs.get(self.jid or "")
-        on_job = job is not None and f.node in job.nodes and job.state in (
-            JobState.RUNNING, JobState.COMPLETING)  # fmt: skip
+        on_job = (
+            job is not None
+            and f.node in job.nodes
+            and job.state in (JobState.RUNNING, JobState.COMPLETING)
+        )
         if f.kind == "straggler":
             self.slow.setdefault(f.node, []).append(f.slowdown)
             self.c.at(now + f.duration_s, lambda: self._straggler_over(f))
@@ -1194,12 +1394,22 @@ class Campaign:
         self.lost.add(rank)
         path = self.paths.peer_lost(attempt, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {
-            "lost_node_rank": rank, "lost_node": node, "last_heard": now - PEER_DETECT_S,
-            "lease_time": now - PEER_DETECT_S, "silent_s": PEER_DETECT_S,
-            "peer_timeout_s": self.pol.settings.peer_timeout_s, "reported_by": self.alloc[by],
-            "reported_by_node_rank": by, "time": now, "job_id": self.jid,
-            "attempt": attempt})  # fmt: skip
+        write_json_atomic(
+            path,
+            {
+                "lost_node_rank": rank,
+                "lost_node": node,
+                "last_heard": now - PEER_DETECT_S,
+                "lease_time": now - PEER_DETECT_S,
+                "silent_s": PEER_DETECT_S,
+                "peer_timeout_s": self.pol.settings.peer_timeout_s,
+                "reported_by": self.alloc[by],
+                "reported_by_node_rank": by,
+                "time": now,
+                "job_id": self.jid,
+                "attempt": attempt,
+            },
+        )
         self.r.count("peer_reports")
         if node in self.spares:  # an idle spare: one fewer to take over
             self.spares.remove(node)
@@ -1211,8 +1421,11 @@ class Campaign:
         """Whether a spare can take `node`'s place (`ftslurm.core.recovery`, counting the
         nodes already out of this allocation)."""
         rank = self.alloc.index(node)
-        return node in self.active and bool(self.spares) and recovery(
-            self.lost | {rank}, self.pol.settings.spare_nodes) is Recovery.SPARE
+        return (
+            node in self.active
+            and bool(self.spares)
+            and recovery(self.lost | {rank}, self.pol.settings.spare_nodes) is Recovery.SPARE
+        )
 
     def _swap(self, node: str) -> None:
         """The launchers restart the ranks inside the allocation with a spare in `node`'s
@@ -1234,8 +1447,10 @@ class Campaign:
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         """Run `action` after `delay` if the current run is still the same then."""
         serial = self.run_serial
-        self.c.at(self.c.now + delay, lambda: action() if serial == self.run_serial
-                  and self.jid in self.c.runs else None)  # fmt: skip
+        self.c.at(
+            self.c.now + delay,
+            lambda: action() if serial == self.run_serial and self.jid in self.c.runs else None,
+        )
 
     def _recover(self, hung: bool = False) -> None:
         """The launcher (or the watchdog) acts on a dead or hung rank."""
@@ -1288,26 +1503,48 @@ class Campaign:
             return
         nodes.append(node)
         self.paths.straggler_report.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.paths.straggler_report, {
-            "attempt": attempt, "threshold": self.pol.settings.straggler_threshold,
-            "persistent_nodes": list(nodes), "updated_at": self.c.now,
-            "scores": [{"node": n, "relative": 1.0 / max(self.slow.get(n) or [1.0]),
-                        "individual": 1.0} for n in nodes]})  # fmt: skip
+        write_json_atomic(
+            self.paths.straggler_report,
+            {
+                "attempt": attempt,
+                "threshold": self.pol.settings.straggler_threshold,
+                "persistent_nodes": list(nodes),
+                "updated_at": self.c.now,
+                "scores": [
+                    {"node": n, "relative": 1.0 / max(self.slow.get(n) or [1.0]), "individual": 1.0}
+                    for n in nodes
+                ],
+            },
+        )
         rank = self.alloc.index(node)
         if rank != 0 and self._spare_helps(node):  # its launcher steps out for a spare
             path = self.paths.benched(attempt, rank)
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, {"node_rank": rank, "node": node, "why": "straggler",
-                                     "time": self.c.now, "job_id": self.jid,
-                                     "attempt": attempt})  # fmt: skip
+            write_json_atomic(
+                path,
+                {
+                    "node_rank": rank,
+                    "node": node,
+                    "why": "straggler",
+                    "time": self.c.now,
+                    "job_id": self.jid,
+                    "attempt": attempt,
+                },
+            )
             self.r.count("straggler_swaps")
             self._swap(node)
 
 
 # ----------------------------------------------------------------------- reporting
-def simulate(seed: int, sizes: list[int], days: float, fm: FailureModel = FailureModel(),
-             setup: JobSetup = JobSetup(), queue_waits: tuple[float, ...] = (0.0,),
-             keys: tuple[str, ...] | None = None) -> dict[str, Any]:  # fmt: skip
+def simulate(
+    seed: int,
+    sizes: list[int],
+    days: float,
+    fm: FailureModel = FailureModel(),
+    setup: JobSetup = JobSetup(),
+    queue_waits: tuple[float, ...] = (0.0,),
+    keys: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     """Per size one trace, replayed under every policy (or those of `keys`) for each queue
     wait q. A policy that saves asynchronously or to memory is measured against the bound
     with that w ("x today" against "async")."""
@@ -1327,16 +1564,19 @@ def simulate(seed: int, sizes: list[int], days: float, fm: FailureModel = Failur
                 own = bnd["async" if pol.fast_saves else "today"]["ettr"]
                 own_strict = bnd["strict_async" if pol.fast_saves else "strict"]["ettr"]
                 per[pol.key] = {
-                    "label": pol.label, "ettr": res.ettr,
+                    "label": pol.label,
+                    "ettr": res.ettr,
                     "ratio_to_bound": res.ettr / own,
                     "ratio_to_strict": res.ettr / own_strict,
-                    "wall_s": res.wall_s, "productive_s": res.productive_s,
-                    "lost_s": dict(res.lost_s), "counts": dict(sorted(res.counts.items())),
+                    "wall_s": res.wall_s,
+                    "productive_s": res.productive_s,
+                    "lost_s": dict(res.lost_s),
+                    "counts": dict(sorted(res.counts.items())),
                     "spare_nodes": pol.settings.spare_nodes,
                     "spare_node_hours": res.spare_node_s / HOUR,
                     "intervals": _intervals(res.intervals),
                     "sim_s": time.perf_counter() - started,
-                }  # fmt: skip
+                }
             runs.append({"queue_wait_s": q, "bounds": bnd, "policies": per})
         results[str(size)] = {"trace": trace.facts(), "runs": runs}
     return results
@@ -1349,8 +1589,14 @@ def _intervals(seen: list[tuple[float, float | None, float]]) -> dict[str, Any] 
         return None
     (_, memory0, disk0), (_, memory1, disk1) = seen[0], seen[-1]
     changes = sum(1 for a, b in zip(seen, seen[1:], strict=False) if a[1:] != b[1:])
-    return {"starts": len(seen), "changes": changes, "first_memory_s": memory0,
-            "first_disk_s": disk0, "last_memory_s": memory1, "last_disk_s": disk1}
+    return {
+        "starts": len(seen),
+        "changes": changes,
+        "first_memory_s": memory0,
+        "first_disk_s": disk0,
+        "last_memory_s": memory1,
+        "last_disk_s": disk1,
+    }
 
 
 # ------------------------------------------------------------------ the calibration
@@ -1369,12 +1615,23 @@ def calibration_setup(interval_s: float) -> tuple[FailureModel, JobSetup]:
     once and is seen at once (a crash the batch script requeues; no hang, no detection
     delay, no lemons, no stragglers, no maintenance), u0 is the whole time from the failure
     to training again (requeue delay 0: q = 0 has no BeginTime either), no wall limit."""
-    fm = FailureModel(failures_per_node_day=CALIBRATION_FAILURES_PER_NODE_DAY, share_crash=1.0,
-                      share_hang=0.0, lemon_fraction=0.0, lemon_share=0.0,
-                      planned_per_node_day=0.0, straggler_episodes_per_node_day=0.0)
-    setup = JobSetup(checkpoint_interval_s=interval_s, checkpoint_cost_s=0.0,
-                     restart_cost_s=CALIBRATION_RESTART_S, queue_wait_s=0.0, wall_limit_s=None,
-                     requeue_delay_s=0)  # fmt: skip
+    fm = FailureModel(
+        failures_per_node_day=CALIBRATION_FAILURES_PER_NODE_DAY,
+        share_crash=1.0,
+        share_hang=0.0,
+        lemon_fraction=0.0,
+        lemon_share=0.0,
+        planned_per_node_day=0.0,
+        straggler_episodes_per_node_day=0.0,
+    )
+    setup = JobSetup(
+        checkpoint_interval_s=interval_s,
+        checkpoint_cost_s=0.0,
+        restart_cost_s=CALIBRATION_RESTART_S,
+        queue_wait_s=0.0,
+        wall_limit_s=None,
+        requeue_delay_s=0,
+    )
     return fm, setup
 
 
@@ -1387,49 +1644,94 @@ def calibrate(seed: int, days: float) -> list[dict[str, Any]]:
         fm, setup = calibration_setup(interval)
         trace = draw_trace(seed, CALIBRATION_NODES, days, fm)
         res = Campaign(trace, plain, setup).run()
-        rows.append({"interval_s": interval, "simulated": res.ettr, "paper": paper,
-                     "formula": kokolis_ettr(lam, CALIBRATION_RESTART_S, interval),
-                     "renewal": renewal_ettr(lam, CALIBRATION_RESTART_S, interval),
-                     "failures_hit": res.counts.get("hit_crash", 0),
-                     "ok": abs(res.ettr - paper) <= CALIBRATION_TOLERANCE})  # fmt: skip
+        rows.append(
+            {
+                "interval_s": interval,
+                "simulated": res.ettr,
+                "paper": paper,
+                "formula": kokolis_ettr(lam, CALIBRATION_RESTART_S, interval),
+                "renewal": renewal_ettr(lam, CALIBRATION_RESTART_S, interval),
+                "failures_hit": res.counts.get("hit_crash", 0),
+                "ok": abs(res.ettr - paper) <= CALIBRATION_TOLERANCE,
+            }
+        )
     return rows
 
 
 def print_calibration(rows: list[dict[str, Any]], seed: int, days: float) -> None:
-    print(f"Calibration: plain requeue, {CALIBRATION_NODES} nodes, r_f = "
-          f"{1000 * CALIBRATION_FAILURES_PER_NODE_DAY:g}/1000 node-days, u0 = "
-          f"{CALIBRATION_RESTART_S:.0f} s, w = 0, q = 0; {days:g} days, seed {seed}")
-    print(f"{'interval':>9} {'simulated':>9} {'paper':>6} {'off':>6} {'formula':>8} "
-          f"{'renewal':>8} {'failures':>8}")
+    print(
+        f"Calibration: plain requeue, {CALIBRATION_NODES} nodes, r_f = "
+        f"{1000 * CALIBRATION_FAILURES_PER_NODE_DAY:g}/1000 node-days, u0 = "
+        f"{CALIBRATION_RESTART_S:.0f} s, w = 0, q = 0; {days:g} days, seed {seed}"
+    )
+    print(
+        f"{'interval':>9} {'simulated':>9} {'paper':>6} {'off':>6} {'formula':>8} "
+        f"{'renewal':>8} {'failures':>8}"
+    )
     for r in rows:
-        print(f"{r['interval_s'] / 60:>7.0f} m {r['simulated']:>9.3f} {r['paper']:>6.2f} "
-              f"{r['simulated'] - r['paper']:>+6.3f} {r['formula']:>8.3f} {r['renewal']:>8.3f} "
-              f"{r['failures_hit']:>8}  {'ok' if r['ok'] else 'OFF'}")
-    print(f"(fails beyond +-{CALIBRATION_TOLERANCE}; formula: Kokolis' first-order "
-          "(1 - lam (u0 + dt/2)); renewal: the exact expectation of the same model)")
+        print(
+            f"{r['interval_s'] / 60:>7.0f} m {r['simulated']:>9.3f} {r['paper']:>6.2f} "
+            f"{r['simulated'] - r['paper']:>+6.3f} {r['formula']:>8.3f} {r['renewal']:>8.3f} "
+            f"{r['failures_hit']:>8}  {'ok' if r['ok'] else 'OFF'}"
+        )
+    print(
+        f"(fails beyond +-{CALIBRATION_TOLERANCE}; formula: Kokolis' first-order "
+        "(1 - lam (u0 + dt/2)); renewal: the exact expectation of the same model)"
+    )
 
 
 def assumptions() -> dict[str, Any]:
-    names = ("FAILURES_PER_NODE_DAY", "SHARE_CRASH", "SHARE_HANG", "SHARE_NODE",
-             "LEMON_FRACTION", "LEMON_SHARE", "HEALTHY_NODE_FAILURES_PER_NODE_DAY",
-             "LEMON_NODE_FAILURES_PER_NODE_DAY", "REPAIR_S", "PLANNED_PER_NODE_DAY",
-             "PREEMPT_GRACE_S", "MAINTENANCE_S", "STRAGGLER_EPISODES_PER_NODE_DAY",
-             "STRAGGLER_DURATION_S", "STRAGGLER_SLOWDOWN", "SPARE_FRACTION",
-             "CHECKPOINT_INTERVAL_S", "CHECKPOINT_COST_S", "RESTART_COST_S", "STEP_S",
-             "ASYNC_SNAPSHOT_S", "MEMORY_SAVE_S", "MEMORY_RESTART_COST_S",
-             "WALL_LIMIT_S", "SLURMD_TIMEOUT_S", "REQUEUE_DELAY_S", "KILL_WAIT_S",
-             "NCCL_WATCHDOG_S", "SUBMITIT_SIGNAL_DELAY_S", "HUMAN_RESUBMIT_MEDIAN_S",
-             "HUMAN_RESUBMIT_SIGMA", "NEMO_RANK_HEARTBEAT_S", "NEMO_INITIAL_HEARTBEAT_S",
-             "NEMO_IN_JOB_RESTARTS", "NEMO_JOB_RETRIES_ON_FAILURE", "NEMO_SIGNAL_LEAD_S",
-             "FTSLURM_HANG_TIMEOUT_S",
-             "FTSLURM_SETUP_TIMEOUT_S", "FTSLURM_SIGNAL_LEAD_S", "DAEMON_POLL_S")
+    names = (
+        "FAILURES_PER_NODE_DAY",
+        "SHARE_CRASH",
+        "SHARE_HANG",
+        "SHARE_NODE",
+        "LEMON_FRACTION",
+        "LEMON_SHARE",
+        "HEALTHY_NODE_FAILURES_PER_NODE_DAY",
+        "LEMON_NODE_FAILURES_PER_NODE_DAY",
+        "REPAIR_S",
+        "PLANNED_PER_NODE_DAY",
+        "PREEMPT_GRACE_S",
+        "MAINTENANCE_S",
+        "STRAGGLER_EPISODES_PER_NODE_DAY",
+        "STRAGGLER_DURATION_S",
+        "STRAGGLER_SLOWDOWN",
+        "SPARE_FRACTION",
+        "CHECKPOINT_INTERVAL_S",
+        "CHECKPOINT_COST_S",
+        "RESTART_COST_S",
+        "STEP_S",
+        "ASYNC_SNAPSHOT_S",
+        "MEMORY_SAVE_S",
+        "MEMORY_RESTART_COST_S",
+        "WALL_LIMIT_S",
+        "SLURMD_TIMEOUT_S",
+        "REQUEUE_DELAY_S",
+        "KILL_WAIT_S",
+        "NCCL_WATCHDOG_S",
+        "SUBMITIT_SIGNAL_DELAY_S",
+        "HUMAN_RESUBMIT_MEDIAN_S",
+        "HUMAN_RESUBMIT_SIGMA",
+        "NEMO_RANK_HEARTBEAT_S",
+        "NEMO_INITIAL_HEARTBEAT_S",
+        "NEMO_IN_JOB_RESTARTS",
+        "NEMO_JOB_RETRIES_ON_FAILURE",
+        "NEMO_SIGNAL_LEAD_S",
+        "FTSLURM_HANG_TIMEOUT_S",
+        "FTSLURM_SETUP_TIMEOUT_S",
+        "FTSLURM_SIGNAL_LEAD_S",
+        "DAEMON_POLL_S",
+    )
     g = globals()
     out: dict[str, Any] = {n: g[n] for n in names}
     out["FTSLURM_EXCLUSION_TTL_S"] = FTSLURM.node_exclusion_ttl_s
     out["FTSLURM_EXCLUSION_MAX_TTL_S"] = FTSLURM.node_exclusion_max_ttl_s
-    out["FTSLURM_STRAGGLER"] = {"interval_s": FTSLURM.straggler_report_interval_s,
-                                "windows": FTSLURM.straggler_windows,
-                                "threshold": FTSLURM.straggler_threshold}  # fmt: skip
+    out["FTSLURM_STRAGGLER"] = {
+        "interval_s": FTSLURM.straggler_report_interval_s,
+        "windows": FTSLURM.straggler_windows,
+        "threshold": FTSLURM.straggler_threshold,
+    }
     return out
 
 
@@ -1441,13 +1743,22 @@ def _q(run: dict[str, Any]) -> str:
     return f"q = {run['queue_wait_s'] / 60:g} min"
 
 
-EVENT_COLUMNS = (("allocations", "starts"), ("hit_node_failure", "node fail"),
-                 ("hit_lemon", "lemon fail"), ("hit_crash", "crash"), ("hit_hang", "hang"),
-                 ("hit_preemption", "preempt"), ("wall_limits", "wall limit"),
-                 ("in_job_restarts", "in-job restart"), ("spare_swaps", "spare swap"),
-                 ("peer_reports", "peer report"), ("straggler_moves", "straggler move"),
-                 ("nodes_excluded", "excluded"), ("human_resubmits", "by hand"),
-                 ("over_default_budget", "default stop"))
+EVENT_COLUMNS = (
+    ("allocations", "starts"),
+    ("hit_node_failure", "node fail"),
+    ("hit_lemon", "lemon fail"),
+    ("hit_crash", "crash"),
+    ("hit_hang", "hang"),
+    ("hit_preemption", "preempt"),
+    ("wall_limits", "wall limit"),
+    ("in_job_restarts", "in-job restart"),
+    ("spare_swaps", "spare swap"),
+    ("peer_reports", "peer report"),
+    ("straggler_moves", "straggler move"),
+    ("nodes_excluded", "excluded"),
+    ("human_resubmits", "by hand"),
+    ("over_default_budget", "default stop"),
+)
 
 
 def print_tables(out: dict[str, Any]) -> None:
@@ -1457,23 +1768,28 @@ def print_tables(out: dict[str, Any]) -> None:
     console = Console(width=max(Console().width, 140))
     for size, entry in out["results"].items():
         tr = entry["trace"]
-        faults = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in
-                           sorted(tr["faults_in_pool"].items()))  # fmt: skip
+        faults = ", ".join(
+            f"{v} {k.replace('_', ' ')}" for k, v in sorted(tr["faults_in_pool"].items())
+        )
         for run in entry["runs"]:
             b, st = run["bounds"]["today"], run["bounds"]["strict"]
             fa = run["bounds"]["async"]
-            caption = (f"today's bound {b['ettr']:.3f}: lam = {b['failures_per_day']:.2f}/day "
-                       f"(lemons left out), Young/Daly {b['interval_s'] / 60:.0f} min, u0 = "
-                       f"{b['restart_s']:.0f} s, w = {b['checkpoint_cost_s']:.0f} s; with "
-                       f"w = {fa['checkpoint_cost_s']:g} s (async, memory: their 'x today') "
-                       f"{fa['ettr']:.3f} at {fa['interval_s'] / 60:.0f} min\n"
-                       f"strict bound {st['ettr']:.3f}: lam = {st['failures_per_day']:.2f}/day "
-                       f"(whole fleet), Young/Daly {st['interval_s'] / 60:.0f} min, u0 = 0\n"
-                       f"trace: {tr['pool_nodes']} nodes in the pool ({tr['lemon_nodes']} "
-                       f"lemons): {faults}")  # fmt: skip
-            t = Table(title=f"{size} nodes, {out['days']:g} days, seed {out['seed']}, "
-                      f"{_q(run)}: ETTR, and the rest of the wall time by cause (%)",
-                      caption=caption)  # fmt: skip
+            caption = (
+                f"today's bound {b['ettr']:.3f}: lam = {b['failures_per_day']:.2f}/day "
+                f"(lemons left out), Young/Daly {b['interval_s'] / 60:.0f} min, u0 = "
+                f"{b['restart_s']:.0f} s, w = {b['checkpoint_cost_s']:.0f} s; with "
+                f"w = {fa['checkpoint_cost_s']:g} s (async, memory: their 'x today') "
+                f"{fa['ettr']:.3f} at {fa['interval_s'] / 60:.0f} min\n"
+                f"strict bound {st['ettr']:.3f}: lam = {st['failures_per_day']:.2f}/day "
+                f"(whole fleet), Young/Daly {st['interval_s'] / 60:.0f} min, u0 = 0\n"
+                f"trace: {tr['pool_nodes']} nodes in the pool ({tr['lemon_nodes']} "
+                f"lemons): {faults}"
+            )
+            t = Table(
+                title=f"{size} nodes, {out['days']:g} days, seed {out['seed']}, "
+                f"{_q(run)}: ETTR, and the rest of the wall time by cause (%)",
+                caption=caption,
+            )
             t.add_column("policy", no_wrap=True)
             t.add_column("ETTR", justify="right")
             t.add_column("x today", justify="right")
@@ -1481,9 +1797,13 @@ def print_tables(out: dict[str, Any]) -> None:
             for cause in CAUSES:
                 t.add_column(CAUSE_LABELS[cause], justify="right")
             for p in run["policies"].values():
-                t.add_row(p["label"], f"{p['ettr']:.3f}", f"{p['ratio_to_bound']:.3f}",
-                          f"{p['ratio_to_strict']:.3f}",
-                          *(_pct(p["lost_s"][k], p["wall_s"]) for k in CAUSES))  # fmt: skip
+                t.add_row(
+                    p["label"],
+                    f"{p['ettr']:.3f}",
+                    f"{p['ratio_to_bound']:.3f}",
+                    f"{p['ratio_to_strict']:.3f}",
+                    *(_pct(p["lost_s"][k], p["wall_s"]) for k in CAUSES),
+                )
             console.print(t)
     t = Table(title="What hit the job, and what the policy did (counts)")
     t.add_column("nodes", justify="right")
@@ -1495,14 +1815,19 @@ def print_tables(out: dict[str, Any]) -> None:
         for j, run in enumerate(entry["runs"]):
             pols = list(run["policies"].values())
             for i, p in enumerate(pols):
-                t.add_row(size if i == j == 0 else "", f"{run['queue_wait_s']:g} s" if i == 0
-                          else "", p["label"],
-                          *(str(p["counts"].get(k, 0)) for k, _ in EVENT_COLUMNS),
-                          end_section=i == len(pols) - 1)  # fmt: skip
+                t.add_row(
+                    size if i == j == 0 else "",
+                    f"{run['queue_wait_s']:g} s" if i == 0 else "",
+                    p["label"],
+                    *(str(p["counts"].get(k, 0)) for k, _ in EVENT_COLUMNS),
+                    end_section=i == len(pols) - 1,
+                )
     console.print(t)
-    console.print(f"simulated {len(out['results'])} sizes x {len(out['queue_waits_s'])} queue "
-                  f"waits x {len(out['policies'])} policies x {out['days']:g} days in "
-                  f"{out['elapsed_s']:.1f} s")  # fmt: skip
+    console.print(
+        f"simulated {len(out['results'])} sizes x {len(out['queue_waits_s'])} queue "
+        f"waits x {len(out['policies'])} policies x {out['days']:g} days in "
+        f"{out['elapsed_s']:.1f} s"
+    )
     for line in spare_lines(out):
         console.print(f"spares: {line}")
     for line in cadence_lines(out):
@@ -1514,16 +1839,23 @@ def print_tables(out: dict[str, Any]) -> None:
 def markdown(out: dict[str, Any]) -> str:
     """The summary table of docs/performance.md."""
     keys = list(out["policies"])
-    head = ["nodes", "q"] + [out["policies"][k] for k in keys] + [
-        "today's bound", "strict bound", "today's, async w", "strict, async w"]
+    head = (
+        ["nodes", "q"]
+        + [out["policies"][k] for k in keys]
+        + ["today's bound", "strict bound", "today's, async w", "strict, async w"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for size, entry in out["results"].items():
         for run in entry["runs"]:
             cells = [size, f"{run['queue_wait_s'] / 60:g} min"]
-            cells += [f"{p['ettr']:.3f} ({p['ratio_to_bound']:.3f})"
-                      for p in (run["policies"][k] for k in keys)]  # fmt: skip
-            cells += [f"{run['bounds'][b]['ettr']:.3f}"
-                      for b in ("today", "strict", "async", "strict_async")]  # fmt: skip
+            cells += [
+                f"{p['ettr']:.3f} ({p['ratio_to_bound']:.3f})"
+                for p in (run["policies"][k] for k in keys)
+            ]
+            cells += [
+                f"{run['bounds'][b]['ettr']:.3f}"
+                for b in ("today", "strict", "async", "strict_async")
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *(f"- {line}" for line in spare_lines(out))]
     return "\n".join(lines)
@@ -1540,11 +1872,13 @@ def spare_lines(out: dict[str, Any]) -> list[str]:
             if spares is None or base is None:
                 continue
             gain = (spares["ettr"] - base["ettr"]) * spares["wall_s"] / HOUR * int(size)
-            lines.append(f"{size} nodes, {_q(run)}: {spares['spare_nodes']} hot spare(s) held "
-                         f"{spares['spare_node_hours']:.0f} idle node-hours; they gained "
-                         f"{gain:.0f} productive node-hours "
-                         f"({100 * (spares['ettr'] - base['ettr']):+.1f} ETTR points) over "
-                         "ftslurm without spares")  # fmt: skip
+            lines.append(
+                f"{size} nodes, {_q(run)}: {spares['spare_nodes']} hot spare(s) held "
+                f"{spares['spare_node_hours']:.0f} idle node-hours; they gained "
+                f"{gain:.0f} productive node-hours "
+                f"({100 * (spares['ettr'] - base['ettr']):+.1f} ETTR points) over "
+                "ftslurm without spares"
+            )
     return lines
 
 
@@ -1558,11 +1892,15 @@ def cadence_lines(out: dict[str, Any]) -> list[str]:
                 iv = p.get("intervals")
                 if not iv:
                     continue
-                first, last = (f"{_span(iv[f'{k}_memory_s'])}/{_span(iv[f'{k}_disk_s'])}"
-                               for k in ("first", "last"))  # fmt: skip
-                lines.append(f"{size} nodes, {_q(run)}, {p['label']}: memory/disk interval "
-                             f"{first} at the first start, {last} at the last "
-                             f"({iv['starts']} starts, {iv['changes']} changes)")
+                first, last = (
+                    f"{_span(iv[f'{k}_memory_s'])}/{_span(iv[f'{k}_disk_s'])}"
+                    for k in ("first", "last")
+                )
+                lines.append(
+                    f"{size} nodes, {_q(run)}, {p['label']}: memory/disk interval "
+                    f"{first} at the first start, {last} at the last "
+                    f"({iv['starts']} starts, {iv['changes']} changes)"
+                )
     return lines
 
 
@@ -1580,16 +1918,23 @@ def checks(out: dict[str, Any]) -> list[str]:
             best = max(pols, key=lambda k: pols[k]["ettr"])
             over = [k for k, p in pols.items() if p["ratio_to_bound"] > 1]
             over_strict = [k for k, p in pols.items() if p["ratio_to_strict"] > 1]
-            notes.append(f"{size} nodes, {_q(run)}: highest ETTR {best}; "
-                         + (f"ABOVE today's bound: {', '.join(over)}" if over
-                            else "all below today's bound") + "; "
-                         + (f"ABOVE the strict bound: {', '.join(over_strict)}" if over_strict
-                            else "all below the strict bound"))  # fmt: skip
+            notes.append(
+                f"{size} nodes, {_q(run)}: highest ETTR {best}; "
+                + (f"ABOVE today's bound: {', '.join(over)}" if over else "all below today's bound")
+                + "; "
+                + (
+                    f"ABOVE the strict bound: {', '.join(over_strict)}"
+                    if over_strict
+                    else "all below the strict bound"
+                )
+            )
     if len(sizes) > 1 and "plain" in out["policies"]:
         plain = [out["results"][s]["runs"][0]["policies"]["plain"]["ettr"] for s in sizes]
         falls = all(a >= b for a, b in zip(plain, plain[1:], strict=False))
-        notes.append(f"plain requeue ETTR by size {' > '.join(f'{x:.3f}' for x in plain)}: "
-                     + ("falls with size" if falls else "does NOT fall monotonically"))
+        notes.append(
+            f"plain requeue ETTR by size {' > '.join(f'{x:.3f}' for x in plain)}: "
+            + ("falls with size" if falls else "does NOT fall monotonically")
+        )
     return notes
 
 
@@ -1609,10 +1954,22 @@ def plot(out: dict[str, Any], path: str) -> None:
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(sizes))]
         ax1.bar(xs, ys, width, label=out["policies"][key])
     for j, s in enumerate(sizes):
-        ax1.hlines(first[s]["bounds"]["today"]["ettr"], j - 0.45, j + 0.45, colors="black",
-                   linestyles="dashed", label="today's bound" if j == 0 else None)
-        ax1.hlines(first[s]["bounds"]["strict"]["ettr"], j - 0.45, j + 0.45, colors="grey",
-                   linestyles="dotted", label="strict bound" if j == 0 else None)  # fmt: skip
+        ax1.hlines(
+            first[s]["bounds"]["today"]["ettr"],
+            j - 0.45,
+            j + 0.45,
+            colors="black",
+            linestyles="dashed",
+            label="today's bound" if j == 0 else None,
+        )
+        ax1.hlines(
+            first[s]["bounds"]["strict"]["ettr"],
+            j - 0.45,
+            j + 0.45,
+            colors="grey",
+            linestyles="dotted",
+            label="strict bound" if j == 0 else None,
+        )
     ax1.set_xticks(range(len(sizes)), [f"{s} nodes" for s in sizes])
     ax1.set_ylabel("ETTR (productive / wall time)")
     lo = min(p["ettr"] for r in first.values() for p in r["policies"].values())
@@ -1653,39 +2010,85 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", default="128,1024,2048", help="job sizes in nodes")
     parser.add_argument("--days", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--failure-rate", type=float, default=1000 * FAILURES_PER_NODE_DAY,
-                        help="unexpected interruptions per 1000 node-days, fleet average "
-                             "(lemons included); default Llama 3's 3.79")  # fmt: skip
-    parser.add_argument("--lemon-share", type=float, default=LEMON_SHARE,
-                        help="share of the hardware failures carried by the lemon nodes "
-                             f"({100 * LEMON_FRACTION:g}%% of the pool); default 10/14")
-    parser.add_argument("--straggler-rate", type=float, default=STRAGGLER_EPISODES_PER_NODE_DAY,
-                        help="fail-slow episodes per node-day")
-    parser.add_argument("--interval", type=float, default=CHECKPOINT_INTERVAL_S,
-                        help="checkpoint interval in seconds (of compute)")
-    parser.add_argument("--checkpoint-write", type=float, default=CHECKPOINT_COST_S,
-                        help="w: blocking checkpoint write in seconds")
-    parser.add_argument("--restart", type=float, default=RESTART_COST_S,
-                        help="u0: start-up plus checkpoint load in seconds, at every start")
-    parser.add_argument("--snapshot", type=float, default=ASYNC_SNAPSHOT_S,
-                        help="what an asynchronous disk save blocks, in seconds (its write, "
-                             "--checkpoint-write, goes on in the background)")  # fmt: skip
-    parser.add_argument("--memory-save", type=float, default=MEMORY_SAVE_S,
-                        help="what a memory-tier save blocks, in seconds")
-    parser.add_argument("--memory-restart", type=float, default=MEMORY_RESTART_COST_S,
-                        help="start-up plus restore from memory in seconds (in-job restarts "
-                             "of the memory-tier policies)")  # fmt: skip
-    parser.add_argument("--policies", default=",".join(p.key for p in POLICIES),
-                        help="comma-separated policy keys to simulate (default: all)")
-    parser.add_argument("--queue-wait", default="0,600",
-                        help="q: seconds each requeue waits for nodes held by other jobs, "
-                             "comma-separated for several runs")  # fmt: skip
-    parser.add_argument("--calibrate", action="store_true",
-                        help="reproduce Kokolis et al. for plain requeue (exit 1 if off)")
+    parser.add_argument(
+        "--failure-rate",
+        type=float,
+        default=1000 * FAILURES_PER_NODE_DAY,
+        help="unexpected interruptions per 1000 node-days, fleet average "
+        "(lemons included); default Llama 3's 3.79",
+    )
+    parser.add_argument(
+        "--lemon-share",
+        type=float,
+        default=LEMON_SHARE,
+        help="share of the hardware failures carried by the lemon nodes "
+        f"({100 * LEMON_FRACTION:g}%% of the pool); default 10/14",
+    )
+    parser.add_argument(
+        "--straggler-rate",
+        type=float,
+        default=STRAGGLER_EPISODES_PER_NODE_DAY,
+        help="fail-slow episodes per node-day",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=CHECKPOINT_INTERVAL_S,
+        help="checkpoint interval in seconds (of compute)",
+    )
+    parser.add_argument(
+        "--checkpoint-write",
+        type=float,
+        default=CHECKPOINT_COST_S,
+        help="w: blocking checkpoint write in seconds",
+    )
+    parser.add_argument(
+        "--restart",
+        type=float,
+        default=RESTART_COST_S,
+        help="u0: start-up plus checkpoint load in seconds, at every start",
+    )
+    parser.add_argument(
+        "--snapshot",
+        type=float,
+        default=ASYNC_SNAPSHOT_S,
+        help="what an asynchronous disk save blocks, in seconds (its write, "
+        "--checkpoint-write, goes on in the background)",
+    )
+    parser.add_argument(
+        "--memory-save",
+        type=float,
+        default=MEMORY_SAVE_S,
+        help="what a memory-tier save blocks, in seconds",
+    )
+    parser.add_argument(
+        "--memory-restart",
+        type=float,
+        default=MEMORY_RESTART_COST_S,
+        help="start-up plus restore from memory in seconds (in-job restarts "
+        "of the memory-tier policies)",
+    )
+    parser.add_argument(
+        "--policies",
+        default=",".join(p.key for p in POLICIES),
+        help="comma-separated policy keys to simulate (default: all)",
+    )
+    parser.add_argument(
+        "--queue-wait",
+        default="0,600",
+        help="q: seconds each requeue waits for nodes held by other jobs, "
+        "comma-separated for several runs",
+    )
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="reproduce Kokolis et al. for plain requeue (exit 1 if off)",
+    )
     parser.add_argument("--plot", default="goodput.png", help="PNG to write ('' for none)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--markdown", action="store_true",
-                        help="print the summary table of docs/performance.md")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the summary table of docs/performance.md"
+    )
     args = parser.parse_args(argv)
     try:
         args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -1709,8 +2112,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.policies = tuple(k.strip() for k in args.policies.split(",") if k.strip())
     unknown = [k for k in args.policies if k not in known]
     if unknown or not args.policies:
-        parser.error(f"--policies takes keys among {','.join(known)}; got "
-                     f"{','.join(unknown) or 'none'}")
+        parser.error(
+            f"--policies takes keys among {','.join(known)}; got {','.join(unknown) or 'none'}"
+        )
     return args
 
 
@@ -1723,24 +2127,34 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print_calibration(rows, args.seed, args.days)
         return 0 if all(r["ok"] for r in rows) else 1
-    fm = FailureModel(failures_per_node_day=args.failure_rate / 1000,
-                      lemon_share=args.lemon_share,
-                      straggler_episodes_per_node_day=args.straggler_rate)  # fmt: skip
-    setup = JobSetup(checkpoint_interval_s=args.interval, checkpoint_cost_s=args.checkpoint_write,
-                     restart_cost_s=args.restart, snapshot_s=args.snapshot,
-                     memory_save_s=args.memory_save,
-                     memory_restart_s=args.memory_restart)  # fmt: skip
+    fm = FailureModel(
+        failures_per_node_day=args.failure_rate / 1000,
+        lemon_share=args.lemon_share,
+        straggler_episodes_per_node_day=args.straggler_rate,
+    )
+    setup = JobSetup(
+        checkpoint_interval_s=args.interval,
+        checkpoint_cost_s=args.checkpoint_write,
+        restart_cost_s=args.restart,
+        snapshot_s=args.snapshot,
+        memory_save_s=args.memory_save,
+        memory_restart_s=args.memory_restart,
+    )
     started = time.perf_counter()
-    results = simulate(args.seed, args.sizes, args.days, fm, setup, args.queue_wait,
-                       args.policies)  # fmt: skip
-    out: dict[str, Any] = {"seed": args.seed, "days": args.days, "sizes": args.sizes,
-                           "queue_waits_s": list(args.queue_wait),
-                           "failure_model": asdict(fm), "job_setup": asdict(setup),
-                           "policies": {p.key: p.label for p in POLICIES
-                                        if p.key in args.policies},
-                           "causes": list(CAUSES), "results": results,
-                           "elapsed_s": time.perf_counter() - started,
-                           "assumptions": assumptions()}  # fmt: skip
+    results = simulate(args.seed, args.sizes, args.days, fm, setup, args.queue_wait, args.policies)
+    out: dict[str, Any] = {
+        "seed": args.seed,
+        "days": args.days,
+        "sizes": args.sizes,
+        "queue_waits_s": list(args.queue_wait),
+        "failure_model": asdict(fm),
+        "job_setup": asdict(setup),
+        "policies": {p.key: p.label for p in POLICIES if p.key in args.policies},
+        "causes": list(CAUSES),
+        "results": results,
+        "elapsed_s": time.perf_counter() - started,
+        "assumptions": assumptions(),
+    }
     out["checks"] = checks(out)
     if args.plot:
         plot(out, args.plot)

@@ -38,24 +38,36 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("SLURM_CONF", str(LocalCluster().layout.slurm_conf))
     backend = SlurmCliBackend(CommandRunner())
-    ids = [backend.submit("#!/bin/bash\ntrue\n", JobOptions(hold=True, name=f"bench-{i}"))
-           for i in range(args.jobs)]  # fmt: skip
+    ids = [
+        backend.submit("#!/bin/bash\ntrue\n", JobOptions(hold=True, name=f"bench-{i}"))
+        for i in range(args.jobs)
+    ]
     try:
         before = backend.runner.commands
         one = timed(lambda: backend.query(ids[:1]), args.repeat)
         many = timed(lambda: backend.query(ids), args.repeat)
         commands_per_query = (backend.runner.commands - before) / (2 * args.repeat)
-        per_job = timed(lambda: [subprocess.run(["scontrol", "show", "job", "-o", j],
-                                                capture_output=True, check=True) for j in ids],
-                        1)  # fmt: skip
+        per_job = timed(
+            lambda: [
+                subprocess.run(
+                    ["scontrol", "show", "job", "-o", j], capture_output=True, check=True
+                )
+                for j in ids
+            ],
+            1,
+        )
     finally:
         for job in ids:
             backend.cancel(job)
     result = {
-        "jobs": args.jobs, "commands_per_query": commands_per_query,
-        "query_1_job_s": one, "query_all_jobs_s": many, "ratio_all_to_1": many / one,
-        "per_job_scontrol_loop_s": per_job, "speedup_vs_per_job_loop": per_job / many,
-    }  # fmt: skip
+        "jobs": args.jobs,
+        "commands_per_query": commands_per_query,
+        "query_1_job_s": one,
+        "query_all_jobs_s": many,
+        "ratio_all_to_1": many / one,
+        "per_job_scontrol_loop_s": per_job,
+        "speedup_vs_per_job_loop": per_job / many,
+    }
     if args.json:
         print(json.dumps(result))
     else:

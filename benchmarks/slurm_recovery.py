@@ -83,13 +83,23 @@ PREEMPT_LIMIT_MIN = 2  # wall limit (minutes) of the signal jobs
 SLURM_DEADLINE_S = 240.0  # how long Slurm's own requeue gets to run the job again
 FTSLURM_DEADLINE_S = 120.0
 POLL_S = 0.25
-CONFIG_KEYS = ("SLURM_VERSION", "SlurmdTimeout", "KillWait", "MessageTimeout", "JobRequeue",
-               "MinJobAge", "SchedulerType", "SchedulerParameters", "SchedulerTimeSlice",
-               "ReturnToService", "OverTimeLimit")  # fmt: skip
+CONFIG_KEYS = (
+    "SLURM_VERSION",
+    "SlurmdTimeout",
+    "KillWait",
+    "MessageTimeout",
+    "JobRequeue",
+    "MinJobAge",
+    "SchedulerType",
+    "SchedulerParameters",
+    "SchedulerTimeSlice",
+    "ReturnToService",
+    "OverTimeLimit",
+)
 
 # The rank: records when SIGUSR2 reaches it (wall time, atomically), then sleeps on until
 # it is cancelled; the file `<out>.ready` says when it was able to catch the signal.
-RANK = r'''
+RANK = r"""
 import os, signal, sys, time
 out = sys.argv[1]
 
@@ -106,14 +116,14 @@ signal.signal(signal.SIGUSR2, caught)
 write(out + ".ready", time.time())
 while True:
     time.sleep(1)
-'''
+"""
 
 
 # The training of the progress rounds: plain DDP, as a user writes it. Under srun alone it
 # takes its rank from Slurm; under ftslurm's launcher torch elastic sets RANK and the rest.
 # Rank 0 appends "step wall-time pid" to <out>/steps.log every step; every rank writes the
 # node it runs on to <out>/rank-<r>.node when it starts.
-DDP = r'''
+DDP = r"""
 import datetime, os, sys, time
 import torch
 import torch.distributed as dist
@@ -145,7 +155,7 @@ for step in range(start, steps):
             os.replace(ckpt + ".tmp", ckpt)
     time.sleep(0.2)
 dist.destroy_process_group()
-'''
+"""
 PROGRESS_PATHS = ("slurm", "today", "peer", "spare")
 DEFAULT_CASES = ("batch-host", "other-node", "spare", "one-node")
 DEFAULT_SLURMD_TIMEOUT_S = 300  # Slurm's default
@@ -165,8 +175,9 @@ def step_lines(out: Path) -> list[tuple[int, float, str]]:
 
 
 # ------------------------------------------------------------------------ helpers
-def first_step_after(out: Path, kill: float, before: list[tuple[int, float, str]],
-                     what: str) -> tuple[int, float, str] | None:
+def first_step_after(
+    out: Path, kill: float, before: list[tuple[int, float, str]], what: str
+) -> tuple[int, float, str] | None:
     """The first step logged after `kill` by another process than the last one `before`
     (the training going again), or None when none came within the deadline."""
 
@@ -181,11 +192,13 @@ def first_step_after(out: Path, kill: float, before: list[tuple[int, float, str]
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 30) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
     if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: "
-                           f"{(proc.stderr or proc.stdout).strip()}")  # fmt: skip
+        raise RuntimeError(
+            f"{' '.join(argv)} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
+        )
     return proc.stdout
 
 
@@ -242,8 +255,12 @@ def summary(values: list[float | None], absolute: bool = False) -> dict[str, Any
     got = [abs(v) if absolute else v for v in values if v is not None]
     if not got:
         return {"n": 0, "median": None, "min": None, "max": None}
-    return {"n": len(got), "median": round(statistics.median(got), 3),
-            "min": round(min(got), 3), "max": round(max(got), 3)}  # fmt: skip
+    return {
+        "n": len(got),
+        "median": round(statistics.median(got), 3),
+        "min": round(min(got), 3),
+        "max": round(max(got), 3),
+    }
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -264,12 +281,20 @@ class Ftslurm:
         self._store: Store | None = None
 
     def __call__(self, *args: str, check: bool = True) -> str:
-        proc = subprocess.run([sys.executable, "-m", "ftslurm", *args], env=self.env,
-                              cwd=self.home.parent, capture_output=True, text=True,
-                              timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "ftslurm", *args],
+            env=self.env,
+            cwd=self.home.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
         if check and proc.returncode != 0:
-            raise RuntimeError(f"ftslurm {' '.join(args)} exited {proc.returncode}: "
-                               f"{proc.stderr.strip() or proc.stdout.strip()}")  # fmt: skip
+            raise RuntimeError(
+                f"ftslurm {' '.join(args)} exited {proc.returncode}: "
+                f"{proc.stderr.strip() or proc.stdout.strip()}"
+            )
         return proc.stdout
 
     def submit(self, recipe: Path) -> str:
@@ -297,9 +322,11 @@ class Ftslurm:
 def write_recipe(folder: Path, name: str, rank: Path, out: Path, **settings: Any) -> Path:
     path = folder / f"{name}.py"
     fields = ", ".join(f"{k}={v!r}" for k, v in settings.items())
-    path.write_text("import sys\nimport ftslurm\n"
-                    f"recipe = ftslurm.Recipe(command=[sys.executable, {str(rank)!r}, "
-                    f"{str(out)!r}], {fields})\n")  # fmt: skip
+    path.write_text(
+        "import sys\nimport ftslurm\n"
+        f"recipe = ftslurm.Recipe(command=[sys.executable, {str(rank)!r}, "
+        f"{str(out)!r}], {fields})\n"
+    )
     return path
 
 
@@ -348,8 +375,12 @@ class Bench:
         self.killed.clear()
 
     def slurm_job(self, *args: str, out: Path) -> str:
-        job = sbatch(f"--output={self.tmp / 'slurm-%j.out'}", f"--chdir={self.tmp}", *args,
-                     f"--wrap=srun {sys.executable} {self.rank} {out}")  # fmt: skip
+        job = sbatch(
+            f"--output={self.tmp / 'slurm-%j.out'}",
+            f"--chdir={self.tmp}",
+            *args,
+            f"--wrap=srun {sys.executable} {self.rank} {out}",
+        )
         self.jobs.append(job)
         return job
 
@@ -360,8 +391,16 @@ class Bench:
         folder.mkdir()
         cli = Ftslurm(folder / "home")
         self.clis.append(cli)
-        recipe = write_recipe(folder, "sleeper", self.rank, folder / "ft.signal", nodes=2,
-                              ntasks_per_node=1, time="10", num_job_retries_on_failure=3)
+        recipe = write_recipe(
+            folder,
+            "sleeper",
+            self.rank,
+            folder / "ft.signal",
+            nodes=2,
+            ntasks_per_node=1,
+            time="10",
+            num_job_retries_on_failure=3,
+        )
         run_id = cli.submit(recipe)
 
         def ft_running() -> Any:
@@ -371,10 +410,17 @@ class Bench:
         first = wait(ft_running, 90, "the ftslurm run to be RUNNING")
         ft_job = first.job_id or ""
         others = [n for n in self.cluster.layout.node_names if n not in first.nodes][:2]
-        sl_job = self.slurm_job("--requeue", "-N", "2", "--ntasks-per-node=1", "-t", "10",
-                                f"--nodelist={','.join(others)}", out=folder / "sl.signal")
-        wait(lambda: states([sl_job]).get(sl_job) == "RUNNING", 60,
-             "the sbatch job to be RUNNING")  # fmt: skip
+        sl_job = self.slurm_job(
+            "--requeue",
+            "-N",
+            "2",
+            "--ntasks-per-node=1",
+            "-t",
+            "10",
+            f"--nodelist={','.join(others)}",
+            out=folder / "sl.signal",
+        )
+        wait(lambda: states([sl_job]).get(sl_job) == "RUNNING", 60, "the sbatch job to be RUNNING")
         sl_nodes = sh("squeue", "-h", "-j", sl_job, "-o", "%N").strip()
         time.sleep(2.0)  # both tasks started
         ft_victim, sl_victim = first.nodes[1], others[1]
@@ -384,8 +430,10 @@ class Bench:
         ft_kill = time.time()
         self.cluster.fail_node(sl_victim)
         sl_kill = time.time()
-        log(f"recovery {i + 1}: killed {ft_victim} (ftslurm job {ft_job} on "
-            f"{','.join(first.nodes)}) and {sl_victim} (sbatch job {sl_job} on {sl_nodes})")
+        log(
+            f"recovery {i + 1}: killed {ft_victim} (ftslurm job {ft_job} on "
+            f"{','.join(first.nodes)}) and {sl_victim} (sbatch job {sl_job} on {sl_nodes})"
+        )
         ft_marked = ft_running_at = sl_marked = sl_running_at = None
         after: threading.Thread | None = None
         replacement = None
@@ -421,31 +469,37 @@ class Bench:
         sl_start = epoch(sl_info.get("StartTime", "")) if sl_running_at else None
         result = {
             "ftslurm": {
-                "run_id": run_id, "job_id": ft_job, "nodes": first.nodes, "killed": ft_victim,
+                "run_id": run_id,
+                "job_id": ft_job,
+                "nodes": first.nodes,
+                "killed": ft_victim,
                 "replacement_nodes": replacement.nodes if replacement else None,
                 "replacement_job_id": replacement.job_id if replacement else None,
                 "kill_to_marked_s": rounded(ft_marked - ft_kill if ft_marked else None),
-                "kill_to_running_s": rounded(ft_running_at - ft_kill if ft_running_at
-                                             else None),
-                "marked_to_running_s": rounded(ft_running_at - ft_marked
-                                               if ft_running_at and ft_marked else None),
-                "daemon_recovered_latency_s": recovered[0].data["latency_s"] if recovered
-                else None,
+                "kill_to_running_s": rounded(ft_running_at - ft_kill if ft_running_at else None),
+                "marked_to_running_s": rounded(
+                    ft_running_at - ft_marked if ft_running_at and ft_marked else None
+                ),
+                "daemon_recovered_latency_s": recovered[0].data["latency_s"] if recovered else None,
             },
             "slurm": {
-                "job_id": sl_job, "nodes": sl_nodes, "killed": sl_victim,
+                "job_id": sl_job,
+                "nodes": sl_nodes,
+                "killed": sl_victim,
                 "restarted": sl_running_at is not None,
                 "restarts": sl_info.get("Restarts"),
                 "kill_to_marked_s": rounded(sl_marked - sl_kill if sl_marked else None),
-                "kill_to_running_s": rounded(sl_running_at - sl_kill if sl_running_at
-                                             else None),
-                "marked_to_running_s": rounded(sl_running_at - sl_marked
-                                               if sl_running_at and sl_marked else None),
+                "kill_to_running_s": rounded(sl_running_at - sl_kill if sl_running_at else None),
+                "marked_to_running_s": rounded(
+                    sl_running_at - sl_marked if sl_running_at and sl_marked else None
+                ),
                 "start_time_minus_kill_s": rounded(sl_start - sl_kill if sl_start else None, 1),
             },
-        }  # fmt: skip
-        log(f"recovery {i + 1}: ftslurm {result['ftslurm']['kill_to_running_s']} s, "
-            f"slurm {result['slurm']['kill_to_running_s']} s")
+        }
+        log(
+            f"recovery {i + 1}: ftslurm {result['ftslurm']['kill_to_running_s']} s, "
+            f"slurm {result['slurm']['kill_to_running_s']} s"
+        )
         cli.close()
         return result
 
@@ -453,19 +507,25 @@ class Bench:
         rounds = [self.recovery_round(i, log) for i in range(repeat)]
         out: dict[str, Any] = {"rounds": rounds}
         for side in ("ftslurm", "slurm"):
-            out[side] = {key: summary([r[side][key] for r in rounds]) for key in
-                         ("kill_to_running_s", "marked_to_running_s", "kill_to_marked_s")}
+            out[side] = {
+                key: summary([r[side][key] for r in rounds])
+                for key in ("kill_to_running_s", "marked_to_running_s", "kill_to_marked_s")
+            }
         out["ftslurm"]["daemon_recovered_latency_s"] = summary(
-            [r["ftslurm"]["daemon_recovered_latency_s"] for r in rounds])
+            [r["ftslurm"]["daemon_recovered_latency_s"] for r in rounds]
+        )
         out["slurm"]["restarted"] = sum(r["slurm"]["restarted"] for r in rounds)
         out["slurm"]["deadline_s"] = SLURM_DEADLINE_S
-        out["ratio_slurm_to_ftslurm"] = ratio(out["slurm"]["kill_to_running_s"]["median"],
-                                              out["ftslurm"]["kill_to_running_s"]["median"])
+        out["ratio_slurm_to_ftslurm"] = ratio(
+            out["slurm"]["kill_to_running_s"]["median"],
+            out["ftslurm"]["kill_to_running_s"]["median"],
+        )
         return out
 
     # ---------------------------------------------------------------- progress
-    def progress_round(self, path: str, slurmd_timeout: int,
-                       log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    def progress_round(
+        self, path: str, slurmd_timeout: int, log: Callable[[str], None]
+    ) -> dict[str, Any]:
         """One recovery path: train, kill a node that trains (not the batch host), time the
         first new step."""
         self.cluster.wait_nodes_idle(timeout=120)
@@ -476,23 +536,38 @@ class Bench:
         cli: Ftslurm | None = None
         run_id = job = ""
         if path == "slurm":
-            job = sbatch(f"--output={folder / 'slurm-%j.out'}", f"--chdir={folder}",
-                         "--requeue", "-N", "2", "--ntasks-per-node=1", "-t", "20",
-                         f"--wrap=srun {' '.join(command)}")  # fmt: skip
+            job = sbatch(
+                f"--output={folder / 'slurm-%j.out'}",
+                f"--chdir={folder}",
+                "--requeue",
+                "-N",
+                "2",
+                "--ntasks-per-node=1",
+                "-t",
+                "20",
+                f"--wrap=srun {' '.join(command)}",
+            )
             self.jobs.append(job)
         else:
             cli = Ftslurm(folder / "home")
             self.clis.append(cli)
-            settings: dict[str, Any] = {"nodes": 2, "ntasks_per_node": 1, "time": "20",
-                                        "num_job_retries_on_failure": 3}  # fmt: skip
+            settings: dict[str, Any] = {
+                "nodes": 2,
+                "ntasks_per_node": 1,
+                "time": "20",
+                "num_job_retries_on_failure": 3,
+            }
             if path == "today":
                 settings["peer_timeout_s"] = UNREACHABLE_PEER_TIMEOUT_S
             elif path == "spare":
                 settings["spare_nodes"] = 1
             recipe = folder / "ddp_recipe.py"
-            recipe.write_text("import ftslurm\n"
-                              f"recipe = ftslurm.Recipe(command={command!r}, "
-                              + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")\n")
+            recipe.write_text(
+                "import ftslurm\n"
+                f"recipe = ftslurm.Recipe(command={command!r}, "
+                + ", ".join(f"{k}={v!r}" for k, v in settings.items())
+                + ")\n"
+            )
             run_id = cli.submit(recipe)
 
         def job_now() -> str:
@@ -511,8 +586,10 @@ class Bench:
             self.killed.add(victim)
         self.cluster.fail_node(victim)
         kill = time.time()
-        log(f"progress {path} @ SlurmdTimeout {slurmd_timeout}: killed {victim} "
-            f"at step {before[-1][0]}, job {first_job}")
+        log(
+            f"progress {path} @ SlurmdTimeout {slurmd_timeout}: killed {victim} "
+            f"at step {before[-1][0]}, job {first_job}"
+        )
 
         first = first_step_after(out, kill, before, path)
         after_job = job_now()
@@ -524,23 +601,31 @@ class Bench:
         else:
             sh("scancel", job, check=False)
         self.revive([victim])
-        result = {"path": path, "slurmd_timeout_s": slurmd_timeout, "killed": victim,
-                  "job_id": first_job, "job_id_after": after_job,
-                  "same_job": after_job == first_job,
-                  "last_step_before_kill": before[-1][0],
-                  "resumed_at_step": first[0] if first else None,
-                  "kill_to_progress_s": rounded(first[1] - kill if first else None),
-                  "detected_by": lost[0].get("source") if lost else None,
-                  "ended_as": ended}  # fmt: skip
-        log(f"progress {path} @ {slurmd_timeout}: {result['kill_to_progress_s']} s "
+        result = {
+            "path": path,
+            "slurmd_timeout_s": slurmd_timeout,
+            "killed": victim,
+            "job_id": first_job,
+            "job_id_after": after_job,
+            "same_job": after_job == first_job,
+            "last_step_before_kill": before[-1][0],
+            "resumed_at_step": first[0] if first else None,
+            "kill_to_progress_s": rounded(first[1] - kill if first else None),
+            "detected_by": lost[0].get("source") if lost else None,
+            "ended_as": ended,
+        }
+        log(
+            f"progress {path} @ {slurmd_timeout}: {result['kill_to_progress_s']} s "
             f"({'same job' if result['same_job'] else 'job ' + after_job}; "
-            f"detected by {result['detected_by']}, ended as {', '.join(ended) or 'nothing'})")
+            f"detected by {result['detected_by']}, ended as {', '.join(ended) or 'nothing'})"
+        )
         if cli is not None:
             cli.close()
         return result
 
-    def progress(self, timeouts: list[int], paths: list[str],
-                 log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    def progress(
+        self, timeouts: list[int], paths: list[str], log: Callable[[str], None]
+    ) -> dict[str, Any]:
         rounds = []
         for timeout in timeouts:
             with self.cluster.slurmd_timeout(timeout):
@@ -548,8 +633,9 @@ class Bench:
         return {"rounds": rounds, "deadline_s": PROGRESS_DEADLINE_S}
 
     # ---------------------------------------------------------------- defaults
-    def defaults_round(self, case: str, settle: float,
-                       log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    def defaults_round(
+        self, case: str, settle: float, log: Callable[[str], None]
+    ) -> dict[str, Any]:
         """One case of `--only defaults`: a run with every default setting trains, the
         daemon backs off for `settle` seconds, a node is killed, the first new step is
         timed."""
@@ -560,15 +646,21 @@ class Bench:
         command = [sys.executable, str(self.ddp), str(out), "1000000"]
         cli = Ftslurm(folder / "home")
         self.clis.append(cli)
-        settings: dict[str, Any] = {"nodes": 1 if case == "one-node" else 2,
-                                    "ntasks_per_node": 1, "time": "20",
-                                    "num_job_retries_on_failure": 3}  # fmt: skip
+        settings: dict[str, Any] = {
+            "nodes": 1 if case == "one-node" else 2,
+            "ntasks_per_node": 1,
+            "time": "20",
+            "num_job_retries_on_failure": 3,
+        }
         if case == "spare":
             settings["spare_nodes"] = 1
         recipe = folder / "ddp_recipe.py"
-        recipe.write_text("import ftslurm\n"
-                          f"recipe = ftslurm.Recipe(command={command!r}, "
-                          + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")\n")
+        recipe.write_text(
+            "import ftslurm\n"
+            f"recipe = ftslurm.Recipe(command={command!r}, "
+            + ", ".join(f"{k}={v!r}" for k, v in settings.items())
+            + ")\n"
+        )
         submitted = time.monotonic()
         run_id = cli.submit(recipe)
 
@@ -581,8 +673,11 @@ class Bench:
         first_job = job_now()
         host = show_job(first_job).get("BatchHost", "")
         trained = sorted({p.read_text().strip() for p in out.glob("rank-*.node")})
-        victim = host if case in ("batch-host", "one-node") else \
-            next(n for n in trained if n and n != host)  # fmt: skip
+        victim = (
+            host
+            if case in ("batch-host", "one-node")
+            else next(n for n in trained if n and n != host)
+        )
         before = step_lines(out)
         with self.lock:
             self.killed.add(victim)
@@ -596,27 +691,42 @@ class Bench:
         lost = [e.data for e in events if e.kind == "node_lost"]
         cli.cancel(run_id)
         self.revive([victim])
-        result = {"case": case, "killed": victim, "job_id": first_job,
-                  "job_id_after": after_job, "same_job": after_job == first_job,
-                  "kill_to_progress_s": rounded(first[1] - kill if first else None),
-                  "detected_by": lost[0].get("source") if lost else None,
-                  "detection_s": lost[0].get("detection_s") if lost else None,
-                  "target_s": 15 if case == "spare" else 30}  # fmt: skip
-        log(f"defaults {case}: {result['kill_to_progress_s']} s "
+        result = {
+            "case": case,
+            "killed": victim,
+            "job_id": first_job,
+            "job_id_after": after_job,
+            "same_job": after_job == first_job,
+            "kill_to_progress_s": rounded(first[1] - kill if first else None),
+            "detected_by": lost[0].get("source") if lost else None,
+            "detection_s": lost[0].get("detection_s") if lost else None,
+            "target_s": 15 if case == "spare" else 30,
+        }
+        log(
+            f"defaults {case}: {result['kill_to_progress_s']} s "
             f"({'same job' if result['same_job'] else 'job ' + after_job}; "
-            f"detected by {result['detected_by']})")
+            f"detected by {result['detected_by']})"
+        )
         cli.close()
         return result
 
-    def defaults(self, cases: list[str], repeat: int, settle: float,
-                 log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    def defaults(
+        self, cases: list[str], repeat: int, settle: float, log: Callable[[str], None]
+    ) -> dict[str, Any]:
         with self.cluster.slurmd_timeout(DEFAULT_SLURMD_TIMEOUT_S):
-            rounds = [self.defaults_round(case, settle, log)
-                      for _ in range(repeat) for case in cases]  # fmt: skip
-        summary_ = {case: summary([r["kill_to_progress_s"] for r in rounds if r["case"] == case])
-                    for case in cases}  # fmt: skip
-        return {"rounds": rounds, "summary": summary_, "settle_s": settle,
-                "slurmd_timeout_s": DEFAULT_SLURMD_TIMEOUT_S}  # fmt: skip
+            rounds = [
+                self.defaults_round(case, settle, log) for _ in range(repeat) for case in cases
+            ]
+        summary_ = {
+            case: summary([r["kill_to_progress_s"] for r in rounds if r["case"] == case])
+            for case in cases
+        }
+        return {
+            "rounds": rounds,
+            "summary": summary_,
+            "settle_s": settle,
+            "slurmd_timeout_s": DEFAULT_SLURMD_TIMEOUT_S,
+        }
 
     # ----------------------------------------------------------------- preempt
     def preempt(self, repeat: int, log: Callable[[str], None]) -> dict[str, Any]:
@@ -628,15 +738,31 @@ class Bench:
         items: list[dict[str, Any]] = []
         for i in range(repeat):
             out = folder / f"ftslurm-{i}.signal"
-            recipe = write_recipe(folder, f"signal{i}", self.rank, out, nodes=1,
-                                  ntasks_per_node=1, time=str(PREEMPT_LIMIT_MIN),
-                                  preempt_time=PREEMPT_S, signal_backstop=False,
-                                  num_job_retries_on_failure=0)  # fmt: skip
+            recipe = write_recipe(
+                folder,
+                f"signal{i}",
+                self.rank,
+                out,
+                nodes=1,
+                ntasks_per_node=1,
+                time=str(PREEMPT_LIMIT_MIN),
+                preempt_time=PREEMPT_S,
+                signal_backstop=False,
+                num_job_retries_on_failure=0,
+            )
             items.append({"source": "ftslurm", "run_id": cli.submit(recipe), "out": out})
         for i in range(repeat):
             out = folder / f"slurm-{i}.signal"
-            job = self.slurm_job("-N", "1", "-n", "1", "-t", str(PREEMPT_LIMIT_MIN),
-                                 f"--signal=USR2@{PREEMPT_S}", out=out)  # fmt: skip
+            job = self.slurm_job(
+                "-N",
+                "1",
+                "-n",
+                "1",
+                "-t",
+                str(PREEMPT_LIMIT_MIN),
+                f"--signal=USR2@{PREEMPT_S}",
+                out=out,
+            )
             items.append({"source": "slurm", "job_id": job, "out": out})
         log(f"preempt: {repeat} ftslurm runs and {repeat} sbatch --signal jobs submitted")
         deadline = time.time() + 90 + PREEMPT_LIMIT_MIN * 60 + 15
@@ -673,30 +799,46 @@ class Bench:
         for item in items:
             ready = item["out"].with_name(item["out"].name + ".ready")
             arrival, due, start = item.get("arrival"), item.get("due"), item.get("start")
-            row = {"source": item["source"], "job_id": item.get("job_id"),
-                   "start": start, "due": due, "arrival": rounded(arrival),
-                   "received": arrival is not None,
-                   "error_s": rounded(arrival - due if arrival is not None and due else None),
-                   "rank_ready_after_start_s": rounded(float(ready.read_text()) - start
-                                                       if ready.exists() and start else None)}
+            row = {
+                "source": item["source"],
+                "job_id": item.get("job_id"),
+                "start": start,
+                "due": due,
+                "arrival": rounded(arrival),
+                "received": arrival is not None,
+                "error_s": rounded(arrival - due if arrival is not None and due else None),
+                "rank_ready_after_start_s": rounded(
+                    float(ready.read_text()) - start if ready.exists() and start else None
+                ),
+            }
             if "run_id" in item:
                 row["run_id"] = item["run_id"]
-                sent = [e for e in cli.store.events(item["run_id"])
-                        if e.kind == "checkpoint_signal"]  # fmt: skip
-                row["daemon_sent_minus_due_s"] = rounded(sent[0].time - sent[0].data["due"]
-                                                         if sent else None)  # fmt: skip
+                sent = [
+                    e for e in cli.store.events(item["run_id"]) if e.kind == "checkpoint_signal"
+                ]
+                row["daemon_sent_minus_due_s"] = rounded(
+                    sent[0].time - sent[0].data["due"] if sent else None
+                )
             repeats.append(row)
         cli.close()
-        out: dict[str, Any] = {"preempt_time_s": PREEMPT_S, "time_limit_s":
-                               PREEMPT_LIMIT_MIN * 60, "repeats": repeats}  # fmt: skip
+        out: dict[str, Any] = {
+            "preempt_time_s": PREEMPT_S,
+            "time_limit_s": PREEMPT_LIMIT_MIN * 60,
+            "repeats": repeats,
+        }
         for side in ("ftslurm", "slurm"):
             errors = [r["error_s"] for r in repeats if r["source"] == side]
-            out[side] = {"received": sum(r["received"] for r in repeats if r["source"] == side),
-                         "error_s": summary(errors), "abs_error_s": summary(errors, True)}
+            out[side] = {
+                "received": sum(r["received"] for r in repeats if r["source"] == side),
+                "error_s": summary(errors),
+                "abs_error_s": summary(errors, True),
+            }
         out["ratio_median_abs_error_slurm_to_ftslurm"] = ratio(
-            out["slurm"]["abs_error_s"]["median"], out["ftslurm"]["abs_error_s"]["median"])
+            out["slurm"]["abs_error_s"]["median"], out["ftslurm"]["abs_error_s"]["median"]
+        )
         out["ratio_max_abs_error_slurm_to_ftslurm"] = ratio(
-            out["slurm"]["abs_error_s"]["max"], out["ftslurm"]["abs_error_s"]["max"])
+            out["slurm"]["abs_error_s"]["max"], out["ftslurm"]["abs_error_s"]["max"]
+        )
         return out
 
 
@@ -717,76 +859,130 @@ def report(result: dict[str, Any]) -> None:
     rec = result.get("recovery")
     if rec:
         table = Table(title="Recovery after a node failure (s): kill -> replacement RUNNING")
-        for col in ("round", "ftslurm kill->run", "ftslurm marked->run", "daemon latency",
-                    "slurm kill->marked", "slurm kill->run", "slurm marked->run"):
+        for col in (
+            "round",
+            "ftslurm kill->run",
+            "ftslurm marked->run",
+            "daemon latency",
+            "slurm kill->marked",
+            "slurm kill->run",
+            "slurm marked->run",
+        ):
             table.add_column(col, justify="right")
         for i, r in enumerate(rec["rounds"]):
             f, s = r["ftslurm"], r["slurm"]
-            table.add_row(str(i + 1), fmt(f["kill_to_running_s"]), fmt(f["marked_to_running_s"]),
-                          fmt(f["daemon_recovered_latency_s"]), fmt(s["kill_to_marked_s"]),
-                          fmt(s["kill_to_running_s"]) if s["restarted"] else "never",
-                          fmt(s["marked_to_running_s"]))  # fmt: skip
+            table.add_row(
+                str(i + 1),
+                fmt(f["kill_to_running_s"]),
+                fmt(f["marked_to_running_s"]),
+                fmt(f["daemon_recovered_latency_s"]),
+                fmt(s["kill_to_marked_s"]),
+                fmt(s["kill_to_running_s"]) if s["restarted"] else "never",
+                fmt(s["marked_to_running_s"]),
+            )
         console.print(table)
         table = Table(title="Recovery summary (s)")
         for col in ("source", "measure", "n", "median", "min", "max"):
             table.add_column(col, justify="right")
-        for side, key in (("ftslurm", "kill_to_running_s"), ("ftslurm", "marked_to_running_s"),
-                          ("ftslurm", "daemon_recovered_latency_s"),
-                          ("slurm", "kill_to_running_s"), ("slurm", "marked_to_running_s")):
+        for side, key in (
+            ("ftslurm", "kill_to_running_s"),
+            ("ftslurm", "marked_to_running_s"),
+            ("ftslurm", "daemon_recovered_latency_s"),
+            ("slurm", "kill_to_running_s"),
+            ("slurm", "marked_to_running_s"),
+        ):
             s = rec[side][key]
-            table.add_row(side, key, str(s["n"]), fmt(s["median"]), fmt(s["min"]),
-                          fmt(s["max"]))
+            table.add_row(side, key, str(s["n"]), fmt(s["median"]), fmt(s["min"]), fmt(s["max"]))
         console.print(table)
-        console.print(f"Slurm restarted {rec['slurm']['restarted']}/{len(rec['rounds'])} "
-                      f"within {SLURM_DEADLINE_S:.0f}s; median kill->running ratio "
-                      f"Slurm / ftslurm = {fmt(rec['ratio_slurm_to_ftslurm'])}")
+        console.print(
+            f"Slurm restarted {rec['slurm']['restarted']}/{len(rec['rounds'])} "
+            f"within {SLURM_DEADLINE_S:.0f}s; median kill->running ratio "
+            f"Slurm / ftslurm = {fmt(rec['ratio_slurm_to_ftslurm'])}"
+        )
     pre = result.get("preempt")
     if pre:
-        table = Table(title=f"Checkpoint signal arrival - due (s), due = start + limit - "
-                            f"{pre['preempt_time_s']}s, limit {pre['time_limit_s']}s")
+        table = Table(
+            title=f"Checkpoint signal arrival - due (s), due = start + limit - "
+            f"{pre['preempt_time_s']}s, limit {pre['time_limit_s']}s"
+        )
         for col in ("source", "job", "received", "error", "rank ready after start"):
             table.add_column(col, justify="right")
         for r in pre["repeats"]:
-            table.add_row(r["source"], str(r["job_id"]), "yes" if r["received"] else "no",
-                          fmt(r["error_s"]), fmt(r["rank_ready_after_start_s"]))
+            table.add_row(
+                r["source"],
+                str(r["job_id"]),
+                "yes" if r["received"] else "no",
+                fmt(r["error_s"]),
+                fmt(r["rank_ready_after_start_s"]),
+            )
         console.print(table)
         table = Table(title="Checkpoint signal error summary (s)")
         for col in ("source", "received", "median error", "median |error|", "max |error|"):
             table.add_column(col, justify="right")
         for side in ("ftslurm", "slurm"):
             s = pre[side]
-            table.add_row(side, str(s["received"]), fmt(s["error_s"]["median"]),
-                          fmt(s["abs_error_s"]["median"]), fmt(s["abs_error_s"]["max"]))
+            table.add_row(
+                side,
+                str(s["received"]),
+                fmt(s["error_s"]["median"]),
+                fmt(s["abs_error_s"]["median"]),
+                fmt(s["abs_error_s"]["max"]),
+            )
         console.print(table)
-        console.print("ratio Slurm / ftslurm: median |error| "
-                      f"{fmt(pre['ratio_median_abs_error_slurm_to_ftslurm'])}, max |error| "
-                      f"{fmt(pre['ratio_max_abs_error_slurm_to_ftslurm'])}")
+        console.print(
+            "ratio Slurm / ftslurm: median |error| "
+            f"{fmt(pre['ratio_median_abs_error_slurm_to_ftslurm'])}, max |error| "
+            f"{fmt(pre['ratio_max_abs_error_slurm_to_ftslurm'])}"
+        )
     prog = result.get("progress")
     if prog:
         table = Table(title="Kill -> training progressing again (first new step), s")
-        for col in ("path", "SlurmdTimeout", "kill->step", "same job", "detected by",
-                    "steps redone"):  # fmt: skip
+        for col in (
+            "path",
+            "SlurmdTimeout",
+            "kill->step",
+            "same job",
+            "detected by",
+            "steps redone",
+        ):
             table.add_column(col, justify="right")
         for r in prog["rounds"]:
-            redone = None if r["resumed_at_step"] is None else \
-                r["last_step_before_kill"] + 1 - r["resumed_at_step"]
-            table.add_row(r["path"], f"{r['slurmd_timeout_s']} s",
-                          fmt(r["kill_to_progress_s"]) if r["kill_to_progress_s"] is not None
-                          else f"> {prog['deadline_s']:.0f}", "yes" if r["same_job"] else "no",
-                          r["detected_by"] or "-", fmt(redone))  # fmt: skip
+            redone = (
+                None
+                if r["resumed_at_step"] is None
+                else r["last_step_before_kill"] + 1 - r["resumed_at_step"]
+            )
+            table.add_row(
+                r["path"],
+                f"{r['slurmd_timeout_s']} s",
+                fmt(r["kill_to_progress_s"])
+                if r["kill_to_progress_s"] is not None
+                else f"> {prog['deadline_s']:.0f}",
+                "yes" if r["same_job"] else "no",
+                r["detected_by"] or "-",
+                fmt(redone),
+            )
         console.print(table)
     dflt = result.get("defaults")
     if dflt:
-        table = Table(title=f"Every default (SlurmdTimeout {dflt['slurmd_timeout_s']} s, "
-                            f"kill {dflt['settle_s']:.0f} s after the submission): "
-                            "kill -> first new step, s")  # fmt: skip
+        table = Table(
+            title=f"Every default (SlurmdTimeout {dflt['slurmd_timeout_s']} s, "
+            f"kill {dflt['settle_s']:.0f} s after the submission): "
+            "kill -> first new step, s"
+        )
         for col in ("case", "kill->step", "target", "same job", "detected by", "detection"):
             table.add_column(col, justify="right")
         for r in dflt["rounds"]:
-            table.add_row(r["case"], fmt(r["kill_to_progress_s"]) if r["kill_to_progress_s"]
-                          is not None else f"> {PROGRESS_DEADLINE_S:.0f}",
-                          f"< {r['target_s']}", "yes" if r["same_job"] else "no",
-                          r["detected_by"] or "-", fmt(r["detection_s"]))  # fmt: skip
+            table.add_row(
+                r["case"],
+                fmt(r["kill_to_progress_s"])
+                if r["kill_to_progress_s"] is not None
+                else f"> {PROGRESS_DEADLINE_S:.0f}",
+                f"< {r['target_s']}",
+                "yes" if r["same_job"] else "no",
+                r["detected_by"] or "-",
+                fmt(r["detection_s"]),
+            )
         console.print(table)
     console.print(f"wall time {result['wall_s']:.0f}s")
 
@@ -795,14 +991,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=("recovery", "preempt", "progress", "defaults"))
-    parser.add_argument("--timeouts", default="10,300",
-                        help="SlurmdTimeout values (s) for the progress rounds")
-    parser.add_argument("--paths", default=",".join(PROGRESS_PATHS),
-                        help="recovery paths of the progress rounds")
-    parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                        help="cases of the defaults rounds")
-    parser.add_argument("--settle", type=float, default=120.0,
-                        help="seconds from a defaults round's submission to the kill")
+    parser.add_argument(
+        "--timeouts", default="10,300", help="SlurmdTimeout values (s) for the progress rounds"
+    )
+    parser.add_argument(
+        "--paths", default=",".join(PROGRESS_PATHS), help="recovery paths of the progress rounds"
+    )
+    parser.add_argument(
+        "--cases", default=",".join(DEFAULT_CASES), help="cases of the defaults rounds"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=120.0,
+        help="seconds from a defaults round's submission to the kill",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]

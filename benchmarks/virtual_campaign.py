@@ -26,29 +26,51 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    job = JobModel(work_s=args.days * 86400, checkpoint_interval_s=1800,
-                   checkpoint_cost_s=60, restart_cost_s=300)  # fmt: skip
+    job = JobModel(
+        work_s=args.days * 86400,
+        checkpoint_interval_s=1800,
+        checkpoint_cost_s=60,
+        restart_cost_s=300,
+    )
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
         start = time.perf_counter()
-        stats = simulate_campaign(nodes=size, spare_nodes=max(2, size // 50), days=args.days,
-                                  job=job, failures_per_node_day=3.79 / 1000, seed=args.seed)
+        stats = simulate_campaign(
+            nodes=size,
+            spare_nodes=max(2, size // 50),
+            days=args.days,
+            job=job,
+            failures_per_node_day=3.79 / 1000,
+            seed=args.seed,
+        )
         took = time.perf_counter() - start
-        rows.append({"nodes": size, "wall_s": took, "simulated_days": stats.wall_s / 86400,
-                     "speedup": stats.wall_s / took if took else float("inf"),
-                     "node_failures": stats.node_failures, "attempts": stats.attempts,
-                     "events": stats.events, "ettr": stats.ettr})  # fmt: skip
+        rows.append(
+            {
+                "nodes": size,
+                "wall_s": took,
+                "simulated_days": stats.wall_s / 86400,
+                "speedup": stats.wall_s / took if took else float("inf"),
+                "node_failures": stats.node_failures,
+                "attempts": stats.attempts,
+                "events": stats.events,
+                "ettr": stats.ettr,
+            }
+        )
     for row in rows:
         row["cost_vs_smallest"] = row["wall_s"] / rows[0]["wall_s"] if rows[0]["wall_s"] else 0
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'nodes':>6} {'wall s':>8} {'sim days':>9} {'speed-up':>10} {'x smallest':>10} "
-          f"{'failures':>8} {'events':>7} {'ETTR':>6}")
+    print(
+        f"{'nodes':>6} {'wall s':>8} {'sim days':>9} {'speed-up':>10} {'x smallest':>10} "
+        f"{'failures':>8} {'events':>7} {'ETTR':>6}"
+    )
     for r in rows:
-        print(f"{r['nodes']:>6} {r['wall_s']:>8.2f} {r['simulated_days']:>9.1f} "
-              f"{r['speedup']:>10.0f} {r['cost_vs_smallest']:>10.1f} {r['node_failures']:>8} "
-              f"{r['events']:>7} {r['ettr']:>6.3f}")
+        print(
+            f"{r['nodes']:>6} {r['wall_s']:>8.2f} {r['simulated_days']:>9.1f} "
+            f"{r['speedup']:>10.0f} {r['cost_vs_smallest']:>10.1f} {r['node_failures']:>8} "
+            f"{r['events']:>7} {r['ettr']:>6.3f}"
+        )
     return 0
 
 

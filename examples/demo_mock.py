@@ -35,8 +35,9 @@ console = Console()
 
 def ftslurm(*args: str, env: dict[str, str], check: bool = True) -> str:
     console.print(f"[bold]$ ftslurm {shlex.join(args)}[/]")
-    proc = subprocess.run([sys.executable, "-m", "ftslurm", *args], env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "ftslurm", *args], env=env, capture_output=True, text=True
+    )
     if proc.stderr.strip():
         console.print(proc.stderr.rstrip(), markup=False, highlight=False)
     if check and proc.returncode != 0:
@@ -44,14 +45,41 @@ def ftslurm(*args: str, env: dict[str, str], check: bool = True) -> str:
     return proc.stdout
 
 
-def run(name: str, work: Path, env: dict[str, str], faults: list[str], step_time: str,
-        *options: str, recipe: Path = ROOT / "recipe.py") -> dict:  # fmt: skip
+def run(
+    name: str,
+    work: Path,
+    env: dict[str, str],
+    faults: list[str],
+    step_time: str,
+    *options: str,
+    recipe: Path = ROOT / "recipe.py",
+) -> dict:
     ckpt = work / name
     inject = [a for f in faults for a in ("--inject", f)]
-    out = ftslurm("submit", "--dry-run", "--json", "-N", "2", "--retries", "2", *options,
-                  "--name", name, *inject, str(recipe), "--", "--steps", "150",
-                  "--ckpt-every", "10", "--step-time", step_time,
-                  "--checkpoint-dir", str(ckpt), env=env)  # fmt: skip
+    out = ftslurm(
+        "submit",
+        "--dry-run",
+        "--json",
+        "-N",
+        "2",
+        "--retries",
+        "2",
+        *options,
+        "--name",
+        name,
+        *inject,
+        str(recipe),
+        "--",
+        "--steps",
+        "150",
+        "--ckpt-every",
+        "10",
+        "--step-time",
+        step_time,
+        "--checkpoint-dir",
+        str(ckpt),
+        env=env,
+    )
     run_id = json.loads(out)["run_id"]
     started = time.monotonic()
     ftslurm("wait", run_id, "--timeout", "150", env=env, check=False)
@@ -64,11 +92,17 @@ def run(name: str, work: Path, env: dict[str, str], faults: list[str], step_time
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ftslurm-demo-"))
-    env = dict(os.environ, FTSLURM_HOME=str(work / "home"),
-               FTSLURM_MOCK_HOME=str(work / "mock"), PYTHONWARNINGS="ignore",
-               COLUMNS=os.environ.get("COLUMNS", "150"))  # fmt: skip
-    console.rule("ftslurm demo: a PyTorch run survives a node failure, a preemption and a lost "
-                 "node replaced by a hot spare (mock)")
+    env = dict(
+        os.environ,
+        FTSLURM_HOME=str(work / "home"),
+        FTSLURM_MOCK_HOME=str(work / "mock"),
+        PYTHONWARNINGS="ignore",
+        COLUMNS=os.environ.get("COLUMNS", "150"),
+    )
+    console.rule(
+        "ftslurm demo: a PyTorch run survives a node failure, a preemption and a lost "
+        "node replaced by a hot spare (mock)"
+    )
     try:
         # SlurmdTimeout 3 s instead of Slurm's 300 s so the rehearsal is quick.
         ftslurm("mock", "up", "--slurmd-timeout", "3", env=env)
@@ -79,34 +113,61 @@ def main() -> int:
         # The same recipe with a short peer timeout (a setting of the recipe), so the
         # launchers tell a lost node in 3 s.
         spare_recipe = work / "spare_recipe.py"
-        spare_recipe.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
-                                f"sys.executable, {str(ROOT / 'recipe.py')!r}], "
-                                "peer_timeout_s=3.0)\n")  # fmt: skip
-        spared = run("with-a-spare", work, env, ["node_fail@15:1"], "0.1", "--spare-nodes", "1",
-                     recipe=spare_recipe)  # fmt: skip
+        spare_recipe.write_text(
+            "import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
+            f"sys.executable, {str(ROOT / 'recipe.py')!r}], "
+            "peer_timeout_s=3.0)\n"
+        )
+        spared = run(
+            "with-a-spare",
+            work,
+            env,
+            ["node_fail@15:1"],
+            "0.1",
+            "--spare-nodes",
+            "1",
+            recipe=spare_recipe,
+        )
         sp = spared["status"]
         rounds = sorted(Path(sp["run_dir"], "attempts", "0", "recovery").glob("round-*.json"))
         swap = json.loads(rounds[0].read_text()) if rounds else {}
-        ok = (s["state"] == "COMPLETED" and "node_fail" in causes and "checkpointed" in causes
-              and faulty.get("digest") == reference.get("digest")
-              and faulty.get("step") == reference.get("step") == 150
-              and sp["state"] == "COMPLETED" and len(sp["attempts"]) == 1 and bool(swap)
-              and spared.get("digest") == reference.get("digest"))  # fmt: skip
-        console.print(f"reference: step {reference.get('step')}, digest "
-                      f"{reference.get('digest')}")  # fmt: skip
-        console.print(f"with faults: {s['state']} after {len(s['attempts'])} attempts "
-                      f"({', '.join(c or '-' for c in causes)}), excluded "
-                      f"{', '.join(s['excluded_nodes']) or 'none'}; step {faulty.get('step')}, "
-                      f"digest {faulty.get('digest')} ({faulty['seconds']:.0f}s)",
-                      soft_wrap=True)  # fmt: skip
-        lost = json.loads(next(Path(sp["run_dir"], "attempts", "0", "recovery").glob(
-            "lost-*.json")).read_text()) if swap else {}  # fmt: skip
+        ok = (
+            s["state"] == "COMPLETED"
+            and "node_fail" in causes
+            and "checkpointed" in causes
+            and faulty.get("digest") == reference.get("digest")
+            and faulty.get("step") == reference.get("step") == 150
+            and sp["state"] == "COMPLETED"
+            and len(sp["attempts"]) == 1
+            and bool(swap)
+            and spared.get("digest") == reference.get("digest")
+        )
+        console.print(f"reference: step {reference.get('step')}, digest {reference.get('digest')}")
+        console.print(
+            f"with faults: {s['state']} after {len(s['attempts'])} attempts "
+            f"({', '.join(c or '-' for c in causes)}), excluded "
+            f"{', '.join(s['excluded_nodes']) or 'none'}; step {faulty.get('step')}, "
+            f"digest {faulty.get('digest')} ({faulty['seconds']:.0f}s)",
+            soft_wrap=True,
+        )
+        lost = (
+            json.loads(
+                next(
+                    Path(sp["run_dir"], "attempts", "0", "recovery").glob("lost-*.json")
+                ).read_text()
+            )
+            if swap
+            else {}
+        )
         took = (swap.get("first_step_at") or 0) - (lost.get("last_heard") or 0)
-        console.print(f"with a spare: {sp['state']} in {len(sp['attempts'])} attempt (job "
-                      f"{sp['attempts'][0]['job_id']}); {', '.join(swap.get('lost') or ['-'])} "
-                      f"replaced by a spare, training again {took:.0f}s after it fell silent; "
-                      f"step {spared.get('step')}, digest {spared.get('digest')} "
-                      f"({spared['seconds']:.0f}s)", soft_wrap=True)  # fmt: skip
+        console.print(
+            f"with a spare: {sp['state']} in {len(sp['attempts'])} attempt (job "
+            f"{sp['attempts'][0]['job_id']}); {', '.join(swap.get('lost') or ['-'])} "
+            f"replaced by a spare, training again {took:.0f}s after it fell silent; "
+            f"step {spared.get('step')}, digest {spared.get('digest')} "
+            f"({spared['seconds']:.0f}s)",
+            soft_wrap=True,
+        )
         console.print(f"files in {work}")
         console.rule("[green]demo passed[/]" if ok else "[red]demo failed[/]")
         return 0 if ok else 1

@@ -70,36 +70,54 @@ def main() -> int:
     console.rule("ftslurm demo: surviving a node failure on a real Slurm cluster")
     job = backend.submit(
         SCRIPT.format(steps=STEPS, ckpt=ckpt, work=work),
-        JobOptions(name="demo-train", nodes=2, ntasks_per_node=1, workdir=str(work),
-                   output=str(work / "job.out"), comment="ftslurm-demo",
-                   extra={"open-mode": "append"}),
-    )  # fmt: skip
+        JobOptions(
+            name="demo-train",
+            nodes=2,
+            ntasks_per_node=1,
+            workdir=str(work),
+            output=str(work / "job.out"),
+            comment="ftslurm-demo",
+            extra={"open-mode": "append"},
+        ),
+    )
     try:
         return run_demo(cluster, backend, job, work, ckpt)
     finally:
         backend.cancel(job)  # a no-op once it completed
 
 
-def run_demo(cluster: LocalCluster, backend: SlurmCliBackend, job: str, work: Path,
-             ckpt: Path) -> int:  # fmt: skip
+def run_demo(
+    cluster: LocalCluster, backend: SlurmCliBackend, job: str, work: Path, ckpt: Path
+) -> int:
     info = wait(backend, job, lambda i: i.state is JobState.RUNNING, 60, "the job to start")
     console.print(f"job {job} RUNNING on {', '.join(info.nodes)}")
-    wait(backend, job, lambda i: ckpt.exists() and int(ckpt.read_text() or 0) >= 5, 60,
-         "5 training steps")  # fmt: skip
+    wait(
+        backend,
+        job,
+        lambda i: ckpt.exists() and int(ckpt.read_text() or 0) >= 5,
+        60,
+        "5 training steps",
+    )
 
     victim = info.nodes[1]
     failed_at = time.monotonic()
     killed = cluster.fail_node(victim)
     at_step = int(ckpt.read_text())
-    console.print(f"[bold red]killed node {victim}[/] ({len(killed)} processes) "
-                  f"at step {at_step}")  # fmt: skip
-    info = wait(backend, job, lambda i: i.restart_count >= 1 or i.state is JobState.NODE_FAIL,
-                120, "Slurm to notice the node failure")  # fmt: skip
+    console.print(f"[bold red]killed node {victim}[/] ({len(killed)} processes) at step {at_step}")
+    info = wait(
+        backend,
+        job,
+        lambda i: i.restart_count >= 1 or i.state is JobState.NODE_FAIL,
+        120,
+        "Slurm to notice the node failure",
+    )
     detected = time.monotonic() - failed_at
     down = [n for n in backend.nodes() if n.name == victim][0]
-    console.print(f"Slurm noticed after {detected:.0f}s: node {victim} is {down.state.value} "
-                  f"({down.reason}); job {job} is {info.state.value}, reason {info.reason}, "
-                  f"restarts {info.restart_count}")  # fmt: skip
+    console.print(
+        f"Slurm noticed after {detected:.0f}s: node {victim} is {down.state.value} "
+        f"({down.reason}); job {job} is {info.state.value}, reason {info.reason}, "
+        f"restarts {info.restart_count}"
+    )
     console.print(jobs_table([info]))
 
     if info.state is not JobState.PENDING:  # NODE_FAIL seen before the automatic requeue
@@ -107,9 +125,11 @@ def run_demo(cluster: LocalCluster, backend: SlurmCliBackend, job: str, work: Pa
     backend.update_excluded_nodes(job, [victim])
     backend.start_now(job)
     info = wait(backend, job, lambda i: i.state is JobState.RUNNING, 60, "the job to run again")
-    console.print(f"job {job} RUNNING again on {', '.join(info.nodes)} "
-                  f"{time.monotonic() - failed_at:.0f}s after the failure "
-                  f"(without StartTime=now Slurm would hold it ~120 s more)")  # fmt: skip
+    console.print(
+        f"job {job} RUNNING again on {', '.join(info.nodes)} "
+        f"{time.monotonic() - failed_at:.0f}s after the failure "
+        f"(without StartTime=now Slurm would hold it ~120 s more)"
+    )
     assert victim not in info.nodes
 
     info = wait(backend, job, lambda i: i.state.is_terminal, 120, "the job to finish")

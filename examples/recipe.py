@@ -89,20 +89,23 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--ckpt-every", type=int, default=20)
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
-    parser.add_argument("--checkpoint-dir", default=os.environ.get("FTSLURM_CHECKPOINT_DIR",
-                                                                    "checkpoints"))
-    parser.add_argument("--disk-every", type=int, default=1,
-                        help="every how many checkpoints also go to disk (the others are "
-                             "kept in node memory only, with a replica on another node)")
-    parser.add_argument("--no-memory-tier", action="store_true",
-                        help="checkpoint to disk only")
+    parser.add_argument(
+        "--checkpoint-dir", default=os.environ.get("FTSLURM_CHECKPOINT_DIR", "checkpoints")
+    )
+    parser.add_argument(
+        "--disk-every",
+        type=int,
+        default=1,
+        help="every how many checkpoints also go to disk (the others are "
+        "kept in node memory only, with a replica on another node)",
+    )
+    parser.add_argument("--no-memory-tier", action="store_true", help="checkpoint to disk only")
     parser.add_argument("--fail-at-step", type=int, default=-1)
     parser.add_argument("--fail-rank", type=int, default=-1)
     args = parser.parse_args()
 
     rank, world, addr, port = dist_env()
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
     agent = fta.init()  # signal handlers (flag only), heartbeats, sections
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 1)
@@ -121,8 +124,7 @@ def main() -> int:
     step, tier = 0, "nothing"
     with agent.section("setup"):
         on_disk = manager.steps()
-        got = memory.load_latest(min_step=on_disk[-1] if on_disk else None) if memory \
-            else None  # fmt: skip
+        got = memory.load_latest(min_step=on_disk[-1] if on_disk else None) if memory else None
         if got is not None:
             step, tier = restore_training_state(got[1], model, optim), got[2]
         else:
@@ -130,12 +132,18 @@ def main() -> int:
             if latest is not None:
                 step, tier = restore_training_state(latest[1], model, optim), "disk"
     if rank == 0:
-        print(f"rank 0 of {world} starts at step {step} "
-              f"(attempt {os.environ.get('FTSLURM_ATTEMPT', '0')}, in-job restart "
-              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}) from {tier}", flush=True)
+        print(
+            f"rank 0 of {world} starts at step {step} "
+            f"(attempt {os.environ.get('FTSLURM_ATTEMPT', '0')}, in-job restart "
+            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}) from {tier}",
+            flush=True,
+        )
     if tier in ("memory", "peer"):  # which tier each rank's state came from
-        print(f"rank {rank} restored step {step} from "
-              f"{'its node memory' if tier == 'memory' else 'a peer replica'}", flush=True)
+        print(
+            f"rank {rank} restored step {step} from "
+            f"{'its node memory' if tier == 'memory' else 'a peer replica'}",
+            flush=True,
+        )
     saves = 0
 
     def checkpoint(disk: bool = False) -> None:
@@ -158,13 +166,18 @@ def main() -> int:
             checkpoint(disk=agent.checkpoint_tier == "disk")
             if agent.should_stop():  # the signal, not the periodic one
                 if rank == 0:
-                    print(f"checkpointed at step {step} on request; exiting for a "
-                          "continuation", flush=True)
+                    print(
+                        f"checkpointed at step {step} on request; exiting for a continuation",
+                        flush=True,
+                    )
                 agent.exit(0)  # the process group torn down, then os._exit: never returns
             if rank == 0:
-                print(f"periodic checkpoint at step {step} to {agent.checkpoint_tier} (every "
-                      f"{agent.checkpoint_interval or 0:.3g} s, disk every "
-                      f"{agent.disk_checkpoint_interval or 0:.3g} s)", flush=True)
+                print(
+                    f"periodic checkpoint at step {step} to {agent.checkpoint_tier} (every "
+                    f"{agent.checkpoint_interval or 0:.3g} s, disk every "
+                    f"{agent.disk_checkpoint_interval or 0:.3g} s)",
+                    flush=True,
+                )
         with agent.section("step"):
             with agent.section("compute"):  # this rank's own work, without collectives
                 x, y = batch(step * world + rank)

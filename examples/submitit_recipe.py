@@ -39,8 +39,9 @@ import torch
 import ftslurm
 from ftslurm.agent import progress, submitit_compat
 
-recipe = ftslurm.Recipe(name="submitit-trainer", nodes=1, ntasks_per_node=1, cpus_per_task=1,
-                        time="30")  # fmt: skip
+recipe = ftslurm.Recipe(
+    name="submitit-trainer", nodes=1, ntasks_per_node=1, cpus_per_task=1, time="30"
+)
 
 
 def batch(step: int, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,12 +112,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
-    parser.add_argument("--output-dir", help="default: $FTSLURM_CHECKPOINT_DIR of the "
-                        "attempt that finishes, else ./checkpoints")  # fmt: skip
+    parser.add_argument(
+        "--output-dir",
+        help="default: $FTSLURM_CHECKPOINT_DIR of the attempt that finishes, else ./checkpoints",
+    )
     args = parser.parse_args()
     # A later attempt resumes the stored continuation, with the arguments stored in it.
-    submitit_compat.run(Trainer(), steps=args.steps, output_dir=args.output_dir,
-                        step_time=args.step_time)  # fmt: skip
+    submitit_compat.run(
+        Trainer(), steps=args.steps, output_dir=args.output_dir, step_time=args.step_time
+    )
 
 
 if __name__ == "__main__":

@@ -249,10 +249,19 @@ class CheckpointManager:
     `asynchronous` and `busy` to `checkpoint()` (the module doc).
     """
 
-    def __init__(self, directory: str | Path | None = None, keep_last: int = 3, *,
-                 rank: int | None = None, world_size: int | None = None,
-                 report: bool = True, pin_memory: bool = True, asynchronous: bool = True,
-                 busy: str = "wait", sharing: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        keep_last: int = 3,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        report: bool = True,
+        pin_memory: bool = True,
+        asynchronous: bool = True,
+        busy: str = "wait",
+        sharing: str | None = None,
+    ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
         if busy not in ("wait", "skip"):
@@ -265,10 +274,12 @@ class CheckpointManager:
         self.dir_mode, self.file_mode = sharing_modes(sharing)
         self.keep_last = keep_last
         on = _distributed()
-        self.rank = rank if rank is not None else (
-            dist.get_rank() if on else _env_int("RANK", 0))  # fmt: skip
-        self.world_size = world_size if world_size is not None else (
-            dist.get_world_size() if on else _env_int("WORLD_SIZE", 1))  # fmt: skip
+        self.rank = rank if rank is not None else (dist.get_rank() if on else _env_int("RANK", 0))
+        self.world_size = (
+            world_size
+            if world_size is not None
+            else (dist.get_world_size() if on else _env_int("WORLD_SIZE", 1))
+        )
         self.report = report
         self.pin_memory = pin_memory
         self._pending: SaveHandle | None = None
@@ -313,8 +324,11 @@ class CheckpointManager:
             return SaveHandle(step, self.save(step, state))
         pending = self._pending
         if self.busy == "skip" and pending is not None and not pending.done():
-            log.warning("checkpoint of step %d skipped: the save of step %d is still writing",
-                        step, pending.step)  # fmt: skip
+            log.warning(
+                "checkpoint of step %d skipped: the save of step %d is still writing",
+                step,
+                pending.step,
+            )
             return None
         return self.save_async(step, state)
 
@@ -363,8 +377,9 @@ class CheckpointManager:
             except Exception:  # logged by the writer; still raised by the handle's wait()
                 pass
 
-    def _write(self, step: int, state: dict[str, Any], started: float,
-               blocked_s: float | None = None) -> Path:  # fmt: skip
+    def _write(
+        self, step: int, state: dict[str, Any], started: float, blocked_s: float | None = None
+    ) -> Path:
         """The save protocol (module doc). `blocked_s`: an asynchronous save, the time the
         training stood still for it (the rest of the time since `started` was written in
         the background)."""
@@ -386,17 +401,34 @@ class CheckpointManager:
         fsync_dir(self.directory)
         seconds = time.monotonic() - started
         blocking = seconds if blocked_s is None else blocked_s
-        write_json_atomic(manifest, {
-            "format": MANIFEST_FORMAT, "step": int(step), "file": path.name,
-            "size": writer.size, "sha256": writer.digest.hexdigest(), "save_s": seconds,
-            "blocking_s": blocking, "time": time.time(), "world_size": self.world_size,
-        }, mode=self.file_mode)  # fmt: skip
-        log.info("checkpoint of step %d saved: %s (%d bytes, %.2f s, %.2f s of it blocking)",
-                 step, path, writer.size, seconds, blocking)  # fmt: skip
+        write_json_atomic(
+            manifest,
+            {
+                "format": MANIFEST_FORMAT,
+                "step": int(step),
+                "file": path.name,
+                "size": writer.size,
+                "sha256": writer.digest.hexdigest(),
+                "save_s": seconds,
+                "blocking_s": blocking,
+                "time": time.time(),
+                "world_size": self.world_size,
+            },
+            mode=self.file_mode,
+        )
+        log.info(
+            "checkpoint of step %d saved: %s (%d bytes, %.2f s, %.2f s of it blocking)",
+            step,
+            path,
+            writer.size,
+            seconds,
+            blocking,
+        )
         self._prune(step)
         if self.report:
-            progress.checkpoint_saved(step, blocking,
-                                      None if blocked_s is None else seconds - blocked_s)
+            progress.checkpoint_saved(
+                step, blocking, None if blocked_s is None else seconds - blocked_s
+            )
         return path
 
     def _prune(self, step: int) -> None:
@@ -438,8 +470,7 @@ class CheckpointManager:
             if problem is not None:
                 log.warning("skipping checkpoint %s: %s", self.path_of(step), problem)
                 continue
-            state = torch.load(self.path_of(step), map_location=map_location,
-                               weights_only=True)  # fmt: skip
+            state = torch.load(self.path_of(step), map_location=map_location, weights_only=True)
             return step, state
         return None
 
@@ -450,10 +481,13 @@ def capture_rng_state() -> dict[str, Any]:
     CPU generator and every CUDA device (when available), as tensors, numbers and None."""
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
-        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
-                   "gauss_next": gauss},
+        "python": {
+            "version": version,
+            "state": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": gauss,
+        },
         "torch": torch.get_rng_state(),
-    }  # fmt: skip
+    }
     try:
         import numpy as np
     except ImportError:
@@ -461,9 +495,12 @@ def capture_rng_state() -> dict[str, Any]:
     else:
         name, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
         state["numpy"] = {
-            "bit_generator": str(name), "key": torch.from_numpy(key.astype(np.int64)),
-            "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached),
-        }  # fmt: skip
+            "bit_generator": str(name),
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -473,21 +510,32 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     """Set the generators back to what `capture_rng_state` recorded."""
     if "python" in state:
         py = state["python"]
-        random.setstate((int(py["version"]), tuple(int(x) for x in py["state"].tolist()),
-                         py["gauss_next"]))  # fmt: skip
+        random.setstate(
+            (int(py["version"]), tuple(int(x) for x in py["state"].tolist()), py["gauss_next"])
+        )
     if "torch" in state:
         torch.set_rng_state(state["torch"].cpu())
     if "numpy" in state:
         import numpy as np
 
         npy = state["numpy"]
-        np.random.set_state((npy["bit_generator"], npy["key"].cpu().numpy().astype(np.uint32),
-                             npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))  # fmt: skip
+        np.random.set_state(
+            (
+                npy["bit_generator"],
+                npy["key"].cpu().numpy().astype(np.uint32),
+                npy["pos"],
+                npy["has_gauss"],
+                npy["cached_gaussian"],
+            )
+        )
     if state.get("cuda") is not None and torch.cuda.is_available():
         cuda = [s.cpu() for s in state["cuda"]]
         if len(cuda) != torch.cuda.device_count():
-            log.warning("checkpoint has CUDA RNG states of %d devices, this process sees %d",
-                        len(cuda), torch.cuda.device_count())  # fmt: skip
+            log.warning(
+                "checkpoint has CUDA RNG states of %d devices, this process sees %d",
+                len(cuda),
+                torch.cuda.device_count(),
+            )
         for device, s in enumerate(cuda[: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(s, device)
 
@@ -498,21 +546,29 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, wrappers) else model
 
 
-def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, step: int,
-                   *, data_position: Any = None,
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def training_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    step: int,
+    *,
+    data_position: Any = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Everything needed to continue bit for bit: weights (DDP unwrapped), optimizer, step,
     where the data loader stands, RNG states, and `extra`."""
     return {
         "model": _unwrap(model).state_dict(),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "step": int(step), "data_position": data_position, "rng": capture_rng_state(),
+        "step": int(step),
+        "data_position": data_position,
+        "rng": capture_rng_state(),
         "extra": extra if extra is not None else {},
-    }  # fmt: skip
+    }
 
 
-def restore_training_state(state: dict[str, Any], model: torch.nn.Module,
-                           optimizer: torch.optim.Optimizer | None) -> int:  # fmt: skip
+def restore_training_state(
+    state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> int:
     """Load a `training_state` back into `model` and `optimizer`, restore the RNG states and
     return the step."""
     _unwrap(model).load_state_dict(state["model"])
@@ -543,12 +599,16 @@ def sharded_steps(directory: str | Path) -> list[int]:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    return sorted(int(m.group(1)) for n in names if (m := _SHARDED.fullmatch(n))
-                  and (Path(directory, n, ".metadata")).is_file())  # fmt: skip
+    return sorted(
+        int(m.group(1))
+        for n in names
+        if (m := _SHARDED.fullmatch(n)) and (Path(directory, n, ".metadata")).is_file()
+    )
 
 
-def save_sharded(directory: str | Path, step: int, state_dict: dict[str, Any],
-                 sharing: str | None = None) -> Path:  # fmt: skip
+def save_sharded(
+    directory: str | Path, step: int, state_dict: dict[str, Any], sharing: str | None = None
+) -> Path:
     """Collective: every rank saves its shards of `state_dict` with torch.distributed.checkpoint
     into `<directory>/sharded-step-<step>`; works without a process group too. The files are
     private unless `sharing` (default: the job's setting) is "group"."""
@@ -592,5 +652,4 @@ def load_sharded(directory: str | Path, step: int, state_dict: dict[str, Any]) -
     if not (path / ".metadata").is_file():
         raise FileNotFoundError(f"no complete sharded checkpoint at {path}")
     with _without_group_warning():
-        dcp.load(state_dict, storage_reader=dcp.FileSystemReader(path),
-                 no_dist=not _distributed())  # fmt: skip
+        dcp.load(state_dict, storage_reader=dcp.FileSystemReader(path), no_dist=not _distributed())

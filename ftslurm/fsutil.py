@@ -90,7 +90,8 @@ def private_dir(path: Path | str) -> Path:
             raise ConfigError(
                 f"{path} can be written by other users (mode {stat.filemode(path.stat().st_mode)})"
                 ": ftslurm keeps runs only in a folder of your own",
-                hint="point it at a folder only you can write, e.g. a new subfolder")
+                hint="point it at a folder only you can write, e.g. a new subfolder",
+            )
         if not os.access(path, os.W_OK | os.X_OK):
             raise PermissionError(13, "Permission denied", str(path))
     except OSError as exc:
@@ -142,8 +143,9 @@ def sharing_modes(sharing: str | None = None) -> tuple[int, int]:
     if sharing is None:
         sharing = JobEnv.from_environ(os.environ).checkpoint_sharing
     if sharing not in SHARING_MODES:
-        raise ConfigError(f"checkpoint sharing {sharing!r}: must be one of "
-                          f"{', '.join(SHARING_MODES)}")
+        raise ConfigError(
+            f"checkpoint sharing {sharing!r}: must be one of {', '.join(SHARING_MODES)}"
+        )
     return SHARING_MODES[sharing]
 
 
@@ -181,10 +183,19 @@ def forget_node_memory(base: Path, node: str) -> None:
 # vendors' headers): SQLite's WAL needs shared memory between its users, which such a
 # filesystem cannot give across hosts. FUSE counts as one: it often is (sshfs, s3fs, ...).
 NETWORK_FILESYSTEMS = {
-    0x6969: "NFS", 0xFF534D42: "CIFS", 0xFE534D42: "SMB2", 0x517B: "SMB",
-    0x0BD00BD0: "Lustre", 0x47504653: "GPFS", 0x19830326: "BeeGFS", 0x00C36400: "CephFS",
-    0x5346414F: "AFS", 0xAAD7AAEA: "PanFS", 0x01021997: "9P", 0x65735546: "FUSE",
-}  # fmt: skip
+    0x6969: "NFS",
+    0xFF534D42: "CIFS",
+    0xFE534D42: "SMB2",
+    0x517B: "SMB",
+    0x0BD00BD0: "Lustre",
+    0x47504653: "GPFS",
+    0x19830326: "BeeGFS",
+    0x00C36400: "CephFS",
+    0x5346414F: "AFS",
+    0xAAD7AAEA: "PanFS",
+    0x01021997: "9P",
+    0x65735546: "FUSE",
+}
 
 
 def filesystem_type(path: Path | str) -> int | None:

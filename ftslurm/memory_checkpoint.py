@@ -99,8 +99,9 @@ def partners(nodes: list[str]) -> dict[int, int]:
     return out
 
 
-def holders(listings: list[dict[int, list[int]]], nodes: list[str],
-            min_step: int | None) -> tuple[int, dict[int, int]] | None:  # fmt: skip
+def holders(
+    listings: list[dict[int, list[int]]], nodes: list[str], min_step: int | None
+) -> tuple[int, dict[int, int]] | None:
     """The step to restore and, per rank, the rank that serves its state (itself when its
     node holds it), from what each rank's node area holds (`listings[r]`: shard -> verified
     steps) and every rank's node; None when no step at least `min_step` is held for every
@@ -129,8 +130,13 @@ class MemoryTier:
     """The memory tier of one process group (see the module doc). Create it on every rank
     after `init_process_group`, in the same order as other collectives."""
 
-    def __init__(self, base: str | Path | None = None, run: str | None = None,
-                 node: str | None = None, asynchronous: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base: str | Path | None = None,
+        run: str | None = None,
+        node: str | None = None,
+        asynchronous: bool = True,
+    ) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("MemoryTier needs an initialised torch.distributed process group")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -162,9 +168,12 @@ class MemoryTier:
             self._write(step, snapshot, started)
             return
         blocking = time.monotonic() - started
-        self._writer = threading.Thread(target=self._write_in_background,
-                                        args=(step, snapshot, blocking),
-                                        name=f"ftslurm-memory-save-{step}", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write_in_background,
+            args=(step, snapshot, blocking),
+            name=f"ftslurm-memory-save-{step}",
+            daemon=True,
+        )
         self._writer.start()
 
     def _write_in_background(self, step: int, snapshot: Any, blocking: float) -> None:
@@ -173,8 +182,9 @@ class MemoryTier:
         except BaseException as exc:  # handed to the next wait()
             self._error = exc
 
-    def _write(self, step: int, snapshot: Any, started: float | None,
-               blocking: float | None = None) -> None:  # fmt: skip
+    def _write(
+        self, step: int, snapshot: Any, started: float | None, blocking: float | None = None
+    ) -> None:
         """Serialise, keep in this node's area, exchange the replicas, drop older steps,
         and tell the daemon how long the training stood still for it."""
         buffer = io.BytesIO()
@@ -182,8 +192,7 @@ class MemoryTier:
         data = buffer.getvalue()
         self._keep(self.rank, step, data)
         if self.partner:
-            received = self._exchange(data, send_to=self.partner[self.rank],
-                                      recv_from=self.keeps)  # fmt: skip
+            received = self._exchange(data, send_to=self.partner[self.rank], recv_from=self.keeps)
             for shard, replica in zip(self.keeps, received, strict=True):
                 self._keep(shard, step, replica)
         for shard in (self.rank, *self.keeps):
@@ -216,9 +225,16 @@ class MemoryTier:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(data)
         os.replace(tmp, path)  # a RAM file system: no fsync; a torn file has no manifest
-        write_json_atomic(path.with_suffix(".json"), {
-            "shard": shard, "step": step, "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest()}, mode=0o600)  # fmt: skip
+        write_json_atomic(
+            path.with_suffix(".json"),
+            {
+                "shard": shard,
+                "step": step,
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            },
+            mode=0o600,
+        )
 
     def _drop_older(self, shard: int, step: int) -> None:
         for path in self.area.glob(f"shard-{shard}-step-*"):
@@ -237,9 +253,10 @@ class MemoryTier:
 
     def _send(self, data: bytes, to: int) -> list[Any]:
         """Start sending `data` to rank `to` (its size, then its bytes); the works to wait."""
-        return [dist.isend(torch.tensor([len(data)], dtype=torch.int64), to, group=self.group),
-                dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8), to,
-                           group=self.group)]  # fmt: skip
+        return [
+            dist.isend(torch.tensor([len(data)], dtype=torch.int64), to, group=self.group),
+            dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8), to, group=self.group),
+        ]
 
     def _receive(self, source: int) -> bytes:
         """What rank `source` sends this one with `_send`."""
@@ -271,22 +288,25 @@ class MemoryTier:
             data = path.read_bytes()
         except OSError:
             return None
-        if not isinstance(meta, dict) or meta.get("size") != len(data) \
-                or meta.get("sha256") != hashlib.sha256(data).hexdigest():
+        if (
+            not isinstance(meta, dict)
+            or meta.get("size") != len(data)
+            or meta.get("sha256") != hashlib.sha256(data).hexdigest()
+        ):
             log.warning("memory checkpoint %s does not verify; left out", path)
             return None
         return data
 
-    def load_latest(self, min_step: int | None = None
-                    ) -> tuple[int, dict[str, Any], str] | None:  # fmt: skip
+    def load_latest(self, min_step: int | None = None) -> tuple[int, dict[str, Any], str] | None:
         """(step, this rank's state, "memory" or "peer") of the newest step, at least
         `min_step`, that memory holds for every rank; None on every rank otherwise (a
         collective)."""
         self.wait()
         listings: list[Any] = [None] * self.world
         dist.all_gather_object(listings, self.listing(), group=self.group)
-        chosen = holders([{int(k): v for k, v in x.items()} for x in listings], self.nodes,
-                         min_step)  # fmt: skip
+        chosen = holders(
+            [{int(k): v for k, v in x.items()} for x in listings], self.nodes, min_step
+        )
         if chosen is None:
             return None
         step, serve = chosen
@@ -309,9 +329,15 @@ class MemoryTier:
             return None
         tier = "memory" if serve[self.rank] == self.rank else "peer"
         state = torch.load(io.BytesIO(mine), weights_only=True)
-        log.info("rank %d restored step %d from %s (%s)", self.rank, step,
-                 "this node's memory" if tier == "memory" else
-                 f"the replica on {self.nodes[serve[self.rank]]}", self.node)  # fmt: skip
+        log.info(
+            "rank %d restored step %d from %s (%s)",
+            self.rank,
+            step,
+            "this node's memory"
+            if tier == "memory"
+            else f"the replica on {self.nodes[serve[self.rank]]}",
+            self.node,
+        )
         return step, state, tier
 
     def clear(self) -> None:

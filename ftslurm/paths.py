@@ -23,6 +23,7 @@ def state_dir() -> Path:
     if existing.exists() and not existing.is_dir():
         where = f"{HOME_ENV}={path}" if chosen else str(path)
         what = "is not a folder" if existing == path else f"is under a file ({existing})"
-        raise ConfigError(f"the state directory {where} {what}",
-                          hint=f"point {HOME_ENV} at a folder")
+        raise ConfigError(
+            f"the state directory {where} {what}", hint=f"point {HOME_ENV} at a folder"
+        )
     return path

@@ -58,9 +58,13 @@ class Recipe(FtSettings):
     def _safe_and_consistent(self) -> Recipe:
         """Every value that reaches the batch script, and the settings that would silently
         do nothing; one-line ConfigErrors (pydantic passes them through unchanged)."""
-        for what, value in (("--job-name", self.name), ("--partition", self.partition),
-                            ("--account", self.account), ("--time", self.time),
-                            ("--checkpoint-dir", self.checkpoint_dir)):  # fmt: skip
+        for what, value in (
+            ("--job-name", self.name),
+            ("--partition", self.partition),
+            ("--account", self.account),
+            ("--time", self.time),
+            ("--checkpoint-dir", self.checkpoint_dir),
+        ):
             check_line(what, value)
         for node in self.exclude:
             check_line("--exclude", node)
@@ -73,13 +77,16 @@ class Recipe(FtSettings):
             raise ConfigError(
                 f"--preempt-time {self.preempt_time}s is not shorter than the time limit "
                 f"{self.time} ({limit}s): the checkpoint signal would be due when the job "
-                "starts and be lost", hint="shorten --preempt-time or lengthen -t")
+                "starts and be lost",
+                hint="shorten --preempt-time or lengthen -t",
+            )
         self.ranks_per_node()
         if self.spare_nodes and not self.use_launcher:
             raise ConfigError(
                 f"--spare-nodes {self.spare_nodes} needs the launcher (use_launcher=True): it "
                 "is the launchers that move the training onto a spare",
-                hint="drop --spare-nodes or turn use_launcher back on")
+                hint="drop --spare-nodes or turn use_launcher back on",
+            )
         return self
 
     def settings(self) -> FtSettings:
@@ -107,22 +114,28 @@ class Recipe(FtSettings):
             if ntasks % self.nodes:
                 raise ConfigError(
                     f"--ntasks {ntasks} over {self.nodes} nodes: ftslurm starts the same "
-                    "number of ranks on every node", hint="give a multiple of --nodes")
+                    "number of ranks on every node",
+                    hint="give a multiple of --nodes",
+                )
             per_node = ntasks // self.nodes
         if per_node is None:
             per_node = self.gpus_per_node or 1
         if ntasks is not None and ntasks != per_node * self.nodes:
-            raise ConfigError(f"--ntasks {ntasks} is not --nodes {self.nodes} times "
-                              f"--ntasks-per-node {per_node}: ftslurm starts that many ranks")
+            raise ConfigError(
+                f"--ntasks {ntasks} is not --nodes {self.nodes} times "
+                f"--ntasks-per-node {per_node}: ftslurm starts that many ranks"
+            )
         return per_node
 
 
 def no_limit_warning(time: str | None) -> str:
     """What a run without a finite time limit should know about its checkpoint signal."""
     given = f"-t {time}" if time is not None else "no -t"
-    return (f"{given}: the job runs under the partition's time limit; the daemon sends the "
-            "checkpoint signal only if that limit is finite, and Slurm's own --signal "
-            "backstop is not set, so a checkpoint before the limit is not guaranteed")
+    return (
+        f"{given}: the job runs under the partition's time limit; the daemon sends the "
+        "checkpoint signal only if that limit is finite, and Slurm's own --signal "
+        "backstop is not set, so a checkpoint before the limit is not guaranteed"
+    )
 
 
 def _validated(data: dict[str, Any], where: str) -> Recipe:
@@ -140,10 +153,14 @@ def defines_recipe(source: str) -> bool:
         tree = ast.parse(source)
     except SyntaxError:
         return False
-    return any(isinstance(node, ast.Assign | ast.AnnAssign) and any(
-        isinstance(t, ast.Name) and t.id == "recipe"
-        for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
-        for node in tree.body)  # fmt: skip
+    return any(
+        isinstance(node, ast.Assign | ast.AnnAssign)
+        and any(
+            isinstance(t, ast.Name) and t.id == "recipe"
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
+        for node in tree.body
+    )
 
 
 # The largest recipe file read: a training script or a recipe, never data. Checked before
@@ -171,23 +188,29 @@ def _read_source(path: Path) -> str:
             raise UnicodeError("a NUL byte")
         return data.decode("utf-8")
     except UnicodeError:
-        raise ConfigError(f"recipe {path} is not a text file (binary or not UTF-8); give a "
-                          "training script or a recipe file") from None  # fmt: skip
+        raise ConfigError(
+            f"recipe {path} is not a text file (binary or not UTF-8); give a "
+            "training script or a recipe file"
+        ) from None
 
 
 def _too_big(path: Path, size: int) -> ConfigError:
-    return ConfigError(f"recipe {path} is {size / 2**20:.1f} MiB: a recipe file is at most "
-                       f"{MAX_RECIPE_BYTES // 2**20} MiB (a script, not data); give the "
-                       "training script or the recipe file")  # fmt: skip
+    return ConfigError(
+        f"recipe {path} is {size / 2**20:.1f} MiB: a recipe file is at most "
+        f"{MAX_RECIPE_BYTES // 2**20} MiB (a script, not data); give the "
+        "training script or the recipe file"
+    )
 
 
 def check_script(path: Path, source: str) -> None:
     """A recipe that is not a Python file is run as a program: it must start with `#!` (a
     script; binaries are refused as not text already), else the job fails with exit 126."""
     if path.suffix != ".py" and not source.startswith("#!"):
-        raise ConfigError(f"recipe {path} is not a Python file (.py) and not a script (no #! "
-                          "line): ftslurm runs a .py file with python and anything else as a "
-                          "program; give the training script")  # fmt: skip
+        raise ConfigError(
+            f"recipe {path} is not a Python file (.py) and not a script (no #! "
+            "line): ftslurm runs a .py file with python and anything else as a "
+            "program; give the training script"
+        )
 
 
 def load_recipe(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Recipe:
@@ -207,12 +230,14 @@ def load_recipe(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Rec
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc.user_message()}") from None
         except Exception as exc:  # the user's file: report it in one line
-            raise ConfigError(f"{path}: loading the recipe failed: "
-                              f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+            raise ConfigError(
+                f"{path}: loading the recipe failed: {type(exc).__name__}: {exc}"
+            ) from None
         recipe = namespace.get("recipe")
         if not isinstance(recipe, Recipe):
-            raise ConfigError(f"{path}: `recipe` must be an ftslurm.Recipe, "
-                              f"not {type(recipe).__name__}")  # fmt: skip
+            raise ConfigError(
+                f"{path}: `recipe` must be an ftslurm.Recipe, not {type(recipe).__name__}"
+            )
         if recipe.command is None:
             recipe = recipe.model_copy(update={"command": default_command})
         elif args:
@@ -225,16 +250,40 @@ def load_recipe(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Rec
 
 # sbatch's long names that map onto recipe fields; every other flag goes to sbatch_extra.
 _RECIPE_KEYS = {
-    "nodes": "nodes", "ntasks-per-node": "ntasks_per_node", "gpus-per-node": "gpus_per_node",
-    "cpus-per-task": "cpus_per_task", "time": "time", "partition": "partition",
-    "account": "account", "job-name": "name", "exclude": "exclude",
-}  # fmt: skip
+    "nodes": "nodes",
+    "ntasks-per-node": "ntasks_per_node",
+    "gpus-per-node": "gpus_per_node",
+    "cpus-per-task": "cpus_per_task",
+    "time": "time",
+    "partition": "partition",
+    "account": "account",
+    "job-name": "name",
+    "exclude": "exclude",
+}
 # Long flags that take no value (a following word is not theirs).
-_LONG_NO_VALUE = frozenset({
-    "hold", "requeue", "no-requeue", "contiguous", "overcommit", "oversubscribe", "exclusive",
-    "spread-job", "use-min-nodes", "wait", "parsable", "test-only", "reboot", "no-kill",
-    "immediate", "quiet", "verbose", "ignore-pbs", "get-user-env",
-})  # fmt: skip
+_LONG_NO_VALUE = frozenset(
+    {
+        "hold",
+        "requeue",
+        "no-requeue",
+        "contiguous",
+        "overcommit",
+        "oversubscribe",
+        "exclusive",
+        "spread-job",
+        "use-min-nodes",
+        "wait",
+        "parsable",
+        "test-only",
+        "reboot",
+        "no-kill",
+        "immediate",
+        "quiet",
+        "verbose",
+        "ignore-pbs",
+        "get-user-env",
+    }
+)
 
 
 _BLANKS = " \t\n\r\f\v"  # C's isspace()
@@ -290,8 +339,11 @@ def sbatch_flags(words: list[str], where: str) -> dict[str, Any]:
             name, eq, value = word[2:].partition("=")
             if not eq:
                 value = None
-                if (name not in _LONG_NO_VALUE and i + 1 < len(words)
-                        and not words[i + 1].startswith("-")):  # fmt: skip
+                if (
+                    name not in _LONG_NO_VALUE
+                    and i + 1 < len(words)
+                    and not words[i + 1].startswith("-")
+                ):
                     i, value = i + 1, words[i + 1]
         elif word.startswith("-") and len(word) >= 2 and word[:2] in SBATCH_SHORT:
             name, value = SBATCH_SHORT[word[:2]], word[2:].removeprefix("=") or None
@@ -302,8 +354,9 @@ def sbatch_flags(words: list[str], where: str) -> dict[str, Any]:
         else:
             raise ConfigError(f"{where}: {word!r} is not an sbatch option")
         if name in OWNED_SBATCH_FLAGS:
-            raise ConfigError(f"{where}: --{name} is set by ftslurm itself: "
-                              f"{OWNED_SBATCH_FLAGS[name]}")  # fmt: skip
+            raise ConfigError(
+                f"{where}: --{name} is set by ftslurm itself: {OWNED_SBATCH_FLAGS[name]}"
+            )
         key = _RECIPE_KEYS.get(name)
         if key == "exclude":
             data[key] = tuple(n for n in (value or "").split(",") if n)
@@ -327,5 +380,5 @@ def sbatch_header(source: str, where: str = "#SBATCH lines") -> dict[str, Any]:
             continue
         if not stripped.startswith("#SBATCH"):
             break  # Slurm stops reading #SBATCH at the first command
-        words += sbatch_words(stripped[len("#SBATCH"):], where)
+        words += sbatch_words(stripped[len("#SBATCH") :], where)
     return sbatch_flags(words, where)

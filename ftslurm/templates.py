@@ -40,8 +40,10 @@ def sbatch_quote(arg: str) -> str:
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(d) for d in TEMPLATE_DIRS if d.is_dir()]),
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
-    )  # fmt: skip
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
     env.filters["shell_quote"] = lambda v: shlex.quote(str(v))
     return env
 
@@ -67,8 +69,12 @@ def render_job_script(
     except jinja2.TemplateNotFound:
         raise ConfigError(f"sbatch template {template!r} not found") from None
     return tmpl.render(
-        version=__version__, run_id=run_id, attempt=attempt,
+        version=__version__,
+        run_id=run_id,
+        attempt=attempt,
         sbatch_flags=[sbatch_quote(a) for a in sbatch_args(options)],
-        env=dict(env or {}), setup=list(setup), srun_args=list(srun_args),
+        env=dict(env or {}),
+        setup=list(setup),
+        srun_args=list(srun_args),
         command=shlex.join(command),
-    )  # fmt: skip
+    )

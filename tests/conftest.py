@@ -66,7 +66,9 @@ SECOND_WANTED = _second_release_wanted()
 # The Slurm side of a test that runs on every release: 22.05 always, 24.11 when wanted.
 CLUSTER_PARAMS = [pytest.param("slurm", marks=pytest.mark.slurm)] + (
     [pytest.param(SECOND_ID, marks=[pytest.mark.slurm, pytest.mark.slurm_2411])]
-    if SECOND_WANTED else [])  # fmt: skip
+    if SECOND_WANTED
+    else []
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -171,8 +173,9 @@ def slurm_cluster(slurm_cluster_2205: LocalCluster) -> LocalCluster:
     return slurm_cluster_2205
 
 
-def use_cluster(request: pytest.FixtureRequest, param: str,
-                monkeypatch: pytest.MonkeyPatch) -> LocalCluster:  # fmt: skip
+def use_cluster(
+    request: pytest.FixtureRequest, param: str, monkeypatch: pytest.MonkeyPatch
+) -> LocalCluster:
     """The cluster of a `CLUSTER_PARAMS` value; for 24.11 its SLURM_CONF and wrapper folder
     are this test's environment (put back afterwards), so every client call reaches it."""
     if param != SECOND_ID:
@@ -207,8 +210,9 @@ def nodes_kept_healthy(cluster: LocalCluster) -> Iterator[LocalCluster]:
     yield cluster
     states = cluster.node_states()
     for node in cluster.layout.node_names:
-        if states.get(node, "").startswith(("down", "drain", "fail")) or \
-                not any(d.alive for d in cluster.daemons() if d.name == f"slurmd-{node}"):
+        if states.get(node, "").startswith(("down", "drain", "fail")) or not any(
+            d.alive for d in cluster.daemons() if d.name == f"slurmd-{node}"
+        ):
             cluster.revive_node(node)
     cluster.wait_nodes_idle(timeout=120)
 
@@ -267,35 +271,50 @@ def wait_file(path: Path, cond: Callable[[str], bool], timeout: float, what: str
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     def count(outcome: str, second: bool) -> int:
-        return sum(1 for r in terminalreporter.stats.get(outcome, [])
-                   if "slurm" in r.keywords and ("slurm_2411" in r.keywords) == second)  # fmt: skip
+        return sum(
+            1
+            for r in terminalreporter.stats.get(outcome, [])
+            if "slurm" in r.keywords and ("slurm_2411" in r.keywords) == second
+        )
 
-    counts = {f"{prefix}_{outcome}": count(outcome, second)
-              for prefix, second in (("slurm", False), ("slurm_2411", True))
-              for outcome in ("passed", "failed", "skipped")}  # fmt: skip
+    counts = {
+        f"{prefix}_{outcome}": count(outcome, second)
+        for prefix, second in (("slurm", False), ("slurm_2411", True))
+        for outcome in ("passed", "failed", "skipped")
+    }
     terminalreporter.write_sep("=", "real Slurm clusters")
     terminalreporter.write_line(
         f"tests against the real Slurm cluster 22.05: {counts['slurm_passed']} passed, "
-        f"{counts['slurm_failed']} failed, {counts['slurm_skipped']} skipped")  # fmt: skip
+        f"{counts['slurm_failed']} failed, {counts['slurm_skipped']} skipped"
+    )
     terminalreporter.write_line(
         f"tests against the real Slurm cluster {SECOND_RELEASE}: "
         f"{counts['slurm_2411_passed']} passed, {counts['slurm_2411_failed']} failed, "
         f"{counts['slurm_2411_skipped']} skipped"
-        + ("" if SECOND_WANTED else " (not asked for: FTSLURM_SLURM_VERSIONS)"))  # fmt: skip
+        + ("" if SECOND_WANTED else " (not asked for: FTSLURM_SLURM_VERSIONS)")
+    )
     ran = sum(len(terminalreporter.stats.get(o, [])) for o in ("passed", "failed"))
     terminalreporter.write_line(
         f"run as {RUN_AS} ({'unprivileged' if UNPRIVILEGED else 'root'}): {ran} tests, "
         f"{counts['slurm_passed'] + counts['slurm_2411_passed']} of them passed on a real "
-        "cluster")  # fmt: skip
+        "cluster"
+    )
     for name, value in sorted(_MEASUREMENTS.values.items()):
         terminalreporter.write_line(f"  {name}: {value:.2f}")
     _report_left_behind(terminalreporter)
     if SUMMARY_FILE:
-        Path(SUMMARY_FILE).write_text(json.dumps({
-            **counts, "slurm_2411_wanted": SECOND_WANTED, "measurements": _MEASUREMENTS.values,
-            "user": RUN_AS, "unprivileged": UNPRIVILEGED,
-            "passed": len(terminalreporter.stats.get("passed", [])),
-        }))  # fmt: skip
+        Path(SUMMARY_FILE).write_text(
+            json.dumps(
+                {
+                    **counts,
+                    "slurm_2411_wanted": SECOND_WANTED,
+                    "measurements": _MEASUREMENTS.values,
+                    "user": RUN_AS,
+                    "unprivileged": UNPRIVILEGED,
+                    "passed": len(terminalreporter.stats.get("passed", [])),
+                }
+            )
+        )
 
 
 # ------------------------------------------------------------------- left-behind processes
@@ -308,9 +327,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # ones a last teardown is ending) fail the run and are stopped, SIGTERM then SIGKILL.
 LEAK_GRACE_S = float(os.environ.get("FTSLURM_TEST_LEAK_GRACE_S", "10"))
 _STATE_VARS = ("FTSLURM_HOME", "FTSLURM_MOCK_HOME", "FTSLURM_RUN_DIR")
-_KINDS = (("ftslurm daemon run", "daemon"), ("ftslurm.backends.mock.controller", "mock controller"),
-          ("ftslurm.agent.launch", "launcher"), ("ftslurm.backends.mock.jobwrap", "mock job"),
-          ("ftslurm.backends.mock.srun", "mock srun"), ("ftslurm.agent.task", "task wrapper"))
+_KINDS = (
+    ("ftslurm daemon run", "daemon"),
+    ("ftslurm.backends.mock.controller", "mock controller"),
+    ("ftslurm.agent.launch", "launcher"),
+    ("ftslurm.backends.mock.jobwrap", "mock job"),
+    ("ftslurm.backends.mock.srun", "mock srun"),
+    ("ftslurm.agent.task", "task wrapper"),
+)
 _LEFT: list[str] = []  # what the check found, for the summary
 
 
@@ -320,7 +344,7 @@ def _test_folder(text: str, base: str) -> str | None:
     at = text.find(base + os.sep)
     if at < 0:
         return None
-    words = text[at + len(base) + 1:].split(os.sep, 1)[0].split()
+    words = text[at + len(base) + 1 :].split(os.sep, 1)[0].split()
     return words[0] if words else None
 
 
@@ -345,8 +369,11 @@ def left_behind(base: Path) -> list[tuple[int, str, str]]:
         if not entry.name.isdigit() or int(entry.name) in mine:
             continue
         try:
-            args = [a.decode(errors="replace")
-                    for a in (entry / "cmdline").read_bytes().split(b"\0") if a]  # fmt: skip
+            args = [
+                a.decode(errors="replace")
+                for a in (entry / "cmdline").read_bytes().split(b"\0")
+                if a
+            ]
         except OSError:
             continue
         line = " ".join(args)
@@ -373,9 +400,10 @@ def _stop(pids: list[int], timeout: float = 5.0) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}/cmdline").exists()
-                                                  and Path(f"/proc/{p}/cmdline").read_bytes()
-                                                  for p in pids):  # fmt: skip
+        while time.monotonic() < deadline and any(
+            Path(f"/proc/{p}/cmdline").exists() and Path(f"/proc/{p}/cmdline").read_bytes()
+            for p in pids
+        ):
             time.sleep(0.1)
 
 
@@ -396,8 +424,9 @@ def pytest_sessionfinish(session, exitstatus):
     if not left:
         return
     _stop([pid for pid, _, _ in left])
-    _LEFT.extend(f"{what} pid {pid}, of the test folder {base / folder}"
-                 for pid, what, folder in left)  # fmt: skip
+    _LEFT.extend(
+        f"{what} pid {pid}, of the test folder {base / folder}" for pid, what, folder in left
+    )
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -407,5 +436,7 @@ def _report_left_behind(terminalreporter) -> None:
     terminalreporter.write_sep("=", "processes left behind by tests (now stopped)", red=True)
     for line in _LEFT:
         terminalreporter.write_line(line)
-    terminalreporter.write_line("FAILED: every test that starts a daemon, mock controller or "
-                                "launcher must stop it, also when it fails")
+    terminalreporter.write_line(
+        "FAILED: every test that starts a daemon, mock controller or "
+        "launcher must stop it, also when it fails"
+    )

@@ -22,7 +22,7 @@ from typing import Any
 # its report) every `every` steps and when the checkpoint signal or SIGTERM arrives, then
 # exit 0 (the ranks stop at the step where they see the signal; a real script would agree
 # on the step with ftslurm.agent.rank); FINISHED at `steps`.
-TRAIN = r'''
+TRAIN = r"""
 import json, os, signal, sys, time
 from ftslurm.agent import progress
 
@@ -71,7 +71,7 @@ if rank == 0:
     progress.finished(step)
 print(f"rank {rank} finished at {step}", flush=True)
 leave(0)
-'''
+"""
 
 
 def write_train(folder: Path) -> Path:
@@ -88,13 +88,21 @@ class Cli:
         self.cwd = cwd or home.parent
         self.env = dict(os.environ, FTSLURM_HOME=str(home), **(env or {}))
 
-    def __call__(self, *args: str, check: bool = True, timeout: float = 120
-                 ) -> subprocess.CompletedProcess:  # fmt: skip
-        proc = subprocess.run([sys.executable, "-m", "ftslurm", *args], env=self.env,
-                              cwd=self.cwd, capture_output=True, text=True, timeout=timeout)
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ftslurm", *args],
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
-            raise AssertionError(f"ftslurm {' '.join(args)} exited {proc.returncode}:\n"
-                                 f"{proc.stdout}\n{proc.stderr}")
+            raise AssertionError(
+                f"ftslurm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+            )
         return proc
 
     def submit(self, *args: str) -> dict[str, Any]:
@@ -116,14 +124,17 @@ class Cli:
         finally:
             store.close()
 
-    def wait_for(self, run_id: str, pred: Callable[[dict], bool], timeout: float,
-                 what: str) -> dict[str, Any]:  # fmt: skip
+    def wait_for(
+        self, run_id: str, pred: Callable[[dict], bool], timeout: float, what: str
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         s = self.status(run_id)  # once through the CLI, as a user would
         while not pred(s):
             if time.monotonic() >= deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last "
-                                     f"status:\n{json.dumps(s, indent=1)}")  # fmt: skip
+                raise AssertionError(
+                    f"timed out after {timeout:.0f}s waiting for {what}; last "
+                    f"status:\n{json.dumps(s, indent=1)}"
+                )
             time.sleep(0.25)
             s = self.summary(run_id)
         return s
@@ -182,8 +193,12 @@ def end_jobs(home: Path, tmp_path: Path) -> None:
         return
     store = Store(home)
     try:
-        jobs = [(backend_key(run.spec), a.job_id) for run in store.list_runs()
-                for a in store.attempts(run.run_id) if a.job_id]  # fmt: skip
+        jobs = [
+            (backend_key(run.spec), a.job_id)
+            for run in store.list_runs()
+            for a in store.attempts(run.run_id)
+            if a.job_id
+        ]
     finally:
         store.close()
     for key, job in jobs:
@@ -192,6 +207,7 @@ def end_jobs(home: Path, tmp_path: Path) -> None:
             create_backend(kind, where or None).cancel(job)
         except FtslurmError:
             pass  # ended and gone already
+
     def jobs_left() -> list[tuple[int, str, str]]:  # a mock controller is the test's to stop
         return [p for p in left_behind(tmp_path) if p[1] != "mock controller"]
 
@@ -215,7 +231,9 @@ def recipe_file(tmp_path: Path, name: str, **settings: Any) -> Path:
         "import sys\nimport ftslurm\n"
         f"recipe = ftslurm.Recipe(command=[sys.executable, {str(RECIPE)!r}, *{args!r}], "
         f"nodes=2, ntasks_per_node=2, "
-        + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")\n")
+        + ", ".join(f"{k}={v!r}" for k, v in settings.items())
+        + ")\n"
+    )
     return path
 
 
@@ -225,10 +243,23 @@ def straggler_is_moved_off(cli: Cli, tmp_path: Path, *submit_args: str) -> dict[
     it (requeue held, exclude, release), which then finishes elsewhere. Returns the status.
     (Windows of 3 s hold several steps even when a loaded machine makes a slowed step take
     a second; a window in which a rank finished no step is not scored.)"""
-    recipe = recipe_file(tmp_path, "straggler", args=[
-        "--steps", "300", "--step-time", "0.05", "--ckpt-every", "50",
-        "--checkpoint-dir", str(tmp_path / "ckpt")],
-        straggler_report_interval_s=3.0, straggler_windows=2, stop_if_straggler=True)
+    recipe = recipe_file(
+        tmp_path,
+        "straggler",
+        args=[
+            "--steps",
+            "300",
+            "--step-time",
+            "0.05",
+            "--ckpt-every",
+            "50",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        ],
+        straggler_report_interval_s=3.0,
+        straggler_windows=2,
+        stop_if_straggler=True,
+    )
     out = cli.submit(*submit_args, "--inject", "straggler@2:1*10", str(recipe))
     s = cli.wait_for(out["run_id"], ended, 240, "the run to end")  # under pytest-timeout
     assert s["state"] == "COMPLETED", s
@@ -252,11 +283,22 @@ def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
     folder = tmp_path / "reference"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM_"))}
     port = str(20000 + os.getpid() % 20000)
-    procs = [subprocess.Popen(
-        [sys.executable, str(RECIPE), "--steps", str(steps), "--checkpoint-dir", str(folder)],
-        env={**env, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": port}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True) for r in range(world)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(RECIPE), "--steps", str(steps), "--checkpoint-dir", str(folder)],
+            env={
+                **env,
+                "RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-2000:]
@@ -265,8 +307,9 @@ def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
     return final["digest"]
 
 
-def spare_takes_over_on_the_mock(tmp_path: Path, inject: str,
-                                 settings: str = "") -> tuple[Any, dict[str, Any]]:  # fmt: skip
+def spare_takes_over_on_the_mock(
+    tmp_path: Path, inject: str, settings: str = ""
+) -> tuple[Any, dict[str, Any]]:
     """`--dry-run -N 2 --spare-nodes 1 --inject INJECT` of examples/recipe.py (200 steps
     of 0.1 s: an injection 15 s after the start lands mid-training)
     on a fresh mock with its default SlurmdTimeout (300 s); `settings`: more Recipe
@@ -279,9 +322,23 @@ def spare_takes_over_on_the_mock(tmp_path: Path, inject: str,
     expected = reference_digest(tmp_path, steps)
     with on_a_fresh_mock(tmp_path) as cli:
         recipe = example_recipe(tmp_path, "spare", f", peer_timeout_s=3.0{settings}")
-        out = cli.submit("--dry-run", "-N", "2", "--spare-nodes", "1", "--inject", inject,
-                         str(recipe), "--", "--steps", str(steps), "--step-time", "0.1",
-                         "--checkpoint-dir", str(tmp_path / "ckpt"))  # fmt: skip
+        out = cli.submit(
+            "--dry-run",
+            "-N",
+            "2",
+            "--spare-nodes",
+            "1",
+            "--inject",
+            inject,
+            str(recipe),
+            "--",
+            "--steps",
+            str(steps),
+            "--step-time",
+            "0.1",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        )
         run = RunDir(cli.status(out["run_id"])["run_dir"])
         final = tmp_path / "ckpt" / "final.json"
         deadline = time.monotonic() + 110
@@ -312,8 +369,10 @@ def on_a_fresh_mock(tmp_path: Path) -> Iterator[Cli]:
 def example_recipe(tmp_path: Path, name: str, settings: str = "") -> Path:
     """A recipe running examples/recipe.py; `settings`: more Recipe arguments (", k=v")."""
     path = tmp_path / f"{name}.py"
-    path.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
-                    f"sys.executable, {str(RECIPE)!r}]{settings})\n")
+    path.write_text(
+        "import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
+        f"sys.executable, {str(RECIPE)!r}]{settings})\n"
+    )
     return path
 
 
@@ -322,13 +381,22 @@ def spare_recipe(tmp_path: Path, steps: int, more: str = "", step_time: float = 
     on 2 nodes and 1 hot spare, peer timeout 5 s, no in-job restart or retry of its own;
     `more`: further Recipe arguments."""
     path = tmp_path / "spares.py"
-    args = ["--steps", str(steps), "--step-time", str(step_time), "--ckpt-every", "10",
-            "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    args = [
+        "--steps",
+        str(steps),
+        "--step-time",
+        str(step_time),
+        "--ckpt-every",
+        "10",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    ]
     path.write_text(
         "import sys\nimport ftslurm\n"
         f"recipe = ftslurm.Recipe(command=[{sys.executable!r}, {str(RECIPE)!r}, *{args!r}], "
         "nodes=2, spare_nodes=1, ntasks_per_node=1, peer_timeout_s=5.0, "
-        f"num_in_job_restarts=0, num_job_retries_on_failure=0{more})\n")
+        f"num_in_job_restarts=0, num_job_retries_on_failure=0{more})\n"
+    )
     return path
 
 
@@ -346,8 +414,11 @@ def kill_groups(procs: list[subprocess.Popen]) -> None:
 
 def node_hangs(run_dir: Path, attempt: int = 0) -> list[dict[str, Any]]:
     """The hangs the launchers of an attempt detected (their node reports)."""
-    return [h for p in sorted((run_dir / "attempts" / str(attempt)).glob("node-*.json"))
-            for h in json.loads(p.read_text())["hangs"]]  # fmt: skip
+    return [
+        h
+        for p in sorted((run_dir / "attempts" / str(attempt)).glob("node-*.json"))
+        for h in json.loads(p.read_text())["hangs"]
+    ]
 
 
 def hang_is_caught_in_the_first_attempt(cli: Cli, tmp_path: Path, *submit_args: str) -> None:
@@ -360,9 +431,27 @@ def hang_is_caught_in_the_first_attempt(cli: Cli, tmp_path: Path, *submit_args: 
     ranks' start-up alone has taken more than 12 s; 800 steps still run then.)"""
     steps, ckpt = 800, tmp_path / "ckpt"
     expected = reference_digest(tmp_path, steps)
-    out = cli.submit(*submit_args, "--retries", "0", "--in-job-restarts", "2", "-N", "2",
-                     "-t", "5", "--inject", "hang@30s:1", str(RECIPE), "--", "--steps",
-                     str(steps), "--step-time", "0.05", "--checkpoint-dir", str(ckpt))  # fmt: skip
+    out = cli.submit(
+        *submit_args,
+        "--retries",
+        "0",
+        "--in-job-restarts",
+        "2",
+        "-N",
+        "2",
+        "-t",
+        "5",
+        "--inject",
+        "hang@30s:1",
+        str(RECIPE),
+        "--",
+        "--steps",
+        str(steps),
+        "--step-time",
+        "0.05",
+        "--checkpoint-dir",
+        str(ckpt),
+    )
     s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert len(s["attempts"]) == 1 and s["in_job_restarts_total"] >= 1, s
@@ -380,9 +469,25 @@ def straggler_is_not_taken_for_hung(cli: Cli, tmp_path: Path, *submit_args: str)
     """Scenario: the second node runs three times slower from 5 s on, with the default (and
     learned) hang timeouts: it keeps making progress, so nothing is restarted."""
     ckpt = tmp_path / "ckpt"
-    out = cli.submit(*submit_args, "--retries", "0", "--in-job-restarts", "1", "-N", "2",
-                     "--inject", "straggler@5:1*3", str(RECIPE), "--", "--steps", "150",
-                     "--step-time", "0.05", "--checkpoint-dir", str(ckpt))  # fmt: skip
+    out = cli.submit(
+        *submit_args,
+        "--retries",
+        "0",
+        "--in-job-restarts",
+        "1",
+        "-N",
+        "2",
+        "--inject",
+        "straggler@5:1*3",
+        str(RECIPE),
+        "--",
+        "--steps",
+        "150",
+        "--step-time",
+        "0.05",
+        "--checkpoint-dir",
+        str(ckpt),
+    )
     s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert len(s["attempts"]) == 1 and s["in_job_restarts_total"] == 0, s

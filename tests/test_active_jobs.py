@@ -56,11 +56,21 @@ def test_mock_model_lists_jobs_until_they_end():
 
 def test_pyslurm_lists_only_this_users_unended_jobs():
     def job(id, user_id, state):
-        return types.SimpleNamespace(id=id, user_id=user_id, state=state, comment=f"c{id}",
-                                     allocated_nodes=None, time_limit=None)  # fmt: skip
+        return types.SimpleNamespace(
+            id=id,
+            user_id=user_id,
+            state=state,
+            comment=f"c{id}",
+            allocated_nodes=None,
+            time_limit=None,
+        )
 
-    loaded = {1: job(1, os.getuid(), "RUNNING"), 2: job(2, os.getuid() + 1, "RUNNING"),
-              3: job(3, os.getuid(), "COMPLETED"), 4: job(4, os.getuid(), "PENDING")}
+    loaded = {
+        1: job(1, os.getuid(), "RUNNING"),
+        2: job(2, os.getuid() + 1, "RUNNING"),
+        3: job(3, os.getuid(), "COMPLETED"),
+        4: job(4, os.getuid(), "PENDING"),
+    }
     backend = object.__new__(pb.PyslurmBackend)
     backend.pyslurm = types.SimpleNamespace(Jobs=types.SimpleNamespace(load=lambda: loaded))
     backend.query_budget_s, backend.clock = 1.0, lambda: NOW
@@ -68,8 +78,9 @@ def test_pyslurm_lists_only_this_users_unended_jobs():
 
 
 def test_live_slurm_cli_lists_a_held_job_with_its_comment_until_cancelled(backend, jobs):
-    job = backend.submit("#!/bin/bash\nsleep 600\n",
-                         JobOptions(name="listing", comment="ftslurm:lost:0", hold=True))
+    job = backend.submit(
+        "#!/bin/bash\nsleep 600\n", JobOptions(name="listing", comment="ftslurm:lost:0", hold=True)
+    )
     jobs.append(job)
     listed = {j.job_id: j for j in backend.active_jobs()}
     assert listed[job].comment == "ftslurm:lost:0" and listed[job].state is JobState.PENDING

@@ -20,9 +20,21 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ftslurm"
 # What the pure core may never import: I/O, clocks, processes, UI, the shell layers.
 FORBIDDEN_IN_CORE = {
-    "subprocess", "sqlite3", "socket", "time", "os", "shutil", "threading", "rich", "typer",
-    "torch", "tenacity", "ftslurm.backends", "ftslurm.localcluster", "ftslurm.cli",
-}  # fmt: skip
+    "subprocess",
+    "sqlite3",
+    "socket",
+    "time",
+    "os",
+    "shutil",
+    "threading",
+    "rich",
+    "typer",
+    "torch",
+    "tenacity",
+    "ftslurm.backends",
+    "ftslurm.localcluster",
+    "ftslurm.cli",
+}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -37,14 +49,21 @@ def imported_modules(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "core").rglob("*.py")), ids=lambda p: p.name)
 def test_core_modules_do_no_io(path):
-    bad = {m for m in imported_modules(path)
-           if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)}  # fmt: skip
+    bad = {
+        m
+        for m in imported_modules(path)
+        if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)
+    }
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
 def test_slurm_parsers_are_pure():
     bad = imported_modules(PACKAGE / "backends" / "slurm_cli" / "parse.py") & {
-        "subprocess", "os", "time", "ftslurm.backends.slurm_cli.runner"}
+        "subprocess",
+        "os",
+        "time",
+        "ftslurm.backends.slurm_cli.runner",
+    }
     assert not bad
 
 
@@ -90,11 +109,20 @@ def test_daemon_decisions_are_pure(name):
     """The daemon's decisions (`step`, `policy`), the records they read and the batch script
     of an attempt (`submission`) do no I/O, and import nothing of the daemon's shell (the
     store, the loop, the agent; the decisions nothing of `submission` either)."""
-    shell = {"ftslurm.daemon.store", "ftslurm.daemon.reconcile", "ftslurm.daemon.service",
-             "ftslurm.daemon.submission", "ftslurm.agent", "ftslurm.fsutil"}  # fmt: skip
+    shell = {
+        "ftslurm.daemon.store",
+        "ftslurm.daemon.reconcile",
+        "ftslurm.daemon.service",
+        "ftslurm.daemon.submission",
+        "ftslurm.agent",
+        "ftslurm.fsutil",
+    }
     shell.discard(f"ftslurm.daemon.{name.removesuffix('.py')}")
-    bad = {m for m in imported_modules(PACKAGE / "daemon" / name)
-           if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE | shell)}
+    bad = {
+        m
+        for m in imported_modules(PACKAGE / "daemon" / name)
+        if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE | shell)
+    }
     assert not bad, f"{name} imports {sorted(bad)}"
 
 
@@ -131,30 +159,49 @@ def ftslurm_modules_loaded(name: str) -> set[str]:
 
 # The layers that talk to the world: schedulers, the terminal, the state database, the
 # daemon's loop and process, the compute side, the local cluster.
-IO_LAYERS = ("ftslurm.backends", "ftslurm.cli", "ftslurm.localcluster", "ftslurm.agent",
-             "ftslurm.daemon.store", "ftslurm.daemon.reconcile", "ftslurm.daemon.service",
-             "ftslurm.daemon.as_job")  # fmt: skip
+IO_LAYERS = (
+    "ftslurm.backends",
+    "ftslurm.cli",
+    "ftslurm.localcluster",
+    "ftslurm.agent",
+    "ftslurm.daemon.store",
+    "ftslurm.daemon.reconcile",
+    "ftslurm.daemon.service",
+    "ftslurm.daemon.as_job",
+)
 
 
-@pytest.mark.parametrize("name", [
-    "ftslurm.daemon.policy", "ftslurm.daemon.step", "ftslurm.daemon.records",
-    "ftslurm.daemon.submission", "ftslurm.report.goodput", "ftslurm.report.notes",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ftslurm.daemon.policy",
+        "ftslurm.daemon.step",
+        "ftslurm.daemon.records",
+        "ftslurm.daemon.submission",
+        "ftslurm.report.goodput",
+        "ftslurm.report.notes",
+    ],
+)
 def test_pure_modules_reach_no_io_layer_through_their_imports(name):
     """Not even through a module they import (the batch script's template once imported
     the Slurm CLI backend for its sbatch flags, so `submission` loaded a backend)."""
-    bad = {m for m in ftslurm_modules_loaded(name)
-           if any(m == f or m.startswith(f + ".") for f in IO_LAYERS)}
+    bad = {
+        m
+        for m in ftslurm_modules_loaded(name)
+        if any(m == f or m.startswith(f + ".") for f in IO_LAYERS)
+    }
     assert not bad, f"{name} loads {sorted(bad)}"
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "report").glob("*.py")),
-                         ids=lambda p: p.name)  # fmt: skip
+@pytest.mark.parametrize("path", sorted((PACKAGE / "report").glob("*.py")), ids=lambda p: p.name)
 def test_reporting_is_pure(path):
     """The reporting package (goodput, the commands' prose) reads no clock, file or
     terminal: values in, words and numbers out."""
-    bad = {m for m in imported_modules(path)
-           if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)}
+    bad = {
+        m
+        for m in imported_modules(path)
+        if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)
+    }
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
@@ -166,24 +213,63 @@ def test_settings_live_in_the_core_and_nothing_imports_them_from_the_daemon():
 # ---------------------------------------------------------------- the compute/daemon contract
 CONTRACT = PACKAGE / "core" / "contract.py"
 # What the contract module may import: parsing and path arithmetic, nothing with I/O.
-CONTRACT_IMPORTS = {"__future__", "json", "re", "signal", "collections.abc", "dataclasses",
-                    "enum", "pathlib", "typing", "pydantic", "ftslurm.errors"}  # fmt: skip
+CONTRACT_IMPORTS = {
+    "__future__",
+    "json",
+    "re",
+    "signal",
+    "collections.abc",
+    "dataclasses",
+    "enum",
+    "pathlib",
+    "typing",
+    "pydantic",
+    "ftslurm.errors",
+}
 # FTSLURM_* variables that are not the job's: the login node's state folder, the mock
 # scheduler's own plumbing and the local test cluster's markers. Each is named by the module
 # that owns it; every other FTSLURM_* name lives in the contract module.
-OWN_VARIABLES = {"FTSLURM_HOME", "FTSLURM_MOCK_HOME", "FTSLURM_MOCK_JOB_DIR",
-                 "FTSLURM_TEST_PAUSE_AFTER_RECORD", "FTSLURM_TEST_PAUSE_LAUNCH",
-                 "FTSLURM_LOCAL_CLUSTER",
-                 "FTSLURM_LOCAL_NODE", "FTSLURM_LOCAL_CLUSTER_DIR", "FTSLURM_ROOTFS_CACHE",
-                 "FTSLURM_DEBIAN_MIRROR", "FTSLURM_STATE_FS",
-                 "FTSLURM_CLUSTER_OPERATOR"}  # fmt: skip
+OWN_VARIABLES = {
+    "FTSLURM_HOME",
+    "FTSLURM_MOCK_HOME",
+    "FTSLURM_MOCK_JOB_DIR",
+    "FTSLURM_TEST_PAUSE_AFTER_RECORD",
+    "FTSLURM_TEST_PAUSE_LAUNCH",
+    "FTSLURM_LOCAL_CLUSTER",
+    "FTSLURM_LOCAL_NODE",
+    "FTSLURM_LOCAL_CLUSTER_DIR",
+    "FTSLURM_ROOTFS_CACHE",
+    "FTSLURM_DEBIAN_MIRROR",
+    "FTSLURM_STATE_FS",
+    "FTSLURM_CLUSTER_OPERATOR",
+}
 # The files the two sides share (ftslurm.core.contract.RunDir, HeartbeatDir): a string that is
 # one of these names, or begins or ends like one, spells a shared file out again.
-SHARED_NAMES = {"progress.json", "FINISHED", "straggler-nodes.json", "report.json",
-                "state.json", "sections.json", ".ftslurm-observed"}  # fmt: skip
-SHARED_PREFIXES = ("rank-", "node-", "stopping-rank-", "hung-node-", "fired-rank-", "ready-",
-                   "peer-lease-", "lost-", "round-", "benched-", "rendezvous-",
-                   "launcher-failed-", "ftslurm-hb-", "job-%j")  # fmt: skip
+SHARED_NAMES = {
+    "progress.json",
+    "FINISHED",
+    "straggler-nodes.json",
+    "report.json",
+    "state.json",
+    "sections.json",
+    ".ftslurm-observed",
+}
+SHARED_PREFIXES = (
+    "rank-",
+    "node-",
+    "stopping-rank-",
+    "hung-node-",
+    "fired-rank-",
+    "ready-",
+    "peer-lease-",
+    "lost-",
+    "round-",
+    "benched-",
+    "rendezvous-",
+    "launcher-failed-",
+    "ftslurm-hb-",
+    "job-%j",
+)
 SHARED_SUFFIXES = (".hb",)
 # Folder names too common to forbid everywhere: forbidden as a path component (`x / "logs"`).
 SHARED_FOLDERS = {"attempts", "logs", "stragglers", "checkpoints", "recovery"}
@@ -196,8 +282,12 @@ def _docstrings(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 found.add(id(body[0].value))
     return found
 
@@ -207,10 +297,16 @@ def _strings(path: Path) -> list[tuple[int, str, bool]]:
     parts included, docstrings left out."""
     tree = ast.parse(path.read_text())
     skip = _docstrings(tree)
-    components = {id(n.right) for n in ast.walk(tree)
-                  if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)}  # fmt: skip
-    return [(n.lineno, n.value, id(n) in components) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+    components = {
+        id(n.right)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)
+    }
+    return [
+        (n.lineno, n.value, id(n) in components)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip
+    ]
 
 
 def _outside_contract() -> list[Path]:
@@ -232,23 +328,32 @@ def test_no_module_outside_the_contract_spells_a_job_variable():
             for name in _VARIABLE.findall(text):
                 if name in contract_names or name not in OWN_VARIABLES:
                     found.append(f"{path.relative_to(ROOT)}:{line}: {name}")
-    assert not found, "spell these through ftslurm.core.contract.EnvName/JobEnv:\n" + \
-        "\n".join(found)
+    assert not found, "spell these through ftslurm.core.contract.EnvName/JobEnv:\n" + "\n".join(
+        found
+    )
 
 
 def test_no_module_outside_the_contract_spells_a_shared_file_name():
     found = []
     for path in _outside_contract():
         for line, text, component in _strings(path):
-            if text in SHARED_NAMES or text.startswith(SHARED_PREFIXES) \
-                    or text.endswith(SHARED_SUFFIXES) or (component and text in SHARED_FOLDERS):
+            if (
+                text in SHARED_NAMES
+                or text.startswith(SHARED_PREFIXES)
+                or text.endswith(SHARED_SUFFIXES)
+                or (component and text in SHARED_FOLDERS)
+            ):
                 found.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
-    assert not found, "name these through ftslurm.core.contract.RunDir/HeartbeatDir:\n" + \
-        "\n".join(found)
+    assert not found, "name these through ftslurm.core.contract.RunDir/HeartbeatDir:\n" + "\n".join(
+        found
+    )
 
 
 @pytest.mark.parametrize("name", ["reconcile.py", "submission.py", "step.py"])
 def test_the_daemon_reaches_the_compute_side_only_through_the_contract(name):
-    bad = {m for m in imported_modules(PACKAGE / "daemon" / name)
-           if m == "ftslurm.agent" or m.startswith("ftslurm.agent.")}  # fmt: skip
+    bad = {
+        m
+        for m in imported_modules(PACKAGE / "daemon" / name)
+        if m == "ftslurm.agent" or m.startswith("ftslurm.agent.")
+    }
     assert not bad, f"{name} imports {sorted(bad)}"

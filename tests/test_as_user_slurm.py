@@ -42,8 +42,9 @@ def test_what_needs_the_operator_fails_in_one_line_that_says_so(slurm_cluster):
     node = slurm_cluster.layout.node_names[0]
     slurm_cluster.wait_nodes_idle([node], timeout=60)  # an earlier test's job may be ending
     with pytest.raises(OperatorNeeded) as err:
-        runner.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=user"],
-                   budget_s=5)  # fmt: skip
+        runner.run(
+            ["scontrol", "update", f"nodename={node}", "state=drain", "reason=user"], budget_s=5
+        )
     message = err.value.user_message()
     assert "operator" in message and "\n" not in message
     assert slurm_cluster.node_states()[node] == "idle"  # and nothing changed

@@ -49,27 +49,38 @@ RECORDED = recorded()
 
 def test_the_recorded_refusals_name_each_refused_job():
     assert RECORDED["scontrol requeuehold 11,12,13"] == (
-        1, "Requested operation is presently disabled for job 13\n")
-    assert parse.parse_refusals(RECORDED["scontrol requeuehold 11,12,13"][1], ["11", "12", "13"]) \
-        == {"13": "Requested operation is presently disabled for job 13"}
+        1,
+        "Requested operation is presently disabled for job 13\n",
+    )
+    assert parse.parse_refusals(
+        RECORDED["scontrol requeuehold 11,12,13"][1], ["11", "12", "13"]
+    ) == {"13": "Requested operation is presently disabled for job 13"}
     both = parse.parse_refusals(RECORDED["scontrol requeuehold 11,12"][1], ["11", "12"])
-    assert both == {"11": "Job is pending execution for job 11",
-                    "12": "Job is pending execution for job 12"}
-    for command in ("scontrol update jobid=11,12,14 ExcNodeList=n[3-4]",
-                    "scontrol update jobid=11,12,14 StartTime=now",
-                    "scontrol release 11,12,14"):  # release repeats the message: still job 14
+    assert both == {
+        "11": "Job is pending execution for job 11",
+        "12": "Job is pending execution for job 12",
+    }
+    for command in (
+        "scontrol update jobid=11,12,14 ExcNodeList=n[3-4]",
+        "scontrol update jobid=11,12,14 StartTime=now",
+        "scontrol release 11,12,14",
+    ):  # release repeats the message: still job 14
         rc, text = RECORDED[command]
         assert rc == 1
         assert parse.parse_refusals(text, ["11", "12", "14"]) == {
-            "14": "Job has already finished for job 14"}, command
+            "14": "Job has already finished for job 14"
+        }, command
 
 
-@pytest.mark.parametrize("text", [
-    RECORDED["scontrol requeue 11,abc"][1],  # a malformed list is refused as a whole
-    "Job is pending execution for job 77\n",  # a job not in the list
-    "Job has already finished for job 14\nscontrol: error: something else\n",
-    "exit status 1",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        RECORDED["scontrol requeue 11,abc"][1],  # a malformed list is refused as a whole
+        "Job is pending execution for job 77\n",  # a job not in the list
+        "Job has already finished for job 14\nscontrol: error: something else\n",
+        "exit status 1",
+    ],
+)
 def test_output_that_names_no_job_of_the_list_cannot_be_attributed(text):
     assert parse.parse_refusals(text, ["11", "12", "14"]) is None
 
@@ -103,10 +114,14 @@ def test_each_batch_action_is_one_command_and_returns_the_refused_job_typed():
     assert "job 13" in refused["13"].message
     for act, argv in [
         (lambda ids: backend.release_many(ids), ["scontrol", "release", "11,12,14"]),
-        (lambda ids: backend.start_now_many(ids),
-         ["scontrol", "update", "jobid=11,12,14", "StartTime=now"]),
-        (lambda ids: backend.update_excluded_nodes_many(ids, ["n4", "n3"]),
-         ["scontrol", "update", "jobid=11,12,14", "ExcNodeList=n[3-4]"]),
+        (
+            lambda ids: backend.start_now_many(ids),
+            ["scontrol", "update", "jobid=11,12,14", "StartTime=now"],
+        ),
+        (
+            lambda ids: backend.update_excluded_nodes_many(ids, ["n4", "n3"]),
+            ["scontrol", "update", "jobid=11,12,14", "ExcNodeList=n[3-4]"],
+        ),
     ]:
         runner.calls.clear()
         refused = act(["11", "12", "14", "11"])  # an id given twice is acted on once
@@ -126,8 +141,11 @@ def test_output_naming_no_job_falls_back_to_one_command_per_job():
     runner = ReplayRunner(single={"abc": InvalidJobId("scontrol: Invalid job id specified")})
     backend = SlurmCliBackend(runner)  # type: ignore[arg-type]
     refused = backend.requeue_many(["11", "abc"])
-    assert runner.calls == [["scontrol", "requeue", "11,abc"],
-                            ["scontrol", "requeue", "11"], ["scontrol", "requeue", "abc"]]
+    assert runner.calls == [
+        ["scontrol", "requeue", "11,abc"],
+        ["scontrol", "requeue", "11"],
+        ["scontrol", "requeue", "abc"],
+    ]
     assert list(refused) == ["abc"] and isinstance(refused["abc"], InvalidJobId)
 
 
@@ -136,8 +154,7 @@ def test_a_list_longer_than_one_argument_allows_is_cut_in_parts():
     runner.run_refusals = lambda argv, budget_s: runner.calls.append(list(argv)) or ""  # type: ignore[method-assign]
     backend = SlurmCliBackend(runner, max_jobs_arg_chars=12)  # type: ignore[arg-type]
     assert backend.start_now_many(["1001", "1002", "1003", "1004", "1005"]) == {}
-    assert [c[2] for c in runner.calls] == ["jobid=1001,1002", "jobid=1003,1004",
-                                            "jobid=1005"]
+    assert [c[2] for c in runner.calls] == ["jobid=1001,1002", "jobid=1003,1004", "jobid=1005"]
 
 
 def test_the_runner_returns_refusals_and_raises_an_unreachable_controller():
@@ -145,8 +162,7 @@ def test_the_runner_returns_refusals_and_raises_an_unreachable_controller():
     say = [sys.executable, "-c"]
     assert runner.run_refusals([*say, "pass"], budget_s=1) == ""
     refusal = "import sys; sys.stderr.write('Job has already finished for job 3\\n'); sys.exit(1)"
-    assert runner.run_refusals([*say, refusal], budget_s=1) == \
-        "Job has already finished for job 3"
+    assert runner.run_refusals([*say, refusal], budget_s=1) == "Job has already finished for job 3"
     down = "import sys; sys.stderr.write('Unable to contact slurm controller\\n'); sys.exit(1)"
     before = runner.commands
     with pytest.raises(SchedulerUnavailable):
@@ -157,8 +173,11 @@ def test_the_runner_returns_refusals_and_raises_an_unreachable_controller():
 def test_a_finished_job_is_a_state_conflict():
     from ftslurm.backends.slurm_cli.runner import classify
 
-    err = classify(["scontrol"], 1, "Job has already finished for job 6\n"
-                                    "slurm_suspend error: Job has already finished\n")
+    err = classify(
+        ["scontrol"],
+        1,
+        "Job has already finished for job 6\nslurm_suspend error: Job has already finished\n",
+    )
     assert isinstance(err, JobStateConflict)
 
 
@@ -210,8 +229,9 @@ def test_the_mock_refuses_the_ended_job_of_a_batch_and_acts_on_the_others(tmp_pa
     mock = MockScheduler(tmp_path / "mock")
     assert isinstance(mock, SchedulerBackend)
     script = "#!/bin/bash\nsleep 600\n"
-    a, b, ended = (mock.submit(script, JobOptions(hold=True, workdir=str(tmp_path)))
-                   for _ in range(3))  # fmt: skip
+    a, b, ended = (
+        mock.submit(script, JobOptions(hold=True, workdir=str(tmp_path))) for _ in range(3)
+    )
     mock.cancel(ended)
     refused = mock.update_excluded_nodes_many([a, b, ended], ["n3", "n4"])
     assert list(refused) == [ended] and isinstance(refused[ended], JobStateConflict)

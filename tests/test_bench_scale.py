@@ -41,14 +41,24 @@ def results(tmp_path_factory) -> dict[str, dict]:
     pytest.importorskip("torch")
     agent = start(
         "agent_overhead.py",
-        "--calls", "200", "--rare-calls", "3", "--collective-calls", "20",
+        "--calls",
+        "200",
+        "--rare-calls",
+        "3",
+        "--collective-calls",
+        "20",
         cwd=tmp_path_factory.mktemp("agent"),
-    )  # fmt: skip
+    )
     scale = start(
         "daemon_scale.py",
-        "--runs", "4,30", "--cycles", "2", "--flags", "3",
+        "--runs",
+        "4,30",
+        "--cycles",
+        "2",
+        "--flags",
+        "3",
         cwd=tmp_path_factory.mktemp("scale"),
-    )  # fmt: skip
+    )
     return {"agent": result(agent), "scale": result(scale)}
 
 
@@ -111,7 +121,11 @@ def test_daemon_scale_commands_per_cycle_are_constant_and_at_most_two(scale_resu
     assert r["sizes"] == [4, 30] and r["backends"] == ["mock", "memory"]
     rows = r["rows"]
     assert sorted((row["backend"], row["runs"]) for row in rows) == [
-        ("memory", 4), ("memory", 30), ("mock", 4), ("mock", 30)]  # fmt: skip
+        ("memory", 4),
+        ("memory", 30),
+        ("mock", 4),
+        ("mock", 30),
+    ]
     for row in rows:
         # the first cycle also asks the cluster facts, once per backend; then one query
         assert row["first_cycle_commands"] == {"cluster_facts": 1, "query": 1}
@@ -133,6 +147,11 @@ def test_daemon_scale_runs_half_running_on_memory_and_counts_endings(scale_resul
     # the cycle that sees the endings: one query, one node listing, one requeue for all
     assert churn["ending_cycle"] == {"nodes": 1, "query": 1, "requeue_many": 1}
     # the next one brings the requeued jobs back: exclusions, release, start now, one each
-    assert churn["requeue_cycle"] == {"nodes": 1, "query": 1, "update_excluded_nodes_many": 1,
-                                      "release_many": 1, "start_now_many": 1}
+    assert churn["requeue_cycle"] == {
+        "nodes": 1,
+        "query": 1,
+        "update_excluded_nodes_many": 1,
+        "release_many": 1,
+        "start_now_many": 1,
+    }
     assert rows[("mock", 30)]["churn"] is None

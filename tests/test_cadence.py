@@ -43,8 +43,9 @@ def test_young_and_daly_worked_values():
     # w = 300 s, M = 4 h (the regime of a large job): 2939.39 -> 2939.39 * (1 + 0.03402
     # + 0.00116) - 300 = 2742.8 s
     assert young(300, 4 * HOUR) == pytest.approx(2939.388, abs=1e-3)
-    assert daly(300, 4 * HOUR) == pytest.approx(2939.388 * (1 + math.sqrt(300 / 28800) / 3
-                                                            + 300 / 28800 / 9) - 300)
+    assert daly(300, 4 * HOUR) == pytest.approx(
+        2939.388 * (1 + math.sqrt(300 / 28800) / 3 + 300 / 28800 / 9) - 300
+    )
     assert daly(300, 4 * HOUR) == pytest.approx(2742.8, abs=0.1)
     # a save longer than twice the MTBF: checkpoint every M
     assert daly(5000, 2000) == 2000
@@ -59,12 +60,20 @@ def test_the_failure_rate_is_the_prior_until_the_history_outweighs_it():
     assert node_failure_rate(FailureHistory(50, 1000), 5.0, 1000) == pytest.approx(0.0275)
     # a long history speaks for itself
     assert node_failure_rate(FailureHistory(5000, 100_000), 5.0, 1000) == pytest.approx(
-        (5 + 5000) / 101_000)
+        (5 + 5000) / 101_000
+    )
 
 
 def tuned(**kw):  # type: ignore[no-untyped-def]
-    args = dict(nodes=16, save_s=None, save_prior_s=60.0, write_s=None,
-                history=FailureHistory(), prior_per_1000=5.0, prior_node_days=1000.0)
+    args = dict(
+        nodes=16,
+        save_s=None,
+        save_prior_s=60.0,
+        write_s=None,
+        history=FailureHistory(),
+        prior_per_1000=5.0,
+        prior_node_days=1000.0,
+    )
     return cadence("auto", **{**args, **kw})
 
 
@@ -77,21 +86,37 @@ def test_the_interval_follows_the_failure_rate_the_save_and_the_background_write
     assert more_failures.interval_s < base.interval_s / 3  # 21x the rate: sqrt(21) ~ 4.6x
     assert tuned(nodes=2048).interval_s < base.interval_s / 10  # sqrt(128) ~ 11x
     slower = tuned(save_s=240.0)
-    assert slower.save_measured and slower.interval_s == pytest.approx(
-        daly(240, 1.08e6), abs=1e-3)  # fmt: skip
+    assert slower.save_measured and slower.interval_s == pytest.approx(daly(240, 1.08e6), abs=1e-3)
     assert slower.interval_s > 1.9 * base.interval_s  # sqrt(4) = 2x, less a little
     # never shorter than the previous checkpoint's background write
     assert tuned(save_s=1.0, history=FailureHistory(10_000, 10)).interval_s < 900
-    assert tuned(save_s=1.0, history=FailureHistory(10_000, 10),
-                 write_s=900.0).interval_s == 900.0  # fmt: skip
+    assert tuned(save_s=1.0, history=FailureHistory(10_000, 10), write_s=900.0).interval_s == 900.0
 
 
 def test_a_pinned_or_switched_off_interval_is_taken_as_it_is():
-    assert cadence(600.0, nodes=4, save_s=3.0, save_prior_s=60, write_s=None,
-                   history=FailureHistory(), prior_per_1000=5, prior_node_days=1000
-                   ).interval_s == 600.0  # fmt: skip
-    off = cadence("off", nodes=4, save_s=3.0, save_prior_s=60, write_s=None,
-                  history=FailureHistory(), prior_per_1000=5, prior_node_days=1000)
+    assert (
+        cadence(
+            600.0,
+            nodes=4,
+            save_s=3.0,
+            save_prior_s=60,
+            write_s=None,
+            history=FailureHistory(),
+            prior_per_1000=5,
+            prior_node_days=1000,
+        ).interval_s
+        == 600.0
+    )
+    off = cadence(
+        "off",
+        nodes=4,
+        save_s=3.0,
+        save_prior_s=60,
+        write_s=None,
+        history=FailureHistory(),
+        prior_per_1000=5,
+        prior_node_days=1000,
+    )
     assert (off.interval_s, off.how) == (None, "off")
 
 
@@ -147,14 +172,17 @@ def test_the_daemon_writes_the_tuned_interval_for_a_running_attempt():
     assert write.cadence.interval_s == pytest.approx(daly(60, DAY_S / 0.01), abs=1e-3)
     # what the folder holds already: nothing to write
     same = known(files=core.RunFiles(cadence=write.cadence))
-    assert not of(core.step(attempt(start=NOW - 10), observed, cadence_run(), same, NOW),
-                  core.WriteCadence)  # fmt: skip
+    assert not of(
+        core.step(attempt(start=NOW - 10), observed, cadence_run(), same, NOW), core.WriteCadence
+    )
     # a measured save and a history of failures move it
-    moved = known(files=core.RunFiles(cadence=write.cadence,
-                                      progress={"checkpoint_save_s": 4.0}),
-                  history=FailureHistory(30, 100.0))  # fmt: skip
-    (again,) = of(core.step(attempt(start=NOW - 10), observed, cadence_run(), moved, NOW),
-                  core.WriteCadence)  # fmt: skip
+    moved = known(
+        files=core.RunFiles(cadence=write.cadence, progress={"checkpoint_save_s": 4.0}),
+        history=FailureHistory(30, 100.0),
+    )
+    (again,) = of(
+        core.step(attempt(start=NOW - 10), observed, cadence_run(), moved, NOW), core.WriteCadence
+    )
     assert again.cadence.save_measured and again.cadence.failures == 30
     # 15x cheaper saves, 6.4x the failure rate: sqrt(96) ~ 9.8x more often
     assert again.cadence.interval_s < write.cadence.interval_s / 9
@@ -163,9 +191,16 @@ def test_the_daemon_writes_the_tuned_interval_for_a_running_attempt():
 def test_a_run_that_reports_memory_saves_gets_a_memory_and_a_disk_interval():
     observed = info(core.JobState.RUNNING, start_time=NOW - 10)
     files = core.RunFiles(progress={"checkpoint_save_s": 30.0, "memory_save_s": 0.5})
-    (write,) = of(core.step(attempt(start=NOW - 10), observed,
-                            cadence_run(memory_tier_coverage=0.75), known(files=files), NOW),
-                  core.WriteCadence)  # fmt: skip
+    (write,) = of(
+        core.step(
+            attempt(start=NOW - 10),
+            observed,
+            cadence_run(memory_tier_coverage=0.75),
+            known(files=files),
+            NOW,
+        ),
+        core.WriteCadence,
+    )
     m = DAY_S / 0.01
     assert write.cadence.interval_s == pytest.approx(daly(0.5, m), abs=1e-3)
     assert write.cadence.disk_interval_s == pytest.approx(daly(30, 4 * m), abs=1e-3)
@@ -177,11 +212,23 @@ def test_a_run_that_reports_memory_saves_gets_a_memory_and_a_disk_interval():
 
 def test_the_interval_is_never_shorter_than_the_runs_longest_background_write():
     observed = info(core.JobState.RUNNING, start_time=NOW - 10)
-    files = core.RunFiles(progress={"checkpoint_save_s": 0.5, "checkpoint_write_s": 40.0,
-                                    "max_checkpoint_write_s": 900.0})  # fmt: skip
-    (write,) = of(core.step(attempt(start=NOW - 10), observed, cadence_run(),
-                            known(files=files, history=FailureHistory(500, 10)), NOW),
-                  core.WriteCadence)  # fmt: skip
+    files = core.RunFiles(
+        progress={
+            "checkpoint_save_s": 0.5,
+            "checkpoint_write_s": 40.0,
+            "max_checkpoint_write_s": 900.0,
+        }
+    )
+    (write,) = of(
+        core.step(
+            attempt(start=NOW - 10),
+            observed,
+            cadence_run(),
+            known(files=files, history=FailureHistory(500, 10)),
+            NOW,
+        ),
+        core.WriteCadence,
+    )
     assert write.cadence.interval_s == 900.0 and write.cadence.write_s == 900.0
     assert "the background write's floor" in write.cadence.describe()
 
@@ -190,26 +237,47 @@ def test_spares_do_not_count_in_the_jobs_failure_rate_and_off_clears_a_written_i
     r = cadence_run(spare_nodes=1)
     r.spec["options"]["nodes"] = 3
     observed = info(core.JobState.RUNNING, start_time=NOW - 10)
-    (write,) = of(core.step(attempt(start=NOW - 10), observed, r, known(), NOW),
-                  core.WriteCadence)  # fmt: skip
+    (write,) = of(core.step(attempt(start=NOW - 10), observed, r, known(), NOW), core.WriteCadence)
     assert write.cadence.nodes == 2
     written = known(files=core.RunFiles(cadence=write.cadence))
-    (off,) = of(core.step(attempt(start=NOW - 10), observed,
-                          run(settings={"checkpoint_interval": "off"}), written, NOW),
-                core.WriteCadence)  # fmt: skip
+    (off,) = of(
+        core.step(
+            attempt(start=NOW - 10),
+            observed,
+            run(settings={"checkpoint_interval": "off"}),
+            written,
+            NOW,
+        ),
+        core.WriteCadence,
+    )
     assert off.cadence.interval_s is None
-    assert not of(core.step(attempt(start=NOW - 10), observed,
-                            run(settings={"checkpoint_interval": "off"}), known(), NOW),
-                  core.WriteCadence)  # fmt: skip
+    assert not of(
+        core.step(
+            attempt(start=NOW - 10),
+            observed,
+            run(settings={"checkpoint_interval": "off"}),
+            known(),
+            NOW,
+        ),
+        core.WriteCadence,
+    )
 
 
 def test_a_tuned_interval_needs_the_history_a_pinned_one_does_not():
     observed = info(core.JobState.RUNNING, start_time=NOW - 10)
-    assert core.step(attempt(start=NOW - 10), observed, cadence_run(),
-                     known(history=None), NOW) == [core.Need(frozenset({"history"}))]
-    (pinned,) = of(core.step(attempt(start=NOW - 10), observed,
-                             run(settings={"checkpoint_interval": 900}),
-                             known(history=None), NOW), core.WriteCadence)  # fmt: skip
+    assert core.step(
+        attempt(start=NOW - 10), observed, cadence_run(), known(history=None), NOW
+    ) == [core.Need(frozenset({"history"}))]
+    (pinned,) = of(
+        core.step(
+            attempt(start=NOW - 10),
+            observed,
+            run(settings={"checkpoint_interval": 900}),
+            known(history=None),
+            NOW,
+        ),
+        core.WriteCadence,
+    )
     assert (pinned.cadence.how, pinned.cadence.interval_s) == ("pinned", 900.0)
 
 
@@ -221,15 +289,27 @@ def test_the_history_is_counted_per_cluster_up_to_now_for_a_running_attempt(tmp_
     from ftslurm.daemon.submission import backend_key
 
     with Store(tmp_path / "home") as store, store.transaction():
-        for rid, spec in (("real", {"backend": "slurm"}),
-                          ("dry", {"backend": "mock", "mock_home": "/m"})):
-            store.add_run(Run(run_id=rid, name=rid, state=RunState.RUNNING, created_at=0.0,
-                              spec=spec, settings={}))  # fmt: skip
+        for rid, spec in (
+            ("real", {"backend": "slurm"}),
+            ("dry", {"backend": "mock", "mock_home": "/m"}),
+        ):
+            store.add_run(
+                Run(
+                    run_id=rid,
+                    name=rid,
+                    state=RunState.RUNNING,
+                    created_at=0.0,
+                    spec=spec,
+                    settings={},
+                )
+            )
         # 2 nodes for a day, then 4 nodes still running since half a day before `now`
-        store.add_attempt(Attempt("real", 0, "NODE_FAIL", tag="t0", nodes=["a", "b"],
-                                  start=0.0, end=DAY_S))  # fmt: skip
-        store.add_attempt(Attempt("real", 1, "RUNNING", tag="t1", nodes=["c", "d", "e", "f"],
-                                  start=DAY_S))  # fmt: skip
+        store.add_attempt(
+            Attempt("real", 0, "NODE_FAIL", tag="t0", nodes=["a", "b"], start=0.0, end=DAY_S)
+        )
+        store.add_attempt(
+            Attempt("real", 1, "RUNNING", tag="t1", nodes=["c", "d", "e", "f"], start=DAY_S)
+        )
         store.add_attempt(Attempt("dry", 0, "RUNNING", tag="t2", nodes=["n1"], start=DAY_S))
         store.append_event("real", "node_lost", {"node": "b", "source": "slurm"}, DAY_S)
         for _ in range(3):
@@ -292,8 +372,7 @@ def test_the_agent_reads_a_new_interval_within_its_refresh_period(tmp_path, agen
     assert agent.checkpoint_interval == 120.0  # a torn file: the last one stays in force
 
 
-def test_a_periodic_checkpoint_is_due_after_the_interval_and_is_not_a_stop(tmp_path,
-                                                                          agent_in):
+def test_a_periodic_checkpoint_is_due_after_the_interval_and_is_not_a_stop(tmp_path, agent_in):
     write_interval(tmp_path, 300.0)
     agent, clock = agent_in(tmp_path)
     agent.heartbeat(1)
@@ -315,7 +394,7 @@ def test_a_periodic_checkpoint_is_due_after_the_interval_and_is_not_a_stop(tmp_p
     assert agent.should_checkpoint() and agent.should_stop()
 
 
-PERIODIC = r'''
+PERIODIC = r"""
 import os, sys, time
 import torch, torch.distributed as dist
 from ftslurm.agent import rank as fta
@@ -334,15 +413,17 @@ for step in range(1, int(sys.argv[1]) + 1):
         assert not agent.should_stop()
 agent.finished(step)
 agent.exit(0)
-'''
+"""
 
 
 def test_with_a_memory_tier_periodic_checkpoints_go_to_memory_and_every_disk_interval_to_disk(
-        tmp_path, agent_in):  # fmt: skip
+    tmp_path, agent_in
+):
     """Memory every 10 s, disk every 25 s: the tier of each periodic checkpoint follows
     the two clocks; a stop always goes to disk; a disk save restarts both clocks."""
-    two = Cadence(10.0, "tuned", save_s=5.0, disk_interval_s=25.0, memory_save_s=0.5,
-                  memory_coverage=0.5)  # fmt: skip
+    two = Cadence(
+        10.0, "tuned", save_s=5.0, disk_interval_s=25.0, memory_save_s=0.5, memory_coverage=0.5
+    )
     write_json_atomic(RunDir(tmp_path).cadence, two.to_json())
     agent, clock = agent_in(tmp_path)
     assert (agent.checkpoint_interval, agent.disk_checkpoint_interval) == (10.0, 25.0)
@@ -353,8 +434,14 @@ def test_with_a_memory_tier_periodic_checkpoints_go_to_memory_and_every_disk_int
         if agent.should_checkpoint():
             tiers.append((step, agent.checkpoint_tier))
             assert not agent.should_stop()
-    assert tiers == [(10, "memory"), (20, "memory"), (25, "disk"), (35, "memory"),
-                     (45, "memory"), (50, "disk")], tiers  # fmt: skip
+    assert tiers == [
+        (10, "memory"),
+        (20, "memory"),
+        (25, "disk"),
+        (35, "memory"),
+        (45, "memory"),
+        (50, "disk"),
+    ], tiers
     agent.checkpoint_saved(60, 0.5, tier="memory")  # a memory save leaves the disk clock
     clock.t += 10.0
     agent.heartbeat(61)
@@ -399,11 +486,24 @@ def test_on_the_mock_the_tuned_interval_follows_the_first_measured_save(tmp_path
     steps = 150
     expected = reference_digest(tmp_path, steps)
     with on_a_fresh_mock(tmp_path) as cli:
-        recipe = example_recipe(tmp_path, "tuned",
-                                ", failure_rate_prior=1e6, memory_tier_coverage=0.99")
-        out = cli.submit("--dry-run", "-N", "2", str(recipe), "--", "--steps", str(steps),
-                         "--step-time", "0.05", "--ckpt-every", "20",
-                         "--checkpoint-dir", str(tmp_path / "ckpt"))  # fmt: skip
+        recipe = example_recipe(
+            tmp_path, "tuned", ", failure_rate_prior=1e6, memory_tier_coverage=0.99"
+        )
+        out = cli.submit(
+            "--dry-run",
+            "-N",
+            "2",
+            str(recipe),
+            "--",
+            "--steps",
+            str(steps),
+            "--step-time",
+            "0.05",
+            "--ckpt-every",
+            "20",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        )
         s = cli.wait_for(out["run_id"], ended, 120, "the end of the run")
         assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, s
         final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
@@ -414,13 +514,17 @@ def test_on_the_mock_the_tuned_interval_follows_the_first_measured_save(tmp_path
         # the recipe keeps a memory tier: once its saves are told, two intervals
         assert re.search(r"periodic checkpoint at step \d+ to memory", logs), logs[-3000:]
         status = cli("status", out["run_id"]).stdout
-        assert re.search(r"checkpoints: checkpoint to memory every [\d.]+s \(save [\d.]+s "
-                         r"measured\), to disk every [\d.]+s \(tuned: save [\d.]+s "
-                         r"\(measured\)", status), status  # fmt: skip
+        assert re.search(
+            r"checkpoints: checkpoint to memory every [\d.]+s \(save [\d.]+s "
+            r"measured\), to disk every [\d.]+s \(tuned: save [\d.]+s "
+            r"\(measured\)",
+            status,
+        ), status
         rep = json.loads(cli("report", out["run_id"], "--json").stdout)
         assert rep["checkpoint_cadence"]["save_measured"] is True
         assert rep["checkpoint_cadence"]["interval_s"] < 5
-        assert rep["checkpoint_cadence"]["disk_interval_s"] >= rep["checkpoint_cadence"][
-            "interval_s"]  # fmt: skip
+        assert (
+            rep["checkpoint_cadence"]["disk_interval_s"] >= rep["checkpoint_cadence"]["interval_s"]
+        )
         cadences = [e for e in rep["timeline"] if e["kind"] == "cadence"]
         assert len(cadences) >= 2 and "prior, until one is measured" in cadences[0]["text"]

@@ -26,14 +26,14 @@ from ftslurm.core.contract import EnvName, RunDir
 from .daemon_scenarios import Cli, daemon_cli, ended
 
 # The training: leaves a mark as its first act (a rank started), then trains for long.
-TRAIN = r'''
+TRAIN = r"""
 import os, sys, time
 open(os.path.join(sys.argv[1], f"rank-{os.environ['RANK']}-{os.getpid()}"), "w").close()
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 for _ in range(3000):
     dist.all_reduce(torch.ones(1)); time.sleep(0.1)
-'''
+"""
 
 
 def launcher_pids(run_dir: str) -> dict[int, int]:
@@ -46,8 +46,11 @@ def launcher_pids(run_dir: str) -> dict[int, int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             if argv[1:3] != [b"-m", b"ftslurm.agent.launch"]:
                 continue
-            env = dict(item.split(b"=", 1) for item in
-                       (entry / "environ").read_bytes().split(b"\0") if b"=" in item)  # fmt: skip
+            env = dict(
+                item.split(b"=", 1)
+                for item in (entry / "environ").read_bytes().split(b"\0")
+                if b"=" in item
+            )
         except OSError:
             continue
         if env.get(EnvName.RUN_DIR.value.encode()) == run_dir.encode():
@@ -86,8 +89,9 @@ def cancel_at_the_rendezvous(cli: Cli, tmp_path: Path, *submit_args: str) -> Non
     marks.mkdir()
     train = tmp_path / "train.py"
     train.write_text(TRAIN)
-    out = cli.submit(*submit_args, "--retries", "0", "-N", "2", "-t", "10", str(train), "--",
-                     str(marks))  # fmt: skip
+    out = cli.submit(
+        *submit_args, "--retries", "0", "-N", "2", "-t", "10", str(train), "--", str(marks)
+    )
     run_dir = cli.status(out["run_id"])["run_dir"]
     run = RunDir(run_dir)
     held = hold_launchers(run_dir, 2, 180)

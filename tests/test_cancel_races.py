@@ -65,8 +65,13 @@ def test_the_daemons_own_writes_in_one_pass_do_not_make_it_stale(tmp_path):
     backend = ModelBackend()
     store = Store(tmp_path / "home")
     ft = FtSettings(preempt_time=120)
-    spec = make_spec(Recipe(command=["true"], nodes=1, time="5:00"), run_dir=tmp_path / "run",
-                     backend="mock", workdir=str(tmp_path), mock_home=tmp_path / "mock")
+    spec = make_spec(
+        Recipe(command=["true"], nodes=1, time="5:00"),
+        run_dir=tmp_path / "run",
+        backend="mock",
+        workdir=str(tmp_path),
+        mock_home=tmp_path / "mock",
+    )
     run, first = new_run_record("r0", "r0", spec, ft, backend.now)
     store.add_run(run)
     store.add_attempt(first)
@@ -147,19 +152,27 @@ def mock_cluster(tmp_path) -> Iterator[Cli]:
     c("mock", "destroy", check=False)
 
 
-def test_cancel_while_the_daemon_decides_a_node_failure_is_final(mock_cluster, tmp_path,
-                                                                 monkeypatch):  # fmt: skip
+def test_cancel_while_the_daemon_decides_a_node_failure_is_final(
+    mock_cluster, tmp_path, monkeypatch
+):
     home, mock_home = tmp_path / "home", tmp_path / "mock"
     monkeypatch.setenv("FTSLURM_HOME", str(home))
     monkeypatch.setenv("FTSLURM_MOCK_HOME", str(mock_home))
     monkeypatch.chdir(tmp_path)
     train = write_train(tmp_path)
     recipe = load_recipe(train, ["400", "0.1", "5"]).with_overrides(
-        nodes=2, num_job_retries_on_failure=2)
+        nodes=2, num_job_retries_on_failure=2
+    )
     run_dir = home / "runs" / "race1"
     (run_dir / "logs").mkdir(parents=True)
-    spec = make_spec(recipe, run_dir=run_dir, backend="mock", workdir=str(tmp_path),
-                     inject=("node_fail@2",), mock_home=mock_home)  # fmt: skip
+    spec = make_spec(
+        recipe,
+        run_dir=run_dir,
+        backend="mock",
+        workdir=str(tmp_path),
+        inject=("node_fail@2",),
+        mock_home=mock_home,
+    )
     store = Store(home)
     run, attempt = new_run_record("race1", "race", spec, recipe.settings(), time.time())
     store.add_run(run)
@@ -182,8 +195,9 @@ def test_cancel_while_the_daemon_decides_a_node_failure_is_final(mock_cluster, t
 
     def cycle_until_ended() -> bool:
         rec.cycle()
-        seen_running.update(a.attempt for a in store.attempts("race1")
-                            if a.state == JobState.RUNNING.value)  # fmt: skip
+        seen_running.update(
+            a.attempt for a in store.attempts("race1") if a.state == JobState.RUNNING.value
+        )
         return store.get_run("race1").state.is_terminal
 
     try:
@@ -225,8 +239,14 @@ class CancelAt:
     ends, as it would from another process: the cancel runs then."""
 
     DECIDE = -2
-    WRITES = ("update_attempt", "update_run", "add_attempt", "flag_node", "unflag_node",
-              "append_event")  # fmt: skip
+    WRITES = (
+        "update_attempt",
+        "update_run",
+        "add_attempt",
+        "flag_node",
+        "unflag_node",
+        "append_event",
+    )
 
     def __init__(self, store: Store, run_id: str, k: int, after: bool) -> None:
         self.store, self.run_id, self.k, self.after = store, run_id, k, after
@@ -344,8 +364,11 @@ def test_a_cancel_at_any_write_point_of_a_node_failure_is_never_lost(tmp_path, m
             lock.release()
         where = f"cancel {'after' if after else 'before'} write {k} of {points}"
         requested = [e.event_id for e in store.events("r0") if e.kind == "cancel_requested"]
-        decided = [e.data["verdict"] for e in store.events("r0", since_id=requested[0])
-                   if e.kind == "ended"]  # fmt: skip
+        decided = [
+            e.data["verdict"]
+            for e in store.events("r0", since_id=requested[0])
+            if e.kind == "ended"
+        ]
         assert set(decided) <= {"cancel"}, (where, decided)  # none taken without the cancel
         assert cancel.fired_at is not None, where
         final = store.get_run("r0")
@@ -354,8 +377,11 @@ def test_a_cancel_at_any_write_point_of_a_node_failure_is_never_lost(tmp_path, m
         assert final.job_retries_used <= 1, where
         jobs = {a.job_id for a in store.attempts("r0") if a.job_id}
         tags = {a.tag for a in store.attempts("r0")}
-        late = [(m, key) for _, m, key in backend.log[cancel.fired_at:]
-                if m in ("submit", "release", "start_now") and (key in jobs or key in tags)]
+        late = [
+            (m, key)
+            for _, m, key in backend.log[cancel.fired_at :]
+            if m in ("submit", "release", "start_now") and (key in jobs or key in tags)
+        ]
         assert not late, (where, late)  # nothing brought back after the cancel
         assert backend.active_by_comment_prefix("ftslurm:r0:") == [], where
         ended = [e.data["attempt"] for e in store.events("r0") if e.kind == "ended"]

@@ -37,14 +37,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _no_job_env(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "FTSLURM_RUN_DIR", "FTSLURM_CHECKPOINT_DIR",
-                 "MASTER_ADDR", "MASTER_PORT"):  # fmt: skip
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "FTSLURM_RUN_DIR",
+        "FTSLURM_CHECKPOINT_DIR",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
 def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "FTSLURM_RUN_DIR")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "FTSLURM_RUN_DIR")
+    }
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -87,8 +97,9 @@ def test_round_trip_resumes_bit_for_bit(tmp_path):
         train_step(model, opt)
     np.random.standard_normal()  # numpy holds a cached gaussian at the checkpoint
     ckpt = manager(tmp_path)
-    state = training_state(model, opt, 3, data_position={"epoch": 0, "index": 12},
-                           extra={"note": "x"})  # fmt: skip
+    state = training_state(
+        model, opt, 3, data_position={"epoch": 0, "index": 12}, extra={"note": "x"}
+    )
     ckpt.save(3, state)
     # The uninterrupted process goes on.
     expected_loss = train_step(model, opt)
@@ -173,8 +184,11 @@ def test_keep_last_keeps_exactly_the_newest(tmp_path):
         ckpt.save(step * 10, small_state(step))
         assert ckpt.steps() == [s * 10 for s in range(max(1, step - 1), step + 1)]
     assert sorted(os.listdir(tmp_path / "ckpt")) == [
-        "step-0000000040.json", "step-0000000040.pt", "step-0000000050.json",
-        "step-0000000050.pt"]  # fmt: skip
+        "step-0000000040.json",
+        "step-0000000040.pt",
+        "step-0000000050.json",
+        "step-0000000050.pt",
+    ]
     loaded = ckpt.load_latest()
     assert loaded is not None and loaded[0] == 50 and loaded[1]["step_value"] == 5
 
@@ -285,8 +299,11 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, mode):
     directory = ckpt.directory
     ckpt.save(1, small_state(1.0))
     marker = tmp_path / "stalled"
-    proc = subprocess.Popen([sys.executable, "-c", CRASH_CHILD, str(directory), str(marker),
-                             mode], env=child_env(), stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASH_CHILD, str(directory), str(marker), mode],
+        env=child_env(),
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (marker.exists() if mode == "stall" else temp_files(directory)):
@@ -512,8 +529,9 @@ def reporting_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "run" / "progress.json"
 
 
-def test_checkpoint_is_asynchronous_and_reported_only_once_written(tmp_path, monkeypatch,
-                                                                    gated_torch_save):
+def test_checkpoint_is_asynchronous_and_reported_only_once_written(
+    tmp_path, monkeypatch, gated_torch_save
+):
     """The default save blocks for the snapshot only; the daemon hears of the step once
     the file is on disk, with the blocking time and the background write apart."""
     gate, _ = gated_torch_save
@@ -533,8 +551,7 @@ def test_checkpoint_is_asynchronous_and_reported_only_once_written(tmp_path, mon
     assert manifest["save_s"] >= 0.3 + manifest["blocking_s"] - 1e-6
 
 
-def test_a_busy_writer_makes_the_next_checkpoint_wait_or_skip(tmp_path, gated_torch_save,
-                                                               caplog):  # fmt: skip
+def test_a_busy_writer_makes_the_next_checkpoint_wait_or_skip(tmp_path, gated_torch_save, caplog):
     gate, stats = gated_torch_save
     skipping = manager(tmp_path, busy="skip")
     first = skipping.checkpoint(1, small_state(1.0))
@@ -552,8 +569,7 @@ def test_a_busy_writer_makes_the_next_checkpoint_wait_or_skip(tmp_path, gated_to
         manager(tmp_path, busy="sometimes")
 
 
-def test_a_blocking_manager_has_written_the_file_when_checkpoint_returns(tmp_path,
-                                                                          monkeypatch):
+def test_a_blocking_manager_has_written_the_file_when_checkpoint_returns(tmp_path, monkeypatch):
     progress_file = reporting_to(tmp_path, monkeypatch)
     ckpt = CheckpointManager(tmp_path / "ckpt", asynchronous=False)
     handle = ckpt.checkpoint(4, small_state(4.0))
@@ -597,14 +613,22 @@ def test_a_report_from_the_writer_thread_is_not_lost_to_a_step_report(tmp_path, 
 
 # --------------------------------------------------------------------------- sharded
 def test_sharded_round_trip_single_process(tmp_path):
-    state = {"a": torch.randn(4, 4), "b": torch.arange(10), "nested": {"c": torch.ones(2)},
-             "count": 7}  # fmt: skip
+    state = {
+        "a": torch.randn(4, 4),
+        "b": torch.arange(10),
+        "nested": {"c": torch.ones(2)},
+        "count": 7,
+    }
     (tmp_path / ".sharded-step-9.tmp").mkdir()  # an interrupted save of a later step
     path = save_sharded(tmp_path, 5, state)
     assert path == tmp_path / "sharded-step-5" and (path / ".metadata").is_file()
     assert sharded_steps(tmp_path) == [5]
-    fresh = {"a": torch.zeros(4, 4), "b": torch.zeros(10, dtype=torch.int64),
-             "nested": {"c": torch.zeros(2)}, "count": 0}  # fmt: skip
+    fresh = {
+        "a": torch.zeros(4, 4),
+        "b": torch.zeros(10, dtype=torch.int64),
+        "nested": {"c": torch.zeros(2)},
+        "count": 0,
+    }
     load_sharded(tmp_path, 5, fresh)
     assert torch.equal(fresh["a"], state["a"]) and torch.equal(fresh["b"], state["b"])
     assert torch.equal(fresh["nested"]["c"], state["nested"]["c"]) and fresh["count"] == 7
@@ -612,8 +636,7 @@ def test_sharded_round_trip_single_process(tmp_path):
     save_sharded(tmp_path, 5, state)  # saving the same step again replaces it whole
     load_sharded(tmp_path, 5, fresh)
     assert torch.equal(fresh["a"], state["a"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".sharded-step-9.tmp",
-                                                          "sharded-step-5"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".sharded-step-9.tmp", "sharded-step-5"]
     with pytest.raises(FileNotFoundError):
         load_sharded(tmp_path, 9, fresh)
 
@@ -649,18 +672,38 @@ leave(0)
 
 def test_sharded_round_trip_two_ranks(tmp_path):
     store, directory = tmp_path / "store", tmp_path / "ckpt"
-    procs = [subprocess.Popen([sys.executable, "-c", SHARDED_CHILD, str(rank), str(store),
-                               str(directory), str(tmp_path / f"rank{rank}.json")],
-                              env=child_env(), stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SHARDED_CHILD,
+                str(rank),
+                str(store),
+                str(directory),
+                str(tmp_path / f"rank{rank}.json"),
+            ],
+            env=child_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
     errors = [p.communicate(timeout=180)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
-    full = (torch.arange(8, dtype=torch.float32).reshape(4, 2).repeat(2, 1)
-            + torch.tensor([100.0] * 4 + [200.0] * 4).unsqueeze(1)).tolist()  # fmt: skip
+    full = (
+        torch.arange(8, dtype=torch.float32).reshape(4, 2).repeat(2, 1)
+        + torch.tensor([100.0] * 4 + [200.0] * 4).unsqueeze(1)
+    ).tolist()
     for rank in range(2):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert result == {"local_equal": True, "r": [5.0, 5.0, 5.0], "step": 11,
-                          "steps": [11], "full": full}  # fmt: skip
+        assert result == {
+            "local_equal": True,
+            "r": [5.0, 5.0, 5.0],
+            "step": 11,
+            "steps": [11],
+            "full": full,
+        }
     files = sorted(p.name for p in (directory / "sharded-step-11").iterdir())
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert sorted(p.name for p in directory.iterdir()) == ["sharded-step-11"]
@@ -674,15 +717,41 @@ def test_checkpoint_throughput_benchmark_runs(tmp_path):
     disk.mkdir()
     memory.mkdir()
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "checkpoint_throughput.py"), "--size-mb", "4",
-         "--repeat", "1", "--dir", str(disk), "--memory-dir", str(memory), "--json"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "checkpoint_throughput.py"),
+            "--size-mb",
+            "4",
+            "--repeat",
+            "1",
+            "--dir",
+            str(disk),
+            "--memory-dir",
+            str(memory),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=child_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    for key in ("raw_mb_s", "save_mb_s", "save_fraction_of_raw", "async_blocking_s",
-                "async_total_s", "size_mb", "raw_read_mb_s", "raw_copy_mb_s", "disk_restore_s",
-                "memory_save_s", "memory_restore_s", "peer_restore_s"):  # fmt: skip
+    for key in (
+        "raw_mb_s",
+        "save_mb_s",
+        "save_fraction_of_raw",
+        "async_blocking_s",
+        "async_total_s",
+        "size_mb",
+        "raw_read_mb_s",
+        "raw_copy_mb_s",
+        "disk_restore_s",
+        "memory_save_s",
+        "memory_restore_s",
+        "peer_restore_s",
+    ):
         assert key in result, key
     assert result["size_mb"] == 4 and result["raw_mb_s"] > 0 and result["save_mb_s"] > 0
     assert 0 <= result["async_blocking_s"] <= result["async_total_s"]
@@ -692,13 +761,26 @@ def test_checkpoint_throughput_benchmark_runs(tmp_path):
     assert result["memory_device"] == "cpu" and result["memory_ranks"] == 2
     assert result["memory_restore_tiers"] == ["memory", "memory"]
     assert result["peer_restore_tiers"] == ["memory", "peer"]
-    for name in ("raw", "raw_read", "raw_copy", "save", "disk_restore", "memory_save",
-                 "memory_restore", "peer_restore"):  # fmt: skip
+    for name in (
+        "raw",
+        "raw_read",
+        "raw_copy",
+        "save",
+        "disk_restore",
+        "memory_save",
+        "memory_restore",
+        "peer_restore",
+    ):
         seconds = result[f"{name}_s"]
         assert seconds > 0 and result[f"{name}_mb_s"] == pytest.approx(4 / seconds), name
     # each tier's ratio is to its own raw reference, measured in the same run
-    references = {"save": "raw", "disk_restore": "raw_read", "memory_save": "raw_copy",
-                  "memory_restore": "raw_copy", "peer_restore": "raw_copy"}  # fmt: skip
+    references = {
+        "save": "raw",
+        "disk_restore": "raw_read",
+        "memory_save": "raw_copy",
+        "memory_restore": "raw_copy",
+        "peer_restore": "raw_copy",
+    }
     for name, raw in references.items():
         ratio = result[f"{name}_fraction_of_raw"]
         assert ratio == pytest.approx(result[f"{raw}_s"] / result[f"{name}_s"]), name

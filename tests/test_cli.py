@@ -30,8 +30,18 @@ def test_version(capsys):
 
 
 def test_every_command_has_help(capsys):
-    commands = ["submit", "query", "cancel", "requeue", "release", "start-now", "exclude",
-                "signal", "nodes", "facts"]  # fmt: skip
+    commands = [
+        "submit",
+        "query",
+        "cancel",
+        "requeue",
+        "release",
+        "start-now",
+        "exclude",
+        "signal",
+        "nodes",
+        "facts",
+    ]
     for command in commands:
         code, out, _ = run(capsys, "scheduler", command, "--help")
         assert code == 0 and "Usage" in out, command
@@ -70,8 +80,9 @@ def test_unknown_partition_on_the_real_cluster(capsys, tmp_path, backend):
 def test_submit_and_query_json_on_the_real_cluster(capsys, tmp_path, backend, jobs):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\nsleep 600\n")
-    code, out, _ = run(capsys, "scheduler", "submit", str(script), "-N", "2", "--name", "cli",
-                       "--json")  # fmt: skip
+    code, out, _ = run(
+        capsys, "scheduler", "submit", str(script), "-N", "2", "--name", "cli", "--json"
+    )
     assert code == 0
     job = json.loads(out)["job_id"]
     jobs.append(job)

@@ -23,21 +23,30 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("FTSLURM_MOCK_HOME", str(tmp_path / "mock"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.sh").write_text(TRAIN)
-    (tmp_path / "header.sh").write_text("#!/bin/bash\n#SBATCH -q normal -C 'a&b'\n"
-                                        "#SBATCH --mem=4G # per node\necho hi\n")  # fmt: skip
+    (tmp_path / "header.sh").write_text(
+        "#!/bin/bash\n#SBATCH -q normal -C 'a&b'\n#SBATCH --mem=4G # per node\necho hi\n"
+    )
     (tmp_path / "binary.bin").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\xff\xfe")
     (tmp_path / "folder").mkdir()
     (tmp_path / "noshebang.sh").write_text("echo training\n")
     with (tmp_path / "huge.py").open("wb") as f:  # sparse: no disk, no time to write
         f.truncate(17 * 1024 * 1024)
-    for name, header in [("owned_out", "--output=x.log"), ("owned_array", "-a 0-3"),
-                         ("unclosed", "--qos='high"), ("bare", "normal")]:  # fmt: skip
+    for name, header in [
+        ("owned_out", "--output=x.log"),
+        ("owned_array", "-a 0-3"),
+        ("unclosed", "--qos='high"),
+        ("bare", "normal"),
+    ]:
         (tmp_path / f"{name}.sh").write_text(f"#!/bin/bash\n#SBATCH {header}\necho hi\n")
-    for name, body in [("badkey", "env={'BAD-KEY': 'x'}"), ("nulenv", "env={'A': 'x\\0y'}"),
-                       ("comment", "sbatch_extra={'comment': 'mine'}"),
-                       ("newname", "name='a\\nrm -rf ~'")]:  # fmt: skip
+    for name, body in [
+        ("badkey", "env={'BAD-KEY': 'x'}"),
+        ("nulenv", "env={'A': 'x\\0y'}"),
+        ("comment", "sbatch_extra={'comment': 'mine'}"),
+        ("newname", "name='a\\nrm -rf ~'"),
+    ]:
         (tmp_path / f"{name}.py").write_text(
-            f"import ftslurm\nrecipe = ftslurm.Recipe(command=['true'], {body})\n")
+            f"import ftslurm\nrecipe = ftslurm.Recipe(command=['true'], {body})\n"
+        )
     return tmp_path
 
 
@@ -118,8 +127,11 @@ BAD_TIMES = [
 ]
 
 
-@pytest.mark.parametrize("argv,fragment", [(T + a, f) for a, f in BAD] + BAD_TIMES,
-                         ids=lambda v: repr(v)[:60] if isinstance(v, list) else None)
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [(T + a, f) for a, f in BAD] + BAD_TIMES,
+    ids=lambda v: repr(v)[:60] if isinstance(v, list) else None,
+)
 def test_bad_input_is_one_line_and_records_and_submits_nothing(env, capsys, argv, fragment):
     code, out, err = submit(env, capsys, *argv)
     assert code != 0
@@ -136,15 +148,24 @@ def sbatch_lines(script: str) -> list[str]:
 
 
 NEW_FLAGS = [
-    (["-J", "myrun"], "--job-name=myrun"), (["--name", "other"], "--job-name=other"),
-    (["-c", "2"], "--cpus-per-task=2"), (["--mem", "64G"], "--mem=64G"),
-    (["--mem-per-cpu", "4G"], "--mem-per-cpu=4G"), (["--gres", "gpu:8"], "--gres=gpu:8"),
-    (["-G", "16"], "--gpus=16"), (["-C", "a100"], "--constraint=a100"),
-    (["-q", "high"], "--qos=high"), (["--dependency", "afterok:12"], "--dependency=afterok:12"),
+    (["-J", "myrun"], "--job-name=myrun"),
+    (["--name", "other"], "--job-name=other"),
+    (["-c", "2"], "--cpus-per-task=2"),
+    (["--mem", "64G"], "--mem=64G"),
+    (["--mem-per-cpu", "4G"], "--mem-per-cpu=4G"),
+    (["--gres", "gpu:8"], "--gres=gpu:8"),
+    (["-G", "16"], "--gpus=16"),
+    (["-C", "a100"], "--constraint=a100"),
+    (["-q", "high"], "--qos=high"),
+    (["--dependency", "afterok:12"], "--dependency=afterok:12"),
     (["--mail-type", "END,FAIL"], "--mail-type=END,FAIL"),
-    (["--mail-user", "me@x.org"], "--mail-user=me@x.org"), (["-w", "n1,n2"], "--nodelist=n1,n2"),
-    (["-x", "n3"], "--exclude=n3"), (["--exclusive"], "--exclusive"), (["-n", "1"], "--ntasks=1"),
-    (["--reservation", "r1"], "--reservation=r1"), (["--wckey", "wk"], "--wckey=wk"),
+    (["--mail-user", "me@x.org"], "--mail-user=me@x.org"),
+    (["-w", "n1,n2"], "--nodelist=n1,n2"),
+    (["-x", "n3"], "--exclude=n3"),
+    (["--exclusive"], "--exclusive"),
+    (["-n", "1"], "--ntasks=1"),
+    (["--reservation", "r1"], "--reservation=r1"),
+    (["--wckey", "wk"], "--wckey=wk"),
     (["--sbatch-arg=--begin=now+1hour"], "--begin=now+1hour"),
     (["--sbatch-arg", "-k"], "--no-kill"),
     (["--sbatch-arg=-q", "--sbatch-arg=low"], "--qos=low"),
@@ -152,8 +173,9 @@ NEW_FLAGS = [
 ]
 
 
-@pytest.mark.parametrize("argv,line", NEW_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list)
-                         else None)  # fmt: skip
+@pytest.mark.parametrize(
+    "argv,line", NEW_FLAGS, ids=lambda v: " ".join(v) if isinstance(v, list) else None
+)
 def test_each_sbatch_flag_reaches_the_script_exactly_once(env, capsys, argv, line):
     # header.sh sets -q, -C and --mem itself: the command line replaces them, never doubles.
     code, out, err = submit(env, capsys, "--print-script", "-t", "30", *argv, "header.sh")
@@ -191,19 +213,28 @@ def test_no_time_limit_given_warns_once(env, capsys):
     assert quiet == ""  # no checkpoint signal asked for: nothing to warn about
 
 
-@pytest.mark.parametrize("preempt,signal", [("90s", "USR2@90"), ("5m", "USR2@300"),
-                                            ("120", "USR2@120"), ("1.5m", "USR2@90")])
+@pytest.mark.parametrize(
+    "preempt,signal",
+    [("90s", "USR2@90"), ("5m", "USR2@300"), ("120", "USR2@120"), ("1.5m", "USR2@90")],
+)
 def test_preempt_time_takes_the_duration_forms_of_inject(env, capsys, preempt, signal):
-    code, out, err = submit(env, capsys, "--print-script", "-t", "60", "--preempt-time",
-                            preempt, "train.sh")  # fmt: skip
+    code, out, err = submit(
+        env, capsys, "--print-script", "-t", "60", "--preempt-time", preempt, "train.sh"
+    )
     assert code == 0, err
     assert f"#SBATCH --signal={signal}" in sbatch_lines(out)
 
 
-@pytest.mark.parametrize("argv,ranks", [
-    (["--gpus-per-node", "8"], 8), (["--gpus-per-node", "8", "--ntasks-per-node", "2"], 2),
-    (["-N", "2", "-n", "8"], 4), ([], 1), (["--gpus-per-node", "0"], 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv,ranks",
+    [
+        (["--gpus-per-node", "8"], 8),
+        (["--gpus-per-node", "8", "--ntasks-per-node", "2"], 2),
+        (["-N", "2", "-n", "8"], 4),
+        ([], 1),
+        (["--gpus-per-node", "0"], 1),
+    ],
+)
 def test_ranks_per_node(env, capsys, argv, ranks):
     code, out, err = submit(env, capsys, "--print-script", "-t", "30", *argv, "train.sh")
     assert code == 0, err
@@ -213,8 +244,17 @@ def test_ranks_per_node(env, capsys, argv, ranks):
 
 def test_the_mock_takes_sbatch_flags_it_does_not_model(env, tmp_path):
     recipe = load_recipe(env / "train.sh").with_overrides(
-        time="10", sbatch_extra={"mem": "4G", "gres": "gpu:1", "qos": "high", "exclusive": None,
-                                 "constraint": "a&b", "mail-type": "END", "wckey": "w"})
+        time="10",
+        sbatch_extra={
+            "mem": "4G",
+            "gres": "gpu:1",
+            "qos": "high",
+            "exclusive": None,
+            "constraint": "a&b",
+            "mail-type": "END",
+            "wckey": "w",
+        },
+    )
     spec = make_spec(recipe, run_dir=tmp_path / "run", backend="mock", workdir=str(tmp_path))
     script, options = build_attempt("r1", spec, {}, 0, ())
     st = MockState.create(MockConfig())
@@ -222,8 +262,15 @@ def test_the_mock_takes_sbatch_flags_it_does_not_model(env, tmp_path):
     assert st.jobs[job_id].time_limit_s == 600 and st.jobs[job_id].open_mode == "append"
 
 
-@pytest.mark.parametrize("limit,seconds", [("24855-03:14:07", 2**31 - 1), ("1-23:59:59", 172799),
-                                          ("35791394", 35791394 * 60), ("0:59", 59)])
+@pytest.mark.parametrize(
+    "limit,seconds",
+    [
+        ("24855-03:14:07", 2**31 - 1),
+        ("1-23:59:59", 172799),
+        ("35791394", 35791394 * 60),
+        ("0:59", 59),
+    ],
+)
 def test_the_longest_limits_slurm_takes_are_taken(limit, seconds):
     from ftslurm.core.timefmt import parse_time_limit
 
@@ -241,8 +288,9 @@ USAGE = [
 ]
 
 
-@pytest.mark.parametrize("argv,fragment,hint", USAGE, ids=lambda v: " ".join(v)
-                         if isinstance(v, list) else None)  # fmt: skip
+@pytest.mark.parametrize(
+    "argv,fragment,hint", USAGE, ids=lambda v: " ".join(v) if isinstance(v, list) else None
+)
 def test_a_usage_error_is_one_error_line(env, capsys, argv, fragment, hint):
     """Issue 26 item 6: bad usage is one `Error:` line naming the command's --help (plus
     the one hint of a common mistake), never typer's box of usage lines."""

@@ -35,11 +35,28 @@ def add_runs(home: Path, n: int) -> str:
             run_id = f"r{i:09d}"
             run_dir = home / "runs" / run_id
             (run_dir / "logs").mkdir(parents=True)
-            store.add_run(Run(run_id=run_id, name=f"train-{i}", state=RunState.COMPLETED,
-                              created_at=1_000_000.0 + i, spec={"run_dir": str(run_dir)},
-                              settings={}, ended_at=1_000_100.0 + i))  # fmt: skip
-            store.add_attempt(Attempt(run_id, 0, "COMPLETED", job_id=str(100 + i),
-                                      nodes=["n1"], start=1_000_001.0, end=1_000_099.0))
+            store.add_run(
+                Run(
+                    run_id=run_id,
+                    name=f"train-{i}",
+                    state=RunState.COMPLETED,
+                    created_at=1_000_000.0 + i,
+                    spec={"run_dir": str(run_dir)},
+                    settings={},
+                    ended_at=1_000_100.0 + i,
+                )
+            )
+            store.add_attempt(
+                Attempt(
+                    run_id,
+                    0,
+                    "COMPLETED",
+                    job_id=str(100 + i),
+                    nodes=["n1"],
+                    start=1_000_001.0,
+                    end=1_000_099.0,
+                )
+            )
     first = "r000000000"
     text = f"=== ftslurm run {first} attempt 0: job 100 ===\n" + "x" * 99 + "\n"
     (home / "runs" / first / "logs" / "job-100.out").write_text(text * 20_000)
@@ -53,8 +70,9 @@ def closing_reader(argv: tuple[str, ...], read: int) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "120"}
     r, w = os.pipe()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "ftslurm", *argv], env=env, stdout=w,
-                                stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ftslurm", *argv], env=env, stdout=w, stderr=subprocess.PIPE
+        )
     finally:
         os.close(w)
     try:
@@ -93,24 +111,30 @@ def test_an_unexpected_error_is_one_line_and_a_hint(home, capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
     lines = err.strip().splitlines()
-    assert lines == ["Error: unexpected KeyError: 'n99'",
-                     "Hint: this is a bug in ftslurm; `ftslurm --debug status` shows the "
-                     "traceback to report"], err  # fmt: skip
+    assert lines == [
+        "Error: unexpected KeyError: 'n99'",
+        "Hint: this is a bug in ftslurm; `ftslurm --debug status` shows the traceback to report",
+    ], err
     code = main(["--debug", "status"])
     err = capsys.readouterr().err
     assert code == 1 and err.count("Traceback") == 1 and "KeyError: 'n99'" in err
 
 
-@pytest.mark.parametrize("raised, code, said", [
-    (click.exceptions.Abort(), 1, "Aborted!"),
-    (click.exceptions.UsageError("no such thing"), 2, "no such thing"),
-    (click.exceptions.Exit(3), 3, None),
-    (KeyboardInterrupt(), 130, None),
-])  # fmt: skip
-def test_click_package_exceptions_are_handled_as_typers(home, capsys, monkeypatch, raised,
-                                                       code, said):  # fmt: skip
+@pytest.mark.parametrize(
+    "raised, code, said",
+    [
+        (click.exceptions.Abort(), 1, "Aborted!"),
+        (click.exceptions.UsageError("no such thing"), 2, "no such thing"),
+        (click.exceptions.Exit(3), 3, None),
+        (KeyboardInterrupt(), 130, None),
+    ],
+)
+def test_click_package_exceptions_are_handled_as_typers(
+    home, capsys, monkeypatch, raised, code, said
+):
     """Exceptions of the click package (what typer before 0.22 raises) and of typer's own
     copy are handled alike."""
+
     def raising():  # type: ignore[no-untyped-def]
         raise raised
 
@@ -157,18 +181,22 @@ def test_help_placeholders_read_as_words(capsys, monkeypatch):
         if getattr(command, "hidden", False) or hasattr(command, "commands"):
             continue
         out = help_of(capsys, monkeypatch, 120, *path)
-        assert not any(x in out for x in ("{", "<int", "<str", "<bool", "<float", "<path",
-                                          "<list", "<file")), (path, out)  # fmt: skip
+        assert not any(
+            x in out for x in ("{", "<int", "<str", "<bool", "<float", "<path", "<list", "<file")
+        ), (path, out)
     assert "Usage: ftslurm submit [OPTIONS] RECIPE [ARGS]..." in help_of(
-        capsys, monkeypatch, 120, "submit")
+        capsys, monkeypatch, 120, "submit"
+    )
     assert "Usage: ftslurm report [OPTIONS] RUN " in help_of(capsys, monkeypatch, 120, "report")
     assert "--retries                INTEGER" in help_of(capsys, monkeypatch, 120, "submit")
 
 
 def test_submit_help_is_grouped(capsys, monkeypatch):
     out = help_of(capsys, monkeypatch, 120, "submit")
-    order = [out.index(title) for title in ("Retries and recovery", "Checkpoints",
-                                            "sbatch's flags", "dry run")]  # fmt: skip
+    order = [
+        out.index(title)
+        for title in ("Retries and recovery", "Checkpoints", "sbatch's flags", "dry run")
+    ]
     assert order == sorted(order), out
     assert order[0] < out.index("--retries") < order[1] < out.index("--preempt-time")
     assert order[2] < out.index("--partition") < order[3] < out.index("--inject")
@@ -176,10 +204,12 @@ def test_submit_help_is_grouped(capsys, monkeypatch):
 
 def test_the_double_dash_hint_only_after_the_recipe(capsys, home, tmp_path):
     script = str(tmp_path / "train.py")
-    for argv, hinted in ((["submit", script, "--lr", "3e-4"], True),
-                         (["submit", "-N", "2", "-t", "10", script, "--lr=3e-4"], True),
-                         (["submit", "--lr", "3e-4", script], False),
-                         (["submit", "-N", "2", "--bogus", script], False)):  # fmt: skip
+    for argv, hinted in (
+        (["submit", script, "--lr", "3e-4"], True),
+        (["submit", "-N", "2", "-t", "10", script, "--lr=3e-4"], True),
+        (["submit", "--lr", "3e-4", script], False),
+        (["submit", "-N", "2", "--bogus", script], False),
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "No such option" in err

@@ -29,19 +29,52 @@ def test_the_cli_works_on_the_oldest_typer_and_click_allowed(tmp_path):
     typer, click = floor("typer"), floor("click")
     slim = typer.replace("typer==", "typer-slim==")  # typer 0.12 ships its code as typer-slim
     site = tmp_path / "site"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                          "--target", str(site), typer, slim, click],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    pip = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            typer,
+            slim,
+            click,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if pip.returncode != 0:
         pytest.skip(f"cannot install {typer}, {click}: {pip.stderr.strip()[-200:]}")
     env = {k: v for k, v in os.environ.items() if k != "FTSLURM_TEST_SUMMARY"}  # the outer's
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
-    versions = subprocess.run([sys.executable, "-c", "import typer, click; "
-                               "print(typer.__version__, click.__version__)"],
-                              env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    versions = subprocess.run(
+        [sys.executable, "-c", "import typer, click; print(typer.__version__, click.__version__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert versions.stdout.split() == [typer.split("==")[1], click.split("==")[1]]
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-m", "not slurm and not slow", *CLI_TESTS],
-                         cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not slurm and not slow",
+            *CLI_TESTS,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

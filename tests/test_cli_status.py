@@ -46,8 +46,9 @@ def daemon(home):
     thread = threading.Thread(target=service.serve, args=(home,), kwargs={"stop": stop})
     thread.start()
     try:
-        wait_for(lambda: service.running_pid(home) is not None, timeout=30,
-                 what="the daemon to serve")  # fmt: skip
+        wait_for(
+            lambda: service.running_pid(home) is not None, timeout=30, what="the daemon to serve"
+        )
         yield
     finally:
         stop.set()
@@ -55,11 +56,11 @@ def daemon(home):
 
 
 def test_status_json_shows_the_checkpoint_the_script_told_of_while_running(capsys, home):
-    run = add_run(home, "d779d72089", state=RunState.RUNNING,
-                  attempts=1, attempt_state="RUNNING")  # fmt: skip
+    run = add_run(home, "d779d72089", state=RunState.RUNNING, attempts=1, attempt_state="RUNNING")
     assert run.last_checkpoint_step is None  # the daemon records it at an attempt's end
-    write_json_atomic(Path(run.spec["run_dir"]) / "progress.json",
-                      {"step": 180, "checkpoint_step": 175})  # fmt: skip
+    write_json_atomic(
+        Path(run.spec["run_dir"]) / "progress.json", {"step": 180, "checkpoint_step": 175}
+    )
     code, out, err = cli(capsys, "status", "d77", "--json")
     assert code == 0, err
     assert json.loads(out)["last_checkpoint_step"] == 175
@@ -79,16 +80,17 @@ def test_a_short_slurmd_timeout_gets_no_hint_to_shorten_it(capsys, tmp_path):
         assert ("--slurmd-timeout" in err) is hinted, err
 
 
-def test_a_dry_runs_first_line_names_the_mocks_slurmd_timeout(capsys, home, tmp_path,
-                                                              monkeypatch):  # fmt: skip
+def test_a_dry_runs_first_line_names_the_mocks_slurmd_timeout(capsys, home, tmp_path, monkeypatch):
     mock = MockScheduler(tmp_path / "mock", MockConfig(slurmd_timeout_s=7))
     monkeypatch.setattr(submit_cli, "create_backend", lambda kind, where=None: mock)
-    monkeypatch.setattr(submit_cli, "_await_submission",
-                        lambda store, home, run_id: (None, "the daemon will submit it"))
+    monkeypatch.setattr(
+        submit_cli,
+        "_await_submission",
+        lambda store, home, run_id: (None, "the daemon will submit it"),
+    )
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.sh").write_text("#!/bin/bash\necho training\n")
-    code, out, err = cli(capsys, "submit", "--dry-run", "--inject", "node_fail@5s",
-                         "train.sh")  # fmt: skip
+    code, out, err = cli(capsys, "submit", "--dry-run", "--inject", "node_fail@5s", "train.sh")
     assert code == 0, err
     (first,) = out.splitlines()  # the one line a dry run prints on stdout
     assert "on the mock cluster in" in first and "(SlurmdTimeout 7 s)" in first, out
@@ -97,16 +99,16 @@ def test_a_dry_runs_first_line_names_the_mocks_slurmd_timeout(capsys, home, tmp_
     assert code == 0 and json.loads(out)["slurmd_timeout_s"] == 7, err
 
 
-def test_mock_reset_brings_nodes_back_and_clears_their_exclusions(capsys, home, daemon,
-                                                                  tmp_path):  # fmt: skip
+def test_mock_reset_brings_nodes_back_and_clears_their_exclusions(capsys, home, daemon, tmp_path):
     mock = MockScheduler(tmp_path / "mock", MockConfig())
     mock.fail_node("n2")
     mock.fail_node("n3")
     now = time.time()
     with Store(home) as store:
         for node in ("n2", "n3"):
-            store.flag_node(NodeFlag(node=node, reason="node_fail", since=now,
-                                     expires_at=now + 86400))  # fmt: skip
+            store.flag_node(
+                NodeFlag(node=node, reason="node_fail", since=now, expires_at=now + 86400)
+            )
         store.flag_node(NodeFlag(node="gpu7", reason="by hand", since=now, expires_at=None))
     assert sum(not n.responding for n in mock.nodes()) == 2
     code, out, err = cli(capsys, "mock", "reset")
@@ -120,14 +122,23 @@ def test_mock_reset_brings_nodes_back_and_clears_their_exclusions(capsys, home, 
 
 
 # ------------------------------------------------------------ 14. continuations
-def ended_as(home: Path, run_id: str, attempt: int, cause: str, verdict: str,
-             exit_code: int) -> None:  # fmt: skip
+def ended_as(
+    home: Path, run_id: str, attempt: int, cause: str, verdict: str, exit_code: int
+) -> None:
     with Store(home) as store:
         a = store.attempts(run_id)[attempt]
-        store.update_attempt(replace(a, state="FAILED", exit_code=exit_code, cause=cause,
-                                     reason="checkpointed: continuing"))  # fmt: skip
-        store.append_event(run_id, "ended", {"attempt": attempt, "cause": cause,
-                                             "verdict": verdict}, time.time())  # fmt: skip
+        store.update_attempt(
+            replace(
+                a,
+                state="FAILED",
+                exit_code=exit_code,
+                cause=cause,
+                reason="checkpointed: continuing",
+            )
+        )
+        store.append_event(
+            run_id, "ended", {"attempt": attempt, "cause": cause, "verdict": verdict}, time.time()
+        )
 
 
 def test_a_continuation_reads_as_one_not_as_failed(monkeypatch, capsys, home):
@@ -148,27 +159,32 @@ def test_a_continuation_reads_as_one_not_as_failed(monkeypatch, capsys, home):
 
 # ------------------------------------------------------------ 15. the same --name
 def submit(capsys, tmp_path, monkeypatch, *argv: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(submit_cli, "_await_submission",
-                        lambda store, home, run_id: (None, "the daemon will submit it"))
+    monkeypatch.setattr(
+        submit_cli,
+        "_await_submission",
+        lambda store, home, run_id: (None, "the daemon will submit it"),
+    )
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.sh").write_text("#!/bin/bash\necho training\n")
     return cli(capsys, "submit", "-t", "10", *argv, "train.sh")
 
 
 def test_a_name_an_active_run_has_is_refused(capsys, home, tmp_path, monkeypatch):
-    add_run(home, "d779d72089", name="gpt", state=RunState.RUNNING, attempts=1,
-            attempt_state="RUNNING")  # fmt: skip
+    add_run(
+        home, "d779d72089", name="gpt", state=RunState.RUNNING, attempts=1, attempt_state="RUNNING"
+    )
     code, out, err = submit(capsys, tmp_path, monkeypatch, "--name", "gpt")
     assert code != 0 and out == ""
-    assert err.count("\n") == 1 and err.startswith("Error: --name 'gpt': active run "
-                                                   "d779d72089 (RUNNING)"), err  # fmt: skip
+    assert err.count("\n") == 1 and err.startswith(
+        "Error: --name 'gpt': active run d779d72089 (RUNNING)"
+    ), err
     with Store(home) as store:
         assert len(store.list_runs()) == 1  # nothing recorded
 
 
-def test_a_name_is_free_again_once_its_run_ended_and_names_the_active_run(capsys, home,
-                                                                          tmp_path,
-                                                                          monkeypatch):  # fmt: skip
+def test_a_name_is_free_again_once_its_run_ended_and_names_the_active_run(
+    capsys, home, tmp_path, monkeypatch
+):
     add_run(home, "d779d72089", name="gpt")  # COMPLETED
     code, out, err = submit(capsys, tmp_path, monkeypatch, "--name", "gpt")
     assert code == 0 and "Warning" not in err, err
@@ -179,8 +195,14 @@ def test_a_name_is_free_again_once_its_run_ended_and_names_the_active_run(capsys
 
 
 def test_a_default_name_an_active_run_has_is_a_warning(capsys, home, tmp_path, monkeypatch):
-    add_run(home, "d779d72089", name="train.sh", state=RunState.RUNNING, attempts=1,
-            attempt_state="RUNNING")  # fmt: skip
+    add_run(
+        home,
+        "d779d72089",
+        name="train.sh",
+        state=RunState.RUNNING,
+        attempts=1,
+        attempt_state="RUNNING",
+    )
     code, out, err = submit(capsys, tmp_path, monkeypatch)
     assert code == 0, err
     assert "Warning: active run d779d72089 (RUNNING) is also named 'train.sh'" in err
@@ -188,16 +210,29 @@ def test_a_default_name_an_active_run_has_is_a_warning(capsys, home, tmp_path, m
 
 
 # ------------------------------------------------------------ 17. status, watch, wait
-NO_HEARTBEATS = ("the ranks wrote no heartbeats (no rank agent): hangs are detected only by "
-                 "600s without CPU use")  # fmt: skip
+NO_HEARTBEATS = (
+    "the ranks wrote no heartbeats (no rank agent): hangs are detected only by 600s without CPU use"
+)
 
 
 def three_runs(home: Path) -> None:
     add_run(home, "a000000001", name="done")
-    add_run(home, "b000000002", name="queued", state=RunState.PENDING, attempts=1,
-            attempt_state="PENDING")  # fmt: skip
-    add_run(home, "c000000003", name="training", state=RunState.RUNNING, attempts=1,
-            attempt_state="RUNNING")  # fmt: skip
+    add_run(
+        home,
+        "b000000002",
+        name="queued",
+        state=RunState.PENDING,
+        attempts=1,
+        attempt_state="PENDING",
+    )
+    add_run(
+        home,
+        "c000000003",
+        name="training",
+        state=RunState.RUNNING,
+        attempts=1,
+        attempt_state="RUNNING",
+    )
 
 
 def test_status_lists_running_runs_first_and_active_ones_alone(capsys, home, monkeypatch):
@@ -226,20 +261,29 @@ def test_the_no_heartbeats_note_is_said_once(monkeypatch, capsys, home):
 
 
 def test_checkpoint_lines_only_for_runs_that_use_them(monkeypatch, capsys, home, tmp_path):
-    run = add_run(home, "d779d72089", state=RunState.RUNNING, attempts=1,
-                  attempt_state="RUNNING")  # fmt: skip
+    run = add_run(home, "d779d72089", state=RunState.RUNNING, attempts=1, attempt_state="RUNNING")
     folder = tmp_path / "ckpt"
-    cadence = Cadence(interval_s=600.0, how="tuned", save_s=20.0, mtbf_s=86400.0,
-                      rate_per_1000=1.0, node_days=1.0)
+    cadence = Cadence(
+        interval_s=600.0, how="tuned", save_s=20.0, mtbf_s=86400.0, rate_per_1000=1.0, node_days=1.0
+    )
     with Store(home) as store:
         stored = store.get_run(run.run_id)
-        store.update_run(replace(stored, spec={**stored.spec, "checkpoint_dir": str(folder),
-                                               "checkpoint_dir_from": "$SCRATCH"}))
+        store.update_run(
+            replace(
+                stored,
+                spec={
+                    **stored.spec,
+                    "checkpoint_dir": str(folder),
+                    "checkpoint_dir_from": "$SCRATCH",
+                },
+            )
+        )
         store.append_event(run.run_id, "cadence", cadence.to_json(), time.time())
     text = render(monkeypatch, capsys, 200, "status", "d77")  # a plain script: neither
     assert "checkpoints in" not in text and "checkpoints:" not in text, text
-    write_json_atomic(Path(run.spec["run_dir"]) / "progress.json",
-                      {"step": 50, "checkpoint_step": 40})  # fmt: skip
+    write_json_atomic(
+        Path(run.spec["run_dir"]) / "progress.json", {"step": 50, "checkpoint_step": 40}
+    )
     text = render(monkeypatch, capsys, 200, "status", "d77")  # the rank agent: both
     assert "checkpoints in: " in text and "checkpoints: checkpoint every" in text, text
 
@@ -248,14 +292,28 @@ def test_watch_fits_80x24_with_the_active_runs_first():
     summaries = []
     for i in range(30):
         state = "RUNNING" if i >= 27 else "COMPLETED"
-        summaries.append({
-            "run_id": f"r{i:09d}", "name": f"a-long-run-name-{i}", "state": state,
-            "created_at": 1_000_000.0 + i, "job_retries_used": 0, "job_retries_max": 2,
-            "continuations": 0, "last_checkpoint_step": None,
-            "reason": None if state == "RUNNING" else f"training finished; {NO_HEARTBEATS}",
-            "attempts": [{"attempt": 0, "job_id": str(100 + i), "state": state,
-                          "nodes": ["n1", "n2"], "continuation": False}],
-        })  # fmt: skip
+        summaries.append(
+            {
+                "run_id": f"r{i:09d}",
+                "name": f"a-long-run-name-{i}",
+                "state": state,
+                "created_at": 1_000_000.0 + i,
+                "job_retries_used": 0,
+                "job_retries_max": 2,
+                "continuations": 0,
+                "last_checkpoint_step": None,
+                "reason": None if state == "RUNNING" else f"training finished; {NO_HEARTBEATS}",
+                "attempts": [
+                    {
+                        "attempt": 0,
+                        "job_id": str(100 + i),
+                        "state": state,
+                        "nodes": ["n1", "n2"],
+                        "continuation": False,
+                    }
+                ],
+            }
+        )
     summaries = summaries[27:] + summaries[:27]  # as `ordered` lists them
     con = Console(width=80, height=24, file=io.StringIO(), record=True, color_system=None)
     con.print(status_cli.watch_view(summaries, 80, 24, 1_000_100.0))

@@ -60,31 +60,54 @@ def header(run_id: str, attempt: int, job_id: str) -> str:
     return f"=== ftslurm run {run_id} attempt {attempt}: job {job_id} ===\n"
 
 
-def add_run(home: Path, run_id: str, name: str = "train", state: RunState = RunState.COMPLETED,
-            attempts: int = 2, nodes: tuple[str, ...] = ("n1", "n2"),
-            attempt_state: str = "COMPLETED") -> Run:  # fmt: skip
+def add_run(
+    home: Path,
+    run_id: str,
+    name: str = "train",
+    state: RunState = RunState.COMPLETED,
+    attempts: int = 2,
+    nodes: tuple[str, ...] = ("n1", "n2"),
+    attempt_state: str = "COMPLETED",
+) -> Run:
     """A run with `attempts` attempts (jobs 100, 101, ...) and their output files."""
     t0 = 1_000_000.0
     run_dir = home / "runs" / run_id
     (run_dir / "logs").mkdir(parents=True)
     ended = state.is_terminal
-    run = Run(run_id=run_id, name=name, state=state, created_at=t0,
-              spec={"run_dir": str(run_dir), "backend": "mock",
-                    "mock_home": os.environ["FTSLURM_MOCK_HOME"]},
-              settings={"num_job_retries_on_failure": 3},
-              ended_at=t0 + 1000 * attempts if ended else None)  # fmt: skip
+    run = Run(
+        run_id=run_id,
+        name=name,
+        state=state,
+        created_at=t0,
+        spec={
+            "run_dir": str(run_dir),
+            "backend": "mock",
+            "mock_home": os.environ["FTSLURM_MOCK_HOME"],
+        },
+        settings={"num_job_retries_on_failure": 3},
+        ended_at=t0 + 1000 * attempts if ended else None,
+    )
     with Store(home) as store:
         store.add_run(run)
         for k in range(attempts):
             job = str(100 + k)
             last = k == attempts - 1
-            store.add_attempt(Attempt(
-                run_id=run_id, attempt=k, state=attempt_state if last else "NODE_FAIL",
-                job_id=job, nodes=list(nodes), submitted_at=t0 + 1000 * k,
-                start=t0 + 1000 * k + 10, end=t0 + 1000 * (k + 1) if ended or not last else None,
-                exit_code=0 if ended and last else None))  # fmt: skip
+            store.add_attempt(
+                Attempt(
+                    run_id=run_id,
+                    attempt=k,
+                    state=attempt_state if last else "NODE_FAIL",
+                    job_id=job,
+                    nodes=list(nodes),
+                    submitted_at=t0 + 1000 * k,
+                    start=t0 + 1000 * k + 10,
+                    end=t0 + 1000 * (k + 1) if ended or not last else None,
+                    exit_code=0 if ended and last else None,
+                )
+            )
             (run_dir / "logs" / f"job-{job}.out").write_text(
-                header(run_id, k, job) + f"output of attempt {k}\n")
+                header(run_id, k, job) + f"output of attempt {k}\n"
+            )
     return run
 
 
@@ -154,8 +177,9 @@ def daemon(home):
     thread = threading.Thread(target=service.serve, args=(home,), kwargs={"stop": stop})
     thread.start()
     try:
-        wait_for(lambda: service.running_pid(home) is not None, timeout=30,
-                 what="the daemon to serve")  # fmt: skip
+        wait_for(
+            lambda: service.running_pid(home) is not None, timeout=30, what="the daemon to serve"
+        )
         yield
     finally:
         stop.set()
@@ -188,8 +212,10 @@ def test_nodes_add_without_a_daemon_is_a_recorded_request(capsys, home, monkeypa
     monkeypatch.setattr(service, "start", cannot_start)
     code, out, err = cli(capsys, "nodes", "add", "n[1-2]", "--ttl", "600")
     assert code == 0, err
-    assert out == ("n[1-2]: exclusion recorded; the daemon applies it on its next cycle, "
-                   "once it runs (the daemon exited at once (code 1); see daemon.log)\n")
+    assert out == (
+        "n[1-2]: exclusion recorded; the daemon applies it on its next cycle, "
+        "once it runs (the daemon exited at once (code 1); see daemon.log)\n"
+    )
     with Store(home) as store:
         assert store.node_flags() == []  # the command wrote no flag itself
         (request,) = store.pending_requests()
@@ -243,8 +269,9 @@ def test_pyslurm_states_and_facts_carry_the_same():
 
 def test_mock_reports_a_failed_node_as_not_responding_until_slurmd_timeout(tmp_path):
     clock = [1000.0]
-    mock = MockScheduler(tmp_path / "mock", MockConfig(slurmd_timeout_s=300),
-                         clock=lambda: clock[0])  # fmt: skip
+    mock = MockScheduler(
+        tmp_path / "mock", MockConfig(slurmd_timeout_s=300), clock=lambda: clock[0]
+    )
     assert mock.cluster_facts().slurmd_timeout_s == 300
     mock.fail_node("n2")
     clock[0] = 1010.0
@@ -258,12 +285,16 @@ def test_mock_reports_a_failed_node_as_not_responding_until_slurmd_timeout(tmp_p
 
 def test_lost_node_notes_say_when_the_scheduler_will_notice():
     since = datetime(2026, 3, 1, 12, 0, 3).timestamp()
-    infos = [NodeInfo("n1", NodeState.MIXED, "mix"),
-             NodeInfo("n2", NodeState.MIXED, "mix*", not_responding_since=since),
-             NodeInfo("n3", NodeState.IDLE, "idle*")]  # fmt: skip
+    infos = [
+        NodeInfo("n1", NodeState.MIXED, "mix"),
+        NodeInfo("n2", NodeState.MIXED, "mix*", not_responding_since=since),
+        NodeInfo("n3", NodeState.IDLE, "idle*"),
+    ]
     notes = lost_node_notes(["n1", "n2", "n3"], infos, 300, since + 10)
-    assert notes[0] == ("n2 not responding since 12:00:03; the scheduler declares it down "
-                        "at about 12:05:03 (SlurmdTimeout 300 s)")  # fmt: skip
+    assert notes[0] == (
+        "n2 not responding since 12:00:03; the scheduler declares it down "
+        "at about 12:05:03 (SlurmdTimeout 300 s)"
+    )
     assert notes[1].startswith("n3 not responding;") and "300 s" in notes[1]
     assert len(notes) == 2
     assert lost_node_notes(["n1"], infos, 300, since) == []
@@ -288,18 +319,32 @@ def test_status_says_a_node_of_a_running_attempt_stopped_answering(capsys, home,
     mock_home = Path(os.environ["FTSLURM_MOCK_HOME"])
     backend = CountingMock(mock_home)
     monkeypatch.setattr(status_cli, "create_backend", lambda kind, where=None: backend)
-    add_run(home, "d779d72089", state=RunState.RUNNING, attempts=1, nodes=("n1", "n2"),
-            attempt_state="RUNNING")  # fmt: skip
-    add_run(home, "a1b2c3d4e5", state=RunState.RUNNING, attempts=1, nodes=("n3",),
-            attempt_state="RUNNING")  # fmt: skip
+    add_run(
+        home,
+        "d779d72089",
+        state=RunState.RUNNING,
+        attempts=1,
+        nodes=("n1", "n2"),
+        attempt_state="RUNNING",
+    )
+    add_run(
+        home,
+        "a1b2c3d4e5",
+        state=RunState.RUNNING,
+        attempts=1,
+        nodes=("n3",),
+        attempt_state="RUNNING",
+    )
     backend.mock.fail_node("n2")
     failed_at = next(n for n in backend.mock.nodes() if n.name == "n2").not_responding_since
     code, out, err = cli(capsys, "status")
     assert code == 0, err
     since = datetime.fromtimestamp(failed_at).strftime("%H:%M:%S")
     at = datetime.fromtimestamp(failed_at + 300).strftime("%H:%M:%S")
-    assert (f"run d779d72089: n2 not responding since {since}; the scheduler declares it "
-            f"down at about {at} (SlurmdTimeout 300 s)") in " ".join(out.split())  # fmt: skip
+    assert (
+        f"run d779d72089: n2 not responding since {since}; the scheduler declares it "
+        f"down at about {at} (SlurmdTimeout 300 s)"
+    ) in " ".join(out.split())
     assert "a1b2c3d4e5:" not in out  # its node answers
     assert backend.calls.count("nodes") == 1  # one call for both runs on this backend
     code, out, _ = cli(capsys, "status", "d77", "--json")
@@ -338,8 +383,13 @@ def render(monkeypatch, capsys, width: int, *argv: str) -> str:
 
 
 def long_run(home: Path) -> None:
-    add_run(home, "f50c1d2e3a", name="a-rather-long-training-run-name", attempts=3,
-            nodes=("n1", "n2", "n3", "n4"))  # fmt: skip
+    add_run(
+        home,
+        "f50c1d2e3a",
+        name="a-rather-long-training-run-name",
+        attempts=3,
+        nodes=("n1", "n2", "n3", "n4"),
+    )
     with Store(home) as store:
         run = store.get_run("f50c1d2e3a")
         run.reason = "completed after 2 node failures and one continuation at the time limit"
@@ -364,8 +414,14 @@ def test_status_tables_fit_the_terminal_with_full_ids(monkeypatch, capsys, home,
 def test_status_fits_columns_from_the_environment(home):
     add_run(home, "f50c1d2e3a", name="a-rather-long-training-run-name")
     env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "ftslurm", "status"], env=env, timeout=60,
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "ftslurm", "status"],
+        env=env,
+        timeout=60,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "f50c1d2e3a" in out and "…" not in out
     assert max(len(line) for line in out.splitlines() if "│" in line) <= 80
 
@@ -373,8 +429,15 @@ def test_status_fits_columns_from_the_environment(home):
 def test_times_show_the_date_when_not_today(monkeypatch, capsys, home):
     now = time.time()
     with Store(home) as store:
-        store.flag_node(NodeFlag(node="n2", reason="hung ranks", since=now,
-                                 expires_at=now + 86400, run_id="f50c1d2e3a"))  # fmt: skip
+        store.flag_node(
+            NodeFlag(
+                node="n2",
+                reason="hung ranks",
+                since=now,
+                expires_at=now + 86400,
+                run_id="f50c1d2e3a",
+            )
+        )
     text = render(monkeypatch, capsys, 80, "nodes")
     tomorrow = datetime.fromtimestamp(now + 86400)
     assert tomorrow.strftime("%Y-%m-%d %H:%M:%S") in text, text
@@ -405,8 +468,9 @@ def test_every_option_of_every_command_has_help_and_a_default():
             help_text = (param.help or "").strip()
             flag = getattr(param, "is_flag", False)
             shown = param.show_default is not False and param.default is not None
-            if not help_text or not (flag or shown or "default" in help_text.lower()
-                                 or help_text.startswith("Refused")):
+            if not help_text or not (
+                flag or shown or "default" in help_text.lower() or help_text.startswith("Refused")
+            ):
                 missing.append(f"{' '.join(path)} {'/'.join(param.opts)}")
     assert missing == []
 
@@ -432,12 +496,15 @@ def test_other_usage_errors_get_no_hint(capsys):
 
 
 def test_logs_follow_prints_each_new_attempt_until_the_run_ends(home):
-    run = add_run(home, "d779d72089", state=RunState.RUNNING, attempts=1,
-                  attempt_state="RUNNING")  # fmt: skip
+    run = add_run(home, "d779d72089", state=RunState.RUNNING, attempts=1, attempt_state="RUNNING")
     logs = Path(run.spec["run_dir"]) / "logs"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "ftslurm", "logs", "-f", run.run_id], env=env,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftslurm", "logs", "-f", run.run_id],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
     reader.start()
@@ -447,8 +514,9 @@ def test_logs_follow_prints_each_new_attempt_until_the_run_ends(home):
             first = store.latest_attempt(run.run_id)
             first.state, first.end = "NODE_FAIL", time.time()
             store.update_attempt(first)
-            store.add_attempt(Attempt(run_id=run.run_id, attempt=1, state="RUNNING",
-                                      job_id="101", nodes=["n3"]))  # fmt: skip
+            store.add_attempt(
+                Attempt(run_id=run.run_id, attempt=1, state="RUNNING", job_id="101", nodes=["n3"])
+            )
         (logs / "job-101.out").write_text(header(run.run_id, 1, "101") + "attempt 1 starts\n")
         wait_for(lambda: "attempt 1 starts" in "".join(out), 30, "attempt 1's output")
         assert proc.poll() is None  # still following: the run goes on
@@ -477,19 +545,30 @@ def test_checkpoints_default_to_the_sites_scratch_and_never_silently_to_home(tmp
     run_dir = tmp_path / "state" / "runs" / "r1"
 
     def where(env: dict[str, str], **recipe: str) -> tuple[str, str]:
-        spec = make_spec(Recipe(command=["train"], **recipe), run_dir=run_dir, backend="mock",
-                         workdir=str(tmp_path), environ=env)  # fmt: skip
+        spec = make_spec(
+            Recipe(command=["train"], **recipe),
+            run_dir=run_dir,
+            backend="mock",
+            workdir=str(tmp_path),
+            environ=env,
+        )
         return spec["checkpoint_dir"], spec["checkpoint_dir_from"]
 
     assert where({"SCRATCH": "/scratch/u"}) == ("/scratch/u/ftslurm/r1/checkpoints", "$SCRATCH")
     assert where({"SCRATCH": "/scratch/u", "FTSLURM_SCRATCH": "/fast"}) == (
-        "/fast/ftslurm/r1/checkpoints", "$FTSLURM_SCRATCH")  # fmt: skip
+        "/fast/ftslurm/r1/checkpoints",
+        "$FTSLURM_SCRATCH",
+    )
     assert where({}) == (str(run_dir / "checkpoints"), "the state directory")
-    assert where({"SCRATCH": "/scratch/u"}, checkpoint_dir="ck") == (str(tmp_path / "ck"),
-                                                                     "the recipe")  # fmt: skip
+    assert where({"SCRATCH": "/scratch/u"}, checkpoint_dir="ck") == (
+        str(tmp_path / "ck"),
+        "the recipe",
+    )
     # the state directory under the home directory: a warning; elsewhere, none
-    home_spec = {"checkpoint_dir_from": "the state directory",
-                 "checkpoint_dir": str(Path.home() / ".local" / "x" / "checkpoints")}
+    home_spec = {
+        "checkpoint_dir_from": "the state directory",
+        "checkpoint_dir": str(Path.home() / ".local" / "x" / "checkpoints"),
+    }
     warning = submit_cli._checkpoints_at_home(home_spec)
     assert warning and "under your home directory" in warning and "$SCRATCH" in warning
     assert submit_cli._checkpoints_at_home({**home_spec, "checkpoint_dir": "/scratch/x"}) is None
@@ -501,13 +580,17 @@ def test_status_shows_where_a_runs_checkpoints_go(capsys, home):
     with Store(home) as store:
         stored = store.get_run(run.run_id)
         assert stored is not None
-        spec = {**stored.spec, "checkpoint_dir": "/scratch/u/ftslurm/d779d72089/checkpoints",
-                "checkpoint_dir_from": "$SCRATCH"}  # fmt: skip
+        spec = {
+            **stored.spec,
+            "checkpoint_dir": "/scratch/u/ftslurm/d779d72089/checkpoints",
+            "checkpoint_dir_from": "$SCRATCH",
+        }
         store.update_run(replace(stored, spec=spec))
     (Path(stored.spec["run_dir"]) / "progress.json").write_text('{"checkpoint_step": 10}')
     code, out, err = cli(capsys, "status", "d77")
     assert code == 0, err
-    assert ("checkpoints in: /scratch/u/ftslurm/d779d72089/checkpoints (from $SCRATCH)"
-            in " ".join(out.split())), out  # fmt: skip
+    assert "checkpoints in: /scratch/u/ftslurm/d779d72089/checkpoints (from $SCRATCH)" in " ".join(
+        out.split()
+    ), out
     code, out, _ = cli(capsys, "status", "d77", "--json")
     assert json.loads(out)["checkpoint_dir_from"] == "$SCRATCH"

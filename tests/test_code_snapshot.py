@@ -45,8 +45,19 @@ def _submit(cli: Cli, tmp_path: Path, mode: str, *flags: str) -> tuple[str, Path
     train.write_text(TRAIN)
     (train.parent / "helper.py").write_text("VERSION = 'helper'\n")
     out = tmp_path / "out.txt"
-    run_id = cli.submit("--dry-run", "-t", "10", "--retries", "1", *flags, str(train), "--",
-                        str(out), str(train), mode)["run_id"]  # fmt: skip
+    run_id = cli.submit(
+        "--dry-run",
+        "-t",
+        "10",
+        "--retries",
+        "1",
+        *flags,
+        str(train),
+        "--",
+        str(out),
+        str(train),
+        mode,
+    )["run_id"]
     return run_id, out
 
 
@@ -69,8 +80,9 @@ def test_without_a_snapshot_a_deleted_recipe_is_named_in_the_reason(cli, tmp_pat
     s = cli.wait_for(run_id, _ended, 240, "the run to end")
     assert s["state"] == "FAILED", s
     train = tmp_path / "project" / "train.py"
-    assert s["reason"].startswith(f"user error: {train} not found (deleted or moved since "
-                                  "the submit?)"), s  # fmt: skip
+    assert s["reason"].startswith(
+        f"user error: {train} not found (deleted or moved since the submit?)"
+    ), s
     assert not (Path(s["run_dir"]) / CODE_DIR).exists()
 
 
@@ -79,11 +91,13 @@ def test_the_snapshot_spec_runs_the_copy_with_the_recipes_folder_on_the_path():
     got = snapshot_spec(spec, Path("/p/train.py"), Path("/run/code/train.py"))
     assert got["command"] == ["/py", "/run/code/train.py", "--lr", "/p/train.py"]  # an arg
     assert got["setup"] == ['export PYTHONPATH=/p"${PYTHONPATH:+:$PYTHONPATH}"', "echo hi"]
-    script = snapshot_spec({"command": ["/p/run.sh"], "setup": []}, Path("/p/run.sh"),
-                           Path("/run/code/run.sh"))  # fmt: skip
+    script = snapshot_spec(
+        {"command": ["/p/run.sh"], "setup": []}, Path("/p/run.sh"), Path("/run/code/run.sh")
+    )
     assert script["command"] == ["/run/code/run.sh"] and script["setup"] == []
-    other = snapshot_spec({"command": ["torchrun", "x.py"], "setup": []}, Path("/p/r.py"),
-                          Path("/run/code/r.py"))  # fmt: skip
+    other = snapshot_spec(
+        {"command": ["torchrun", "x.py"], "setup": []}, Path("/p/r.py"), Path("/run/code/r.py")
+    )
     assert other["code_snapshot"] is None and other["command"] == ["torchrun", "x.py"]
 
 
@@ -94,8 +108,11 @@ def test_a_script_without_its_execute_bit_runs_from_its_snapshot_only(cli, tmp_p
     script.write_text("#!/bin/bash\nexit 0\n")
     proc = cli("submit", "--print-script", "-t", "10", str(script))
     assert f"/{CODE_DIR}/run.sh" in proc.stdout
-    proc = cli("submit", "--print-script", "-t", "10", "--no-snapshot-code", str(script),
-               check=False)  # fmt: skip
+    proc = cli(
+        "submit", "--print-script", "-t", "10", "--no-snapshot-code", str(script), check=False
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith(f"Error: recipe {script} is not executable") \
+    assert (
+        proc.stderr.startswith(f"Error: recipe {script} is not executable")
         and proc.stderr.count("\n") == 1
+    )

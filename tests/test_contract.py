@@ -54,9 +54,16 @@ def test_run_dir_names_the_documented_files() -> None:
 
 def test_exit_codes_have_their_documented_numbers() -> None:
     assert {c.name: int(c) for c in ExitCode} == {
-        "FINISHED": 0, "FAILED": 1, "RESUME_ELSEWHERE": 16, "FAILED_VALIDATION": 17,
-        "RESTARTS_EXHAUSTED": 74, "CONTINUE": 75, "DO_NOT_RETRY": 93, "CANNOT_EXECUTE": 126,
-        "NOT_FOUND": 127}  # fmt: skip
+        "FINISHED": 0,
+        "FAILED": 1,
+        "RESUME_ELSEWHERE": 16,
+        "FAILED_VALIDATION": 17,
+        "RESTARTS_EXHAUSTED": 74,
+        "CONTINUE": 75,
+        "DO_NOT_RETRY": 93,
+        "CANNOT_EXECUTE": 126,
+        "NOT_FOUND": 127,
+    }
 
 
 def test_the_policy_refuses_the_reserved_exit_codes_as_user_errors() -> None:
@@ -67,30 +74,53 @@ def test_the_policy_refuses_the_reserved_exit_codes_as_user_errors() -> None:
 
 
 def test_job_env_round_trip_and_defaults() -> None:
-    env = JobEnv(run_id="r1", run_dir="/runs/r1", checkpoint_dir="/ck", attempt_base=2,
-                 checkpoint_signal="SIGUSR1", straggler_interval_s=30, straggler_threshold=0.5,
-                 straggler_windows=4, straggler_reference="median", inject="crash@10:0",
-                 in_job_restarts=3, section_timeouts={"step": None, "setup": 60.0},
-                 grace_s=45)  # fmt: skip
+    env = JobEnv(
+        run_id="r1",
+        run_dir="/runs/r1",
+        checkpoint_dir="/ck",
+        attempt_base=2,
+        checkpoint_signal="SIGUSR1",
+        straggler_interval_s=30,
+        straggler_threshold=0.5,
+        straggler_windows=4,
+        straggler_reference="median",
+        inject="crash@10:0",
+        in_job_restarts=3,
+        section_timeouts={"step": None, "setup": 60.0},
+        grace_s=45,
+    )
     rendered = env.render()
     assert set(rendered) <= {n.value for n in EnvName}
     assert rendered["FTSLURM_CHECKPOINT_SIGNAL"] == "USR1"
     assert JobEnv.from_environ({**rendered, "PATH": "/bin"}) == env
     # Nothing set: the defaults, and an empty variable counts as unset.
     plain = JobEnv.from_environ({"FTSLURM_RUN_DIR": "", "FTSLURM_GRACE_S": ""})
-    assert (plain.run, plain.attempt, plain.checkpoint_signal, plain.grace_s,
-            plain.straggler_interval_s, plain.in_job_restarts, plain.checkpoint_folder) == (
-        None, None, "USR2", 120.0, 60.0, 0, "checkpoints")  # fmt: skip
+    assert (
+        plain.run,
+        plain.attempt,
+        plain.checkpoint_signal,
+        plain.grace_s,
+        plain.straggler_interval_s,
+        plain.in_job_restarts,
+        plain.checkpoint_folder,
+    ) == (None, None, "USR2", 120.0, 60.0, 0, "checkpoints")
     assert plain.render() == {}
     assert JobEnv.from_environ({"FTSLURM_ATTEMPT_BASE": "2"}).current_attempt(3) == 5
     assert JobEnv.from_environ({"FTSLURM_ATTEMPT": "4"}).current_attempt(3) == 4
 
 
-@pytest.mark.parametrize("key,value", [
-    ("FTSLURM_GRACE_S", "soon"), ("FTSLURM_ATTEMPT", "-1"), ("FTSLURM_STRAGGLER_WINDOWS", "0"),
-    ("FTSLURM_STRAGGLER_REFERENCE", "worst"), ("FTSLURM_CHECKPOINT_SIGNAL", "KILL"),
-    ("FTSLURM_SECTION_TIMEOUTS", "{not json"), ("FTSLURM_SECTION_TIMEOUTS", "[1]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("FTSLURM_GRACE_S", "soon"),
+        ("FTSLURM_ATTEMPT", "-1"),
+        ("FTSLURM_STRAGGLER_WINDOWS", "0"),
+        ("FTSLURM_STRAGGLER_REFERENCE", "worst"),
+        ("FTSLURM_CHECKPOINT_SIGNAL", "KILL"),
+        ("FTSLURM_SECTION_TIMEOUTS", "{not json"),
+        ("FTSLURM_SECTION_TIMEOUTS", "[1]"),
+    ],
+)
 def test_a_bad_job_variable_is_a_one_line_error_naming_it(key: str, value: str) -> None:
     with pytest.raises(ConfigError) as err:
         JobEnv.from_environ({key: value})
@@ -107,21 +137,49 @@ def _exports(script: str) -> dict[str, str]:
 
 
 def test_what_the_daemon_renders_the_job_parses_back() -> None:
-    spec = {"options": {"name": None, "nodes": 2, "ntasks_per_node": 2, "cpus_per_task": 1,
-                        "gpus_per_node": None, "time_limit": "1:00:00", "partition": None,
-                        "account": None, "exclude": [], "extra": {}},
-            "run_dir": "/runs/r 1", "checkpoint_dir": "/ck", "workdir": "/w", "setup": [],
-            "env": {}, "inject": ["hang@5:0"], "python": "/usr/bin/python3",
-            "command": ["train.py"]}  # fmt: skip
-    settings = FtSettings(checkpoint_signal="10", num_in_job_restarts=2, grace_s=30,
-                          straggler_windows=5, out_of_section_timeout=None,
-                          ).model_dump(mode="json")  # fmt: skip
+    spec = {
+        "options": {
+            "name": None,
+            "nodes": 2,
+            "ntasks_per_node": 2,
+            "cpus_per_task": 1,
+            "gpus_per_node": None,
+            "time_limit": "1:00:00",
+            "partition": None,
+            "account": None,
+            "exclude": [],
+            "extra": {},
+        },
+        "run_dir": "/runs/r 1",
+        "checkpoint_dir": "/ck",
+        "workdir": "/w",
+        "setup": [],
+        "env": {},
+        "inject": ["hang@5:0"],
+        "python": "/usr/bin/python3",
+        "command": ["train.py"],
+    }
+    settings = FtSettings(
+        checkpoint_signal="10",
+        num_in_job_restarts=2,
+        grace_s=30,
+        straggler_windows=5,
+        out_of_section_timeout=None,
+    ).model_dump(mode="json")
     script, _ = build_attempt("r1", spec, settings, 3, ())
     job = JobEnv.from_environ(_exports(script))
     assert (job.run_id, job.run_dir, job.checkpoint_dir, job.attempt_base) == (
-        "r1", "/runs/r 1", "/ck", 3)  # fmt: skip
+        "r1",
+        "/runs/r 1",
+        "/ck",
+        3,
+    )
     assert (job.checkpoint_signal, job.in_job_restarts, job.grace_s, job.straggler_windows) == (
-        "USR1", 2, 30.0, 5)  # fmt: skip
+        "USR1",
+        2,
+        30.0,
+        5,
+    )
     assert job.section_timeouts is not None and job.section_timeouts["out_of_section"] is None
     assert job.inject == "hang@5:0"
     assert "export FTSLURM_ATTEMPT=$((FTSLURM_ATTEMPT_BASE + ${SLURM_RESTART_COUNT:-0}))" in script
@@ -136,12 +194,28 @@ def test_a_new_job_of_a_run_leaves_out_the_injections_that_fired() -> None:
     """Each injection fires once per run (issue 25): the fault the scheduler carries out and
     the crash the ranks carried out in an earlier job are not in a fresh job's script or
     options; the straggler stays (its node stays slow)."""
-    spec = {"options": {"name": None, "nodes": 2, "ntasks_per_node": 1, "cpus_per_task": 1,
-                        "gpus_per_node": None, "time_limit": "10", "partition": None,
-                        "account": None, "exclude": [], "extra": {}},
-            "run_dir": "/runs/r1", "checkpoint_dir": "/ck", "workdir": "/w", "setup": [],
-            "env": {}, "inject": ["node_fail@10", "crash@5:1", "straggler@2:0*3"],
-            "python": "/usr/bin/python3", "command": ["train.py"]}  # fmt: skip
+    spec = {
+        "options": {
+            "name": None,
+            "nodes": 2,
+            "ntasks_per_node": 1,
+            "cpus_per_task": 1,
+            "gpus_per_node": None,
+            "time_limit": "10",
+            "partition": None,
+            "account": None,
+            "exclude": [],
+            "extra": {},
+        },
+        "run_dir": "/runs/r1",
+        "checkpoint_dir": "/ck",
+        "workdir": "/w",
+        "setup": [],
+        "env": {},
+        "inject": ["node_fail@10", "crash@5:1", "straggler@2:0*3"],
+        "python": "/usr/bin/python3",
+        "command": ["train.py"],
+    }
     script, options = build_attempt("r1", spec, {}, 0, ())
     assert options.inject == ("node_fail@10",)
     assert JobEnv.from_environ(_exports(script)).inject == "crash@5:1,straggler@2:0*3"
@@ -150,17 +224,25 @@ def test_a_new_job_of_a_run_leaves_out_the_injections_that_fired() -> None:
     assert JobEnv.from_environ(_exports(script)).inject == "straggler@2:0*3"
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("USR2", signal.SIGUSR2), ("usr1", signal.SIGUSR1), ("SIGTERM", signal.SIGTERM),
-    (" sigint ", signal.SIGINT), (str(int(signal.SIGUSR1)), signal.SIGUSR1), (15, signal.SIGTERM),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("USR2", signal.SIGUSR2),
+        ("usr1", signal.SIGUSR1),
+        ("SIGTERM", signal.SIGTERM),
+        (" sigint ", signal.SIGINT),
+        (str(int(signal.SIGUSR1)), signal.SIGUSR1),
+        (15, signal.SIGTERM),
+    ],
+)
 def test_signal_names_numbers_and_the_sig_prefix(text: str | int, expected: int) -> None:
     assert parse_signal(text) == expected
     assert signal_name(text) == expected.name.removeprefix("SIG")
 
 
-@pytest.mark.parametrize("text", ["KILL", "SIGSTOP", "9", str(int(signal.SIGSTOP)), "USR3",
-                                  "", "999"])  # fmt: skip
+@pytest.mark.parametrize(
+    "text", ["KILL", "SIGSTOP", "9", str(int(signal.SIGSTOP)), "USR3", "", "999"]
+)
 def test_uncatchable_or_unknown_signals_are_refused(text: str) -> None:
     with pytest.raises(ConfigError, match="not a signal a job can catch"):
         parse_signal(text)
@@ -174,8 +256,9 @@ def test_the_launchers_and_the_ranks_agree_on_the_port(monkeypatch: pytest.Monke
         monkeypatch.setenv("SLURM_RESTART_COUNT", str(restarts))
         monkeypatch.setenv("MASTER_ADDR", "n1")
         endpoint = launch._endpoint(launch.parse_args(["--", "true"]))
-        master = torch_env({"SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": str(restarts),
-                            "SLURM_NTASKS": "2"})  # fmt: skip
+        master = torch_env(
+            {"SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": str(restarts), "SLURM_NTASKS": "2"}
+        )
         assert endpoint == f"n1:{master['MASTER_PORT']}"
         assert int(master["MASTER_PORT"]) == rendezvous_port(job, restarts)
     ports = {rendezvous_port("123456", n) for n in range(10)}
@@ -205,38 +288,72 @@ def test_a_rank_alone_gets_a_free_port_not_the_jobs(monkeypatch: pytest.MonkeyPa
 def test_a_rendezvous_record_is_taken_only_for_its_own_job_step_and_restart() -> None:
     from ftslurm.core.contract import published_rendezvous, rendezvous_record
 
-    record = rendezvous_record(host="n1", port=41234, rdzv_id="ftslurm-r-0-0-ab", job_id="7",
-                               step_id="0", restart_count=0, pid=1, time=0.0)  # fmt: skip
+    record = rendezvous_record(
+        host="n1",
+        port=41234,
+        rdzv_id="ftslurm-r-0-0-ab",
+        job_id="7",
+        step_id="0",
+        restart_count=0,
+        pid=1,
+        time=0.0,
+    )
     assert published_rendezvous(record, job_id="7", step_id="0", restart_count=0) == (
-        "n1", 41234, "ftslurm-r-0-0-ab")
+        "n1",
+        41234,
+        "ftslurm-r-0-0-ab",
+    )
     for other in ({"job_id": "8"}, {"step_id": "1"}, {"restart_count": 1}):
         mine = {"job_id": "7", "step_id": "0", "restart_count": 0, **other}
         assert published_rendezvous(record, **mine) is None  # type: ignore[arg-type]
-    for torn in (None, [], {**record, "port": 0}, {**record, "port": "41234"},
-                 {**record, "host": ""}):  # fmt: skip
+    for torn in (
+        None,
+        [],
+        {**record, "port": 0},
+        {**record, "port": "41234"},
+        {**record, "host": ""},
+    ):
         assert published_rendezvous(torn, job_id="7", step_id="0", restart_count=0) is None
     assert RunDir("/runs/r1").rendezvous(2, 1) == Path("/runs/r1/attempts/2/rendezvous-1.json")
     assert RunDir("/runs/r1").launcher_failed(2, 3) == Path(
-        "/runs/r1/attempts/2/recovery/launcher-failed-3.json")
+        "/runs/r1/attempts/2/recovery/launcher-failed-3.json"
+    )
 
 
 def test_the_task_wrapper_refuses_a_bad_variable_in_one_line(tmp_path: Path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "FTSLURM_RUN_DIR": str(tmp_path),
-           "FTSLURM_CHECKPOINT_SIGNAL": "KILL"}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "ftslurm.agent.task", "--", "true"], env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "FTSLURM_RUN_DIR": str(tmp_path),
+        "FTSLURM_CHECKPOINT_SIGNAL": "KILL",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "ftslurm.agent.task", "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "ftslurm: FTSLURM_CHECKPOINT_SIGNAL='KILL': not a signal a job can catch: 'KILL'"]
+        "ftslurm: FTSLURM_CHECKPOINT_SIGNAL='KILL': not a signal a job can catch: 'KILL'"
+    ]
     assert not (tmp_path / "attempts").exists()  # the command never ran
 
 
 def test_the_launcher_refuses_a_bad_variable_in_one_line(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("FTSLURM_IN_JOB_RESTARTS", "many")
     with pytest.raises(SystemExit) as exit_:
         launch.parse_args(["--", "true"])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
-        "error: FTSLURM_IN_JOB_RESTARTS='many': Input should be a valid integer, unable to "
-        "parse string as an integer")  # fmt: skip
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .endswith(
+            "error: FTSLURM_IN_JOB_RESTARTS='many': Input should be a valid integer, unable to "
+            "parse string as an integer"
+        )
+    )

@@ -20,14 +20,23 @@ from ftslurm.errors import (
 )
 
 
-@pytest.mark.parametrize("raw,state", [
-    ("RUNNING", JobState.RUNNING), ("CANCELLED by 0", JobState.CANCELLED),
-    ("CANCELLED+", JobState.CANCELLED), ("NODE_FAIL", JobState.NODE_FAIL),
-    ("OUT_OF_MEMORY", JobState.OUT_OF_MEMORY), ("OOM", JobState.OUT_OF_MEMORY),
-    ("REQUEUE_HOLD", JobState.REQUEUED), ("SPECIAL_EXIT", JobState.REQUEUED),
-    ("CONFIGURING", JobState.RUNNING), ("STAGE_OUT", JobState.COMPLETING),
-    ("something new", JobState.UNKNOWN), ("", JobState.UNKNOWN),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "raw,state",
+    [
+        ("RUNNING", JobState.RUNNING),
+        ("CANCELLED by 0", JobState.CANCELLED),
+        ("CANCELLED+", JobState.CANCELLED),
+        ("NODE_FAIL", JobState.NODE_FAIL),
+        ("OUT_OF_MEMORY", JobState.OUT_OF_MEMORY),
+        ("OOM", JobState.OUT_OF_MEMORY),
+        ("REQUEUE_HOLD", JobState.REQUEUED),
+        ("SPECIAL_EXIT", JobState.REQUEUED),
+        ("CONFIGURING", JobState.RUNNING),
+        ("STAGE_OUT", JobState.COMPLETING),
+        ("something new", JobState.UNKNOWN),
+        ("", JobState.UNKNOWN),
+    ],
+)
 def test_slurm_states_map_onto_ours(raw, state):
     assert JobState.from_slurm(raw) is state
 
@@ -46,17 +55,27 @@ def test_node_states():
     assert not NodeState.DRAINED.usable
 
 
-@pytest.mark.parametrize("text,seconds", [
-    ("1", 60), ("90", 5400), ("1:30", 90), ("2:00:00", 7200), ("1-0", 86400),
-    ("1-2:30", 95400), ("0-00:00:45", 45), ("UNLIMITED", None), ("infinite", None),
-    ("0", None), ("0:00:00", None),  # sbatch reads a zero limit as "no limit"
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("1", 60),
+        ("90", 5400),
+        ("1:30", 90),
+        ("2:00:00", 7200),
+        ("1-0", 86400),
+        ("1-2:30", 95400),
+        ("0-00:00:45", 45),
+        ("UNLIMITED", None),
+        ("infinite", None),
+        ("0", None),
+        ("0:00:00", None),  # sbatch reads a zero limit as "no limit"
+    ],
+)
 def test_time_limits(text, seconds):
     assert parse_time_limit(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "1h", "90 minutes", "1:2:3:4", "-5", "1-", "x",
-                                  "1:99:99x"])
+@pytest.mark.parametrize("text", ["", "1h", "90 minutes", "1:2:3:4", "-5", "1-", "x", "1:99:99x"])
 def test_malformed_time_limits_are_one_line_config_errors(text):
     with pytest.raises(ConfigError) as err:
         parse_time_limit(text)
@@ -70,26 +89,39 @@ def test_format_time_limit_rounds_up_to_minutes():
     assert format_time_limit(None) == "UNLIMITED"
 
 
-@pytest.mark.parametrize("stderr,kind", [
-    ("squeue: error: slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
-     SchedulerUnavailable),
-    ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
-     SchedulerUnavailable),
-    ("sacct: error: RPC rate limit exceeded", SchedulerUnavailable),
-    ("scontrol: error: Invalid job id specified", InvalidJobId),
-    ("sbatch: error: invalid partition specified: nope", InvalidPartition),
-    ("sbatch: error: Invalid --time specification", ConfigError),
-    ("scontrol: error: Job is no longer pending execution for job 12", JobStateConflict),
-    ("scancel: error: Kill job error on job id 5: Job/step already completing or completed",
-     JobStateConflict),
-    ("sbatch: error: something nobody expected", SchedulerRejected),
-    # Refusals an ordinary user meets (Slurm 22.05, the local cluster, as a user):
-    ("scancel: error: Kill job error on job id 8: Access/permission denied", OperatorNeeded),
-    ("scontrol: Invalid user id for job 8", OperatorNeeded),
-    ("squeue: slurm_load_jobs error: Protocol authentication error", OperatorNeeded),
-    ("sbatch: error: Batch job submission failed: Invalid account or account/partition "
-     "combination specified", OperatorNeeded),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "stderr,kind",
+    [
+        (
+            "squeue: error: slurm_load_jobs error: "
+            "Unable to contact slurm controller (connect failure)",
+            SchedulerUnavailable,
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
+            SchedulerUnavailable,
+        ),
+        ("sacct: error: RPC rate limit exceeded", SchedulerUnavailable),
+        ("scontrol: error: Invalid job id specified", InvalidJobId),
+        ("sbatch: error: invalid partition specified: nope", InvalidPartition),
+        ("sbatch: error: Invalid --time specification", ConfigError),
+        ("scontrol: error: Job is no longer pending execution for job 12", JobStateConflict),
+        (
+            "scancel: error: Kill job error on job id 5: Job/step already completing or completed",
+            JobStateConflict,
+        ),
+        ("sbatch: error: something nobody expected", SchedulerRejected),
+        # Refusals an ordinary user meets (Slurm 22.05, the local cluster, as a user):
+        ("scancel: error: Kill job error on job id 8: Access/permission denied", OperatorNeeded),
+        ("scontrol: Invalid user id for job 8", OperatorNeeded),
+        ("squeue: slurm_load_jobs error: Protocol authentication error", OperatorNeeded),
+        (
+            "sbatch: error: Batch job submission failed: Invalid account or account/partition "
+            "combination specified",
+            OperatorNeeded,
+        ),
+    ],
+)
 def test_classify_failed_commands(stderr, kind):
     err = classify(["/usr/bin/" + stderr.split(":")[0]], 1, "noise\n" + stderr + "\n")
     assert type(err) is kind
@@ -101,17 +133,38 @@ def test_classify_failed_commands(stderr, kind):
 
 def test_sbatch_args_golden():
     opts = JobOptions(
-        name="train", nodes=2, ntasks_per_node=4, gpus_per_node=8, time_limit="1-2",
-        partition="gpu", account="proj", exclude=("n3", "n1"), comment="ftslurm:run=x:attempt=2",
-        signal="B:USR1@300", requeue=False, hold=True, no_kill=True,
+        name="train",
+        nodes=2,
+        ntasks_per_node=4,
+        gpus_per_node=8,
+        time_limit="1-2",
+        partition="gpu",
+        account="proj",
+        exclude=("n3", "n1"),
+        comment="ftslurm:run=x:attempt=2",
+        signal="B:USR1@300",
+        requeue=False,
+        hold=True,
+        no_kill=True,
         extra={"qos": "high", "exclusive": None},
-    )  # fmt: skip
+    )
     assert sbatch_args(opts) == [
-        "--job-name=train", "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=8",
-        "--time=1-02:00:00", "--partition=gpu", "--account=proj", "--exclude=n3,n1",
-        "--comment=ftslurm:run=x:attempt=2", "--signal=B:USR1@300", "--no-requeue", "--hold",
-        "--no-kill", "--exclusive", "--qos=high",
-    ]  # fmt: skip
+        "--job-name=train",
+        "--nodes=2",
+        "--ntasks-per-node=4",
+        "--gpus-per-node=8",
+        "--time=1-02:00:00",
+        "--partition=gpu",
+        "--account=proj",
+        "--exclude=n3,n1",
+        "--comment=ftslurm:run=x:attempt=2",
+        "--signal=B:USR1@300",
+        "--no-requeue",
+        "--hold",
+        "--no-kill",
+        "--exclusive",
+        "--qos=high",
+    ]
     assert sbatch_args(JobOptions()) == []
 
 

@@ -32,8 +32,11 @@ class FakeSlurm:
         return job
 
     def query(self, job_ids: list[str]) -> dict[str, JobInfo]:
-        return {j: JobInfo(job_id=j, state=self.states[j], observed_at=0.0) for j in job_ids
-                if j in self.states}
+        return {
+            j: JobInfo(job_id=j, state=self.states[j], observed_at=0.0)
+            for j in job_ids
+            if j in self.states
+        }
 
 
 def spec(home: Path, **kw: object) -> as_job.DaemonJob:
@@ -41,19 +44,42 @@ def spec(home: Path, **kw: object) -> as_job.DaemonJob:
 
 
 def test_the_daemon_job_is_one_cpu_requeued_and_signalled_before_its_limit(tmp_path):
-    job = spec(tmp_path / "it's home", time="2-00:00:00", handover_s=900, lease_timeout_s=30,
-               partition="long", extra={"qos": "daemon"})  # fmt: skip
+    job = spec(
+        tmp_path / "it's home",
+        time="2-00:00:00",
+        handover_s=900,
+        lease_timeout_s=30,
+        partition="long",
+        extra={"qos": "daemon"},
+    )
     args = sbatch_args(job.options())
-    for flag in ("--job-name=ftslurm-daemon", "--nodes=1", "--ntasks-per-node=1",
-                 "--cpus-per-task=1", "--time=2-00:00:00", "--partition=long", "--requeue",
-                 "--signal=B:USR1@900", "--qos=daemon"):  # fmt: skip
+    for flag in (
+        "--job-name=ftslurm-daemon",
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=1",
+        "--time=2-00:00:00",
+        "--partition=long",
+        "--requeue",
+        "--signal=B:USR1@900",
+        "--qos=daemon",
+    ):
         assert flag in args, args
     lines = job.script().splitlines()
     assert lines[0] == "#!/bin/bash"
     # every value that reaches the shell is quoted: the odd home and interpreter survive
     assert shlex.split(lines[2].removeprefix("export ")) == [f"FTSLURM_HOME={job.home}"]
-    assert shlex.split(lines[3]) == ["exec", "/opt/my env/bin/python", "-m", "ftslurm",
-                                     "daemon", "run", "--job", "--lease-timeout", "30"]
+    assert shlex.split(lines[3]) == [
+        "exec",
+        "/opt/my env/bin/python",
+        "-m",
+        "ftslurm",
+        "daemon",
+        "run",
+        "--job",
+        "--lease-timeout",
+        "30",
+    ]
     assert "--successor" in job.script(successor=True)
     assert as_job.DaemonJob.from_json(job.to_json()) == job
     assert as_job.DaemonJob.from_json({"home": 1}) is None
@@ -78,8 +104,9 @@ def test_the_handover_submits_the_successor_and_stops_once_it_runs(tmp_path, mon
     assert handover.due()  # it runs (and waits for the lease): release it and go
 
 
-def test_a_queued_daemon_job_serves_and_an_ended_one_is_reported_not_replaced(tmp_path,
-                                                                            monkeypatch):
+def test_a_queued_daemon_job_serves_and_an_ended_one_is_reported_not_replaced(
+    tmp_path, monkeypatch
+):
     slurm = FakeSlurm()
     monkeypatch.setattr(service, "create_backend", lambda kind="slurm", *a, **k: slurm)
     home = tmp_path / "home"
@@ -126,6 +153,7 @@ def test_a_successor_on_its_predecessors_node_waits_for_it_to_leave(tmp_path):
         with Store(home) as s:
             assert s.daemon_lease() is None
         predecessor.release()
+
         def serving() -> bool:  # its lease taken, not only the node's lock (then a stop
             with Store(home) as s:  # would end its wait for the lease, an error here)
                 return s.daemon_lease() is not None

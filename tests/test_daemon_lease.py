@@ -70,11 +70,16 @@ def start_daemon(home: Path, timeout_s: float) -> subprocess.Popen[str]:
     env = dict(os.environ, FTSLURM_HOME=str(home))
     return subprocess.Popen(
         [sys.executable, "-m", "ftslurm", "daemon", "run", "--lease-timeout", str(timeout_s)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
-def serve_elsewhere(home: Path, timeout_s: float, stop: threading.Event,
-                    errors: list[BaseException]) -> threading.Thread:  # fmt: skip
+def serve_elsewhere(
+    home: Path, timeout_s: float, stop: threading.Event, errors: list[BaseException]
+) -> threading.Thread:
     def run() -> None:
         try:
             service.serve(home, stop=stop, lease_timeout_s=timeout_s)
@@ -93,8 +98,7 @@ def owner_host(home: Path) -> str | None:
 
 
 @pytest.mark.slow
-def test_a_second_hosts_daemon_refuses_a_live_one_and_replaces_a_silent_one(tmp_path,
-                                                                           monkeypatch):
+def test_a_second_hosts_daemon_refuses_a_live_one_and_replaces_a_silent_one(tmp_path, monkeypatch):
     home, timeout = tmp_path / "home", 3.0
     # a home shared by two hosts is on a network filesystem: a rollback journal, no WAL
     monkeypatch.setenv(STATE_FS_ENV, "network")
@@ -109,8 +113,7 @@ def test_a_second_hosts_daemon_refuses_a_live_one_and_replaces_a_silent_one(tmp_
         assert len(errors) == 1 and isinstance(errors[0], DaemonAlreadyRunning), errors
         assert f"on host {store_mod.this_host()}" in errors[0].message
         assert time.monotonic() - began < timeout  # told by a renewal, not by the timeout
-        assert service.serving(home) == service.Serving(store_mod.this_host(), first.pid,
-                                                        False)  # fmt: skip
+        assert service.serving(home) == service.Serving(store_mod.this_host(), first.pid, False)
         # 2. the first daemon is paused past the timeout (its host gone, as far as anyone
         # can tell): the second takes the lease over and serves
         os.kill(first.pid, signal.SIGSTOP)
@@ -129,8 +132,7 @@ def test_a_second_hosts_daemon_refuses_a_live_one_and_replaces_a_silent_one(tmp_
         assert not second.is_alive() and not errors
         with Store(home) as s:
             released = s.daemon_lease()
-        assert released is not None and (released.host, released.ended) == ("login2",
-                                                                            "stopped")
+        assert released is not None and (released.host, released.ended) == ("login2", "stopped")
         assert not (home / "state.db-wal").exists()
     finally:
         if first.poll() is None:
@@ -139,8 +141,7 @@ def test_a_second_hosts_daemon_refuses_a_live_one_and_replaces_a_silent_one(tmp_
             first.wait()
 
 
-def test_stop_and_status_name_the_host_of_a_daemon_serving_from_elsewhere(tmp_path,
-                                                                          monkeypatch):
+def test_stop_and_status_name_the_host_of_a_daemon_serving_from_elsewhere(tmp_path, monkeypatch):
     home = tmp_path / "home"
     with Store(home) as s:
         s.swap_daemon_lease(DaemonLease("far:42:ab", "far", 42, 0, time.time()), None)
@@ -151,6 +152,7 @@ def test_stop_and_status_name_the_host_of_a_daemon_serving_from_elsewhere(tmp_pa
     assert service.start(home) == found  # no second daemon is started here
     # a lease silent (by this host's clock) for longer than the timeout is not served
     with Store(home) as s:
-        s.swap_daemon_lease(DaemonLease("far:42:ab", "far", 42, 1, time.time() - 3600),
-                            s.daemon_lease())  # fmt: skip
+        s.swap_daemon_lease(
+            DaemonLease("far:42:ab", "far", 42, 1, time.time() - 3600), s.daemon_lease()
+        )
     assert service.serving(home) is None

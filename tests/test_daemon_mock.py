@@ -64,8 +64,20 @@ def mock_jobs(tmp_path) -> dict:
 
 def test_node_failure_is_retried_on_other_nodes_with_the_failed_node_excluded(cli, tmp_path):
     train = write_train(tmp_path)
-    out = cli.submit("--dry-run", "-N", "2", "--retries", "2", "--inject", "node_fail@2",
-                     str(train), "--", "40", "0.1", "5")  # fmt: skip
+    out = cli.submit(
+        "--dry-run",
+        "-N",
+        "2",
+        "--retries",
+        "2",
+        "--inject",
+        "node_fail@2",
+        str(train),
+        "--",
+        "40",
+        "0.1",
+        "5",
+    )
     s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED", s
     first, second = s["attempts"][0], s["attempts"][1]
@@ -84,15 +96,28 @@ def test_node_failure_is_retried_on_other_nodes_with_the_failed_node_excluded(cl
 
 def test_wall_limit_after_a_checkpoint_continues_from_that_step(cli, tmp_path):
     train = write_train(tmp_path)
-    out = cli.submit("--dry-run", "-t", "0:12", "--preempt-time", "6", "--retries", "0",
-                     str(train), "--", "150", "0.1", "1000")  # fmt: skip
+    out = cli.submit(
+        "--dry-run",
+        "-t",
+        "0:12",
+        "--preempt-time",
+        "6",
+        "--retries",
+        "0",
+        str(train),
+        "--",
+        "150",
+        "0.1",
+        "1000",
+    )
     s = cli.wait_for(out["run_id"], ended, 120, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert s["continuations"] >= 1 and s["job_retries_used"] == 0
     assert s["attempts"][0]["cause"] == "checkpointed"
     log = cli("logs", out["run_id"], "--attempt", "1").stdout
-    step = s["attempts"] and json.loads((tmp_path / "home" / "runs" / out["run_id"] /
-                                         "progress.json").read_text())  # fmt: skip
+    step = s["attempts"] and json.loads(
+        (tmp_path / "home" / "runs" / out["run_id"] / "progress.json").read_text()
+    )
     assert "starts at step 0" not in log  # the continuation resumed from the checkpoint
     assert step["finished"] is True and step["step"] == 150
 
@@ -116,16 +141,29 @@ def test_a_script_without_a_handler_is_left_to_its_wall_limit_and_continued(cli,
     goes on from the script's own last checkpoint, saying why."""
     script = tmp_path / "plain.py"
     script.write_text(PLAIN)
-    out = cli.submit("--dry-run", "-t", "0:15", "--preempt-time", "10", "--retries", "0",
-                     str(script), "--", str(tmp_path / "step.txt"))  # fmt: skip
-    s = cli.wait_for(out["run_id"], lambda s: len(s["attempts"]) > 1 or ended(s), 120,
-                     "the first attempt to end")  # fmt: skip
+    out = cli.submit(
+        "--dry-run",
+        "-t",
+        "0:15",
+        "--preempt-time",
+        "10",
+        "--retries",
+        "0",
+        str(script),
+        "--",
+        str(tmp_path / "step.txt"),
+    )
+    s = cli.wait_for(
+        out["run_id"], lambda s: len(s["attempts"]) > 1 or ended(s), 120, "the first attempt to end"
+    )
     cli("cancel", out["run_id"])
     a = s["attempts"][0]
     assert (a["state"], a["cause"]) == ("TIMEOUT", "checkpointed"), s
     assert s["job_retries_used"] == 0 and s["continuations"] == 1, s
-    assert "the script does not handle SIGUSR2: left to the wall limit, continued from its " \
-        "last checkpoint" in a["reason"], a["reason"]  # fmt: skip
+    assert (
+        "the script does not handle SIGUSR2: left to the wall limit, continued from its "
+        "last checkpoint" in a["reason"]
+    ), a["reason"]
     rank = read_json(RunDir(s["run_dir"]).rank_report(0, 0)) or {}
     assert rank.get("checkpoint_signal_withheld") == "USR2", rank
     assert rank.get("signal") != signal.SIGUSR2 and rank.get("exit_code") != 140, rank
@@ -162,8 +200,10 @@ def test_user_error_is_not_retried(cli, tmp_path):
 
 def test_a_rank_dying_of_enospc_ends_the_run_at_once_with_the_reason(cli, tmp_path):
     full = tmp_path / "full.py"
-    full.write_text("import errno, os\n"
-                    "raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), '/ckpt/step-9.pt')\n")
+    full.write_text(
+        "import errno, os\n"
+        "raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), '/ckpt/step-9.pt')\n"
+    )
     out = cli.submit("--dry-run", "--retries", "3", str(full))
     s = cli.wait_for(out["run_id"], ended, 120, "the run to fail")
     assert s["state"] == "FAILED" and s["job_retries_used"] == 0
@@ -190,8 +230,9 @@ def test_daemon_killed_after_submission_adopts_the_job(cli, tmp_path):
     recipe = load_recipe(train, ["20", "0.05", "5"])
     run_dir = cli.home / "runs" / "adopt1"
     (run_dir / "logs").mkdir(parents=True)
-    spec = make_spec(recipe, run_dir=run_dir, backend="mock", workdir=str(tmp_path),
-                     mock_home=tmp_path / "mock")
+    spec = make_spec(
+        recipe, run_dir=run_dir, backend="mock", workdir=str(tmp_path), mock_home=tmp_path / "mock"
+    )
     run, attempt = new_run_record("adopt1", "adopt", spec, recipe.settings(), time.time())
     store.add_run(run)
     store.add_attempt(attempt)
@@ -207,8 +248,9 @@ def test_daemon_killed_after_submission_adopts_the_job(cli, tmp_path):
 
 def test_daemon_sigkilled_mid_run_and_restarted_finishes_the_run(cli, tmp_path):
     train = write_train(tmp_path)
-    out = cli.submit("--dry-run", "-N", "2", "--inject", "node_fail@2", str(train), "--",
-                     "40", "0.1", "5")  # fmt: skip
+    out = cli.submit(
+        "--dry-run", "-N", "2", "--inject", "node_fail@2", str(train), "--", "40", "0.1", "5"
+    )
     pid = json.loads(cli("daemon", "status", "--json").stdout)["pid"]
     os.kill(pid, signal.SIGKILL)
     cli.wait_for(out["run_id"], lambda s: True, 5, "status")
@@ -221,13 +263,16 @@ def test_daemon_sigkilled_mid_run_and_restarted_finishes_the_run(cli, tmp_path):
     assert len(ids) == 1  # one job, requeued: nothing was submitted twice
 
 
-@pytest.mark.parametrize("args,message", [
-    (["missing.py"], "recipe not found"),
-    (["--retries", "-1", "TRAIN"], "num_job_retries_on_failure"),
-    (["--inject", "explode@3", "TRAIN"], "inject"),
-    (["--inject", "node_fail@3", "TRAIN"], "--dry-run"),
-    (["-t", "soon", "TRAIN"], "time"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["missing.py"], "recipe not found"),
+        (["--retries", "-1", "TRAIN"], "num_job_retries_on_failure"),
+        (["--inject", "explode@3", "TRAIN"], "inject"),
+        (["--inject", "node_fail@3", "TRAIN"], "--dry-run"),
+        (["-t", "soon", "TRAIN"], "time"),
+    ],
+)
 def test_bad_input_is_one_line_and_submits_nothing(cli, tmp_path, args, message):
     train = write_train(tmp_path)
     args = [str(train) if a == "TRAIN" else a for a in args]
@@ -253,8 +298,9 @@ def test_a_run_is_named_by_a_unique_prefix_of_its_id(cli, tmp_path):
     first = cli.submit("--dry-run", str(train), "--", "--steps", "1")
     run_id = first["run_id"]
     assert cli.status(run_id[:4])["run_id"] == run_id
-    Store(cli.home).add_run(Run(run_id[:4] + "zz", "other", RunState.COMPLETED, 1.0,
-                                spec={}, settings={}))  # fmt: skip
+    Store(cli.home).add_run(
+        Run(run_id[:4] + "zz", "other", RunState.COMPLETED, 1.0, spec={}, settings={})
+    )
     proc = cli("status", run_id[:4], check=False)
     assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0
     assert "ambiguous" in proc.stderr and run_id in proc.stderr
@@ -274,8 +320,20 @@ def test_print_script_submits_nothing(cli, tmp_path):
 
 def test_injected_crash_is_retried_and_fires_once(cli, tmp_path):
     train = write_train(tmp_path)
-    out = cli.submit("--dry-run", "-N", "2", "--retries", "1", "--inject", "crash@2:1",
-                     str(train), "--", "60", "0.1", "10")  # fmt: skip
+    out = cli.submit(
+        "--dry-run",
+        "-N",
+        "2",
+        "--retries",
+        "1",
+        "--inject",
+        "crash@2:1",
+        str(train),
+        "--",
+        "60",
+        "0.1",
+        "10",
+    )
     s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert [a["cause"] for a in s["attempts"]] == ["crash", "finished"]
@@ -285,19 +343,36 @@ def test_a_straggler_node_is_excluded_and_the_job_moved_off_it(cli, tmp_path):
     straggler_is_moved_off(cli, tmp_path, "--dry-run")
 
 
-def test_a_submitit_checkpointable_continues_through_the_daemon_and_reports_goodput(
-        cli, tmp_path):  # fmt: skip
+def test_a_submitit_checkpointable_continues_through_the_daemon_and_reports_goodput(cli, tmp_path):
     """examples/submitit_recipe.py as it is: the daemon's checkpoint signal before the wall
     limit makes `checkpoint()` store a continuation, the next attempt resumes it and ends
     with the parameters of an uninterrupted run; `ftslurm report` accounts the wall time."""
     recipe = ROOT / "examples" / "submitit_recipe.py"
-    ref = subprocess.run([sys.executable, str(recipe), "--steps", "250", "--output-dir",
-                          str(tmp_path / "ref")], capture_output=True, text=True, timeout=120)
+    ref = subprocess.run(
+        [sys.executable, str(recipe), "--steps", "250", "--output-dir", str(tmp_path / "ref")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ref.returncode == 0, ref.stderr
     # the signal 20 s after the start: past the start-up (imports), before the last step
-    out = cli.submit("--dry-run", "-t", "0:30", "--preempt-time", "10", "--retries", "0",
-                     str(recipe), "--", "--steps", "250", "--step-time", "0.1",
-                     "--output-dir", str(tmp_path / "out"))  # fmt: skip
+    out = cli.submit(
+        "--dry-run",
+        "-t",
+        "0:30",
+        "--preempt-time",
+        "10",
+        "--retries",
+        "0",
+        str(recipe),
+        "--",
+        "--steps",
+        "250",
+        "--step-time",
+        "0.1",
+        "--output-dir",
+        str(tmp_path / "out"),
+    )
     s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert s["attempts"][0]["cause"] == "checkpointed" and s["job_retries_used"] == 0
@@ -324,11 +399,15 @@ def test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending(cli, 
     attempt sits hung until its wall limit (75 s). It checkpointed before the hang, but it
     is a hang that spends the failure budget (here none), and the reason names the rank, its
     node and section, and the checkpoint signal that nobody acted on."""
-    recipe = recipe_file(tmp_path, "hang-off", args=[
-        "--steps", "2000", "--step-time", "0.05", "--checkpoint-dir", str(tmp_path / "ckpt")],
-        out_of_section_timeout=None, num_job_retries_on_failure=0, preempt_time=10)
-    out = cli.submit("--dry-run", "--inject", "hang@15s:1", "--inject", "timeout@75s",
-                     str(recipe))  # fmt: skip
+    recipe = recipe_file(
+        tmp_path,
+        "hang-off",
+        args=["--steps", "2000", "--step-time", "0.05", "--checkpoint-dir", str(tmp_path / "ckpt")],
+        out_of_section_timeout=None,
+        num_job_retries_on_failure=0,
+        preempt_time=10,
+    )
+    out = cli.submit("--dry-run", "--inject", "hang@15s:1", "--inject", "timeout@75s", str(recipe))
     s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
     assert s["state"] == "FAILED", s
     a = s["attempts"][0]
@@ -339,9 +418,15 @@ def test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending(cli, 
     # waiting on it in the all-reduce fall silent too: the reason names the rank silent
     # longest, which is a waiter when it beat last a few ms before the stopped rank did (the
     # same step); the stopped rank is always among those the launchers found hung.
-    assert re.search(r"rank \d \(node n\d\) hung( in section '\w+')? when the job was told "
-                     r"to stop: .*(in section '\w+'|outside any section)", a["reason"]), a["reason"]
-    hung = [h.get("rank") for path in RunDir(s["run_dir"]).attempt(0).glob(HUNG_NODE_REPORTS)
-            for h in (read_json(path) or {}).get("hung", [])]  # fmt: skip
+    assert re.search(
+        r"rank \d \(node n\d\) hung( in section '\w+')? when the job was told "
+        r"to stop: .*(in section '\w+'|outside any section)",
+        a["reason"],
+    ), a["reason"]
+    hung = [
+        h.get("rank")
+        for path in RunDir(s["run_dir"]).attempt(0).glob(HUNG_NODE_REPORTS)
+        for h in (read_json(path) or {}).get("hung", [])
+    ]
     assert 1 in hung, hung
     assert "checkpoint signal sent at" in a["reason"] and "not acted on" in a["reason"]

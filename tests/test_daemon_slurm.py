@@ -26,23 +26,37 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
 
 
 def test_node_failure_is_retried_on_other_nodes_with_the_failed_node_excluded(
-        cli, healthy_nodes, tmp_path, measurements):  # fmt: skip
+    cli, healthy_nodes, tmp_path, measurements
+):
     train = write_train(tmp_path)
     out = cli.submit("-N", "2", "--retries", "2", str(train), "--", "600", "0.1", "10")
-    s = cli.wait_for(out["run_id"], lambda s: s["attempts"][-1]["state"] == "RUNNING"
-                     and (tmp_path / "home" / "runs" / out["run_id"] / "progress.json").exists(),
-                     60, "the first attempt to checkpoint")  # fmt: skip
+    s = cli.wait_for(
+        out["run_id"],
+        lambda s: (
+            s["attempts"][-1]["state"] == "RUNNING"
+            and (tmp_path / "home" / "runs" / out["run_id"] / "progress.json").exists()
+        ),
+        60,
+        "the first attempt to checkpoint",
+    )
     victim = s["attempts"][0]["nodes"][1]
     healthy_nodes.fail_node(victim)
-    s = cli.wait_for(out["run_id"], lambda s: len(s["attempts"]) > 1
-                     and s["attempts"][1]["state"] == "RUNNING", 120,
-                     "the retry to run")  # fmt: skip
+    s = cli.wait_for(
+        out["run_id"],
+        lambda s: len(s["attempts"]) > 1 and s["attempts"][1]["state"] == "RUNNING",
+        120,
+        "the retry to run",
+    )
     assert s["attempts"][0]["cause"] == "node_fail", s
     assert victim not in s["attempts"][1]["nodes"]
     assert victim in s["excluded_nodes"]
     assert s["job_retries_used"] == 1
-    cli.wait_for(out["run_id"], lambda s: "starts at step" in cli(
-        "logs", out["run_id"], "--attempt", "1").stdout, 30, "the retry's output")  # fmt: skip
+    cli.wait_for(
+        out["run_id"],
+        lambda s: "starts at step" in cli("logs", out["run_id"], "--attempt", "1").stdout,
+        30,
+        "the retry's output",
+    )
     log = cli("logs", out["run_id"], "--attempt", "1").stdout
     assert "starts at step 0" not in log  # resumed from the checkpoint
     cli("cancel", out["run_id"])
@@ -61,7 +75,8 @@ def test_wall_limit_after_a_checkpoint_continues_from_that_step(cli, tmp_path, m
         "import sys\nimport ftslurm\n"
         f"recipe = ftslurm.Recipe(command=[sys.executable, {str(train)!r}, '300', '0.1', "
         "'1000'], time='1', preempt_time=40, num_job_retries_on_failure=0, "
-        "signal_backstop=False)\n")  # fmt: skip
+        "signal_backstop=False)\n"
+    )
     out = cli.submit(str(recipe))
     s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED", s
@@ -69,11 +84,11 @@ def test_wall_limit_after_a_checkpoint_continues_from_that_step(cli, tmp_path, m
     assert s["attempts"][0]["cause"] == "checkpointed"
     resumed = cli("logs", out["run_id"], "--attempt", "1").stdout
     assert "starts at step 0" not in resumed and "starts at step" in resumed
-    progress = json.loads((tmp_path / "home" / "runs" / out["run_id"] / "progress.json")
-                          .read_text())  # fmt: skip
+    progress = json.loads(
+        (tmp_path / "home" / "runs" / out["run_id"] / "progress.json").read_text()
+    )
     assert progress["finished"] and progress["step"] == 300
-    signal = next(e for e in Store(cli.home).events(out["run_id"])
-                  if e.kind == "checkpoint_signal")  # fmt: skip
+    signal = next(e for e in Store(cli.home).events(out["run_id"]) if e.kind == "checkpoint_signal")
     measurements.record("daemon_checkpoint_signal_error_s", signal.time - signal.data["due"])
     assert 0 <= signal.time - signal.data["due"] < 2
 
@@ -109,11 +124,13 @@ def test_injected_crash_on_a_real_cluster_is_retried_and_fires_once(cli, tmp_pat
     """In-job injections work on real Slurm: the task wrapper kills rank 1 at 3 s, the
     daemon classifies the crash and retries; the retry is not crashed again."""
     train = write_train(tmp_path)
-    out = cli.submit("-N", "2", "--retries", "1", "--inject", "crash@3:1", str(train), "--",
-                     "80", "0.1", "10")  # fmt: skip
+    out = cli.submit(
+        "-N", "2", "--retries", "1", "--inject", "crash@3:1", str(train), "--", "80", "0.1", "10"
+    )
     s = cli.wait_for(out["run_id"], ended, 120, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert [a["cause"] for a in s["attempts"]] == ["crash", "finished"]
-    report = json.loads((tmp_path / "home" / "runs" / out["run_id"] / "attempts" / "0" /
-                         "rank-1.json").read_text())  # fmt: skip
+    report = json.loads(
+        (tmp_path / "home" / "runs" / out["run_id"] / "attempts" / "0" / "rank-1.json").read_text()
+    )
     assert report["injected"] == ["crash@3:1"] and report["outcome"] == "killed"

@@ -36,24 +36,44 @@ from ftslurm.fsutil import STATE_FS_ENV
 
 def make_run(run_id: str = "r1", created_at: float = 100.0, **kw: object) -> Run:
     base = Run(
-        run_id=run_id, name=f"name-{run_id}", state=RunState.RUNNING, created_at=created_at,
+        run_id=run_id,
+        name=f"name-{run_id}",
+        state=RunState.RUNNING,
+        created_at=created_at,
         spec={"script": "train.py", "nodes": 2, "env": {"A": "1"}, "args": ["--lr", 0.1]},
         settings={"max_job_retries": 3, "exclude_failed_nodes": True, "ratio": 0.5},
-        job_retries_used=2, cause_counts={"node_failure": 1, "timeout": 1}, continuations=4,
-        stalled_continuations=1, last_checkpoint_step=1200, reason="node failure on n3",
-        cancel_requested=True, ended_at=None,
-    )  # fmt: skip
+        job_retries_used=2,
+        cause_counts={"node_failure": 1, "timeout": 1},
+        continuations=4,
+        stalled_continuations=1,
+        last_checkpoint_step=1200,
+        reason="node failure on n3",
+        cancel_requested=True,
+        ended_at=None,
+    )
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
 def make_attempt(run_id: str = "r1", attempt: int = 0, **kw: object) -> Attempt:
     base = Attempt(
-        run_id=run_id, attempt=attempt, state="FAILED", job_id=f"{1000 + attempt}",
-        tag=f"ftslurm:{run_id}:{attempt}", restart_count=1, nodes=["n1", "n2"],
-        submitted_at=10.5, start=11.25, end=99.75, exit_code=137, signal=9, reason="NodeFail",
-        cause="node_failure", in_job_restarts=2, checkpoint_signal_at=90.0,
+        run_id=run_id,
+        attempt=attempt,
+        state="FAILED",
+        job_id=f"{1000 + attempt}",
+        tag=f"ftslurm:{run_id}:{attempt}",
+        restart_count=1,
+        nodes=["n1", "n2"],
+        submitted_at=10.5,
+        start=11.25,
+        end=99.75,
+        exit_code=137,
+        signal=9,
+        reason="NodeFail",
+        cause="node_failure",
+        in_job_restarts=2,
+        checkpoint_signal_at=90.0,
         failure_seen_at=100.5,
-    )  # fmt: skip
+    )
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
@@ -102,8 +122,9 @@ def test_add_run_twice_raises(store: Store) -> None:
 def test_columns_are_queryable(store: Store) -> None:
     store.add_run(make_run())
     with sqlite3.connect(store.path) as db:
-        row = db.execute("SELECT state, name, created_at, job_retries_used, reason, spec "
-                         "FROM runs").fetchone()  # fmt: skip
+        row = db.execute(
+            "SELECT state, name, created_at, job_retries_used, reason, spec FROM runs"
+        ).fetchone()
     assert row[:5] == ("RUNNING", "name-r1", 100.0, 2, "node failure on n3")
     assert '"script": "train.py"' in row[5]
 
@@ -185,7 +206,8 @@ def test_latest_attempt(store: Store) -> None:
 
 
 def test_active_heads_give_the_versions_of_active_runs_and_their_latest_attempts(
-        store: Store) -> None:  # fmt: skip
+    store: Store,
+) -> None:
     store.add_run(make_run("r1", created_at=2.0))
     store.add_run(make_run("r0", created_at=1.0, cancel_requested=False))
     store.add_run(make_run("r2", created_at=3.0))  # no attempt yet
@@ -323,8 +345,10 @@ def test_reopen_keeps_data_and_skips_migrations(tmp_path: Path, monkeypatch) -> 
 def test_failed_migration_changes_nothing(tmp_path: Path, monkeypatch) -> None:
     home = tmp_path / "home"
     Store(home).close()
-    migrations = [*schema.MIGRATIONS,
-                  (SCHEMA_VERSION + 1, ["CREATE TABLE extra (x)", "NOT SQL AT ALL"])]
+    migrations = [
+        *schema.MIGRATIONS,
+        (SCHEMA_VERSION + 1, ["CREATE TABLE extra (x)", "NOT SQL AT ALL"]),
+    ]
     monkeypatch.setattr(schema, "MIGRATIONS", migrations)
     monkeypatch.setattr(schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with pytest.raises(StateError, match="syntax error"):
@@ -593,11 +617,15 @@ def test_upgrade_from_a_version_1_database_keeps_the_data(tmp_path: Path, monkey
         m.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
         m.setattr(schema, "SCHEMA_VERSION", 1)
         with Store(home) as old:
-            old._db.execute("INSERT INTO runs VALUES ('r1', 'name-r1', 'RUNNING', 100.0, NULL,"
-                            " '{}', '{}', 2, '{}', 0, 0, NULL, 'why', 1)")  # fmt: skip
-            old._db.execute("INSERT INTO attempts VALUES ('r1', 0, 'RUNNING', '1000', "
-                            "'ftslurm:r1:0', 0, '[\"n1\"]', 10.0, 11.0, NULL, NULL, NULL, "
-                            "NULL, NULL, 0, NULL, NULL)")  # fmt: skip
+            old._db.execute(
+                "INSERT INTO runs VALUES ('r1', 'name-r1', 'RUNNING', 100.0, NULL,"
+                " '{}', '{}', 2, '{}', 0, 0, NULL, 'why', 1)"
+            )
+            old._db.execute(
+                "INSERT INTO attempts VALUES ('r1', 0, 'RUNNING', '1000', "
+                "'ftslurm:r1:0', 0, '[\"n1\"]', 10.0, 11.0, NULL, NULL, NULL, "
+                "NULL, NULL, 0, NULL, NULL)"
+            )
             old.append_event("r1", "created", {}, 1.0)
             old.flag_node(NodeFlag("n2", "node_fail", 5.0, None, "r1"))
             assert old.schema_version() == 1
@@ -605,7 +633,11 @@ def test_upgrade_from_a_version_1_database_keeps_the_data(tmp_path: Path, monkey
         assert s.schema_version() == SCHEMA_VERSION == 5
         run = s.get_run("r1")
         assert (run.name, run.job_retries_used, run.reason, run.cancel_requested) == (
-            "name-r1", 2, "why", True)
+            "name-r1",
+            2,
+            "why",
+            True,
+        )
         assert run.injected == []
         assert run.version == 0
         (a,) = s.attempts("r1")
@@ -643,7 +675,9 @@ def test_requests_are_recorded_and_applied_once(store: Store) -> None:
     second = store.add_request("nodes_remove", {"nodes": ["n2"]}, 11.0)
     assert second > first
     assert [(r.request_id, r.kind, r.data) for r in store.pending_requests()] == [
-        (first, "nodes_add", {"nodes": ["n1"]}), (second, "nodes_remove", {"nodes": ["n2"]})]
+        (first, "nodes_add", {"nodes": ["n1"]}),
+        (second, "nodes_remove", {"nodes": ["n2"]}),
+    ]
     assert store.finish_request(first, {"applied": ["n1"]}, 12.0) is True
     assert store.finish_request(first, {"applied": []}, 13.0) is False  # once
     done = store.get_request(first)
@@ -667,8 +701,13 @@ def test_a_request_that_cannot_be_applied_on_a_full_disk_does_not_stop_the_polli
 
     backend = ModelBackend()
     store = Store(tmp_path / "home")
-    spec = make_spec(Recipe(command=["true"], nodes=1, time="10:00"), run_dir=tmp_path / "run",
-                     backend="mock", workdir=str(tmp_path), mock_home=tmp_path / "mock")
+    spec = make_spec(
+        Recipe(command=["true"], nodes=1, time="10:00"),
+        run_dir=tmp_path / "run",
+        backend="mock",
+        workdir=str(tmp_path),
+        mock_home=tmp_path / "mock",
+    )
     run, first = new_run_record("r0", "r0", spec, FtSettings(), backend.now)
     store.add_run(run)
     store.add_attempt(first)

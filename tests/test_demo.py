@@ -16,13 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_mock_demo_survives_node_failure_preemption_and_a_spare_swap_identically(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "demo_mock.py")],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "demo passed" in out
     flat = " ".join(out.split())
-    summary = flat[flat.find("with faults:"):][:300]
+    summary = flat[flat.find("with faults:") :][:300]
     assert "(node_fail, checkpointed, finished), excluded n2" in flat, summary
-    spare = flat[flat.find("with a spare:"):][:300]
+    spare = flat[flat.find("with a spare:") :][:300]
     assert "with a spare: COMPLETED in 1 attempt" in flat and "replaced by a spare" in spare, spare

@@ -37,20 +37,29 @@ def per_s(nodes: int, per_node_day: float) -> float:
     return nodes * per_node_day / DAY
 
 
-@pytest.mark.parametrize(("nodes", "interval_min", "queue_min", "expected"), [
-    (2048, 60, 0, 0.68),  # 16k GPUs on RSC-1, u0 = 5 min, w = 0
-    (2048, 5, 0, 0.93),
-    (1000, 30, 1, 0.906),  # 8k GPUs, q = 1 min
-    (12500, 7, 0, 0.52),  # 100k GPUs: 7 min for about 0.5
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("nodes", "interval_min", "queue_min", "expected"),
+    [
+        (2048, 60, 0, 0.68),  # 16k GPUs on RSC-1, u0 = 5 min, w = 0
+        (2048, 5, 0, 0.93),
+        (1000, 30, 1, 0.906),  # 8k GPUs, q = 1 min
+        (12500, 7, 0, 0.52),  # 100k GPUs: 7 min for about 0.5
+    ],
+)
 def test_kokolis_formula_reproduces_the_worked_cases(nodes, interval_min, queue_min, expected):
     ettr = gp.kokolis_ettr(per_s(nodes, 6.5e-3), 300, interval_min * 60, 0.0, queue_min * 60)
     assert ettr == pytest.approx(expected, abs=0.005)
 
 
-@pytest.mark.parametrize(("write_s", "restart_s", "interval_min", "expected"), [
-    (10, 600, 8, 0.91), (60, 600, 19, 0.85), (300, 600, 43, 0.74), (10, 120, 8, 0.95),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("write_s", "restart_s", "interval_min", "expected"),
+    [
+        (10, 600, 8, 0.91),
+        (60, 600, 19, 0.85),
+        (300, 600, 43, 0.74),
+        (10, 120, 8, 0.95),
+    ],
+)
 def test_bound_at_the_young_daly_interval_llama3_rate(write_s, restart_s, interval_min, expected):
     b = gp.ideal_bound(2048, 3.79e-3, restart_s, write_s)
     assert b["interval_s"] / 60 == pytest.approx(interval_min, abs=0.6)
@@ -87,10 +96,13 @@ def test_traces_are_deterministic_per_seed_and_follow_the_rates():
     expected = gp.FAILURES_PER_NODE_DAY * len(a.pool) * 30
     assert 0.75 * expected < everything < 1.25 * expected  # the fleet average (Llama 3)
     ordinary = gp.HEALTHY_NODE_FAILURES_PER_NODE_DAY + gp.FAILURES_PER_NODE_DAY * (
-        gp.SHARE_CRASH + gp.SHARE_HANG)
+        gp.SHARE_CRASH + gp.SHARE_HANG
+    )
     assert a.ordinary_failures_per_node_day() == pytest.approx(ordinary, rel=0.3)
-    assert gp.LEMON_NODE_FAILURES_PER_NODE_DAY / gp.HEALTHY_NODE_FAILURES_PER_NODE_DAY \
-        == pytest.approx(206, abs=1)  # fmt: skip
+    assert (
+        gp.LEMON_NODE_FAILURES_PER_NODE_DAY / gp.HEALTHY_NODE_FAILURES_PER_NODE_DAY
+        == pytest.approx(206, abs=1)
+    )
 
 
 # --------------------------------------------------- single faults, each policy
@@ -246,11 +258,25 @@ def test_the_core_decides_and_acts_the_script_calls_no_scheduler_action():
     """Every submission, requeue, exclusion, release, start and signal comes from the
     daemon's core (`Reconciler` -> `step`), through the scheduler protocol."""
     tree = ast.parse(SCRIPT.read_text())
-    called = {n.func.attr for n in ast.walk(tree)
-              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}  # fmt: skip
-    actions = {"submit", "requeue", "release", "start_now", "update_excluded_nodes", "cancel",
-               "signal", "send_signal", "requeue_many", "release_many", "start_now_many",
-               "update_excluded_nodes_many"}  # fmt: skip
+    called = {
+        n.func.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+    }
+    actions = {
+        "submit",
+        "requeue",
+        "release",
+        "start_now",
+        "update_excluded_nodes",
+        "cancel",
+        "signal",
+        "send_signal",
+        "requeue_many",
+        "release_many",
+        "start_now_many",
+        "update_excluded_nodes_many",
+    }
     assert not called & actions
     assert issubclass(gp.ToolShell, gp.Reconciler)
     camp = gp.Campaign(trace(gp.Fault(3600.0, "node", "n1")), POLICY["ftslurm"])
@@ -261,10 +287,23 @@ def test_the_core_decides_and_acts_the_script_calls_no_scheduler_action():
 # ---------------------------------------------------------------- the script
 def bench(tmp_path: Path, *args: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--sizes", "32,128", "--days", "3", "--seed", "3",
-         "--json", *args],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--sizes",
+            "32,128",
+            "--days",
+            "3",
+            "--seed",
+            "3",
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -276,9 +315,17 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["sizes"] == [32, 128] and out["days"] == 3 and out["seed"] == 3
     assert out["queue_waits_s"] == [0, 600]
-    assert set(out["policies"]) == {"plain", "submitit", "nemo", "ftslurm_slurm", "ftslurm",
-                                    "ftslurm_spares", "ftslurm_async", "ftslurm_memory",
-                                    "ftslurm_all"}
+    assert set(out["policies"]) == {
+        "plain",
+        "submitit",
+        "nemo",
+        "ftslurm_slurm",
+        "ftslurm",
+        "ftslurm_spares",
+        "ftslurm_async",
+        "ftslurm_memory",
+        "ftslurm_all",
+    }
     assert set(out["results"]) == {"32", "128"}
     for entry in out["results"].values():
         assert entry["trace"]["pool_nodes"] > entry["trace"]["nodes"]
@@ -297,8 +344,7 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
                 assert p["ettr"] == pytest.approx(p["productive_s"] / p["wall_s"])
                 assert 0 < p["ratio_to_bound"] <= 1
                 fast = "async" if p["intervals"] is not None else "today"  # tuned: async w
-                assert p["ratio_to_bound"] == pytest.approx(
-                    p["ettr"] / one["bounds"][fast]["ettr"])  # fmt: skip
+                assert p["ratio_to_bound"] == pytest.approx(p["ettr"] / one["bounds"][fast]["ettr"])
     again = bench(tmp_path, "--plot", "")
 
     def strip(o: dict) -> tuple[dict, dict]:
@@ -318,8 +364,14 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
                         tuned[size, one["queue_wait_s"], key] = p["ettr"]
                         one["policies"][key] = {"label": p["label"]}
         names = {key for _, _, key in tuned}
-        o["checks"] = [re.sub(r"highest ETTR (\w+);", lambda m: "highest ETTR a tuned policy;"
-                              if m[1] in names else m[0], line) for line in o["checks"]]
+        o["checks"] = [
+            re.sub(
+                r"highest ETTR (\w+);",
+                lambda m: "highest ETTR a tuned policy;" if m[1] in names else m[0],
+                line,
+            )
+            for line in o["checks"]
+        ]
         return o, tuned
 
     (exact, tuned), (exact_again, tuned_again) = strip(out), strip(again)
@@ -330,15 +382,19 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
 def test_markdown_table_has_both_bounds_and_both_queue_waits(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--sizes", "32", "--days", "2", "--markdown", "--plot", ""],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert "today's bound" in lines[0] and "strict bound" in lines[0]
     assert [line.split("|")[2].strip() for line in lines[2:4]] == ["0 min", "10 min"]
     spares = [line for line in lines[4:] if line.strip()]  # their cost beside their gain
-    assert len(spares) == 2 and all("idle node-hours" in line and "gained" in line
-                                    for line in spares)  # fmt: skip
+    assert len(spares) == 2 and all(
+        "idle node-hours" in line and "gained" in line for line in spares
+    )
 
 
 # ------------------------------------------------------------ the calibration
@@ -348,7 +404,8 @@ def test_renewal_model_is_what_the_first_order_formula_expands():
     assert gp.renewal_ettr(lam, 300, 300) == pytest.approx(0.933, abs=0.001)
     small = per_s(16, 6.5e-3)
     assert gp.renewal_ettr(small, 300, 1800) == pytest.approx(
-        gp.kokolis_ettr(small, 300, 1800), abs=1e-4)  # fmt: skip
+        gp.kokolis_ettr(small, 300, 1800), abs=1e-4
+    )
     assert gp.renewal_ettr(0.0, 300, 1800) == 1.0
 
 
@@ -417,30 +474,55 @@ def sim(fm, size=64, days=5.0, key="plain"):
 
 def test_failure_rate_straggler_rate_and_lemon_share_move_ettr():
     base = sim(gp.FailureModel())
-    assert sim(gp.FailureModel(failures_per_node_day=4 * gp.FAILURES_PER_NODE_DAY)).ettr \
-        < base.ettr  # fmt: skip
+    assert sim(gp.FailureModel(failures_per_node_day=4 * gp.FAILURES_PER_NODE_DAY)).ettr < base.ettr
     slow = sim(gp.FailureModel(straggler_episodes_per_node_day=0.05))
     assert slow.lost_s["stragglers"] > base.lost_s["stragglers"] and slow.ettr < base.ettr
     more = gp.FailureModel(lemon_share=0.95)
     default = gp.FailureModel()
     assert more.healthy_node_failures_per_node_day < default.healthy_node_failures_per_node_day
     tr, tr_more = gp.draw_trace(1, 1024, 30), gp.draw_trace(1, 1024, 30, more)
-    assert gp.bounds(tr_more, gp.JobSetup())["today"]["ettr"] \
-        > gp.bounds(tr, gp.JobSetup())["today"]["ettr"]  # fmt: skip
+    assert (
+        gp.bounds(tr_more, gp.JobSetup())["today"]["ettr"]
+        > gp.bounds(tr, gp.JobSetup())["today"]["ettr"]
+    )
     assert gp.FailureModel(lemon_fraction=0.0).lemon_node_failures_per_node_day == 0
 
 
 def test_command_line_knobs_reach_the_simulation_and_bad_ones_are_refused(capsys):
-    args = gp.parse_args(["--failure-rate", "6.5", "--checkpoint-write", "0", "--restart", "60",
-                          "--interval", "300", "--queue-wait", "0,600,1200",
-                          "--lemon-share", "0.5", "--straggler-rate", "0"])  # fmt: skip
+    args = gp.parse_args(
+        [
+            "--failure-rate",
+            "6.5",
+            "--checkpoint-write",
+            "0",
+            "--restart",
+            "60",
+            "--interval",
+            "300",
+            "--queue-wait",
+            "0,600,1200",
+            "--lemon-share",
+            "0.5",
+            "--straggler-rate",
+            "0",
+        ]
+    )
     assert args.failure_rate == 6.5 and args.queue_wait == (0, 600, 1200)
-    assert gp.parse_args(["--policies", "plain,ftslurm_all", "--snapshot", "3"]).policies \
-        == ("plain", "ftslurm_all")  # fmt: skip
-    for bad in (["--lemon-share", "2"], ["--interval", "0"], ["--queue-wait", "-5"],
-                ["--restart", "-1"], ["--queue-wait", "soon"], ["--policies", "nope"],
-                ["--snapshot", "0"], ["--memory-save", "-1"],
-                ["--memory-restart", "x"]):  # fmt: skip
+    assert gp.parse_args(["--policies", "plain,ftslurm_all", "--snapshot", "3"]).policies == (
+        "plain",
+        "ftslurm_all",
+    )
+    for bad in (
+        ["--lemon-share", "2"],
+        ["--interval", "0"],
+        ["--queue-wait", "-5"],
+        ["--restart", "-1"],
+        ["--queue-wait", "soon"],
+        ["--policies", "nope"],
+        ["--snapshot", "0"],
+        ["--memory-save", "-1"],
+        ["--memory-restart", "x"],
+    ):
         with pytest.raises(SystemExit) as e:
             gp.parse_args(bad)
         assert e.value.code == 2
@@ -461,8 +543,7 @@ def test_nemo_default_budget_would_stop_after_two_failed_attempts_in_a_row():
     nodes = trace(gp.Fault(3600.0, "node", "n1"), gp.Fault(3 * 3600.0, "node", "n2"))
     assert run("nemo", nodes)[1].counts["over_default_budget"] == 1
     # a clean checkpointed continuation between the two resets the count
-    apart = trace(gp.Fault(3600.0, "node", "n1"), gp.Fault(30 * 3600.0, "node", "n2"),
-                  days=1.5)  # fmt: skip
+    apart = trace(gp.Fault(3600.0, "node", "n1"), gp.Fault(30 * 3600.0, "node", "n2"), days=1.5)
     r = run("nemo", apart)[1]
     assert r.counts["hit_node_failure"] == 2 and r.counts["wall_limits"] == 1
     assert "over_default_budget" not in r.counts
@@ -514,8 +595,9 @@ def test_the_tuned_interval_is_the_daemons_and_follows_the_failure_history(tmp_p
 def test_an_asynchronous_save_blocks_only_for_its_snapshot():
     quiet = trace()
     sync, fast = run("ftslurm", quiet)[1], run("ftslurm_async", quiet)[1]
-    assert fast.lost_s["checkpoint"] == pytest.approx(sync.lost_s["checkpoint"]
-                                                      * gp.ASYNC_SNAPSHOT_S / gp.CHECKPOINT_COST_S)
+    assert fast.lost_s["checkpoint"] == pytest.approx(
+        sync.lost_s["checkpoint"] * gp.ASYNC_SNAPSHOT_S / gp.CHECKPOINT_COST_S
+    )
     assert fast.ettr > sync.ettr
 
 
@@ -524,12 +606,16 @@ def test_an_in_job_restart_restores_from_memory_a_new_allocation_from_disk():
     # every ~8 h), a crash 500 s after the next memory save, then a node failure: the new
     # allocation resumes from the disk checkpoint, older than what memory held
     second = 3 * 3600.0 + 0.5 + gp.MEMORY_RESTART_COST_S + 7196.0 + gp.MEMORY_SAVE_S + 500
-    faults = (gp.Fault(3 * 3600.0, "crash", "n3"), gp.Fault(second, "crash", "n3"),
-              gp.Fault(second + 1000, "node", "n2"))  # fmt: skip
+    faults = (
+        gp.Fault(3 * 3600.0, "crash", "n3"),
+        gp.Fault(second, "crash", "n3"),
+        gp.Fault(second + 1000, "node", "n2"),
+    )
     _, r = run("ftslurm_memory", trace(*faults))
     assert r.counts["in_job_restarts"] == 2 and r.counts["allocations"] == 2
-    assert r.lost_s["startup"] == pytest.approx(2 * gp.RESTART_COST_S
-                                                + 2 * gp.MEMORY_RESTART_COST_S)
+    assert r.lost_s["startup"] == pytest.approx(
+        2 * gp.RESTART_COST_S + 2 * gp.MEMORY_RESTART_COST_S
+    )
     assert r.intervals[1][1] == pytest.approx(7196, abs=1)  # the memory interval read
     lost = r.lost_s["lost_work"]
     assert lost > 7196 + 500  # what only memory held went with the allocation
@@ -540,13 +626,23 @@ def test_an_in_job_restart_restores_from_memory_a_new_allocation_from_disk():
 def test_each_mechanism_moves_ettr_the_expected_way():
     crash = trace(gp.Fault(3 * 3600.0, "crash", "n3"))
     node = trace(gp.Fault(3 * 3600.0, "node", "n2"))
-    e = {(name, key): run(key, tr)[1].ettr for name, tr in (("crash", crash), ("node", node))
-         for key in ("ftslurm_slurm", "ftslurm", "ftslurm_spares", "ftslurm_async",
-                     "ftslurm_memory", "ftslurm_all")}  # fmt: skip
+    e = {
+        (name, key): run(key, tr)[1].ettr
+        for name, tr in (("crash", crash), ("node", node))
+        for key in (
+            "ftslurm_slurm",
+            "ftslurm",
+            "ftslurm_spares",
+            "ftslurm_async",
+            "ftslurm_memory",
+            "ftslurm_all",
+        )
+    }
     assert e["node", "ftslurm"] > e["node", "ftslurm_slurm"]  # peer detection
     assert e["node", "ftslurm_spares"] > e["node", "ftslurm"]  # a spare in the allocation
     for name in ("crash", "node"):
         assert e[name, "ftslurm_async"] > e[name, "ftslurm"]  # short blocking saves
         assert e[name, "ftslurm_memory"] > e[name, "ftslurm"]  # restore from memory
-        assert e[name, "ftslurm_all"] >= max(e[name, k] for k in (
-            "ftslurm", "ftslurm_spares", "ftslurm_async", "ftslurm_memory"))  # fmt: skip
+        assert e[name, "ftslurm_all"] >= max(
+            e[name, k] for k in ("ftslurm", "ftslurm_spares", "ftslurm_async", "ftslurm_memory")
+        )

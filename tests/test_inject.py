@@ -19,30 +19,39 @@ from .conftest import wait_job
 T0 = 1_000.0
 
 
-@pytest.mark.parametrize("spec,expected", [
-    ("node_fail@30", Injection(InjectKind.NODE_FAIL, 30)),
-    ("node_fail@2m:n3", Injection(InjectKind.NODE_FAIL, 120, node="n3")),
-    ("node_fail@1h:0", Injection(InjectKind.NODE_FAIL, 3600, node_index=0)),
-    ("preempt@1.5m", Injection(InjectKind.PREEMPT, 90)),
-    ("crash@10s", Injection(InjectKind.CRASH, 10, rank=0)),
-    ("hang@10:3", Injection(InjectKind.HANG, 10, rank=3)),
-    ("straggler@0", Injection(InjectKind.STRAGGLER, 0, factor=2.0)),
-    ("straggler@5:n2*3.5", Injection(InjectKind.STRAGGLER, 5, node="n2", factor=3.5)),
-    ("straggler@5:1.5", Injection(InjectKind.STRAGGLER, 5, factor=1.5)),
-    ("timeout@1d", Injection(InjectKind.TIMEOUT, 86400)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("node_fail@30", Injection(InjectKind.NODE_FAIL, 30)),
+        ("node_fail@2m:n3", Injection(InjectKind.NODE_FAIL, 120, node="n3")),
+        ("node_fail@1h:0", Injection(InjectKind.NODE_FAIL, 3600, node_index=0)),
+        ("preempt@1.5m", Injection(InjectKind.PREEMPT, 90)),
+        ("crash@10s", Injection(InjectKind.CRASH, 10, rank=0)),
+        ("hang@10:3", Injection(InjectKind.HANG, 10, rank=3)),
+        ("straggler@0", Injection(InjectKind.STRAGGLER, 0, factor=2.0)),
+        ("straggler@5:n2*3.5", Injection(InjectKind.STRAGGLER, 5, node="n2", factor=3.5)),
+        ("straggler@5:1.5", Injection(InjectKind.STRAGGLER, 5, factor=1.5)),
+        ("timeout@1d", Injection(InjectKind.TIMEOUT, 86400)),
+    ],
+)
 def test_specs_parse_and_round_trip(spec, expected):
     assert parse_injection(spec) == expected
     assert parse_injection(expected.spec()) == expected
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("meteor@5", "unknown injection kind 'meteor'; choose one of node_fail, preempt"),
-    ("crash", "malformed --inject 'crash'"), ("crash@soon", "malformed duration 'soon'"),
-    ("crash@5:n1", "the target of crash is a rank number"),
-    ("preempt@5:n1", "preempt takes no target"), ("timeout@0", "longer than zero"),
-    ("straggler@5:n1*0.5", "factor must be above 1"), ("straggler@5:n1*x", "must be a number"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("meteor@5", "unknown injection kind 'meteor'; choose one of node_fail, preempt"),
+        ("crash", "malformed --inject 'crash'"),
+        ("crash@soon", "malformed duration 'soon'"),
+        ("crash@5:n1", "the target of crash is a rank number"),
+        ("preempt@5:n1", "preempt takes no target"),
+        ("timeout@0", "longer than zero"),
+        ("straggler@5:n1*0.5", "factor must be above 1"),
+        ("straggler@5:n1*x", "must be a number"),
+    ],
+)
 def test_bad_specs_are_one_line_config_errors(spec, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as err:
         parse_injection(spec)
@@ -113,10 +122,13 @@ def test_crash_and_hang_on_real_mock_processes(tmp_path):
     thread.start()
     try:
         beats = tmp_path / "beats"
-        script = ("#!/bin/bash\nsrun -N2 --kill-on-bad-exit=1 bash -c "
-                  f"'while true; do date +%s.%N > {beats}.$SLURM_PROCID; sleep 0.1; done'\n")
-        job = scheduler.submit(script, JobOptions(nodes=2, inject=("hang@1:0", "crash@2:1"),
-                                                  workdir=str(tmp_path)))  # fmt: skip
+        script = (
+            "#!/bin/bash\nsrun -N2 --kill-on-bad-exit=1 bash -c "
+            f"'while true; do date +%s.%N > {beats}.$SLURM_PROCID; sleep 0.1; done'\n"
+        )
+        job = scheduler.submit(
+            script, JobOptions(nodes=2, inject=("hang@1:0", "crash@2:1"), workdir=str(tmp_path))
+        )
         info = wait_job(scheduler, job, lambda i: i.state.is_terminal, 30, "the crash to end it")
         assert info.state is JobState.FAILED  # srun returned the crashed rank's status
         first = (tmp_path / "beats.0").read_text()
@@ -140,12 +152,16 @@ def test_a_dead_task_host_ends_the_job_in_node_fail_not_failed(tmp_path):
     try:
         # rank 0 (on n1) fails once rank 1's heartbeat file is 3 s old (mtime: whole seconds)
         peer = tmp_path / "peer"
-        body = (f'if [ $SLURM_PROCID = 1 ]; then while true; do touch {peer}; sleep 0.1; done; '
-                f'else sleep 0.5; while [ $(( $(date +%s) - $(stat -c %Y {peer}) )) -lt 3 ]; '
-                'do sleep 0.1; done; exit 3; fi')
+        body = (
+            f"if [ $SLURM_PROCID = 1 ]; then while true; do touch {peer}; sleep 0.1; done; "
+            f"else sleep 0.5; while [ $(( $(date +%s) - $(stat -c %Y {peer}) )) -lt 3 ]; "
+            "do sleep 0.1; done; exit 3; fi"
+        )
         script = f"#!/bin/bash\nsrun -N2 --kill-on-bad-exit=1 bash -c '{body}'\n"
-        job = scheduler.submit(script, JobOptions(nodes=2, requeue=False, workdir=str(tmp_path),
-                                                  inject=("node_fail@1",)))  # fmt: skip
+        job = scheduler.submit(
+            script,
+            JobOptions(nodes=2, requeue=False, workdir=str(tmp_path), inject=("node_fail@1",)),
+        )
         info = wait_job(scheduler, job, lambda i: i.state.is_terminal, 30, "the job to end")
         assert info.state is JobState.NODE_FAIL
         assert "n2" in info.nodes
@@ -161,8 +177,9 @@ def test_an_attempt_reaches_the_schedulers_injections_it_ran_long_enough_for():
     report; an attempt that never ran reached none."""
     from ftslurm.core.inject import parse_injections, reached
 
-    injections = parse_injections(["node_fail@10", "preempt@30", "timeout@5m", "crash@1",
-                                   "straggler@0:1*3"])  # fmt: skip
+    injections = parse_injections(
+        ["node_fail@10", "preempt@30", "timeout@5m", "crash@1", "straggler@0:1*3"]
+    )
     assert reached(injections, None) == ()
     assert reached(injections, 9.5) == ("timeout@300",)
     assert reached(injections, 10.0) == ("node_fail@10", "timeout@300")

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # end-to-end daemon scenarios: about 2.5 minutes 
 # A plain script: in the first attempt, a rank started a second time inside the attempt
 # (the spare's round) fails at once, so the run moves to a fresh job; otherwise it sleeps
 # SLEEP seconds (past the injection's time) and ends well.
-SCRIPT = r'''
+SCRIPT = r"""
 import os, sys, time
 marks = sys.argv[1]
 attempt, rank = os.environ.get("FTSLURM_ATTEMPT", "0"), os.environ.get("RANK", "0")
@@ -31,7 +31,7 @@ print(f"rank {rank} attempt {attempt} starts{' again' if again else ''}", flush=
 if again and attempt == "0" and os.environ.get("FAIL_SECOND_START"):
     sys.exit(3)
 time.sleep(float(sys.argv[2]))
-'''
+"""
 
 
 def _recipe(tmp_path: Path, sleep: float, **settings: object) -> Path:
@@ -43,14 +43,17 @@ def _recipe(tmp_path: Path, sleep: float, **settings: object) -> Path:
         "import sys\nimport ftslurm\n"
         f"recipe = ftslurm.Recipe(command=[sys.executable, {str(script)!r}, {str(marks)!r}, "
         f"{str(sleep)!r}], ntasks_per_node=1, "
-        + ", ".join(f"{k}={v!r}" for k, v in settings.items()) + ")\n")
+        + ", ".join(f"{k}={v!r}" for k, v in settings.items())
+        + ")\n"
+    )
     return path
 
 
 def _mock_cli(tmp_path: Path, **config: int) -> Iterator[Cli]:
     cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
-    (tmp_path / "mock.json").write_text(json.dumps({"kill_wait_s": 2, "requeue_delay_s": 1,
-                                                    **config}))  # fmt: skip
+    (tmp_path / "mock.json").write_text(
+        json.dumps({"kill_wait_s": 2, "requeue_delay_s": 1, **config})
+    )
     cli("mock", "up", "--config", str(tmp_path / "mock.json"))
     try:
         yield cli
@@ -94,7 +97,8 @@ def test_a_requeued_job_does_not_fire_an_injection_again(quick_mock, tmp_path, i
     assert first["job_id"] == second["job_id"], s  # the same job, requeued
     assert second["end"] - second["start"] >= 4, s  # it ran past the injection's time
     assert Store(quick_mock.home).get_run(out["run_id"]).injected == [
-        "node_fail@2" if inject.startswith("node") else "crash@1:0"]
+        "node_fail@2" if inject.startswith("node") else "crash@1:0"
+    ]
 
 
 def test_a_fresh_job_after_a_lost_node_does_not_lose_a_node_again(slow_mock, tmp_path):
@@ -103,8 +107,7 @@ def test_a_fresh_job_after_a_lost_node_does_not_lose_a_node_again(slow_mock, tmp
     losing a node (before: it lost one again, "retry budget exhausted", FAILED). (15 s: the
     launchers and ranks have started by then even on a loaded machine.)"""
     recipe = _recipe(tmp_path, 22, nodes=2, peer_timeout_s=2.0, num_in_job_restarts=0)
-    out = slow_mock.submit("--dry-run", "--retries", "1", "--inject", "node_fail@15",
-                           str(recipe))  # fmt: skip
+    out = slow_mock.submit("--dry-run", "--retries", "1", "--inject", "node_fail@15", str(recipe))
     s = slow_mock.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED", s
     first, second = s["attempts"]
@@ -118,10 +121,16 @@ def test_after_a_spare_took_a_lost_nodes_place_a_fresh_job_loses_no_node(slow_mo
     fail, so the run goes on in a fresh job (the old one waits on its dead node): that job
     runs past the injection's time with all its nodes (before: a spare took a second lost
     node's place)."""
-    recipe = _recipe(tmp_path, 22, nodes=2, spare_nodes=1, peer_timeout_s=2.0,
-                     num_in_job_restarts=0, env={"FAIL_SECOND_START": "1"})  # fmt: skip
-    out = slow_mock.submit("--dry-run", "--retries", "1", "--inject", "node_fail@15:1",
-                           str(recipe))  # fmt: skip
+    recipe = _recipe(
+        tmp_path,
+        22,
+        nodes=2,
+        spare_nodes=1,
+        peer_timeout_s=2.0,
+        num_in_job_restarts=0,
+        env={"FAIL_SECOND_START": "1"},
+    )
+    out = slow_mock.submit("--dry-run", "--retries", "1", "--inject", "node_fail@15:1", str(recipe))
     s = slow_mock.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED", s
     first, second = s["attempts"]
@@ -129,5 +138,3 @@ def test_after_a_spare_took_a_lost_nodes_place_a_fresh_job_loses_no_node(slow_mo
     (lost,) = _lost_events(slow_mock, out["run_id"])
     assert lost["recovery"] == "spare" and lost["attempt"] == 0, lost
     assert len(s["excluded_nodes"]) == 1, s
-
-

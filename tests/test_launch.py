@@ -31,7 +31,7 @@ from ftslurm.agent.heartbeat import (
 )
 from ftslurm.core.contract import EnvName, ExitCode
 
-TRAIN = r'''
+TRAIN = r"""
 import json, os, signal, sys, time
 import torch, torch.distributed as dist
 from ftslurm.agent import rank as fta
@@ -83,28 +83,52 @@ if rank == 0:
     agent.finished(step)
 print(f"rank {rank} finished at {step}", flush=True)
 agent.exit(0)
-'''
+"""
 
 
-def start(tmp_path: Path, *launch_args: str, steps: int = 40, step_s: float = 0.05,
-          script: str = TRAIN, log: Path | None = None, entry: tuple[str, ...] = (),
-          **env: str) -> subprocess.Popen:  # fmt: skip
+def start(
+    tmp_path: Path,
+    *launch_args: str,
+    steps: int = 40,
+    step_s: float = 0.05,
+    script: str = TRAIN,
+    log: Path | None = None,
+    entry: tuple[str, ...] = (),
+    **env: str,
+) -> subprocess.Popen:
     (tmp_path / "train.py").write_text(script)
     for name in ("run", "ckpt"):
         (tmp_path / name).mkdir(exist_ok=True)
-    full_env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"),
-                    FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"), MASTER_ADDR="127.0.0.1",
-                    SLURM_JOB_ID=str(os.getpid() % 9000 + len(str(tmp_path)) * 13),
-                    HANG_MARK=str(tmp_path / "hung_at"), **env)  # fmt: skip
+    full_env = dict(
+        os.environ,
+        FTSLURM_RUN_DIR=str(tmp_path / "run"),
+        FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+        MASTER_ADDR="127.0.0.1",
+        SLURM_JOB_ID=str(os.getpid() % 9000 + len(str(tmp_path)) * 13),
+        HANG_MARK=str(tmp_path / "hung_at"),
+        **env,
+    )
     for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
         full_env.pop(key, None)
     return subprocess.Popen(
-        [*(entry or (sys.executable, "-m", "ftslurm.agent.launch")), "--nproc-per-node", "2",
-         "--monitor-interval", "0.2", *launch_args, "--", sys.executable,
-         str(tmp_path / "train.py"), str(steps), str(step_s)],
-        env=full_env, stdout=log.open("w") if log else subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            *(entry or (sys.executable, "-m", "ftslurm.agent.launch")),
+            "--nproc-per-node",
+            "2",
+            "--monitor-interval",
+            "0.2",
+            *launch_args,
+            "--",
+            sys.executable,
+            str(tmp_path / "train.py"),
+            str(steps),
+            str(step_s),
+        ],
+        env=full_env,
+        stdout=log.open("w") if log else subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
@@ -126,8 +150,14 @@ def test_a_crashed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(tmp_
 
 
 def test_a_hung_rank_is_detected_within_its_timeout_and_restarted(tmp_path):
-    proc = start(tmp_path, "--max-restarts", "2", "--section-timeouts",
-                 '{"step": 2, "out_of_section": 2}', HANG_AT="15")  # fmt: skip
+    proc = start(
+        tmp_path,
+        "--max-restarts",
+        "2",
+        "--section-timeouts",
+        '{"step": 2, "out_of_section": 2}',
+        HANG_AT="15",
+    )
     code, out = finish(proc)
     assert code == ExitCode.FINISHED, out
     report = node_report(tmp_path)
@@ -139,7 +169,7 @@ def test_a_hung_rank_is_detected_within_its_timeout_and_restarted(tmp_path):
     assert "round 1 starts at 10" in out
 
 
-PLAIN = r'''
+PLAIN = r"""
 import json, os, signal, sys, time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")  # no rank agent: no heartbeats, no sections
@@ -161,27 +191,49 @@ while step < 40:
     if step % 10 == 0:
         dist.barrier()
 print(f"rank {rank} finished at {step}", flush=True)
-'''
+"""
 
 
-def launch_script(tmp_path: Path, source: str, nproc: int, timeouts: str,
-                  *args: str) -> subprocess.Popen:  # fmt: skip
+def launch_script(
+    tmp_path: Path, source: str, nproc: int, timeouts: str, *args: str
+) -> subprocess.Popen:
     """The launcher over `source` (a script of its own, not TRAIN), one in-job restart
     allowed, with these timeouts."""
     (tmp_path / "script.py").write_text(source)
     for name in ("run", "ckpt", "node-tmp"):
         (tmp_path / name).mkdir(exist_ok=True)
-    env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"),
-               FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"), MASTER_ADDR="127.0.0.1",
-               TMPDIR=str(tmp_path / "node-tmp"),
-               SLURM_JOB_ID=str(os.getpid() % 9000 + len(str(tmp_path)) * 13))  # fmt: skip
+    env = dict(
+        os.environ,
+        FTSLURM_RUN_DIR=str(tmp_path / "run"),
+        FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+        MASTER_ADDR="127.0.0.1",
+        TMPDIR=str(tmp_path / "node-tmp"),
+        SLURM_JOB_ID=str(os.getpid() % 9000 + len(str(tmp_path)) * 13),
+    )
     for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT", "FTSLURM_ATTEMPT_BASE"):
         env.pop(key, None)
     return subprocess.Popen(
-        [sys.executable, "-m", "ftslurm.agent.launch", f"--nproc-per-node={nproc}",
-         "--monitor-interval", "0.2", "--max-restarts", "1", "--section-timeouts", timeouts,
-         "--", sys.executable, str(tmp_path / "script.py"), *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ftslurm.agent.launch",
+            f"--nproc-per-node={nproc}",
+            "--monitor-interval",
+            "0.2",
+            "--max-restarts",
+            "1",
+            "--section-timeouts",
+            timeouts,
+            "--",
+            sys.executable,
+            str(tmp_path / "script.py"),
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_a_stopped_rank_of_a_script_without_heartbeats_is_seen_by_its_cpu_time(tmp_path):
@@ -201,9 +253,11 @@ def test_each_launcher_gets_a_heartbeat_folder_of_its_own_and_removes_it(tmp_pat
     a killed launcher (same job id, node rank, even pid; perhaps another user's) in the
     node's temporary folder is never reused. It is gone once the launcher ends."""
     seen = tmp_path / "seen.txt"
-    source = ("import os, stat\n"
-              f"d = os.environ[{EnvName.HEARTBEAT_DIR.value!r}]\n"
-              f"open({str(seen)!r}, 'w').write(d + ' ' + oct(stat.S_IMODE(os.stat(d).st_mode)))\n")
+    source = (
+        "import os, stat\n"
+        f"d = os.environ[{EnvName.HEARTBEAT_DIR.value!r}]\n"
+        f"open({str(seen)!r}, 'w').write(d + ' ' + oct(stat.S_IMODE(os.stat(d).st_mode)))\n"
+    )
     code, out = finish(launch_script(tmp_path, source, 1, "{}"))  # TMPDIR: tmp_path/node-tmp
     assert code == ExitCode.FINISHED, out
     folder, mode = seen.read_text().split()
@@ -213,8 +267,7 @@ def test_each_launcher_gets_a_heartbeat_folder_of_its_own_and_removes_it(tmp_pat
 
 
 def test_restarts_exhausted_exit_with_the_documented_code(tmp_path):
-    code, out = finish(start(tmp_path, "--max-restarts", "1", FAIL_AT="3",
-                             FAIL_EVERY_ROUND="1"))  # fmt: skip
+    code, out = finish(start(tmp_path, "--max-restarts", "1", FAIL_AT="3", FAIL_EVERY_ROUND="1"))
     assert code == ExitCode.RESTARTS_EXHAUSTED, out
     assert node_report(tmp_path)["outcome"] == "restarts_exhausted"
 
@@ -236,8 +289,7 @@ def test_sigterm_makes_every_rank_checkpoint_at_the_same_step_and_ask_to_continu
     assert node_report(tmp_path)["outcome"] == "checkpointed"
 
 
-def test_a_checkpoint_signal_during_the_rendezvous_reaches_the_ranks_once_they_start(
-        tmp_path):  # fmt: skip
+def test_a_checkpoint_signal_during_the_rendezvous_reaches_the_ranks_once_they_start(tmp_path):
     """Node 0's launcher waits in the rendezvous for node 1's (its lease is written, so its
     handlers are in place) when the checkpoint signal comes: there are no ranks to send it
     to yet. It is remembered: the ranks get it once they start, checkpoint and ask to
@@ -301,19 +353,30 @@ def kill_left(*procs: subprocess.Popen | None) -> None:
 ONE_RANK = ("--nproc-per-node", "1", "--max-restarts", "0")
 
 
-@pytest.mark.parametrize("phase, sig", [
-    ("start", signal.SIGTERM),  # its first handlers only, before torch is imported
-    ("rendezvous", signal.SIGTERM),  # its handlers and lease in place, before the rendezvous
-    ("ranks", signal.SIGTERM),  # the rendezvous done, before the ranks are started
-    ("ranks", signal.SIGINT),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "phase, sig",
+    [
+        ("start", signal.SIGTERM),  # its first handlers only, before torch is imported
+        ("rendezvous", signal.SIGTERM),  # its handlers and lease in place, before the rendezvous
+        ("ranks", signal.SIGTERM),  # the rendezvous done, before the ranks are started
+        ("ranks", signal.SIGINT),
+    ],
+)
 def test_a_stop_before_the_ranks_start_means_they_never_do(tmp_path, phase, sig):
     """Forced timing: the launcher pauses at a phase, the stop reaches it there. No rank
     ever starts, and the launcher ends at once, stopped: exit 128 + the signal and a node
     report that says so (the old launcher started the ranks and let them train)."""
     mark = tmp_path / "rank-started"
-    proc = start(tmp_path, *ONE_RANK, "--grace", "600", steps=100000, script=MARKED,
-                 RANK_MARK=str(mark), **{launch.PAUSE_ENV: phase})  # fmt: skip
+    proc = start(
+        tmp_path,
+        *ONE_RANK,
+        "--grace",
+        "600",
+        steps=100000,
+        script=MARKED,
+        RANK_MARK=str(mark),
+        **{launch.PAUSE_ENV: phase},
+    )
     try:
         signal_at_pause(proc, sig)
         code, out = finish(proc)
@@ -324,7 +387,10 @@ def test_a_stop_before_the_ranks_start_means_they_never_do(tmp_path, phase, sig)
     assert not (tmp_path / "run" / "attempts" / "0" / "rank-0.json").exists()
     report = node_report(tmp_path)
     assert (report["outcome"], report["signal"], report["exit_code"]) == (
-        "stopped", signal.Signals(sig).name, 128 + sig), report  # fmt: skip
+        "stopped",
+        signal.Signals(sig).name,
+        128 + sig,
+    ), report
     assert "told to stop" in out and "Traceback" not in out, out
 
 
@@ -332,8 +398,7 @@ def test_a_stop_while_the_ranks_are_being_started_reaches_them(tmp_path):
     """The stop comes after the last look before the ranks start, while they are being
     started (no process ids yet): they get it once their wrappers are ready, instead of
     training on (the old launcher dropped it)."""
-    proc = start(tmp_path, *ONE_RANK, "--grace", "600", steps=100000,
-                 **{launch.PAUSE_ENV: "spawn"})  # fmt: skip
+    proc = start(tmp_path, *ONE_RANK, "--grace", "600", steps=100000, **{launch.PAUSE_ENV: "spawn"})
     try:
         signal_at_pause(proc, signal.SIGTERM)
         code, out = finish(proc)
@@ -347,8 +412,7 @@ def test_a_stop_while_the_ranks_are_being_started_reaches_them(tmp_path):
 
 @pytest.mark.parametrize("phase", ["start", "ranks", "spawn"])  # rendezvous: above
 def test_a_checkpoint_signal_before_the_ranks_start_reaches_them_once_they_do(tmp_path, phase):
-    proc = start(tmp_path, "--nproc-per-node", "1", steps=100000,
-                 **{launch.PAUSE_ENV: phase})  # fmt: skip
+    proc = start(tmp_path, "--nproc-per-node", "1", steps=100000, **{launch.PAUSE_ENV: phase})
     try:
         signal_at_pause(proc, signal.SIGUSR2)
         code, out = finish(proc)
@@ -361,7 +425,7 @@ def test_a_checkpoint_signal_before_the_ranks_start_reaches_them_once_they_do(tm
 
 # The launcher as `python -m` runs it, stopped (SIGSTOP) while its module still imports,
 # right after its first import (`ftslurm.agent.boot`): before `main` and its handlers.
-PAUSED_IN_IMPORTS = r'''
+PAUSED_IN_IMPORTS = r"""
 import os, runpy, signal, sys
 paused = []
 def pause(event, args):
@@ -371,7 +435,7 @@ def pause(event, args):
 sys.addaudithook(pause)
 sys.argv = ["launch", *sys.argv[1:]]
 runpy._run_module_as_main("ftslurm.agent.launch")
-'''
+"""
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGTERM])
@@ -380,8 +444,14 @@ def test_a_signal_while_the_launcher_still_imports_is_not_lost(tmp_path, sig):
     launcher (its default action) nor is lost, it reaches the ranks once they start; a stop
     means they never start."""
     mark = tmp_path / "rank-started"
-    proc = start(tmp_path, *ONE_RANK, steps=100000, script=MARKED, RANK_MARK=str(mark),
-                 entry=(sys.executable, "-c", PAUSED_IN_IMPORTS))  # fmt: skip
+    proc = start(
+        tmp_path,
+        *ONE_RANK,
+        steps=100000,
+        script=MARKED,
+        RANK_MARK=str(mark),
+        entry=(sys.executable, "-c", PAUSED_IN_IMPORTS),
+    )
     try:
         signal_at_pause(proc, sig)
         code, out = finish(proc)
@@ -400,9 +470,21 @@ def test_a_stop_in_torchs_rendezvous_join_ends_it_at_once(tmp_path):
     300 s rendezvous timeout): a stop there ends the join at once, and no rank starts."""
     log = tmp_path / "node-0.log"
     mark = tmp_path / "rank-started"
-    proc = start(tmp_path, "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "0",
-                 "--peer-timeout", "600", script=MARKED, log=log, RANK_MARK=str(mark),
-                 LOGLEVEL="INFO")  # torch elastic's own log says when it joins
+    proc = start(
+        tmp_path,
+        "--nproc-per-node",
+        "1",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--peer-timeout",
+        "600",
+        script=MARKED,
+        log=log,
+        RANK_MARK=str(mark),
+        LOGLEVEL="INFO",
+    )  # torch elastic's own log says when it joins
     try:
         deadline = time.monotonic() + 120
         while "Rendezvous'ing worker group" not in log.read_text():  # the join begins
@@ -428,8 +510,15 @@ def test_a_host_stopped_before_it_published_its_endpoint_releases_the_others(tmp
     run = RunDir(tmp_path / "run")
     mark = tmp_path / "rank-started"
     two = ("--nproc-per-node", "1", "--nnodes", "2", "--peer-timeout", "600")
-    host = start(tmp_path, *two, "--node-rank", "0", script=MARKED, RANK_MARK=str(mark),
-                 **{launch.PAUSE_ENV: "rendezvous"})  # fmt: skip
+    host = start(
+        tmp_path,
+        *two,
+        "--node-rank",
+        "0",
+        script=MARKED,
+        RANK_MARK=str(mark),
+        **{launch.PAUSE_ENV: "rendezvous"},
+    )
     other = None
     try:
         at_pause(host)
@@ -470,19 +559,23 @@ def rank_report(tmp_path: Path, rank: int) -> dict:
 
 @pytest.mark.parametrize("restarts", ["0", "2"])
 def test_a_rank_that_aborts_in_teardown_after_recording_its_save_still_checkpoints(
-        tmp_path, restarts):  # fmt: skip
+    tmp_path, restarts
+):
     # Forced timing: rank 1 waits until both ranks recorded their stop, then aborts
     # (SIGABRT, exit 134) as gloo's teardown does now and then.
-    proc = start(tmp_path, "--grace", "30", "--max-restarts", restarts, steps=400,
-                 ABORT_AFTER_STOP="1")  # fmt: skip
+    proc = start(
+        tmp_path, "--grace", "30", "--max-restarts", restarts, steps=400, ABORT_AFTER_STOP="1"
+    )
     code, out = sigterm_when_training(tmp_path, proc)
     assert code == ExitCode.CONTINUE, out
     assert "round 1" not in out  # a teardown abort is no reason for an in-job restart
     report = node_report(tmp_path)
     assert report["outcome"] == "checkpointed" and report["in_job_restarts"] == 0
     # (rank 0 may be listed too: torch elastic stops the other ranks on a failure)
-    assert any(w.startswith("rank 1 died while tearing down (exit 134)")
-               for w in report["teardown_failures"]), report  # fmt: skip
+    assert any(
+        w.startswith("rank 1 died while tearing down (exit 134)")
+        for w in report["teardown_failures"]
+    ), report
     saved = json.loads((tmp_path / "ckpt" / "state.json").read_text())["step"]
     one = rank_report(tmp_path, 1)
     assert one["outcome"] == "teardown_failed" and one["signal"] == signal.SIGABRT
@@ -499,67 +592,89 @@ def test_a_rank_that_dies_before_recording_its_save_is_a_failure(tmp_path):
 
 
 def outcome(**kw):
-    base = dict(succeeded=False, failures={}, ranks={0, 1}, stopped={}, signalled=True,
-                finished=False, max_restarts=0)  # fmt: skip
+    base = dict(
+        succeeded=False,
+        failures={},
+        ranks={0, 1},
+        stopped={},
+        signalled=True,
+        finished=False,
+        max_restarts=0,
+    )
     return launch.decide_outcome(**{**base, **kw})
 
 
 CKPT = {0: "checkpointed", 1: "checkpointed"}
 
 
-@pytest.mark.parametrize("kw,code,name,warned", [
-    (dict(succeeded=True), 75, "checkpointed", False),
-    (dict(succeeded=True, signalled=False), 0, "finished", False),
-    (dict(succeeded=True, finished=True), 0, "finished", False),
-    # the signal reached another node only: the ranks' records still say checkpointed
-    (dict(succeeded=True, signalled=False, stopped=CKPT), 75, "checkpointed", False),
-    # every rank recorded its save, then one aborted (134) or hung and was killed (137)
-    (dict(failures={1: 134}, stopped=CKPT), 75, "checkpointed", True),
-    (dict(failures={0: 137, 1: 134}, stopped=CKPT, signalled=False), 75, "checkpointed",
-     True),
-    (dict(failures={1: 134}, stopped=CKPT, max_restarts=3), 75, "checkpointed", True),
-    (dict(failures={1: 134}, stopped={0: "finished", 1: "finished"}), 0, "finished", True),
-    # one rank did not record its save: a failure
-    (dict(failures={1: 134}, stopped={0: "checkpointed"}), 134, "failed", False),
-    (dict(failures={1: 134}), 134, "failed", False),
-    (dict(failures={1: 134}, stopped={0: "checkpointed"}, max_restarts=2), 74,
-     "restarts_exhausted", False),
-    (dict(failures={1: 134}, stopped=CKPT, ranks=set()), 134, "failed", False),
-    # a named exit after the stop is meant
-    (dict(failures={1: 93}, stopped=CKPT), 93, "do_not_retry", False),
-    (dict(failures={0: 17, 1: 16}), 17, "failed_validation", False),
-    (dict(failures={1: -6}), 1, "failed", False),
-    # the last round ended because a rank hung: the daemon counts a hang, not a crash
-    (dict(failures={1: -9}, max_restarts=2, hung=True), 74, "hung", False),
-    (dict(failures={1: -9}, hung=True), 1, "hung", False),
-    (dict(failures={1: 93}, max_restarts=2, hung=True), 93, "do_not_retry", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw,code,name,warned",
+    [
+        (dict(succeeded=True), 75, "checkpointed", False),
+        (dict(succeeded=True, signalled=False), 0, "finished", False),
+        (dict(succeeded=True, finished=True), 0, "finished", False),
+        # the signal reached another node only: the ranks' records still say checkpointed
+        (dict(succeeded=True, signalled=False, stopped=CKPT), 75, "checkpointed", False),
+        # every rank recorded its save, then one aborted (134) or hung and was killed (137)
+        (dict(failures={1: 134}, stopped=CKPT), 75, "checkpointed", True),
+        (dict(failures={0: 137, 1: 134}, stopped=CKPT, signalled=False), 75, "checkpointed", True),
+        (dict(failures={1: 134}, stopped=CKPT, max_restarts=3), 75, "checkpointed", True),
+        (dict(failures={1: 134}, stopped={0: "finished", 1: "finished"}), 0, "finished", True),
+        # one rank did not record its save: a failure
+        (dict(failures={1: 134}, stopped={0: "checkpointed"}), 134, "failed", False),
+        (dict(failures={1: 134}), 134, "failed", False),
+        (
+            dict(failures={1: 134}, stopped={0: "checkpointed"}, max_restarts=2),
+            74,
+            "restarts_exhausted",
+            False,
+        ),
+        (dict(failures={1: 134}, stopped=CKPT, ranks=set()), 134, "failed", False),
+        # a named exit after the stop is meant
+        (dict(failures={1: 93}, stopped=CKPT), 93, "do_not_retry", False),
+        (dict(failures={0: 17, 1: 16}), 17, "failed_validation", False),
+        (dict(failures={1: -6}), 1, "failed", False),
+        # the last round ended because a rank hung: the daemon counts a hang, not a crash
+        (dict(failures={1: -9}, max_restarts=2, hung=True), 74, "hung", False),
+        (dict(failures={1: -9}, hung=True), 1, "hung", False),
+        (dict(failures={1: 93}, max_restarts=2, hung=True), 93, "do_not_retry", False),
+    ],
+)
 def test_decide_outcome(kw, code, name, warned):
     decided = outcome(**kw)
     assert (decided.code, decided.outcome, bool(decided.warnings)) == (code, name, warned)
 
 
 def test_timeouts_are_tightened_from_what_earlier_attempts_observed():
-    configured = Timeouts(sections={"step": 600.0, "setup": None, "eval": 4.0},
-                          out_of_section=300.0)  # fmt: skip
-    observed = [{"step": 0.5, "setup": 20.0, "eval": 3.0},
-                {"step": 2.0, "out_of_section": 1.0, "checkpointing": 9.0}]
+    configured = Timeouts(
+        sections={"step": 600.0, "setup": None, "eval": 4.0}, out_of_section=300.0
+    )
+    observed = [
+        {"step": 0.5, "setup": 20.0, "eval": 3.0},
+        {"step": 2.0, "out_of_section": 1.0, "checkpointing": 9.0},
+    ]
     t = launch.tightened(configured, observed, factor=3.0, floor_s=5.0)
-    assert t.sections == {"step": 6.0, "setup": None,  # setup is never tightened
-                          "eval": 4.0,  # never looser than configured
-                          "checkpointing": 27.0}  # fmt: skip
+    assert t.sections == {
+        "step": 6.0,
+        "setup": None,  # setup is never tightened
+        "eval": 4.0,  # never looser than configured
+        "checkpointing": 27.0,
+    }
     assert t.out_of_section == 5.0  # 3 x 1.0 raised to the floor
     assert launch.tightened(configured, [], 3.0) == configured
 
 
-@pytest.mark.parametrize("beat,now,hung", [
-    (Beat(None, "step", 100.0, 5, 90.0, 1), 105.0, False),
-    (Beat(None, "step", 100.0, 5, 90.0, 1), 110.5, True),
-    (Beat(100.0, None, None, 5, 90.0, 1), 104.0, False),
-    (Beat(100.0, None, None, 5, 90.0, 1), 106.0, True),
-    (Beat(None, "checkpointing", 100.0, 5, 90.0, 1), 10_000.0, False),  # None: infinite
-    (Beat(None, None, None, None, 90.0, 1), 10_000.0, False),  # no initial timeout set
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "beat,now,hung",
+    [
+        (Beat(None, "step", 100.0, 5, 90.0, 1), 105.0, False),
+        (Beat(None, "step", 100.0, 5, 90.0, 1), 110.5, True),
+        (Beat(100.0, None, None, 5, 90.0, 1), 104.0, False),
+        (Beat(100.0, None, None, 5, 90.0, 1), 106.0, True),
+        (Beat(None, "checkpointing", 100.0, 5, 90.0, 1), 10_000.0, False),  # None: infinite
+        (Beat(None, None, None, None, 90.0, 1), 10_000.0, False),  # no initial timeout set
+    ],
+)
 def test_hang_reason(beat, now, hung):
     timeouts = Timeouts(sections={"step": 10.0, "checkpointing": None}, out_of_section=5.0)
     assert (hang_reason(beat, timeouts, now) is not None) is hung
@@ -600,8 +715,12 @@ def test_the_running_timeout_is_learned_from_the_pace_after_the_warm_up():
     assert learned(t, pace, floor_s=1.0).out_of_section == pytest.approx(1.5)
     assert learned(t, paced(t, beats(times[:4]))) == t  # nothing learned before the warm-up
     # steps seen several at a time count per step
-    few = [Beat(0.0, None, None, 0, 0.0, 1), Beat(10.0, None, None, 5, 0.0, 1),
-           Beat(12.0, None, None, 9, 0.0, 1), Beat(14.0, None, None, 13, 0.0, 1)]
+    few = [
+        Beat(0.0, None, None, 0, 0.0, 1),
+        Beat(10.0, None, None, 5, 0.0, 1),
+        Beat(12.0, None, None, 9, 0.0, 1),
+        Beat(14.0, None, None, 13, 0.0, 1),
+    ]
     assert paced(t, few).longest == pytest.approx(0.5)
     # never looser than configured; off stays off
     assert learned(replace(t, out_of_section=20.0), pace).out_of_section == 20.0
@@ -612,8 +731,12 @@ def test_the_running_timeout_is_learned_from_the_pace_after_the_warm_up():
 
 def test_a_step_through_a_checkpoint_does_not_set_the_pace():
     t = Timeouts(sections={"checkpointing": 600.0}, out_of_section=300.0, warmup_steps=1)
-    records = [*beats([0.0, 1.0, 2.0]), Beat(2.5, "checkpointing", 2.1, 2, 0.0, 1),
-               Beat(60.0, None, None, 3, 0.0, 1), Beat(61.0, None, None, 4, 0.0, 1)]
+    records = [
+        *beats([0.0, 1.0, 2.0]),
+        Beat(2.5, "checkpointing", 2.1, 2, 0.0, 1),
+        Beat(60.0, None, None, 3, 0.0, 1),
+        Beat(61.0, None, None, 4, 0.0, 1),
+    ]
     assert paced(t, records).longest == pytest.approx(1.0)  # not the 58 s with the save
 
 
@@ -650,10 +773,15 @@ def test_a_rank_without_heartbeats_is_hung_when_its_cpu_time_stands_still():
 
 def test_timeouts_left_out_get_the_defaults_and_null_is_off():
     t = launch.parse_timeouts(None)
-    assert t == Timeouts(sections={"setup": 1800.0, "checkpointing": 1800.0},
-                         out_of_section=300.0, initial=1800.0, warmup_steps=20)
-    t = launch.parse_timeouts('{"step": 8, "out_of_section": null, "warmup_steps": null, '
-                              '"setup": null}')
+    assert t == Timeouts(
+        sections={"setup": 1800.0, "checkpointing": 1800.0},
+        out_of_section=300.0,
+        initial=1800.0,
+        warmup_steps=20,
+    )
+    t = launch.parse_timeouts(
+        '{"step": 8, "out_of_section": null, "warmup_steps": null, "setup": null}'
+    )
     assert t.sections == {"setup": None, "checkpointing": 1800.0, "step": 8.0}
     assert t.out_of_section is None and t.warmup_steps is None and t.initial == 1800.0
 
@@ -681,7 +809,7 @@ def test_a_record_attached_without_heartbeats_says_so_until_the_first_beat(tmp_p
     assert read_beat(tmp_path, 1).beats is True
 
 
-QUIET = r'''
+QUIET = r"""
 import os, sys, time
 from ftslurm.agent import rank as fta
 agent = fta.init(heartbeats=False)  # as a submitit callable: attached, never a heartbeat
@@ -689,51 +817,84 @@ end = time.monotonic() + float(sys.argv[1])
 while time.monotonic() < end:  # busy, as training is
     pass
 print("quiet rank done", flush=True)
-'''
+"""
 
 
-def test_a_rank_attached_without_heartbeats_is_not_taken_for_hung_by_the_initial_timeout(
-        tmp_path):  # fmt: skip
+def test_a_rank_attached_without_heartbeats_is_not_taken_for_hung_by_the_initial_timeout(tmp_path):
     """A submitit callable attaches (its signal handlers are in place) but never beats: the
     initial timeout must not kill it; the launcher watches its CPU time instead."""
-    code, out = finish(launch_script(tmp_path, QUIET, 1, '{"initial": 1, "out_of_section": 60}',
-                                     "4"))
+    code, out = finish(
+        launch_script(tmp_path, QUIET, 1, '{"initial": 1, "out_of_section": 60}', "4")
+    )
     assert code == ExitCode.FINISHED, out
     report = node_report(tmp_path)
     assert report["in_job_restarts"] == 0 and report["hangs"] == [], report
     assert report["heartbeats"] is False
 
 
-SHORT_DDP = r'''
+SHORT_DDP = r"""
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 for _ in range(5):
     t = torch.ones(1); dist.all_reduce(t)
 assert t.item() == dist.get_world_size()
 dist.destroy_process_group()
-'''
+"""
 
 
-def launchers(tmp_path: Path, node_ranks: tuple[int, ...], *launch_args: str,
-              job: str = "4242", nnodes: int = 2) -> list[subprocess.Popen]:  # fmt: skip
+def launchers(
+    tmp_path: Path,
+    node_ranks: tuple[int, ...],
+    *launch_args: str,
+    job: str = "4242",
+    nnodes: int = 2,
+) -> list[subprocess.Popen]:
     """Launchers of a job of `nnodes` nodes on this machine ("nodes" n0, n1, ...), without
     --rdzv-endpoint: node rank 0 binds a port and publishes it in the run directory."""
     (tmp_path / "ddp.py").write_text(SHORT_DDP)
     (tmp_path / "ckpt").mkdir(exist_ok=True)
     procs = []
     for node_rank in node_ranks:
-        env = dict(os.environ, FTSLURM_RUN_DIR=str(tmp_path / "run"), SLURM_JOB_ID=job,
-                   SLURM_STEP_ID="0", FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-                   MASTER_ADDR="127.0.0.1", SLURMD_NODENAME=f"n{node_rank}")  # fmt: skip
-        for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT",
-                    "FTSLURM_ATTEMPT_BASE", "FTSLURM_PEER_TIMEOUT_S"):  # fmt: skip
+        env = dict(
+            os.environ,
+            FTSLURM_RUN_DIR=str(tmp_path / "run"),
+            SLURM_JOB_ID=job,
+            SLURM_STEP_ID="0",
+            FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+            MASTER_ADDR="127.0.0.1",
+            SLURMD_NODENAME=f"n{node_rank}",
+        )
+        for key in (
+            "SLURM_NNODES",
+            "SLURM_NODEID",
+            "SLURM_RESTART_COUNT",
+            "FTSLURM_ATTEMPT_BASE",
+            "FTSLURM_PEER_TIMEOUT_S",
+        ):
             env.pop(key, None)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node=1",
-             f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--monitor-interval=0.2",
-             "--peer-timeout=5", *launch_args, "--", sys.executable, str(tmp_path / "ddp.py")],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ftslurm.agent.launch",
+                    "--nproc-per-node=1",
+                    f"--nnodes={nnodes}",
+                    f"--node-rank={node_rank}",
+                    "--monitor-interval=0.2",
+                    "--peer-timeout=5",
+                    *launch_args,
+                    "--",
+                    sys.executable,
+                    str(tmp_path / "ddp.py"),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
     return procs
 
 

@@ -39,10 +39,26 @@ def log_of(cli: Cli, run_id: str, attempt: int) -> str:
 
 def test_a_killed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(cli, tmp_path):
     ckpt = tmp_path / "ckpt"
-    out = cli.submit("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2",
-                     "--inject", "crash@20:3", str(RECIPE), "--", "--steps", "500",
-                     "--step-time", "0.05", "--ckpt-every", "10",
-                     "--checkpoint-dir", str(ckpt))  # fmt: skip
+    out = cli.submit(
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--in-job-restarts",
+        "2",
+        "--inject",
+        "crash@20:3",
+        str(RECIPE),
+        "--",
+        "--steps",
+        "500",
+        "--step-time",
+        "0.05",
+        "--ckpt-every",
+        "10",
+        "--checkpoint-dir",
+        str(ckpt),
+    )
     s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert len(s["attempts"]) == 1  # no new job: restarted inside the allocation
@@ -59,29 +75,60 @@ def test_a_stopped_rank_is_detected_as_hung_and_restarted(cli, tmp_path):
     # The stop comes 12 s after the rank's start. On a loaded machine that may still be in
     # its start-up, or in a checkpoint's collective, whose default limits are 30 minutes:
     # every limit is short here, so the stop is caught wherever it lands.
-    recipe = recipe_file(tmp_path, "hang", args=["--steps", "300", "--step-time", "0.05",
-                                                 "--ckpt-every", "20", "--checkpoint-dir",
-                                                 str(tmp_path / "ckpt")],
-                         num_in_job_restarts=2, out_of_section_timeout=8.0,
-                         section_timeouts={"step": 8.0, "setup": 60.0, "checkpointing": 30.0},
-                         initial_timeout=60.0)  # fmt: skip
+    recipe = recipe_file(
+        tmp_path,
+        "hang",
+        args=[
+            "--steps",
+            "300",
+            "--step-time",
+            "0.05",
+            "--ckpt-every",
+            "20",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        ],
+        num_in_job_restarts=2,
+        out_of_section_timeout=8.0,
+        section_timeouts={"step": 8.0, "setup": 60.0, "checkpointing": 30.0},
+        initial_timeout=60.0,
+    )
     out = cli.submit("--inject", "hang@12:1", str(recipe))
     s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert len(s["attempts"]) == 1 and s["in_job_restarts_total"] >= 1
     run_dir = Path(s["run_dir"])
-    hangs = [h for p in (run_dir / "attempts" / "0").glob("node-*.json")
-             for h in json.loads(p.read_text())["hangs"]]  # fmt: skip
+    hangs = [
+        h
+        for p in (run_dir / "attempts" / "0").glob("node-*.json")
+        for h in json.loads(p.read_text())["hangs"]
+    ]
     assert hangs and re.search(r"\(timeout (8|30|60)s\)", hangs[0]["reason"]), hangs
     fired = json.loads((run_dir / "attempts" / "fired-rank-1.json").read_text())
     assert fired == ["hang@12:1"]  # once: the restarted rank was not stopped again
 
 
 def test_in_job_restarts_exhausted_make_the_daemon_retry_the_job(cli, tmp_path):
-    out = cli.submit("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "1",
-                     "--retries", "1", str(RECIPE), "--", "--steps", "100", "--fail-at-step",
-                     "5", "--fail-rank", "2", "--checkpoint-dir",
-                     str(tmp_path / "ckpt"))  # fmt: skip
+    out = cli.submit(
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--in-job-restarts",
+        "1",
+        "--retries",
+        "1",
+        str(RECIPE),
+        "--",
+        "--steps",
+        "100",
+        "--fail-at-step",
+        "5",
+        "--fail-rank",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    )
     s = cli.wait_for(out["run_id"], ended, 240, "the run to fail")
     assert s["state"] == "FAILED" and "retry budget exhausted (1/1)" in s["reason"]
     assert [a["cause"] for a in s["attempts"]] == ["crash", "crash"]
@@ -90,18 +137,41 @@ def test_in_job_restarts_exhausted_make_the_daemon_retry_the_job(cli, tmp_path):
 
 
 def test_checkpoint_signal_saves_at_one_step_continues_and_matches_an_uninterrupted_run(
-        cli, backend, tmp_path):  # fmt: skip
+    cli, backend, tmp_path
+):
     """The signal the daemon sends `preempt_time` before the wall limit, sent here once the
     training is under way (when the daemon sends it is tested in test_daemon_slurm.py): the
     run must not depend on how long four ranks take to start on a busy machine."""
     args = ["--steps", "300", "--step-time", "0.05", "--ckpt-every", "1000"]
-    reference = cli.submit("-N", "2", "--ntasks-per-node", "2", str(RECIPE), "--", *args,
-                           "--checkpoint-dir", str(tmp_path / "ref"))  # fmt: skip
-    faulty = cli.submit("-N", "2", "--ntasks-per-node", "2", str(RECIPE), "--", *args,
-                        "--checkpoint-dir", str(tmp_path / "cont"))  # fmt: skip
+    reference = cli.submit(
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        str(RECIPE),
+        "--",
+        *args,
+        "--checkpoint-dir",
+        str(tmp_path / "ref"),
+    )
+    faulty = cli.submit(
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        str(RECIPE),
+        "--",
+        *args,
+        "--checkpoint-dir",
+        str(tmp_path / "cont"),
+    )
     progress = Path(cli.status(faulty["run_id"])["run_dir"]) / "progress.json"
-    wait_file(progress, lambda text: bool(text) and json.loads(text).get("step", 0) >= 30,
-              180, "training past step 30")  # fmt: skip
+    wait_file(
+        progress,
+        lambda text: bool(text) and json.loads(text).get("step", 0) >= 30,
+        180,
+        "training past step 30",
+    )
     backend.signal(faulty["job_id"], "SIGUSR2")  # what the daemon sends, to every step
     for run in (reference, faulty):
         s = cli.wait_for(run["run_id"], ended, 240, "the runs to end")
@@ -126,25 +196,59 @@ def test_a_corrupted_newest_checkpoint_is_skipped_on_load(cli, tmp_path):
     resumes from step 20 and ends with the parameters of a run never interrupted."""
     ckpt, ref = tmp_path / "ckpt", tmp_path / "ref"
     args = ["--ckpt-every", "10", "--step-time", "0.01"]
-    first = cli.submit("-N", "2", "--ntasks-per-node", "2", str(RECIPE), "--", "--steps", "30",
-                       *args, "--checkpoint-dir", str(ckpt))  # fmt: skip
-    reference = cli.submit("-N", "2", "--ntasks-per-node", "2", str(RECIPE), "--", "--steps",
-                           "50", *args, "--checkpoint-dir", str(ref))  # fmt: skip
+    first = cli.submit(
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        str(RECIPE),
+        "--",
+        "--steps",
+        "30",
+        *args,
+        "--checkpoint-dir",
+        str(ckpt),
+    )
+    reference = cli.submit(
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        str(RECIPE),
+        "--",
+        "--steps",
+        "50",
+        *args,
+        "--checkpoint-dir",
+        str(ref),
+    )
     assert cli.wait_for(first["run_id"], ended, 240, "the first run")["state"] == "COMPLETED"
     newest = ckpt / "step-0000000030.pt"
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte: the size still matches, the hash not
     newest.write_bytes(bytes(data))
     (ckpt / "final.json").unlink()
-    again = cli.submit("-N", "2", "--ntasks-per-node", "2", str(RECIPE), "--", "--steps", "50",
-                       *args, "--checkpoint-dir", str(ckpt))  # fmt: skip
+    again = cli.submit(
+        "-N",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        str(RECIPE),
+        "--",
+        "--steps",
+        "50",
+        *args,
+        "--checkpoint-dir",
+        str(ckpt),
+    )
     for run in (again, reference):
         assert cli.wait_for(run["run_id"], ended, 240, "the runs")["state"] == "COMPLETED"
     log = log_of(cli, again["run_id"], 0)
     assert "starts at step 20" in log, log[-3000:]
     assert "step-0000000030" in log  # the warning names the checkpoint it skipped
-    assert json.loads((ckpt / "final.json").read_text()) == \
-        json.loads((ref / "final.json").read_text())
+    assert json.loads((ckpt / "final.json").read_text()) == json.loads(
+        (ref / "final.json").read_text()
+    )
 
 
 def test_a_hung_rank_is_caught_in_the_first_attempt_without_configured_timeouts(cli, tmp_path):
@@ -152,26 +256,46 @@ def test_a_hung_rank_is_caught_in_the_first_attempt_without_configured_timeouts(
 
 
 def test_a_killed_node_is_reported_lost_by_the_surviving_launcher(
-        cli, healthy_nodes, tmp_path, measurements):  # fmt: skip
+    cli, healthy_nodes, tmp_path, measurements
+):
     """2 nodes x 2 ranks; `fail-node` kills the second node (its slurmd, slurmstepd, the
     launcher and ranks): the batch host's launcher reports it within the peer timeout plus
     two polls, long before Slurm's verdict (SlurmdTimeout, then NODE_FAIL)."""
     timeout = 5.0
-    recipe = recipe_file(tmp_path, "peers", args=[
-        "--steps", "3000", "--step-time", "0.05", "--ckpt-every", "50",
-        "--checkpoint-dir", str(tmp_path / "ckpt")], peer_timeout_s=timeout,
-        num_job_retries_on_failure=0)  # fmt: skip
+    recipe = recipe_file(
+        tmp_path,
+        "peers",
+        args=[
+            "--steps",
+            "3000",
+            "--step-time",
+            "0.05",
+            "--ckpt-every",
+            "50",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        ],
+        peer_timeout_s=timeout,
+        num_job_retries_on_failure=0,
+    )
     out = cli.submit(str(recipe))
     run = RunDir(cli.status(out["run_id"])["run_dir"])
-    wait_file(run.progress, lambda text: bool(text) and json.loads(text).get("step", 0) >= 5,
-              180, "training under way")  # fmt: skip
+    wait_file(
+        run.progress,
+        lambda text: bool(text) and json.loads(text).get("step", 0) >= 5,
+        180,
+        "training under way",
+    )
     nodes = cli.status(out["run_id"])["attempts"][0]["nodes"]
     assert len(nodes) == 2 and run.peer_lease(0, 0).exists() and run.peer_lease(0, 1).exists()
     victim = nodes[1]
     healthy_nodes.fail_node(victim)
     killed_at = time.time()
-    found = wait_for(lambda: sorted(run.recovery(0).glob(PEER_LOST_REPORTS)),
-                     timeout + 2 * poll_interval(timeout) + 15, "the peer-loss report")
+    found = wait_for(
+        lambda: sorted(run.recovery(0).glob(PEER_LOST_REPORTS)),
+        timeout + 2 * poll_interval(timeout) + 15,
+        "the peer-loss report",
+    )
     assert len(found) == 1, found
     report = json.loads(found[0].read_text())
     assert report["lost_node"] == victim, report

@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-INNER = '''
+INNER = """
 import os, subprocess, sys
 from ftslurm.daemon import service
 
@@ -32,7 +32,7 @@ def test_stops_what_it_starts(tmp_path):
 def test_leaves_a_daemon_and_a_controller(tmp_path):
     service.start(tmp_path / "home")
     cli("mock", "up", FTSLURM_MOCK_HOME=str(tmp_path / "mock"))
-'''
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -46,21 +46,37 @@ def test_a_process_a_test_left_running_fails_the_run_and_is_stopped(tmp_path: Pa
     inner = tmp_path / "inner_tests"
     inner.mkdir()
     (inner / "test_inner.py").write_text(INNER)
-    env = {**{k: v for k, v in os.environ.items() if k != "FTSLURM_TEST_SUMMARY"},  # outer's
-           "PYTHONPATH": os.pathsep.join(
-               [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "FTSLURM_TEST_LEAK_GRACE_S": "1"}  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "FTSLURM_TEST_SUMMARY"},  # outer's
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "FTSLURM_TEST_LEAK_GRACE_S": "1",
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "-q", "--basetemp", str(tmp_path / "base"), str(inner)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "tests.conftest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--basetemp",
+            str(tmp_path / "base"),
+            str(inner),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert "2 passed" in out, out  # the tests themselves passed: the leak fails the run
     left = re.findall(r"^(\S[^\n]*?) pid (\d+), of the test folder (\S+)$", out, re.M)
     assert sorted(what for what, _, _ in left) == ["daemon", "mock controller"], out
-    assert {Path(folder).name for _, _, folder in left} == {
-        "test_leaves_a_daemon_and_a_con0"}, out
+    assert {Path(folder).name for _, _, folder in left} == {"test_leaves_a_daemon_and_a_con0"}, out
     for _, pid, _ in left:
         assert not _alive(int(pid)), f"pid {pid} still runs"
 
@@ -76,16 +92,19 @@ def test_the_daemon_fixtures_teardown_cancels_the_runs_and_leaves_no_daemon(tmp_
 
     mock = {"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}
     recipe = tmp_path / "recipe.py"
-    recipe.write_text("import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
-                      "sys.executable, '-c', 'import time; time.sleep(120)'], "
-                      "use_launcher=False)\n")  # fmt: skip
+    recipe.write_text(
+        "import sys\nimport ftslurm\nrecipe = ftslurm.Recipe(command=["
+        "sys.executable, '-c', 'import time; time.sleep(120)'], "
+        "use_launcher=False)\n"
+    )
     fixture = daemon_cli(tmp_path, **mock)
     cli = next(fixture)
     cli("mock", "up")
     try:
         out = cli.submit("--dry-run", str(recipe))
-        cli.wait_for(out["run_id"], lambda s: s["attempts"][-1]["state"] == "RUNNING", 60,
-                     "the job to run")  # fmt: skip
+        cli.wait_for(
+            out["run_id"], lambda s: s["attempts"][-1]["state"] == "RUNNING", 60, "the job to run"
+        )
         next(fixture, None)  # the teardown
         assert service.running_pid(cli.home) is None
         assert cli.summary(out["run_id"])["state"] == "CANCELLED"

@@ -59,22 +59,35 @@ def test_the_clusters_jobs_never_share_a_rendezvous_port_with_the_mocks():
     FirstJobId): none of the first 3000 of each, over 6 restarts, asks for the same port."""
     lay = LocalCluster().layout
     assert f"FirstJobId={lay.first_job_id}\n" in render_slurm_conf(lay)
-    ports = lambda first: {rendezvous_port(job, restart)  # noqa: E731
-                           for job in range(first, first + 3000) for restart in range(6)}
+
+    def ports(first: int) -> set[int]:
+        return {
+            rendezvous_port(job, restart)
+            for job in range(first, first + 3000)
+            for restart in range(6)
+        }
+
     assert not ports(1) & ports(lay.first_job_id)
 
 
 def test_env_sh_and_the_wrappers_quote_what_they_are_given(tmp_path):
     lay = ClusterLayout(root=Path("/tmp/it's here"), hostname="h", chrooted=True)
-    out = subprocess.run(["sh", "-c", render_env_sh(lay) + 'echo "$SLURM_CONF"; echo "$PATH"'],
-                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
-                         check=True).stdout.splitlines()  # fmt: skip
+    out = subprocess.run(
+        ["sh", "-c", render_env_sh(lay) + 'echo "$SLURM_CONF"; echo "$PATH"'],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        check=True,
+    ).stdout.splitlines()
     assert out == ["/tmp/it's here/etc/slurm.conf", "/tmp/it's here/bin:/usr/bin:/bin"]
     # A wrapper whose chroot folder is absent from the caller's view refuses sbatch with
     # one line (the job's directory must be visible), and its text parses as shell.
     script = tmp_path / "sbatch"
-    script.write_text(render_client_wrapper("sbatch", "/usr/bin/sbatch", tmp_path / "no root",
-                                            Path("/tmp/c'onf/slurm.conf")))  # fmt: skip
+    script.write_text(
+        render_client_wrapper(
+            "sbatch", "/usr/bin/sbatch", tmp_path / "no root", Path("/tmp/c'onf/slurm.conf")
+        )
+    )
     proc = subprocess.run(["sh", str(script)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "not visible to the Slurm chroot" in proc.stderr

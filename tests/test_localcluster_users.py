@@ -21,10 +21,22 @@ from ftslurm.localcluster.users import (
 
 
 def test_a_fault_control_for_a_user_is_the_cluster_command_run_by_the_operator():
-    argv = operator_argv("sudo -n", "/opt/v env/bin/python", "24.11", Path("/tmp/c"),
-                         "fail-node", "n2")  # fmt: skip
-    assert argv == ["sudo", "-n", "/opt/v env/bin/python", "-m", "ftslurm.localcluster",
-                    "--version", "24.11", "--root", "/tmp/c", "fail-node", "n2"]  # fmt: skip
+    argv = operator_argv(
+        "sudo -n", "/opt/v env/bin/python", "24.11", Path("/tmp/c"), "fail-node", "n2"
+    )
+    assert argv == [
+        "sudo",
+        "-n",
+        "/opt/v env/bin/python",
+        "-m",
+        "ftslurm.localcluster",
+        "--version",
+        "24.11",
+        "--root",
+        "/tmp/c",
+        "fail-node",
+        "n2",
+    ]
     assert _pids_in("killed 3 processes of n2 (pids 11 12 13)\n") == [11, 12, 13]
     assert _pids_in("killed 0 processes of n2 (pids )\n") == []
 
@@ -50,9 +62,10 @@ VISUDO = shutil.which("visudo", path="/usr/sbin:/sbin:/usr/bin")
 @pytest.mark.skipif(VISUDO is None, reason="no visudo (sudo is not installed)")
 def test_the_sudo_rules_parse_and_escape_what_sudoers_treats_specially(tmp_path):
     rules = tmp_path / "rules"
-    rules.write_text(render_sudo_rule("ftslurm-test", "/opt/a,b:c/bin/python")
-                     + render_chroot_rule("ftslurm-test", "/usr/sbin/chroot",
-                                          Path("/var/cache/x,y/mnt")))  # fmt: skip
+    rules.write_text(
+        render_sudo_rule("ftslurm-test", "/opt/a,b:c/bin/python")
+        + render_chroot_rule("ftslurm-test", "/usr/sbin/chroot", Path("/var/cache/x,y/mnt"))
+    )
     rules.chmod(0o440)
     proc = subprocess.run([VISUDO, "-c", "-f", str(rules)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -25,7 +25,8 @@ from .test_reconcile_quiet import Counted
 def two_nodes(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModelBackend, Store, Reconciler]:
     monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)  # settled at once
     backend, store, rec = running_on_the_model(
-        tmp, 2, FtSettings(num_job_retries_on_failure=2, preempt_time=0), cycles=3)
+        tmp, 2, FtSettings(num_job_retries_on_failure=2, preempt_time=0), cycles=3
+    )
     assert store.latest_attempt("r0").state is AttemptState.RUNNING  # type: ignore[union-attr]
     return backend, store, rec
 
@@ -35,21 +36,37 @@ def report_lost(tmp: Path, store: Store, node_rank: int) -> str:
     nodes = store.latest_attempt("r0").nodes  # type: ignore[union-attr]
     lost = nodes[node_rank]
     RunDir(tmp / "run").recovery(0).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(RunDir(tmp / "run").peer_lost(0, node_rank), {
-        "lost_node_rank": node_rank, "lost_node": lost, "last_heard": 1.0, "lease_time": 1.0,
-        "silent_s": 21.0, "peer_timeout_s": 20.0, "reported_by": nodes[1 - node_rank],
-        "reported_by_node_rank": 1 - node_rank, "time": 22.0, "job_id": "1", "attempt": 0})
+    write_json_atomic(
+        RunDir(tmp / "run").peer_lost(0, node_rank),
+        {
+            "lost_node_rank": node_rank,
+            "lost_node": lost,
+            "last_heard": 1.0,
+            "lease_time": 1.0,
+            "silent_s": 21.0,
+            "peer_timeout_s": 20.0,
+            "reported_by": nodes[1 - node_rank],
+            "reported_by_node_rank": 1 - node_rank,
+            "time": 22.0,
+            "job_id": "1",
+            "attempt": 0,
+        },
+    )
     return lost
 
 
 def commands(backend: ModelBackend, since: int) -> list[tuple[str, str]]:
-    return [(method, key) for _, method, key in backend.log[since:]
-            if method in ("cancel", "submit", "requeue")]
+    return [
+        (method, key)
+        for _, method, key in backend.log[since:]
+        if method in ("cancel", "submit", "requeue")
+    ]
 
 
 @pytest.mark.parametrize("node_rank", [1, 0], ids=["other", "batch-host"])
-def test_a_report_ends_the_job_and_a_fresh_one_runs_without_the_node(tmp_path, monkeypatch,
-                                                                       node_rank):  # fmt: skip
+def test_a_report_ends_the_job_and_a_fresh_one_runs_without_the_node(
+    tmp_path, monkeypatch, node_rank
+):
     backend, store, rec = two_nodes(tmp_path, monkeypatch)
     old = store.latest_attempt("r0").job_id  # type: ignore[union-attr]
     lost = report_lost(tmp_path, store, node_rank)
@@ -57,19 +74,26 @@ def test_a_report_ends_the_job_and_a_fresh_one_runs_without_the_node(tmp_path, m
     rec.cycle()  # one poll after the report, Slurm has noticed nothing
     assert commands(backend, mark) == [("cancel", old), ("submit", "ftslurm:r0:1")]
     first, second = store.attempts("r0")
-    assert (first.state, first.cause, first.lost_nodes) == (AttemptState.NODE_FAIL, "node_fail",
-                                                            [lost])  # fmt: skip
+    assert (first.state, first.cause, first.lost_nodes) == (
+        AttemptState.NODE_FAIL,
+        "node_fail",
+        [lost],
+    )
     new = backend.st.jobs[second.job_id or ""]
     assert lost in new.exclude and lost not in new.nodes
     assert lost in {f.node for f in store.node_flags()}
     (event,) = [e for e in store.events("r0") if e.kind == "node_lost"]
     assert (event.data["source"], event.data["detection_s"], event.data["recovery"]) == (
-        "peer", 21.0, "new_job")
+        "peer",
+        21.0,
+        "new_job",
+    )
     assert store.get_run("r0").job_retries_used == 1  # type: ignore[union-attr]
 
 
 def test_the_old_job_is_cancelled_before_the_new_one_after_a_crash_at_the_cancel(
-        tmp_path, monkeypatch):  # fmt: skip
+    tmp_path, monkeypatch
+):
     """The daemon dies right after recording the decision, before the cancel: the restarted
     daemon cancels the old job before it submits, so two jobs never train at once."""
     backend, store, rec = two_nodes(tmp_path, monkeypatch)
@@ -96,7 +120,8 @@ def test_the_old_job_is_cancelled_before_the_new_one_after_a_crash_at_the_cancel
 
 
 def test_an_unchanged_recovery_folder_costs_no_read_and_a_new_report_is_read_at_once(
-        tmp_path, monkeypatch):  # fmt: skip
+    tmp_path, monkeypatch
+):
     backend, store, rec = two_nodes(tmp_path, monkeypatch)
     RunDir(tmp_path / "run").recovery(0).mkdir(parents=True)
     for _ in range(2):  # the checkpoint interval written into the new folder, then read
@@ -117,7 +142,8 @@ def test_an_unchanged_recovery_folder_costs_no_read_and_a_new_report_is_read_at_
 def test_a_spent_budget_fails_the_run_with_the_reason_and_cancels_the_job(tmp_path, monkeypatch):
     monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
     backend, store, rec = running_on_the_model(
-        tmp_path, 2, FtSettings(num_job_retries_on_failure=0, preempt_time=0), cycles=3)
+        tmp_path, 2, FtSettings(num_job_retries_on_failure=0, preempt_time=0), cycles=3
+    )
     old = store.latest_attempt("r0").job_id  # type: ignore[union-attr]
     lost = report_lost(tmp_path, store, 1)
     rec.cycle()
@@ -127,8 +153,7 @@ def test_a_spent_budget_fails_the_run_with_the_reason_and_cancels_the_job(tmp_pa
     assert old not in backend.running() and len(store.attempts("r0")) == 1
 
 
-def test_a_spare_run_ends_when_its_live_launchers_are_done_reading_no_lease(
-        tmp_path, monkeypatch):  # fmt: skip
+def test_a_spare_run_ends_when_its_live_launchers_are_done_reading_no_lease(tmp_path, monkeypatch):
     """After a spare took a lost node's place, each poll lists the attempt's launcher
     reports (not the leases of every node: thousands on a large job; only the batch host's,
     which the daemon watches itself); once every live
@@ -136,8 +161,11 @@ def test_a_spare_run_ends_when_its_live_launchers_are_done_reading_no_lease(
     cancelled."""
     monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
     backend, store, rec = running_on_the_model(
-        tmp_path, 2, FtSettings(num_job_retries_on_failure=2, preempt_time=0, spare_nodes=1),
-        cycles=3)  # fmt: skip
+        tmp_path,
+        2,
+        FtSettings(num_job_retries_on_failure=2, preempt_time=0, spare_nodes=1),
+        cycles=3,
+    )
     job = store.latest_attempt("r0").job_id  # type: ignore[union-attr]
     lost = report_lost(tmp_path, store, 1)
     rec.cycle()
@@ -150,8 +178,10 @@ def test_a_spare_run_ends_when_its_live_launchers_are_done_reading_no_lease(
     run = RunDir(tmp_path / "run")
     leases = {p for p in read if "peer-lease" in p}
     assert commands(backend, mark) == [] and leases <= {str(run.peer_lease(0, 0))}, leases
-    write_json_atomic(run.node_report(0, 0), {"node_rank": 0, "outcome": "finished",
-                                              "exit_code": 0, "ended_at": 30.0})
+    write_json_atomic(
+        run.node_report(0, 0),
+        {"node_rank": 0, "outcome": "finished", "exit_code": 0, "ended_at": 30.0},
+    )
     run.finished.write_text("")
     backend.now += 1
     rec.cycle()
@@ -162,12 +192,15 @@ def test_a_spare_run_ends_when_its_live_launchers_are_done_reading_no_lease(
 # ------------------------------------------- the daemon watches the batch host's lease
 def write_lease(tmp: Path, node_rank: int, node: str, seq: int, ended: str | None = None) -> None:
     RunDir(tmp / "run").attempt(0).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(RunDir(tmp / "run").peer_lease(0, node_rank), Lease(
-        node_rank, node, 4242, seq, 1000.0 + seq, ended).to_json())  # fmt: skip
+    write_json_atomic(
+        RunDir(tmp / "run").peer_lease(0, node_rank),
+        Lease(node_rank, node, 4242, seq, 1000.0 + seq, ended).to_json(),
+    )
 
 
 def test_a_silent_batch_host_that_no_launcher_reports_is_judged_by_the_daemon(
-        tmp_path, monkeypatch):  # fmt: skip
+    tmp_path, monkeypatch
+):
     """The survivors went down with the batch host (their rendezvous lived there): no
     report comes. The daemon, timing node 0's lease on its own clock, ends the job as a node
     failure `daemon_timeout` after the lease last changed and submits a fresh job without
@@ -203,7 +236,8 @@ def test_a_silent_batch_host_that_no_launcher_reports_is_judged_by_the_daemon(
 
 
 def test_an_ended_batch_host_lease_or_another_nodes_silence_is_left_to_the_launchers(
-        tmp_path, monkeypatch):  # fmt: skip
+    tmp_path, monkeypatch
+):
     """A lease marked ended (its launcher left on its own) is never lost; the daemon judges
     the batch host only: the other nodes' leases are the launchers' to watch."""
     backend, store, rec = two_nodes(tmp_path, monkeypatch)
@@ -224,8 +258,11 @@ def test_after_a_spare_swap_a_silent_batch_host_still_ends_the_job(tmp_path, mon
     fresh job."""
     monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
     backend, store, rec = running_on_the_model(
-        tmp_path, 2, FtSettings(num_job_retries_on_failure=2, preempt_time=0, spare_nodes=1),
-        cycles=3)  # fmt: skip
+        tmp_path,
+        2,
+        FtSettings(num_job_retries_on_failure=2, preempt_time=0, spare_nodes=1),
+        cycles=3,
+    )
     a = store.latest_attempt("r0")
     assert a is not None
     batch = a.nodes[0]
@@ -244,7 +281,8 @@ def test_after_a_spare_swap_a_silent_batch_host_still_ends_the_job(tmp_path, mon
 
 # ------------------------------------- the look between cycles: no wait for the back-off
 def test_between_cycles_the_look_sees_a_report_and_a_silent_batch_host_without_a_query(
-        tmp_path, monkeypatch):  # fmt: skip
+    tmp_path, monkeypatch
+):
     """However long the daemon backs off between cycles (up to a minute), its look every
     second sees a loss report, a launcher's node report and the batch host's lease falling
     silent, with no scheduler command: the daemon runs a cycle at once."""
@@ -284,7 +322,8 @@ def test_a_one_node_jobs_silent_lease_ends_it_within_the_peer_timeout(tmp_path, 
     after `peer_timeout_s` (no survivor's report to wait for), and runs a fresh job."""
     monkeypatch.setattr(reconcile, "_RACY_NS", -3600 * 10**9, raising=False)
     backend, store, rec = running_on_the_model(
-        tmp_path, 1, FtSettings(num_job_retries_on_failure=2, preempt_time=0), cycles=3)
+        tmp_path, 1, FtSettings(num_job_retries_on_failure=2, preempt_time=0), cycles=3
+    )
     old = store.latest_attempt("r0")
     assert old is not None and len(old.nodes) == 1
     node = old.nodes[0]

@@ -32,9 +32,14 @@ KILL_TO_RUNNING_S = 100.0
 
 
 def a_lost_node_is_replaced_by_a_fresh_job(
-        cli: Cli, tmp_path: Path, fail: Callable[[str], None], node_rank: int,
-        *submit_args: str, sources: tuple[str, ...] = ("peer",), bound_s: float = KILL_TO_RUNNING_S,
-) -> float:  # fmt: skip
+    cli: Cli,
+    tmp_path: Path,
+    fail: Callable[[str], None],
+    node_rank: int,
+    *submit_args: str,
+    sources: tuple[str, ...] = ("peer",),
+    bound_s: float = KILL_TO_RUNNING_S,
+) -> float:
     """Scenario: a 2-node DDP run (gloo, an all-reduce every step, a checkpoint every 20
     steps in the memory tier and on disk) loses node `node_rank` after its first
     checkpoint. The replacement job runs
@@ -45,19 +50,43 @@ def a_lost_node_is_replaced_by_a_fresh_job(
     time)."""
     steps, ckpt = 300, tmp_path / "ckpt"
     expected = reference_digest(tmp_path, steps)
-    out = cli.submit(*submit_args, "--retries", "2", "-N", "2", "-t", "10", str(RECIPE), "--",
-                     "--steps", str(steps), "--step-time", "0.1", "--checkpoint-dir",
-                     str(ckpt))  # fmt: skip
+    out = cli.submit(
+        *submit_args,
+        "--retries",
+        "2",
+        "-N",
+        "2",
+        "-t",
+        "10",
+        str(RECIPE),
+        "--",
+        "--steps",
+        str(steps),
+        "--step-time",
+        "0.1",
+        "--checkpoint-dir",
+        str(ckpt),
+    )
     run_id = out["run_id"]
-    s = cli.wait_for(run_id, lambda s: s["attempts"][-1]["state"] == "RUNNING"
-                     and s["last_checkpoint_step"] is not None or any(ckpt.glob("*.json")),
-                     120, "the first checkpoint")  # fmt: skip
+    s = cli.wait_for(
+        run_id,
+        lambda s: (
+            s["attempts"][-1]["state"] == "RUNNING"
+            and s["last_checkpoint_step"] is not None
+            or any(ckpt.glob("*.json"))
+        ),
+        120,
+        "the first checkpoint",
+    )
     victim = s["attempts"][0]["nodes"][node_rank]
     killed = time.time()
     fail(victim)
-    s = cli.wait_for(run_id, lambda s: len(s["attempts"]) > 1
-                     and s["attempts"][1]["state"] == "RUNNING", 120,
-                     "the replacement job to run")  # fmt: skip
+    s = cli.wait_for(
+        run_id,
+        lambda s: len(s["attempts"]) > 1 and s["attempts"][1]["state"] == "RUNNING",
+        120,
+        "the replacement job to run",
+    )
     first, second = s["attempts"][0], s["attempts"][1]
     took = (second["start"] or time.time()) - killed
     assert first["cause"] == "node_fail", s
@@ -88,26 +117,33 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
 
 @pytest.mark.parametrize("node_rank", [1, 0], ids=["other-node", "batch-host"])
 def test_a_lost_node_is_replaced_before_slurm_notices_at_its_default_timeout(
-        cli, healthy_nodes, tmp_path, measurements, node_rank):  # fmt: skip
+    cli, healthy_nodes, tmp_path, measurements, node_rank
+):
     """The survivor's launcher reports the loss; of the batch host, the daemon may tell
     first (a survivor whose rendezvous went with the batch host can stop before it
     reports, seen once in three runs under load: the test below forces that moment)."""
     with healthy_nodes.slurmd_timeout(300):
         took = a_lost_node_is_replaced_by_a_fresh_job(
-            cli, tmp_path, healthy_nodes.fail_node, node_rank,
-            sources=("peer", "daemon") if node_rank == 0 else ("peer",))  # fmt: skip
+            cli,
+            tmp_path,
+            healthy_nodes.fail_node,
+            node_rank,
+            sources=("peer", "daemon") if node_rank == 0 else ("peer",),
+        )
     name = "lost_node_kill_to_running_s" + ("_batch_host" if node_rank == 0 else "")
     measurements.record(name, took)
 
 
 def test_a_lost_batch_host_whose_survivors_went_with_it_is_judged_by_the_daemon(
-        cli, healthy_nodes, tmp_path, measurements):  # fmt: skip
+    cli, healthy_nodes, tmp_path, measurements
+):
     """The worst moment, forced: the batch host is killed and, at once, every job process
     on the other node (the survivors' launchers, which could have reported it, gone too).
     Slurm sees the job running on until its SlurmdTimeout (300 s); the daemon, watching the
     batch host's lease itself, ends the job and runs a fresh one without the node within
     `daemon_timeout` of the lease's last write and a few seconds more (its look between
     cycles reads the lease every second, whatever its back-off)."""
+
     def fail(victim: str) -> None:
         # The survivors frozen first: their launchers would see the batch host's
         # connections close and report it at once; frozen, then killed, they cannot.
@@ -121,5 +157,6 @@ def test_a_lost_batch_host_whose_survivors_went_with_it_is_judged_by_the_daemon(
     bound = daemon_timeout(DEFAULT_PEER_TIMEOUT_S) + poll_interval(DEFAULT_PEER_TIMEOUT_S) + 15
     with healthy_nodes.slurmd_timeout(300):
         took = a_lost_node_is_replaced_by_a_fresh_job(
-            cli, tmp_path, fail, 0, sources=("daemon",), bound_s=bound)  # fmt: skip
+            cli, tmp_path, fail, 0, sources=("daemon",), bound_s=bound
+        )
     measurements.record("lost_batch_host_no_survivor_kill_to_running_s", took)

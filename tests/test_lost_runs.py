@@ -54,8 +54,9 @@ def home(tmp_path: Path, monkeypatch) -> Path:
     yield home
     service.stop(home)
     MockScheduler(tmp_path / "mock")  # the mock's jobs end with the test
-    for line in subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
-                               text=True).stdout.split():  # fmt: skip
+    for line in subprocess.run(
+        ["pgrep", "-f", str(tmp_path)], capture_output=True, text=True
+    ).stdout.split():
         if int(line) != os.getpid():
             os.kill(int(line), signal.SIGKILL)
 
@@ -86,8 +87,12 @@ def stop_outside_a_write(pid: int, db: Path) -> None:
 
 def mirrored(home: Path, run: str, **fields: object) -> Store:
     store = Store(home)
-    r = make_run(run, spec={"run_dir": str(home / "runs" / run), "backend": "mock"},
-                 state=RunState.PENDING, cancel_requested=False)  # fmt: skip
+    r = make_run(
+        run,
+        spec={"run_dir": str(home / "runs" / run), "backend": "mock"},
+        state=RunState.PENDING,
+        cancel_requested=False,
+    )
     store.add_run(r)
     (home / "runs" / run).mkdir(parents=True)
     mirror_run(r)
@@ -107,10 +112,21 @@ def test_a_mirrored_run_the_database_lacks_is_refused_in_one_line(home, capsys):
 
 
 def test_rebuild_follows_what_the_mirror_and_the_scheduler_say(home):
-    for run, fields in [("fresh", {}), ("gone", {"attempt": 2, "job_id": "77"}),
-                        ("done", {"attempt": 1, "job_id": "5", "state": "COMPLETED",
-                                  "reason": "finished", "ended_at": 9.0}),
-                        ("alive", {"attempt": 1, "job_id": "8"})]:  # fmt: skip
+    for run, fields in [
+        ("fresh", {}),
+        ("gone", {"attempt": 2, "job_id": "77"}),
+        (
+            "done",
+            {
+                "attempt": 1,
+                "job_id": "5",
+                "state": "COMPLETED",
+                "reason": "finished",
+                "ended_at": 9.0,
+            },
+        ),
+        ("alive", {"attempt": 1, "job_id": "8"}),
+    ]:
         mirrored(home, run, **fields).close()
     store = Store(home, check_runs=False)
     store._db.execute("DELETE FROM runs")
@@ -142,9 +158,22 @@ def test_the_wal_deleted_after_submit_committed_loses_no_run(home, tmp_path, cap
     stop_outside_a_write(daemon, home / DB_NAME)
     try:
         submit = subprocess.Popen(
-            [sys.executable, "-m", "ftslurm", "submit", "--dry-run", "-t", "10", "--name",
-             "walrun", "sleeper.sh"], cwd=tmp_path, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT)  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "ftslurm",
+                "submit",
+                "--dry-run",
+                "-t",
+                "10",
+                "--name",
+                "walrun",
+                "sleeper.sh",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         mirror = wait_for(lambda: mirrored_runs(home), 60, "the run's mirror")
         (run_id,) = mirror
         submit.kill()
@@ -164,8 +193,11 @@ def test_the_wal_deleted_after_submit_committed_loses_no_run(home, tmp_path, cap
     code, out, err = cli(capsys, "daemon", "start")
     assert code == 0, err
     with Store(home) as store:
-        job = wait_for(lambda: (store.latest_attempt(run_id) or None)
-                       and store.latest_attempt(run_id).job_id, 60, "the run submitted")
+        job = wait_for(
+            lambda: (store.latest_attempt(run_id) or None) and store.latest_attempt(run_id).job_id,
+            60,
+            "the run submitted",
+        )
     assert job
 
 
@@ -218,6 +250,9 @@ def test_submit_mirrors_the_run_and_the_daemon_notes_its_job(home, capsys):
     run_id = json.loads(out)["run_id"]
     mirror = json.loads((home / "runs" / run_id / RUN_MIRROR).read_text())
     assert mirror["run_id"] == run_id and mirror["spec"]["backend"] == "mock"
-    wait_for(lambda: json.loads((home / "runs" / run_id / RUN_MIRROR).read_text()).get(
-        "job_id"), 30, "the job noted in the mirror")
+    wait_for(
+        lambda: json.loads((home / "runs" / run_id / RUN_MIRROR).read_text()).get("job_id"),
+        30,
+        "the job noted in the mirror",
+    )
     assert oct((home / "runs" / run_id / RUN_MIRROR).stat().st_mode & 0o777) == "0o600"

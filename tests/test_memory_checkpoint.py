@@ -78,13 +78,24 @@ def run_world(tmp_path: Path, nodes: list[str], *args: str) -> list[dict]:
     """One process per rank, each "on" node `nodes[rank]`, sharing a memory base folder."""
     port = str(21000 + (os.getpid() + len(args) * 7 + len(nodes)) % 20000)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM"))}
-    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-               FTSLURM_MEMORY_DIR=str(tmp_path / "shm"), FTSLURM_RUN_ID="r1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(len(nodes)))
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, *args],
-                              env={**env, "RANK": str(r), "SLURMD_NODENAME": n},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r, n in enumerate(nodes)]  # fmt: skip
+    env.update(
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        FTSLURM_MEMORY_DIR=str(tmp_path / "shm"),
+        FTSLURM_RUN_ID="r1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        WORLD_SIZE=str(len(nodes)),
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, *args],
+            env={**env, "RANK": str(r), "SLURMD_NODENAME": n},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r, n in enumerate(nodes)
+    ]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -103,7 +114,8 @@ def test_a_lost_nodes_ranks_restore_from_the_replicas_on_the_other_node(tmp_path
     assert [s["keeps"] for s in saved] == [[2], [3], [0], [1]]
     # bounded: two states per rank in each node's memory (its own and one replica)
     assert sorted(p.name for p in area(tmp_path, "a").glob("*.pt")) == [
-        f"shard-{r}-step-30.pt" for r in range(4)]
+        f"shard-{r}-step-30.pt" for r in range(4)
+    ]
     # node b is lost with its memory; node c takes its place
     for p in area(tmp_path, "b").iterdir():
         p.unlink()
@@ -127,31 +139,43 @@ def test_a_corrupt_or_missing_replica_leaves_the_world_to_the_persistent_tier(tm
     run_world(tmp_path, ["a", "a", "b", "b"], "save")
     got = [o["got"] for o in run_world(tmp_path, ["a", "a", "b", "b"], "load", "30")]
     assert [(g["step"], g["tier"]) for g in got] == [(30, "memory")] * 4
-    assert [o["got"] for o in run_world(tmp_path, ["a", "a", "b", "b"], "load", "31")] == [
-        None] * 4
+    assert [o["got"] for o in run_world(tmp_path, ["a", "a", "b", "b"], "load", "31")] == [None] * 4
 
 
 @pytest.mark.slow
-def test_a_save_returns_after_its_snapshot_and_the_replica_follows_in_the_background(
-        tmp_path):  # fmt: skip
+def test_a_save_returns_after_its_snapshot_and_the_replica_follows_in_the_background(tmp_path):
     """Forced timing: rank 1 (node b) is stopped before it saves, so rank 0's replica cannot
     be received; rank 0's save returns all the same (the step stood still only for the
     snapshot), its own state is in node a's memory, and the replica reaches node b once
     rank 1 runs again. The state kept is the snapshot, not what the training did after."""
     port = str(23000 + os.getpid() % 20000)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM"))}
-    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-               FTSLURM_MEMORY_DIR=str(tmp_path / "shm"), FTSLURM_RUN_ID="r1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, "async"],
-                              env={**env, "RANK": str(r), "SLURMD_NODENAME": n},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r, n in enumerate(["a", "b"])]  # fmt: skip
+    env.update(
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        FTSLURM_MEMORY_DIR=str(tmp_path / "shm"),
+        FTSLURM_RUN_ID="r1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        WORLD_SIZE="2",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, "async"],
+            env={**env, "RANK": str(r), "SLURMD_NODENAME": n},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r, n in enumerate(["a", "b"])
+    ]
     try:
         assert procs[0].stdout is not None
         assert procs[0].stdout.readline().strip() == "returned"  # while rank 1 is stopped
-        wait_for(lambda: (area(tmp_path, "a") / "shard-0-step-10.json").exists(), 60,
-                 "rank 0's own state in node a's memory")  # fmt: skip
+        wait_for(
+            lambda: (area(tmp_path, "a") / "shard-0-step-10.json").exists(),
+            60,
+            "rank 0's own state in node a's memory",
+        )
         assert not (area(tmp_path, "b") / "shard-0-step-10.pt").exists()  # not sent yet
         os.kill(procs[1].pid, signal.SIGCONT)
         for p in procs:
@@ -170,7 +194,9 @@ def test_a_save_returns_after_its_snapshot_and_the_replica_follows_in_the_backgr
 def test_with_one_node_there_is_no_replica_and_memory_serves_its_own(tmp_path, world):
     run_world(tmp_path, world, "save")
     assert sorted(p.name for p in area(tmp_path, "a").glob("*.pt")) == [
-        "shard-0-step-30.pt", "shard-1-step-30.pt"]
+        "shard-0-step-30.pt",
+        "shard-1-step-30.pt",
+    ]
     got = [o["got"] for o in run_world(tmp_path, world, "load")]
     assert [(g["step"], g["tier"]) for g in got] == [(30, "memory")] * 2
 
@@ -185,4 +211,8 @@ def test_uneven_nodes_replicate_every_rank_without_hanging(tmp_path):
         p.unlink()
     got = [o["got"] for o in run_world(tmp_path, ["a", "a", "a", "c"], "load")]
     assert [(g["step"], g["tier"], g["w"]) for g in got] == [
-        (30, "memory", 30.0), (30, "memory", 130.0), (30, "memory", 230.0), (30, "peer", 330.0)]
+        (30, "memory", 30.0),
+        (30, "memory", 130.0),
+        (30, "memory", 230.0),
+        (30, "peer", 330.0),
+    ]

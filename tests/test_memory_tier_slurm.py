@@ -35,16 +35,36 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
 
 
 @pytest.mark.parametrize("replicas", ["intact", "corrupt"])
-def test_a_lost_nodes_ranks_restore_from_the_peer_replica_in_memory(cli, healthy_nodes,
-                                                                    tmp_path, replicas):
+def test_a_lost_nodes_ranks_restore_from_the_peer_replica_in_memory(
+    cli, healthy_nodes, tmp_path, replicas
+):
     ckpt = tmp_path / "ckpt"
     expected = reference_digest(tmp_path, STEPS, world=4)
     with healthy_nodes.slurmd_timeout(300):  # the spare, not Slurm, handles the loss
-        out = cli.submit("--retries", "0", "-N", "2", "--spare-nodes", "1",
-                         "--ntasks-per-node", "2", "-t", "10", str(RECIPE), "--",
-                         "--steps", str(STEPS), "--step-time", "0.2",
-                         "--ckpt-every", str(EVERY), "--disk-every", str(DISK_EVERY),
-                         "--checkpoint-dir", str(ckpt))  # fmt: skip
+        out = cli.submit(
+            "--retries",
+            "0",
+            "-N",
+            "2",
+            "--spare-nodes",
+            "1",
+            "--ntasks-per-node",
+            "2",
+            "-t",
+            "10",
+            str(RECIPE),
+            "--",
+            "--steps",
+            str(STEPS),
+            "--step-time",
+            "0.2",
+            "--ckpt-every",
+            str(EVERY),
+            "--disk-every",
+            str(DISK_EVERY),
+            "--checkpoint-dir",
+            str(ckpt),
+        )
         run_id = out["run_id"]
         run_dir = RunDir(cli.status(run_id)["run_dir"])
 
@@ -72,11 +92,15 @@ def test_a_lost_nodes_ranks_restore_from_the_peer_replica_in_memory(cli, healthy
     log = cli("logs", run_id, "--attempt", "0").stdout
     # the first round, then the one with the spare (torch's restart count starts again at
     # 0 in the spare's new rendezvous)
-    first, start = re.findall(r"rank 0 of 4 starts at step (\d+) \(attempt 0, in-job restart "
-                              r"\d+\) from (\w+)", log)  # fmt: skip
+    first, start = re.findall(
+        r"rank 0 of 4 starts at step (\d+) \(attempt 0, in-job restart "
+        r"\d+\) from (\w+)",
+        log,
+    )
     assert first == ("0", "nothing"), log
-    restored = re.findall(r"rank (\d) restored step (\d+) from (its node memory|a peer replica)",
-                          log)  # fmt: skip
+    restored = re.findall(
+        r"rank (\d) restored step (\d+) from (its node memory|a peer replica)", log
+    )
     memory_step = 40  # the newest checkpoint before the kill, in memory only
     if replicas == "intact":
         assert int(start[0]) == memory_step, (at, log)

@@ -77,8 +77,10 @@ def test_time_limit_sends_warning_then_term_then_kill_and_ends_in_timeout():
     assert model.advance(st, T0 + 39, {}) == []
     assert model.advance(st, T0 + 40, {}) == [Signal(job, signal.SIGUSR1, SignalTarget.BATCH)]
     effects = model.advance(st, T0 + 60, {})
-    assert effects == [Signal(job, signal.SIGCONT, SignalTarget.ALL),
-                       Signal(job, signal.SIGTERM, SignalTarget.ALL)]
+    assert effects == [
+        Signal(job, signal.SIGCONT, SignalTarget.ALL),
+        Signal(job, signal.SIGTERM, SignalTarget.ALL),
+    ]
     assert st.jobs[job].state is JobState.COMPLETING
     assert model.advance(st, T0 + 90, {}) == [KillJob(job)]
     model.advance(st, T0 + 91, {job: (0, 9)})

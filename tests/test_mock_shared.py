@@ -21,8 +21,14 @@ from .conftest import wait_job
 
 def cli(home: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, FTSLURM_MOCK_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "ftslurm", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "ftslurm", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -47,8 +53,18 @@ def test_submit_in_one_process_query_in_another(home, tmp_path):
     assert cli(home, "mock", "up", "--nodes", "2", cwd=tmp_path).returncode == 0
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\nsrun bash -c 'echo $SLURM_PROCID $SLURMD_NODENAME'\n")
-    out = cli(home, "scheduler", "submit", str(script), "-N", "2", "--backend", "mock", "--json",
-              cwd=tmp_path)  # fmt: skip
+    out = cli(
+        home,
+        "scheduler",
+        "submit",
+        str(script),
+        "-N",
+        "2",
+        "--backend",
+        "mock",
+        "--json",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     job = json.loads(out.stdout)["job_id"]
 
@@ -65,9 +81,12 @@ def test_the_controller_moves_time_without_any_client(home, tmp_path):
     assert cli(home, "mock", "up", cwd=tmp_path).returncode == 0
     beat = tmp_path / "beat"
     scheduler = MockScheduler(home)
-    job = scheduler.submit(f"#!/bin/bash\nwhile true; do date +%s.%N > {beat}; sleep 0.2; done\n",
-                           JobOptions(time_limit="0:03", workdir=str(tmp_path)))  # fmt: skip
+    job = scheduler.submit(
+        f"#!/bin/bash\nwhile true; do date +%s.%N > {beat}; sleep 0.2; done\n",
+        JobOptions(time_limit="0:03", workdir=str(tmp_path)),
+    )
     wait_until(beat.exists, 10, "the job to start")
+
     # No scheduler call from here on: only the controller can end the job at its limit.
     def stopped() -> bool:
         text = beat.read_text().strip()  # empty while the job rewrites it
@@ -83,8 +102,10 @@ def test_state_and_jobs_survive_a_controller_restart(home, tmp_path):
     assert cli(home, "mock", "up", cwd=tmp_path).returncode == 0
     scheduler = MockScheduler(home)
     go = tmp_path / "go"
-    job = scheduler.submit(f"#!/bin/bash\nwhile [ ! -e {go} ]; do sleep 0.1; done\nexit 4\n",
-                           JobOptions(workdir=str(tmp_path)))  # fmt: skip
+    job = scheduler.submit(
+        f"#!/bin/bash\nwhile [ ! -e {go} ]; do sleep 0.1; done\nexit 4\n",
+        JobOptions(workdir=str(tmp_path)),
+    )
     wait_job(scheduler, job, lambda i: i.state is JobState.RUNNING, 10, "RUNNING")
     pid = controller_pid(home)
     os.kill(pid, signal.SIGKILL)
@@ -122,12 +143,17 @@ def test_a_relaunched_job_is_not_ended_by_the_wrapper_of_its_previous_run(tmp_pa
     job_dir.mkdir()
     env = dict(os.environ)
     out = str(tmp_path / "out.txt")
-    procs.launch_batch(job_dir, "#!/bin/bash\nsleep 60\n", env, str(tmp_path), out, out,
-                       kill_wait_s=0.5)  # fmt: skip
-    wait_until(lambda: procs.batch_alive(job_dir) and (job_dir / "shell.json").exists(), 10,
-               "the first run")  # fmt: skip
+    procs.launch_batch(
+        job_dir, "#!/bin/bash\nsleep 60\n", env, str(tmp_path), out, out, kill_wait_s=0.5
+    )
+    wait_until(
+        lambda: procs.batch_alive(job_dir) and (job_dir / "shell.json").exists(),
+        10,
+        "the first run",
+    )
     procs.kill_job(job_dir)  # the batch shell dies; its jobwrap would write exit.json next
-    procs.launch_batch(job_dir, "#!/bin/bash\nsleep 1.5\nexit 7\n", env, str(tmp_path),
-                       out, out, kill_wait_s=0.5)  # fmt: skip
+    procs.launch_batch(
+        job_dir, "#!/bin/bash\nsleep 1.5\nexit 7\n", env, str(tmp_path), out, out, kill_wait_s=0.5
+    )
     wait_until(lambda: procs.exit_status(job_dir) is not None, 15, "the second run's end")
     assert procs.exit_status(job_dir) == (7, None)

@@ -88,8 +88,10 @@ def test_a_change_made_by_another_process_is_seen(tmp_path):
     reader = scheduler(tmp_path)
     job = held(reader)
     assert reader.query([job])[job].reason == "JobHeldUser"
-    code = ("import sys; from ftslurm.backends.mock import MockScheduler; "
-            "MockScheduler(sys.argv[1]).update_excluded_nodes(sys.argv[2], ['n2'])")  # fmt: skip
+    code = (
+        "import sys; from ftslurm.backends.mock import MockScheduler; "
+        "MockScheduler(sys.argv[1]).update_excluded_nodes(sys.argv[2], ['n2'])"
+    )
     subprocess.run([sys.executable, "-c", code, str(tmp_path), job], check=True, timeout=60)
     with reader.store.transaction() as st:
         assert st.jobs[job].exclude == ["n2"]
@@ -121,8 +123,9 @@ def test_scripts_and_environments_are_kept_apart_from_the_state(tmp_path):
     job = held(s)
     with sqlite3.connect(tmp_path / DB_FILE) as conn:
         body = conn.execute("SELECT body FROM state").fetchone()[0]
-        script, env = conn.execute("SELECT script, env FROM launch WHERE job_id = ?",
-                                   (job,)).fetchone()  # fmt: skip
+        script, env = conn.execute(
+            "SELECT script, env FROM launch WHERE job_id = ?", (job,)
+        ).fetchone()
     assert "a rendered batch script" not in body and '"A"' not in body
     assert script == SCRIPT and json.loads(env)["A"] == "1"
     with s.store.transaction() as st:
@@ -133,8 +136,9 @@ def test_a_cluster_of_the_previous_schema_is_brought_to_this_one(tmp_path):
     st = MockState.create()
     job = model.submit(st, SCRIPT, JobOptions(hold=True, env={"A": "1"}), T0)
     with sqlite3.connect(tmp_path / DB_FILE) as conn:  # as the previous version stored it
-        conn.execute("CREATE TABLE state (id INTEGER PRIMARY KEY CHECK (id = 1), "
-                     "schema INTEGER, body TEXT)")  # fmt: skip
+        conn.execute(
+            "CREATE TABLE state (id INTEGER PRIMARY KEY CHECK (id = 1), schema INTEGER, body TEXT)"
+        )
         conn.execute("INSERT INTO state VALUES (1, 1, ?)", (st.model_dump_json(),))
     s = scheduler(tmp_path)
     assert s.query([job])[job].state is JobState.PENDING
@@ -142,11 +146,14 @@ def test_a_cluster_of_the_previous_schema_is_brought_to_this_one(tmp_path):
         assert s.store.launch_spec(now.jobs[job]) == (SCRIPT, {"A": "1"})
 
 
-@pytest.mark.parametrize("damage, said", [
-    ("DELETE FROM launch", "its batch script is missing from"),
-    ("UPDATE launch SET env = '{not json'", "its stored environment is damaged"),
-    ("UPDATE launch SET script = 'echo no interpreter'", "its stored batch script is damaged"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        ("DELETE FROM launch", "its batch script is missing from"),
+        ("UPDATE launch SET env = '{not json'", "its stored environment is damaged"),
+        ("UPDATE launch SET script = 'echo no interpreter'", "its stored batch script is damaged"),
+    ],
+)
 def test_a_missing_or_damaged_script_fails_its_job_with_one_line(tmp_path, damage, said):
     home, workdir = tmp_path / "mock", tmp_path / "work"
     workdir.mkdir()
@@ -159,8 +166,11 @@ def test_a_missing_or_damaged_script_fails_its_job_with_one_line(tmp_path, damag
     assert "\n" not in str(err.value) and f"mock job {job}:" in str(err.value)
     try:
         s.release(job)  # it starts: its launch finds the damage
-        info = wait_for(lambda: (i := s.query([job])[job]).state.is_terminal and i,
-                        timeout=30, what="the job's end")  # fmt: skip
+        info = wait_for(
+            lambda: (i := s.query([job])[job]).state.is_terminal and i,
+            timeout=30,
+            what="the job's end",
+        )
         assert (info.state, info.exit_code) == (JobState.FAILED, 1)
         lines = (workdir / f"slurm-{job}.out").read_text().splitlines()
         assert len(lines) == 1 and said in lines[0]
@@ -169,8 +179,19 @@ def test_a_missing_or_damaged_script_fails_its_job_with_one_line(tmp_path, damag
 
 
 # ------------------------------------------------------------------ change counting
-_OPS = ("submit", "advance", "exit", "cancel", "requeue", "release", "start_now", "exclude",
-        "fail_node", "revive_node", "drain_node")  # fmt: skip
+_OPS = (
+    "submit",
+    "advance",
+    "exit",
+    "cancel",
+    "requeue",
+    "release",
+    "start_now",
+    "exclude",
+    "fail_node",
+    "revive_node",
+    "drain_node",
+)
 _INJECT = ("", "node_fail@20", "preempt@10", "crash@5", "timeout@30")
 
 
@@ -181,9 +202,18 @@ def _apply(st: MockState, op: str, k: int, now: float) -> list[model.Effect]:
     match op:
         case "submit":
             inject = (_INJECT[k % len(_INJECT)],) if _INJECT[k % len(_INJECT)] else ()
-            model.submit(st, "#!/bin/bash\n", JobOptions(
-                nodes=k % 2 + 1, hold=k % 3 == 0, time_limit="1" if k % 2 else None,
-                signal="USR1@30" if k % 4 == 1 else None, inject=inject), now)  # fmt: skip
+            model.submit(
+                st,
+                "#!/bin/bash\n",
+                JobOptions(
+                    nodes=k % 2 + 1,
+                    hold=k % 3 == 0,
+                    time_limit="1" if k % 2 else None,
+                    signal="USR1@30" if k % 4 == 1 else None,
+                    inject=inject,
+                ),
+                now,
+            )
             return []
         case "advance":
             return model.advance(st, now, {})
@@ -209,14 +239,18 @@ def _apply(st: MockState, op: str, k: int, now: float) -> list[model.Effect]:
 
 
 @settings(max_examples=80, deadline=None)
-@given(hs.lists(hs.tuples(hs.sampled_from(_OPS), hs.integers(0, 11), hs.integers(0, 200)),
-                max_size=40))  # fmt: skip
+@given(
+    hs.lists(hs.tuples(hs.sampled_from(_OPS), hs.integers(0, 11), hs.integers(0, 200)), max_size=40)
+)
 def test_every_change_of_the_state_is_counted(steps):
     """The store writes the state back only when `model.changes()` moved, and the scheduler
     advances a second time only then: a change the count misses would be lost."""
     nodes = [MockNodeSpec(name="n1"), MockNodeSpec(name="n2")]
-    st = MockState.create(MockConfig(nodes=nodes, requeue_delay_s=10, min_job_age_s=50,
-                                     kill_wait_s=5, slurmd_timeout_s=20))  # fmt: skip
+    st = MockState.create(
+        MockConfig(
+            nodes=nodes, requeue_delay_s=10, min_job_age_s=50, kill_wait_s=5, slurmd_timeout_s=20
+        )
+    )
     now = T0
     for op, k, dt in steps:
         now += dt
@@ -252,8 +286,9 @@ def test_a_tick_that_ends_a_job_at_its_limit_writes_it_for_the_other_processes(t
     ending, so every other process (a CLI, the daemon) sees it ending."""
     now = [T0]
     controller = MockScheduler(tmp_path, clock=lambda: now[0])
-    job = controller.submit("#!/bin/bash\nsleep 60\n",
-                            JobOptions(time_limit="0:05", workdir=str(tmp_path)))  # fmt: skip
+    job = controller.submit(
+        "#!/bin/bash\nsleep 60\n", JobOptions(time_limit="0:05", workdir=str(tmp_path))
+    )
     try:
         assert controller.query([job])[job].state is JobState.RUNNING
         now[0] += 10  # past the limit

@@ -8,8 +8,7 @@ from ftslurm.backends.mock import MockConfig
 from ftslurm.backends.mock.virtual import JobModel, VirtualCluster, simulate_campaign
 from ftslurm.core.types import JobOptions, JobState
 
-JOB = JobModel(work_s=10_000, checkpoint_interval_s=1_000, checkpoint_cost_s=10,
-               restart_cost_s=100)  # fmt: skip
+JOB = JobModel(work_s=10_000, checkpoint_interval_s=1_000, checkpoint_cost_s=10, restart_cost_s=100)
 
 
 def test_job_model_arithmetic():
@@ -59,8 +58,9 @@ def test_a_job_whose_ranks_died_with_a_node_ends_at_once_when_cancelled():
 
 
 def test_wall_limit_with_checkpoint_signal_continues_without_losing_work():
-    stats = simulate_campaign(nodes=2, spare_nodes=0, days=2, job=JOB, failures_per_node_day=0,
-                              time_limit_s=3_000)  # fmt: skip
+    stats = simulate_campaign(
+        nodes=2, spare_nodes=0, days=2, job=JOB, failures_per_node_day=0, time_limit_s=3_000
+    )
     assert stats.completed and stats.by_ending.get("TIMEOUT", 0) >= 3
     assert stats.lost_s > 0  # no warning signal asked for: work since the checkpoint is lost
 
@@ -77,9 +77,15 @@ def test_warning_signal_checkpoints_and_exits_for_a_continuation():
 
 
 def test_a_month_of_2048_nodes_is_deterministic_per_seed():
-    kwargs = dict(nodes=2048, spare_nodes=40, days=30, failures_per_node_day=3.79 / 1000,
-                  job=JobModel(work_s=25 * 86400, checkpoint_interval_s=1800,
-                               checkpoint_cost_s=60, restart_cost_s=300))  # fmt: skip
+    kwargs = dict(
+        nodes=2048,
+        spare_nodes=40,
+        days=30,
+        failures_per_node_day=3.79 / 1000,
+        job=JobModel(
+            work_s=25 * 86400, checkpoint_interval_s=1800, checkpoint_cost_s=60, restart_cost_s=300
+        ),
+    )
     a = simulate_campaign(seed=7, **kwargs)
     b = simulate_campaign(seed=7, **kwargs)
     assert (a.ettr, a.node_failures, a.attempts) == (b.ettr, b.node_failures, b.attempts)
@@ -88,9 +94,15 @@ def test_a_month_of_2048_nodes_is_deterministic_per_seed():
 
 
 # ------------------------------------------------- two tiers and asynchronous saves
-TIERED = JobModel(work_s=10_000, checkpoint_interval_s=1_000, checkpoint_cost_s=10,
-                  restart_cost_s=100, memory_interval_s=250, memory_cost_s=2,
-                  memory_restart_cost_s=40)  # fmt: skip
+TIERED = JobModel(
+    work_s=10_000,
+    checkpoint_interval_s=1_000,
+    checkpoint_cost_s=10,
+    restart_cost_s=100,
+    memory_interval_s=250,
+    memory_cost_s=2,
+    memory_restart_cost_s=40,
+)
 PERIOD = 4 * 250 + 3 * 2 + 10  # three memory saves, then one to disk
 
 
@@ -130,8 +142,9 @@ def test_an_in_job_restart_resumes_from_memory_a_new_allocation_from_disk():
 
 
 def test_an_asynchronous_save_floors_the_interval_and_counts_once_written():
-    job = JobModel(work_s=10_000, checkpoint_interval_s=100, checkpoint_cost_s=5,
-                   restart_cost_s=0, write_s=300)  # fmt: skip
+    job = JobModel(
+        work_s=10_000, checkpoint_interval_s=100, checkpoint_cost_s=5, restart_cost_s=0, write_s=300
+    )
     assert job.layout() == (300, 1)  # the interval never shorter than the write
     assert job.positions(305 + 10, 10_000) == (310, 0, 0)  # snapshot taken, not yet written
     assert job.positions(305 + 300, 10_000) == (600, 300, 300)  # written

@@ -32,8 +32,16 @@ def home(tmp_path, monkeypatch) -> Path:
 
 def add_run(home: Path, run_id: str, state: RunState) -> None:
     with Store(home) as store, store.transaction():
-        store.add_run(Run(run_id=run_id, name=run_id, state=state, created_at=1_000_000.0,
-                          spec={"run_dir": str(home / "runs" / run_id)}, settings={}))
+        store.add_run(
+            Run(
+                run_id=run_id,
+                name=run_id,
+                state=state,
+                created_at=1_000_000.0,
+                spec={"run_dir": str(home / "runs" / run_id)},
+                settings={},
+            )
+        )
         store.add_attempt(Attempt(run_id, 0, "SUBMITTING"))
 
 
@@ -59,8 +67,7 @@ def test_an_interrupt_before_the_run_is_recorded_says_nothing_was(home):
     submit_cli._SUBMITTING.update(home=home, run_id="r-not-there")
     add_run(home, "other", RunState.PENDING)
     note = submit_cli.interrupted_submit()
-    assert note == ("interrupted before the run was recorded: nothing was recorded or "
-                    "submitted")  # fmt: skip
+    assert note == ("interrupted before the run was recorded: nothing was recorded or submitted")
     assert submit_cli.interrupted_submit() is None  # said once
 
 
@@ -82,8 +89,12 @@ def test_ctrl_c_on_submit_after_recording_says_the_run_will_be_submitted(cli, tm
     train = write_train(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "ftslurm", "submit", "--dry-run", "-t", "10", str(train)],
-        env=dict(cli.env, **{PAUSE_ENV: "1"}), cwd=cli.cwd, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)  # fmt: skip
+        env=dict(cli.env, **{PAUSE_ENV: "1"}),
+        cwd=cli.cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: proc.poll() is not None or _stopped(proc.pid), 60, "submit to pause")
         assert proc.poll() is None, proc.communicate()
@@ -97,6 +108,8 @@ def test_ctrl_c_on_submit_after_recording_says_the_run_will_be_submitted(cli, tm
     (run,) = Store(cli.home).list_runs()
     assert proc.returncode == 130 and out == ""
     (line,) = err.splitlines()
-    assert line.startswith(f"interrupted: run {run.run_id} is recorded and a daemon will "
-                           "submit it once one runs (`ftslurm daemon start`)"), err
+    assert line.startswith(
+        f"interrupted: run {run.run_id} is recorded and a daemon will "
+        "submit it once one runs (`ftslurm daemon start`)"
+    ), err
     assert f"`ftslurm cancel {run.run_id}`" in line

@@ -41,6 +41,9 @@ def test_no_shipped_module_imports_what_the_wheel_leaves_out():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            offenders += [f"{rel}: {n}" for n in names
-                          if any(n == m or n.startswith(m + ".") for m in left_out)]
+            offenders += [
+                f"{rel}: {n}"
+                for n in names
+                if any(n == m or n.startswith(m + ".") for m in left_out)
+            ]
     assert not offenders, offenders

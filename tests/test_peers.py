@@ -68,9 +68,11 @@ def test_a_peer_never_heard_from_gets_the_start_timeout():
 
 
 def test_lost_peers_names_every_silent_peer_and_no_other():
-    seen = {1: observe(Seen(1, 0.0), lease(3), 1.0, 101.0),
-            2: observe(Seen(2, 0.0), lease(3, node_rank=2), 9.0, 109.0),
-            3: observe(Seen(3, 0.0), lease(3, "checkpointed", 3), 1.0, 101.0)}  # fmt: skip
+    seen = {
+        1: observe(Seen(1, 0.0), lease(3), 1.0, 101.0),
+        2: observe(Seen(2, 0.0), lease(3, node_rank=2), 9.0, 109.0),
+        3: observe(Seen(3, 0.0), lease(3, "checkpointed", 3), 1.0, 101.0),
+    }
     assert lost_peers(seen, 11.5, T, START) == [1]
     assert lost_peers(seen, 19.5, T, START) == [1, 2]
     assert lost_peers(seen, 5.0, T, START) == []
@@ -84,16 +86,20 @@ def test_a_watcher_that_was_paused_itself_reads_before_it_judges():
     assert lost_peers({1: after}, 61.0, T, START) == []
 
 
-@pytest.mark.parametrize("lease_seen,dropped,now,lost", [
-    ("renewed", False, 5.0, False),  # heard within the timeout
-    ("renewed", True, 5.0, True),  # its connection closed without a goodbye: at once
-    ("renewed", False, 15.0, True),  # silent past the timeout (frozen, cut off)
-    ("ended", True, 5.0, False),  # it ended on its own: its close is no death
-    ("ended", False, 1e6, False),
-    ("never", True, 5.0, True),  # connected, then dropped before its lease was read
-    ("never", False, 15.0, False),  # never heard: the start timeout
-    ("never", False, START + 1, True),
-], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "lease_seen,dropped,now,lost",
+    [
+        ("renewed", False, 5.0, False),  # heard within the timeout
+        ("renewed", True, 5.0, True),  # its connection closed without a goodbye: at once
+        ("renewed", False, 15.0, True),  # silent past the timeout (frozen, cut off)
+        ("ended", True, 5.0, False),  # it ended on its own: its close is no death
+        ("ended", False, 1e6, False),
+        ("never", True, 5.0, True),  # connected, then dropped before its lease was read
+        ("never", False, 15.0, False),  # never heard: the start timeout
+        ("never", False, START + 1, True),
+    ],
+    ids=lambda v: str(v),
+)
 def test_what_counts_as_lost(lease_seen, dropped, now, lost):
     seen = Seen(1, changed_at=0.0)
     if lease_seen != "never":
@@ -117,8 +123,10 @@ def test_settled_waits_for_news_after_the_failure_or_a_verdict():
     assert settled({}, 5.0, 6.0, T, START)
 
 
-@pytest.mark.parametrize("me,n,peers", [(0, 2, [1]), (1, 2, [0]), (0, 3, [1, 2]),
-                                        (5, 8, [6, 7]), (7, 8, [0, 1]), (0, 1, [])])
+@pytest.mark.parametrize(
+    "me,n,peers",
+    [(0, 2, [1]), (1, 2, [0]), (0, 3, [1, 2]), (5, 8, [6, 7]), (7, 8, [0, 1]), (0, 1, [])],
+)
 def test_each_node_watches_the_two_after_it_in_a_ring(me, n, peers):
     assert watched(me, n) == peers
 
@@ -140,12 +148,30 @@ def test_the_watch_reports_a_silent_peer_once_with_who_and_when(tmp_path):
     clock = {"now": 0.0}
     run = RunDir(tmp_path)
     run.attempt(3).mkdir(parents=True)  # what start() does, without the thread
-    peer = PeerWatch(run, attempt=3, node_rank=1, nnodes=2, node="nB", job_id="77",
-                     timeout=T, start_timeout=START, clock=lambda: clock["now"],
-                     wall=lambda: 1000 + clock["now"])  # fmt: skip
-    me = PeerWatch(run, attempt=3, node_rank=0, nnodes=2, node="nA", job_id="77",
-                   timeout=T, start_timeout=START, clock=lambda: clock["now"],
-                   wall=lambda: 1000 + clock["now"])  # fmt: skip
+    peer = PeerWatch(
+        run,
+        attempt=3,
+        node_rank=1,
+        nnodes=2,
+        node="nB",
+        job_id="77",
+        timeout=T,
+        start_timeout=START,
+        clock=lambda: clock["now"],
+        wall=lambda: 1000 + clock["now"],
+    )
+    me = PeerWatch(
+        run,
+        attempt=3,
+        node_rank=0,
+        nnodes=2,
+        node="nA",
+        job_id="77",
+        timeout=T,
+        start_timeout=START,
+        clock=lambda: clock["now"],
+        wall=lambda: 1000 + clock["now"],
+    )
     peer._write_lease(None)
     for now in (1.0, 2.0, 3.0):  # both alive
         clock["now"] = now
@@ -171,7 +197,7 @@ def test_the_watch_reports_a_silent_peer_once_with_who_and_when(tmp_path):
 # ------------------------------------------------- connections: a death is seen at once
 # A node's launcher in a process of its own (node rank 1), with a peer timeout of a minute:
 # the lease alone would tell of its death only after 60 s.
-PEER = r'''
+PEER = r"""
 import signal, sys, time
 from pathlib import Path
 from ftslurm.agent.peers import PeerWatch
@@ -186,7 +212,7 @@ if how == "stop":
 if how in ("stop", "exit"):
     sys.exit(0)
 time.sleep(1e6)
-'''
+"""
 SLOW = 60.0  # the peer timeout of these tests: no verdict may come from the lease's silence
 
 
@@ -195,14 +221,26 @@ def pair(tmp_path) -> Iterator[tuple[PeerWatch, subprocess.Popen, RunDir]]:
     """Node 0's watch in this process, node 1's in a child; node 0 has connected to it."""
     run = RunDir(tmp_path / "run")
     run.attempt(0).mkdir(parents=True)
-    child = subprocess.Popen([sys.executable, "-c", PEER, str(run.root)], text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             start_new_session=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", PEER, str(run.root)],
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     me = None
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        me = PeerWatch(run, attempt=0, node_rank=0, nnodes=2, node="nA", job_id="1",
-                       timeout=SLOW, start_timeout=300.0).start()  # fmt: skip
+        me = PeerWatch(
+            run,
+            attempt=0,
+            node_rank=0,
+            nnodes=2,
+            node="nA",
+            job_id="1",
+            timeout=SLOW,
+            start_timeout=300.0,
+        ).start()
         wait_for(lambda: 1 in me._links, 30, "node 0 connected to node 1")
         yield me, child, run
     finally:
@@ -254,16 +292,35 @@ def test_a_watcher_being_ended_reports_no_one(pair):
 
 # ---------------------------------------------------------------- the setting reaches the job
 def test_the_run_setting_travels_to_the_launchers_and_a_bad_value_is_one_line():
-    spec = {"options": {"name": None, "nodes": 2, "ntasks_per_node": 1, "cpus_per_task": 1,
-                        "gpus_per_node": None, "time_limit": "1:00:00", "partition": None,
-                        "account": None, "exclude": [], "extra": {}},
-            "run_dir": "/runs/r1", "checkpoint_dir": "/ck", "workdir": "/w", "setup": [],
-            "env": {}, "inject": [], "python": "/usr/bin/python3",
-            "command": ["train.py"]}  # fmt: skip
+    spec = {
+        "options": {
+            "name": None,
+            "nodes": 2,
+            "ntasks_per_node": 1,
+            "cpus_per_task": 1,
+            "gpus_per_node": None,
+            "time_limit": "1:00:00",
+            "partition": None,
+            "account": None,
+            "exclude": [],
+            "extra": {},
+        },
+        "run_dir": "/runs/r1",
+        "checkpoint_dir": "/ck",
+        "workdir": "/w",
+        "setup": [],
+        "env": {},
+        "inject": [],
+        "python": "/usr/bin/python3",
+        "command": ["train.py"],
+    }
     settings = FtSettings(peer_timeout_s=7).model_dump(mode="json")
     script, _ = build_attempt("r1", spec, settings, 0, ())
-    exported = dict(line.removeprefix("export ").split("=", 1) for line in script.splitlines()
-                    if line.startswith(f"export {EnvName.PEER_TIMEOUT_S.value}="))
+    exported = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in script.splitlines()
+        if line.startswith(f"export {EnvName.PEER_TIMEOUT_S.value}=")
+    )
     assert JobEnv.from_environ(exported).peer_timeout_s == 7.0
     assert JobEnv().peer_timeout_s == FtSettings().peer_timeout_s <= 30  # one default
     with pytest.raises(ConfigError, match="FTSLURM_PEER_TIMEOUT_S='0'"):
@@ -272,14 +329,14 @@ def test_the_run_setting_travels_to_the_launchers_and_a_bad_value_is_one_line():
 
 # ---------------------------------------------------------------- two launchers, one machine
 # A plain script: it knows nothing of ftslurm; the launchers watch each other all the same.
-PLAIN = r'''
+PLAIN = r"""
 import time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 print(f"rank {dist.get_rank()} training", flush=True)
 while True:
     t = torch.ones(1); dist.all_reduce(t); time.sleep(0.05)
-'''
+"""
 PEER_TIMEOUT = 3.0
 
 
@@ -296,20 +353,45 @@ class Nodes:
         port = rendezvous_port(job)
         self.procs: list[subprocess.Popen] = []
         for node_rank, name in enumerate(self.names):
-            env = dict(os.environ, FTSLURM_RUN_DIR=str(self.run.root),
-                       FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"), MASTER_ADDR="127.0.0.1",
-                       SLURM_JOB_ID=job, SLURMD_NODENAME=name)  # fmt: skip
-            for key in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_RESTART_COUNT",
-                        "FTSLURM_ATTEMPT_BASE", "FTSLURM_PEER_TIMEOUT_S"):
+            env = dict(
+                os.environ,
+                FTSLURM_RUN_DIR=str(self.run.root),
+                FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+                MASTER_ADDR="127.0.0.1",
+                SLURM_JOB_ID=job,
+                SLURMD_NODENAME=name,
+            )
+            for key in (
+                "SLURM_NNODES",
+                "SLURM_NODEID",
+                "SLURM_RESTART_COUNT",
+                "FTSLURM_ATTEMPT_BASE",
+                "FTSLURM_PEER_TIMEOUT_S",
+            ):
                 env.pop(key, None)
             log = open(tmp_path / f"{name}.log", "w")
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node=1",
-                 "--nnodes=2", f"--node-rank={node_rank}",
-                 f"--rdzv-endpoint=127.0.0.1:{port}", "--monitor-interval=0.2",
-                 f"--peer-timeout={peer_timeout}", "--", sys.executable,
-                 str(tmp_path / "script.py")],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "ftslurm.agent.launch",
+                        "--nproc-per-node=1",
+                        "--nnodes=2",
+                        f"--node-rank={node_rank}",
+                        f"--rdzv-endpoint=127.0.0.1:{port}",
+                        "--monitor-interval=0.2",
+                        f"--peer-timeout={peer_timeout}",
+                        "--",
+                        sys.executable,
+                        str(tmp_path / "script.py"),
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
             log.close()
 
     def log(self, node_rank: int) -> str:
@@ -320,6 +402,7 @@ class Nodes:
             for node_rank, proc in enumerate(self.procs):
                 assert proc.poll() is None, self.log(node_rank)
             return all(f"rank {r} training" in self.log(r) for r in (0, 1))
+
         wait_for(both, 180, "both nodes training")
 
     def signal(self, node_rank: int, sig: int) -> None:
@@ -349,8 +432,11 @@ def test_a_lost_node_is_reported_by_the_survivor_within_the_timeout(nodes, victi
     nodes.wait_training()
     survivor = 1 - victim
     before = lease_of(nodes.run, victim)
-    wait_for(lambda: (lease_of(nodes.run, victim) or before).seq > before.seq + 1, 30,
-             "the victim's lease to be renewed")  # the watch runs  # fmt: skip
+    wait_for(
+        lambda: (lease_of(nodes.run, victim) or before).seq > before.seq + 1,
+        30,
+        "the victim's lease to be renewed",
+    )  # the watch runs
     assert not nodes.run.peer_lost(0, victim).exists()
     nodes.signal(victim, how)
     lost_at = time.time()
@@ -393,12 +479,20 @@ def test_a_survivor_whose_ranks_fail_reports_the_lost_node_before_it_exits(nodes
 def test_no_node_is_reported_lost_with_every_cpu_saturated_for_two_minutes(tmp_path):
     """Both CPUs (and more) kept busy by a stress process for 2 minutes: the launchers,
     slowed with their ranks, report no one. Then one node is killed: the watch was live."""
-    stress = subprocess.Popen([sys.executable, "-c", (
-        "import multiprocessing as m, os, time\n"
-        "def spin():\n    while True: pass\n"
-        "n = 2 * len(os.sched_getaffinity(0))\n"
-        "ps = [m.Process(target=spin, daemon=True) for _ in range(n)]\n"
-        "[p.start() for p in ps]\ntime.sleep(1e6)\n")], start_new_session=True)
+    stress = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import multiprocessing as m, os, time\n"
+                "def spin():\n    while True: pass\n"
+                "n = 2 * len(os.sched_getaffinity(0))\n"
+                "ps = [m.Process(target=spin, daemon=True) for _ in range(n)]\n"
+                "[p.start() for p in ps]\ntime.sleep(1e6)\n"
+            ),
+        ],
+        start_new_session=True,
+    )
     nodes = Nodes(tmp_path, peer_timeout=5.0)
     try:
         nodes.wait_training()

@@ -139,6 +139,5 @@ def test_the_group_setting_travels_to_the_job_and_private_adds_nothing(tmp_path)
         spec = make_spec(recipe, run_dir=tmp_path / "r1", backend="slurm", workdir="/w")
         return build_attempt("r1", spec, recipe.settings().model_dump(mode="json"), 1, ())[0]
 
-    assert f"export {EnvName.CHECKPOINT_SHARING.value}=group" in script(
-        checkpoint_sharing="group")
+    assert f"export {EnvName.CHECKPOINT_SHARING.value}=group" in script(checkpoint_sharing="group")
     assert EnvName.CHECKPOINT_SHARING.value not in script()

@@ -16,10 +16,21 @@ NOW = 1_800_000_000.0
 
 
 def fake_job(**fields):
-    base = dict(id=42, state="RUNNING", allocated_nodes="n[1-2]", exit_code=0,
-                exit_code_signal=0, submit_time=NOW - 10, start_time=NOW - 5, end_time=0,
-                time_limit=90, requeue_count=1, state_reason="None", name="train",
-                comment="ftslurm:run=x")  # fmt: skip
+    base = dict(
+        id=42,
+        state="RUNNING",
+        allocated_nodes="n[1-2]",
+        exit_code=0,
+        exit_code_signal=0,
+        submit_time=NOW - 10,
+        start_time=NOW - 5,
+        end_time=0,
+        time_limit=90,
+        requeue_count=1,
+        state_reason="None",
+        name="train",
+        comment="ftslurm:run=x",
+    )
     base.update(fields)
     return types.SimpleNamespace(**base)
 
@@ -29,28 +40,42 @@ def test_job_conversion():
     assert (info.job_id, info.state, info.nodes) == ("42", JobState.RUNNING, ("n1", "n2"))
     assert (info.time_limit_s, info.restart_count, info.signal) == (5400, 1, None)
     assert info.start_time == NOW - 5 and info.end_time is None and not info.from_accounting
-    failed = pb.job_info_from_pyslurm(fake_job(state="FAILED", exit_code=0, exit_code_signal=9,
-                                               end_time=NOW), NOW)  # fmt: skip
+    failed = pb.job_info_from_pyslurm(
+        fake_job(state="FAILED", exit_code=0, exit_code_signal=9, end_time=NOW), NOW
+    )
     assert (failed.state, failed.signal, failed.end_time) == (JobState.FAILED, 9, NOW)
-    pending = pb.job_info_from_pyslurm(fake_job(state="PENDING", allocated_nodes=None,
-                                                time_limit=None), NOW)  # fmt: skip
+    pending = pb.job_info_from_pyslurm(
+        fake_job(state="PENDING", allocated_nodes=None, time_limit=None), NOW
+    )
     assert pending.nodes == () and pending.start_time is None and pending.time_limit_s is None
     assert pb.job_info_from_pyslurm(fake_job(state="WHATEVER"), NOW).state is JobState.UNKNOWN
 
 
 def test_node_and_facts_conversion():
-    node = pb.node_info_from_pyslurm(types.SimpleNamespace(name="n2", state="DOWN+NOT_RESPONDING",
-                                                           reason="Not responding"))  # fmt: skip
+    node = pb.node_info_from_pyslurm(
+        types.SimpleNamespace(name="n2", state="DOWN+NOT_RESPONDING", reason="Not responding")
+    )
     assert (node.state, node.reason) == (NodeState.DOWN, "Not responding")
-    facts = pb.facts_from_pyslurm(types.SimpleNamespace(
-        min_job_age=60, accounting_storage_type="accounting_storage/slurmdbd", kill_wait=10,
-        job_requeue=True, cluster_name="c"), "25.11.2")
+    facts = pb.facts_from_pyslurm(
+        types.SimpleNamespace(
+            min_job_age=60,
+            accounting_storage_type="accounting_storage/slurmdbd",
+            kill_wait=10,
+            job_requeue=True,
+            cluster_name="c",
+        ),
+        "25.11.2",
+    )
     assert (facts.min_job_age_s, facts.accounting, facts.kill_wait_s) == (60, True, 10)
 
 
 def test_submit_description():
-    kwargs = pb.submit_description_kwargs("#!/bin/bash\n", JobOptions(
-        name="t", nodes=2, time_limit="1:30:00", exclude=("n1",), hold=True, requeue=False))
+    kwargs = pb.submit_description_kwargs(
+        "#!/bin/bash\n",
+        JobOptions(
+            name="t", nodes=2, time_limit="1:30:00", exclude=("n1",), hold=True, requeue=False
+        ),
+    )
     assert kwargs["time_limit"] == 90 and kwargs["excluded_nodes"] == ["n1"]
     assert kwargs["priority"] == 0 and kwargs["is_requeueable"] is False
     with pytest.raises(ConfigError):

@@ -26,8 +26,11 @@ def churn(tmp_path: Path):  # type: ignore[no-untyped-def]
     now = time.time()
     for job in running:
         inner.fail_node_of(job, now)
-    runs = {a.job_id: r.run_id for r in store.list_runs()
-            if (a := store.latest_attempt(r.run_id)) is not None}  # fmt: skip
+    runs = {
+        a.job_id: r.run_id
+        for r in store.list_runs()
+        if (a := store.latest_attempt(r.run_id)) is not None
+    }
     return store, backend, inner, running, rec, runs
 
 
@@ -38,8 +41,13 @@ def test_fifty_endings_cost_one_requeue_then_one_of_each_batch_action(tmp_path):
     assert backend.take()[0] == {"nodes": 1, "query": 1, "requeue_many": 1}
     assert all(inner.jobs[j].restart_count == 1 and inner.jobs[j].held for j in running)
     rec.cycle()  # brings them back: one exclusion (one node list for all), release, start
-    assert backend.take()[0] == {"nodes": 1, "query": 1, "release_many": 1,
-                                 "start_now_many": 1, "update_excluded_nodes_many": 1}
+    assert backend.take()[0] == {
+        "nodes": 1,
+        "query": 1,
+        "release_many": 1,
+        "start_now_many": 1,
+        "update_excluded_nodes_many": 1,
+    }
     excluded = {inner.jobs[j].exclude for j in running}
     assert len(excluded) == 1 and excluded != {()}
     assert not any(inner.jobs[j].held for j in running)

@@ -33,8 +33,15 @@ from ftslurm.daemon.submission import make_spec
 from ftslurm.errors import FtslurmError, SchedulerUnavailable
 from ftslurm.recipe import Recipe
 
-MUTATING = {"submit", "cancel", "requeue", "release", "update_excluded_nodes", "start_now",
-            "signal"}  # fmt: skip
+MUTATING = {
+    "submit",
+    "cancel",
+    "requeue",
+    "release",
+    "update_excluded_nodes",
+    "start_now",
+    "signal",
+}
 
 
 class DaemonCrash(BaseException):
@@ -48,8 +55,11 @@ class ModelBackend(OneJobPerCommand):
     action is one command per job (`OneJobPerCommand`), each logged, each may crash."""
 
     def __init__(self) -> None:
-        self.st = model.MockState.create(model.MockConfig(
-            min_job_age_s=30, requeue_delay_s=120, kill_wait_s=5, slurmd_timeout_s=10))
+        self.st = model.MockState.create(
+            model.MockConfig(
+                min_job_age_s=30, requeue_delay_s=120, kill_wait_s=5, slurmd_timeout_s=10
+            )
+        )
         self.now = 1_000_000.0
         self.exited: dict[str, model.Exited] = {}
         self.log: list[tuple[float, str, str]] = []  # (time, method, job id or tag)
@@ -73,7 +83,8 @@ class ModelBackend(OneJobPerCommand):
     def _carry_out(self, effects: Sequence[model.Effect]) -> None:
         for e in effects:
             kill = isinstance(e, model.KillJob | model.KillNode) or (
-                isinstance(e, model.Signal) and e.sig in (9, 15))
+                isinstance(e, model.Signal) and e.sig in (9, 15)
+            )
             if kill:  # the imaginary processes obey at once
                 self.exited[e.job_id] = (None, 9 if not isinstance(e, model.Signal) else 15)
 
@@ -107,22 +118,23 @@ class ModelBackend(OneJobPerCommand):
         self._act("cancel", job_id, lambda: (None, model.cancel(self.st, job_id, self.now)))
 
     def requeue(self, job_id: str, *, hold: bool = False) -> None:
-        self._act("requeue", job_id,
-                  lambda: (None, model.requeue(self.st, job_id, hold, self.now)))  # fmt: skip
+        self._act("requeue", job_id, lambda: (None, model.requeue(self.st, job_id, hold, self.now)))
 
     def release(self, job_id: str) -> None:
         self._act("release", job_id, lambda: (model.release(self.st, job_id), []))
 
     def update_excluded_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
-        self._act("update_excluded_nodes", job_id,
-                  lambda: (model.update_excluded_nodes(self.st, job_id, list(nodes)), []))
+        self._act(
+            "update_excluded_nodes",
+            job_id,
+            lambda: (model.update_excluded_nodes(self.st, job_id, list(nodes)), []),
+        )
 
     def start_now(self, job_id: str) -> None:
         self._act("start_now", job_id, lambda: (model.start_now(self.st, job_id, self.now), []))
 
     def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:
-        self._act("signal", job_id,
-                  lambda: (None, model.send_signal(self.st, job_id, sig, target)))  # fmt: skip
+        self._act("signal", job_id, lambda: (None, model.send_signal(self.st, job_id, sig, target)))
 
     def nodes(self) -> list[NodeInfo]:
         self._call("nodes", "")
@@ -134,24 +146,32 @@ class ModelBackend(OneJobPerCommand):
 
     # ------------------------------------------------------------------ the world
     def running(self) -> list[str]:
-        return sorted(j.job_id for j in self.st.jobs.values()
-                      if j.state is model.JobState.RUNNING)  # fmt: skip
+        return sorted(j.job_id for j in self.st.jobs.values() if j.state is model.JobState.RUNNING)
 
     def active_by_comment_prefix(self, prefix: str) -> list[str]:
-        return [j.job_id for j in self.st.jobs.values()
-                if j.comment and j.comment.startswith(prefix) and j.state.is_active]
+        return [
+            j.job_id
+            for j in self.st.jobs.values()
+            if j.comment and j.comment.startswith(prefix) and j.state.is_active
+        ]
 
 
-def running_on_the_model(tmp: Path, nodes: int, settings: FtSettings | None = None,
-                         cycles: int = 5) -> tuple[ModelBackend, Store, Reconciler]:  # fmt: skip
+def running_on_the_model(
+    tmp: Path, nodes: int, settings: FtSettings | None = None, cycles: int = 5
+) -> tuple[ModelBackend, Store, Reconciler]:
     """Run "r0" (by default 2 retries, no checkpoint signal; 10 minutes) submitted by an
     in-process daemon and seen running on the mock's model, after `cycles` cycles of a
     virtual clock."""
     backend = ModelBackend()
     store = Store(tmp / "home")
     ft = settings or FtSettings(num_job_retries_on_failure=2, preempt_time=0)
-    spec = make_spec(Recipe(command=["true"], nodes=nodes, time="10:00"), run_dir=tmp / "run",
-                     backend="mock", workdir=str(tmp), mock_home=tmp / "mock")  # fmt: skip
+    spec = make_spec(
+        Recipe(command=["true"], nodes=nodes, time="10:00"),
+        run_dir=tmp / "run",
+        backend="mock",
+        workdir=str(tmp),
+        mock_home=tmp / "mock",
+    )
     run, first = new_run_record("r0", "r0", spec, ft, backend.now)
     store.add_run(run)
     store.add_attempt(first)
@@ -181,13 +201,29 @@ EXAMPLES = int(os.environ.get("FTSLURM_PROPERTY_EXAMPLES", "40"))  # more for a 
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(op, min_size=5, max_size=40), retries=st.integers(0, 2),
-       node_fail_budget=st.sampled_from([None, 0, 1]), nodes=st.integers(1, 2))  # fmt: skip
+@given(
+    ops=st.lists(op, min_size=5, max_size=40),
+    retries=st.integers(0, 2),
+    node_fail_budget=st.sampled_from([None, 0, 1]),
+    nodes=st.integers(1, 2),
+)
 # found by a random search: the daemon dies right after releasing a requeued job, which then
 # runs and fails before the restarted daemon looks (it must still see the attempt through)
-@example(ops=[("cancel", 0), ("wait", 130), ("crash", 0), ("wait", 130), ("crash", 0),
-              ("exit", 3), ("restart", 0), ("wait", 30)],
-         retries=2, node_fail_budget=None, nodes=2)  # fmt: skip
+@example(
+    ops=[
+        ("cancel", 0),
+        ("wait", 130),
+        ("crash", 0),
+        ("wait", 130),
+        ("crash", 0),
+        ("exit", 3),
+        ("restart", 0),
+        ("wait", 30),
+    ],
+    retries=2,
+    node_fail_budget=None,
+    nodes=2,
+)
 def test_reconcile_histories_keep_the_invariants(ops, retries, node_fail_budget, nodes):
     with tempfile.TemporaryDirectory() as tmp:
         _run_history(Path(tmp), ops, retries, node_fail_budget, nodes)
@@ -197,13 +233,22 @@ def _run_history(tmp: Path, ops, retries, node_fail_budget, nodes) -> None:  # n
     backend = ModelBackend()
     store = Store(tmp / "home")
     budgets = {} if node_fail_budget is None else {"node_fail": node_fail_budget}
-    ft = FtSettings(num_job_retries_on_failure=retries, cause_budgets=budgets,
-                    preempt_time=0, max_stalled_continuations=2)  # fmt: skip
+    ft = FtSettings(
+        num_job_retries_on_failure=retries,
+        cause_budgets=budgets,
+        preempt_time=0,
+        max_stalled_continuations=2,
+    )
     runs = []
     for i in range(2):
         recipe = Recipe(command=["true"], nodes=nodes, time="10:00")
-        spec = make_spec(recipe, run_dir=tmp / f"run{i}", backend="mock", workdir=str(tmp),
-                         mock_home=tmp / "mock")  # fmt: skip
+        spec = make_spec(
+            recipe,
+            run_dir=tmp / f"run{i}",
+            backend="mock",
+            workdir=str(tmp),
+            mock_home=tmp / "mock",
+        )
         run, first = new_run_record(f"r{i}", f"r{i}", spec, ft, backend.now)
         store.add_run(run)
         store.add_attempt(first)
@@ -266,10 +311,15 @@ def _run_history(tmp: Path, ops, retries, node_fail_budget, nodes) -> None:  # n
         backend.now += 31
         cycle()
         _check(store, backend, runs, ft)
-    stuck = {r: store.get_run(r).state.value for r in runs  # type: ignore[union-attr]
-             if not store.get_run(r).state.is_terminal}  # type: ignore[union-attr]
-    assert not stuck, (stuck, [(a.run_id, a.attempt, a.state, a.job_id) for r in stuck
-                               for a in store.attempts(r)])
+    stuck = {
+        r: store.get_run(r).state.value
+        for r in runs  # type: ignore[union-attr]
+        if not store.get_run(r).state.is_terminal
+    }  # type: ignore[union-attr]
+    assert not stuck, (
+        stuck,
+        [(a.run_id, a.attempt, a.state, a.job_id) for r in stuck for a in store.attempts(r)],
+    )
     kinds = {e.kind for e in store.events()}
     for kind in ("adopted", "requeued", "submitted", "ended"):
         event(f"{kind}: {kind in kinds}")
@@ -279,8 +329,11 @@ def _run_history(tmp: Path, ops, retries, node_fail_budget, nodes) -> None:  # n
     for run_id, when in terminal_at.items():
         jobs = {a.job_id for a in store.attempts(run_id) if a.job_id}
         tags = {a.tag for a in store.attempts(run_id)}
-        late = [(t, m, k) for t, m, k in backend.log
-                if t > when and m in MUTATING and (k in jobs or k in tags)]
+        late = [
+            (t, m, k)
+            for t, m, k in backend.log
+            if t > when and m in MUTATING and (k in jobs or k in tags)
+        ]
         assert not late, (run_id, late)
 
 

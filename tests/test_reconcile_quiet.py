@@ -48,8 +48,9 @@ class Counted:
         return taken
 
 
-def watched_run(tmp: Path, monkeypatch: pytest.MonkeyPatch,
-                **settings: object) -> tuple[ModelBackend, Store, Reconciler, RunDir]:  # fmt: skip
+def watched_run(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, **settings: object
+) -> tuple[ModelBackend, Store, Reconciler, RunDir]:
     """Run "r0" (one node, 10 minutes) seen running on the mock's model by an in-process
     daemon; files count as settled at once (no file is changed within a timestamp tick
     here: each rewrite is a new file)."""
@@ -83,8 +84,9 @@ def test_a_steady_cycle_steps_no_unchanged_attempt_and_reads_no_file(tmp_path, m
 
 
 def test_next_deadline_is_the_signal_due_while_the_attempt_is_quiet(tmp_path, monkeypatch):
-    backend, store, rec, _ = watched_run(tmp_path, monkeypatch, preempt_time=60,
-                                         exclude_stragglers=False)  # fmt: skip
+    backend, store, rec, _ = watched_run(
+        tmp_path, monkeypatch, preempt_time=60, exclude_stragglers=False
+    )
     due = started(store) + 600 - 60
     counted = Counted(monkeypatch)
     for _ in range(2):
@@ -95,18 +97,21 @@ def test_next_deadline_is_the_signal_due_while_the_attempt_is_quiet(tmp_path, mo
 
 
 def test_a_rewritten_straggler_report_is_acted_on_in_the_next_cycle(tmp_path, monkeypatch):
-    backend, store, rec, run_dir = watched_run(tmp_path, monkeypatch, preempt_time=0,
-                                               stop_if_straggler=True)  # fmt: skip
+    backend, store, rec, run_dir = watched_run(
+        tmp_path, monkeypatch, preempt_time=0, stop_if_straggler=True
+    )
     (node,) = store.latest_attempt("r0").nodes  # type: ignore[union-attr]
-    write_json_atomic(run_dir.straggler_report, {"attempt": 0, "persistent_nodes": [],
-                                                 "threshold": 0.75})  # fmt: skip
+    write_json_atomic(
+        run_dir.straggler_report, {"attempt": 0, "persistent_nodes": [], "threshold": 0.75}
+    )
     counted = Counted(monkeypatch)
     rec.cycle()
     backend.now += 1
     rec.cycle()
     assert counted.take()[0] == 2  # quiet since the first of these cycles
-    write_json_atomic(run_dir.straggler_report, {"attempt": 0, "persistent_nodes": [node],
-                                                 "threshold": 0.75})  # fmt: skip
+    write_json_atomic(
+        run_dir.straggler_report, {"attempt": 0, "persistent_nodes": [node], "threshold": 0.75}
+    )
     backend.now += 1  # well before the report's next look (60 s)
     rec.cycle()
     assert node in {f.node for f in store.node_flags()}
@@ -116,9 +121,11 @@ def test_a_rewritten_straggler_report_is_acted_on_in_the_next_cycle(tmp_path, mo
 
 
 def test_a_rewritten_progress_file_moves_the_checkpoint_signal_in_the_next_cycle(
-        tmp_path, monkeypatch):  # fmt: skip
-    backend, store, rec, run_dir = watched_run(tmp_path, monkeypatch, preempt_time=60,
-                                               exclude_stragglers=False)  # fmt: skip
+    tmp_path, monkeypatch
+):
+    backend, store, rec, run_dir = watched_run(
+        tmp_path, monkeypatch, preempt_time=60, exclude_stragglers=False
+    )
     write_json_atomic(run_dir.progress, {"step": 5, "max_checkpoint_save_s": 1.0})
     backend.now = started(store) + 300  # the signal is due at 540 s
     counted = Counted(monkeypatch)
@@ -149,7 +156,8 @@ def test_a_deadline_reached_is_acted_on(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("connection", ["another", "the daemon's"])
 def test_a_cancel_request_between_two_quiet_cycles_is_acted_on_in_the_next(
-        tmp_path, monkeypatch, connection):  # fmt: skip
+    tmp_path, monkeypatch, connection
+):
     backend, store, rec, _ = watched_run(tmp_path, monkeypatch, preempt_time=0)
     counted = Counted(monkeypatch)
     backend.now += 1
@@ -209,23 +217,47 @@ def test_the_hung_rank_named_is_the_first_silent_whatever_node_judged_later(tmp_
     folder = tmp_path / "attempt"
     folder.mkdir()
     paths = RunDir(tmp_path)
-    write_json_atomic(folder / paths.hung_node(0, 0).name, {
-        "node_rank": 0, "node": "n1", "time": 1000.0,
-        "hung": [{"rank": 1, "local_rank": 1, "section": "step", "reason": "silent",
-                  "silent_s": 10.0}]})  # fmt: skip  # last sign of life at 990
-    write_json_atomic(folder / paths.hung_node(0, 1).name, {
-        "node_rank": 1, "node": "n2", "time": 1003.0,
-        "hung": [{"rank": 3, "local_rank": 1, "section": "step", "reason": "silent",
-                  "silent_s": 12.0}]})  # fmt: skip  # last sign of life at 991
+    write_json_atomic(
+        folder / paths.hung_node(0, 0).name,
+        {
+            "node_rank": 0,
+            "node": "n1",
+            "time": 1000.0,
+            "hung": [
+                {
+                    "rank": 1,
+                    "local_rank": 1,
+                    "section": "step",
+                    "reason": "silent",
+                    "silent_s": 10.0,
+                }
+            ],
+        },
+    )  # last sign of life at 990
+    write_json_atomic(
+        folder / paths.hung_node(0, 1).name,
+        {
+            "node_rank": 1,
+            "node": "n2",
+            "time": 1003.0,
+            "hung": [
+                {
+                    "rank": 3,
+                    "local_rank": 1,
+                    "section": "step",
+                    "reason": "silent",
+                    "silent_s": 12.0,
+                }
+            ],
+        },
+    )  # last sign of life at 991
     assert hung_at_stop(folder).startswith("rank 1 (node n1) hung in section 'step'")
 
 
-def test_a_tuned_interval_is_written_once_and_the_attempt_goes_quiet_again(tmp_path,
-                                                                           monkeypatch):
+def test_a_tuned_interval_is_written_once_and_the_attempt_goes_quiet_again(tmp_path, monkeypatch):
     """The daemon writes the run's checkpoint interval (one read of it after the write),
     rewrites it when a measured save moves it, and is quiet in between."""
-    backend, store, rec, run_dir = watched_run(tmp_path, monkeypatch,
-                                               checkpoint_interval="auto")
+    backend, store, rec, run_dir = watched_run(tmp_path, monkeypatch, checkpoint_interval="auto")
     counted = Counted(monkeypatch)
     for _ in range(2):
         backend.now += 1
@@ -243,4 +275,6 @@ def test_a_tuned_interval_is_written_once_and_the_attempt_goes_quiet_again(tmp_p
     again = json.loads(run_dir.cadence.read_text())
     assert again["save_measured"] is True and again["interval_s"] < written["interval_s"] / 4
     assert [e.data["interval_s"] for e in store.events("r0") if e.kind == "cadence"] == [
-        written["interval_s"], again["interval_s"]]
+        written["interval_s"],
+        again["interval_s"],
+    ]

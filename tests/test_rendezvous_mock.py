@@ -17,7 +17,7 @@ from ftslurm.core.contract import rendezvous_port
 
 from .daemon_scenarios import Cli
 
-TRAIN = r'''
+TRAIN = r"""
 import time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -26,7 +26,7 @@ for _ in range(10):
 assert t.item() == dist.get_world_size()
 print(f"rank {dist.get_rank()} done", flush=True)
 dist.destroy_process_group()
-'''
+"""
 
 
 def ended(s: dict) -> bool:
@@ -35,8 +35,11 @@ def ended(s: dict) -> bool:
 
 def mock_cli(tmp_path: Path, name: str, **config: object) -> Iterator[Cli]:
     """A state directory and a mock cluster of its own (KillWait 5 s); both stopped after."""
-    c = Cli(tmp_path / name / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / name / "mock")},
-            cwd=tmp_path)  # fmt: skip
+    c = Cli(
+        tmp_path / name / "home",
+        env={"FTSLURM_MOCK_HOME": str(tmp_path / name / "mock")},
+        cwd=tmp_path,
+    )
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps({"kill_wait_s": 5, **config}))
     c("mock", "up", "--config", str(path))
@@ -65,8 +68,10 @@ def train(tmp_path) -> Path:
 
 
 def test_two_mock_clusters_on_one_machine_run_two_node_jobs_at_once(first, second, train):
-    runs = [(c, c.submit("--dry-run", "--retries", "0", "-N", "2", "-t", "5", str(train)))
-            for c in (first, second)]  # fmt: skip
+    runs = [
+        (c, c.submit("--dry-run", "--retries", "0", "-N", "2", "-t", "5", str(train)))
+        for c in (first, second)
+    ]
     for c, out in runs:
         s = c.wait_for(out["run_id"], ended, 240, "the run to end")
         assert s["state"] == "COMPLETED", s
@@ -103,8 +108,12 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
 """)
     out = first.submit("--dry-run", "--retries", "1", str(recipe))
     # well before the other launcher's rendezvous timeout (300 s) and srun --wait (180 s)
-    s = first.wait_for(out["run_id"], lambda s: s["attempts"][0]["state"] not in (
-        "PENDING", "SUBMITTING", "RUNNING"), 120, "attempt 0 to end")  # fmt: skip
+    s = first.wait_for(
+        out["run_id"],
+        lambda s: s["attempts"][0]["state"] not in ("PENDING", "SUBMITTING", "RUNNING"),
+        120,
+        "attempt 0 to end",
+    )
     failed = s["attempts"][0]
     assert failed["state"] == "FAILED" and failed["cause"] == "crash", s
     assert "a launcher failed before its ranks started" in failed["reason"], failed

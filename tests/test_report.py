@@ -30,16 +30,41 @@ ALL = -math.inf  # checkpoint records complete for the whole run
 NONE = math.inf  # no guarantee at all
 
 
-def make_run(state: RunState = RunState.COMPLETED, ended_at: float | None = None,
-             run_dir: str = "/nonexistent") -> Run:  # fmt: skip
-    return Run(run_id="r1", name="train", state=state, created_at=0.0,
-               spec={"run_dir": run_dir}, settings={}, ended_at=ended_at)  # fmt: skip
+def make_run(
+    state: RunState = RunState.COMPLETED,
+    ended_at: float | None = None,
+    run_dir: str = "/nonexistent",
+) -> Run:
+    return Run(
+        run_id="r1",
+        name="train",
+        state=state,
+        created_at=0.0,
+        spec={"run_dir": run_dir},
+        settings={},
+        ended_at=ended_at,
+    )
 
 
-def attempt(k: int, start: float | None, end: float | None, cause: str | None,
-            state: str = "COMPLETED", **kw) -> Attempt:  # fmt: skip
-    return Attempt("r1", k, state, job_id=str(100 + k), nodes=[f"n{k + 1}"], start=start,
-                   end=end, cause=cause, **kw)  # fmt: skip
+def attempt(
+    k: int,
+    start: float | None,
+    end: float | None,
+    cause: str | None,
+    state: str = "COMPLETED",
+    **kw,
+) -> Attempt:
+    return Attempt(
+        "r1",
+        k,
+        state,
+        job_id=str(100 + k),
+        nodes=[f"n{k + 1}"],
+        start=start,
+        end=end,
+        cause=cause,
+        **kw,
+    )
 
 
 def ended(eid: int, t: float, k: int, cause: str, verdict: str) -> Event:
@@ -93,7 +118,7 @@ CASES = {
             "detection": 30 + 2,
         },
         wall=2702,
-    ),  # fmt: skip
+    ),
     # the same failure when no checkpoint record covers attempt 0: its fate is unknown
     "node failure without checkpoint records": Case(
         make_run(ended_at=2702.0),
@@ -106,7 +131,7 @@ CASES = {
         {"queueing": 170, "productive": 1000, "unattributed": 1500, "detection": 32},
         wall=2702,
         notes=("attempt 0: 25m00s unattributed", "step 900 took 50.0s to save"),
-    ),  # fmt: skip
+    ),
     # a failure with complete records and no checkpoint in the attempt: all of it is lost
     "crash before any checkpoint": Case(
         make_run(RunState.FAILED, ended_at=410.0),
@@ -137,7 +162,7 @@ CASES = {
             "detection": 2 + 1,
         },
         wall=2101,
-    ),  # fmt: skip
+    ),
     # without a record of its save, a continuation is taken to have saved at its end
     "checkpoint continuation without records": Case(
         make_run(ended_at=2101.0),
@@ -150,7 +175,7 @@ CASES = {
         {"queueing": 98, "productive": 2000, "detection": 3},
         wall=2101,
         notes=("attempt 0 ended checkpointed",),
-    ),  # fmt: skip
+    ),
     # the daemon failed a continuation that made no checkpoint progress: nothing was kept
     "stalled continuation": Case(
         make_run(RunState.FAILED, ended_at=1012.0),
@@ -174,7 +199,7 @@ CASES = {
             "detection": 3,
         },
         wall=1503,
-    ),  # fmt: skip
+    ),
     # the same run when the time the ranks ran again is not recorded
     "in-job restart at an unrecorded time": Case(
         make_run(ended_at=1503.0),
@@ -205,7 +230,7 @@ CASES = {
         wall=1000,
         now=1000.0,
         notes=("attempt 0 is running: 6m40s",),
-    ),  # fmt: skip
+    ),
     # still in the queue
     "pending": Case(
         make_run(RunState.PENDING),
@@ -246,9 +271,15 @@ def test_timeline_lists_attempts_restarts_and_checkpoints_in_order():
     case = CASES["in-job restart"]
     rep = goodput(case.run, case.attempts, case.events, case.facts, case.now)
     kinds = [(e.time, e.kind) for e in rep.timeline]
-    assert kinds == [(0.0, "created"), (20.0, "started"), (500.0, "checkpoint"),
-                     (700.0, "restart"), (1200.0, "checkpoint"), (1500.0, "ended"),
-                     (1503.0, "run_ended")]  # fmt: skip
+    assert kinds == [
+        (0.0, "created"),
+        (20.0, "started"),
+        (500.0, "checkpoint"),
+        (700.0, "restart"),
+        (1200.0, "checkpoint"),
+        (1500.0, "ended"),
+        (1503.0, "run_ended"),
+    ]
     texts = {e.kind: e.text for e in rep.timeline}
     assert texts["ended"] == "attempt 0 ended after 24m40s: COMPLETED, finished -> complete"
     assert texts["restart"] == "attempt 0: ranks running again after in-job restart 1"
@@ -256,12 +287,12 @@ def test_timeline_lists_attempts_restarts_and_checkpoints_in_order():
 
 def test_timeline_from_events():
     case = CASES["node failure then retry"]
-    events = [*case.events,
-              Event(3, 1630.2, "r1", "submitted", {"attempt": 1, "job_id": "101",
-                                                   "exclude": ["n1"]}),
-              Event(4, 1701.0, "r1", "recovered", {"attempt": 1, "latency_s": 71.0}),
-              Event(5, 900.0, "r1", "checkpoint_signal", {"attempt": 0, "signal": "USR2",
-                                                          "lead_s": 60})]  # fmt: skip
+    events = [
+        *case.events,
+        Event(3, 1630.2, "r1", "submitted", {"attempt": 1, "job_id": "101", "exclude": ["n1"]}),
+        Event(4, 1701.0, "r1", "recovered", {"attempt": 1, "latency_s": 71.0}),
+        Event(5, 900.0, "r1", "checkpoint_signal", {"attempt": 0, "signal": "USR2", "lead_s": 60}),
+    ]
     rep = goodput(case.run, case.attempts, events, case.facts, case.now)
     texts = [e.text for e in rep.timeline]
     assert "attempt 1 submitted as job 101, excluding n1" in texts
@@ -271,25 +302,41 @@ def test_timeline_from_events():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 500), st.floats(0, 2000), st.booleans(),
-                          st.sampled_from(["finished", "checkpointed", "crash", None]),
-                          st.integers(0, 2)), min_size=1, max_size=4),
-       st.lists(st.tuples(st.floats(0, 12000), st.floats(0, 100)), max_size=5),
-       st.sampled_from([ALL, NONE, 3000.0]), st.booleans())  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 500),
+            st.floats(0, 2000),
+            st.booleans(),
+            st.sampled_from(["finished", "checkpointed", "crash", None]),
+            st.integers(0, 2),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    st.lists(st.tuples(st.floats(0, 12000), st.floats(0, 100)), max_size=5),
+    st.sampled_from([ALL, NONE, 3000.0]),
+    st.booleans(),
+)
 def test_categories_always_add_up_to_the_wall_time(spans, saves, complete_from, active):
     t, attempts, events = 0.0, [], []
     for k, (queue, run_s, ends, cause, restarts) in enumerate(spans):
         start = t + queue
         end = start + run_s if ends or k < len(spans) - 1 else None
-        attempts.append(attempt(k, start, end, cause if end is not None else None,
-                                in_job_restarts=restarts))  # fmt: skip
+        attempts.append(
+            attempt(k, start, end, cause if end is not None else None, in_job_restarts=restarts)
+        )
         if end is not None:
             events.append(ended(k + 1, end + 1, k, cause or "crash", "retry"))
         t = (start if end is None else end) + 1
-    run = make_run(RunState.RUNNING if active else RunState.FAILED,
-                   ended_at=None if active else t + 5)  # fmt: skip
-    facts = ComputeFacts(tuple(ckpt(a, b) for a, b in saves), complete_from,
-                         {0: AttemptFacts(1, (attempts[0].start + 1,))})  # fmt: skip
+    run = make_run(
+        RunState.RUNNING if active else RunState.FAILED, ended_at=None if active else t + 5
+    )
+    facts = ComputeFacts(
+        tuple(ckpt(a, b) for a, b in saves),
+        complete_from,
+        {0: AttemptFacts(1, (attempts[0].start + 1,))},
+    )
     rep = goodput(run, attempts, events, facts, now=t + 50)
     got = rep.breakdown.seconds()
     assert all(v >= 0 for v in got.values())
@@ -297,8 +344,11 @@ def test_categories_always_add_up_to_the_wall_time(spans, saves, complete_from, 
 
 
 def test_goodput_module_is_pure():
-    bad = {m for m in imported_modules(PACKAGE / "report" / "goodput.py")
-           if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)}  # fmt: skip
+    bad = {
+        m
+        for m in imported_modules(PACKAGE / "report" / "goodput.py")
+        if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE)
+    }
     assert not bad, f"goodput.py imports {sorted(bad)}"
 
 
@@ -308,11 +358,13 @@ def write_run_files(run_dir: Path, checkpoint_dir: Path) -> None:
     had one in-job restart after which its ranks ran from 2000."""
     checkpoint_dir.mkdir(parents=True)
     for step, t, save_s in ((900, 1000.0, 50.0), (1900, 2400.0, 40.0)):
-        write_json_atomic(checkpoint_dir / f"step-{step:010d}.json",
-                          {"step": step, "time": t, "save_s": save_s})  # fmt: skip
-    write_json_atomic(run_dir / "progress.json",
-                      {"step": 2500, "checkpoint_step": 1900, "checkpoint_save_s": 40.0,
-                       "finished": True})  # fmt: skip
+        write_json_atomic(
+            checkpoint_dir / f"step-{step:010d}.json", {"step": step, "time": t, "save_s": save_s}
+        )
+    write_json_atomic(
+        run_dir / "progress.json",
+        {"step": 2500, "checkpoint_step": 1900, "checkpoint_save_s": 40.0, "finished": True},
+    )
     folder = run_dir / "attempts" / "1"
     folder.mkdir(parents=True)
     write_json_atomic(
@@ -385,11 +437,14 @@ def test_round_start_is_not_read_from_reports_of_a_failed_round(home, tmp_path):
 
 
 def test_an_asynchronous_save_counts_its_blocking_time_where_the_training_stood_still(
-        home, tmp_path):  # fmt: skip
+    home, tmp_path
+):
     """A manifest with `blocking_s`: 2 s of its 30 s stood the training still, at the start;
     the state saved is the one of when training went on, 28 s before the manifest."""
-    write_json_atomic(tmp_path / "runs" / "r1" / "ckpt" / f"step-{2200:010d}.json",
-                      {"step": 2200, "time": 2600.0, "save_s": 30.0, "blocking_s": 2.0})
+    write_json_atomic(
+        tmp_path / "runs" / "r1" / "ckpt" / f"step-{2200:010d}.json",
+        {"step": 2200, "time": 2600.0, "save_s": 30.0, "blocking_s": 2.0},
+    )
     with Store(home) as store:
         run = store.get_run("r1")
         assert run is not None
@@ -473,17 +528,41 @@ def test_plot_into_a_missing_folder_is_a_one_line_error(home, tmp_path, capsys):
 def _lost_history():  # type: ignore[no-untyped-def]
     from ftslurm.daemon.records import Attempt, Event
 
-    attempts = [Attempt("r", 0, "NODE_FAIL", job_id="5", start=100.0, end=160.0),
-                Attempt("r", 1, "RUNNING", job_id="6", start=163.0)]
+    attempts = [
+        Attempt("r", 0, "NODE_FAIL", job_id="5", start=100.0, end=160.0),
+        Attempt("r", 1, "RUNNING", job_id="6", start=163.0),
+    ]
     events = [
-        Event(1, 160.0, "r", "node_lost", {"attempt": 0, "node": "n2", "source": "peer",
-                                           "time": 159.0, "detection_s": 21.0,
-                                           "recovery": "new_job"}),
+        Event(
+            1,
+            160.0,
+            "r",
+            "node_lost",
+            {
+                "attempt": 0,
+                "node": "n2",
+                "source": "peer",
+                "time": 159.0,
+                "detection_s": 21.0,
+                "recovery": "new_job",
+            },
+        ),
         Event(2, 163.5, "r", "running", {"attempt": 1, "job_id": "6"}),
-        Event(3, 200.0, "r", "node_lost", {"attempt": 1, "node": "n3", "source": "slurm",
-                                           "time": 200.0, "detection_s": 300.0,
-                                           "recovery": "new_job"}),
-    ]  # fmt: skip
+        Event(
+            3,
+            200.0,
+            "r",
+            "node_lost",
+            {
+                "attempt": 1,
+                "node": "n3",
+                "source": "slurm",
+                "time": 200.0,
+                "detection_s": 300.0,
+                "recovery": "new_job",
+            },
+        ),
+    ]
     return attempts, events
 
 
@@ -496,18 +575,36 @@ def test_node_losses_count_detection_and_recovery_apart_by_source():
     assert (slurm.source, slurm.detection_s, slurm.recovered_at) == ("slurm", 300.0, None)
     assert losses_by_source([peer, slurm]) == {
         "peer": {"count": 1, "detection_s": 21.0, "recovery_s": 4.5},
-        "slurm": {"count": 1, "detection_s": 300.0, "recovery_s": None}}
+        "slurm": {"count": 1, "detection_s": 300.0, "recovery_s": None},
+    }
 
 
 def test_a_spare_recovers_when_its_round_runs_at_its_first_step():
     from ftslurm.daemon.records import Attempt, Event
     from ftslurm.report.goodput import node_losses
 
-    events = [Event(1, 50.0, "r", "node_lost", {"attempt": 0, "node": "n2", "source": "peer",
-                                                "time": 49.0, "detection_s": 20.0,
-                                                "recovery": "spare"})]  # fmt: skip
-    rounds = {0: ({"round": 1, "started_at": 40.0}, {"round": 2, "started_at": 52.0,
-                                                     "first_step_at": 58.0})}  # fmt: skip
+    events = [
+        Event(
+            1,
+            50.0,
+            "r",
+            "node_lost",
+            {
+                "attempt": 0,
+                "node": "n2",
+                "source": "peer",
+                "time": 49.0,
+                "detection_s": 20.0,
+                "recovery": "spare",
+            },
+        )
+    ]
+    rounds = {
+        0: (
+            {"round": 1, "started_at": 40.0},
+            {"round": 2, "started_at": 52.0, "first_step_at": 58.0},
+        )
+    }
     (loss,) = node_losses([Attempt("r", 0, "RUNNING", job_id="5")], events, rounds)
     assert (loss.recovered_at, loss.recovery_s) == (58.0, 9.0)
 
@@ -519,16 +616,27 @@ def test_status_says_a_node_was_lost_and_what_recovers_it():
     attempts, events = _lost_history()
     queued = [attempts[0], Attempt("r", 1, "PENDING", job_id="45")]
     assert recovery_notes(queued, events[:1], {}, 180.0) == [
-        "n2 lost 21 s ago (peer report) → new job 45 queued"]
+        "n2 lost 21 s ago (peer report) → new job 45 queued"
+    ]
     assert recovery_notes(attempts, events[:1], {}, 180.0) == [
-        "n2 lost 21 s ago (peer report) → new job 6 running 4 s later"]
-    spare = [Event(1, 50.0, "r", "node_lost", {"attempt": 0, "node": "n2", "source": "peer",
-                                               "time": 49.0, "recovery": "spare"})]
+        "n2 lost 21 s ago (peer report) → new job 6 running 4 s later"
+    ]
+    spare = [
+        Event(
+            1,
+            50.0,
+            "r",
+            "node_lost",
+            {"attempt": 0, "node": "n2", "source": "peer", "time": 49.0, "recovery": "spare"},
+        )
+    ]
     running = [Attempt("r", 0, "RUNNING", job_id="5")]
     assert recovery_notes(running, spare, {}, 60.0) == [
-        "n2 lost 11 s ago (peer report) → spare: ranks restarting"]
+        "n2 lost 11 s ago (peer report) → spare: ranks restarting"
+    ]
     assert recovery_notes(running, spare, {0: [{"started_at": 53.0}]}, 60.0) == [
-        "n2 lost 11 s ago (peer report) → spare: ranks restarted 4 s later"]
+        "n2 lost 11 s ago (peer report) → spare: ranks restarted 4 s later"
+    ]
 
 
 def test_the_lost_nodes_table_and_the_timeline_agree_on_a_requeue(home, capsys, monkeypatch):
@@ -536,13 +644,21 @@ def test_the_lost_nodes_table_and_the_timeline_agree_on_a_requeue(home, capsys, 
     but Slurm requeued the same job: the lost-nodes table and the timeline both say so."""
     from ftslurm.report.goodput import node_losses
 
-    attempts = [Attempt("r", 0, "NODE_FAIL", job_id="1", start=100.0, end=160.0),
-                Attempt("r", 1, "RUNNING", job_id="1", start=170.0)]
-    events = [Event(1, 165.0, "r", "node_lost", {"attempt": 0, "node": "n2",
-                                                 "source": "slurm", "time": 165.0,
-                                                 "recovery": "new_job"}),
-              Event(2, 166.0, "r", "requeued", {"attempt": 1, "job_id": "1"}),
-              Event(3, 170.5, "r", "running", {"attempt": 1, "job_id": "1"})]  # fmt: skip
+    attempts = [
+        Attempt("r", 0, "NODE_FAIL", job_id="1", start=100.0, end=160.0),
+        Attempt("r", 1, "RUNNING", job_id="1", start=170.0),
+    ]
+    events = [
+        Event(
+            1,
+            165.0,
+            "r",
+            "node_lost",
+            {"attempt": 0, "node": "n2", "source": "slurm", "time": 165.0, "recovery": "new_job"},
+        ),
+        Event(2, 166.0, "r", "requeued", {"attempt": 1, "job_id": "1"}),
+        Event(3, 170.5, "r", "running", {"attempt": 1, "job_id": "1"}),
+    ]
     (loss,) = node_losses(attempts, events, {})
     assert loss.how == "requeue"
     fresh = [attempts[0], Attempt("r", 1, "RUNNING", job_id="2", start=170.0)]

@@ -36,8 +36,12 @@ time.sleep(60)
 
 
 def start(parent: bool, child: bool) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, "-c", PARENT, str(int(parent)), str(int(child))],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(int(parent)), str(int(child))],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
 
@@ -50,11 +54,14 @@ def stop(proc: subprocess.Popen[str]) -> None:
 def test_mask_bits_are_signal_numbers() -> None:
     assert mask_signals(0) == frozenset()
     assert mask_signals(1 << (signal.SIGUSR2 - 1) | 1 << (signal.SIGTERM - 1)) == {
-        signal.SIGUSR2, signal.SIGTERM}  # fmt: skip
+        signal.SIGUSR2,
+        signal.SIGTERM,
+    }
 
 
-@pytest.mark.parametrize(("parent", "child"), [(False, False), (True, False), (False, True),
-                                               (True, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("parent", "child"), [(False, False), (True, False), (False, True), (True, True)]
+)
 def test_the_processes_of_a_group_that_catch_a_signal(parent: bool, child: bool) -> None:
     proc, kid = start(parent, child)
     try:
@@ -62,8 +69,9 @@ def test_the_processes_of_a_group_that_catch_a_signal(parent: bool, child: bool)
         assert (signal.SIGUSR2 in (caught_signals(kid) or ())) is child
         assert signal.SIGINT in (caught_signals(proc.pid) or ())  # Python's own handler
         assert wait_for(lambda: group_processes(proc.pid), what="the group") == [proc.pid, kid]
-        assert catchers(proc.pid, signal.SIGUSR2) == [p for p, caught in
-                                                      ((proc.pid, parent), (kid, child)) if caught]
+        assert catchers(proc.pid, signal.SIGUSR2) == [
+            p for p, caught in ((proc.pid, parent), (kid, child)) if caught
+        ]
         assert catchers(proc.pid, signal.SIGUSR1) == []
     finally:
         stop(proc)

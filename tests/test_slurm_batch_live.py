@@ -14,8 +14,7 @@ from .conftest import in_state, wait_job
 SLEEP = "#!/bin/bash\nsleep 600\n"
 
 
-def test_each_batch_action_acts_on_the_list_in_one_command_and_refuses_the_ended_job(
-        backend, jobs):  # fmt: skip
+def test_each_batch_action_acts_on_the_list_in_one_command_and_refuses_the_ended_job(backend, jobs):
     a, b = (backend.submit(SLEEP, JobOptions(name="batch", requeue=True)) for _ in range(2))
     ended = backend.submit("#!/bin/bash\ntrue\n", JobOptions(name="batch", requeue=False))
     jobs += [a, b, ended]

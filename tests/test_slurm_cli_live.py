@@ -103,8 +103,9 @@ def test_a_huge_id_list_is_still_one_command(tmp_path, backend, jobs):
 def test_controller_outage_is_retried_and_reads_meanwhile_are_unknown(
     slurm_cluster, jobs, measurements
 ):
-    backend = SlurmCliBackend(CommandRunner(timeout_s=15), query_budget_s=2.0,
-                              action_budget_s=120.0)  # fmt: skip
+    backend = SlurmCliBackend(
+        CommandRunner(timeout_s=15), query_budget_s=2.0, action_budget_s=120.0
+    )
     job = backend.submit(SLEEP, JobOptions(name="outage"))
     jobs.append(job)
     wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING")
@@ -142,11 +143,12 @@ def test_bad_input_gets_a_one_line_error_and_submits_nothing(backend, tmp_path):
         backend.requeue("999999")
 
 
-def test_in_job_injections_reach_the_job_and_cluster_side_ones_are_refused(backend, jobs,
-                                                                           tmp_path):  # fmt: skip
+def test_in_job_injections_reach_the_job_and_cluster_side_ones_are_refused(backend, jobs, tmp_path):
     out = tmp_path / "inject.txt"
-    job = backend.submit(f"#!/bin/bash\necho $FTSLURM_INJECT > {out}\n",
-                         JobOptions(inject=("crash@5:1", "straggler@0:n2*3")))  # fmt: skip
+    job = backend.submit(
+        f"#!/bin/bash\necho $FTSLURM_INJECT > {out}\n",
+        JobOptions(inject=("crash@5:1", "straggler@0:n2*3")),
+    )
     jobs.append(job)
     wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
     assert out.read_text().strip() == "crash@5:1,straggler@0:n2*3"
@@ -166,11 +168,21 @@ def test_cluster_facts(backend, slurm_cluster):
 def test_sbatch_reads_the_rendered_header_and_the_new_flags(backend, jobs, tmp_path):
     """The #SBATCH quoting and the flags `submit` passes on, read by real sbatch: the script
     is submitted with no command-line flags, so everything comes from its header."""
-    name = "a b'c\\d #e \"f\" $(g)"
-    options = JobOptions(name=name, nodes=1, ntasks_per_node=1, time_limit="UNLIMITED",
-                         comment="x # y", extra={"mem": "10M", "exclusive": None,
-                                                 "mail-type": "NONE", "nodelist": "n2",
-                                                 "no-kill": None})  # fmt: skip
+    name = 'a b\'c\\d #e "f" $(g)'
+    options = JobOptions(
+        name=name,
+        nodes=1,
+        ntasks_per_node=1,
+        time_limit="UNLIMITED",
+        comment="x # y",
+        extra={
+            "mem": "10M",
+            "exclusive": None,
+            "mail-type": "NONE",
+            "nodelist": "n2",
+            "no-kill": None,
+        },
+    )
     script = render_job_script(["true"], options, run_id="r1", attempt=0, setup=[])
     job = backend.submit(script, JobOptions())
     jobs.append(job)
@@ -181,17 +193,27 @@ def test_sbatch_reads_the_rendered_header_and_the_new_flags(backend, jobs, tmp_p
 
 def test_the_cluster_runs_a_while_with_another_slurmd_timeout(slurm_cluster):
     def shown() -> str:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                             env=slurm_cluster.env(), check=True).stdout
-        return next(line.split("=")[1].strip() for line in out.splitlines()
-                    if line.startswith("SlurmdTimeout"))
+        out = subprocess.run(
+            ["scontrol", "show", "config"],
+            capture_output=True,
+            text=True,
+            env=slurm_cluster.env(),
+            check=True,
+        ).stdout
+        return next(
+            line.split("=")[1].strip()
+            for line in out.splitlines()
+            if line.startswith("SlurmdTimeout")
+        )
+
     with slurm_cluster.slurmd_timeout(300):
         assert shown() == "300 sec"
     assert shown() == f"{slurm_cluster.layout.slurmd_timeout} sec"
 
 
-def test_a_failed_node_loses_its_memory_tier_and_only_its_own(backend, healthy_nodes, jobs,
-                                                              tmp_path):  # fmt: skip
+def test_a_failed_node_loses_its_memory_tier_and_only_its_own(
+    backend, healthy_nodes, jobs, tmp_path
+):
     # (`jobs` after `healthy_nodes`: the job is cancelled before the node is revived, which
     # then takes seconds instead of the ~50 s of a revived slurmd meeting a running job)
     """Every node of the local cluster shares one host's /dev/shm: `fail-node` wipes the
@@ -201,8 +223,10 @@ def test_a_failed_node_loses_its_memory_tier_and_only_its_own(backend, healthy_n
     # The variable comes with the job's environment, not from an `export` in the script: a
     # shell's `export` never reaches /proc/<pid>/environ, so a job seen RUNNING before its
     # script reached `exec` would show no base to wipe.
-    job = backend.submit("#!/bin/bash\nexec sleep 600\n",
-                         JobOptions(name="memory", env={EnvName.MEMORY_DIR.value: str(base)}))
+    job = backend.submit(
+        "#!/bin/bash\nexec sleep 600\n",
+        JobOptions(name="memory", env={EnvName.MEMORY_DIR.value: str(base)}),
+    )
     jobs.append(job)
     (node,) = wait_job(backend, job, in_state(JobState.RUNNING), 30, "RUNNING").nodes
     other = next(n for n in healthy_nodes.layout.node_names if n != node)

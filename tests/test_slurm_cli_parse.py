@@ -90,18 +90,27 @@ def test_sacct_find_format_keeps_free_text_and_reads_the_comment(rec):
     failed, completed = jobs[rec["find_failed"]], jobs[rec["find_completed"]]
     assert (failed.name, failed.comment, failed.exit_code) == ("odd|name", "ftslurm:rec1:0", 3)
     assert (completed.state, completed.comment, completed.from_accounting) == (
-        JobState.COMPLETED, "ftslurm:rec2:1", True)
+        JobState.COMPLETED,
+        "ftslurm:rec2:1",
+        True,
+    )
     assert parse.parse_sacct(rec.text("sacct"), NOW)[rec["requeued"]].comment is None
 
 
 def test_scontrol_records_keep_values_with_spaces(rec):
     line = "JobId=5 JobName=a b c Reason=Not responding ExitCode=0:9"
     assert parse.parse_scontrol_record(line) == {
-        "JobId": "5", "JobName": "a b c", "Reason": "Not responding", "ExitCode": "0:9"}
+        "JobId": "5",
+        "JobName": "a b c",
+        "Reason": "Not responding",
+        "ExitCode": "0:9",
+    }
     # recorded `scontrol show job -o` lines, as `describe` reads them
-    jobs = {r["JobId"]: r for r in map(parse.parse_scontrol_record,
-                                       rec.text("scontrol_show_job").splitlines())
-            if "JobId" in r}  # fmt: skip
+    jobs = {
+        r["JobId"]: r
+        for r in map(parse.parse_scontrol_record, rec.text("scontrol_show_job").splitlines())
+        if "JobId" in r
+    }
     live = jobs[rec["live"]]
     assert live["JobState"] == "RUNNING" and len(set(parse.expand_nodes(live["NodeList"]))) == 2
     assert live["BatchHost"] in parse.expand_nodes(live["NodeList"])
@@ -109,9 +118,11 @@ def test_scontrol_records_keep_values_with_spaces(rec):
     assert parse.decode_exit_pair(jobs[rec["killed"]]["ExitCode"])[1] == 9
     squeue = parse.parse_squeue(rec.text("squeue"), NOW)
     for job_id, r in jobs.items():  # the two sources agree on what both show
-        assert (JobState.from_slurm(r["JobState"]), int(r["Restarts"]),
-                parse.expand_nodes(r["NodeList"])) == (
-            squeue[job_id].state, squeue[job_id].restart_count, squeue[job_id].nodes)
+        assert (
+            JobState.from_slurm(r["JobState"]),
+            int(r["Restarts"]),
+            parse.expand_nodes(r["NodeList"]),
+        ) == (squeue[job_id].state, squeue[job_id].restart_count, squeue[job_id].nodes)
 
 
 def test_sinfo_nodes_and_states(rec):
@@ -134,10 +145,16 @@ def test_config_facts(rec):
     assert no_accounting.accounting is False
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("(null)", ()), ("None assigned", ()), ("", ()), ("n1", ("n1",)),
-    ("n[1-3],gpu[07-08]", ("n1", "n2", "n3", "gpu07", "gpu08")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("(null)", ()),
+        ("None assigned", ()),
+        ("", ()),
+        ("n1", ("n1",)),
+        ("n[1-3],gpu[07-08]", ("n1", "n2", "n3", "gpu07", "gpu08")),
+    ],
+)
 def test_expand_nodes_uses_hostlist_syntax(text, expected):
     assert parse.expand_nodes(text) == expected
 
@@ -175,8 +192,12 @@ def test_runner_stops_retrying_at_once_when_aborted():
 
     abort = threading.Event()
     runner = CommandRunner(abort=abort, max_wait_s=0.2)
-    failing = [sys.executable, "-c", "import sys; sys.stderr.write('sbatch: error: Unable to "
-               "contact slurm controller (connect failure)\\n'); sys.exit(1)"]  # fmt: skip
+    failing = [
+        sys.executable,
+        "-c",
+        "import sys; sys.stderr.write('sbatch: error: Unable to "
+        "contact slurm controller (connect failure)\\n'); sys.exit(1)",
+    ]
     outcome: list[BaseException] = []
 
     def run() -> None:

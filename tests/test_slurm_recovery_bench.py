@@ -18,10 +18,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_slurm_recovery_benchmark_preempt_smoke(slurm_cluster, healthy_nodes, tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "slurm_recovery.py"), "--repeat", "1",
-         "--only", "preempt", "--json"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "slurm_recovery.py"),
+            "--repeat",
+            "1",
+            "--only",
+            "preempt",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert "recovery" not in result and result["repeat"] == 1

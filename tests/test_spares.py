@@ -43,8 +43,11 @@ def test_spares_ask_for_n_plus_k_nodes_with_no_kill_and_tell_the_launchers():
     srun = srun_line(script)
     assert " --no-kill " in srun and "--wait=" not in srun  # the step outlives a lost node
     line = f"export {EnvName.SPARE_NODES.value}="
-    exported = {EnvName.SPARE_NODES.value: next(
-        x.removeprefix(line) for x in script.splitlines() if x.startswith(line))}
+    exported = {
+        EnvName.SPARE_NODES.value: next(
+            x.removeprefix(line) for x in script.splitlines() if x.startswith(line)
+        )
+    }
     assert JobEnv.from_environ(exported).spare_nodes == 1
 
 
@@ -80,14 +83,18 @@ def env(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.sh").write_text("#!/bin/bash\necho training\n")
     (tmp_path / "nolauncher.py").write_text(
-        "import ftslurm\nrecipe = ftslurm.Recipe(command=['true'], use_launcher=False)\n")
+        "import ftslurm\nrecipe = ftslurm.Recipe(command=['true'], use_launcher=False)\n"
+    )
     return tmp_path
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--spare-nodes", "-1", "train.sh"], "spare_nodes"),
-    (["--spare-nodes", "1", "nolauncher.py"], "needs the launcher"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--spare-nodes", "-1", "train.sh"], "spare_nodes"),
+        (["--spare-nodes", "1", "nolauncher.py"], "needs the launcher"),
+    ],
+)
 def test_bad_spare_values_are_one_line_and_submit_nothing(env, capsys, args, expected):
     assert main(["submit", *args]) != 0
     err = capsys.readouterr().err.strip()
@@ -138,12 +145,15 @@ def test_a_spare_joins_once_every_first_node_trains_or_one_was_lost():
 
 def test_peers_are_alive_after_two_renewals_since_the_failure_or_when_they_ended():
     first = {0: 5, 2: 7}
+
     def both(a: int, b: int) -> dict[int, Lease]:
         return {0: lease(0, sp.ACTIVE, seq=a), 2: lease(2, sp.ACTIVE, seq=b)}
+
     assert not sp.alive_since(first, both(7, 8))
     assert sp.alive_since(first, both(7, 9))
-    assert sp.alive_since(first, {0: lease(0, sp.ACTIVE, seq=7),
-                                  2: lease(2, sp.ACTIVE, "finished", seq=7)})
+    assert sp.alive_since(
+        first, {0: lease(0, sp.ACTIVE, seq=7), 2: lease(2, sp.ACTIVE, "finished", seq=7)}
+    )
     assert not sp.alive_since(first, {0: lease(0, sp.ACTIVE, seq=9), 2: None})
 
 
@@ -163,9 +173,16 @@ class Launchers:
     each in its own process group (a node's processes die together), training
     examples/recipe.py with one rank per node."""
 
-    def __init__(self, tmp_path: Path, nnodes: int, spare_nodes: int, steps: int,
-                 max_restarts: int = 0, launch_args: tuple[str, ...] = (),
-                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tmp_path: Path,
+        nnodes: int,
+        spare_nodes: int,
+        steps: int,
+        max_restarts: int = 0,
+        launch_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.tmp, self.names = tmp_path, [f"n{r}" for r in range(nnodes)]
         self.run = RunDir(tmp_path / "run")
         self.ckpt = tmp_path / "ckpt"
@@ -173,20 +190,47 @@ class Launchers:
         port = rendezvous_port(job)
         self.procs: list[subprocess.Popen] = []
         for node_rank, name in enumerate(self.names):
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("FTSLURM_", "SLURM_"))}  # fmt: skip
-            env.update(FTSLURM_RUN_DIR=str(self.run.root), FTSLURM_CHECKPOINT_DIR=str(self.ckpt),
-                       MASTER_ADDR="127.0.0.1", SLURM_JOB_ID=job, SLURMD_NODENAME=name,
-                       **(extra_env or {}))
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM_"))}
+            env.update(
+                FTSLURM_RUN_DIR=str(self.run.root),
+                FTSLURM_CHECKPOINT_DIR=str(self.ckpt),
+                MASTER_ADDR="127.0.0.1",
+                SLURM_JOB_ID=job,
+                SLURMD_NODENAME=name,
+                **(extra_env or {}),
+            )
             log = open(tmp_path / f"{name}.log", "w")
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node=1",
-                 f"--nnodes={nnodes}", f"--node-rank={node_rank}",
-                 f"--spare-nodes={spare_nodes}", f"--max-restarts={max_restarts}",
-                 f"--rdzv-endpoint=127.0.0.1:{port}", "--monitor-interval=0.2",
-                 "--peer-timeout=3", *launch_args, "--", sys.executable, str(RECIPE),
-                 "--steps", str(steps), "--ckpt-every", "10", "--step-time", "0.05"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "ftslurm.agent.launch",
+                        "--nproc-per-node=1",
+                        f"--nnodes={nnodes}",
+                        f"--node-rank={node_rank}",
+                        f"--spare-nodes={spare_nodes}",
+                        f"--max-restarts={max_restarts}",
+                        f"--rdzv-endpoint=127.0.0.1:{port}",
+                        "--monitor-interval=0.2",
+                        "--peer-timeout=3",
+                        *launch_args,
+                        "--",
+                        sys.executable,
+                        str(RECIPE),
+                        "--steps",
+                        str(steps),
+                        "--ckpt-every",
+                        "10",
+                        "--step-time",
+                        "0.05",
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
             log.close()
 
     def log(self, node_rank: int) -> str:
@@ -215,8 +259,16 @@ def test_a_spare_takes_over_a_killed_node_and_the_run_ends_as_if_never_interrupt
     nodes = Launchers(tmp_path, nnodes=3, spare_nodes=1, steps=steps)
     try:
         progress = nodes.run.progress
-        wait_for(lambda: (json.loads(progress.read_text()) if progress.exists() else {}).get(
-            "checkpoint_step", 0) >= 20, 180, "two checkpoints")  # fmt: skip
+        wait_for(
+            lambda: (
+                (json.loads(progress.read_text()) if progress.exists() else {}).get(
+                    "checkpoint_step", 0
+                )
+                >= 20
+            ),
+            180,
+            "two checkpoints",
+        )
         spare = sp.read_lease(nodes.run, 0, 2)
         assert spare is not None and spare.role == sp.SPARE, nodes.logs()
         assert sp.read_lease(nodes.run, 0, 1).role == sp.ACTIVE

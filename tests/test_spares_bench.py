@@ -36,41 +36,69 @@ def test_a_node_already_gone_counts_once():
     assert sp.may_step_out(1, (1,), 1)  # its own record, read back
 
 
-REPORT = {"attempt": 0, "persistent_nodes": ["n1"], "threshold": 0.75,
-          "scores": [{"node": "n1", "relative": 0.3, "individual": 0.9},
-                     {"node": "n1", "relative": 0.5, "individual": 0.4},
-                     {"node": "n0", "relative": 1.0, "individual": 1.0}]}  # fmt: skip
+REPORT = {
+    "attempt": 0,
+    "persistent_nodes": ["n1"],
+    "threshold": 0.75,
+    "scores": [
+        {"node": "n1", "relative": 0.3, "individual": 0.9},
+        {"node": "n1", "relative": 0.5, "individual": 0.4},
+        {"node": "n0", "relative": 1.0, "individual": 1.0},
+    ],
+}
 
 
 def test_the_straggler_report_names_a_node_with_its_worst_score():
-    assert sp.straggler_reason(REPORT, 0, "n1") == \
-        "persistent straggler: score 0.30 below 0.75"  # fmt: skip
+    assert sp.straggler_reason(REPORT, 0, "n1") == "persistent straggler: score 0.30 below 0.75"
 
 
-@pytest.mark.parametrize("report, attempt, node", [
-    (REPORT, 0, "n0"),  # scored but not persistent
-    (REPORT, 1, "n1"),  # another attempt's report
-    ({}, 0, "n1"), (None, 0, "n1"), ([], 0, "n1"),  # none, or not one
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "report, attempt, node",
+    [
+        (REPORT, 0, "n0"),  # scored but not persistent
+        (REPORT, 1, "n1"),  # another attempt's report
+        ({}, 0, "n1"),
+        (None, 0, "n1"),
+        ([], 0, "n1"),  # none, or not one
+    ],
+)
 def test_a_node_the_report_does_not_name_persistent_is_no_straggler(report, attempt, node):
     assert sp.straggler_reason(report, attempt, node) is None
 
 
 def test_the_bench_record_has_the_contracts_fields():
-    record = sp.benched_record(node_rank=1, node="n1", why=sp.HANG, reason="local rank 0 hung",
-                               time=NOW, job_id="7", attempt=2)  # fmt: skip
-    assert record == {"node_rank": 1, "node": "n1", "why": "hang",
-                      "reason": "local rank 0 hung", "time": NOW, "job_id": "7", "attempt": 2}
+    record = sp.benched_record(
+        node_rank=1,
+        node="n1",
+        why=sp.HANG,
+        reason="local rank 0 hung",
+        time=NOW,
+        job_id="7",
+        attempt=2,
+    )
+    assert record == {
+        "node_rank": 1,
+        "node": "n1",
+        "why": "hang",
+        "reason": "local rank 0 hung",
+        "time": NOW,
+        "job_id": "7",
+        "attempt": 2,
+    }
 
 
 def test_the_round_says_which_node_stepped_out_and_why():
     lost = {"lost_node_rank": 2, "lost_node": "n2"}
-    benched = sp.benched_record(node_rank=1, node="n1", why=sp.HANG, reason="no heartbeat",
-                                time=NOW, job_id="7", attempt=0)  # fmt: skip
-    assert sp.swap_why({1: benched}) == \
-        "node n1 stepped out (hang: no heartbeat): a spare takes its place"  # fmt: skip
+    benched = sp.benched_record(
+        node_rank=1, node="n1", why=sp.HANG, reason="no heartbeat", time=NOW, job_id="7", attempt=0
+    )
+    assert (
+        sp.swap_why({1: benched})
+        == "node n1 stepped out (hang: no heartbeat): a spare takes its place"
+    )
     assert sp.swap_why({2: lost, 1: benched}).startswith(
-        "node n1 stepped out (hang: no heartbeat); node n2 lost")
+        "node n1 stepped out (hang: no heartbeat); node n2 lost"
+    )
     assert sp.gone_name(3, {"lost_node_rank": 3}) == "node rank 3"
 
 
@@ -78,8 +106,13 @@ def test_a_benched_active_node_is_swapped_like_a_lost_one(tmp_path):
     """The launchers read bench records beside loss reports: an active node's is a swap."""
     run = RunDir(tmp_path)
     run.recovery(0).mkdir(parents=True)
-    (run.benched(0, 1)).write_text(json.dumps(sp.benched_record(
-        node_rank=1, node="n1", why=sp.HANG, reason="r", time=NOW, job_id="7", attempt=0)))
+    (run.benched(0, 1)).write_text(
+        json.dumps(
+            sp.benched_record(
+                node_rank=1, node="n1", why=sp.HANG, reason="r", time=NOW, job_id="7", attempt=0
+            )
+        )
+    )
     (run.peer_lost(0, 2)).write_text(json.dumps({"lost_node_rank": 2, "lost_node": "n2"}))
     gone = sp.gone_reports(run, 0)
     assert sorted(gone) == [1, 2] and gone[1]["why"] == "hang"
@@ -106,8 +139,9 @@ def training_process(launcher_pid: int) -> int:
             return pid
         for task in Path(f"/proc/{pid}/task").glob("*"):
             try:
-                todo += [int(k) for k in (task / "children").read_text().split()
-                         if int(k) not in seen]  # fmt: skip
+                todo += [
+                    int(k) for k in (task / "children").read_text().split() if int(k) not in seen
+                ]
             except OSError:
                 pass
     raise AssertionError(f"no training process below {launcher_pid}")
@@ -121,12 +155,25 @@ def test_a_hung_node_steps_out_and_a_spare_replaces_it_in_the_same_run(tmp_path)
     bench record, not from a peer-loss timeout."""
     steps = 150
     expected = reference_digest(tmp_path, steps)
-    nodes = Launchers(tmp_path, nnodes=3, spare_nodes=1, steps=steps,
-                      launch_args=("--section-timeouts", HANG_TIMEOUTS))  # fmt: skip
+    nodes = Launchers(
+        tmp_path,
+        nnodes=3,
+        spare_nodes=1,
+        steps=steps,
+        launch_args=("--section-timeouts", HANG_TIMEOUTS),
+    )
     try:
         progress = nodes.run.progress
-        wait_for(lambda: (json.loads(progress.read_text()) if progress.exists() else {}).get(
-            "checkpoint_step", 0) >= 20, 180, "two checkpoints")  # fmt: skip
+        wait_for(
+            lambda: (
+                (json.loads(progress.read_text()) if progress.exists() else {}).get(
+                    "checkpoint_step", 0
+                )
+                >= 20
+            ),
+            180,
+            "two checkpoints",
+        )
         assert sp.read_lease(nodes.run, 0, 1).role == sp.ACTIVE, nodes.logs()
         os.kill(training_process(nodes.procs[1].pid), signal.SIGSTOP)
         codes = [p.wait(timeout=180) for p in nodes.procs]
@@ -157,9 +204,17 @@ def test_a_persistent_straggler_steps_out_and_a_spare_replaces_it(tmp_path):
     it persistent; its launcher steps out (why "straggler") and the spare trains on."""
     steps = 150
     expected = reference_digest(tmp_path, steps)
-    nodes = Launchers(tmp_path, nnodes=3, spare_nodes=1, steps=steps, extra_env={
-        "FTSLURM_INJECT": "straggler@0:n1*4", "FTSLURM_STRAGGLER_INTERVAL_S": "1",
-        "FTSLURM_STRAGGLER_WINDOWS": "2"})  # fmt: skip
+    nodes = Launchers(
+        tmp_path,
+        nnodes=3,
+        spare_nodes=1,
+        steps=steps,
+        extra_env={
+            "FTSLURM_INJECT": "straggler@0:n1*4",
+            "FTSLURM_STRAGGLER_INTERVAL_S": "1",
+            "FTSLURM_STRAGGLER_WINDOWS": "2",
+        },
+    )
     try:
         codes = [p.wait(timeout=240) for p in nodes.procs]
         assert codes == [0, 0, 0], nodes.logs()
@@ -181,8 +236,11 @@ def test_on_the_mock_a_hung_node_is_replaced_by_the_spare_in_the_same_job(tmp_pa
     steps out, the spare takes over inside the same job, the daemon flags the node and
     records the swap, and training ends bit-identical."""
     run, record = spare_takes_over_on_the_mock(
-        tmp_path, "hang@15:1", ", section_timeouts={'step': 3.0, 'compute': 3.0, "
-        "'checkpointing': 5.0}, out_of_section_timeout=3.0")
+        tmp_path,
+        "hang@15:1",
+        ", section_timeouts={'step': 3.0, 'compute': 3.0, "
+        "'checkpointing': 5.0}, out_of_section_timeout=3.0",
+    )
     benched = list(run.recovery(0).glob("benched-*.json"))
     assert len(benched) == 1, list(run.recovery(0).iterdir())
     assert "stepped out (hang" in record["why"]

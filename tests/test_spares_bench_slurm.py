@@ -26,12 +26,15 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
     yield from daemon_cli(tmp_path, PYTHONWARNINGS="ignore")
 
 
-def test_a_hung_node_steps_out_and_the_spare_trains_on_in_the_same_job(
-        cli, tmp_path, measurements):  # fmt: skip
+def test_a_hung_node_steps_out_and_the_spare_trains_on_in_the_same_job(cli, tmp_path, measurements):
     expected = reference_digest(tmp_path, STEPS)
-    recipe = spare_recipe(tmp_path, STEPS, ", section_timeouts={'step': 3.0, 'compute': 3.0, "
-                          "'checkpointing': 5.0}, out_of_section_timeout=3.0",
-                          step_time=STEP_TIME_S)  # fmt: skip
+    recipe = spare_recipe(
+        tmp_path,
+        STEPS,
+        ", section_timeouts={'step': 3.0, 'compute': 3.0, "
+        "'checkpointing': 5.0}, out_of_section_timeout=3.0",
+        step_time=STEP_TIME_S,
+    )
     out = cli.submit("--inject", HANG, str(recipe))
     run = RunDir(cli.status(out["run_id"])["run_dir"])
     record_path = run.round_record(0, 1)
@@ -53,8 +56,11 @@ def test_a_hung_node_steps_out_and_the_spare_trains_on_in_the_same_job(
     assert took < 30, record
     assert record["lost"] == [benched[0]["node"]] and "stepped out (hang" in record["why"]
     assert record["job_id"] == out["job_id"]
-    s = wait_for(lambda: (lambda s: s if ended(s) else None)(cli.summary(out["run_id"])), 240,
-                 "the run's end")
+    s = wait_for(
+        lambda: (lambda s: s if ended(s) else None)(cli.summary(out["run_id"])),
+        240,
+        "the run's end",
+    )
     assert s["state"] == "COMPLETED", s  # the benched node's exit 0 changed no verdict
     assert [a["job_id"] for a in s["attempts"]] == [out["job_id"]], s  # no requeue
     final = json.loads(wait_file(tmp_path / "ckpt" / "final.json", bool, 10, "final.json"))

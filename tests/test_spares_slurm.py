@@ -29,25 +29,39 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
 
 
 def test_a_spare_replaces_a_killed_node_in_the_same_job_within_30s(
-        cli, healthy_nodes, tmp_path, measurements):  # fmt: skip
+    cli, healthy_nodes, tmp_path, measurements
+):
     expected = reference_digest(tmp_path, STEPS)
     with healthy_nodes.slurmd_timeout(300):
         out = cli.submit(str(spare_recipe(tmp_path, STEPS)))
         job_id = out["job_id"]
         run = RunDir(cli.status(out["run_id"])["run_dir"])
-        wait_file(run.progress, lambda text: bool(text) and json.loads(text).get(
-            "checkpoint_step", 0) >= 20, 240, "two checkpoints")  # fmt: skip
+        wait_file(
+            run.progress,
+            lambda text: bool(text) and json.loads(text).get("checkpoint_step", 0) >= 20,
+            240,
+            "two checkpoints",
+        )
         leases = {r: sp.read_lease(run, 0, r) for r in range(3)}
-        assert [lease.role if lease else None for lease in leases.values()] == \
-            [sp.ACTIVE, sp.ACTIVE, sp.SPARE], leases
+        assert [lease.role if lease else None for lease in leases.values()] == [
+            sp.ACTIVE,
+            sp.ACTIVE,
+            sp.SPARE,
+        ], leases
         victim = leases[1].node  # active, and not the batch host (node rank 0)
         healthy_nodes.fail_node(victim)
         killed_at = time.time()
         record_path = run.round_record(0, 1)
-        record = wait_for(lambda: (json.loads(record_path.read_text())
-                                   if record_path.exists() else {}).get("first_step_at")
-                          and json.loads(record_path.read_text()), 90,
-                          "the first step with the spare")  # fmt: skip
+        record = wait_for(
+            lambda: (
+                (json.loads(record_path.read_text()) if record_path.exists() else {}).get(
+                    "first_step_at"
+                )
+                and json.loads(record_path.read_text())
+            ),
+            90,
+            "the first step with the spare",
+        )
         took = record["first_step_at"] - killed_at
         measurements.record("hot spare: kill -> first new step s (SlurmdTimeout 300)", took)
         assert took < 30, record
@@ -56,8 +70,13 @@ def test_a_spare_replaces_a_killed_node_in_the_same_job_within_30s(
         final = wait_file(tmp_path / "ckpt" / "final.json", bool, 240, "the end of training")
         # The dead node's task holds the step (--no-kill) until Slurm's verdict, 300 s
         # away: the daemon ends the run once the live launchers have all reported.
-        s = wait_for(lambda: (lambda s: s if s["state"] == "COMPLETED" else None)(
-            cli.summary(out["run_id"])), 90, "the run to complete before Slurm's verdict")
+        s = wait_for(
+            lambda: (lambda s: s if s["state"] == "COMPLETED" else None)(
+                cli.summary(out["run_id"])
+            ),
+            90,
+            "the run to complete before Slurm's verdict",
+        )
         assert time.time() - killed_at < 240  # well before SlurmdTimeout after the kill
         assert [a["job_id"] for a in s["attempts"]] == [job_id], s  # the same job, no requeue
         store = Store(cli.home)

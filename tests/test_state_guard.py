@@ -76,7 +76,8 @@ def no_daemon(home: Path) -> bool:
 
 # ------------------------------------------------------------------------ WAL deleted
 def test_wal_deleted_while_the_daemon_is_down_is_refused_and_recover_brings_the_run_back(
-        home, tmp_path, capsys, monkeypatch):  # fmt: skip
+    home, tmp_path, capsys, monkeypatch
+):
     store = Store(home)
     store.add_run(make_run("r1"))
     store.append_event("r1", "created", {}, 1.0)
@@ -156,16 +157,19 @@ def fill_runs(home: Path, count: int) -> None:
 def damage_a_middle_page_of_runs(db: Path) -> int:
     """Zero a page in the middle of the file that holds rows of the runs table."""
     data = bytearray(db.read_bytes())
-    pages = [i for i in range(len(data) // PAGE) if b"MARKER-ROW" in data[i * PAGE:(i + 1) * PAGE]]
+    pages = [
+        i for i in range(len(data) // PAGE) if b"MARKER-ROW" in data[i * PAGE : (i + 1) * PAGE]
+    ]
     assert len(pages) > 10
     victim = pages[len(pages) // 2]
-    data[victim * PAGE:(victim + 1) * PAGE] = bytes(PAGE)
+    data[victim * PAGE : (victim + 1) * PAGE] = bytes(PAGE)
     db.write_bytes(bytes(data))
     return victim
 
 
 def test_a_database_damaged_mid_file_is_one_line_for_every_command_and_recover_works(
-        home, tmp_path, capsys, monkeypatch):  # fmt: skip
+    home, tmp_path, capsys, monkeypatch
+):
     fill_runs(home, 120)
     with Store(home) as store:
         store.backup()
@@ -173,8 +177,12 @@ def test_a_database_damaged_mid_file_is_one_line_for_every_command_and_recover_w
     train = tmp_path / "train.py"
     train.write_text("print('hi')\n")
     monkeypatch.setenv("FTSLURM_MOCK_HOME", str(tmp_path / "mock"))
-    for argv in (["status"], ["status", "--json"], ["daemon", "start"],
-                 ["submit", "--json", "--dry-run", str(train)]):  # fmt: skip
+    for argv in (
+        ["status"],
+        ["status", "--json"],
+        ["daemon", "start"],
+        ["submit", "--json", "--dry-run", str(train)],
+    ):
         code, out, err = cli(capsys, *argv)
         assert_one_line_error(code, err, "is damaged", "daemon recover")
     assert no_daemon(home)
@@ -226,8 +234,9 @@ def serving(home) -> Iterator[tuple[threading.Event, list[BaseException]]]:
     stop.set()
 
 
-def start_serving(home: Path, stop: threading.Event, errors: list[BaseException],
-                  **kw: object) -> threading.Thread:  # fmt: skip
+def start_serving(
+    home: Path, stop: threading.Event, errors: list[BaseException], **kw: object
+) -> threading.Thread:
     def target() -> None:
         try:
             service.serve(home, stop, **kw)  # type: ignore[arg-type]
@@ -275,9 +284,17 @@ class FakeSlurm:
 
     def query(self, ids):
         self.queries += 1
-        return {j: JobInfo(job_id=j, state=JobState.RUNNING, observed_at=time.time(),
-                           nodes=("n1",), start_time=self.start, time_limit_s=60)
-                for j in ids}  # fmt: skip
+        return {
+            j: JobInfo(
+                job_id=j,
+                state=JobState.RUNNING,
+                observed_at=time.time(),
+                nodes=("n1",),
+                start_time=self.start,
+                time_limit_s=60,
+            )
+            for j in ids
+        }
 
     def signal(self, job_id, sig, target=None):
         self.signals.append(job_id)
@@ -296,8 +313,11 @@ def pack_events(home: Path) -> int:
         for size in (2000, 500, 100, 20, 0):
             while True:
                 try:
-                    db.execute("INSERT INTO events (time, run_id, kind, data) VALUES "
-                               "(0, NULL, 'filler', ?)", (json.dumps("x" * size),))  # fmt: skip
+                    db.execute(
+                        "INSERT INTO events (time, run_id, kind, data) VALUES "
+                        "(0, NULL, 'filler', ?)",
+                        (json.dumps("x" * size),),
+                    )
                 except sqlite3.OperationalError as exc:
                     assert "full" in str(exc)
                     break
@@ -307,13 +327,15 @@ def pack_events(home: Path) -> int:
 
 
 def test_disk_full_keeps_the_daemon_serving_logs_once_and_loses_nothing(
-        home, tmp_path, serving, monkeypatch, caplog):  # fmt: skip
+    home, tmp_path, serving, monkeypatch, caplog
+):
     stop, errors = serving
     train = tmp_path / "train.py"
     train.write_text("print('hi')\n")
     recipe = load_recipe(train, []).with_overrides(preempt_time=30)
-    spec = make_spec(recipe, run_dir=home / "runs" / "full1", backend="slurm",
-                     workdir=str(tmp_path))  # fmt: skip
+    spec = make_spec(
+        recipe, run_dir=home / "runs" / "full1", backend="slurm", workdir=str(tmp_path)
+    )
     run, attempt = new_run_record("full1", "full", spec, recipe.settings(), time.time())
     backend = FakeSlurm("77", start=time.time() - 50)  # 10 s left of 60: the signal is due
     attempt = replace(attempt, state="RUNNING", job_id="77", nodes=["n1"], start=backend.start)
@@ -352,8 +374,8 @@ def test_disk_full_keeps_the_daemon_serving_logs_once_and_loses_nothing(
     assert not errors, errors
     with Store(home) as store:
         after = [(e.event_id, e.kind) for e in store.events()]
-    assert after[:len(before)] == before
-    assert [k for _, k in after[len(before):]] == ["checkpoint_signal"]
+    assert after[: len(before)] == before
+    assert [k for _, k in after[len(before) :]] == ["checkpoint_signal"]
     assert backend.signals == ["77"]
     assert len([r for r in caplog.records if r.getMessage().startswith("disk full")]) == 1
     assert [r for r in caplog.records if "no longer full" in r.getMessage()]
@@ -403,7 +425,8 @@ def test_unwritable_folder_errors_are_one_line(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------ orphan jobs
 def test_status_warns_about_tagged_jobs_whose_runs_are_not_in_the_database(
-        home, tmp_path, capsys, monkeypatch):  # fmt: skip
+    home, tmp_path, capsys, monkeypatch
+):
     mock = tmp_path / "mock"
     scheduler = MockScheduler(mock)
     script = "#!/bin/bash\nsleep 600\n"
@@ -416,8 +439,11 @@ def test_status_warns_about_tagged_jobs_whose_runs_are_not_in_the_database(
         monkeypatch.setenv("FTSLURM_MOCK_HOME", str(mock))
         code, out, err = cli(capsys, "status")
         assert code == 0, err
-        warning = [line for line in err.splitlines()  # (beside: no daemon serves r1)
-                   if line.startswith("warning:") and "carry ftslurm tags" in line]
+        warning = [
+            line
+            for line in err.splitlines()  # (beside: no daemon serves r1)
+            if line.startswith("warning:") and "carry ftslurm tags" in line
+        ]
         assert len(warning) == 1, err
         jobs = warning[0].split("job(s) ", 1)[1].split(" carry", 1)[0]
         runs = warning[0].split("run(s) ", 1)[1].split(" that", 1)[0]

@@ -19,9 +19,14 @@ NODES = {"n1": True, "n2": True, "n3": True, "n4": True}
 def run(**kw) -> Run:
     """A run; its periodic checkpoints off unless `settings` say (their own tests below)."""
     settings = {"checkpoint_interval": "off", **kw.pop("settings", {})}
-    base = Run(run_id="r", name="r", state=RunState.RUNNING, created_at=0.0,
-               spec={"options": {"nodes": 2, "exclude": []}, "run_dir": "/nowhere"},
-               settings=FtSettings(**settings).model_dump(mode="json"))
+    base = Run(
+        run_id="r",
+        name="r",
+        state=RunState.RUNNING,
+        created_at=0.0,
+        spec={"options": {"nodes": 2, "exclude": []}, "run_dir": "/nowhere"},
+        settings=FtSettings(**settings).model_dump(mode="json"),
+    )
     return replace(base, **kw)
 
 
@@ -51,21 +56,34 @@ def kinds(intents) -> list[str]:
 
 def test_a_step_asks_for_what_it_lacks_and_nothing_else():
     assert core.step(attempt(AttemptState.SUBMITTING), None, run(), core.Facts(), NOW) == [
-        core.Need(frozenset({"cancel"}))]
-    assert core.step(attempt(AttemptState.SUBMITTING), None, run(),
-                     core.Facts(cancel_requested=False), NOW) == [
-        core.Need(frozenset({"found"}))]  # fmt: skip
+        core.Need(frozenset({"cancel"}))
+    ]
+    assert core.step(
+        attempt(AttemptState.SUBMITTING), None, run(), core.Facts(cancel_requested=False), NOW
+    ) == [core.Need(frozenset({"found"}))]
     assert core.step(attempt(), info(JobState.FAILED), run(), core.Facts(), NOW) == [
-        core.Need(frozenset({"cancel", "files", "nodes", "previous"}))]
+        core.Need(frozenset({"cancel", "files", "nodes", "previous"}))
+    ]
 
 
-@pytest.mark.parametrize("facts, want", [
-    (known(trusted=True), [core.Submit(())]),
-    (known(found=()), [core.Submit(())]),
-    (known(trusted=True, flags=(NodeFlag("n3", "node_fail", NOW - 5, NOW + 5),
-                                NodeFlag("n4", "old", 0.0, NOW - 1))), [core.Submit(("n3",))]),
-    (known(cancel_requested=True), [core.Finish(RunState.CANCELLED, "cancelled by the user")]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "facts, want",
+    [
+        (known(trusted=True), [core.Submit(())]),
+        (known(found=()), [core.Submit(())]),
+        (
+            known(
+                trusted=True,
+                flags=(
+                    NodeFlag("n3", "node_fail", NOW - 5, NOW + 5),
+                    NodeFlag("n4", "old", 0.0, NOW - 1),
+                ),
+            ),
+            [core.Submit(("n3",))],
+        ),
+        (known(cancel_requested=True), [core.Finish(RunState.CANCELLED, "cancelled by the user")]),
+    ],
+)
 def test_submitting(facts, want):
     assert core.step(attempt(AttemptState.SUBMITTING), None, run(), facts, NOW) == want
 
@@ -79,22 +97,28 @@ def test_submitting_adopts_the_newest_job_carrying_its_tag():
 REQ = dict(state=AttemptState.REQUEUING, n=1, restart_count=1)
 
 
-@pytest.mark.parametrize("observed, facts, want", [
-    # Slurm has not counted the requeue yet: requeue it (held) once it has ended
-    (info(JobState.FAILED), known(), ["Requeue"]),
-    (info(JobState.COMPLETING), known(), []),
-    # held and pending: exclusions, release, start now, then recorded
-    (info(JobState.PENDING, restart_count=1), known(),
-     ["SetExclusions", "Release", "StartNow", "Requeued", "Changed"]),
-    # back already (a daemon released it and died before recording that)
-    (info(JobState.RUNNING, restart_count=1), known(), ["Requeued", "Changed"]),
-    # cancel asked for meanwhile: the held job is cancelled, an ended one ends the run
-    (info(JobState.PENDING, restart_count=1), known(cancel_requested=True), ["Cancel"]),
-    (info(JobState.FAILED), known(cancel_requested=True), ["Finish"]),
-    # the scheduler refused the requeue of a forgotten job: submit afresh (trusted)
-    (info(JobState.COMPLETED), known(requeue_refused=True), ["Record", "Trust"]),
-    (info(JobState.PENDING), known(requeue_refused=True), []),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "observed, facts, want",
+    [
+        # Slurm has not counted the requeue yet: requeue it (held) once it has ended
+        (info(JobState.FAILED), known(), ["Requeue"]),
+        (info(JobState.COMPLETING), known(), []),
+        # held and pending: exclusions, release, start now, then recorded
+        (
+            info(JobState.PENDING, restart_count=1),
+            known(),
+            ["SetExclusions", "Release", "StartNow", "Requeued", "Changed"],
+        ),
+        # back already (a daemon released it and died before recording that)
+        (info(JobState.RUNNING, restart_count=1), known(), ["Requeued", "Changed"]),
+        # cancel asked for meanwhile: the held job is cancelled, an ended one ends the run
+        (info(JobState.PENDING, restart_count=1), known(cancel_requested=True), ["Cancel"]),
+        (info(JobState.FAILED), known(cancel_requested=True), ["Finish"]),
+        # the scheduler refused the requeue of a forgotten job: submit afresh (trusted)
+        (info(JobState.COMPLETED), known(requeue_refused=True), ["Record", "Trust"]),
+        (info(JobState.PENDING), known(requeue_refused=True), []),
+    ],
+)
 def test_requeuing(observed, facts, want):
     assert kinds(core.step(attempt(**REQ), observed, run(), facts, NOW)) == want
 
@@ -102,25 +126,35 @@ def test_requeuing(observed, facts, want):
 def test_a_requeue_sets_the_flagged_nodes_with_the_spec_exclusions():
     flags = (NodeFlag("n3", "node_fail", NOW - 5, None),)
     r = run(spec={"options": {"nodes": 2, "exclude": ["n9"]}, "run_dir": "/nowhere"})
-    out = core.step(attempt(**REQ), info(JobState.PENDING, restart_count=1), r,
-                    known(flags=flags), NOW)  # fmt: skip
-    assert out[0] == core.SetExclusions("7", ("n3", "n9")) and out[3] == core.Requeued(
-        ("n3", "n9"))
+    out = core.step(
+        attempt(**REQ), info(JobState.PENDING, restart_count=1), r, known(flags=flags), NOW
+    )
+    assert out[0] == core.SetExclusions("7", ("n3", "n9")) and out[3] == core.Requeued(("n3", "n9"))
 
 
 def test_a_fresh_submission_after_a_refused_requeue_gets_its_own_tag_and_no_job():
-    out = core.step(attempt(**REQ), info(JobState.COMPLETED), run(),
-                    known(requeue_refused=True), NOW)  # fmt: skip
+    out = core.step(
+        attempt(**REQ), info(JobState.COMPLETED), run(), known(requeue_refused=True), NOW
+    )
     fresh = out[0].attempt
     assert (fresh.state, fresh.job_id, fresh.restart_count, fresh.tag) == (
-        AttemptState.SUBMITTING, None, 0, tag("r", 1))
+        AttemptState.SUBMITTING,
+        None,
+        0,
+        tag("r", 1),
+    )
 
 
 def test_watch_records_the_start_and_the_recovery_latency():
     prev = replace(attempt(state=AttemptState.NODE_FAIL), failure_seen_at=NOW - 30)
     a = attempt(AttemptState.PENDING, n=1)
-    out = core.step(a, info(JobState.RUNNING, start_time=NOW - 1), run(state=RunState.PENDING),
-                    known(previous=prev), NOW)  # fmt: skip
+    out = core.step(
+        a,
+        info(JobState.RUNNING, start_time=NOW - 1),
+        run(state=RunState.PENDING),
+        known(previous=prev),
+        NOW,
+    )
     assert kinds(out)[:4] == ["Record", "Changed", "UpdateRun", "Event"]
     assert out[2].run.state is RunState.RUNNING
     assert out[3] == core.Event("recovered", {"attempt": 1, "job_id": "7", "latency_s": 30.0})
@@ -137,8 +171,9 @@ def test_the_checkpoint_signal_is_recorded_before_it_is_sent_and_sent_once():
 
 def test_a_signal_not_due_yet_asks_to_be_woken_when_it_is():
     observed = info(JobState.RUNNING, start_time=NOW, time_limit_s=3600)
-    out = core.step(attempt(start=NOW), observed, run(settings={"exclude_stragglers": False}),
-                    known(), NOW)  # fmt: skip
+    out = core.step(
+        attempt(start=NOW), observed, run(settings={"exclude_stragglers": False}), known(), NOW
+    )
     assert out == [core.Wake(NOW + 3600 - 60)]
 
 
@@ -147,8 +182,12 @@ def test_a_cancel_request_cancels_a_watched_job():
     assert out == [core.Cancel("7")]
 
 
-STRAGGLER = {"attempt": 0, "persistent_nodes": ["n2"], "threshold": 0.75,
-             "scores": [{"node": "n2", "relative": 0.4, "individual": 0.5}]}
+STRAGGLER = {
+    "attempt": 0,
+    "persistent_nodes": ["n2"],
+    "threshold": 0.75,
+    "scores": [{"node": "n2", "relative": 0.4, "individual": 0.5}],
+}
 
 
 def test_a_persistent_straggler_is_flagged_and_with_stop_the_job_moves_off_it():
@@ -160,7 +199,11 @@ def test_a_persistent_straggler_is_flagged_and_with_stop_the_job_moves_off_it():
     moved = core.step(attempt(start=NOW - 10), observed, r, known(files=files), NOW)
     nxt = next(i.attempt for i in moved if isinstance(i, core.NewAttempt))
     assert (nxt.attempt, nxt.state, nxt.job_id, nxt.restart_count) == (
-        1, AttemptState.REQUEUING, "7", 1)
+        1,
+        AttemptState.REQUEUING,
+        "7",
+        1,
+    )
     assert "Signal" not in kinds(moved)
 
 
@@ -176,17 +219,23 @@ def test_with_a_spare_left_a_straggler_is_only_flagged_and_its_launcher_steps_ou
     assert not of(out, core.NewAttempt) and not of(out, core.Record)
 
 
-@pytest.mark.parametrize("spares, benched_rank, report", [
-    (1, 2, STRAGGLER),  # the only spare went to another node that stepped out
-    (1, None, {**STRAGGLER, "persistent_nodes": ["n1"]}),  # the batch host is the straggler
-])  # fmt: skip
-def test_without_a_spare_for_it_a_straggler_moves_the_job_as_before(spares, benched_rank,
-                                                                    report):  # fmt: skip
-    benched = () if benched_rank is None else (
-        {"node_rank": benched_rank, "node": "n3", "why": "hang", "attempt": 0},)
+@pytest.mark.parametrize(
+    "spares, benched_rank, report",
+    [
+        (1, 2, STRAGGLER),  # the only spare went to another node that stepped out
+        (1, None, {**STRAGGLER, "persistent_nodes": ["n1"]}),  # the batch host is the straggler
+    ],
+)
+def test_without_a_spare_for_it_a_straggler_moves_the_job_as_before(spares, benched_rank, report):
+    benched = (
+        ()
+        if benched_rank is None
+        else ({"node_rank": benched_rank, "node": "n3", "why": "hang", "attempt": 0},)
+    )
     files = core.RunFiles(straggler_report=report, benched=benched, launchers_read=True)
-    a = replace(attempt(start=NOW - 10), nodes=["n1", "n2", "n3"],
-                lost_nodes=["n3"] if benched else [])
+    a = replace(
+        attempt(start=NOW - 10), nodes=["n1", "n2", "n3"], lost_nodes=["n3"] if benched else []
+    )
     observed = info(JobState.RUNNING, start_time=NOW - 10, nodes=("n1", "n2", "n3"))
     r = run(settings={"stop_if_straggler": True, "spare_nodes": spares})
     out = core.step(a, observed, r, known(files=files), NOW)
@@ -194,20 +243,45 @@ def test_without_a_spare_for_it_a_straggler_moves_the_job_as_before(spares, benc
     assert "recovery" not in next(e for e in of(out, core.Event) if e.kind == "straggler").data
 
 
-@pytest.mark.parametrize("observed, files, facts_kw, run_state, nxt_state", [
-    # a node failure, the job still known to the controller: requeue the same job
-    (info(JobState.NODE_FAIL), core.RunFiles(), {}, None, AttemptState.REQUEUING),
-    # known only from accounting: it cannot be requeued, submit afresh
-    (info(JobState.FAILED, from_accounting=True), core.RunFiles(), {}, None,
-     AttemptState.SUBMITTING),
-    # Slurm requeued it itself: the next attempt is the same job, counted
-    (info(JobState.PENDING, restart_count=1), core.RunFiles(), {}, None, AttemptState.REQUEUING),
-    (info(JobState.COMPLETED), core.RunFiles(finished_marker=True), {}, RunState.COMPLETED, None),
-    (info(JobState.FAILED, exit_code=93), core.RunFiles(), {}, RunState.FAILED, None),
-    # a cancel request wins over a retry
-    (info(JobState.NODE_FAIL), core.RunFiles(), {"cancel_requested": True},
-     RunState.CANCELLED, None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "observed, files, facts_kw, run_state, nxt_state",
+    [
+        # a node failure, the job still known to the controller: requeue the same job
+        (info(JobState.NODE_FAIL), core.RunFiles(), {}, None, AttemptState.REQUEUING),
+        # known only from accounting: it cannot be requeued, submit afresh
+        (
+            info(JobState.FAILED, from_accounting=True),
+            core.RunFiles(),
+            {},
+            None,
+            AttemptState.SUBMITTING,
+        ),
+        # Slurm requeued it itself: the next attempt is the same job, counted
+        (
+            info(JobState.PENDING, restart_count=1),
+            core.RunFiles(),
+            {},
+            None,
+            AttemptState.REQUEUING,
+        ),
+        (
+            info(JobState.COMPLETED),
+            core.RunFiles(finished_marker=True),
+            {},
+            RunState.COMPLETED,
+            None,
+        ),
+        (info(JobState.FAILED, exit_code=93), core.RunFiles(), {}, RunState.FAILED, None),
+        # a cancel request wins over a retry
+        (
+            info(JobState.NODE_FAIL),
+            core.RunFiles(),
+            {"cancel_requested": True},
+            RunState.CANCELLED,
+            None,
+        ),
+    ],
+)
 def test_an_ending(observed, files, facts_kw, run_state, nxt_state):
     out = core.step(attempt(start=NOW - 50), observed, run(), known(files=files, **facts_kw), NOW)
     updates = [i.run for i in out if isinstance(i, core.UpdateRun)]
@@ -219,8 +293,13 @@ def test_an_ending(observed, files, facts_kw, run_state, nxt_state):
 
 
 def test_an_ending_flags_the_down_node_for_the_ttl():
-    out = core.step(attempt(start=NOW - 50), info(JobState.NODE_FAIL), run(),
-                    known(usable={**NODES, "n2": False}), NOW)  # fmt: skip
+    out = core.step(
+        attempt(start=NOW - 50),
+        info(JobState.NODE_FAIL),
+        run(),
+        known(usable={**NODES, "n2": False}),
+        NOW,
+    )
     flags = [i for i in out if isinstance(i, core.FlagNode)]
     assert [(f.node, f.ttl_s) for f in flags] == [("n2", FtSettings().node_exclusion_ttl_s)]
 
@@ -228,10 +307,20 @@ def test_an_ending_flags_the_down_node_for_the_ttl():
 # ------------------------------------------------------------------ a lost node (peers)
 def lost_report(rank: int = 1, node: str = "n2", attempt_no: int = 0, **kw) -> dict:
     """A launcher's peer-loss report (ftslurm.agent.peers): node `node` silent for 21 s."""
-    return {"lost_node_rank": rank, "lost_node": node, "last_heard": NOW - 25.0,
-            "lease_time": NOW - 25.0, "silent_s": 21.0, "peer_timeout_s": 20.0,
-            "reported_by": "n1" if node != "n1" else "n2", "reported_by_node_rank": 0,
-            "time": NOW - 4.0, "job_id": "7", "attempt": attempt_no, **kw}  # fmt: skip
+    return {
+        "lost_node_rank": rank,
+        "lost_node": node,
+        "last_heard": NOW - 25.0,
+        "lease_time": NOW - 25.0,
+        "silent_s": 21.0,
+        "peer_timeout_s": 20.0,
+        "reported_by": "n1" if node != "n1" else "n2",
+        "reported_by_node_rank": 0,
+        "time": NOW - 4.0,
+        "job_id": "7",
+        "attempt": attempt_no,
+        **kw,
+    }
 
 
 def lost_files(*reports: dict, **kw) -> core.RunFiles:
@@ -247,15 +336,25 @@ def test_a_peer_report_ends_the_attempt_at_once_and_a_fresh_job_follows():
     flagged, the detection recorded with its latency, and the next attempt is a fresh
     submission (not a requeue: a requeued job waits for the lost node until SlurmdTimeout)."""
     r = run(settings={"num_job_retries_on_failure": 3})
-    out = core.step(attempt(), info(JobState.RUNNING), r, known(files=lost_files(lost_report())),
-                    NOW)  # fmt: skip
+    out = core.step(
+        attempt(), info(JobState.RUNNING), r, known(files=lost_files(lost_report())), NOW
+    )
     assert not of(out, core.Cancel)  # the next attempt's step cancels it, before submitting
     (flag,) = of(out, core.FlagNode)
     assert flag.node == "n2"
     (lost,) = [e for e in of(out, core.Event) if e.kind == "node_lost"]
-    assert lost.data == {"attempt": 0, "job_id": "7", "node": "n2", "node_rank": 1,
-                         "recovery": "new_job", "source": "peer", "reported_by": "n1",
-                         "last_heard": NOW - 25.0, "time": NOW - 4.0, "detection_s": 21.0}
+    assert lost.data == {
+        "attempt": 0,
+        "job_id": "7",
+        "node": "n2",
+        "node_rank": 1,
+        "recovery": "new_job",
+        "source": "peer",
+        "reported_by": "n1",
+        "last_heard": NOW - 25.0,
+        "time": NOW - 4.0,
+        "detection_s": 21.0,
+    }
     (ended,) = of(out, core.Record)
     assert ended.attempt.state is AttemptState.NODE_FAIL and ended.attempt.cause == "node_fail"
     assert ended.attempt.lost_nodes == ["n2"] and ended.attempt.failure_seen_at == NOW
@@ -265,7 +364,10 @@ def test_a_peer_report_ends_the_attempt_at_once_and_a_fresh_job_follows():
     assert upd.run.job_retries_used == 1 and upd.run.cause_counts == {"node_fail": 1}
     (nxt,) = of(out, core.NewAttempt)
     assert (nxt.attempt.attempt, nxt.attempt.state, nxt.attempt.job_id) == (
-        1, AttemptState.SUBMITTING, None)
+        1,
+        AttemptState.SUBMITTING,
+        None,
+    )
     assert of(out, core.Trust) == [core.Trust(1)]
 
 
@@ -276,16 +378,22 @@ def test_a_report_already_acted_on_is_not_acted_on_again():
 
 
 def test_a_report_of_another_attempt_is_not_this_ones():
-    out = core.step(attempt(), info(JobState.RUNNING), run(),
-                    known(files=lost_files(lost_report(attempt_no=3))), NOW)  # fmt: skip
+    out = core.step(
+        attempt(),
+        info(JobState.RUNNING),
+        run(),
+        known(files=lost_files(lost_report(attempt_no=3))),
+        NOW,
+    )
     assert not of(out, core.Record)
 
 
 def test_a_report_seen_while_the_job_is_completing_is_acted_on():
     """The survivors exit at once; Slurm keeps the job COMPLETING on the dead node."""
     a = attempt(state=AttemptState.COMPLETING)
-    out = core.step(a, info(JobState.COMPLETING), run(), known(files=lost_files(lost_report())),
-                    NOW)  # fmt: skip
+    out = core.step(
+        a, info(JobState.COMPLETING), run(), known(files=lost_files(lost_report())), NOW
+    )
     assert [i.attempt.state for i in of(out, core.NewAttempt)] == [AttemptState.SUBMITTING]
 
 
@@ -294,8 +402,9 @@ def test_the_next_attempt_cancels_the_lost_job_before_it_submits():
     intent cancels the old job first (a repeat is harmless)."""
     prev = replace(attempt(), state=AttemptState.NODE_FAIL, cause="node_fail", lost_nodes=["n2"])
     a = attempt(AttemptState.SUBMITTING, n=1)
-    assert core.step(a, None, run(), core.Facts(cancel_requested=False, trusted=True),
-                     NOW) == [core.Need(frozenset({"previous"}))]  # fmt: skip
+    assert core.step(a, None, run(), core.Facts(cancel_requested=False, trusted=True), NOW) == [
+        core.Need(frozenset({"previous"}))
+    ]
     flags = (NodeFlag("n2", "lost (peer report)", NOW, NOW + 3600),)
     out = core.step(a, None, run(), known(trusted=True, previous=prev, flags=flags), NOW)
     assert out == [core.Cancel("7"), core.Submit(("n2",))]
@@ -303,42 +412,56 @@ def test_the_next_attempt_cancels_the_lost_job_before_it_submits():
     assert out == [core.Cancel("7"), core.Submit(("n2",))]  # restarted daemon, nothing found
     found = (replace(info(JobState.PENDING), job_id="8"),)
     assert kinds(core.step(a, None, run(), known(found=found, previous=prev), NOW)) == ["Adopt"]
-    assert core.step(a, None, run(), known(trusted=True, previous=prev, cancel_requested=True),
-                     NOW) == [core.Cancel("7"),
-                              core.Finish(RunState.CANCELLED, core.CANCELLED_BY_USER)]
+    assert core.step(
+        a, None, run(), known(trusted=True, previous=prev, cancel_requested=True), NOW
+    ) == [core.Cancel("7"), core.Finish(RunState.CANCELLED, core.CANCELLED_BY_USER)]
     other = replace(prev, lost_nodes=[])  # an ordinary ending: nothing to cancel
-    assert core.step(a, None, run(), known(trusted=True, previous=other), NOW) == [
-        core.Submit(())]
+    assert core.step(a, None, run(), known(trusted=True, previous=other), NOW) == [core.Submit(())]
 
 
 def test_with_a_spare_the_job_runs_on_and_the_node_is_flagged():
-    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=lost_files(lost_report())), NOW)  # fmt: skip
+    out = core.step(
+        attempt(),
+        info(JobState.RUNNING),
+        run(settings={"spare_nodes": 1}),
+        known(files=lost_files(lost_report())),
+        NOW,
+    )
     assert kinds(out) == ["FlagNode", "Event", "Record", "Changed"]
     assert out[1].data["recovery"] == "spare"
     assert out[2].attempt.state is AttemptState.RUNNING and out[2].attempt.lost_nodes == ["n2"]
 
 
 def test_the_batch_host_lost_needs_a_new_job_even_with_a_spare():
-    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=lost_files(lost_report(rank=0, node="n1"))), NOW)  # fmt: skip
-    assert [e.data["recovery"] for e in of(out, core.Event) if e.kind == "node_lost"] == [
-        "new_job"]
+    out = core.step(
+        attempt(),
+        info(JobState.RUNNING),
+        run(settings={"spare_nodes": 1}),
+        known(files=lost_files(lost_report(rank=0, node="n1"))),
+        NOW,
+    )
+    assert [e.data["recovery"] for e in of(out, core.Event) if e.kind == "node_lost"] == ["new_job"]
     assert of(out, core.NewAttempt)
 
 
 def test_a_benched_node_is_flagged_and_uses_a_spare():
     benched = {"node_rank": 1, "node": "n2", "why": "hang", "time": NOW - 1, "attempt": 0}
-    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=core.RunFiles(benched=(benched,))), NOW)  # fmt: skip
+    out = core.step(
+        attempt(),
+        info(JobState.RUNNING),
+        run(settings={"spare_nodes": 1}),
+        known(files=core.RunFiles(benched=(benched,))),
+        NOW,
+    )
     assert kinds(out) == ["FlagNode", "Event", "Record", "Changed"]
     assert out[0].reason == "benched: hang" and out[1].kind == "node_benched"
 
 
 def test_a_spent_budget_fails_the_run_and_cancels_the_job_first():
     r = run(settings={"num_job_retries_on_failure": 1}, job_retries_used=1)
-    out = core.step(attempt(), info(JobState.RUNNING), r, known(files=lost_files(lost_report())),
-                    NOW)  # fmt: skip
+    out = core.step(
+        attempt(), info(JobState.RUNNING), r, known(files=lost_files(lost_report())), NOW
+    )
     assert isinstance(out[0], core.Cancel) and out[0].job_id == "7"
     assert not of(out, core.NewAttempt)
     (upd,) = of(out, core.UpdateRun)
@@ -348,8 +471,13 @@ def test_a_spent_budget_fails_the_run_and_cancels_the_job_first():
 
 def test_a_job_ended_with_a_lost_report_is_a_node_failure_not_a_crash():
     """The survivors died of the loss (exit 1): node_fail, the node excluded, a fresh job."""
-    out = core.step(attempt(), info(JobState.FAILED, exit_code=1), run(),
-                    known(files=lost_files(lost_report())), NOW)  # fmt: skip
+    out = core.step(
+        attempt(),
+        info(JobState.FAILED, exit_code=1),
+        run(),
+        known(files=lost_files(lost_report())),
+        NOW,
+    )
     (rec,) = of(out, core.Record)
     assert rec.attempt.cause == "node_fail" and rec.attempt.lost_nodes == ["n2"]
     assert [f.node for f in of(out, core.FlagNode)] == ["n2"]
@@ -362,28 +490,40 @@ def test_slurms_verdict_first_is_recorded_with_its_latency_from_the_last_lease()
     """NODE_FAIL before any report: as before (Slurm requeued it: the requeue path), plus
     a `node_lost` event from Slurm with the time since the node's last lease."""
     lease = {"node_rank": 1, "node": "n2", "pid": 1, "seq": 9, "time": NOW - 40.0}
-    out = core.step(attempt(), info(JobState.PENDING, restart_count=1), run(),
-                    known(usable={**NODES, "n2": False},
-                          files=core.RunFiles(leases=(lease,))), NOW)  # fmt: skip
+    out = core.step(
+        attempt(),
+        info(JobState.PENDING, restart_count=1),
+        run(),
+        known(usable={**NODES, "n2": False}, files=core.RunFiles(leases=(lease,))),
+        NOW,
+    )
     (lost,) = [e for e in of(out, core.Event) if e.kind == "node_lost"]
     assert (lost.data["source"], lost.data["node"], lost.data["detection_s"]) == (
-        "slurm", "n2", 40.0)
+        "slurm",
+        "n2",
+        40.0,
+    )
     (nxt,) = of(out, core.NewAttempt)
     assert nxt.attempt.state is AttemptState.REQUEUING  # nothing else changes
 
 
-@pytest.mark.parametrize("listed", [("n1",), ("n3", "n4")],
-                         ids=["survivors-completing", "already-elsewhere"])
+@pytest.mark.parametrize(
+    "listed", [("n1",), ("n3", "n4")], ids=["survivors-completing", "already-elsewhere"]
+)
 def test_a_requeue_for_a_lost_node_is_a_node_failure_whatever_slurm_lists_now(listed):
     """Slurm requeues a job whose node it declared down and lists only the survivors while
     they complete (seen on the real cluster: COMPLETING, Restarts=1, NodeList=n1), then the
     next allocation: the ending is judged on the nodes the attempt ran on."""
-    out = core.step(attempt(start=NOW - 600), info(JobState.COMPLETING, restart_count=1,
-                                                   nodes=listed),
-                    run(), known(usable={**NODES, "n2": False},
-                                 files=core.RunFiles(rank_reports=({"rank": 1, "node": "n1",
-                                                                    "outcome": "failed"},))),
-                    NOW)  # fmt: skip
+    out = core.step(
+        attempt(start=NOW - 600),
+        info(JobState.COMPLETING, restart_count=1, nodes=listed),
+        run(),
+        known(
+            usable={**NODES, "n2": False},
+            files=core.RunFiles(rank_reports=({"rank": 1, "node": "n1", "outcome": "failed"},)),
+        ),
+        NOW,
+    )
     (ended,) = [e for e in of(out, core.Event) if e.kind == "ended"]
     assert ended.data["cause"] == "node_fail", ended.data
     assert [(f.node) for f in of(out, core.FlagNode)] == ["n2"]
@@ -393,28 +533,52 @@ def test_a_requeue_for_a_lost_node_is_a_node_failure_whatever_slurm_lists_now(li
 
 
 def test_a_new_round_of_ranks_is_recorded_as_an_in_job_restart():
-    rnd = {"round": 1, "started_at": NOW - 2, "first_step_at": None, "why": "n2 lost",
-           "lost": ["n2"], "attempt": 0}
+    rnd = {
+        "round": 1,
+        "started_at": NOW - 2,
+        "first_step_at": None,
+        "why": "n2 lost",
+        "lost": ["n2"],
+        "attempt": 0,
+    }
     a = attempt(lost_nodes=["n2"])
-    out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=lost_files(lost_report(), rounds=(rnd,))), NOW)  # fmt: skip
+    out = core.step(
+        a,
+        info(JobState.RUNNING),
+        run(settings={"spare_nodes": 1}),
+        known(files=lost_files(lost_report(), rounds=(rnd,))),
+        NOW,
+    )
     assert out == [core.Need(frozenset({"node_reports"}))]  # live launchers all done?
-    out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=lost_files(lost_report(), rounds=(rnd,), launchers_read=True)),
-                    NOW)  # fmt: skip
+    out = core.step(
+        a,
+        info(JobState.RUNNING),
+        run(settings={"spare_nodes": 1}),
+        known(files=lost_files(lost_report(), rounds=(rnd,), launchers_read=True)),
+        NOW,
+    )
     (rec,) = of(out, core.Record)
     assert rec.attempt.in_job_restarts == 1
     assert [e.data["round"] for e in of(out, core.Event) if e.kind == "in_job_restart"] == [1]
     a = replace(a, in_job_restarts=1)
-    out = core.step(a, info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=lost_files(lost_report(), rounds=(rnd,), launchers_read=True)),
-                    NOW)  # fmt: skip
+    out = core.step(
+        a,
+        info(JobState.RUNNING),
+        run(settings={"spare_nodes": 1}),
+        known(files=lost_files(lost_report(), rounds=(rnd,), launchers_read=True)),
+        NOW,
+    )
     assert not of(out, core.Record)
 
 
 def node_report(rank: int, node: str, outcome: str = "finished", code: int = 0) -> dict:
-    return {"node_rank": rank, "node": node, "outcome": outcome, "exit_code": code,
-            "ended_at": NOW - 5}  # fmt: skip
+    return {
+        "node_rank": rank,
+        "node": node,
+        "outcome": outcome,
+        "exit_code": code,
+        "ended_at": NOW - 5,
+    }
 
 
 def test_a_spare_run_whose_live_launchers_are_done_ends_without_waiting_for_slurm():
@@ -447,15 +611,24 @@ def test_a_spare_run_whose_live_launchers_are_done_ends_without_waiting_for_slur
 def test_a_straggler_flagged_then_benched_is_flagged_once():
     """The straggler report flagged it; its bench record then must not flag it again (a
     second flag so soon would count it a repeat offender and double its exclusion)."""
-    benched = {"node_rank": 1, "node": "n2", "why": "straggler", "time": NOW - 1,
-               "attempt": 0}  # fmt: skip
+    benched = {"node_rank": 1, "node": "n2", "why": "straggler", "time": NOW - 1, "attempt": 0}
     flags = (NodeFlag("n2", "straggler", NOW - 60, NOW + 3600),)
-    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=core.RunFiles(benched=(benched,)), flags=flags), NOW)
+    out = core.step(
+        attempt(),
+        info(JobState.RUNNING),
+        run(settings={"spare_nodes": 1}),
+        known(files=core.RunFiles(benched=(benched,)), flags=flags),
+        NOW,
+    )
     assert not of(out, core.FlagNode)
     assert [e.kind for e in of(out, core.Event)] == ["node_benched"]
-    out = core.step(attempt(), info(JobState.RUNNING), run(settings={"spare_nodes": 1}),
-                    known(files=core.RunFiles(benched=(benched,))), NOW)  # not flagged yet
+    out = core.step(
+        attempt(),
+        info(JobState.RUNNING),
+        run(settings={"spare_nodes": 1}),
+        known(files=core.RunFiles(benched=(benched,))),
+        NOW,
+    )  # not flagged yet
     assert [f.node for f in of(out, core.FlagNode)] == ["n2"]
 
 
@@ -465,19 +638,33 @@ def test_the_signal_lead_covers_an_asynchronous_saves_background_write():
     observed = info(JobState.RUNNING, start_time=NOW, time_limit_s=3600)
     r = run(settings={"exclude_stragglers": False})
     progress = {"max_checkpoint_save_s": 6.0, "max_checkpoint_write_s": 60.0}
-    out = core.step(attempt(start=NOW), observed, r, known(files=core.RunFiles(
-        progress=progress)), NOW)  # fmt: skip
+    out = core.step(
+        attempt(start=NOW), observed, r, known(files=core.RunFiles(progress=progress)), NOW
+    )
     assert core.Wake(NOW + 3600 - (2 * 66 + 5)) in out
-    sync = core.step(attempt(start=NOW), observed, r, known(files=core.RunFiles(
-        progress={"max_checkpoint_save_s": 6.0})), NOW)  # fmt: skip
+    sync = core.step(
+        attempt(start=NOW),
+        observed,
+        r,
+        known(files=core.RunFiles(progress={"max_checkpoint_save_s": 6.0})),
+        NOW,
+    )
     assert core.Wake(NOW + 3600 - 60) in sync
 
 
 def launcher_failed(node_rank: int = 1, node: str = "n2", **kw) -> dict:
     """A launcher's report that it failed before its ranks started (ftslurm.agent.launch)."""
-    return {"node_rank": node_rank, "node": node, "job_id": "7", "attempt": 0,
-            "error": "RendezvousTimeoutError: the rendezvous timed out", "phase": "rendezvous",
-            "exit_code": 1, "time": NOW - 1.0, **kw}  # fmt: skip
+    return {
+        "node_rank": node_rank,
+        "node": node,
+        "job_id": "7",
+        "attempt": 0,
+        "error": "RendezvousTimeoutError: the rendezvous timed out",
+        "phase": "rendezvous",
+        "exit_code": 1,
+        "time": NOW - 1.0,
+        **kw,
+    }
 
 
 def test_a_launcher_failed_before_its_ranks_started_ends_the_running_attempt_at_once():
@@ -485,14 +672,19 @@ def test_a_launcher_failed_before_its_ranks_started_ends_the_running_attempt_at_
     now as a failure whose reason starts with the launcher's error, the next attempt is a
     fresh job, and the old one is cancelled once that is recorded."""
     r = run(settings={"num_job_retries_on_failure": 2})
-    files = core.RunFiles(launchers_failed=(launcher_failed(time=NOW - 0.5),
-                                            launcher_failed(0, "n1", error="a later one")))
+    files = core.RunFiles(
+        launchers_failed=(
+            launcher_failed(time=NOW - 0.5),
+            launcher_failed(0, "n1", error="a later one"),
+        )
+    )
     out = core.step(attempt(), info(JobState.RUNNING), r, known(files=files), NOW)
     (ended,) = of(out, core.Record)
     assert ended.attempt.state is AttemptState.FAILED and ended.attempt.cause == "crash"
     assert ended.attempt.reason.startswith(
         "a launcher failed before its ranks started (node n1, node rank 0, in the "
-        "rendezvous): a later one; ")  # the first by time
+        "rendezvous): a later one; "
+    )  # the first by time
     (upd,) = of(out, core.UpdateRun)
     assert upd.run.reason == ended.attempt.reason and upd.run.job_retries_used == 1
     (event,) = [e for e in of(out, core.Event) if e.kind == "ended"]
@@ -508,19 +700,25 @@ def test_a_launcher_failure_of_another_job_or_after_a_loss_is_not_this_attempts(
     out = core.step(attempt(), info(JobState.RUNNING), run(), known(files=files), NOW)
     assert not of(out, core.Record) and not of(out, core.Cancel)
     files = core.RunFiles(launchers_failed=(launcher_failed(),))
-    out = core.step(attempt(lost_nodes=["n2"]), info(JobState.RUNNING), run(),
-                    known(files=files, previous=None), NOW)  # fmt: skip
+    out = core.step(
+        attempt(lost_nodes=["n2"]),
+        info(JobState.RUNNING),
+        run(),
+        known(files=files, previous=None),
+        NOW,
+    )
     assert not of(out, core.NewAttempt)
 
 
 def test_an_ending_after_a_launcher_failed_says_so_first_in_its_reason():
     files = core.RunFiles(launchers_failed=(launcher_failed(),), launchers_read=True)
-    out = core.step(attempt(), info(JobState.FAILED, exit_code=1), run(), known(files=files),
-                    NOW)  # fmt: skip
+    out = core.step(attempt(), info(JobState.FAILED, exit_code=1), run(), known(files=files), NOW)
     (ended,) = of(out, core.Record)
-    assert ended.attempt.reason.startswith("a launcher failed before its ranks started "
-                                           "(node n2, node rank 1, in the rendezvous): "
-                                           "RendezvousTimeoutError"), ended.attempt.reason
+    assert ended.attempt.reason.startswith(
+        "a launcher failed before its ranks started "
+        "(node n2, node rank 1, in the rendezvous): "
+        "RendezvousTimeoutError"
+    ), ended.attempt.reason
 
 
 def test_an_ending_records_the_injections_that_fired_so_no_later_job_repeats_them():
@@ -530,35 +728,69 @@ def test_an_ending_records_the_injections_that_fired_so_no_later_job_repeats_the
     a straggler never (its node stays slow)."""
     spec = {**run().spec, "inject": ["node_fail@10", "crash@3:1", "straggler@1:0*2"]}
     r = run(spec=spec, settings={"num_job_retries_on_failure": 3})
-    out = core.step(attempt(start=NOW - 30), info(JobState.RUNNING), r,
-                    known(files=lost_files(lost_report())), NOW)  # fmt: skip
+    out = core.step(
+        attempt(start=NOW - 30),
+        info(JobState.RUNNING),
+        r,
+        known(files=lost_files(lost_report())),
+        NOW,
+    )
     (upd,) = of(out, core.UpdateRun)
     assert upd.run.injected == ["node_fail@10"]
     # A requeued job whose ranks reported the crash, and which ran 5 s only
     reports = ({"rank": 1, "outcome": "killed", "injected": ["crash@3:1", "straggler@1:0*2"]},)
-    out = core.step(attempt(start=NOW - 5), info(JobState.PENDING, restart_count=1), r,
-                    known(files=core.RunFiles(rank_reports=reports)), NOW)  # fmt: skip
+    out = core.step(
+        attempt(start=NOW - 5),
+        info(JobState.PENDING, restart_count=1),
+        r,
+        known(files=core.RunFiles(rank_reports=reports)),
+        NOW,
+    )
     (upd,) = of(out, core.UpdateRun)
     assert upd.run.injected == ["crash@3:1"]
     # what fired before stays
-    out = core.step(attempt(start=NOW - 5), info(JobState.FAILED, exit_code=1, end_time=NOW),
-                    replace(r, injected=["node_fail@10"]), known(), NOW)  # fmt: skip
+    out = core.step(
+        attempt(start=NOW - 5),
+        info(JobState.FAILED, exit_code=1, end_time=NOW),
+        replace(r, injected=["node_fail@10"]),
+        known(),
+        NOW,
+    )
     assert of(out, core.UpdateRun)[-1].run.injected == ["node_fail@10"]
 
 
 def test_the_reason_says_what_the_first_failed_rank_said():
     """Issue 25: a user error or a crash names the rank's exception in the reason."""
-    reports = ({"rank": 1, "node": "n2", "outcome": "killed", "ended_at": NOW - 1,
-                "error_line": "RuntimeError: peer closed the connection"},
-               {"rank": 0, "node": "n1", "outcome": "user_error", "ended_at": NOW - 3,
-                "error_line": "ModuleNotFoundError: No module named 'foo'"},
-               {"rank": 2, "node": "n2", "outcome": "finished"})  # fmt: skip
+    reports = (
+        {
+            "rank": 1,
+            "node": "n2",
+            "outcome": "killed",
+            "ended_at": NOW - 1,
+            "error_line": "RuntimeError: peer closed the connection",
+        },
+        {
+            "rank": 0,
+            "node": "n1",
+            "outcome": "user_error",
+            "ended_at": NOW - 3,
+            "error_line": "ModuleNotFoundError: No module named 'foo'",
+        },
+        {"rank": 2, "node": "n2", "outcome": "finished"},
+    )
     assert core.first_error(reports) == "rank 0 (n1): ModuleNotFoundError: No module named 'foo'"
     assert core.first_error(reports[2:]) == ""
-    out = core.step(attempt(start=NOW - 5), info(JobState.FAILED, exit_code=1, end_time=NOW),
-                    run(), known(files=core.RunFiles(rank_reports=reports)), NOW)  # fmt: skip
+    out = core.step(
+        attempt(start=NOW - 5),
+        info(JobState.FAILED, exit_code=1, end_time=NOW),
+        run(),
+        known(files=core.RunFiles(rank_reports=reports)),
+        NOW,
+    )
     (rec,) = of(out, core.Record)
     assert rec.attempt.cause == "user_error"
-    assert rec.attempt.reason == ("user error: it would fail the same way again; rank 0 (n1): "
-                                  "ModuleNotFoundError: No module named 'foo'")
+    assert rec.attempt.reason == (
+        "user error: it would fail the same way again; rank 0 (n1): "
+        "ModuleNotFoundError: No module named 'foo'"
+    )
     assert of(out, core.UpdateRun)[-1].run.reason == rec.attempt.reason

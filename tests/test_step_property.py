@@ -16,64 +16,106 @@ from ftslurm.daemon.records import Attempt, AttemptState, NodeFlag, Run, RunStat
 
 NOW = 50_000.0
 NODES = ("n1", "n2", "n3", "n4")
-STARTS = (core.Submit, core.Adopt, core.Release, core.StartNow, core.NewAttempt, core.Signal,
-          core.Requeue)  # fmt: skip
+STARTS = (
+    core.Submit,
+    core.Adopt,
+    core.Release,
+    core.StartNow,
+    core.NewAttempt,
+    core.Signal,
+    core.Requeue,
+)
 
-outcomes = st.sampled_from(["checkpointed", "finished", "failed", "resume_elsewhere",
-                            "restarts_exhausted"])  # fmt: skip
+outcomes = st.sampled_from(
+    ["checkpointed", "finished", "failed", "resume_elsewhere", "restarts_exhausted"]
+)
 files = st.builds(
     core.RunFiles,
-    progress=st.one_of(st.just({}), st.builds(lambda s: {"checkpoint_step": s},
-                                              st.integers(0, 5))),
-    rank_reports=st.lists(st.builds(lambda o, n: {"outcome": o, "node": n}, outcomes,
-                                    st.sampled_from(NODES)), max_size=2).map(tuple),
+    progress=st.one_of(st.just({}), st.builds(lambda s: {"checkpoint_step": s}, st.integers(0, 5))),
+    rank_reports=st.lists(
+        st.builds(lambda o, n: {"outcome": o, "node": n}, outcomes, st.sampled_from(NODES)),
+        max_size=2,
+    ).map(tuple),
     finished_marker=st.booleans(),
-)  # fmt: skip
+)
 observations = st.builds(
     lambda state, restarts, code, acct, start: JobInfo(
-        job_id="7", state=state, observed_at=NOW, exit_code=code, nodes=NODES[:2],
-        restart_count=restarts, from_accounting=acct, start_time=start, time_limit_s=600),
+        job_id="7",
+        state=state,
+        observed_at=NOW,
+        exit_code=code,
+        nodes=NODES[:2],
+        restart_count=restarts,
+        from_accounting=acct,
+        start_time=start,
+        time_limit_s=600,
+    ),
     st.sampled_from([s for s in JobState if s is not JobState.UNKNOWN]),
-    st.integers(0, 3), st.one_of(st.none(), st.sampled_from([0, 1, 16, 17, 74, 75, 93])),
-    st.booleans(), st.one_of(st.none(), st.just(NOW - 300)),
-)  # fmt: skip
+    st.integers(0, 3),
+    st.one_of(st.none(), st.sampled_from([0, 1, 16, 17, 74, 75, 93])),
+    st.booleans(),
+    st.one_of(st.none(), st.just(NOW - 300)),
+)
 
 
 @st.composite
 def runs(draw) -> Run:
     retries = draw(st.integers(0, 3))
     used = draw(st.integers(0, retries))
-    ft = FtSettings(num_job_retries_on_failure=retries,
-                    stop_if_straggler=draw(st.booleans()))  # fmt: skip
-    return Run(run_id="r", name="r", state=draw(st.sampled_from([RunState.PENDING,
-                                                                  RunState.RUNNING])),
-               created_at=0.0, spec={"options": {"nodes": 2, "exclude": []}, "run_dir": "/x"},
-               settings=ft.model_dump(mode="json"), job_retries_used=used,
-               continuations=draw(st.integers(0, 3)),
-               cancel_requested=draw(st.booleans()))  # fmt: skip
+    ft = FtSettings(num_job_retries_on_failure=retries, stop_if_straggler=draw(st.booleans()))
+    return Run(
+        run_id="r",
+        name="r",
+        state=draw(st.sampled_from([RunState.PENDING, RunState.RUNNING])),
+        created_at=0.0,
+        spec={"options": {"nodes": 2, "exclude": []}, "run_dir": "/x"},
+        settings=ft.model_dump(mode="json"),
+        job_retries_used=used,
+        continuations=draw(st.integers(0, 3)),
+        cancel_requested=draw(st.booleans()),
+    )
 
 
 @st.composite
 def attempts(draw) -> Attempt:
-    state = draw(st.sampled_from([s for s in AttemptState
-                                  if s not in (AttemptState.NEVER_SUBMITTED,
-                                               AttemptState.UNKNOWN)]))  # fmt: skip
+    state = draw(
+        st.sampled_from(
+            [
+                s
+                for s in AttemptState
+                if s not in (AttemptState.NEVER_SUBMITTED, AttemptState.UNKNOWN)
+            ]
+        )
+    )
     n = draw(st.integers(0, 3))
-    return Attempt("r", n, state, job_id=None if state is AttemptState.SUBMITTING else "7",
-                   tag=tag("r", n), restart_count=draw(st.integers(0, 2)),
-                   nodes=list(NODES[:2]))  # fmt: skip
+    return Attempt(
+        "r",
+        n,
+        state,
+        job_id=None if state is AttemptState.SUBMITTING else "7",
+        tag=tag("r", n),
+        restart_count=draw(st.integers(0, 2)),
+        nodes=list(NODES[:2]),
+    )
 
 
 def facts_for(draw_files: core.RunFiles, cancel: bool, down: bool, refused: bool) -> core.Facts:
-    return core.Facts(cancel_requested=cancel, trusted=True, found=(), files=draw_files,
-                      usable={n: not (down and n == "n2") for n in NODES},
-                      previous_known=True, requeue_refused=refused,
-                      history=FailureHistory(2, 100.0))  # fmt: skip
+    return core.Facts(
+        cancel_requested=cancel,
+        trusted=True,
+        found=(),
+        files=draw_files,
+        usable={n: not (down and n == "n2") for n in NODES},
+        previous_known=True,
+        requeue_refused=refused,
+        history=FailureHistory(2, 100.0),
+    )
 
 
 def ended(a: Attempt, info: JobInfo) -> bool:
     return a.state not in (AttemptState.SUBMITTING, AttemptState.REQUEUING) and (
-        info.state.is_terminal or info.restart_count > a.restart_count)
+        info.state.is_terminal or info.restart_count > a.restart_count
+    )
 
 
 @settings(max_examples=400, deadline=None)
@@ -99,8 +141,9 @@ def test_one_step(run, a, info, run_files, cancel, down, refused):
         assert not [i for i in out if isinstance(i, STARTS)], out
     if ended(a, info):
         # exactly one of: finish (the run ends), retry or continue (one next attempt)
-        verdicts = [i.data["verdict"] for i in out
-                    if isinstance(i, core.Event) and i.kind == "ended"]  # fmt: skip
+        verdicts = [
+            i.data["verdict"] for i in out if isinstance(i, core.Event) and i.kind == "ended"
+        ]
         assert len(verdicts) == 1
         final = [i.run for i in out if isinstance(i, core.UpdateRun)][-1]
         if verdicts[0] in ("retry", "continue"):
@@ -112,8 +155,7 @@ def test_one_step(run, a, info, run_files, cancel, down, refused):
 
 
 @settings(max_examples=200, deadline=None)
-@given(runs(), st.lists(st.tuples(observations, files, st.booleans()), min_size=1,
-                        max_size=12))  # fmt: skip
+@given(runs(), st.lists(st.tuples(observations, files, st.booleans()), min_size=1, max_size=12))
 def test_no_attempt_is_submitted_twice(run, looks):
     """Steps applied one after another, whatever the scheduler shows: each attempt gets at
     most one submission, and attempt numbers only grow."""
@@ -144,8 +186,10 @@ def test_no_attempt_is_submitted_twice(run, looks):
 # ------------------------------------------------------------------------- quiet attempts
 def _split(intents: list[core.Intent]) -> tuple[list[core.Intent], list[float]]:
     """The intents but the look wakes, and the look wakes' times."""
-    return ([i for i in intents if not (isinstance(i, core.Wake) and i.look)],
-            [i.at for i in intents if isinstance(i, core.Wake) and i.look])
+    return (
+        [i for i in intents if not (isinstance(i, core.Wake) and i.look)],
+        [i.at for i in intents if isinstance(i, core.Wake) and i.look],
+    )
 
 
 @st.composite
@@ -154,31 +198,60 @@ def watched(draw):  # type: ignore[no-untyped-def]
     state = draw(st.sampled_from([JobState.PENDING, JobState.RUNNING]))
     settings_ = FtSettings(
         preempt_time=draw(st.sampled_from([0, 60, 300])),
-        exclude_stragglers=draw(st.booleans()), stop_if_straggler=draw(st.booleans()),
+        exclude_stragglers=draw(st.booleans()),
+        stop_if_straggler=draw(st.booleans()),
         use_launcher=draw(st.booleans()),
-        straggler_report_interval_s=draw(st.sampled_from([10.0, 60.0])))
-    run = Run(run_id="r", name="r", state=RunState.RUNNING, created_at=0.0,
-              spec={"options": {"nodes": 1, "exclude": []}, "run_dir": "/nowhere"},
-              settings=settings_.model_dump(mode="json"))  # fmt: skip
+        straggler_report_interval_s=draw(st.sampled_from([10.0, 60.0])),
+    )
+    run = Run(
+        run_id="r",
+        name="r",
+        state=RunState.RUNNING,
+        created_at=0.0,
+        spec={"options": {"nodes": 1, "exclude": []}, "run_dir": "/nowhere"},
+        settings=settings_.model_dump(mode="json"),
+    )
     start = NOW - draw(st.sampled_from([10.0, 500.0, 3000.0]))
     signalled = draw(st.one_of(st.none(), st.just(NOW - 5.0)))
     running = state is JobState.RUNNING
-    a = Attempt("r", 0, AttemptState.of(state), job_id="7", tag=tag("r", 0),
-                nodes=["n1"] if running else [], start=start if running else None,
-                checkpoint_signal_at=signalled)  # fmt: skip
-    info = JobInfo(job_id="7", state=state, observed_at=NOW, nodes=("n1",) if running else (),
-                   start_time=start if running else None,
-                   time_limit_s=draw(st.sampled_from([None, 600, 3600])))  # fmt: skip
-    flags = tuple(NodeFlag(n, "why", NOW - 100, draw(st.one_of(
-        st.none(), st.floats(NOW - 50, NOW + 500)))) for n in draw(st.lists(
-            st.sampled_from(NODES), unique=True, max_size=3)))  # fmt: skip
-    report = draw(st.one_of(st.none(), st.builds(
-        lambda nodes: {"attempt": 0, "persistent_nodes": nodes, "threshold": 0.75},
-        st.lists(st.sampled_from(NODES), max_size=2))))  # fmt: skip
-    progress = draw(st.one_of(st.just({}), st.builds(
-        lambda s: {"max_checkpoint_save_s": s}, st.sampled_from([1.0, 100.0, 400.0]))))
-    facts = core.Facts(flags=flags, files=core.RunFiles(progress=progress,
-                                                       straggler_report=report))
+    a = Attempt(
+        "r",
+        0,
+        AttemptState.of(state),
+        job_id="7",
+        tag=tag("r", 0),
+        nodes=["n1"] if running else [],
+        start=start if running else None,
+        checkpoint_signal_at=signalled,
+    )
+    info = JobInfo(
+        job_id="7",
+        state=state,
+        observed_at=NOW,
+        nodes=("n1",) if running else (),
+        start_time=start if running else None,
+        time_limit_s=draw(st.sampled_from([None, 600, 3600])),
+    )
+    flags = tuple(
+        NodeFlag(n, "why", NOW - 100, draw(st.one_of(st.none(), st.floats(NOW - 50, NOW + 500))))
+        for n in draw(st.lists(st.sampled_from(NODES), unique=True, max_size=3))
+    )
+    report = draw(
+        st.one_of(
+            st.none(),
+            st.builds(
+                lambda nodes: {"attempt": 0, "persistent_nodes": nodes, "threshold": 0.75},
+                st.lists(st.sampled_from(NODES), max_size=2),
+            ),
+        )
+    )
+    progress = draw(
+        st.one_of(
+            st.just({}),
+            st.builds(lambda s: {"max_checkpoint_save_s": s}, st.sampled_from([1.0, 100.0, 400.0])),
+        )
+    )
+    facts = core.Facts(flags=flags, files=core.RunFiles(progress=progress, straggler_report=report))
     return a, info, run, facts
 
 
@@ -195,11 +268,15 @@ def test_a_quiet_step_decides_the_same_until_its_deadline(case, fraction, interv
     event(f"quiet: {quiet}")
     if not quiet:
         return
-    due = min([i.at for i in first if not i.look] + [f.expires_at for f in facts.flags
-              if f.expires_at is not None and f.expires_at > NOW], default=NOW + 10_000)
+    due = min(
+        [i.at for i in first if not i.look]
+        + [f.expires_at for f in facts.flags if f.expires_at is not None and f.expires_at > NOW],
+        default=NOW + 10_000,
+    )
     later = NOW + fraction * (due - NOW) * 0.999
-    again = core.step(a, replace(info, observed_at=later), run,
-                      replace(facts, poll_interval=interval), later)  # fmt: skip
+    again = core.step(
+        a, replace(info, observed_at=later), run, replace(facts, poll_interval=interval), later
+    )
     (kept, looks), (kept_again, looks_again) = _split(first), _split(again)
     assert kept_again == kept
     assert looks_again == pytest.approx([t + (later - NOW) for t in looks])

@@ -35,11 +35,11 @@ from .conftest import wait_for
 REPO = Path(__file__).resolve().parents[1]
 
 
-
-
 def timings(*medians: float, samples: int = 10, nodes: tuple[str, ...] = ()) -> list[RankTiming]:
-    return [RankTiming(rank, nodes[rank] if nodes else f"n{rank}", m, samples)
-            for rank, m in enumerate(medians)]  # fmt: skip
+    return [
+        RankTiming(rank, nodes[rank] if nodes else f"n{rank}", m, samples)
+        for rank, m in enumerate(medians)
+    ]
 
 
 def by_rank(scores: list[Score]) -> dict[int, tuple[float, float]]:
@@ -54,28 +54,47 @@ def test_window_median() -> None:
         window_median([])
 
 
-@pytest.mark.parametrize(("medians", "history", "reference", "expected"), [
-    # reference "best": the fastest rank scores 1, the others best / own.
-    ((1.0, 1.0, 2.0), {}, "best", {0: (1.0, 1.0), 1: (1.0, 1.0), 2: (0.5, 1.0)}),
-    ((2.0, 4.0, 2.5), {}, "best", {0: (1.0, 1.0), 1: (0.5, 1.0), 2: (0.8, 1.0)}),
-    # one unusually fast rank makes every other rank look slow against "best" ...
-    ((0.5, 1.0, 1.0, 1.0), {}, "best",
-     {0: (1.0, 1.0), 1: (0.5, 1.0), 2: (0.5, 1.0), 3: (0.5, 1.0)}),
-    # ... but not against "median" (median of 0.5, 1, 1, 1 is 1); faster ranks are capped at 1.
-    ((0.5, 1.0, 1.0, 1.0), {}, "median",
-     {0: (1.0, 1.0), 1: (1.0, 1.0), 2: (1.0, 1.0), 3: (1.0, 1.0)}),
-    ((1.0, 1.0, 3.0), {}, "median", {0: (1.0, 1.0), 1: (1.0, 1.0), 2: (1 / 3, 1.0)}),
-    # individual: own best of earlier windows over the current median, capped at 1.
-    ((1.0, 2.0), {0: 0.5, 1: 4.0}, "best", {0: (1.0, 0.5), 1: (0.5, 1.0)}),
-])  # fmt: skip
-def test_score_window_table(medians: tuple[float, ...], history: dict[int, float],
-                            reference: str, expected: dict[int, tuple[float, float]]) -> None:
+@pytest.mark.parametrize(
+    ("medians", "history", "reference", "expected"),
+    [
+        # reference "best": the fastest rank scores 1, the others best / own.
+        ((1.0, 1.0, 2.0), {}, "best", {0: (1.0, 1.0), 1: (1.0, 1.0), 2: (0.5, 1.0)}),
+        ((2.0, 4.0, 2.5), {}, "best", {0: (1.0, 1.0), 1: (0.5, 1.0), 2: (0.8, 1.0)}),
+        # one unusually fast rank makes every other rank look slow against "best" ...
+        (
+            (0.5, 1.0, 1.0, 1.0),
+            {},
+            "best",
+            {0: (1.0, 1.0), 1: (0.5, 1.0), 2: (0.5, 1.0), 3: (0.5, 1.0)},
+        ),
+        # ... but not against "median" (median of 0.5, 1, 1, 1 is 1); faster ranks are capped at 1.
+        (
+            (0.5, 1.0, 1.0, 1.0),
+            {},
+            "median",
+            {0: (1.0, 1.0), 1: (1.0, 1.0), 2: (1.0, 1.0), 3: (1.0, 1.0)},
+        ),
+        ((1.0, 1.0, 3.0), {}, "median", {0: (1.0, 1.0), 1: (1.0, 1.0), 2: (1 / 3, 1.0)}),
+        # individual: own best of earlier windows over the current median, capped at 1.
+        ((1.0, 2.0), {0: 0.5, 1: 4.0}, "best", {0: (1.0, 0.5), 1: (0.5, 1.0)}),
+    ],
+)
+def test_score_window_table(
+    medians: tuple[float, ...],
+    history: dict[int, float],
+    reference: str,
+    expected: dict[int, tuple[float, float]],
+) -> None:
     assert by_rank(score_window(timings(*medians), history, reference)) == expected
 
 
 def test_score_window_skips_under_sampled_ranks() -> None:
-    window = [RankTiming(0, "a", 1.0, MIN_SAMPLES), RankTiming(1, "a", 0.1, MIN_SAMPLES - 1),
-              RankTiming(2, "b", 2.0, 50), RankTiming(3, "b", 0.0, 50)]  # fmt: skip
+    window = [
+        RankTiming(0, "a", 1.0, MIN_SAMPLES),
+        RankTiming(1, "a", 0.1, MIN_SAMPLES - 1),
+        RankTiming(2, "b", 2.0, 50),
+        RankTiming(3, "b", 0.0, 50),
+    ]
     scores = score_window(window, {})
     assert [s.rank for s in scores] == [0, 2]  # the fast rank 1 does not set the reference
     assert by_rank(scores) == {0: (1.0, 1.0), 2: (0.5, 1.0)}
@@ -88,8 +107,12 @@ def test_score_window_skips_under_sampled_ranks() -> None:
 def test_update_best_history_and_stragglers() -> None:
     history = update_best_history({0: 1.0, 1: 3.0}, timings(2.0, 2.0, 5.0))
     assert history == {0: 1.0, 1: 2.0, 2: 5.0}
-    scores = [Score(0, "a", 1.0, 1.0, 1.0), Score(1, "a", 0.74, 1.0, 1.3),
-              Score(2, "b", 1.0, 0.6, 1.0), Score(3, "b", 0.75, 0.75, 1.0)]  # fmt: skip
+    scores = [
+        Score(0, "a", 1.0, 1.0, 1.0),
+        Score(1, "a", 0.74, 1.0, 1.3),
+        Score(2, "b", 1.0, 0.6, 1.0),
+        Score(3, "b", 0.75, 0.75, 1.0),
+    ]
     assert [s.rank for s in stragglers(scores)] == [1, 2]
     assert [s.rank for s in stragglers(scores, threshold=0.7)] == [2]
 
@@ -121,8 +144,9 @@ def test_fastest_rank_is_the_best_reference(medians: list[float]) -> None:
 
 
 @given(medians_st, st.floats(1e-3, 1e3), st.sampled_from(["best", "median"]))
-def test_scaling_all_times_keeps_relative_scores(medians: list[float], factor: float,
-                                                 reference: str) -> None:
+def test_scaling_all_times_keeps_relative_scores(
+    medians: list[float], factor: float, reference: str
+) -> None:
     before = score_window(timings(*medians), {}, reference)
     after = score_window(timings(*(m * factor for m in medians)), {}, reference)
     for a, b in zip(before, after, strict=True):
@@ -146,8 +170,11 @@ def test_a_slowed_rank_is_flagged_and_only_it(data: st.DataObject) -> None:
 
 # --------------------------------------------------------------------------- node verdicts
 def test_node_verdicts_count_consecutive_windows() -> None:
-    slow_a = [Score(0, "a", 0.5, 1.0, 2.0), Score(1, "a", 1.0, 1.0, 1.0),
-              Score(2, "b", 1.0, 1.0, 1.0)]  # fmt: skip
+    slow_a = [
+        Score(0, "a", 0.5, 1.0, 2.0),
+        Score(1, "a", 1.0, 1.0, 1.0),
+        Score(2, "b", 1.0, 1.0, 1.0),
+    ]
     clean = [Score(0, "a", 1.0, 1.0, 1.0), Score(2, "b", 1.0, 1.0, 1.0)]
     verdicts = NodeVerdicts()
     assert verdicts.update(slow_a) == {"a": 1, "b": 0}
@@ -198,8 +225,13 @@ def test_step_timer_windows_and_publishing(tmp_path: Path) -> None:
     clock.advance(8.5)
     assert timer.maybe_publish()
     first = rank_file(tmp_path, 3)
-    assert {k: first[k] for k in ("rank", "node", "samples", "window_index", "previous")} \
-        == {"rank": 3, "node": "nA", "samples": 4, "window_index": 0, "previous": None}
+    assert {k: first[k] for k in ("rank", "node", "samples", "window_index", "previous")} == {
+        "rank": 3,
+        "node": "nA",
+        "samples": 4,
+        "window_index": 0,
+        "previous": None,
+    }
     assert first["median_s"] == 0.4375
     assert abs(first["window_end"] - time.time()) < 60
     assert timer.window() is None  # the window restarted
@@ -222,8 +254,9 @@ def test_step_timer_windows_and_publishing(tmp_path: Path) -> None:
     assert rank_file(tmp_path, 3)["window_index"] == 1
 
 
-def test_step_timer_defaults_from_the_environment(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_step_timer_defaults_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name in ("RANK", "SLURM_PROCID", "SLURMD_NODENAME", "FTSLURM_RUN_DIR"):
         monkeypatch.delenv(name, raising=False)
     clock = FakeClock()
@@ -251,8 +284,10 @@ class Ranks:
 
     def __init__(self, run_dir: Path, nodes: list[str]) -> None:
         self.clock = FakeClock()
-        self.timers = [StepTimer(10.0, rank=r, node=node, run_dir=run_dir, clock=self.clock)
-                       for r, node in enumerate(nodes)]  # fmt: skip
+        self.timers = [
+            StepTimer(10.0, rank=r, node=node, run_dir=run_dir, clock=self.clock)
+            for r, node in enumerate(nodes)
+        ]
 
     def window(self, step_s: list[float], publish: list[int] | None = None) -> None:
         for timer, seconds in zip(self.timers, step_s, strict=True):
@@ -276,25 +311,37 @@ def test_collect_report_scores_persists_and_is_idempotent(tmp_path: Path) -> Non
         assert json.loads((tmp_path / "stragglers" / "report.json").read_text()) == report
     state = json.loads((tmp_path / "stragglers" / "state.json").read_text())
     again = collect_report(tmp_path, persistent_windows=3)
-    assert {k: v for k, v in again.items() if k != "updated_at"} \
-        == {k: v for k, v in report.items() if k != "updated_at"}
+    assert {k: v for k, v in again.items() if k != "updated_at"} == {
+        k: v for k, v in report.items() if k != "updated_at"
+    }
     assert json.loads((tmp_path / "stragglers" / "state.json").read_text()) == state
-    assert set(report) >= {"window_index", "reference", "threshold", "scores", "stragglers",
-                           "persistent_nodes", "updated_at"}  # fmt: skip
+    assert set(report) >= {
+        "window_index",
+        "reference",
+        "threshold",
+        "scores",
+        "stragglers",
+        "persistent_nodes",
+        "updated_at",
+    }
     assert set(report["scores"][0]) == {"rank", "node", "relative", "individual", "median_s"}
     assert set(report["stragglers"][0]) == {"rank", "node", "relative", "individual"}
 
     # every rank gets slower than it was: their individual scores drop
     ranks.window([2.0, 2.0, 2.0, 2.0])
     report = collect_report(tmp_path, persistent_windows=3)
-    assert [(s["rank"], s["relative"], s["individual"]) for s in report["stragglers"]] \
-        == [(0, 1.0, 0.5), (1, 1.0, 0.5), (2, 1.0, 0.5)]
+    assert [(s["rank"], s["relative"], s["individual"]) for s in report["stragglers"]] == [
+        (0, 1.0, 0.5),
+        (1, 1.0, 0.5),
+        (2, 1.0, 0.5),
+    ]
     assert report["persistent_nodes"] == ["nB"]
     # only rank 0 is slow: nB is clean for a window, its count restarts
     ranks.window([2.0, 1.0, 1.0, 1.0])
     report = collect_report(tmp_path, persistent_windows=3)
-    assert [(s["rank"], s["relative"], s["individual"]) for s in report["stragglers"]] \
-        == [(0, 0.5, 0.5)]
+    assert [(s["rank"], s["relative"], s["individual"]) for s in report["stragglers"]] == [
+        (0, 0.5, 0.5)
+    ]
     assert report["persistent_nodes"] == []
 
 
@@ -325,16 +372,19 @@ def test_collect_report_scores_the_latest_window_every_rank_finished(tmp_path: P
     assert collect_report(tmp_path)["skipped_ranks"] == [0, 1, 2]
 
 
-def test_collect_report_follows_the_latest_attempt(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_collect_report_follows_the_latest_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ranks = Ranks(tmp_path, ["nA", "nB", "nB"])
     for _ in range(4):
         ranks.window([1.0, 1.0, 1.0])
     assert collect_report(tmp_path)["window_index"] == 3
     monkeypatch.setenv("FTSLURM_ATTEMPT", "1")  # a continuation with two ranks, new indices
     clock = FakeClock()
-    again = [StepTimer(10.0, rank=r, node=n, run_dir=tmp_path, clock=clock)
-             for r, n in enumerate(["nC", "nA"])]  # fmt: skip
+    again = [
+        StepTimer(10.0, rank=r, node=n, run_dir=tmp_path, clock=clock)
+        for r, n in enumerate(["nC", "nA"])
+    ]
     for timer, seconds in zip(again, [1.0, 4.0], strict=True):
         for _ in range(5):
             timer.record(seconds)
@@ -348,7 +398,8 @@ def test_collect_report_follows_the_latest_attempt(tmp_path: Path,
 
 
 def test_collect_report_after_an_in_job_restart_and_in_a_new_attempt(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ranks = Ranks(tmp_path, ["nA", "nB"])
     for _ in range(2):
         ranks.window([1.0, 2.0])
@@ -371,13 +422,20 @@ def test_collect_report_after_an_in_job_restart_and_in_a_new_attempt(
 
 
 def test_rank_agent_times_compute_sections_for_straggler_scores(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Steps are timed until a "compute" section shows up; from then on only compute
     sections (a rank waiting in a collective for a slow peer must not look slow)."""
     from ftslurm.agent.rank import RankAgent
 
-    agent = RankAgent({"RANK": "3", "FTSLURM_RUN_DIR": str(tmp_path),
-                       "FTSLURM_STRAGGLER_INTERVAL_S": "1000", "SLURMD_NODENAME": "nX"})
+    agent = RankAgent(
+        {
+            "RANK": "3",
+            "FTSLURM_RUN_DIR": str(tmp_path),
+            "FTSLURM_STRAGGLER_INTERVAL_S": "1000",
+            "SLURMD_NODENAME": "nX",
+        }
+    )
     assert agent._timer is not None and agent._timer.node == "nX"
     with agent.section("step"):
         pass
@@ -446,21 +504,36 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
         proc.wait(timeout=10)
 
 
-def test_end_to_end_names_the_slow_node(tmp_path: Path,
-                                        children: list[subprocess.Popen[bytes]]) -> None:
+def test_end_to_end_names_the_slow_node(
+    tmp_path: Path, children: list[subprocess.Popen[bytes]]
+) -> None:
     layout = [("nA", 0.01), ("nA", 0.01), ("nB", 0.03), ("nB", 0.01)]  # rank 2 is slow
     windows, persistent = 10, 3
     for rank, (node, step_s) in enumerate(layout):
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("SLURM", "FTSLURM_")) and k != "RANK"}  # fmt: skip
-        env.update(RANK=str(rank), SLURMD_NODENAME=node, FTSLURM_RUN_DIR=str(tmp_path),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
-                                                            env.get("PYTHONPATH")])))  # fmt: skip
-        children.append(subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(tmp_path), str(step_s), "0.4", str(windows)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    wait_for(lambda: all((tmp_path / f"ready-{r}").exists() for r in range(4)),
-             timeout=30, what="the ranks to start")  # fmt: skip
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLURM", "FTSLURM_")) and k != "RANK"
+        }
+        env.update(
+            RANK=str(rank),
+            SLURMD_NODENAME=node,
+            FTSLURM_RUN_DIR=str(tmp_path),
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        )
+        children.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CHILD, str(tmp_path), str(step_s), "0.4", str(windows)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
+    wait_for(
+        lambda: all((tmp_path / f"ready-{r}").exists() for r in range(4)),
+        timeout=30,
+        what="the ranks to start",
+    )
     (tmp_path / "go").touch()
 
     reports: dict[int, dict[str, Any]] = {}

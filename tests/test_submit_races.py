@@ -44,9 +44,25 @@ def _stopped(pid: int) -> bool:
 def _paused_submit(cli: Cli, train: Path) -> tuple[subprocess.Popen, str]:
     """`submit --dry-run` held (SIGSTOP) right after it recorded the run; its run id."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ftslurm", "submit", "--dry-run", "--json", str(train), "--",
-         "100", "0.1", "10"], env=dict(cli.env, **{PAUSE_ENV: "1"}), cwd=cli.cwd,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ftslurm",
+            "submit",
+            "--dry-run",
+            "--json",
+            str(train),
+            "--",
+            "100",
+            "0.1",
+            "10",
+        ],
+        env=dict(cli.env, **{PAUSE_ENV: "1"}),
+        cwd=cli.cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: proc.poll() is not None or _stopped(proc.pid), 60, "submit to pause")
     assert proc.poll() is None, proc.communicate()
     runs = Store(cli.home).list_runs()

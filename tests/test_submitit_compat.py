@@ -29,8 +29,16 @@ EXAMPLE = REPO / "examples" / "submitit_recipe.py"
 STEPS = 200
 STEP_TIME = "0.02"  # the signalled run must still be training when the signal comes
 EXIT_TIMEOUT = 90.0  # torch's import alone takes seconds on a busy machine
-_OWN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
-             "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
+_OWN_KEYS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def make_env(root: Path, attempt: int = 0, rank: int = 0, world: int = 1) -> dict[str, str]:
@@ -40,13 +48,23 @@ def make_env(root: Path, attempt: int = 0, rank: int = 0, world: int = 1) -> dic
         if not k.startswith(("SLURM_", "FTSLURM_", "TORCHELASTIC_")) and k not in _OWN_KEYS
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.update({
-        "FTSLURM_RUN_ID": "run-test", "FTSLURM_RUN_DIR": str(root / "run"),
-        "FTSLURM_CHECKPOINT_DIR": str(root / "ckpt"), "FTSLURM_ATTEMPT": str(attempt),
-        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": str(world),
-        "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_JOB_ID": "777",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "FTSLURM_GRACE_S": "30",
-    })  # fmt: skip
+    env.update(
+        {
+            "FTSLURM_RUN_ID": "run-test",
+            "FTSLURM_RUN_DIR": str(root / "run"),
+            "FTSLURM_CHECKPOINT_DIR": str(root / "ckpt"),
+            "FTSLURM_ATTEMPT": str(attempt),
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NTASKS": str(world),
+            "SLURM_NODEID": "0",
+            "SLURM_NNODES": "1",
+            "SLURM_JOB_ID": "777",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29999",
+            "FTSLURM_GRACE_S": "30",
+        }
+    )
     (root / "run").mkdir(parents=True, exist_ok=True)
     return env
 
@@ -59,7 +77,10 @@ class Proc:
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "ftslurm.agent.task", "--", *command],
-                env=env, stdout=out, stderr=err)  # fmt: skip
+                env=env,
+                stdout=out,
+                stderr=err,
+            )
 
     def wait(self, timeout: float = EXIT_TIMEOUT) -> int:
         try:
@@ -67,8 +88,9 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
-            raise AssertionError(f"still running after {timeout:.0f}s; stderr: "
-                                 f"{self.stderr()[-2000:]}") from None  # fmt: skip
+            raise AssertionError(
+                f"still running after {timeout:.0f}s; stderr: {self.stderr()[-2000:]}"
+            ) from None
 
     def signal(self, sig: int) -> None:
         self.popen.send_signal(sig)  # the wrapper forwards it to the command's group
@@ -129,8 +151,9 @@ def interrupted(tmp_path_factory) -> tuple[Path, Proc, int]:
     process and the exit code."""
     root = tmp_path_factory.mktemp("interrupted")
     proc = run_example(root, "train", 0, "--step-time", STEP_TIME)
-    wait_for(lambda: progress_step(root) > 0 or not proc.alive(), EXIT_TIMEOUT,
-             "the first reported step")  # fmt: skip
+    wait_for(
+        lambda: progress_step(root) > 0 or not proc.alive(), EXIT_TIMEOUT, "the first reported step"
+    )
     assert proc.alive(), proc.stderr()
     proc.signal(signal.SIGUSR2)
     return root, proc, proc.wait()
@@ -176,7 +199,8 @@ def test_signal_stores_a_continuation_and_exits_0(interrupted):
 
 
 def test_resumed_run_continues_from_the_saved_step_to_the_same_parameters(
-        interrupted, uninterrupted, tmp_path):  # fmt: skip
+    interrupted, uninterrupted, tmp_path
+):
     source, first, code = interrupted
     assert code == 0, first.stderr()
     saved = int(re.search(r"checkpoint at step (\d+)", first.stdout()).group(1))
@@ -224,22 +248,29 @@ def test_save_then_load_round_trip_and_older_files_go(tmp_path):
     target = tmp_path / "c"
     compat.save_continuation(target, submitit.helpers.DelayedSubmission(min, 1), 1, 1)
     (target / ".continuation-000002.pkl.999.tmp").write_bytes(b"half")  # a crashed save
-    manifest = compat.save_continuation(target, submitit.helpers.DelayedSubmission(max, 3, 4),
-                                        2, 7)  # fmt: skip
-    assert sorted(p.name for p in target.iterdir()) == ["continuation-000002.pkl",
-                                                        "continuation.json"]  # fmt: skip
+    manifest = compat.save_continuation(target, submitit.helpers.DelayedSubmission(max, 3, 4), 2, 7)
+    assert sorted(p.name for p in target.iterdir()) == [
+        "continuation-000002.pkl",
+        "continuation.json",
+    ]
     delayed, loaded = compat.load_continuation(target)
     assert loaded == manifest and manifest["step"] == 7 and manifest["training_step"] is None
     assert delayed.function(*delayed.args) == 4
     assert compat.load_continuation(tmp_path / "nothing") is None
 
 
-@pytest.mark.parametrize("damage, words", [
-    ("flip", "does not match the sha256"), ("grow", "bytes where its manifest says"),
-    ("remove", "No such file"), ("manifest", "not a readable continuation manifest"),
-    ("not-delayed", "not a DelayedSubmission"), ("unpicklable", "cannot be unpickled"),
-    ("format", "this ftslurm reads format 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        ("flip", "does not match the sha256"),
+        ("grow", "bytes where its manifest says"),
+        ("remove", "No such file"),
+        ("manifest", "not a readable continuation manifest"),
+        ("not-delayed", "not a DelayedSubmission"),
+        ("unpicklable", "cannot be unpickled"),
+        ("format", "this ftslurm reads format 1"),
+    ],
+)
 def test_damaged_continuations_raise_one_line_errors(tmp_path, damage, words):
     target, manifest = _stored(tmp_path)
     stored = target / manifest["file"]
@@ -332,12 +363,17 @@ def run_counter(root: Path, mode: str, rank: int = 0, world: int = 1, attempt: i
     return Proc(root, f"{mode}-{rank}-{attempt}", [sys.executable, str(script), mode], env)
 
 
-def started(root: Path, proc: Proc, rank: int = 0, attempt: int = 0, steps: bool = True
-            ) -> int:  # fmt: skip
+def started(root: Path, proc: Proc, rank: int = 0, attempt: int = 0, steps: bool = True) -> int:
     """Wait until the callable runs (and rank 0 reported a step): the count it started at."""
     mark = root / "out" / f"started-{rank}-{attempt}"
-    wait_for(lambda: (mark.exists() and (rank != 0 or not steps or progress_step(root) > 0))
-             or not proc.alive(), 30, f"rank {rank} to start its callable")  # fmt: skip
+    wait_for(
+        lambda: (
+            (mark.exists() and (rank != 0 or not steps or progress_step(root) > 0))
+            or not proc.alive()
+        ),
+        30,
+        f"rank {rank} to start its callable",
+    )
     assert proc.alive(), proc.stderr()
     return int(mark.read_text())
 
@@ -361,7 +397,8 @@ def test_small_callable_continues_over_attempts_at_its_count(tmp_path, sig):
 
 
 def test_a_signal_while_progress_is_being_written_still_stores_and_records_the_continuation(
-        tmp_path):  # fmt: skip
+    tmp_path,
+):
     proc = run_counter(tmp_path, "in-lock")
     assert proc.wait() == 0, proc.stderr()
     assert (tmp_path / "out" / "signalled").exists()
@@ -388,8 +425,12 @@ def test_failing_checkpoint_is_a_failure_and_keeps_the_previous_continuation(tmp
     assert proc.wait() == 0, proc.stderr()
     # The continuation stores mode "ok"; make its checkpoint() raise by changing the mode.
     delayed, _ = compat.load_continuation(folder(tmp_path))
-    compat.save_continuation(folder(tmp_path), submitit.helpers.DelayedSubmission(
-        delayed.function, delayed.args[0], "raise"), 1, 1)  # fmt: skip
+    compat.save_continuation(
+        folder(tmp_path),
+        submitit.helpers.DelayedSubmission(delayed.function, delayed.args[0], "raise"),
+        1,
+        1,
+    )
     before = (folder(tmp_path) / compat.MANIFEST).read_text()
     again = run_counter(tmp_path, "ok", attempt=1)
     started(tmp_path, again, attempt=1)
@@ -400,13 +441,13 @@ def test_failing_checkpoint_is_a_failure_and_keeps_the_previous_continuation(tmp
     assert compat.load_continuation(folder(tmp_path)) is not None
 
 
-def test_plain_function_is_not_killed_by_the_checkpoint_signal_and_ends_as_term_would(
-        tmp_path):  # fmt: skip
+def test_plain_function_is_not_killed_by_the_checkpoint_signal_and_ends_as_term_would(tmp_path):
     proc = run_counter(tmp_path, "plain")
     started(tmp_path, proc, steps=False)
     proc.signal(signal.SIGUSR2)  # not caught: the wrapper holds it back
-    wait_for(lambda: "SIGUSR2 held" in proc.stderr() or not proc.alive(), 30,
-             "the wrapper to hold USR2")  # fmt: skip
+    wait_for(
+        lambda: "SIGUSR2 held" in proc.stderr() or not proc.alive(), 30, "the wrapper to hold USR2"
+    )
     assert proc.alive(), proc.stderr()
     proc.signal(signal.SIGTERM)
     assert proc.wait() == 128 + signal.SIGTERM  # the wrapper's code for "killed by it"

@@ -21,11 +21,19 @@ GOLDEN = Path(__file__).parent / "data" / "job.sbatch.golden"
 def render(**overrides) -> str:
     kwargs = dict(
         command=["python", "train.py", "--lr", "0.1"],
-        options=JobOptions(name="my run", nodes=2, ntasks_per_node=1, time_limit="90",
-                           comment="ftslurm:run=r1:attempt=0", signal="B:USR1@120"),
-        run_id="r1", attempt=0, env={"FTSLURM_RUN_ID": "r1", "QUOTED": "a b'c"},
+        options=JobOptions(
+            name="my run",
+            nodes=2,
+            ntasks_per_node=1,
+            time_limit="90",
+            comment="ftslurm:run=r1:attempt=0",
+            signal="B:USR1@120",
+        ),
+        run_id="r1",
+        attempt=0,
+        env={"FTSLURM_RUN_ID": "r1", "QUOTED": "a b'c"},
         setup=["module load cuda"],
-    )  # fmt: skip
+    )
     kwargs.update(overrides)
     return render_job_script(**kwargs)
 
@@ -43,10 +51,13 @@ def test_empty_command_and_unknown_template_are_config_errors():
 
 def test_the_real_cluster_reads_the_rendered_header(backend, jobs, tmp_path):
     out = tmp_path / "out.txt"
-    script = render(command=["bash", "-c", f"echo $SLURM_PROCID $QUOTED >> {out}"],
-                    options=JobOptions(name="my run", nodes=2, ntasks_per_node=1,
-                                       time_limit="5", comment="with spaces here"),
-                    setup=[])  # fmt: skip
+    script = render(
+        command=["bash", "-c", f"echo $SLURM_PROCID $QUOTED >> {out}"],
+        options=JobOptions(
+            name="my run", nodes=2, ntasks_per_node=1, time_limit="5", comment="with spaces here"
+        ),
+        setup=[],
+    )
     job = backend.submit(script, JobOptions())
     jobs.append(job)
     info = wait_job(backend, job, lambda i: i.state.is_terminal, 60, "the end")
@@ -62,16 +73,28 @@ ATTEMPT_GOLDEN = Path(__file__).parent / "data" / "attempt.sbatch.golden"
 def typical_attempt() -> str:
     """The batch script the daemon submits for attempt 1 of a typical 2-node run, with a
     node excluded by the daemon and one by the user."""
-    recipe = Recipe(command=["/opt/venv/bin/python", "/home/user/proj/train.py", "--lr", "3e-4"],
-                    name="llama-8b", nodes=2, gpus_per_node=4, time="4:00:00",
-                    partition="gpu", account="proj", exclude=("n9",),
-                    env={"NCCL_DEBUG": "WARN"}, setup=("module load cuda",),
-                    num_in_job_restarts=2, preempt_time=120)  # fmt: skip
-    spec = make_spec(recipe, run_dir=Path("/home/user/.local/state/ftslurm/runs/r1"),
-                     backend="slurm", workdir="/home/user/proj")  # fmt: skip
+    recipe = Recipe(
+        command=["/opt/venv/bin/python", "/home/user/proj/train.py", "--lr", "3e-4"],
+        name="llama-8b",
+        nodes=2,
+        gpus_per_node=4,
+        time="4:00:00",
+        partition="gpu",
+        account="proj",
+        exclude=("n9",),
+        env={"NCCL_DEBUG": "WARN"},
+        setup=("module load cuda",),
+        num_in_job_restarts=2,
+        preempt_time=120,
+    )
+    spec = make_spec(
+        recipe,
+        run_dir=Path("/home/user/.local/state/ftslurm/runs/r1"),
+        backend="slurm",
+        workdir="/home/user/proj",
+    )
     spec["python"] = "/opt/venv/bin/python"  # the login node's interpreter, fixed here
-    script, _ = build_attempt("r1", spec, recipe.settings().model_dump(mode="json"), 1,
-                              ("n3",))  # fmt: skip
+    script, _ = build_attempt("r1", spec, recipe.settings().model_dump(mode="json"), 1, ("n3",))
     return script
 
 

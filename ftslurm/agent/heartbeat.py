@@ -151,7 +151,7 @@ def read_beat(directory: Path | str, local_rank: int) -> Beat | None:
         attached_at=_F64.unpack_from(data, 32)[0],
         pid=_I64.unpack_from(data, 40)[0],
         beats=_I64.unpack_from(data, 48)[0] != CPU_WATCHED,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -185,19 +185,22 @@ def hang_reason(beat: Beat, timeouts: Timeouts, now: float) -> str | None:
     if _own_limit(beat, timeouts) and beat.section_start is not None:
         limit = timeouts.sections[beat.section]  # type: ignore[index]
         if limit is not None and now - beat.section_start > limit:
-            return (f"section {beat.section!r} open for {now - beat.section_start:.1f}s "
-                    f"(timeout {limit:g}s)")  # fmt: skip
+            return (
+                f"section {beat.section!r} open for {now - beat.section_start:.1f}s "
+                f"(timeout {limit:g}s)"
+            )
         return None
     if beat.last_beat is None:
         if timeouts.initial is not None and now - beat.attached_at > timeouts.initial:
-            return f"no heartbeat {now - beat.attached_at:.1f}s after start " \
-                   f"(timeout {timeouts.initial:g}s)"
+            return (
+                f"no heartbeat {now - beat.attached_at:.1f}s after start "
+                f"(timeout {timeouts.initial:g}s)"
+            )
         return None
     limit = timeouts.out_of_section
     if limit is not None and now - beat.last_beat > limit:
         where = f"in section {beat.section!r}" if beat.section else "outside any section"
-        return (f"no sign of life for {now - beat.last_beat:.1f}s {where} "
-                f"(timeout {limit:g}s)")  # fmt: skip
+        return f"no sign of life for {now - beat.last_beat:.1f}s {where} (timeout {limit:g}s)"
     return None
 
 
@@ -231,8 +234,9 @@ def observe_pace(pace: Pace, beat: Beat, timeouts: Timeouts) -> Pace:
     return Pace(beat.step, beat.last_beat, pace.steps + advanced, longest, own)
 
 
-def learned(timeouts: Timeouts, pace: Pace, factor: float = SAFETY_FACTOR,
-            floor_s: float = FLOOR_S) -> Timeouts:  # fmt: skip
+def learned(
+    timeouts: Timeouts, pace: Pace, factor: float = SAFETY_FACTOR, floor_s: float = FLOOR_S
+) -> Timeouts:
     """The running timeout tightened by the pace seen after the warm-up (pure): `factor` x
     the longest step, at least `floor_s`, never looser than configured; off stays off."""
     if pace.longest is None or timeouts.out_of_section is None:
@@ -268,5 +272,4 @@ def idle_reason(watch: CpuWatch | None, limit: float | None, now: float) -> str 
     """Why a rank that never wrote heartbeats counts as hung: no CPU use for `limit`."""
     if watch is None or limit is None or now - watch.busy_at <= limit:
         return None
-    return (f"no CPU use for {now - watch.busy_at:.1f}s and no heartbeats "
-            f"(timeout {limit:g}s)")
+    return f"no CPU use for {now - watch.busy_at:.1f}s and no heartbeats (timeout {limit:g}s)"

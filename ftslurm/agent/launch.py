@@ -80,7 +80,7 @@ from ftslurm.agent.heartbeat import (
     read_beat,
     silence,
     watch_cpu,
-)  # fmt: skip
+)
 from ftslurm.agent.peers import PeerWatch, poll_interval
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.straggler import collect_report
@@ -121,9 +121,17 @@ class NodeOutcome:
     warnings: tuple[str, ...] = field(default=())
 
 
-def decide_outcome(*, succeeded: bool, failures: dict[int, int], ranks: set[int],
-                   stopped: dict[int, str], signalled: bool, finished: bool,
-                   max_restarts: int, hung: bool = False) -> NodeOutcome:  # fmt: skip
+def decide_outcome(
+    *,
+    succeeded: bool,
+    failures: dict[int, int],
+    ranks: set[int],
+    stopped: dict[int, str],
+    signalled: bool,
+    finished: bool,
+    max_restarts: int,
+    hung: bool = False,
+) -> NodeOutcome:
     """The node's exit code and outcome (pure), from how its ranks ended and what they
     recorded. `failures`: rank -> exit code of the ranks that failed; `ranks`: every rank
     of this node; `stopped`: rank -> the outcome it recorded ("checkpointed"/"finished")
@@ -137,13 +145,19 @@ def decide_outcome(*, succeeded: bool, failures: dict[int, int], ranks: set[int]
     teardown = bool(failures) and all_stopped and not set(failures.values()) & set(NAMED_EXITS)
     if succeeded or teardown:
         done = finished or stopped_finished
-        code = ExitCode.CONTINUE if (signalled or all_stopped) and not done \
-            else ExitCode.FINISHED
-        warnings = tuple(
-            f"rank {r} died while tearing down (exit {c}) after it recorded its save: "
-            "the checkpoint stands" for r, c in sorted(failures.items())) if teardown else ()
-        return NodeOutcome(code, "checkpointed" if code == ExitCode.CONTINUE else "finished",
-                           warnings)  # fmt: skip
+        code = ExitCode.CONTINUE if (signalled or all_stopped) and not done else ExitCode.FINISHED
+        warnings = (
+            tuple(
+                f"rank {r} died while tearing down (exit {c}) after it recorded its save: "
+                "the checkpoint stands"
+                for r, c in sorted(failures.items())
+            )
+            if teardown
+            else ()
+        )
+        return NodeOutcome(
+            code, "checkpointed" if code == ExitCode.CONTINUE else "finished", warnings
+        )
     codes = sorted(set(failures.values()))
     named = [c for c in NAMED_EXITS if c in codes]
     if named:
@@ -152,8 +166,7 @@ def decide_outcome(*, succeeded: bool, failures: dict[int, int], ranks: set[int]
         code = ExitCode.RESTARTS_EXHAUSTED
     else:
         code = next((c for c in codes if c > 0), 1)
-    outcome = {**NAMED_EXITS, ExitCode.RESTARTS_EXHAUSTED: "restarts_exhausted"}.get(
-        code, "failed")
+    outcome = {**NAMED_EXITS, ExitCode.RESTARTS_EXHAUSTED: "restarts_exhausted"}.get(code, "failed")
     if hung and not named:
         outcome = "hung"
     return NodeOutcome(code, outcome)
@@ -163,8 +176,9 @@ def decide_outcome(*, succeeded: bool, failures: dict[int, int], ranks: set[int]
 NOT_TIGHTENED = frozenset({"setup"})
 
 
-def tightened(configured: Timeouts, observed: list[dict[str, float]], factor: float,
-              floor_s: float = FLOOR_S) -> Timeouts:  # fmt: skip
+def tightened(
+    configured: Timeouts, observed: list[dict[str, float]], factor: float, floor_s: float = FLOOR_S
+) -> Timeouts:
     """Timeouts tightened by what earlier attempts observed (pure): for every section (and
     the out-of-section gap) seen before, `factor` x the longest duration across ranks, at
     least `floor_s`, and never looser than what was configured."""
@@ -195,10 +209,12 @@ def parse_timeouts(text: str | dict[str, Any] | None) -> Timeouts:
     initial = data.pop("initial", DEFAULT_INITIAL_S)
     warmup = data.pop("warmup_steps", DEFAULT_WARMUP_STEPS)
     sections = {**DEFAULT_SECTION_S, **data}
-    return Timeouts(sections={k: (None if v is None else float(v)) for k, v in sections.items()},
-                    out_of_section=None if out is None else float(out),
-                    initial=None if initial is None else float(initial),
-                    warmup_steps=None if warmup is None else int(warmup))  # fmt: skip
+    return Timeouts(
+        sections={k: (None if v is None else float(v)) for k, v in sections.items()},
+        out_of_section=None if out is None else float(out),
+        initial=None if initial is None else float(initial),
+        warmup_steps=None if warmup is None else int(warmup),
+    )
 
 
 def _env_int(name: str, default: int) -> int:
@@ -220,15 +236,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-restarts", type=int, default=env.in_job_restarts)
     p.add_argument("--monitor-interval", type=float, default=0.5)
     p.add_argument("--grace", type=float, default=env.grace_s)
-    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT (default MASTER_ADDR and "
-                   "a port derived from the job)")  # fmt: skip
+    p.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        help="HOST:PORT (default MASTER_ADDR and a port derived from the job)",
+    )
     p.add_argument("--rdzv-timeout", type=int, default=300)
     p.add_argument("--section-timeouts", default=env.section_timeouts)
     p.add_argument("--safety-factor", type=float, default=SAFETY_FACTOR)
-    p.add_argument("--peer-timeout", type=float, default=env.peer_timeout_s,
-                   help="seconds a node's launcher may be silent before it is reported lost")
-    p.add_argument("--spare-nodes", type=int, default=env.spare_nodes,
-                   help="of the --nnodes nodes, how many wait idle to replace a lost one")
+    p.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=env.peer_timeout_s,
+        help="seconds a node's launcher may be silent before it is reported lost",
+    )
+    p.add_argument(
+        "--spare-nodes",
+        type=int,
+        default=env.spare_nodes,
+        help="of the --nnodes nodes, how many wait idle to replace a lost one",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     args.env = env
@@ -243,8 +270,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.spare_nodes and env.run is None:
         p.error(f"--spare-nodes needs {EnvName.RUN_DIR.value}: the launchers meet in it")
     if not 0 <= args.spare_nodes < args.nnodes:
-        p.error(f"--spare-nodes {args.spare_nodes}: must be >= 0 and leave at least one of "
-                f"the {args.nnodes} node(s) to train")
+        p.error(
+            f"--spare-nodes {args.spare_nodes}: must be >= 0 and leave at least one of "
+            f"the {args.nnodes} node(s) to train"
+        )
     return args
 
 
@@ -286,8 +315,9 @@ def _checkpoint_signal() -> int | None:
     """The job's checkpoint signal, read before anything else (None when it is not valid:
     the job's settings are checked, in one line, with the arguments)."""
     try:
-        return parse_signal(os.environ.get(EnvName.CHECKPOINT_SIGNAL.value)
-                            or DEFAULT_CHECKPOINT_SIGNAL)  # fmt: skip
+        return parse_signal(
+            os.environ.get(EnvName.CHECKPOINT_SIGNAL.value) or DEFAULT_CHECKPOINT_SIGNAL
+        )
     except ConfigError:
         return None
 
@@ -310,33 +340,51 @@ def error_line(exc: BaseException) -> str:
         seen.add(id(inner))
         root = inner
     said = line(exc) if root is exc else f"{line(exc)} ({line(root)})"
-    return said if len(said) <= ERROR_CHARS else said[:ERROR_CHARS - 3] + "..."
+    return said if len(said) <= ERROR_CHARS else said[: ERROR_CHARS - 3] + "..."
 
 
-def wait_published(run: RunDir, attempt: int, restarts: int, *, job: str, step_id: str,
-                   timeout: float, abandon: Callable[[], str | None]) -> tuple[str, int, str]:
+def wait_published(
+    run: RunDir,
+    attempt: int,
+    restarts: int,
+    *,
+    job: str,
+    step_id: str,
+    timeout: float,
+    abandon: Callable[[], str | None],
+) -> tuple[str, int, str]:
     """The endpoint node rank 0's launcher published for this job's step and restart
     (host, port, rendezvous id); `Abandoned` when `abandon` gives a reason first, and
     `TimeoutError` after `timeout` seconds."""
     path = run.rendezvous(attempt, restarts)
     deadline = time.monotonic() + timeout
     while True:
-        found = published_rendezvous(read_json(path), job_id=job, step_id=step_id,
-                                     restart_count=restarts)  # fmt: skip
+        found = published_rendezvous(
+            read_json(path), job_id=job, step_id=step_id, restart_count=restarts
+        )
         if found is not None:
             return found
         why = abandon()
         if why:
             raise Abandoned(why)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"node rank 0's launcher published no rendezvous endpoint "
-                               f"within {timeout:.0f}s ({path})")  # fmt: skip
+            raise TimeoutError(
+                f"node rank 0's launcher published no rendezvous endpoint "
+                f"within {timeout:.0f}s ({path})"
+            )
         time.sleep(PUBLISHED_POLL_S)
 
 
-def rendezvous_handler(args: argparse.Namespace, common: dict[str, Any], *,
-                       run: RunDir | None, attempt: int, job: str, restarts: int,
-                       abandon: Callable[[], str | None]) -> Any:  # fmt: skip
+def rendezvous_handler(
+    args: argparse.Namespace,
+    common: dict[str, Any],
+    *,
+    run: RunDir | None,
+    attempt: int,
+    job: str,
+    restarts: int,
+    abandon: Callable[[], str | None],
+) -> Any:
     """The c10d rendezvous handler of this launcher. Node rank 0 hosts the store on a
     port it binds (port 0: the system picks a free one) and publishes it in the run
     directory; the others wait for that record and join it. With `--rdzv-endpoint`, or
@@ -348,31 +396,45 @@ def rendezvous_handler(args: argparse.Namespace, common: dict[str, Any], *,
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     if args.rdzv_endpoint or (run is None and args.nnodes > 1):
-        params = RendezvousParameters(endpoint=_endpoint(args), run_id=f"ftslurm-{job}-{restarts}",
-                                      is_host=args.node_rank == 0, **common)  # fmt: skip
+        params = RendezvousParameters(
+            endpoint=_endpoint(args),
+            run_id=f"ftslurm-{job}-{restarts}",
+            is_host=args.node_rank == 0,
+            **common,
+        )
         return rdzv_registry.get_rendezvous_handler(params)
     step_id = os.environ.get("SLURM_STEP_ID", "")
     if args.node_rank == 0:
         host = os.environ.get("MASTER_ADDR") or socket.gethostname()
-        rdzv_id = f"ftslurm-{args.env.run_id or job}-{attempt}-{restarts}-" \
-            f"{secrets.token_hex(4)}"  # fmt: skip
-        params = RendezvousParameters(endpoint=f"{host}:0", run_id=rdzv_id, is_host=True,
-                                      **common)  # fmt: skip
+        rdzv_id = f"ftslurm-{args.env.run_id or job}-{attempt}-{restarts}-{secrets.token_hex(4)}"
+        params = RendezvousParameters(endpoint=f"{host}:0", run_id=rdzv_id, is_host=True, **common)
         backend, store = create_backend(params)
         handler = create_handler(store, backend, params)
         if run is not None:
             path = run.rendezvous(attempt, restarts)
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, rendezvous_record(
-                host=host, port=store.port, rdzv_id=rdzv_id, job_id=job, step_id=step_id,
-                restart_count=restarts, pid=os.getpid(), time=time.time()))  # fmt: skip
+            write_json_atomic(
+                path,
+                rendezvous_record(
+                    host=host,
+                    port=store.port,
+                    rdzv_id=rdzv_id,
+                    job_id=job,
+                    step_id=step_id,
+                    restart_count=restarts,
+                    pid=os.getpid(),
+                    time=time.time(),
+                ),
+            )
         log.info("rendezvous %s hosted at %s:%d", rdzv_id, host, store.port)
         return handler
     assert run is not None
-    host, port, rdzv_id = wait_published(run, attempt, restarts, job=job, step_id=step_id,
-                                         timeout=args.rdzv_timeout, abandon=abandon)  # fmt: skip
-    params = RendezvousParameters(endpoint=f"{host}:{port}", run_id=rdzv_id, is_host=False,
-                                  **common)  # fmt: skip
+    host, port, rdzv_id = wait_published(
+        run, attempt, restarts, job=job, step_id=step_id, timeout=args.rdzv_timeout, abandon=abandon
+    )
+    params = RendezvousParameters(
+        endpoint=f"{host}:{port}", run_id=rdzv_id, is_host=False, **common
+    )
     return rdzv_registry.get_rendezvous_handler(params)
 
 
@@ -403,8 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     node_name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     # A folder of this launcher's own (0700, a fresh name): one left by a launcher that was
     # killed (a lost node) may carry the same job id, node rank and pid, and another user's.
-    named = HeartbeatDir.for_launcher(os.environ.get("TMPDIR", "/tmp"), job, args.node_rank,
-                                      os.getpid()).root  # fmt: skip
+    named = HeartbeatDir.for_launcher(
+        os.environ.get("TMPDIR", "/tmp"), job, args.node_rank, os.getpid()
+    ).root
     named.parent.mkdir(parents=True, exist_ok=True)
     hb = HeartbeatDir(tempfile.mkdtemp(prefix=f"{named.name}-", dir=named.parent))
     hb_dir = hb.root
@@ -416,35 +479,59 @@ def main(argv: list[str] | None = None) -> int:
     # Our own handlers for TERM, INT and the checkpoint signals stay in place.
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"
     ckpt_dir = env.checkpoint_dir
-    observed = [read_json(p) or {} for p in sorted(observed_record(ckpt_dir, 0).parent.glob(
-        RANK_REPORTS))] if ckpt_dir else []  # fmt: skip
+    observed = (
+        [read_json(p) or {} for p in sorted(observed_record(ckpt_dir, 0).parent.glob(RANK_REPORTS))]
+        if ckpt_dir
+        else []
+    )
     timeouts = tightened(parse_timeouts(args.section_timeouts), observed, args.safety_factor)
     if observed:
         log.info("timeouts from earlier attempts: %s", timeouts)
-    state: dict[str, Any] = {"stop_at": None, "signalled": False, "hangs": [],
-                             "next_peer_check": 0.0, "next_collect": 0.0, "pace": {},
-                             "cpu": {}, "heartbeats": False, "look_at_stop": False,
-                             "teardown": {}, "ranks": set(), "ranks_started": False,
-                             # a round of ranks is running (signals go to them, not `early`)
-                             "live": False,
-                             # in torch's rendezvous join: a stop raises `Stopped` out of it
-                             "joining": False,
-                             # the checkpoint signal came: every round that starts later
-                             # gets it too (one that died under it did not save)
-                             "checkpoint_asked": False,
-                             "last_result": None}  # the last round's ending (not HEALTHY)
+    state: dict[str, Any] = {
+        "stop_at": None,
+        "signalled": False,
+        "hangs": [],
+        "next_peer_check": 0.0,
+        "next_collect": 0.0,
+        "pace": {},
+        "cpu": {},
+        "heartbeats": False,
+        "look_at_stop": False,
+        "teardown": {},
+        "ranks": set(),
+        "ranks_started": False,
+        # a round of ranks is running (signals go to them, not `early`)
+        "live": False,
+        # in torch's rendezvous join: a stop raises `Stopped` out of it
+        "joining": False,
+        # the checkpoint signal came: every round that starts later
+        # gets it too (one that died under it did not save)
+        "checkpoint_asked": False,
+        "last_result": None,
+    }  # the last round's ending (not HEALTHY)
 
     spares = args.spare_nodes
     # Hot spares (ftslurm.agent.spares): what this launcher knows of the nodes lost so far.
-    spare_state: dict[str, Any] = {"lost": set(), "swaps": 0, "trained": False,
-                                   "why": None, "next_check": 0.0, "new_job": False,
-                                   "round": None, "benched": None,
-                                   "benched_used": 0}  # fmt: skip
+    spare_state: dict[str, Any] = {
+        "lost": set(),
+        "swaps": 0,
+        "trained": False,
+        "why": None,
+        "next_check": 0.0,
+        "new_job": False,
+        "round": None,
+        "benched": None,
+        "benched_used": 0,
+    }
 
     def stopped_ranks(ranks: set[int]) -> dict[int, str]:
         records = {r: read_stop_record(run_dir, attempt, r) for r in ranks}
-        return {r: str(rec.get("outcome") or "checkpointed") for r, rec in records.items()
-                if rec is not None}  # fmt: skip
+        return {
+            r: str(rec.get("outcome") or "checkpointed")
+            for r, rec in records.items()
+            if rec is not None
+        }
+
     collector_interval = env.straggler_interval_s / 2
     collector = straggler_collector(run_dir, env) if args.node_rank == 0 and run_dir else None
 
@@ -491,8 +578,11 @@ def main(argv: list[str] | None = None) -> int:
                 except RendezvousTimeoutError:
                     # A spare left waiting on the wait list times out with torch's join
                     # timeout: it joins again while a spare can still be needed.
-                    if not (spares and not spare_state["new_job"]
-                            and not (run is not None and run.finished.exists())):
+                    if not (
+                        spares
+                        and not spare_state["new_job"]
+                        and not (run is not None and run.finished.exists())
+                    ):
                         raise
                     log.info("waiting on as a spare")
                 finally:
@@ -512,13 +602,20 @@ def main(argv: list[str] | None = None) -> int:
                 # All ranks are gone by now (torch elastic stops the rest on a failure):
                 # were these failures only teardown after every rank recorded its save?
                 failures = {r: f.exitcode for r, f in result.failures.items()}
-                d = decide_outcome(succeeded=False, failures=failures, ranks=ranks,
-                                   stopped=stopped_ranks(ranks), signalled=state["signalled"],
-                                   finished=False, max_restarts=0)  # fmt: skip
+                d = decide_outcome(
+                    succeeded=False,
+                    failures=failures,
+                    ranks=ranks,
+                    stopped=stopped_ranks(ranks),
+                    signalled=state["signalled"],
+                    finished=False,
+                    max_restarts=0,
+                )
                 if d.warnings:  # no in-job restart: the ranks are done, the save stands
                     state["teardown"] = failures
-                    return RunResult(state=WorkerState.SUCCEEDED,
-                                     return_values={r: None for r in ranks})
+                    return RunResult(
+                        state=WorkerState.SUCCEEDED, return_values={r: None for r in ranks}
+                    )
             if spares and result.state is WorkerState.FAILED and not state["signalled"]:
                 # Did the ranks fail because an active node was lost under them?
                 if failure_verdict() is sp.Action.SWAP:
@@ -535,8 +632,9 @@ def main(argv: list[str] | None = None) -> int:
                 spare_state["next_check"] = now + 1.0
                 action = check_losses()
                 if action is sp.Action.NONE and run is not None:
-                    reason = sp.straggler_reason(read_json(run.straggler_report), attempt,
-                                                 node_name)  # fmt: skip
+                    reason = sp.straggler_reason(
+                        read_json(run.straggler_report), attempt, node_name
+                    )
                     if reason and step_out(self, sp.STRAGGLER, reason):
                         _kill(pids.values())
                         return RunResult(state=WorkerState.FAILED)
@@ -562,8 +660,9 @@ def main(argv: list[str] | None = None) -> int:
                     _kill(pids.values())
                     return RunResult(state=WorkerState.FAILED)
             if state["stop_at"] is not None and now > state["stop_at"]:
-                log.warning("ranks did not exit within the %.0fs grace period: killing them",
-                            args.grace)  # fmt: skip
+                log.warning(
+                    "ranks did not exit within the %.0fs grace period: killing them", args.grace
+                )
                 _kill(pids.values())
                 return RunResult(state=WorkerState.FAILED)
             if state["look_at_stop"]:  # told to stop: leave word of ranks that look hung
@@ -572,8 +671,12 @@ def main(argv: list[str] | None = None) -> int:
             for local_rank in range(args.nproc_per_node):
                 why, beat = judge(local_rank, pids.get(local_rank), now)
                 if why:
-                    hang = {"local_rank": local_rank, "reason": why,
-                            "step": beat.step if beat else None, "time": time.time()}
+                    hang = {
+                        "local_rank": local_rank,
+                        "reason": why,
+                        "step": beat.step if beat else None,
+                        "time": time.time(),
+                    }
                     if spares and run is not None:
                         action = hang_action(self, local_rank, why)
                         if action is not None:  # stepped out, or a peer did
@@ -588,8 +691,9 @@ def main(argv: list[str] | None = None) -> int:
                     return RunResult(state=WorkerState.FAILED)
             return result
 
-    def judge(local_rank: int, pid: int | None, now: float,
-              limits: Timeouts | None = None) -> tuple[str | None, Beat | None]:  # fmt: skip
+    def judge(
+        local_rank: int, pid: int | None, now: float, limits: Timeouts | None = None
+    ) -> tuple[str | None, Beat | None]:
         """Whether a rank is hung: by its heartbeat record (with the running timeout learned
         from its pace), or by its CPU time when it has none."""
         limits = limits or timeouts
@@ -616,23 +720,33 @@ def main(argv: list[str] | None = None) -> int:
         attempt that sat hung until its wall limit from one that was merely stopped."""
         if run_dir is None:
             return
-        limits = timeouts if timeouts.out_of_section is not None else replace(
-            timeouts, out_of_section=DEFAULT_RUNNING_S)  # fmt: skip
+        limits = (
+            timeouts
+            if timeouts.out_of_section is not None
+            else replace(timeouts, out_of_section=DEFAULT_RUNNING_S)
+        )
         hung = []
         for local_rank in range(args.nproc_per_node):
             why, beat = judge(local_rank, pids.get(local_rank), now, limits)
             if why:
                 workers = getattr(worker_group, "workers", None) or []
-                rank = next((w.global_rank for w in workers if w.local_rank == local_rank),
-                            None)  # fmt: skip
-                hung.append({"local_rank": local_rank, "rank": rank, "reason": why,
-                             "section": beat.section if beat else None,
-                             "silent_s": silence(beat, limits, now) if beat else None})
+                rank = next((w.global_rank for w in workers if w.local_rank == local_rank), None)
+                hung.append(
+                    {
+                        "local_rank": local_rank,
+                        "rank": rank,
+                        "reason": why,
+                        "section": beat.section if beat else None,
+                        "silent_s": silence(beat, limits, now) if beat else None,
+                    }
+                )
         path = RunDir(run_dir).hung_node(attempt, args.node_rank)
         if hung:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, {"node_rank": args.node_rank, "node": node_name,
-                                     "time": time.time(), "hung": hung})  # fmt: skip
+            write_json_atomic(
+                path,
+                {"node_rank": args.node_rank, "node": node_name, "time": time.time(), "hung": hung},
+            )
         else:
             path.unlink(missing_ok=True)
 
@@ -646,9 +760,18 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s: stepping out so that a spare takes this node's place", reason)
         path = run.benched(attempt, args.node_rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, sp.benched_record(
-            node_rank=args.node_rank, node=node_name, why=why, reason=reason, time=time.time(),
-            job_id=job, attempt=attempt))  # fmt: skip
+        write_json_atomic(
+            path,
+            sp.benched_record(
+                node_rank=args.node_rank,
+                node=node_name,
+                why=why,
+                reason=reason,
+                time=time.time(),
+                job_id=job,
+                attempt=attempt,
+            ),
+        )
         spare_state["benched"] = why
         spare_state["benched_used"] = args.max_restarts - agent._remaining_restarts
         agent._remaining_restarts = 0  # leave for good: no rejoining the rendezvous
@@ -693,12 +816,18 @@ def main(argv: list[str] | None = None) -> int:
         if action is sp.Action.SWAP:
             spare_state["swaps"] += 1
             spare_state["why"] = sp.swap_why({r: reports[r] for r in new})
-            log.warning("node %s lost or stepped out: restarting the ranks with a spare "
-                        "(%d left)", names, sp.spares_left(spare_state["lost"], spares))
+            log.warning(
+                "node %s lost or stepped out: restarting the ranks with a spare (%d left)",
+                names,
+                sp.spares_left(spare_state["lost"], spares),
+            )
         elif action is sp.Action.NEW_JOB:
             spare_state["new_job"] = True
-            log.warning("node %s lost and no spare can take its place: stopping (the run "
-                        "goes on in a new job)", names)  # fmt: skip
+            log.warning(
+                "node %s lost and no spare can take its place: stopping (the run "
+                "goes on in a new job)",
+                names,
+            )
         return action
 
     def failure_verdict() -> sp.Action:
@@ -711,8 +840,11 @@ def main(argv: list[str] | None = None) -> int:
             action = check_losses()
             if action is not sp.Action.NONE:
                 return action
-            leases = {r: sp.read_lease(run, attempt, r) for r in range(args.nnodes)
-                      if r != args.node_rank and r not in spare_state["lost"]}  # fmt: skip
+            leases = {
+                r: sp.read_lease(run, attempt, r)
+                for r in range(args.nnodes)
+                if r != args.node_rank and r not in spare_state["lost"]
+            }
             for r, lease in leases.items():
                 if lease is not None and lease.role == sp.ACTIVE and lease.ended is None:
                     first.setdefault(r, lease.seq)
@@ -735,11 +867,16 @@ def main(argv: list[str] | None = None) -> int:
         spare_state["why"] = None
         workers = worker_group.workers or []
         record = sp.round_record(
-            round_=round_, started_at=time.time(),
+            round_=round_,
+            started_at=time.time(),
             world_size=workers[0].world_size if workers else 0,
             nnodes_active=worker_group.group_world_size,
-            spares_left=sp.spares_left(reports, spares), why=why, lost=lost, job_id=job,
-            attempt=attempt)  # fmt: skip
+            spares_left=sp.spares_left(reports, spares),
+            why=why,
+            lost=lost,
+            job_id=job,
+            attempt=attempt,
+        )
         path = run.round_record(attempt, round_)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, record)
@@ -750,8 +887,11 @@ def main(argv: list[str] | None = None) -> int:
         pending = spare_state["round"]
         if pending is None:
             return
-        steps = [b.step for b in (read_beat(hb_dir, lr) for lr in range(args.nproc_per_node))
-                 if b is not None and b.step is not None]  # fmt: skip
+        steps = [
+            b.step
+            for b in (read_beat(hb_dir, lr) for lr in range(args.nproc_per_node))
+            if b is not None and b.step is not None
+        ]
         if steps:
             path, record = pending
             write_json_atomic(path, {**record, "first_step_at": time.time(), "step": max(steps)})
@@ -763,10 +903,16 @@ def main(argv: list[str] | None = None) -> int:
         assert run is not None
         deadline = time.monotonic() + args.rdzv_timeout
         while time.monotonic() < deadline and not state["signalled"]:
-            leases = {r: sp.read_lease(run, attempt, r)
-                      for r in range(sp.active_nodes(args.nnodes, spares))}  # fmt: skip
-            if any(lease is not None and lease.ended not in (None, sp.BENCHED)
-                   and lease.role == sp.ACTIVE for lease in leases.values()):  # fmt: skip
+            leases = {
+                r: sp.read_lease(run, attempt, r)
+                for r in range(sp.active_nodes(args.nnodes, spares))
+            }
+            if any(
+                lease is not None
+                and lease.ended not in (None, sp.BENCHED)
+                and lease.role == sp.ACTIVE
+                for lease in leases.values()
+            ):
                 return False  # the training is over (a node that stepped out needs a spare)
             if sp.may_join(leases, args.nnodes, spares, sp.gone_reports(run, attempt)):
                 return True
@@ -836,12 +982,26 @@ def main(argv: list[str] | None = None) -> int:
 
     # The other nodes' launchers watch this one's lease and it theirs (ftslurm.agent.peers),
     # from before the rendezvous: a node lost while the others wait for it is reported too.
-    role = (sp.SPARE if sp.starts_as_spare(args.node_rank, args.nnodes, spares) else None) \
-        if spares else None  # fmt: skip
-    watch = PeerWatch(run, attempt=attempt, node_rank=args.node_rank, nnodes=args.nnodes,
-                      node=node_name, job_id=job, timeout=args.peer_timeout,
-                      start_timeout=args.rdzv_timeout, role=role).start() \
-        if run is not None else None  # fmt: skip
+    role = (
+        (sp.SPARE if sp.starts_as_spare(args.node_rank, args.nnodes, spares) else None)
+        if spares
+        else None
+    )
+    watch = (
+        PeerWatch(
+            run,
+            attempt=attempt,
+            node_rank=args.node_rank,
+            nnodes=args.nnodes,
+            node=node_name,
+            job_id=job,
+            timeout=args.peer_timeout,
+            start_timeout=args.rdzv_timeout,
+            role=role,
+        ).start()
+        if run is not None
+        else None
+    )
     agent_box["watch"] = watch  # (a job of one node: its lease, for the daemon to watch)
     started = time.time()
 
@@ -859,9 +1019,16 @@ def main(argv: list[str] | None = None) -> int:
         own = not isinstance(exc, Abandoned)
         error = error_line(exc) if own else str(exc)
         code = int(ExitCode.FAILED)
-        record = {"node_rank": args.node_rank, "node": node_name, "job_id": job,
-                  "attempt": attempt, "error": error, "phase": phase, "exit_code": code,
-                  "time": time.time()}  # fmt: skip
+        record = {
+            "node_rank": args.node_rank,
+            "node": node_name,
+            "job_id": job,
+            "attempt": attempt,
+            "error": error,
+            "phase": phase,
+            "exit_code": code,
+            "time": time.time(),
+        }
         if run is not None:
             try:
                 if own:
@@ -870,11 +1037,18 @@ def main(argv: list[str] | None = None) -> int:
                     write_json_atomic(path, record)
                 path = run.node_report(attempt, args.node_rank)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(path, {
-                    **record, "outcome": "launcher_failed", "in_job_restarts": 0,
-                    "max_restarts": args.max_restarts, "started_at": started,
-                    "ended_at": time.time(),
-                    "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
+                write_json_atomic(
+                    path,
+                    {
+                        **record,
+                        "outcome": "launcher_failed",
+                        "in_job_restarts": 0,
+                        "max_restarts": args.max_restarts,
+                        "started_at": started,
+                        "ended_at": time.time(),
+                        "peers_lost": list(watch.lost) if watch is not None else [],
+                    },
+                )
             except OSError as io:
                 log.error("could not report the failure in %s: %s", run.root, io)
         log.error("Error: the launcher failed before its ranks started (%s): %s", phase, error)
@@ -893,17 +1067,30 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 path = run.node_report(attempt, args.node_rank)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(path, {
-                    "node_rank": args.node_rank, "node": node_name, "job_id": job,
-                    "attempt": attempt, "outcome": STOPPED,
-                    "signal": signal.Signals(sig).name, "exit_code": code,
-                    "in_job_restarts": 0, "max_restarts": args.max_restarts,
-                    "started_at": started, "ended_at": time.time(),
-                    "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
+                write_json_atomic(
+                    path,
+                    {
+                        "node_rank": args.node_rank,
+                        "node": node_name,
+                        "job_id": job,
+                        "attempt": attempt,
+                        "outcome": STOPPED,
+                        "signal": signal.Signals(sig).name,
+                        "exit_code": code,
+                        "in_job_restarts": 0,
+                        "max_restarts": args.max_restarts,
+                        "started_at": started,
+                        "ended_at": time.time(),
+                        "peers_lost": list(watch.lost) if watch is not None else [],
+                    },
+                )
             except OSError as io:
                 log.error("could not write the node report in %s: %s", run.root, io)
-        log.info("told to stop (%s) before the ranks started: they never will; exit %d",
-                 signal.Signals(sig).name, code)  # fmt: skip
+        log.info(
+            "told to stop (%s) before the ranks started: they never will; exit %d",
+            signal.Signals(sig).name,
+            code,
+        )
         return code
 
     def abandon() -> str | None:
@@ -927,16 +1114,31 @@ def main(argv: list[str] | None = None) -> int:
     # With spares the rendezvous takes exactly the N nodes that train; the others wait on
     # its redundancy list, and a dead participant is dropped in seconds, not torch's 15 s.
     nactive = sp.active_nodes(args.nnodes, spares)
-    keep_alive = {"keep_alive_interval": sp.KEEP_ALIVE_S,
-                  "keep_alive_max_attempt": sp.KEEP_ALIVE_MISSES} if spares else {}
+    keep_alive = (
+        {"keep_alive_interval": sp.KEEP_ALIVE_S, "keep_alive_max_attempt": sp.KEEP_ALIVE_MISSES}
+        if spares
+        else {}
+    )
     _pause_for_tests("rendezvous")
     if stop and role != sp.SPARE:  # told to stop already: no rendezvous, no ranks
         return stopped_before_ranks()
     try:
         handler = rendezvous_handler(
-            args, {"backend": "c10d", "min_nodes": nactive, "max_nodes": nactive,
-                   "join_timeout": args.rdzv_timeout, "last_call_timeout": 5, **keep_alive},
-            run=run, attempt=attempt, job=job, restarts=restarts, abandon=abandon)  # fmt: skip
+            args,
+            {
+                "backend": "c10d",
+                "min_nodes": nactive,
+                "max_nodes": nactive,
+                "join_timeout": args.rdzv_timeout,
+                "last_call_timeout": 5,
+                **keep_alive,
+            },
+            run=run,
+            attempt=attempt,
+            job=job,
+            restarts=restarts,
+            abandon=abandon,
+        )
     except Exception as exc:
         return launcher_failed(exc, "rendezvous")
     if spares:
@@ -944,14 +1146,21 @@ def main(argv: list[str] | None = None) -> int:
         # torch would restart the healthy ranks for it, over and over.
         handler.num_nodes_waiting = lambda: 0  # type: ignore[method-assign]
     spec = WorkerSpec(
-        role="trainer", local_world_size=args.nproc_per_node, entrypoint=sys.executable,
+        role="trainer",
+        local_world_size=args.nproc_per_node,
+        entrypoint=sys.executable,
         args=("-m", "ftslurm.agent.task", "--", *args.command),
         rdzv_handler=handler,
-        max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
-    )  # fmt: skip
-    agent = Agent(spec=spec, logs_specs=DefaultLogsSpecs(log_dir=str(hb.torch_logs)),
-                  start_method="spawn", shutdown_timeout=int(max(1, args.grace)),
-                  exit_barrier_timeout=60)
+        max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval,
+    )
+    agent = Agent(
+        spec=spec,
+        logs_specs=DefaultLogsSpecs(log_dir=str(hb.torch_logs)),
+        start_method="spawn",
+        shutdown_timeout=int(max(1, args.grace)),
+        exit_barrier_timeout=60,
+    )
     agent_box["agent"] = agent
     ran = False
     result = None
@@ -991,6 +1200,7 @@ def main(argv: list[str] | None = None) -> int:
                 watch.stop("error")
     if failed is not None:
         return failed
+
     def out_of_training(role: str, outcome: str, said: str, **fields: Any) -> int:
         """A spare never needed or a node that stepped out: its outcome and exit 0 (srun's
         exit status is the highest of its tasks': a 0 leaves the job's verdict to the nodes
@@ -998,26 +1208,42 @@ def main(argv: list[str] | None = None) -> int:
         if watch is not None:
             watch.stop(outcome)
         if run is not None:
-            write_json_atomic(run.node_report(attempt, args.node_rank), {
-                "node_rank": args.node_rank, "node": node_name, "job_id": job,
-                "attempt": attempt, "role": role, "outcome": outcome,
-                "exit_code": int(ExitCode.FINISHED), **fields, "started_at": started,
-                "ended_at": time.time(),
-                "peers_lost": list(watch.lost) if watch is not None else []})  # fmt: skip
+            write_json_atomic(
+                run.node_report(attempt, args.node_rank),
+                {
+                    "node_rank": args.node_rank,
+                    "node": node_name,
+                    "job_id": job,
+                    "attempt": attempt,
+                    "role": role,
+                    "outcome": outcome,
+                    "exit_code": int(ExitCode.FINISHED),
+                    **fields,
+                    "started_at": started,
+                    "ended_at": time.time(),
+                    "peers_lost": list(watch.lost) if watch is not None else [],
+                },
+            )
         shutil.rmtree(hb_dir, ignore_errors=True)
         log.info("%s: exit 0", said)
         return ExitCode.FINISHED
 
     if spares and not spare_state["trained"]:
-        return out_of_training(sp.SPARE, sp.SPARE, "spare never needed", in_job_restarts=0,
-                               spare_swaps=0)  # fmt: skip
+        return out_of_training(
+            sp.SPARE, sp.SPARE, "spare never needed", in_job_restarts=0, spare_swaps=0
+        )
     if spare_state["benched"]:
         return out_of_training(
-            sp.ACTIVE, sp.BENCHED, f"stepped out ({spare_state['benched']})",
+            sp.ACTIVE,
+            sp.BENCHED,
+            f"stepped out ({spare_state['benched']})",
             benched=spare_state["benched"],
             in_job_restarts=spare_state["benched_used"] + spare_state["swaps"],
-            max_restarts=args.max_restarts, spare_swaps=spare_state["swaps"],
-            hangs=state["hangs"], heartbeats=state["heartbeats"])  # fmt: skip
+            max_restarts=args.max_restarts,
+            spare_swaps=spare_state["swaps"],
+            hangs=state["hangs"],
+            heartbeats=state["heartbeats"],
+        )
     if result is None:  # the rendezvous ended under a node that trained before
         result = RunResult(state=WorkerState.FAILED)
     used = args.max_restarts - agent._remaining_restarts
@@ -1025,9 +1251,14 @@ def main(argv: list[str] | None = None) -> int:
     failures = state["teardown"] or {r: f.exitcode for r, f in result.failures.items()}
     decided = decide_outcome(
         succeeded=result.state is WorkerState.SUCCEEDED and not state["teardown"],
-        failures=failures, ranks=state["ranks"], stopped=stopped_ranks(state["ranks"]),
-        signalled=state["signalled"], finished=finished, max_restarts=args.max_restarts,
-        hung=bool(state.get("hung_round")))
+        failures=failures,
+        ranks=state["ranks"],
+        stopped=stopped_ranks(state["ranks"]),
+        signalled=state["signalled"],
+        finished=finished,
+        max_restarts=args.max_restarts,
+        hung=bool(state.get("hung_round")),
+    )
     code, outcome = decided.code, decided.outcome
     for warning in decided.warnings:
         log.warning("%s", warning)
@@ -1038,36 +1269,58 @@ def main(argv: list[str] | None = None) -> int:
     if run is not None:
         path = run.node_report(attempt, args.node_rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {
-            "node_rank": args.node_rank, "node": node_name, "job_id": job,
-            "attempt": attempt,
-            "in_job_restarts": used + spare_state["swaps"], "max_restarts": args.max_restarts,
-            "spare_swaps": spare_state["swaps"], "role": sp.ACTIVE if spares else None,
-            "recovery": sp.Action.NEW_JOB.value if spare_state["new_job"] else None,
-            "hangs": state["hangs"], "outcome": outcome, "exit_code": code,
-            "teardown_failures": list(decided.warnings),
-            "started_at": started, "ended_at": time.time(),
-            "timeouts": {"sections": timeouts.sections,
-                         "out_of_section": timeouts.out_of_section,
-                         "initial": timeouts.initial, "warmup_steps": timeouts.warmup_steps},
-            "heartbeats": state["heartbeats"],  # False: hangs were judged by CPU use alone
-            "peers_lost": list(watch.lost) if watch is not None else [],  # node ranks
-            # ranks whose processes never caught the checkpoint signal (ftslurm.agent.task)
-            WITHHELD_RANKS: sorted(r for r in state["ranks"] if (read_json(
-                run.rank_report(attempt, r)) or {}).get(WITHHELD_SIGNAL)),
-        })  # fmt: skip
+        write_json_atomic(
+            path,
+            {
+                "node_rank": args.node_rank,
+                "node": node_name,
+                "job_id": job,
+                "attempt": attempt,
+                "in_job_restarts": used + spare_state["swaps"],
+                "max_restarts": args.max_restarts,
+                "spare_swaps": spare_state["swaps"],
+                "role": sp.ACTIVE if spares else None,
+                "recovery": sp.Action.NEW_JOB.value if spare_state["new_job"] else None,
+                "hangs": state["hangs"],
+                "outcome": outcome,
+                "exit_code": code,
+                "teardown_failures": list(decided.warnings),
+                "started_at": started,
+                "ended_at": time.time(),
+                "timeouts": {
+                    "sections": timeouts.sections,
+                    "out_of_section": timeouts.out_of_section,
+                    "initial": timeouts.initial,
+                    "warmup_steps": timeouts.warmup_steps,
+                },
+                "heartbeats": state["heartbeats"],  # False: hangs were judged by CPU use alone
+                "peers_lost": list(watch.lost) if watch is not None else [],  # node ranks
+                # ranks whose processes never caught the checkpoint signal (ftslurm.agent.task)
+                WITHHELD_RANKS: sorted(
+                    r
+                    for r in state["ranks"]
+                    if (read_json(run.rank_report(attempt, r)) or {}).get(WITHHELD_SIGNAL)
+                ),
+            },
+        )
     shutil.rmtree(hb_dir, ignore_errors=True)
-    log.info("ranks ended: %s after %d in-job restart(s); exit %d", outcome,
-             used + spare_state["swaps"], code)  # fmt: skip
+    log.info(
+        "ranks ended: %s after %d in-job restart(s); exit %d",
+        outcome,
+        used + spare_state["swaps"],
+        code,
+    )
     return code
 
 
 def straggler_collector(run_dir: Path, env: JobEnv) -> Callable[[], None]:
     """Scores the ranks' published step times into the run's straggler report (the launcher
     on node 0 calls it twice per report interval); the daemon reads the report."""
-    options = {"threshold": env.straggler_threshold,
-               "persistent_windows": env.straggler_windows,
-               "reference": env.straggler_reference}  # fmt: skip
+    options = {
+        "threshold": env.straggler_threshold,
+        "persistent_windows": env.straggler_windows,
+        "reference": env.straggler_reference,
+    }
 
     def collect() -> None:
         try:
@@ -1076,8 +1329,9 @@ def straggler_collector(run_dir: Path, env: JobEnv) -> Callable[[], None]:
             log.warning("straggler report failed: %s", exc)
             return
         if report.get("stragglers"):
-            log.info("stragglers in window %s: %s", report.get("window_index"),
-                     report["stragglers"])  # fmt: skip
+            log.info(
+                "stragglers in window %s: %s", report.get("window_index"), report["stragglers"]
+            )
 
     return collect
 

@@ -72,42 +72,79 @@ def watched(node_rank: int, nnodes: int, count: int = WATCHED) -> list[int]:
     return sorted({(node_rank + k) % nnodes for k in range(1, count + 1)} - {node_rank})
 
 
-def lost_peers(seen: Mapping[int, Seen], now: float, timeout: float,
-               start_timeout: float) -> list[int]:  # fmt: skip
+def lost_peers(
+    seen: Mapping[int, Seen], now: float, timeout: float, start_timeout: float
+) -> list[int]:
     """The node ranks judged lost (pure): leases seen + now + timeouts -> lost nodes."""
     return sorted(r for r, s in seen.items() if is_lost(s, now, timeout, start_timeout))
 
 
-def settled(seen: Mapping[int, Seen], since: float, now: float, timeout: float,
-            start_timeout: float) -> bool:  # fmt: skip
+def settled(
+    seen: Mapping[int, Seen], since: float, now: float, timeout: float, start_timeout: float
+) -> bool:
     """Whether every peer has a verdict after `since`: ended, heard from since, or lost.
     Heard from since means two changes read after `since`: the first may be a lease written
     before `since` (by a node lost since) and read only after it."""
-    return all((s.lease is not None and (s.lease.ended is not None or (
-        s.changed_before is not None and s.changed_before > since)))
-        or is_lost(s, now, timeout, start_timeout) for s in seen.values())
+    return all(
+        (
+            s.lease is not None
+            and (
+                s.lease.ended is not None
+                or (s.changed_before is not None and s.changed_before > since)
+            )
+        )
+        or is_lost(s, now, timeout, start_timeout)
+        for s in seen.values()
+    )
 
 
-def loss_report(seen: Seen, *, now: float, wall: float, timeout: float, me: int, node: str,
-                job_id: str, attempt: int) -> dict[str, Any]:  # fmt: skip
+def loss_report(
+    seen: Seen,
+    *,
+    now: float,
+    wall: float,
+    timeout: float,
+    me: int,
+    node: str,
+    job_id: str,
+    attempt: int,
+) -> dict[str, Any]:
     """The content of `recovery/lost-<n>.json` (pure)."""
-    return {"lost_node_rank": seen.node_rank,
-            "lost_node": seen.lease.node if seen.lease else None,
-            "last_heard": seen.heard_at,
-            "lease_time": seen.lease.time if seen.lease else None,
-            "silent_s": round(now - seen.changed_at, 3), "peer_timeout_s": timeout,
-            "how": "dropped" if seen.dropped_at is not None else "silent",
-            "reported_by": node, "reported_by_node_rank": me, "time": wall,
-            "job_id": job_id, "attempt": attempt}  # fmt: skip
+    return {
+        "lost_node_rank": seen.node_rank,
+        "lost_node": seen.lease.node if seen.lease else None,
+        "last_heard": seen.heard_at,
+        "lease_time": seen.lease.time if seen.lease else None,
+        "silent_s": round(now - seen.changed_at, 3),
+        "peer_timeout_s": timeout,
+        "how": "dropped" if seen.dropped_at is not None else "silent",
+        "reported_by": node,
+        "reported_by_node_rank": me,
+        "time": wall,
+        "job_id": job_id,
+        "attempt": attempt,
+    }
 
 
 class PeerWatch:
     """The launcher's watch thread (the shell around the rule above)."""
 
-    def __init__(self, run: RunDir, *, attempt: int, node_rank: int, nnodes: int, node: str,
-                 job_id: str, timeout: float, start_timeout: float, role: str | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, listen: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run: RunDir,
+        *,
+        attempt: int,
+        node_rank: int,
+        nnodes: int,
+        node: str,
+        job_id: str,
+        timeout: float,
+        start_timeout: float,
+        role: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        listen: bool = True,
+    ) -> None:
         self.run, self.attempt, self.node_rank, self.node = run, attempt, node_rank, node
         self.job_id, self.timeout, self.start_timeout = job_id, timeout, start_timeout
         self.interval = poll_interval(timeout)
@@ -231,9 +268,15 @@ class PeerWatch:
             seen = dict(self.seen)
         for r, s in seen.items():
             lease = s.lease
-            if r in self._links or r in self._bye_from or s.dropped_at is not None \
-                    or not isinstance(lease, Lease) or lease.addr is None \
-                    or lease.ended is not None or r in self.lost:  # fmt: skip
+            if (
+                r in self._links
+                or r in self._bye_from
+                or s.dropped_at is not None
+                or not isinstance(lease, Lease)
+                or lease.addr is None
+                or lease.ended is not None
+                or r in self.lost
+            ):
                 continue
             host, _, port = lease.addr.rpartition(":")
             try:
@@ -246,14 +289,21 @@ class PeerWatch:
     def tick(self) -> None:
         """One poll: renew the lease, read the peers', report the newly lost."""
         self._write_lease(None)
-        leases = {r: Lease.from_json(read_json(self.run.peer_lease(self.attempt, r)))
-                  for r in self.seen}  # fmt: skip
+        leases = {
+            r: Lease.from_json(read_json(self.run.peer_lease(self.attempt, r))) for r in self.seen
+        }
         now, wall = self.clock(), self.wall()
         with self._lock:
             self.seen = {r: observe(s, leases[r], now, wall) for r, s in self.seen.items()}
-            new = [] if self._leaving.is_set() else [
-                r for r in lost_peers(self.seen, now, self.timeout, self.start_timeout)
-                if r not in self.lost]  # fmt: skip
+            new = (
+                []
+                if self._leaving.is_set()
+                else [
+                    r
+                    for r in lost_peers(self.seen, now, self.timeout, self.start_timeout)
+                    if r not in self.lost
+                ]
+            )
             self.lost.extend(new)
             seen = dict(self.seen)
             self._ticked.notify_all()
@@ -263,18 +313,35 @@ class PeerWatch:
     def _report(self, seen: Seen, now: float, wall: float) -> None:
         name = seen.lease.node if seen.lease else f"node rank {seen.node_rank}"
         if seen.dropped_at is not None:
-            log.warning("node %s (node rank %d): its launcher died (connection closed): "
-                        "reporting it lost", name, seen.node_rank)  # fmt: skip
+            log.warning(
+                "node %s (node rank %d): its launcher died (connection closed): reporting it lost",
+                name,
+                seen.node_rank,
+            )
         else:
-            log.warning("node %s (node rank %d) silent for %.1fs: reporting it lost", name,
-                        seen.node_rank, now - seen.changed_at)  # fmt: skip
+            log.warning(
+                "node %s (node rank %d) silent for %.1fs: reporting it lost",
+                name,
+                seen.node_rank,
+                now - seen.changed_at,
+            )
         path = self.run.peer_lost(self.attempt, seen.node_rank)
         if path.exists():  # another launcher saw it first
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, loss_report(
-            seen, now=now, wall=wall, timeout=self.timeout, me=self.node_rank, node=self.node,
-            job_id=self.job_id, attempt=self.attempt))  # fmt: skip
+        write_json_atomic(
+            path,
+            loss_report(
+                seen,
+                now=now,
+                wall=wall,
+                timeout=self.timeout,
+                me=self.node_rank,
+                node=self.node,
+                job_id=self.job_id,
+                attempt=self.attempt,
+            ),
+        )
 
     def set_role(self, role: str) -> None:
         """Say the node's role in its lease at once (not only at the next poll)."""
@@ -285,8 +352,16 @@ class PeerWatch:
     def _write_lease(self, ended: str | None) -> None:
         with self._writing:
             self.seq += 1
-            lease = Lease(self.node_rank, self.node, os.getpid(), self.seq, self.wall(), ended,
-                          self.role, self.addr)  # fmt: skip
+            lease = Lease(
+                self.node_rank,
+                self.node,
+                os.getpid(),
+                self.seq,
+                self.wall(),
+                ended,
+                self.role,
+                self.addr,
+            )
             path = self.run.peer_lease(self.attempt, self.node_rank)
             tmp = temp_path(path)
             tmp.write_text(json.dumps(lease.to_json()))
@@ -339,8 +414,9 @@ class PeerWatch:
                 self._listener = None
 
 
-def task_watch(job: JobEnv, environ: Mapping[str, str], attempt: int,
-               node: str) -> PeerWatch | None:  # fmt: skip
+def task_watch(
+    job: JobEnv, environ: Mapping[str, str], attempt: int, node: str
+) -> PeerWatch | None:
     """Without the launcher (`use_launcher=False`), the lease of the node, kept by the task
     wrapper (`ftslurm.agent.task`) of its first task: the daemon watches the batch host's
     (the only watcher of a job of one node), and the nodes of a larger job watch each
@@ -354,9 +430,17 @@ def task_watch(job: JobEnv, environ: Mapping[str, str], attempt: int,
         node_rank = int(environ.get("SLURM_NODEID") or 0)
     except ValueError:
         return None
-    return PeerWatch(job.run, attempt=attempt, node_rank=node_rank, nnodes=nnodes, node=node,
-                     job_id=environ.get("SLURM_JOB_ID", "local"), timeout=job.peer_timeout_s,
-                     start_timeout=TASK_START_TIMEOUT_S, listen=False).start()  # fmt: skip
+    return PeerWatch(
+        job.run,
+        attempt=attempt,
+        node_rank=node_rank,
+        nnodes=nnodes,
+        node=node,
+        job_id=environ.get("SLURM_JOB_ID", "local"),
+        timeout=job.peer_timeout_s,
+        start_timeout=TASK_START_TIMEOUT_S,
+        listen=False,
+    ).start()
 
 
 def advertised_host() -> str:

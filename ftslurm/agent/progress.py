@@ -94,8 +94,9 @@ def report_step(step: int) -> None:
     _update(where, step=int(step))
 
 
-def checkpoint_saved(step: int, duration_s: float | None = None,
-                     write_s: float | None = None) -> None:  # fmt: skip
+def checkpoint_saved(
+    step: int, duration_s: float | None = None, write_s: float | None = None
+) -> None:
     """A checkpoint of `step` is safely stored; `duration_s` is how long the training stood
     still for it, `write_s` how long an asynchronous save then wrote in the background."""
     where = _target()

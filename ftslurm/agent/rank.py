@@ -74,8 +74,9 @@ def stop_record_path(run_dir: str | Path, attempt: str | int, rank: int) -> Path
     return RunDir(run_dir).stop_record(attempt, rank)
 
 
-def read_stop_record(run_dir: str | Path | None, attempt: str | int,
-                     rank: int) -> dict[str, Any] | None:  # fmt: skip
+def read_stop_record(
+    run_dir: str | Path | None, attempt: str | int, rank: int
+) -> dict[str, Any] | None:
     """The rank's stop record, or None when it recorded none (or it is unreadable)."""
     if run_dir is None:
         return None
@@ -84,8 +85,13 @@ def read_stop_record(run_dir: str | Path | None, attempt: str | int,
 
 
 class RankAgent:
-    def __init__(self, environ: dict[str, str] | None = None, *, heartbeats: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        environ: dict[str, str] | None = None,
+        *,
+        heartbeats: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         env = dict(os.environ if environ is None else environ)
         job = JobEnv.from_environ(env)
         self.rank = int(env.get("RANK", "0"))
@@ -111,12 +117,15 @@ class RankAgent:
         # Step times for straggler scores, published once per interval to the run folder.
         self._timer: StepTimer | None = None
         if job.run_dir:
-            self._timer = StepTimer(job.straggler_interval_s, rank=self.rank,
-                                    run_dir=job.run_dir, attempt=self._attempt,
-                                    node=env.get("SLURMD_NODENAME") or None)  # fmt: skip
+            self._timer = StepTimer(
+                job.straggler_interval_s,
+                rank=self.rank,
+                run_dir=job.run_dir,
+                attempt=self._attempt,
+                node=env.get("SLURMD_NODENAME") or None,
+            )
         hb_dir = job.heartbeat_dir
-        self._hb = HeartbeatWriter(hb_dir, self.local_rank, beats=heartbeats) if hb_dir \
-            else None
+        self._hb = HeartbeatWriter(hb_dir, self.local_rank, beats=heartbeats) if hb_dir else None
         self.checkpoint_signal = job.checkpoint_signal_number
         for sig in {self.checkpoint_signal, signal.SIGTERM}:
             signal.signal(sig, self._on_signal)
@@ -188,8 +197,9 @@ class RankAgent:
             if cadence is not None and cadence.interval_s is not None:
                 due = now - self._last_checkpoint >= cadence.interval_s
                 # to disk: its own interval passed, or every checkpoint goes there (one tier)
-                disk = now - self._last_disk >= cadence.tier_interval("disk") \
-                    or (due and cadence.disk_interval_s is None)  # fmt: skip
+                disk = now - self._last_disk >= cadence.tier_interval("disk") or (
+                    due and cadence.disk_interval_s is None
+                )
             # One all-reduce, so ranks that read different versions of the file still agree
             # on whether and where to checkpoint.
             self._decided = _any_rank(self._requested, due, disk)
@@ -244,12 +254,23 @@ class RankAgent:
         (`outcome`: "checkpointed" or "finished"); once per process."""
         if self._stop_recorded or self._run_dir is None:
             return
-        step = step if step is not None else (
-            self._saved_step if self._saved_step is not None else self.step)  # fmt: skip
+        step = (
+            step
+            if step is not None
+            else (self._saved_step if self._saved_step is not None else self.step)
+        )
         path = stop_record_path(self._run_dir, self._attempt, self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {"rank": self.rank, "step": step, "outcome": outcome,
-                                 "pid": os.getpid(), "time": time.time()})  # fmt: skip
+        write_json_atomic(
+            path,
+            {
+                "rank": self.rank,
+                "step": step,
+                "outcome": outcome,
+                "pid": os.getpid(),
+                "time": time.time(),
+            },
+        )
         self._stop_recorded = True
 
     def exit(self, code: int = 0, teardown_timeout_s: float = TEARDOWN_TIMEOUT_S) -> None:
@@ -257,8 +278,7 @@ class RankAgent:
         leave(code, teardown_timeout_s, agent=self)
 
     # ------------------------------------------------------------------ reports
-    def checkpoint_saved(self, step: int, seconds: float | None = None,
-                         tier: str = "disk") -> None:  # fmt: skip
+    def checkpoint_saved(self, step: int, seconds: float | None = None, tier: str = "disk") -> None:
         """The checkpoint of `step` is saved; `seconds`: how long the training stood still
         for it (the daemon tunes the interval from it); `tier`: "disk" (persistent) or
         "memory" (`ftslurm.memory_checkpoint` reports its own saves). The next periodic
@@ -308,8 +328,9 @@ class _CadenceFile:
 
     def current(self) -> Cadence | None:
         now = self.clock()
-        if self.path is None or (self._looked is not None
-                                 and now - self._looked < CADENCE_REFRESH_S):  # fmt: skip
+        if self.path is None or (
+            self._looked is not None and now - self._looked < CADENCE_REFRESH_S
+        ):
             return self._cadence
         self._looked = now
         try:
@@ -352,8 +373,9 @@ def _destroy_process_group() -> None:
         log.warning("destroy_process_group failed: %s", exc)
 
 
-def leave(code: int = 0, teardown_timeout_s: float = TEARDOWN_TIMEOUT_S,
-          agent: RankAgent | None = None) -> None:  # fmt: skip
+def leave(
+    code: int = 0, teardown_timeout_s: float = TEARDOWN_TIMEOUT_S, agent: RankAgent | None = None
+) -> None:
     """End this rank's process with `code`, whatever native threads do at teardown: wait
     for checkpoint saves in flight, flush the reports and stdio, give
     `destroy_process_group` `teardown_timeout_s` in a daemon thread, then `os._exit(code)`
@@ -369,8 +391,7 @@ def leave(code: int = 0, teardown_timeout_s: float = TEARDOWN_TIMEOUT_S,
             print(f"ftslurm: checkpoint save failed before exit: {exc!r}", file=sys.stderr)
             code = code or 1
             if agent is not None and agent._run_dir is not None:
-                stop_record_path(agent._run_dir, agent._attempt, agent.rank).unlink(
-                    missing_ok=True)  # fmt: skip
+                stop_record_path(agent._run_dir, agent._attempt, agent.rank).unlink(missing_ok=True)
     if agent is not None:
         try:
             agent.close()
@@ -381,13 +402,15 @@ def leave(code: int = 0, teardown_timeout_s: float = TEARDOWN_TIMEOUT_S,
             stream.flush()
         except (OSError, ValueError):
             pass
-    worker = threading.Thread(target=_destroy_process_group, name="ftslurm-teardown",
-                              daemon=True)  # fmt: skip
+    worker = threading.Thread(target=_destroy_process_group, name="ftslurm-teardown", daemon=True)
     worker.start()
     worker.join(teardown_timeout_s)
     if worker.is_alive():
-        print(f"ftslurm: destroy_process_group still running after {teardown_timeout_s:.0f}s;"
-              " leaving without it", file=sys.stderr)  # fmt: skip
+        print(
+            f"ftslurm: destroy_process_group still running after {teardown_timeout_s:.0f}s;"
+            " leaving without it",
+            file=sys.stderr,
+        )
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -79,8 +79,9 @@ def starts_as_spare(node_rank: int, nnodes: int, spare_nodes: int) -> bool:
     return node_rank >= active_nodes(nnodes, spare_nodes)
 
 
-def loss_action(lost: Collection[int], newly_lost_roles: Mapping[int, str | None],
-                spare_nodes: int) -> Action:  # fmt: skip
+def loss_action(
+    lost: Collection[int], newly_lost_roles: Mapping[int, str | None], spare_nodes: int
+) -> Action:
     """What the launchers do on news of lost nodes (pure). `lost`: every node rank lost in
     the attempt so far; `newly_lost_roles`: the roles the newly lost nodes' leases said.
     A lost spare changes nothing now (it takes a spare away); an active one is replaced
@@ -92,15 +93,17 @@ def loss_action(lost: Collection[int], newly_lost_roles: Mapping[int, str | None
     return Action.NEW_JOB
 
 
-def may_join(leases: Mapping[int, Lease | None], nnodes: int, spare_nodes: int,
-             lost: Collection[int]) -> bool:  # fmt: skip
+def may_join(
+    leases: Mapping[int, Lease | None], nnodes: int, spare_nodes: int, lost: Collection[int]
+) -> bool:
     """Whether a spare may join the rendezvous (pure): once every node that trains first
     started its ranks, or when one of them is lost or left (then a spare is needed now)."""
     if lost:
         return True
     firsts = [leases.get(r) for r in range(active_nodes(nnodes, spare_nodes))]
-    return all(lease is not None and (lease.role == ACTIVE or lease.ended is not None)
-               for lease in firsts)  # fmt: skip
+    return all(
+        lease is not None and (lease.role == ACTIVE or lease.ended is not None) for lease in firsts
+    )
 
 
 def alive_since(first: Mapping[int, int], leases: Mapping[int, Lease | None]) -> bool:
@@ -128,18 +131,28 @@ def straggler_reason(report: Mapping[str, Any] | None, attempt: int, node: str) 
         return None
     if node not in (report.get("persistent_nodes") or []):
         return None
-    scores = [min(float(s.get("relative", 1.0)), float(s.get("individual", 1.0)))
-              for s in report.get("scores") or []
-              if isinstance(s, Mapping) and s.get("node") == node]  # fmt: skip
+    scores = [
+        min(float(s.get("relative", 1.0)), float(s.get("individual", 1.0)))
+        for s in report.get("scores") or []
+        if isinstance(s, Mapping) and s.get("node") == node
+    ]
     score = f"score {min(scores):.2f} " if scores else ""
     return f"persistent straggler: {score}below {report.get('threshold')}"
 
 
-def benched_record(*, node_rank: int, node: str, why: str, reason: str, time: float,
-                   job_id: str, attempt: int) -> dict[str, Any]:  # fmt: skip
+def benched_record(
+    *, node_rank: int, node: str, why: str, reason: str, time: float, job_id: str, attempt: int
+) -> dict[str, Any]:
     """The content of `recovery/benched-<n>.json` (pure)."""
-    return {"node_rank": node_rank, "node": node, "why": why, "reason": reason, "time": time,
-            "job_id": job_id, "attempt": attempt}  # fmt: skip
+    return {
+        "node_rank": node_rank,
+        "node": node,
+        "why": why,
+        "reason": reason,
+        "time": time,
+        "job_id": job_id,
+        "attempt": attempt,
+    }
 
 
 def gone_name(node_rank: int, report: Mapping[str, Any]) -> str:
@@ -163,19 +176,36 @@ def spares_left(lost: Collection[int], spare_nodes: int) -> int:
     return max(0, spare_nodes - len(set(lost)))
 
 
-def round_record(*, round_: int, started_at: float, world_size: int, nnodes_active: int,
-                 spares_left: int, why: str, lost: list[str], job_id: str,
-                 attempt: int) -> dict[str, Any]:  # fmt: skip
+def round_record(
+    *,
+    round_: int,
+    started_at: float,
+    world_size: int,
+    nnodes_active: int,
+    spares_left: int,
+    why: str,
+    lost: list[str],
+    job_id: str,
+    attempt: int,
+) -> dict[str, Any]:
     """The content of `recovery/round-<r>.json` when the round's ranks start (pure)."""
-    return {"round": round_, "started_at": started_at, "first_step_at": None, "step": None,
-            "world_size": world_size, "nnodes_active": nnodes_active,
-            "spares_left": spares_left, "why": why, "lost": lost, "job_id": job_id,
-            "attempt": attempt}  # fmt: skip
+    return {
+        "round": round_,
+        "started_at": started_at,
+        "first_step_at": None,
+        "step": None,
+        "world_size": world_size,
+        "nnodes_active": nnodes_active,
+        "spares_left": spares_left,
+        "why": why,
+        "lost": lost,
+        "job_id": job_id,
+        "attempt": attempt,
+    }
 
 
 # ---------------------------------------------------------------------------- reading
-def _by_node_rank(run: RunDir, attempt: int, pattern: str,
-                  key: str) -> dict[int, dict[str, Any]]:  # fmt: skip
+def _by_node_rank(run: RunDir, attempt: int, pattern: str, key: str) -> dict[int, dict[str, Any]]:
     """The attempt's recovery records matching `pattern`: their node rank (`key`) ->
     record (a torn or foreign one left out)."""
     out: dict[int, dict[str, Any]] = {}

@@ -103,12 +103,15 @@ def window_median(samples: Sequence[float]) -> float:
 
 
 def _usable(timing: RankTiming, min_samples: int) -> bool:
-    return timing.samples >= min_samples and math.isfinite(timing.median_s) \
-        and timing.median_s > 0
+    return timing.samples >= min_samples and math.isfinite(timing.median_s) and timing.median_s > 0
 
 
-def score_window(timings: Sequence[RankTiming], best_history: Mapping[int, float],
-                 reference: str = "best", min_samples: int = MIN_SAMPLES) -> list[Score]:
+def score_window(
+    timings: Sequence[RankTiming],
+    best_history: Mapping[int, float],
+    reference: str = "best",
+    min_samples: int = MIN_SAMPLES,
+) -> list[Score]:
     """Score one window (see the module docstring), ordered by rank; ranks with fewer than
     `min_samples` samples or a median that is not positive are left out."""
     if reference not in REFERENCES:
@@ -123,13 +126,17 @@ def score_window(timings: Sequence[RankTiming], best_history: Mapping[int, float
         best = best_history.get(t.rank, t.median_s)
         if not (math.isfinite(best) and best > 0):
             best = t.median_s
-        scores.append(Score(t.rank, t.node, min(1.0, ref / t.median_s),
-                            min(1.0, best / t.median_s), t.median_s))  # fmt: skip
+        scores.append(
+            Score(
+                t.rank, t.node, min(1.0, ref / t.median_s), min(1.0, best / t.median_s), t.median_s
+            )
+        )
     return scores
 
 
-def update_best_history(best_history: Mapping[int, float],
-                        timings: Iterable[RankTiming]) -> dict[int, float]:
+def update_best_history(
+    best_history: Mapping[int, float], timings: Iterable[RankTiming]
+) -> dict[int, float]:
     """A new history: for each rank the smallest positive median seen so far."""
     history = dict(best_history)
     for t in timings:
@@ -152,8 +159,9 @@ class NodeVerdicts:
     def __init__(self, counts: Mapping[str, int] | None = None) -> None:
         self.counts: dict[str, int] = {str(k): int(v) for k, v in (counts or {}).items()}
 
-    def update(self, scores: Iterable[Score],
-               threshold: float = DEFAULT_THRESHOLD) -> dict[str, int]:
+    def update(
+        self, scores: Iterable[Score], threshold: float = DEFAULT_THRESHOLD
+    ) -> dict[str, int]:
         """Count one window; returns all counts."""
         scores = list(scores)
         flagged = {s.node for s in stragglers(scores, threshold)}
@@ -178,10 +186,16 @@ class StepTimer:
     """Per-rank step timing for straggler scores; `with timer.step(): ...` or
     timer.record(seconds), then `timer.maybe_publish()` once per step."""
 
-    def __init__(self, report_interval_s: float = 60.0, *, rank: int | None = None,
-                 node: str | None = None, run_dir: str | Path | None = None,
-                 attempt: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        report_interval_s: float = 60.0,
+        *,
+        rank: int | None = None,
+        node: str | None = None,
+        run_dir: str | Path | None = None,
+        attempt: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if report_interval_s <= 0:
             raise ValueError("report_interval_s must be positive")
         env = os.environ
@@ -232,13 +246,24 @@ class StepTimer:
         self._window_start = now
         if timing is None or self.run is None:
             return False
-        window = {"median_s": timing.median_s, "samples": timing.samples,
-                  "window_end": time.time(), "window_index": self.window_index}  # fmt: skip
+        window = {
+            "median_s": timing.median_s,
+            "samples": timing.samples,
+            "window_end": time.time(),
+            "window_index": self.window_index,
+        }
         path = self.run.straggler_rank(self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path,
-                          {"rank": self.rank, "node": self.node, **window,
-                           "attempt": self.attempt, "previous": self._previous})  # fmt: skip
+        write_json_atomic(
+            path,
+            {
+                "rank": self.rank,
+                "node": self.node,
+                **window,
+                "attempt": self.attempt,
+                "previous": self._previous,
+            },
+        )
         self._previous = window
         self.window_index += 1
         return True
@@ -250,8 +275,12 @@ def _window(data: Any) -> tuple[int, float, int] | None:
     if not isinstance(data, dict):
         return None
     index, median, samples = data.get("window_index"), data.get("median_s"), data.get("samples")
-    if not isinstance(index, int) or not isinstance(samples, int) \
-            or not isinstance(median, (int, float)) or isinstance(median, bool):
+    if (
+        not isinstance(index, int)
+        or not isinstance(samples, int)
+        or not isinstance(median, (int, float))
+        or isinstance(median, bool)
+    ):
         return None
     return index, float(median), samples
 
@@ -260,14 +289,19 @@ def _rank_files(folder: Path) -> list[dict[str, Any]]:
     entries = []
     for path in folder.glob(RANK_REPORTS):
         data = read_json(path)
-        if isinstance(data, dict) and isinstance(data.get("rank"), int) \
-                and isinstance(data.get("node"), str) and _window(data) is not None:
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("rank"), int)
+            and isinstance(data.get("node"), str)
+            and _window(data) is not None
+        ):
             entries.append(data)
     return entries
 
 
-def _complete_window(entries: list[dict[str, Any]]
-                     ) -> tuple[int, int, list[RankTiming], list[int]] | None:  # fmt: skip
+def _complete_window(
+    entries: list[dict[str, Any]],
+) -> tuple[int, int, list[RankTiming], list[int]] | None:
     """(attempt, window_index, timings, stale ranks) of the latest window every live rank of
     the latest attempt has published, or None when there is none."""
     if not entries:
@@ -306,10 +340,15 @@ def _locked(lock: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def collect_report(run_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD,
-                   reference: str = "best", persistent_windows: int = 3,
-                   state: str | Path | None = None,
-                   min_samples: int = MIN_SAMPLES) -> dict[str, Any]:  # fmt: skip
+def collect_report(
+    run_dir: str | Path,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    reference: str = "best",
+    persistent_windows: int = 3,
+    state: str | Path | None = None,
+    min_samples: int = MIN_SAMPLES,
+) -> dict[str, Any]:
     """Score the latest complete window under `run_dir`, update the collector's state
     (`state`, default `$run_dir/stragglers/state.json`) and write `report.json`; returns the
     report. Without any complete window it returns the last report (or an empty one) and
@@ -329,10 +368,17 @@ def collect_report(run_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD,
             last = read_json(run.straggler_report)
             if isinstance(last, dict):
                 return last
-            return {"window_index": None, "attempt": None, "reference": reference,
-                    "threshold": threshold, "scores": [], "stragglers": [],
-                    "persistent_nodes": verdicts.persistent(persistent_windows),
-                    "skipped_ranks": [], "updated_at": time.time()}  # fmt: skip
+            return {
+                "window_index": None,
+                "attempt": None,
+                "reference": reference,
+                "threshold": threshold,
+                "scores": [],
+                "stragglers": [],
+                "persistent_nodes": verdicts.persistent(persistent_windows),
+                "skipped_ranks": [],
+                "updated_at": time.time(),
+            }
         attempt, index, timings, stale = chosen
         if saved.get("attempt") != attempt:  # a new attempt: its nodes start with a clean slate
             verdicts = NodeVerdicts()
@@ -340,27 +386,47 @@ def collect_report(run_dir: str | Path, *, threshold: float = DEFAULT_THRESHOLD,
         # Any other window is new, an earlier index too: after an in-job restart the ranks'
         # new processes count their windows from 0 again.
         new = (attempt, index) != saved_key
-        history = {int(k): float(v) for k, v in (saved.get("best_history") or {}).items()} \
-            if saved.get("attempt") == attempt else {}
+        history = (
+            {int(k): float(v) for k, v in (saved.get("best_history") or {}).items()}
+            if saved.get("attempt") == attempt
+            else {}
+        )
         scores = score_window(timings, history, reference, min_samples)
         if new:
             # Scoring first and updating after gives the same individual scores as a repeat
             # of this window would, so a repeat needs no memory of the scores.
             verdicts.update(scores, threshold)
-            history = update_best_history(history, [t for t in timings
-                                                    if _usable(t, min_samples)])  # fmt: skip
-            write_json_atomic(state_path, {
-                "attempt": attempt, "window_index": index,
-                "best_history": {str(k): v for k, v in sorted(history.items())},
-                "node_windows": verdicts.counts, "updated_at": time.time()})
+            history = update_best_history(history, [t for t in timings if _usable(t, min_samples)])
+            write_json_atomic(
+                state_path,
+                {
+                    "attempt": attempt,
+                    "window_index": index,
+                    "best_history": {str(k): v for k, v in sorted(history.items())},
+                    "node_windows": verdicts.counts,
+                    "updated_at": time.time(),
+                },
+            )
         scored = {s.rank for s in scores}
         report = {
-            "window_index": index, "attempt": attempt, "reference": reference,
+            "window_index": index,
+            "attempt": attempt,
+            "reference": reference,
             "threshold": threshold,
-            "scores": [{"rank": s.rank, "node": s.node, "relative": s.relative,
-                        "individual": s.individual, "median_s": s.median_s} for s in scores],
-            "stragglers": [{"rank": s.rank, "node": s.node, "relative": s.relative,
-                            "individual": s.individual} for s in stragglers(scores, threshold)],
+            "scores": [
+                {
+                    "rank": s.rank,
+                    "node": s.node,
+                    "relative": s.relative,
+                    "individual": s.individual,
+                    "median_s": s.median_s,
+                }
+                for s in scores
+            ],
+            "stragglers": [
+                {"rank": s.rank, "node": s.node, "relative": s.relative, "individual": s.individual}
+                for s in stragglers(scores, threshold)
+            ],
             "persistent_nodes": verdicts.persistent(persistent_windows),
             "skipped_ranks": sorted(set(stale) | {t.rank for t in timings} - scored),
             "updated_at": time.time(),

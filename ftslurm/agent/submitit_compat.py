@@ -156,8 +156,9 @@ def _describe(function: Any) -> str:
     return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
 
 
-def save_continuation(folder: Path, delayed: Any, sequence: int, step: int,
-                      training_step: int | None = None) -> dict[str, Any]:  # fmt: skip
+def save_continuation(
+    folder: Path, delayed: Any, sequence: int, step: int, training_step: int | None = None
+) -> dict[str, Any]:
     """Store `delayed` (a DelayedSubmission) as continuation number `sequence`; returns the
     manifest. The manifest is replaced only once the file it names is complete."""
     dir_mode, file_mode = sharing_modes()  # the callable holds the training's state
@@ -166,11 +167,17 @@ def save_continuation(folder: Path, delayed: Any, sequence: int, step: int,
     name = f"continuation-{sequence:06d}.pkl"
     write_bytes_atomic(folder / name, data, mode=file_mode)
     manifest = {
-        "format": FORMAT, "file": name, "size": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(), "sequence": sequence, "step": step,
-        "training_step": training_step, "attempt": _attempt_text(),
-        "callable": _describe(getattr(delayed, "function", delayed)), "time": time.time(),
-    }  # fmt: skip
+        "format": FORMAT,
+        "file": name,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "sequence": sequence,
+        "step": step,
+        "training_step": training_step,
+        "attempt": _attempt_text(),
+        "callable": _describe(getattr(delayed, "function", delayed)),
+        "time": time.time(),
+    }
     write_json_atomic(folder / MANIFEST, manifest, mode=file_mode)
     for old in folder.iterdir():  # earlier continuations, and temporary files of crashed saves
         stale = old.name.startswith("continuation-") and old.suffix == ".pkl"
@@ -189,8 +196,9 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     if not isinstance(manifest, dict) or any(k not in manifest for k in keys):
         raise ContinuationError(f"{path} is not a readable continuation manifest")
     if not isinstance(manifest.get("format"), int) or manifest["format"] > FORMAT:
-        raise ContinuationError(f"{path} has format {manifest.get('format')!r}; this "
-                                f"ftslurm reads format {FORMAT}")  # fmt: skip
+        raise ContinuationError(
+            f"{path} has format {manifest.get('format')!r}; this ftslurm reads format {FORMAT}"
+        )
     return manifest
 
 
@@ -210,8 +218,10 @@ def load_continuation(folder: Path) -> tuple[Any, dict[str, Any]] | None:
     except OSError as exc:
         raise ContinuationError(f"{path}: {exc.strerror or exc}") from None
     if size != manifest["size"]:
-        raise ContinuationError(f"{path} has {size} bytes where its manifest says "
-                                f"{manifest['size']}: truncated or overwritten")  # fmt: skip
+        raise ContinuationError(
+            f"{path} has {size} bytes where its manifest says "
+            f"{manifest['size']}: truncated or overwritten"
+        )
     if digest.hexdigest() != manifest["sha256"]:
         raise ContinuationError(f"{path} does not match the sha256 of its manifest: corrupt")
     try:  # submitit's own loader; its check of the class (by name) is an assert
@@ -219,8 +229,9 @@ def load_continuation(folder: Path) -> tuple[Any, dict[str, Any]] | None:
     except AssertionError as exc:
         raise ContinuationError(f"{path} is not a DelayedSubmission: {exc}") from None
     except Exception as exc:  # a class renamed or a module gone since it was saved
-        raise ContinuationError(f"{path} cannot be unpickled: "
-                                f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+        raise ContinuationError(
+            f"{path} cannot be unpickled: {type(exc).__name__}: {exc}"
+        ) from None
     return delayed, manifest
 
 
@@ -243,8 +254,14 @@ def _hard_exit(code: int) -> None:
 
 
 class _Runner:
-    def __init__(self, function: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 folder: Path, resumed: dict[str, Any] | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        function: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        folder: Path,
+        resumed: dict[str, Any] | None,
+    ) -> None:
         self.function, self.args, self.kwargs = function, args, kwargs
         self.folder = folder
         self.resumed = resumed
@@ -280,8 +297,10 @@ class _Runner:
         name = signal.Signals(signum).name
         method = _checkpoint_method(self.function)
         if method is None:  # on every rank: rank 0 has nothing to store either
-            _say(f"{name}: {_describe(self.function)} has no checkpoint() method: nothing is "
-                 f"saved; ending as {name} would without a handler")  # fmt: skip
+            _say(
+                f"{name}: {_describe(self.function)} has no checkpoint() method: nothing is "
+                f"saved; ending as {name} would without a handler"
+            )
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
             return
@@ -293,8 +312,10 @@ class _Runner:
         try:
             delayed = method(*self.args, **self.kwargs)
             if delayed is None:
-                _say(f"{name}: checkpoint() returned None: the run is not to be continued "
-                     f"(exit {ExitCode.DO_NOT_RETRY:d})")  # fmt: skip
+                _say(
+                    f"{name}: checkpoint() returned None: the run is not to be continued "
+                    f"(exit {ExitCode.DO_NOT_RETRY:d})"
+                )
                 self._leave(ExitCode.DO_NOT_RETRY)
             sequence = int(self.resumed["sequence"]) + 1 if self.resumed else 1
             training_step = self._training_step()
@@ -307,11 +328,14 @@ class _Runner:
             raise
         except Exception:
             traceback.print_exc()
-            _say(f"{name}: checkpoint() or storing its continuation failed; "
-                 f"exit {ExitCode.FAILED:d}")
+            _say(
+                f"{name}: checkpoint() or storing its continuation failed; exit {ExitCode.FAILED:d}"
+            )
             self._leave(ExitCode.FAILED)
-        _say(f"{name}: continuation {sequence} stored ({manifest['size']} bytes, step {step}) "
-             f"in {self.folder}; exiting {EXIT_CHECKPOINTED:d} to be continued")  # fmt: skip
+        _say(
+            f"{name}: continuation {sequence} stored ({manifest['size']} bytes, step {step}) "
+            f"in {self.folder}; exiting {EXIT_CHECKPOINTED:d} to be continued"
+        )
         self._leave(EXIT_CHECKPOINTED)
 
     def _leave(self, code: int) -> None:
@@ -362,16 +386,20 @@ class _Runner:
             except ContinuationError:
                 manifest = None  # rank 0 may be replacing it right now
             if manifest and int(manifest["sequence"]) > start_sequence:
-                _say(f"rank {self.rank}: rank 0 stored continuation {manifest['sequence']}; "
-                     f"exiting {EXIT_CHECKPOINTED:d}")  # fmt: skip
+                _say(
+                    f"rank {self.rank}: rank 0 stored continuation {manifest['sequence']}; "
+                    f"exiting {EXIT_CHECKPOINTED:d}"
+                )
                 try:
                     self.agent.save_observed()
                 except OSError:
                     pass
                 _hard_exit(EXIT_CHECKPOINTED)
             time.sleep(_POLL_S)
-        _say(f"rank {self.rank}: rank 0 stored no continuation within {grace:g}s; "
-             f"exit {ExitCode.FAILED:d}")  # fmt: skip
+        _say(
+            f"rank {self.rank}: rank 0 stored no continuation within {grace:g}s; "
+            f"exit {ExitCode.FAILED:d}"
+        )
         _hard_exit(ExitCode.FAILED)
 
     # ------------------------------------------------------------------ the call
@@ -383,8 +411,10 @@ class _Runner:
             if self.exit_code is None:
                 raise
             if not isinstance(exc, _Exit):  # e.g. a collective whose peers already left
-                _say(f"ignoring {type(exc).__name__} raised while the callable unwound "
-                     f"after the checkpoint signal")  # fmt: skip
+                _say(
+                    f"ignoring {type(exc).__name__} raised while the callable unwound "
+                    f"after the checkpoint signal"
+                )
             self._record_saved()
             self.agent.close()
             raise SystemExit(self.exit_code) from None
@@ -403,14 +433,18 @@ def run(function: Any, /, *args: Any, **kwargs: Any) -> Any:
     try:
         loaded = load_continuation(folder)
     except ContinuationError as exc:
-        _say(f"cannot resume: {exc}; refusing to start over from scratch; delete {folder} to "
-             f"do so (exit {ExitCode.DO_NOT_RETRY:d})")  # fmt: skip
+        _say(
+            f"cannot resume: {exc}; refusing to start over from scratch; delete {folder} to "
+            f"do so (exit {ExitCode.DO_NOT_RETRY:d})"
+        )
         raise SystemExit(ExitCode.DO_NOT_RETRY) from None
     resumed = None
     if loaded is not None:
         delayed, resumed = loaded
         function, args, kwargs = delayed.function, tuple(delayed.args), dict(delayed.kwargs)
         if fta.init().rank == 0:
-            _say(f"resuming continuation {resumed['sequence']} ({resumed.get('callable')}, "
-                 f"saved at step {resumed.get('step')})")  # fmt: skip
+            _say(
+                f"resuming continuation {resumed['sequence']} ({resumed.get('callable')}, "
+                f"saved at step {resumed.get('step')})"
+            )
     return _Runner(function, args, kwargs, folder, resumed).call()

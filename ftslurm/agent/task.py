@@ -71,8 +71,14 @@ from ftslurm.core.inject import Injection, InjectKind, parse_injection
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
 
-FORWARDED = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGUSR1,
-             signals.SIGUSR2, signals.SIGCONT)  # fmt: skip
+FORWARDED = (
+    signals.SIGTERM,
+    signals.SIGINT,
+    signals.SIGHUP,
+    signals.SIGUSR1,
+    signals.SIGUSR2,
+    signals.SIGCONT,
+)
 # The outcome of a rank (and of a launcher, `ftslurm.agent.launch`) told to stop before its
 # command (its ranks) started.
 STOPPED = "stopped"
@@ -84,14 +90,17 @@ HOLD_SIGNALS_MAX_S = 120.0  # without a readable signal mask: how long USR1/USR2
 HELD_LOOK_S = 0.5  # how often a held signal looks again for a process that catches it
 _USER_ERROR = re.compile(
     r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError)(:|$)"
-    r"|can't open file")  # fmt: skip
+    r"|can't open file"
+)
 # ENOSPC as Python and C libraries print it; the path when the message names one.
 _DISK_FULL = re.compile(r"\[Errno 28\]|No space left on device|ENOSPC")
 _DISK_FULL_PATH = re.compile(r"No space left on device: ('([^']*)'|\"([^\"]*)\")")
 DISK_FULL_LINES = 5  # how far from the end of the tail the fatal error may be
 # The line a Python traceback ends with: the exception's (dotted) type, then its message.
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|"
-                             r"KeyboardInterrupt|StopIteration)(:|$)")  # fmt: skip
+_EXCEPTION_LINE = re.compile(
+    r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|"
+    r"KeyboardInterrupt|StopIteration)(:|$)"
+)
 ERROR_LINE_CHARS = 300  # the longest error line a report carries
 
 
@@ -123,8 +132,9 @@ def torch_env(environ: Mapping[str, str], job: JobEnv | None = None) -> dict[str
         "RANK": environ.get("SLURM_PROCID") or "0",
         "LOCAL_RANK": environ.get("SLURM_LOCALID") or "0",
         "WORLD_SIZE": environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1",
-        "NODE_RANK": str(node_id), "GROUP_RANK": str(node_id),
-    }  # fmt: skip
+        "NODE_RANK": str(node_id),
+        "GROUP_RANK": str(node_id),
+    }
     local: int | None = None
     for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
         if local is None and environ.get(key):
@@ -132,16 +142,26 @@ def torch_env(environ: Mapping[str, str], job: JobEnv | None = None) -> dict[str
     env["LOCAL_WORLD_SIZE"] = str(local or environ.get("SLURM_NTASKS_PER_NODE") or 1)
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or (
-        hostlist.expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
+        hostlist.expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1"
+    )
     # One rank alone needs no agreement: a port free now, not one derived from the job id,
     # which another job's (another mock cluster's) or any process may hold. Ranks of one
     # step started without the launcher have nowhere to agree but the job: derived.
     env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(
-        free_port() if env["WORLD_SIZE"] == "1"
-        else rendezvous_port(environ.get("SLURM_JOB_ID"), restarts))
+        free_port()
+        if env["WORLD_SIZE"] == "1"
+        else rendezvous_port(environ.get("SLURM_JOB_ID"), restarts)
+    )
     if environ.get("TORCHELASTIC_RUN_ID"):  # started by the launcher: its ranks stand
-        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                    "MASTER_ADDR", "MASTER_PORT"):  # fmt: skip
+        for key in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ):
             if environ.get(key):
                 env[key] = environ[key]
         env["NODE_RANK"] = env["GROUP_RANK"]
@@ -182,9 +202,15 @@ def error_line(stderr_tail: str, exit_code: int | None) -> str | None:
     return found if len(found) <= ERROR_LINE_CHARS else found[: ERROR_LINE_CHARS - 3] + "..."
 
 
-def classify_exit(exit_code: int | None, signal: int | None, checkpoint_signal_seen: bool,
-                  runtime_s: float, stderr_tail: str, user_error_window_s: float,
-                  stopped: str | None = None) -> str:  # fmt: skip
+def classify_exit(
+    exit_code: int | None,
+    signal: int | None,
+    checkpoint_signal_seen: bool,
+    runtime_s: float,
+    stderr_tail: str,
+    user_error_window_s: float,
+    stopped: str | None = None,
+) -> str:
     """How a task ended, in the daemon's words (see the module docstring). `stopped`: what
     the rank recorded before it ended ("checkpointed": saved step S, stopping; "finished":
     the training is done), None when it recorded nothing."""
@@ -211,8 +237,7 @@ def parse_inject_env(value: str | None) -> tuple[Injection, ...]:
             try:
                 found.append(parse_injection(spec))
             except ConfigError as exc:
-                print(f"ftslurm: ignoring {EnvName.INJECT.value} entry: {exc}",
-                      file=sys.stderr)  # fmt: skip
+                print(f"ftslurm: ignoring {EnvName.INJECT.value} entry: {exc}", file=sys.stderr)
     return tuple(found)
 
 
@@ -251,7 +276,11 @@ class Task:
         # Signals that would end a process without a handler: delivered only to those that
         # catch them, held (in `held`, each once) while none does.
         self.selective = {signals.SIGUSR1, signals.SIGUSR2, self.checkpoint_signal} - {
-            signals.SIGTERM, signals.SIGINT, signals.SIGHUP, signals.SIGCONT}
+            signals.SIGTERM,
+            signals.SIGINT,
+            signals.SIGHUP,
+            signals.SIGCONT,
+        }
         self.held: list[int] = []
         self.told_to_stop = False  # TERM, or the checkpoint signal, reached the command
         self.hung = False
@@ -329,9 +358,13 @@ class Task:
                 elif sig not in told:
                     told.add(sig)
                     name = signals.Signals(sig).name
-                    print(f"ftslurm: {name} held: no process of rank {self.rank} catches it "
-                          f"(delivered if one installs a handler; a script without one is "
-                          f"left to run to its wall limit)", file=sys.stderr, flush=True)
+                    print(
+                        f"ftslurm: {name} held: no process of rank {self.rank} catches it "
+                        f"(delivered if one installs a handler; a script without one is "
+                        f"left to run to its wall limit)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
     # ------------------------------------------------------------------ threads
     def _copy_stderr(self, pipe: IO[bytes]) -> None:
@@ -387,8 +420,11 @@ class Task:
                 inj = pending.pop(0)
                 self.injected.append(inj.spec())
                 self._record_fired(inj.spec())
-                print(f"ftslurm: injected {inj.spec()} on rank {self.rank} (node {self.node})",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"ftslurm: injected {inj.spec()} on rank {self.rank} (node {self.node})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if inj.kind is InjectKind.CRASH:
                     self._signal_group(signals.SIGKILL)
                 elif inj.kind is InjectKind.HANG:
@@ -420,19 +456,28 @@ class Task:
             HeartbeatDir(self.job.heartbeat_dir).ready(self.env.get("LOCAL_RANK", "0")).touch()
         stop = next((s for s in self.early if s in STOPS), None)
         if stop is not None:  # told to stop before the command started: it never does
-            message = (f"ftslurm: rank {self.rank} was told to stop "
-                       f"({signals.Signals(stop).name}) before its command started: not "
-                       f"starting it")  # fmt: skip
+            message = (
+                f"ftslurm: rank {self.rank} was told to stop "
+                f"({signals.Signals(stop).name}) before its command started: not "
+                f"starting it"
+            )
             print(message, file=sys.stderr, flush=True)
             self._report(None, stop, STOPPED, None)
             return 128 + stop
         try:
-            self.proc = subprocess.Popen(self.command, env=self.env, stderr=subprocess.PIPE,
-                                         start_new_session=True,
-                                         preexec_fn=_die_with(os.getpid()))  # fmt: skip
+            self.proc = subprocess.Popen(
+                self.command,
+                env=self.env,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_die_with(os.getpid()),
+            )
         except OSError as exc:
-            code = ExitCode.NOT_FOUND if isinstance(exc, FileNotFoundError) \
+            code = (
+                ExitCode.NOT_FOUND
+                if isinstance(exc, FileNotFoundError)
                 else ExitCode.CANNOT_EXECUTE
+            )
             message = f"ftslurm: cannot start {self.command[0]!r}: {exc.strerror or exc}"
             print(message, file=sys.stderr, flush=True)
             self._report(code, None, "user_error", message, error=message)
@@ -441,23 +486,30 @@ class Task:
         for sig in held:
             self._forward(sig, None)
         assert self.proc.stderr is not None
-        copier = threading.Thread(target=self._copy_stderr, args=(self.proc.stderr,),
-                                  daemon=True)  # fmt: skip
+        copier = threading.Thread(target=self._copy_stderr, args=(self.proc.stderr,), daemon=True)
         copier.start()
         done = threading.Event()
         threading.Thread(target=self._deliver_held, args=(done,), daemon=True).start()
-        nnodes = _int(self.environ.get("SLURM_NNODES")
-                      or self.environ.get("SLURM_JOB_NUM_NODES"), 1)  # fmt: skip
+        nnodes = _int(
+            self.environ.get("SLURM_NNODES") or self.environ.get("SLURM_JOB_NUM_NODES"), 1
+        )
         fired = self._fired_before()
         if self.attempt_report_exists():  # an in-job restart: keep what already fired here
             self.injected = sorted(fired)
         slow_nodes = self._straggler_nodes()
-        pending = sorted((i for i in parse_inject_env(self.job.inject)
-                          if (slow_nodes.get(i.spec()) == self.node
-                              if i.spec() in slow_nodes else
-                              i.spec() not in fired
-                              and _applies(i, self.rank, self.node, self.node_id, nnodes))),
-                         key=lambda i: i.at_s)  # fmt: skip
+        pending = sorted(
+            (
+                i
+                for i in parse_inject_env(self.job.inject)
+                if (
+                    slow_nodes.get(i.spec()) == self.node
+                    if i.spec() in slow_nodes
+                    else i.spec() not in fired
+                    and _applies(i, self.rank, self.node, self.node_id, nnodes)
+                )
+            ),
+            key=lambda i: i.at_s,
+        )
         injector = threading.Thread(target=self._inject, args=(pending, done), daemon=True)
         if pending:
             injector.start()
@@ -476,43 +528,74 @@ class Task:
         window = self.job.user_error_window_s
         stop = read_stop_record(self.run_dir, self.attempt, self.rank)
         withheld = self.checkpoint_signal in self.held  # no process of the rank caught it
-        outcome = classify_exit(code, sig, self.told_to_stop,
-                                time.monotonic() - self.started, tail, window,
-                                str(stop.get("outcome") or "checkpointed") if stop else None)
+        outcome = classify_exit(
+            code,
+            sig,
+            self.told_to_stop,
+            time.monotonic() - self.started,
+            tail,
+            window,
+            str(stop.get("outcome") or "checkpointed") if stop else None,
+        )
         if watch is not None:
             watch.stop(outcome)
         if outcome == "teardown_failed":
-            print(f"ftslurm: rank {self.rank} died while tearing down ("
-                  f"{f'signal {sig}' if sig else f'exit {code}'}) after it saved step "
-                  f"{stop.get('step') if stop else None}: the checkpoint stands",
-                  file=sys.stderr, flush=True)  # fmt: skip
-        self._report(code, sig, outcome, tail if status != 0 else None,
-                     saved_step=stop.get("step") if stop else None,
-                     disk_full_path=disk_full(tail)[1] if outcome == "disk_full" else None,
-                     withheld=self.checkpoint_signal.name.removeprefix("SIG") if withheld
-                     else None,
-                     error=error_line(tail, code) if status != 0 else None)  # fmt: skip
+            print(
+                f"ftslurm: rank {self.rank} died while tearing down ("
+                f"{f'signal {sig}' if sig else f'exit {code}'}) after it saved step "
+                f"{stop.get('step') if stop else None}: the checkpoint stands",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._report(
+            code,
+            sig,
+            outcome,
+            tail if status != 0 else None,
+            saved_step=stop.get("step") if stop else None,
+            disk_full_path=disk_full(tail)[1] if outcome == "disk_full" else None,
+            withheld=self.checkpoint_signal.name.removeprefix("SIG") if withheld else None,
+            error=error_line(tail, code) if status != 0 else None,
+        )
         return code if code is not None else 128 + (sig or 0)
 
-    def _report(self, code: int | None, sig: int | None, outcome: str, tail: str | None,
-                saved_step: int | None = None, disk_full_path: str | None = None,
-                withheld: str | None = None, error: str | None = None) -> None:
+    def _report(
+        self,
+        code: int | None,
+        sig: int | None,
+        outcome: str,
+        tail: str | None,
+        saved_step: int | None = None,
+        disk_full_path: str | None = None,
+        withheld: str | None = None,
+        error: str | None = None,
+    ) -> None:
         if self.rundir is None:
             return
         path = self.rundir.rank_report(self.attempt, self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {
-            "rank": self.rank, "node": self.node, "job_id": self.environ.get("SLURM_JOB_ID"),
-            "restart_count": _int(self.environ.get("SLURM_RESTART_COUNT")),
-            "attempt": self.attempt, "exit_code": code, "signal": sig,
-            "started_at": self.started_wall, "ended_at": time.time(),
-            "checkpoint_signal_at": self.checkpoint_signal_at, "injected": self.injected,
-            "outcome": outcome,
-            "error_tail": "\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
-            "error_line": error,
-            "saved_step": saved_step, "disk_full_path": disk_full_path,
-            WITHHELD_SIGNAL: withheld,
-        })  # fmt: skip
+        write_json_atomic(
+            path,
+            {
+                "rank": self.rank,
+                "node": self.node,
+                "job_id": self.environ.get("SLURM_JOB_ID"),
+                "restart_count": _int(self.environ.get("SLURM_RESTART_COUNT")),
+                "attempt": self.attempt,
+                "exit_code": code,
+                "signal": sig,
+                "started_at": self.started_wall,
+                "ended_at": time.time(),
+                "checkpoint_signal_at": self.checkpoint_signal_at,
+                "injected": self.injected,
+                "outcome": outcome,
+                "error_tail": "\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
+                "error_line": error,
+                "saved_step": saved_step,
+                "disk_full_path": disk_full_path,
+                WITHHELD_SIGNAL: withheld,
+            },
+        )
 
 
 def _die_with(parent: int) -> Callable[[], None]:

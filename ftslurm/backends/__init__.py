@@ -26,8 +26,9 @@ def mock_home() -> Path:
     return Path(os.environ.get(MOCK_HOME_ENV) or state_dir() / "mock")
 
 
-def create_backend(kind: str = "slurm", home: Path | str | None = None, *,
-                   abort: threading.Event | None = None) -> SchedulerBackend:  # fmt: skip
+def create_backend(
+    kind: str = "slurm", home: Path | str | None = None, *, abort: threading.Event | None = None
+) -> SchedulerBackend:
     """A backend by name; for "mock", the mock cluster in `home` (default `mock_home()`).
     Setting `abort` cuts short the retries of Slurm commands (the daemon is stopping)."""
     from ftslurm.backends.slurm_cli import SlurmCliBackend

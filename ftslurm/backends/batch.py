@@ -41,8 +41,9 @@ class _SingleJobActions(Protocol):
     def update_excluded_nodes(self, job_id: str, nodes: Sequence[str]) -> None: ...
 
 
-def requeue_each(backend: _SingleJobActions, job_ids: Sequence[str], *,
-                 hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
+def requeue_each(
+    backend: _SingleJobActions, job_ids: Sequence[str], *, hold: bool = False
+) -> dict[str, FtslurmError]:
     return each(lambda job: backend.requeue(job, hold=hold), job_ids)
 
 
@@ -50,30 +51,31 @@ def release_each(backend: _SingleJobActions, job_ids: Sequence[str]) -> dict[str
     return each(backend.release, job_ids)
 
 
-def start_now_each(backend: _SingleJobActions,
-                   job_ids: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+def start_now_each(backend: _SingleJobActions, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
     return each(backend.start_now, job_ids)
 
 
-def update_excluded_nodes_each(backend: _SingleJobActions, job_ids: Sequence[str],
-                               nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+def update_excluded_nodes_each(
+    backend: _SingleJobActions, job_ids: Sequence[str], nodes: Sequence[str]
+) -> dict[str, FtslurmError]:
     return each(lambda job: backend.update_excluded_nodes(job, nodes), job_ids)
 
 
 class OneJobPerCommand:
     """The protocol's batch actions as one single-job action per job (a mixin)."""
 
-    def requeue_many(self: _SingleJobActions, job_ids: Sequence[str], *,
-                     hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
+    def requeue_many(
+        self: _SingleJobActions, job_ids: Sequence[str], *, hold: bool = False
+    ) -> dict[str, FtslurmError]:
         return requeue_each(self, job_ids, hold=hold)
 
     def release_many(self: _SingleJobActions, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
         return release_each(self, job_ids)
 
-    def start_now_many(self: _SingleJobActions,
-                       job_ids: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+    def start_now_many(self: _SingleJobActions, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
         return start_now_each(self, job_ids)
 
-    def update_excluded_nodes_many(self: _SingleJobActions, job_ids: Sequence[str],
-                                   nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+    def update_excluded_nodes_many(
+        self: _SingleJobActions, job_ids: Sequence[str], nodes: Sequence[str]
+    ) -> dict[str, FtslurmError]:
         return update_excluded_nodes_each(self, job_ids, nodes)

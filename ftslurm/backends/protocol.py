@@ -71,8 +71,9 @@ class SchedulerBackend(Protocol):
         """Make a pending job eligible at once (drops the requeue BeginTime delay)."""
         ...
 
-    def requeue_many(self, job_ids: Sequence[str], *,
-                     hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
+    def requeue_many(
+        self, job_ids: Sequence[str], *, hold: bool = False
+    ) -> dict[str, FtslurmError]:
         """`requeue` for every job of the list; returns the jobs refused."""
         ...
 
@@ -84,8 +85,9 @@ class SchedulerBackend(Protocol):
         """`start_now` for every job of the list; returns the jobs refused."""
         ...
 
-    def update_excluded_nodes_many(self, job_ids: Sequence[str],
-                                   nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+    def update_excluded_nodes_many(
+        self, job_ids: Sequence[str], nodes: Sequence[str]
+    ) -> dict[str, FtslurmError]:
         """`update_excluded_nodes` (the same nodes) for every job of the list; returns the
         jobs refused."""
         ...

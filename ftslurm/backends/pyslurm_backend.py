@@ -123,20 +123,28 @@ def facts_from_pyslurm(config: Any, version: str) -> ClusterFacts:
         accounting=storage != "accounting_storage/none",
         kill_wait_s=int(getattr(config, "kill_wait", 30) or 30),
         job_requeue=bool(getattr(config, "job_requeue", True)),
-        version=version, cluster_name=str(getattr(config, "cluster_name", "") or ""),
+        version=version,
+        cluster_name=str(getattr(config, "cluster_name", "") or ""),
         slurmd_timeout_s=int(getattr(config, "slurmd_timeout", 300) or 300),
-    )  # fmt: skip
+    )
 
 
 def submit_description_kwargs(script: str, options: JobOptions) -> dict[str, Any]:
     """Keyword arguments for pyslurm.JobSubmitDescription from generic job options."""
     kwargs: dict[str, Any] = {"script": script}
-    mapping = {"name": options.name, "nodes": options.nodes,
-               "ntasks_per_node": options.ntasks_per_node,
-               "cpus_per_task": options.cpus_per_task, "partition": options.partition,
-               "account": options.account, "comment": options.comment,
-               "standard_output": options.output, "standard_error": options.error,
-               "working_directory": options.workdir, "signal": options.signal}  # fmt: skip
+    mapping = {
+        "name": options.name,
+        "nodes": options.nodes,
+        "ntasks_per_node": options.ntasks_per_node,
+        "cpus_per_task": options.cpus_per_task,
+        "partition": options.partition,
+        "account": options.account,
+        "comment": options.comment,
+        "standard_output": options.output,
+        "standard_error": options.error,
+        "working_directory": options.workdir,
+        "signal": options.signal,
+    }
     kwargs.update({k: v for k, v in mapping.items() if v is not None})
     if options.time_limit is not None:
         seconds = parse_time_limit(options.time_limit)
@@ -167,8 +175,13 @@ def _translate(exc: Exception) -> FtslurmError:
 class PyslurmBackend(batch.OneJobPerCommand):  # one job per call: batches are one call per job
     name = "pyslurm"
 
-    def __init__(self, *, query_budget_s: float = 10.0, action_budget_s: float = 120.0,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        query_budget_s: float = 10.0,
+        action_budget_s: float = 120.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.pyslurm = load_pyslurm()
         self.query_budget_s = query_budget_s
         self.action_budget_s = action_budget_s
@@ -184,10 +197,12 @@ class PyslurmBackend(batch.OneJobPerCommand):  # one job per call: batches are o
             except Exception as exc:  # pyslurm raises RPCError (and ValueError on bad input)
                 raise _translate(exc) from None
 
-        retrying = Retrying(retry=retry_if_exception_type(SchedulerUnavailable),
-                            stop=stop_after_delay(budget_s), reraise=True,
-                            wait=wait_exponential(multiplier=0.5, max=5)
-                            + wait_random(0, 0.5))  # fmt: skip
+        retrying = Retrying(
+            retry=retry_if_exception_type(SchedulerUnavailable),
+            stop=stop_after_delay(budget_s),
+            reraise=True,
+            wait=wait_exponential(multiplier=0.5, max=5) + wait_random(0, 0.5),
+        )
         return retrying(once)
 
     def submit(self, script: str, options: JobOptions) -> str:
@@ -262,10 +277,12 @@ class PyslurmBackend(batch.OneJobPerCommand):  # one job per call: batches are o
     def start_now(self, job_id: str) -> None:
         self._modify(job_id, begin_time="now")
 
-
     def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:
-        steps = {SignalTarget.STEPS: "children", SignalTarget.BATCH: "batch",
-                 SignalTarget.ALL: "all"}[SignalTarget(target)]  # fmt: skip
+        steps = {
+            SignalTarget.STEPS: "children",
+            SignalTarget.BATCH: "batch",
+            SignalTarget.ALL: "all",
+        }[SignalTarget(target)]
         name = sig.upper() if sig.upper().startswith("SIG") else "SIG" + sig.upper()
         job = self._job(job_id)
         self._call(lambda: job.send_signal(name, steps=steps), self.action_budget_s)

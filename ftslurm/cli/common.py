@@ -45,8 +45,10 @@ def _run_or_fail(store: Store, ref: str) -> Run:
         return active[0]  # a name reused after its run ended names the active run
     runs += named
     if not runs:
-        raise ConfigError(f"no run {ref!r} in {store.path.parent} (give a run id, a prefix "
-                          "of one, or a run's name; `ftslurm status` lists them)")  # fmt: skip
+        raise ConfigError(
+            f"no run {ref!r} in {store.path.parent} (give a run id, a prefix "
+            "of one, or a run's name; `ftslurm status` lists them)"
+        )
     if len(runs) > 1:
         shown = ", ".join(f"{r.run_id} ({r.name})" for r in runs[:5])
         more = f" and {len(runs) - 5} more" if len(runs) > 5 else ""
@@ -63,8 +65,10 @@ def _resolve_run_arg(value: str | None) -> str | None:
 
 
 _RUN_HELP = "A run id, a unique prefix of one, or a run's name (when no other run has it)."
-RunArg = Annotated[str, typer.Argument(metavar="RUN", help=_RUN_HELP, show_default=False,
-                                       callback=_resolve_run_arg)]  # fmt: skip
+RunArg = Annotated[
+    str,
+    typer.Argument(metavar="RUN", help=_RUN_HELP, show_default=False, callback=_resolve_run_arg),
+]
 _Text = str | None
 
 
@@ -72,8 +76,9 @@ def _opt(*names: str, help: str, hidden: bool = False) -> Any:
     return typer.Option(*names, help=help, hidden=hidden, show_default=False)
 
 
-def _await_daemon(home: Path, later: str, wait_s: float,
-                  check: Callable[[], tuple[bool, Any, str]]) -> tuple[Any, str]:
+def _await_daemon(
+    home: Path, later: str, wait_s: float, check: Callable[[], tuple[bool, Any, str]]
+) -> tuple[Any, str]:
     """Start or wake the daemon, then poll `check` (done?, value, note) until it is done,
     `wait_s` has passed or the daemon is gone. Returns the value and the note, or None and
     `later` with what holds it up."""
@@ -94,8 +99,9 @@ def _await_daemon(home: Path, later: str, wait_s: float,
         time.sleep(0.05)
 
 
-def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int,
-                 title: str | None = None) -> Table:  # fmt: skip
+def fitted_table(
+    cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int, title: str | None = None
+) -> Table:
     """A table for a terminal `width` columns wide: the columns that fit (`fit_columns`);
     ids never cut, never wrapped; other cells fold (wrap) rather than end in an ellipsis."""
     widths = [[Text.from_markup(cell).cell_len for cell in row] for row in rows]

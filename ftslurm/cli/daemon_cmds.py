@@ -26,9 +26,15 @@ daemon_app = typer.Typer(help="The daemon that owns the runs.", no_args_is_help=
 
 
 # How long a daemon's lease must stay silent before another daemon takes it over.
-LeaseTimeoutOpt = Annotated[float, typer.Option(
-    "--lease-timeout", min=1.0, help="Seconds a daemon's lease must stay silent (its daemon "
-    "dead or cut off) before another daemon takes it over.")]
+LeaseTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--lease-timeout",
+        min=1.0,
+        help="Seconds a daemon's lease must stay silent (its daemon "
+        "dead or cut off) before another daemon takes it over.",
+    ),
+]
 
 
 @daemon_app.command("start")
@@ -39,22 +45,44 @@ def daemon_start() -> None:
 
 @daemon_app.command("submit")
 def daemon_submit(
-    time_limit: Annotated[str, typer.Option(
-        "--time", "-t", help="The daemon job's time limit (Slurm syntax); it hands over to "
-        "a successor job before it.")] = as_job.DEFAULT_TIME,
-    partition: Annotated[_Text, _opt("--partition", "-p", help="Partition of the daemon "
-                                     "job (default: the cluster's).")] = None,
-    account: Annotated[_Text, _opt("--account", "-A", help="Account of the daemon job "
-                                   "(default: the user's).")] = None,
-    handover: Annotated[int, typer.Option(
-        "--handover", min=60, help="Seconds before the time limit at which the daemon job "
-        "submits its successor and hands over.")] = as_job.DEFAULT_HANDOVER_S,
+    time_limit: Annotated[
+        str,
+        typer.Option(
+            "--time",
+            "-t",
+            help="The daemon job's time limit (Slurm syntax); it hands over to "
+            "a successor job before it.",
+        ),
+    ] = as_job.DEFAULT_TIME,
+    partition: Annotated[
+        _Text,
+        _opt("--partition", "-p", help="Partition of the daemon job (default: the cluster's)."),
+    ] = None,
+    account: Annotated[
+        _Text, _opt("--account", "-A", help="Account of the daemon job (default: the user's).")
+    ] = None,
+    handover: Annotated[
+        int,
+        typer.Option(
+            "--handover",
+            min=60,
+            help="Seconds before the time limit at which the daemon job "
+            "submits its successor and hands over.",
+        ),
+    ] = as_job.DEFAULT_HANDOVER_S,
     lease_timeout: LeaseTimeoutOpt = DAEMON_LEASE_TIMEOUT_S,
-    sbatch_arg: Annotated[list[str] | None, _opt("--sbatch-arg", help="Any other sbatch "
-                          "flag for the daemon job, e.g. --sbatch-arg=--qos=long; "
-                          "repeatable (default: none).")] = None,
-    print_script: Annotated[bool, _opt("--print-script", help="Print the daemon job's "
-                            "script and submit nothing.")] = False,
+    sbatch_arg: Annotated[
+        list[str] | None,
+        _opt(
+            "--sbatch-arg",
+            help="Any other sbatch "
+            "flag for the daemon job, e.g. --sbatch-arg=--qos=long; "
+            "repeatable (default: none).",
+        ),
+    ] = None,
+    print_script: Annotated[
+        bool, _opt("--print-script", help="Print the daemon job's script and submit nothing.")
+    ] = False,
 ) -> None:
     """Run the daemon as a small Slurm job (one CPU, requeued if its node dies, handing
     over to a successor job before its time limit): no service on a login node needed."""
@@ -70,11 +98,14 @@ def daemon_submit(
         nodes = given.pop("exclude")
         extra["exclude"] = nodes if isinstance(nodes, str) else ",".join(nodes)
     if given:
-        raise ConfigError(f"--sbatch-arg: the daemon job sets {', '.join(sorted(given))} "
-                          "itself (one task on one node; --time, --partition, --account, "
-                          "--exclude and other sbatch flags are taken)")
-    job = as_job.DaemonJob(state_dir(), sys.executable, time_limit, handover, lease_timeout,
-                           partition, account, extra)  # fmt: skip
+        raise ConfigError(
+            f"--sbatch-arg: the daemon job sets {', '.join(sorted(given))} "
+            "itself (one task on one node; --time, --partition, --account, "
+            "--exclude and other sbatch flags are taken)"
+        )
+    job = as_job.DaemonJob(
+        state_dir(), sys.executable, time_limit, handover, lease_timeout, partition, account, extra
+    )
     options = job.options()  # a bad value is one line here, before anything is submitted
     if print_script:
         typer.echo(job.script(), nl=False)
@@ -84,8 +115,10 @@ def daemon_submit(
         store.check_integrity()
     found = service.serving(home)
     if found is not None and not found.pending:
-        raise ConfigError(f"a daemon already serves {home} ({found.describe()})",
-                          hint="stop it first, or let it serve")  # fmt: skip
+        raise ConfigError(
+            f"a daemon already serves {home} ({found.describe()})",
+            hint="stop it first, or let it serve",
+        )
     del options
     job_id = as_job.submit(create_backend("slurm"), job)
     typer.echo(f"daemon job {job_id} submitted; `ftslurm daemon status` shows where it runs")
@@ -105,14 +138,26 @@ def daemon_status(as_json: JsonOpt = False) -> None:
     found = service.serving(home) or service.queued_daemon_job(home)
     active = len(_store().list_runs(active_only=True))
     if as_json:
-        typer.echo(json.dumps({"running": found is not None and not found.pending,
-                               "pid": found.pid if found and not found.pending else None,
-                               "host": found.host if found and not found.pending else None,
-                               "job_id": found.job_id if found else None, "home": str(home),
-                               "active_runs": active}))  # fmt: skip
+        typer.echo(
+            json.dumps(
+                {
+                    "running": found is not None and not found.pending,
+                    "pid": found.pid if found and not found.pending else None,
+                    "host": found.host if found and not found.pending else None,
+                    "job_id": found.job_id if found else None,
+                    "home": str(home),
+                    "active_runs": active,
+                }
+            )
+        )
     else:
-        state = "not running" if found is None else f"queued ({found.describe()})" \
-            if found.pending else f"running ({found.describe()})"  # fmt: skip
+        state = (
+            "not running"
+            if found is None
+            else f"queued ({found.describe()})"
+            if found.pending
+            else f"running ({found.describe()})"
+        )
         typer.echo(f"daemon {state}; {active} active run(s) in {home}")
     if found is None and active:
         raise typer.Exit(1)
@@ -124,27 +169,37 @@ def daemon_recover() -> None:
     damaged files are kept."""
     restored = service.recover(state_dir())
     if restored.taken_at is None:
-        typer.echo(f"the state database is sound and keeps its {restored.runs} run(s) "
-                   f"({restored.active_runs} active); runs it had lost are rebuilt")
+        typer.echo(
+            f"the state database is sound and keeps its {restored.runs} run(s) "
+            f"({restored.active_runs} active); runs it had lost are rebuilt"
+        )
     else:
         age = max(0.0, time.time() - restored.taken_at)
         kept = f"; the replaced files are in {restored.kept_in}" if restored.kept_in else ""
-        typer.echo(f"restored {restored.runs} run(s) ({restored.active_runs} active) from the "
-                   f"backup of {datetime.fromtimestamp(restored.taken_at):%Y-%m-%d %H:%M:%S} "
-                   f"({fmt_age(age)} old){kept}")  # fmt: skip
+        typer.echo(
+            f"restored {restored.runs} run(s) ({restored.active_runs} active) from the "
+            f"backup of {datetime.fromtimestamp(restored.taken_at):%Y-%m-%d %H:%M:%S} "
+            f"({fmt_age(age)} old){kept}"
+        )
     for line in restored.rebuilt:  # runs rebuilt from their folders, jobs nothing manages
         typer.echo(line)
 
 
 @daemon_app.command("run")
 def daemon_run(
-    verbose: Annotated[bool, typer.Option(
-        "--verbose", "-v", help="Log at debug level (default: info).")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Log at debug level (default: info).")
+    ] = False,
     lease_timeout: LeaseTimeoutOpt = DAEMON_LEASE_TIMEOUT_S,
-    job: Annotated[bool, typer.Option("--job", hidden=True,
-                   help="Run as a daemon job (`daemon submit`).")] = False,
-    successor: Annotated[bool, typer.Option("--successor", hidden=True,
-                         help="A daemon job's successor: wait for the lease.")] = False,
+    job: Annotated[
+        bool, typer.Option("--job", hidden=True, help="Run as a daemon job (`daemon submit`).")
+    ] = False,
+    successor: Annotated[
+        bool,
+        typer.Option(
+            "--successor", hidden=True, help="A daemon job's successor: wait for the lease."
+        ),
+    ] = False,
 ) -> None:
     """Run the daemon in the foreground (for a systemd user unit)."""
     service.configure_logging(verbose)

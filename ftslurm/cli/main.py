@@ -56,11 +56,20 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _options(
-    version: Annotated[bool, typer.Option(
-        "--version", help="Print ftslurm's version and exit.", is_eager=True,
-        callback=_print_version)] = False,
-    debug: Annotated[bool, typer.Option(
-        "--debug", help="Show the traceback of an unexpected error (to report a bug).")
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print ftslurm's version and exit.",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug", help="Show the traceback of an unexpected error (to report a bug)."
+        ),
     ] = False,
 ) -> None:
     """Slurm-native fault tolerance for long distributed PyTorch training runs."""
@@ -73,8 +82,7 @@ def version() -> None:
     typer.echo(__version__)
 
 
-SCRIPT_ARGS_HINT = ("put the script's own arguments after `--`: "
-                    "ftslurm submit train.py -- --lr 3e-4")  # fmt: skip
+SCRIPT_ARGS_HINT = "put the script's own arguments after `--`: ftslurm submit train.py -- --lr 3e-4"
 
 
 def _click_exceptions() -> list[Any]:
@@ -101,17 +109,21 @@ def _classes(*names: str) -> tuple[type[BaseException], ...]:
     """The exception classes of these names in typer and in every click it may use."""
     found: list[Any] = [getattr(typer, n, None) for n in names]
     found += [getattr(module, n, None) for module in _click_exceptions() for n in names]
-    return tuple(dict.fromkeys(c for c in found if isinstance(c, type)
-                               and issubclass(c, BaseException)))  # fmt: skip
+    return tuple(
+        dict.fromkeys(c for c in found if isinstance(c, type) and issubclass(c, BaseException))
+    )
 
 
 def _usage_hint(exc: Exception, argv: list[str] | None) -> str | None:
     """A hint for a usage error people make often, or None."""
     ctx = getattr(exc, "ctx", None)
     command = ctx.command if ctx is not None else None
-    if (type(exc).__name__ == "NoSuchOption" and command is not None
-            and command.name == "submit"
-            and _follows_an_argument(command, argv, getattr(exc, "option_name", None))):
+    if (
+        type(exc).__name__ == "NoSuchOption"
+        and command is not None
+        and command.name == "submit"
+        and _follows_an_argument(command, argv, getattr(exc, "option_name", None))
+    ):
         return SCRIPT_ARGS_HINT
     return None
 
@@ -126,8 +138,9 @@ def _follows_an_argument(command: Any, argv: list[str] | None, option: str | Non
     for param in command.params:
         for opt in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())):
             takes_value[opt] = param.param_type_name == "option" and not (
-                getattr(param, "is_flag", False) or getattr(param, "count", False))
-    words = words[words.index(command.name) + 1:]
+                getattr(param, "is_flag", False) or getattr(param, "count", False)
+            )
+    words = words[words.index(command.name) + 1 :]
     i = 0
     while i < len(words):
         word = words[i]
@@ -139,8 +152,9 @@ def _follows_an_argument(command: Any, argv: list[str] | None, option: str | Non
             if takes_value.get(word) and "=" not in word:
                 i += 1
         else:
-            return option in words[i + 1:] or any(w.startswith(option + "=")
-                                                  for w in words[i + 1:])  # fmt: skip
+            return option in words[i + 1 :] or any(
+                w.startswith(option + "=") for w in words[i + 1 :]
+            )
         i += 1
     return False
 
@@ -169,8 +183,9 @@ def _closed_pipe(exc: BaseException) -> bool:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError)
-                                                and exc.errno == errno.EPIPE):
+        if isinstance(exc, BrokenPipeError) or (
+            isinstance(exc, OSError) and exc.errno == errno.EPIPE
+        ):
             return True
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return False
@@ -202,16 +217,26 @@ def _unexpected(exc: BaseException, argv: list[str] | None) -> int:
     again = " ".join(["ftslurm", "--debug", *(shlex.quote(w) for w in words)])
     text = " ".join(str(exc).split()) or "(no message)"
     print(f"Error: unexpected {type(exc).__name__}: {text[:300]}", file=sys.stderr)
-    print(f"Hint: this is a bug in ftslurm; `{again[:200]}` shows the traceback to report",
-          file=sys.stderr)
+    print(
+        f"Hint: this is a bug in ftslurm; `{again[:200]}` shows the traceback to report",
+        file=sys.stderr,
+    )
     return 1
 
 
 # What an option's value is, in words, by the type's name (click's words, which typer
 # 0.22 and later replaced with `<int>`, `<str>`, `<list[str]>`).
-_TYPE_WORDS = {"integer": "INTEGER", "int": "INTEGER", "float": "NUMBER", "text": "TEXT",
-               "str": "TEXT", "path": "PATH", "file": "FILE", "boolean": "BOOLEAN",
-               "bool": "BOOLEAN"}  # fmt: skip
+_TYPE_WORDS = {
+    "integer": "INTEGER",
+    "int": "INTEGER",
+    "float": "NUMBER",
+    "text": "TEXT",
+    "str": "TEXT",
+    "path": "PATH",
+    "file": "FILE",
+    "boolean": "BOOLEAN",
+    "bool": "BOOLEAN",
+}
 
 
 def _paragraphs(text: str) -> str:
@@ -257,7 +282,8 @@ def readable(command: Any) -> Any:
             word = _argument_word(param)
             param.get_usage_pieces = lambda ctx, word=word: [word]
             param.metavar = (param.metavar or param.name or "ARG").upper() + (
-                "..." if param.nargs != 1 else "")  # fmt: skip
+                "..." if param.nargs != 1 else ""
+            )
             if hasattr(param, "display_type_rich"):  # typer 0.22+: the name says it all
                 param.display_type_rich = lambda ctx: None
         elif param.param_type_name == "option" and param.metavar is None:

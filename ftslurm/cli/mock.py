@@ -24,8 +24,9 @@ from ftslurm.backends.mock import procs as mock_procs
 from ftslurm.backends.mock.controller import controller_pid, ensure_controller
 from ftslurm.errors import ConfigError
 
-app = typer.Typer(help="The mock Slurm cluster: rehearse failures without a cluster.",
-                  no_args_is_help=True)  # fmt: skip
+app = typer.Typer(
+    help="The mock Slurm cluster: rehearse failures without a cluster.", no_args_is_help=True
+)
 
 
 def _load_config(path: Path | None, nodes: int | None, **overrides) -> MockConfig | None:
@@ -58,31 +59,69 @@ def _default(setting: str):
 
 @app.command()
 def up(
-    config: Annotated[Path | None, typer.Option(
-        "--config", help="A JSON file of MockConfig settings. Default: Slurm's defaults.",
-        show_default=False)] = None,
-    nodes: Annotated[int | None, typer.Option(
-        "--nodes", min=1, help=f"Number of nodes (n1, n2, ...). Default: {len(_default('nodes'))}.",
-        show_default=False)] = None,
-    slurmd_timeout: Annotated[int | None, typer.Option(
-        "--slurmd-timeout", min=0, help="Seconds a failed node stays silent before it is "
-        f"declared DOWN (SlurmdTimeout). Default: {_default('slurmd_timeout_s')}.",
-        show_default=False)] = None,
-    requeue_delay: Annotated[int | None, typer.Option(
-        "--requeue-delay", min=0, help="Seconds a requeued job waits before it may start "
-        f"again. Default: {_default('requeue_delay_s')}.", show_default=False)] = None,
-    min_job_age: Annotated[int | None, typer.Option(
-        "--min-job-age", min=0, help="Seconds an ended job stays visible in the queue "
-        f"(MinJobAge). Default: {_default('min_job_age_s')}.", show_default=False)] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="A JSON file of MockConfig settings. Default: Slurm's defaults.",
+            show_default=False,
+        ),
+    ] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            "--nodes",
+            min=1,
+            help=f"Number of nodes (n1, n2, ...). Default: {len(_default('nodes'))}.",
+            show_default=False,
+        ),
+    ] = None,
+    slurmd_timeout: Annotated[
+        int | None,
+        typer.Option(
+            "--slurmd-timeout",
+            min=0,
+            help="Seconds a failed node stays silent before it is "
+            f"declared DOWN (SlurmdTimeout). Default: {_default('slurmd_timeout_s')}.",
+            show_default=False,
+        ),
+    ] = None,
+    requeue_delay: Annotated[
+        int | None,
+        typer.Option(
+            "--requeue-delay",
+            min=0,
+            help="Seconds a requeued job waits before it may start "
+            f"again. Default: {_default('requeue_delay_s')}.",
+            show_default=False,
+        ),
+    ] = None,
+    min_job_age: Annotated[
+        int | None,
+        typer.Option(
+            "--min-job-age",
+            min=0,
+            help="Seconds an ended job stays visible in the queue "
+            f"(MinJobAge). Default: {_default('min_job_age_s')}.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Create the mock cluster (settings apply only when it is new) and start its controller."""
     home = mock_home()
     fresh = not (home / "mock.sqlite").exists()
-    cfg = _load_config(config, nodes, slurmd_timeout_s=slurmd_timeout,
-                       requeue_delay_s=requeue_delay, min_job_age_s=min_job_age)  # fmt: skip
+    cfg = _load_config(
+        config,
+        nodes,
+        slurmd_timeout_s=slurmd_timeout,
+        requeue_delay_s=requeue_delay,
+        min_job_age_s=min_job_age,
+    )
     if cfg is not None and not fresh:
-        raise ConfigError(f"a mock cluster already exists in {home}; `ftslurm mock destroy` "
-                          "first to change its settings")  # fmt: skip
+        raise ConfigError(
+            f"a mock cluster already exists in {home}; `ftslurm mock destroy` "
+            "first to change its settings"
+        )
     MockScheduler(home, cfg)
     ensure_controller(home)
     typer.echo(f"mock cluster {'created' if fresh else 'running'} in {home}")
@@ -130,20 +169,29 @@ def reset() -> None:
         raise ConfigError(f"no mock cluster in {home}; run `ftslurm mock up`")
     mock = MockScheduler(home)
     infos = mock.nodes()
-    broken = [n.name for n in infos if not n.responding or not n.state.usable
-              or n.state is NodeState.DRAINING]  # fmt: skip
+    broken = [
+        n.name
+        for n in infos
+        if not n.responding or not n.state.usable or n.state is NodeState.DRAINING
+    ]
     for name in broken:
         mock.revive_node(name)
     said = [f"{compress_nodes(broken)} back up" if broken else "every node was up"]
     names = {n.name for n in infos}
     with _store() as store:
         mock_runs = {r.run_id for r in store.list_runs() if r.spec.get("backend") == "mock"}
-        flagged = sorted(f.node for f in store.node_flags() if f.node in names
-                         and (f.run_id is None or f.run_id in mock_runs))  # fmt: skip
+        flagged = sorted(
+            f.node
+            for f in store.node_flags()
+            if f.node in names and (f.run_id is None or f.run_id in mock_runs)
+        )
     if flagged:
         done, note = _ask_daemon(*user_requests.nodes_remove(flagged))
-        said.append(f"{compress_nodes(flagged)} no longer excluded" if done is not None
-                    else f"removing the exclusion of {compress_nodes(flagged)}: {note}")
+        said.append(
+            f"{compress_nodes(flagged)} no longer excluded"
+            if done is not None
+            else f"removing the exclusion of {compress_nodes(flagged)}: {note}"
+        )
     else:
         said.append("no exclusions to clear")
     typer.echo(f"mock cluster in {home} reset: {'; '.join(said)}")

@@ -21,8 +21,11 @@ from ftslurm.errors import ConfigError
 from ftslurm.paths import state_dir
 from ftslurm.report.notes import Col, fmt_time
 
-nodes_app = typer.Typer(help="The node exclusion list every later attempt gets.",
-                        no_args_is_help=False, invoke_without_command=True)  # fmt: skip
+nodes_app = typer.Typer(
+    help="The node exclusion list every later attempt gets.",
+    no_args_is_help=False,
+    invoke_without_command=True,
+)
 
 
 @nodes_app.callback()
@@ -31,8 +34,13 @@ def nodes_default(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         nodes_list(as_json)
 
 
-_NODE_COLS = (Col("node", None), Col("reason", 50, wraps=True), Col("since", 60),
-              Col("expires", 70), Col("run", 40))  # fmt: skip
+_NODE_COLS = (
+    Col("node", None),
+    Col("reason", 50, wraps=True),
+    Col("since", 60),
+    Col("expires", 70),
+    Col("run", 40),
+)
 
 
 @nodes_app.command("list")
@@ -42,18 +50,27 @@ def nodes_list(as_json: JsonOpt = False) -> None:
     flags = store.node_flags(time.time())
     pending = len(store.pending_requests())
     if pending:
-        err.print(f"{pending} node request(s) not applied yet: the daemon applies them on "
-                  "its next cycle", markup=False, highlight=False)  # fmt: skip
+        err.print(
+            f"{pending} node request(s) not applied yet: the daemon applies them on its next cycle",
+            markup=False,
+            highlight=False,
+        )
     if as_json:
         typer.echo(json.dumps([f.__dict__ for f in flags]))
         return
     now = time.time()
     # A reason stored before control characters were refused shows them escaped (\x1b),
     # never as raw terminal sequences.
-    rows = [[f.node, escape(f.reason if not bad_char(f.reason) else repr(f.reason)[1:-1]),
-             fmt_time(f.since, now),
-             fmt_time(f.expires_at, now) if f.expires_at else "never", f.run_id or "-"]
-            for f in flags]  # fmt: skip
+    rows = [
+        [
+            f.node,
+            escape(f.reason if not bad_char(f.reason) else repr(f.reason)[1:-1]),
+            fmt_time(f.since, now),
+            fmt_time(f.expires_at, now) if f.expires_at else "never",
+            f.run_id or "-",
+        ]
+        for f in flags
+    ]
     console.print(fitted_table(_NODE_COLS, rows, console.width, title="excluded nodes"))
 
 
@@ -79,13 +96,25 @@ def node_names(text: str) -> list[str]:
 
 @nodes_app.command("add")
 def nodes_add(
-    node: Annotated[str, typer.Argument(metavar="NODES", show_default=False, help=(
-        "A node name, or several as Slurm writes them: n1,n2 or n[1-3]."))],
-    reason: Annotated[str, typer.Option("--reason", help="Why, shown in `nodes list`.")
-                      ] = "added by hand",
-    ttl: Annotated[float | None, typer.Option(
-        "--ttl", help="Seconds until the node may be used again. Default: never (until "
-        "`nodes remove`).", show_default=False)] = None,
+    node: Annotated[
+        str,
+        typer.Argument(
+            metavar="NODES",
+            show_default=False,
+            help=("A node name, or several as Slurm writes them: n1,n2 or n[1-3]."),
+        ),
+    ],
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why, shown in `nodes list`.")
+    ] = "added by hand",
+    ttl: Annotated[
+        float | None,
+        typer.Option(
+            "--ttl",
+            help="Seconds until the node may be used again. Default: never (until `nodes remove`).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Keep nodes out of every later attempt."""
     names = node_names(node)
@@ -100,8 +129,12 @@ def nodes_add(
 
 
 @nodes_app.command("remove")
-def nodes_remove(node: Annotated[str, typer.Argument(
-        metavar="NODES", show_default=False, help="A node name, n1,n2 or n[1-3].")]) -> None:
+def nodes_remove(
+    node: Annotated[
+        str,
+        typer.Argument(metavar="NODES", show_default=False, help="A node name, n1,n2 or n[1-3]."),
+    ],
+) -> None:
     """Let nodes be used again."""
     names = node_names(node)
     flagged = {f.node for f in _store().node_flags()}
@@ -132,5 +165,6 @@ def _ask_daemon(kind: str, data: dict[str, Any]) -> tuple[Request | None, str]:
         request = store.get_request(request_id)
         return request is not None and request.applied_at is not None, request, ""
 
-    return _await_daemon(state_dir(), "the daemon applies it on its next cycle",
-                         REQUEST_WAIT_S, applied)
+    return _await_daemon(
+        state_dir(), "the daemon applies it on its next cycle", REQUEST_WAIT_S, applied
+    )

@@ -55,10 +55,14 @@ _MEANING = {
     "unattributed": "compute the records cannot place (see notes)",
 }
 _COLORS = {
-    "productive": "#2e7d32", "checkpointing": "#1565c0", "lost": "#c62828",
-    "restarts": "#ef6c00", "queueing": "#9e9e9e", "detection": "#6d4c41",
+    "productive": "#2e7d32",
+    "checkpointing": "#1565c0",
+    "lost": "#c62828",
+    "restarts": "#ef6c00",
+    "queueing": "#9e9e9e",
+    "detection": "#6d4c41",
     "unattributed": "#d1c4e9",
-}  # fmt: skip
+}
 
 
 # ---------------------------------------------------------------------------- reading
@@ -85,8 +89,7 @@ def _checkpoints(spec: dict[str, Any], progress: Any) -> tuple[list[CheckpointRe
                 # asynchronous: the training stood still for `blocking_s` and went on while
                 # the rest was written; what it saved is the state of when it went on
                 at, took = at - max(0.0, took - blocking), blocking
-            manifests.append(CheckpointRecord(step if isinstance(step, int) else None,
-                                              at, took))  # fmt: skip
+            manifests.append(CheckpointRecord(step if isinstance(step, int) else None, at, took))
     told = progress.get("checkpoint_step") if isinstance(progress, dict) else None
     records = sorted(manifests, key=lambda r: r.time or 0.0)
     if isinstance(told, int) and told not in {r.step for r in records}:
@@ -103,10 +106,12 @@ def _checkpoints(spec: dict[str, Any], progress: Any) -> tuple[list[CheckpointRe
 
 
 def _attempt_facts(folder: Path, recorded_restarts: int) -> AttemptFacts:
-    nodes = [d for d in (read_json(p) for p in sorted(folder.glob(NODE_REPORTS)))
-             if isinstance(d, dict)]  # fmt: skip
-    ranks = [d for d in (read_json(p) for p in sorted(folder.glob(RANK_REPORTS)))
-             if isinstance(d, dict)]  # fmt: skip
+    nodes = [
+        d for d in (read_json(p) for p in sorted(folder.glob(NODE_REPORTS))) if isinstance(d, dict)
+    ]
+    ranks = [
+        d for d in (read_json(p) for p in sorted(folder.glob(RANK_REPORTS))) if isinstance(d, dict)
+    ]
     restarts = max(
         [recorded_restarts] + [int(_number(d.get("in_job_restarts")) or 0) for d in nodes]
     )
@@ -122,11 +127,15 @@ def _attempt_facts(folder: Path, recorded_restarts: int) -> AttemptFacts:
     # A rank's report is rewritten by every round of ranks: when every launcher and rank
     # ended on its own, the reports are the last round's, and it started with the first.
     started = [_number(d.get("started_at")) for d in ranks]
-    if (restarts and nodes and ranks and all(d.get("outcome") in _CLEAN for d in nodes + ranks)
-            and all(s is not None for s in started)):  # fmt: skip
+    if (
+        restarts
+        and nodes
+        and ranks
+        and all(d.get("outcome") in _CLEAN for d in nodes + ranks)
+        and all(s is not None for s in started)
+    ):
         starts = (min(s for s in started if s is not None),)
-    return AttemptFacts(in_job_restarts=restarts, round_starts=starts,
-                        hangs=tuple(sorted(hangs)))  # fmt: skip
+    return AttemptFacts(in_job_restarts=restarts, round_starts=starts, hangs=tuple(sorted(hangs)))
 
 
 def read_compute_facts(run: Run, attempts: Sequence[Attempt]) -> ComputeFacts:
@@ -135,8 +144,9 @@ def read_compute_facts(run: Run, attempts: Sequence[Attempt]) -> ComputeFacts:
         return ComputeFacts()
     run_dir = RunDir(run.spec["run_dir"])
     records, complete_from = _checkpoints(run.spec, read_json(run_dir.progress))
-    facts = {a.attempt: _attempt_facts(run_dir.attempt(a.attempt), a.in_job_restarts)
-             for a in attempts}  # fmt: skip
+    facts = {
+        a.attempt: _attempt_facts(run_dir.attempt(a.attempt), a.in_job_restarts) for a in attempts
+    }
     rounds = {a.attempt: round_records(run_dir, a.attempt) for a in attempts}
     return ComputeFacts(tuple(records), complete_from, facts, rounds)
 
@@ -144,8 +154,12 @@ def read_compute_facts(run: Run, attempts: Sequence[Attempt]) -> ComputeFacts:
 def round_records(run_dir: RunDir, attempt: int) -> tuple[dict[str, Any], ...]:
     """The attempt's in-job round records (`RunDir.round_record`), oldest round first."""
     found = [read_json(p) for p in run_dir.recovery(attempt).glob(ROUND_RECORDS)]
-    return tuple(sorted((r for r in found if isinstance(r, dict)),
-                        key=lambda r: r.get("round") if isinstance(r.get("round"), int) else 0))
+    return tuple(
+        sorted(
+            (r for r in found if isinstance(r, dict)),
+            key=lambda r: r.get("round") if isinstance(r.get("round"), int) else 0,
+        )
+    )
 
 
 # ---------------------------------------------------------------------------- output
@@ -153,30 +167,54 @@ def _breakdown_table(rep: GoodputReport, title: str) -> Table:
     table = Table("category", "seconds", "% of wall", "time", "what", title=title)
     b = rep.breakdown
     for category, seconds in b.seconds().items():
-        table.add_row(category, f"{seconds:.1f}", f"{100 * b.share(category):.1f}",
-                      format_duration(seconds), _MEANING[category])  # fmt: skip
-    table.add_row("wall", f"{b.wall_s:.1f}", "100.0", format_duration(b.wall_s),
-                  "creation to end (or now)", style="bold")  # fmt: skip
+        table.add_row(
+            category,
+            f"{seconds:.1f}",
+            f"{100 * b.share(category):.1f}",
+            format_duration(seconds),
+            _MEANING[category],
+        )
+    table.add_row(
+        "wall",
+        f"{b.wall_s:.1f}",
+        "100.0",
+        format_duration(b.wall_s),
+        "creation to end (or now)",
+        style="bold",
+    )
     return table
 
 
 def _losses_table(rep: GoodputReport) -> Table:
     """Each lost node: who saw it, detection (last heard -> seen) and recovery (seen -> the
     ranks running again) apart; then the means per source."""
-    table = Table("attempt", "node", "source", "detection", "recovery", "how",
-                  title="lost nodes")  # fmt: skip
+    table = Table("attempt", "node", "source", "detection", "recovery", "how", title="lost nodes")
 
     def fmt(s: float | None) -> str:
         return "-" if s is None else format_duration(s)
 
     for x in rep.losses:
-        how = {"spare": "spare (in the job)", "requeue": "job requeued",
-               "new_job": "new job"}.get(x.how or "", "none (yet)")
-        table.add_row(str(x.attempt), x.node or "-", x.source, fmt(x.detection_s),
-                      fmt(x.recovery_s) if x.recovered_at is not None else "not yet", how)
+        how = {"spare": "spare (in the job)", "requeue": "job requeued", "new_job": "new job"}.get(
+            x.how or "", "none (yet)"
+        )
+        table.add_row(
+            str(x.attempt),
+            x.node or "-",
+            x.source,
+            fmt(x.detection_s),
+            fmt(x.recovery_s) if x.recovered_at is not None else "not yet",
+            how,
+        )
     for source, m in losses_by_source(rep.losses).items():
-        table.add_row("all", f"{m['count']} lost", source, fmt(m["detection_s"]),
-                      fmt(m["recovery_s"]), "mean", style="bold")  # fmt: skip
+        table.add_row(
+            "all",
+            f"{m['count']} lost",
+            source,
+            fmt(m["detection_s"]),
+            fmt(m["recovery_s"]),
+            "mean",
+            style="bold",
+        )
     return table
 
 
@@ -184,8 +222,13 @@ def _timeline_table(rep: GoodputReport) -> Table:
     table = Table("time", "+elapsed", "attempt", "kind", "what", title="timeline")
     now = time.time()
     for e in rep.timeline:
-        table.add_row(fmt_time(e.time, now), format_duration(max(0.0, e.time - rep.begin)),
-                      "-" if e.attempt is None else str(e.attempt), e.kind, e.text)  # fmt: skip
+        table.add_row(
+            fmt_time(e.time, now),
+            format_duration(max(0.0, e.time - rep.begin)),
+            "-" if e.attempt is None else str(e.attempt),
+            e.kind,
+            e.text,
+        )
     return table
 
 
@@ -197,8 +240,9 @@ def write_plot(rep: GoodputReport, path: Path, title: str) -> None:
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
     except ImportError:
-        raise ConfigError("--plot needs matplotlib, which is not installed",
-                          hint="pip install matplotlib") from None  # fmt: skip
+        raise ConfigError(
+            "--plot needs matplotlib, which is not installed", hint="pip install matplotlib"
+        ) from None
     wall = rep.breakdown.wall_s
     unit, scale = ("h", 3600.0) if wall > 7200 else ("min", 60.0) if wall > 120 else ("s", 1.0)
     rows = sorted({s.attempt for s in rep.segments if s.attempt is not None}) or [0]
@@ -208,19 +252,33 @@ def write_plot(rep: GoodputReport, path: Path, title: str) -> None:
     top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [max(2, len(rows)), 1]})
     for category in CATEGORIES:
         for k in rows:
-            bars = [((s.start - rep.begin) / scale, s.seconds / scale) for s in rep.segments
-                    if s.category == category and (s.attempt if s.attempt is not None
-                                                   else rows[0]) == k]  # fmt: skip
+            bars = [
+                ((s.start - rep.begin) / scale, s.seconds / scale)
+                for s in rep.segments
+                if s.category == category and (s.attempt if s.attempt is not None else rows[0]) == k
+            ]
             if bars:
                 top.broken_barh(bars, (y[k] - 0.35, 0.7), facecolors=_COLORS[category])
-    marks = {"checkpoint": ("|", "black", "checkpoint"), "restart": ("x", "#ef6c00",
-             "in-job restart"), "hang": ("v", "#c62828", "hang")}  # fmt: skip
+    marks = {
+        "checkpoint": ("|", "black", "checkpoint"),
+        "restart": ("x", "#ef6c00", "in-job restart"),
+        "hang": ("v", "#c62828", "hang"),
+    }
     for kind, (marker, color, label) in marks.items():
-        pts = [((e.time - rep.begin) / scale, y.get(e.attempt, 0)) for e in rep.timeline
-               if e.kind == kind and "unrecorded" not in e.text]  # fmt: skip
+        pts = [
+            ((e.time - rep.begin) / scale, y.get(e.attempt, 0))
+            for e in rep.timeline
+            if e.kind == kind and "unrecorded" not in e.text
+        ]
         if pts:
-            top.plot(*zip(*pts, strict=True), linestyle="", marker=marker, color=color,
-                     markersize=10, label=label)  # fmt: skip
+            top.plot(
+                *zip(*pts, strict=True),
+                linestyle="",
+                marker=marker,
+                color=color,
+                markersize=10,
+                label=label,
+            )
     top.set_yticks(range(len(rows)), [f"attempt {k}" for k in rows])
     top.invert_yaxis()
     top.set_xlim(0, max(wall / scale, 1e-9))
@@ -233,14 +291,24 @@ def write_plot(rep: GoodputReport, path: Path, title: str) -> None:
             continue
         bottom.barh(0, share, left=left, color=_COLORS[category])
         if share >= 6:
-            bottom.text(left + share / 2, 0, f"{share:.0f}%", ha="center", va="center",
-                        color="white", fontsize=9)  # fmt: skip
+            bottom.text(
+                left + share / 2,
+                0,
+                f"{share:.0f}%",
+                ha="center",
+                va="center",
+                color="white",
+                fontsize=9,
+            )
         left += share
     bottom.set_xlim(0, 100)
     bottom.set_yticks([])
     bottom.set_xlabel("% of wall time")
-    handles = [Patch(color=_COLORS[c], label=f"{c} {100 * rep.breakdown.share(c):.1f}%")
-               for c in CATEGORIES if rep.breakdown.share(c) > 0]  # fmt: skip
+    handles = [
+        Patch(color=_COLORS[c], label=f"{c} {100 * rep.breakdown.share(c):.1f}%")
+        for c in CATEGORIES
+        if rep.breakdown.share(c) > 0
+    ]
     handles += top.get_legend_handles_labels()[0]
     fig.legend(handles=handles, loc="outside right upper", fontsize=8)
     fig.set_layout_engine("constrained")
@@ -255,7 +323,9 @@ def report(
     plot: Annotated[
         Path | None,
         typer.Option(
-            "--plot", dir_okay=False, show_default=False,
+            "--plot",
+            dir_okay=False,
+            show_default=False,
             help="Also write a timeline/breakdown plot to this PNG file. Default: no plot.",
         ),
     ] = None,
@@ -275,16 +345,26 @@ def report(
     if plot is not None:
         write_plot(rep, plot, title)
         err.print(f"plot written to {plot}", markup=False, highlight=False)
-    cadence = next((Cadence.from_json(e.data) for e in reversed(events)
-                    if e.kind == "cadence"), None)  # the interval last written (core.cadence)
+    cadence = next(
+        (Cadence.from_json(e.data) for e in reversed(events) if e.kind == "cadence"), None
+    )  # the interval last written (core.cadence)
     if as_json:
-        typer.echo(json.dumps({"name": run.name, "state": run.state.value, **rep.to_dict(),
-                               "checkpoint_cadence": cadence and cadence.to_json()}))
+        typer.echo(
+            json.dumps(
+                {
+                    "name": run.name,
+                    "state": run.state.value,
+                    **rep.to_dict(),
+                    "checkpoint_cadence": cadence and cadence.to_json(),
+                }
+            )
+        )
         return
     console.print(_breakdown_table(rep, title))
     if cadence is not None:
-        console.print(f"checkpoints: {cadence.describe()}", markup=False, highlight=False,
-                      soft_wrap=True)  # fmt: skip
+        console.print(
+            f"checkpoints: {cadence.describe()}", markup=False, highlight=False, soft_wrap=True
+        )
     if rep.losses:
         console.print(_losses_table(rep))
     console.print(_timeline_table(rep))

@@ -20,8 +20,9 @@ from ftslurm.backends import create_backend
 from ftslurm.core.types import JobInfo, JobOptions, SignalTarget
 from ftslurm.errors import ConfigError
 
-app = typer.Typer(help="Talk to the scheduler directly (submit, query, requeue, ...).",
-                  no_args_is_help=True)  # fmt: skip
+app = typer.Typer(
+    help="Talk to the scheduler directly (submit, query, requeue, ...).", no_args_is_help=True
+)
 
 BackendOpt = Annotated[str, typer.Option("--backend", help="slurm, pyslurm, auto or mock")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
@@ -49,43 +50,89 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
         exit_text = "" if info.exit_code is None else str(info.exit_code)
         if info.signal:
             exit_text += f" (sig {info.signal})"
-        table.add_row(info.job_id, info.state.value, exit_text, ",".join(info.nodes),
-                      str(info.restart_count), info.reason or "", info.name or "")  # fmt: skip
+        table.add_row(
+            info.job_id,
+            info.state.value,
+            exit_text,
+            ",".join(info.nodes),
+            str(info.restart_count),
+            info.reason or "",
+            info.name or "",
+        )
     return table
 
 
 @app.command()
 def submit(
     script: Annotated[Path, typer.Argument(help="the batch script to submit")],
-    nodes: Annotated[int | None, typer.Option(
-        "-N", "--nodes", help="Number of nodes. Default: the scheduler's (1).",
-        show_default=False)] = None,
-    ntasks_per_node: Annotated[int | None, typer.Option(
-        "--ntasks-per-node", help="Tasks per node. Default: the scheduler's (1).",
-        show_default=False)] = None,
-    time: Annotated[str | None, typer.Option(
-        "-t", "--time", help="Time limit in Slurm's forms (MM, HH:MM:SS, D-HH). "
-        "Default: the partition's.", show_default=False)] = None,
-    partition: Annotated[str | None, typer.Option(
-        "-p", "--partition", help="Partition. Default: the cluster's default partition.",
-        show_default=False)] = None,
-    account: Annotated[str | None, typer.Option(
-        "-A", "--account", help="Account to charge. Default: yours.",
-        show_default=False)] = None,
-    exclude: Annotated[str | None, typer.Option(
-        "--exclude", help="Nodes to keep the job off: n1,n2. Default: none.",
-        show_default=False)] = None,
-    name: Annotated[str | None, typer.Option(
-        "--name", help="Job name. Default: the script's file name.", show_default=False)
-        ] = None,
-    comment: Annotated[str | None, typer.Option(
-        "--comment", help="Job comment (free text). Default: none.", show_default=False)
-        ] = None,
-    hold: Annotated[bool, typer.Option("--hold", help="Submit held; `release` starts it.")
-                    ] = False,
-    inject: Annotated[list[str] | None, typer.Option(
-        "--inject", help="KIND@TIME[:TARGET], repeatable (see docs/fault-injection.md). "
-        "Default: none.", show_default=False)] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            "-N",
+            "--nodes",
+            help="Number of nodes. Default: the scheduler's (1).",
+            show_default=False,
+        ),
+    ] = None,
+    ntasks_per_node: Annotated[
+        int | None,
+        typer.Option(
+            "--ntasks-per-node",
+            help="Tasks per node. Default: the scheduler's (1).",
+            show_default=False,
+        ),
+    ] = None,
+    time: Annotated[
+        str | None,
+        typer.Option(
+            "-t",
+            "--time",
+            help="Time limit in Slurm's forms (MM, HH:MM:SS, D-HH). Default: the partition's.",
+            show_default=False,
+        ),
+    ] = None,
+    partition: Annotated[
+        str | None,
+        typer.Option(
+            "-p",
+            "--partition",
+            help="Partition. Default: the cluster's default partition.",
+            show_default=False,
+        ),
+    ] = None,
+    account: Annotated[
+        str | None,
+        typer.Option(
+            "-A", "--account", help="Account to charge. Default: yours.", show_default=False
+        ),
+    ] = None,
+    exclude: Annotated[
+        str | None,
+        typer.Option(
+            "--exclude", help="Nodes to keep the job off: n1,n2. Default: none.", show_default=False
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name", help="Job name. Default: the script's file name.", show_default=False
+        ),
+    ] = None,
+    comment: Annotated[
+        str | None,
+        typer.Option(
+            "--comment", help="Job comment (free text). Default: none.", show_default=False
+        ),
+    ] = None,
+    hold: Annotated[bool, typer.Option("--hold", help="Submit held; `release` starts it.")] = False,
+    inject: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--inject",
+            help="KIND@TIME[:TARGET], repeatable (see docs/fault-injection.md). Default: none.",
+            show_default=False,
+        ),
+    ] = None,
     backend: BackendOpt = "slurm",
     as_json: JsonOpt = False,
 ) -> None:
@@ -93,11 +140,18 @@ def submit(
     if not script.is_file():
         raise ConfigError(f"batch script {str(script)!r} does not exist")
     options = JobOptions(
-        name=name, nodes=nodes, ntasks_per_node=ntasks_per_node, time_limit=time,
-        partition=partition, account=account, comment=comment, hold=hold,
-        exclude=tuple(n for n in (exclude or "").split(",") if n), workdir=str(Path.cwd()),
+        name=name,
+        nodes=nodes,
+        ntasks_per_node=ntasks_per_node,
+        time_limit=time,
+        partition=partition,
+        account=account,
+        comment=comment,
+        hold=hold,
+        exclude=tuple(n for n in (exclude or "").split(",") if n),
+        workdir=str(Path.cwd()),
         inject=tuple(inject or ()),
-    )  # fmt: skip
+    )
     job_id = create_backend(backend).submit(script.read_text(), options)
     typer.echo(json.dumps({"job_id": job_id}) if as_json else job_id)
 
@@ -158,9 +212,12 @@ def exclude(
 def signal(
     job_id: str,
     sig: Annotated[str, typer.Argument(help="e.g. USR1")],
-    target: Annotated[SignalTarget, typer.Option(
-        "--target", help="steps: every task of every step; batch: the batch shell; "
-        "all: both.")] = SignalTarget.STEPS,
+    target: Annotated[
+        SignalTarget,
+        typer.Option(
+            "--target", help="steps: every task of every step; batch: the batch shell; all: both."
+        ),
+    ] = SignalTarget.STEPS,
     backend: BackendOpt = "slurm",
 ) -> None:
     """Send a signal to a job's steps, its batch shell, or both."""

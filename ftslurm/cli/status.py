@@ -59,30 +59,47 @@ def continued(attempt: Attempt, verdicts: dict[int, str]) -> bool:
 
 def run_summary(store: Store, run: Run) -> dict[str, Any]:
     attempts = store.attempts(run.run_id)
-    verdicts = {e.data["attempt"]: str(e.data.get("verdict")) for e in store.events(run.run_id)
-                if e.kind == "ended" and isinstance(e.data.get("attempt"), int)}  # fmt: skip
+    verdicts = {
+        e.data["attempt"]: str(e.data.get("verdict"))
+        for e in store.events(run.run_id)
+        if e.kind == "ended" and isinstance(e.data.get("attempt"), int)
+    }
     return {
-        "run_id": run.run_id, "name": run.name, "state": run.state.value,
+        "run_id": run.run_id,
+        "name": run.name,
+        "state": run.state.value,
         "created_at": run.created_at,
-        "attempts": [{
-            "attempt": a.attempt, "job_id": a.job_id, "state": a.state,
-            "exit_code": a.exit_code, "nodes": a.nodes, "start": a.start, "end": a.end,
-            "reason": a.reason, "cause": a.cause, "in_job_restarts": a.in_job_restarts,
-            "continuation": continued(a, verdicts),
-        } for a in attempts],
+        "attempts": [
+            {
+                "attempt": a.attempt,
+                "job_id": a.job_id,
+                "state": a.state,
+                "exit_code": a.exit_code,
+                "nodes": a.nodes,
+                "start": a.start,
+                "end": a.end,
+                "reason": a.reason,
+                "cause": a.cause,
+                "in_job_restarts": a.in_job_restarts,
+                "continuation": continued(a, verdicts),
+            }
+            for a in attempts
+        ],
         "job_retries_used": run.job_retries_used,
         "job_retries_max": run.settings.get("num_job_retries_on_failure"),
         "in_job_restarts_total": sum(a.in_job_restarts for a in attempts),
         "continuations": run.continuations,
         "excluded_nodes": sorted(f.node for f in store.node_flags(time.time())),
         "last_checkpoint_step": checkpoint_step(run),
-        "reason": run.reason, "backend": run.spec.get("backend"),
+        "reason": run.reason,
+        "backend": run.spec.get("backend"),
         "run_dir": run.spec.get("run_dir"),
         "checkpoint_dir": run.spec.get("checkpoint_dir"),
         "checkpoint_dir_from": run.spec.get("checkpoint_dir_from"),
-        "checkpoint_cadence": cadence.data if (cadence := store.latest_event(
-            run.run_id, "cadence")) else None,  # the interval last written (core.cadence)
-    }  # fmt: skip
+        "checkpoint_cadence": cadence.data
+        if (cadence := store.latest_event(run.run_id, "cadence"))
+        else None,  # the interval last written (core.cadence)
+    }
 
 
 def _progress(run: Run) -> dict[str, Any]:
@@ -111,10 +128,19 @@ _STYLE = {"COMPLETED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING
 
 
 _RUN_COLS = (
-    Col("run", None), Col("name", 60, wraps=True), Col("state", 90), Col("submitted", 35),
-    Col("attempt", 40), Col("job", 70), Col("job state", 20), Col("nodes", 50, wraps=True),
-    Col("retries", 30), Col("cont.", 10), Col("ckpt step", 15), Col("reason", 45, wraps=True),
-)  # fmt: skip
+    Col("run", None),
+    Col("name", 60, wraps=True),
+    Col("state", 90),
+    Col("submitted", 35),
+    Col("attempt", 40),
+    Col("job", 70),
+    Col("job state", 20),
+    Col("nodes", 50, wraps=True),
+    Col("retries", 30),
+    Col("cont.", 10),
+    Col("ckpt step", 15),
+    Col("reason", 45, wraps=True),
+)
 
 
 def _job_state(attempt: dict[str, Any]) -> str:
@@ -122,38 +148,49 @@ def _job_state(attempt: dict[str, Any]) -> str:
     return CONTINUED if attempt.get("continuation") else str(attempt.get("state", "-"))
 
 
-def _run_rows(summaries: list[dict[str, Any]], notes: dict[str, None],
-              now: float) -> list[list[str]]:  # fmt: skip
+def _run_rows(
+    summaries: list[dict[str, Any]], notes: dict[str, None], now: float
+) -> list[list[str]]:
     rows = []
     for s in summaries:
         last = s["attempts"][-1] if s["attempts"] else {}
         style = _STYLE.get(s["state"], "")
         reason, once = split_reason(s["reason"])
         notes.update(dict.fromkeys(once))
-        rows.append([
-            s["run_id"], escape(s["name"]),
-            f"[{style}]{s['state']}[/]" if style else s["state"],
-            fmt_time(s.get("created_at"), now),
-            str(last.get("attempt", "-")), str(last.get("job_id") or "-"),
-            _job_state(last) if last else "-", _fmt_nodes(last.get("nodes") or []),
-            f"{s['job_retries_used']}/{s['job_retries_max']}", str(s["continuations"]),
-            str(s["last_checkpoint_step"] if s["last_checkpoint_step"] is not None else "-"),
-            escape(reason),
-        ])  # fmt: skip
+        rows.append(
+            [
+                s["run_id"],
+                escape(s["name"]),
+                f"[{style}]{s['state']}[/]" if style else s["state"],
+                fmt_time(s.get("created_at"), now),
+                str(last.get("attempt", "-")),
+                str(last.get("job_id") or "-"),
+                _job_state(last) if last else "-",
+                _fmt_nodes(last.get("nodes") or []),
+                f"{s['job_retries_used']}/{s['job_retries_max']}",
+                str(s["continuations"]),
+                str(s["last_checkpoint_step"] if s["last_checkpoint_step"] is not None else "-"),
+                escape(reason),
+            ]
+        )
     return rows
 
 
-def _table(summaries: list[dict[str, Any]], width: int | None = None,
-           notes: dict[str, None] | None = None, now: float | None = None) -> Table:  # fmt: skip
+def _table(
+    summaries: list[dict[str, Any]],
+    width: int | None = None,
+    notes: dict[str, None] | None = None,
+    now: float | None = None,
+) -> Table:
     """The runs table; the notes said once are collected into `notes`."""
-    rows = _run_rows(summaries, {} if notes is None else notes,
-                     time.time() if now is None else now)  # fmt: skip
+    rows = _run_rows(summaries, {} if notes is None else notes, time.time() if now is None else now)
     return fitted_table(_RUN_COLS, rows, width or console.width, title="ftslurm runs")
 
 
 def ordered(runs: Sequence[Run]) -> list[Run]:
     """Runs as `status` and `watch` list them: running first, then the other active ones,
     then those that ended; each group in the order they were submitted (pure)."""
+
     def rank(run: Run) -> int:
         return 0 if run.state is RunState.RUNNING else 1 if not run.state.is_terminal else 2
 
@@ -161,23 +198,39 @@ def ordered(runs: Sequence[Run]) -> list[Run]:
 
 
 _ATTEMPT_COLS = (
-    Col("attempt", None), Col("job", 80), Col("state", 90), Col("cause", 70), Col("exit", 55),
-    Col("nodes", 50, wraps=True), Col("start", 45), Col("end", 60),
+    Col("attempt", None),
+    Col("job", 80),
+    Col("state", 90),
+    Col("cause", 70),
+    Col("exit", 55),
+    Col("nodes", 50, wraps=True),
+    Col("start", 45),
+    Col("end", 60),
     Col("reason", 40, wraps=True),
-)  # fmt: skip
+)
 
 
-def _attempts_table(summary: dict[str, Any], width: int, now: float,
-                    notes: dict[str, None] | None = None) -> Table:  # fmt: skip
+def _attempts_table(
+    summary: dict[str, Any], width: int, now: float, notes: dict[str, None] | None = None
+) -> Table:
     rows = []
     for a in summary["attempts"]:
         reason, once = split_reason(a["reason"])
         if notes is not None:
             notes.update(dict.fromkeys(once))
-        rows.append([str(a["attempt"]), str(a["job_id"] or "-"), _job_state(a),
-                     a["cause"] or "-", str(a["exit_code"] if a["exit_code"] is not None else "-"),
-                     _fmt_nodes(a["nodes"]), fmt_time(a["start"], now), fmt_time(a["end"], now),
-                     escape(reason)])  # fmt: skip
+        rows.append(
+            [
+                str(a["attempt"]),
+                str(a["job_id"] or "-"),
+                _job_state(a),
+                a["cause"] or "-",
+                str(a["exit_code"] if a["exit_code"] is not None else "-"),
+                _fmt_nodes(a["nodes"]),
+                fmt_time(a["start"], now),
+                fmt_time(a["end"], now),
+                escape(reason),
+            ]
+        )
     return fitted_table(_ATTEMPT_COLS, rows, width, title=f"attempts of {summary['run_id']}")
 
 
@@ -207,8 +260,10 @@ def _lost_nodes(store: Store, runs: Sequence[Run], now: float) -> list[str]:
             notes.append(f"could not ask the {kind} scheduler about nodes: {exc.message}")
             continue
         for run, attempt in items:
-            notes += [f"run {run.run_id}: {note}"
-                      for note in lost_node_notes(attempt.nodes, infos, timeout, now)]  # fmt: skip
+            notes += [
+                f"run {run.run_id}: {note}"
+                for note in lost_node_notes(attempt.nodes, infos, timeout, now)
+            ]
     return notes
 
 
@@ -253,11 +308,18 @@ def uses_cadence(summary: dict[str, Any], progress: dict[str, Any]) -> bool:
 
 
 def status(
-    run_id: Annotated[str | None, typer.Argument(
-        metavar="RUN", help=f"{_RUN_HELP} Default: every run.", show_default=False,
-        callback=_resolve_run_arg)] = None,
-    active: Annotated[bool, typer.Option("--active", help="Only the runs that have not "
-                      "ended.")] = False,
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="RUN",
+            help=f"{_RUN_HELP} Default: every run.",
+            show_default=False,
+            callback=_resolve_run_arg,
+        ),
+    ] = None,
+    active: Annotated[
+        bool, typer.Option("--active", help="Only the runs that have not ended.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show runs (all, or one) with their attempts, the nodes lost under an active run with
@@ -287,17 +349,26 @@ def status(
         s = summaries[0]
         reason, once = split_reason(s["reason"])
         said_once.update(dict.fromkeys(once))
-        console.print(f"{s['state']}" + (f": {reason}" if reason else ""),
-                      markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(
+            f"{s['state']}" + (f": {reason}" if reason else ""),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         progress = _progress(runs[0])
         if s["checkpoint_dir"] and uses_checkpoints(s, progress):
             source = f" (from {s['checkpoint_dir_from']})" if s["checkpoint_dir_from"] else ""
-            console.print(f"checkpoints in: {s['checkpoint_dir']}{source}", markup=False,
-                          highlight=False, soft_wrap=True)  # fmt: skip
+            console.print(
+                f"checkpoints in: {s['checkpoint_dir']}{source}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
         cadence = Cadence.from_json(s["checkpoint_cadence"])
         if cadence is not None and uses_cadence(s, progress):
-            console.print(f"checkpoints: {cadence.describe()}", markup=False, highlight=False,
-                          soft_wrap=True)  # fmt: skip
+            console.print(
+                f"checkpoints: {cadence.describe()}", markup=False, highlight=False, soft_wrap=True
+            )
     for note in said_once:
         console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     for note in notes:
@@ -354,11 +425,15 @@ def warn_orphan_jobs(store: Store, runs: list[Run]) -> None:
             if store.get_run(run) is None:
                 orphans[job] = run
     if orphans:
-        err.print(f"warning: job(s) {', '.join(sorted(orphans))} carry ftslurm tags of "
-                  f"run(s) {', '.join(sorted(set(orphans.values())))} that are not in "
-                  f"{store.path}: nothing manages them (state lost? see `ftslurm daemon "
-                  "recover`, or cancel them)", markup=False, highlight=False,
-                  soft_wrap=True)  # fmt: skip
+        err.print(
+            f"warning: job(s) {', '.join(sorted(orphans))} carry ftslurm tags of "
+            f"run(s) {', '.join(sorted(set(orphans.values())))} that are not in "
+            f"{store.path}: nothing manages them (state lost? see `ftslurm daemon "
+            "recover`, or cancel them)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def warn_no_daemon(home: Path, runs: Sequence[Run]) -> None:
@@ -372,19 +447,31 @@ def warn_no_daemon(home: Path, runs: Sequence[Run]) -> None:
             return
     except FtslurmError:
         return  # a scheduler that does not answer now: not known, not worth a wait here
-    which = (f"run {waiting[0].run_id}" if len(waiting) == 1
-             else f"the {len(waiting)} runs that have not ended")  # fmt: skip
-    err.print(f"warning: no daemon serves {home}: nothing submits, watches or retries "
-              f"{which} until one runs (`ftslurm daemon start`)", markup=False,
-              highlight=False, soft_wrap=True)  # fmt: skip
+    which = (
+        f"run {waiting[0].run_id}"
+        if len(waiting) == 1
+        else f"the {len(waiting)} runs that have not ended"
+    )
+    err.print(
+        f"warning: no daemon serves {home}: nothing submits, watches or retries "
+        f"{which} until one runs (`ftslurm daemon start`)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 # ---------------------------------------------------------------------------- wait
 def wait(
     run_id: RunArg,
-    timeout: Annotated[float | None, typer.Option(
-        "--timeout", help="Give up after this many seconds (exit 124). Default: no limit.",
-        show_default=False)] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            help="Give up after this many seconds (exit 124). Default: no limit.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Wait for a run to end and print how it ended: exit 0 COMPLETED, 1 FAILED or
     CANCELLED, 124 on timeout."""
@@ -423,19 +510,31 @@ def _attempt_sections(text: str) -> dict[int, str]:
 
 def logs(
     run_id: RunArg,
-    attempt: Annotated[int | None, typer.Option(
-        "--attempt", help="Which attempt (0, 1, ...). Default: the latest.",
-        show_default=False)] = None,
-    follow: Annotated[bool, typer.Option(
-        "--follow", "-f", help="Keep printing as the run goes on, each new attempt's output "
-        "as it starts; stop when the run ends.")] = False,
+    attempt: Annotated[
+        int | None,
+        typer.Option(
+            "--attempt", help="Which attempt (0, 1, ...). Default: the latest.", show_default=False
+        ),
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Keep printing as the run goes on, each new attempt's output "
+            "as it starts; stop when the run ends.",
+        ),
+    ] = False,
 ) -> None:
     """Print the output of an attempt (the latest by default)."""
     store = _store()
     run = _run_or_fail(store, run_id)
     attempts = store.attempts(run.run_id)
-    chosen = attempts[-1] if attempt is None else next(
-        (a for a in attempts if a.attempt == attempt), None)  # fmt: skip
+    chosen = (
+        attempts[-1]
+        if attempt is None
+        else next((a for a in attempts if a.attempt == attempt), None)
+    )
     if chosen is None:
         have = f"attempts 0 to {attempts[-1].attempt}" if attempts else "no attempts"
         raise ConfigError(f"run {run.run_id} has no attempt {attempt} (it has {have})")
@@ -451,7 +550,7 @@ def logs(
             path = folder / f"job-{a.job_id}.out"
             text = path.read_text(errors="replace") if path.exists() else ""
             section = _attempt_sections(text).get(a.attempt, "")
-            sys.stdout.write(section[shown.get(a.attempt, 0):])
+            sys.stdout.write(section[shown.get(a.attempt, 0) :])
             shown[a.attempt] = len(section)
         sys.stdout.flush()
         if not follow or ended:
@@ -461,8 +560,9 @@ def logs(
 
 
 # ---------------------------------------------------------------------------- watch
-def watch_view(summaries: list[dict[str, Any]], width: int, height: int,
-               now: float) -> RenderableType:  # fmt: skip
+def watch_view(
+    summaries: list[dict[str, Any]], width: int, height: int, now: float
+) -> RenderableType:
     """What `watch` shows in a `width` x `height` terminal: the runs table (running runs
     first, as `ordered` lists them) with as many rows as fit, leaving out the oldest ended
     runs first, and one line saying how many were left out."""
@@ -474,8 +574,13 @@ def watch_view(summaries: list[dict[str, Any]], width: int, height: int,
         parts: list[RenderableType] = [_table(shown, width, said_once, now)]
         parts += [Text(f"note: {n}", overflow="ellipsis", no_wrap=True) for n in said_once]
         if left_out:
-            parts.append(Text(f"{left_out} more run(s) not shown: `ftslurm status` lists "
-                              "every run", overflow="ellipsis", no_wrap=True))  # fmt: skip
+            parts.append(
+                Text(
+                    f"{left_out} more run(s) not shown: `ftslurm status` lists every run",
+                    overflow="ellipsis",
+                    no_wrap=True,
+                )
+            )
         view = Group(*parts)
         lines = measure.render_lines(view, measure.options.update(width=width), pad=False)
         if len(lines) <= height or not shown:
@@ -486,10 +591,12 @@ def watch_view(summaries: list[dict[str, Any]], width: int, height: int,
 
 
 def watch(
-    interval: Annotated[float, typer.Option(
-        "--interval", help="Seconds between refreshes.", min=0.05)] = 1.0,
-    until_done: Annotated[bool, typer.Option("--until-done",
-                          help="Return when no run is active.")] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", help="Seconds between refreshes.", min=0.05)
+    ] = 1.0,
+    until_done: Annotated[
+        bool, typer.Option("--until-done", help="Return when no run is active.")
+    ] = False,
 ) -> None:
     """A live view of every run: running runs first, as many as the terminal holds."""
     store = _store()
@@ -497,8 +604,11 @@ def watch(
         while True:
             runs = ordered(store.list_runs())
             width, height = console.size
-            live.update(watch_view([run_summary(store, r) for r in runs], width,
-                                   max(height - 1, 5), time.time()))  # fmt: skip
+            live.update(
+                watch_view(
+                    [run_summary(store, r) for r in runs], width, max(height - 1, 5), time.time()
+                )
+            )
             if until_done and not any(not r.state.is_terminal for r in runs):
                 return
             time.sleep(interval)

@@ -71,13 +71,33 @@ SUBMIT_PANELS = {
     "Retries and recovery": ("--retries", "--in-job-restarts", "--spare-nodes"),
     "Checkpoints": ("--preempt-time", "--checkpoint-dir"),
     "The job (sbatch's flags)": (
-        "--nodes", "--ntasks-per-node", "--ntasks", "--gpus-per-node", "--cpus-per-task",
-        "--time", "--partition", "--account", "--exclude", "--job-name", "--mem",
-        "--mem-per-cpu", "--gres", "--gpus", "--constraint", "--qos", "--dependency",
-        "--mail-type", "--mail-user", "--nodelist", "--exclusive", "--reservation", "--wckey",
-        "--sbatch-arg"),
+        "--nodes",
+        "--ntasks-per-node",
+        "--ntasks",
+        "--gpus-per-node",
+        "--cpus-per-task",
+        "--time",
+        "--partition",
+        "--account",
+        "--exclude",
+        "--job-name",
+        "--mem",
+        "--mem-per-cpu",
+        "--gres",
+        "--gpus",
+        "--constraint",
+        "--qos",
+        "--dependency",
+        "--mail-type",
+        "--mail-user",
+        "--nodelist",
+        "--exclusive",
+        "--reservation",
+        "--wckey",
+        "--sbatch-arg",
+    ),
     "Rehearsal and dry run": ("--dry-run", "--inject", "--print-script"),
-}  # fmt: skip
+}
 
 
 def put_in_panels(command: Any, panels: dict[str, tuple[str, ...]]) -> None:
@@ -92,95 +112,226 @@ def put_in_panels(command: Any, panels: dict[str, tuple[str, ...]]) -> None:
 def submit(
     recipe: Annotated[Path, typer.Argument(help="A training script or a recipe file.")],
     args: Annotated[list[str] | None, typer.Argument(help="Arguments after `--`.")] = None,
-    retries: Annotated[int | None, _opt("--retries", help="Job resubmissions after a failure "
-                       f"(num_job_retries_on_failure). {_default('num_job_retries_on_failure')}"
-                       )] = None,
-    in_job_restarts: Annotated[int | None, _opt("--in-job-restarts",
-                               help="Rank restarts inside one job, per attempt. "
-                               f"{_default('num_in_job_restarts')}")] = None,
-    spare_nodes: Annotated[int | None, _opt("--spare-nodes", help="Idle nodes to ask for "
-                           "beside --nodes (N+K nodes, --no-kill): a lost node is replaced by "
-                           "one inside the same job, from the last checkpoint. "
-                           f"{_default('spare_nodes')}")] = None,
-    preempt_time: Annotated[_Text, _opt("--preempt-time", help="How long before the time "
-                            "limit to ask for a checkpoint: 90, 90s, 5m, 1h (plain numbers are "
-                            f"seconds; 0: never). {_default('preempt_time', ' s')}")] = None,
-    nodes: Annotated[int | None, _opt("-N", "--nodes", help="Nodes. (default: the recipe's, "
-                     "else 1)")] = None,
-    ntasks_per_node: Annotated[int | None, _opt("--ntasks-per-node", help="Ranks per node. "
-                               "(default: the recipe's, else --gpus-per-node, else --ntasks / "
-                               "--nodes, else 1)")] = None,
-    ntasks: Annotated[int | None, _opt("-n", "--ntasks", help="Ranks in all: a multiple of "
-                      f"--nodes (ftslurm starts as many on each node). {_RECIPE}")] = None,
-    gpus_per_node: Annotated[int | None, _opt("--gpus-per-node", help="GPUs per node; also "
-                             f"the ranks per node unless --ntasks-per-node is given. {_RECIPE}"
-                             )] = None,
-    cpus_per_task: Annotated[int | None, _opt("-c", "--cpus-per-task",
-                             help=f"CPUs per rank. {_RECIPE}")] = None,
-    time_limit: Annotated[_Text, _opt("-t", "--time", help="Wall time limit of each attempt, "
-                          "in sbatch's forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
-                          "D-HH:MM:SS; UNLIMITED, infinite or 0 for no limit. "
-                          "(default: the recipe's, else the partition's)")] = None,
+    retries: Annotated[
+        int | None,
+        _opt(
+            "--retries",
+            help="Job resubmissions after a failure "
+            f"(num_job_retries_on_failure). {_default('num_job_retries_on_failure')}",
+        ),
+    ] = None,
+    in_job_restarts: Annotated[
+        int | None,
+        _opt(
+            "--in-job-restarts",
+            help=f"Rank restarts inside one job, per attempt. {_default('num_in_job_restarts')}",
+        ),
+    ] = None,
+    spare_nodes: Annotated[
+        int | None,
+        _opt(
+            "--spare-nodes",
+            help="Idle nodes to ask for "
+            "beside --nodes (N+K nodes, --no-kill): a lost node is replaced by "
+            "one inside the same job, from the last checkpoint. "
+            f"{_default('spare_nodes')}",
+        ),
+    ] = None,
+    preempt_time: Annotated[
+        _Text,
+        _opt(
+            "--preempt-time",
+            help="How long before the time "
+            "limit to ask for a checkpoint: 90, 90s, 5m, 1h (plain numbers are "
+            f"seconds; 0: never). {_default('preempt_time', ' s')}",
+        ),
+    ] = None,
+    nodes: Annotated[
+        int | None, _opt("-N", "--nodes", help="Nodes. (default: the recipe's, else 1)")
+    ] = None,
+    ntasks_per_node: Annotated[
+        int | None,
+        _opt(
+            "--ntasks-per-node",
+            help="Ranks per node. "
+            "(default: the recipe's, else --gpus-per-node, else --ntasks / "
+            "--nodes, else 1)",
+        ),
+    ] = None,
+    ntasks: Annotated[
+        int | None,
+        _opt(
+            "-n",
+            "--ntasks",
+            help="Ranks in all: a multiple of "
+            f"--nodes (ftslurm starts as many on each node). {_RECIPE}",
+        ),
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None,
+        _opt(
+            "--gpus-per-node",
+            help="GPUs per node; also "
+            f"the ranks per node unless --ntasks-per-node is given. {_RECIPE}",
+        ),
+    ] = None,
+    cpus_per_task: Annotated[
+        int | None, _opt("-c", "--cpus-per-task", help=f"CPUs per rank. {_RECIPE}")
+    ] = None,
+    time_limit: Annotated[
+        _Text,
+        _opt(
+            "-t",
+            "--time",
+            help="Wall time limit of each attempt, "
+            "in sbatch's forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+            "D-HH:MM:SS; UNLIMITED, infinite or 0 for no limit. "
+            "(default: the recipe's, else the partition's)",
+        ),
+    ] = None,
     partition: Annotated[_Text, _opt("-p", "--partition", help=f"Partition. {_RECIPE}")] = None,
     account: Annotated[_Text, _opt("-A", "--account", help=f"Account. {_RECIPE}")] = None,
-    exclude: Annotated[_Text, _opt("-x", "--exclude", help="Nodes never to use, "
-                       "comma-separated (ftslurm adds the nodes it flags). (default: none)")
-                       ] = None,
-    name: Annotated[_Text, _opt("-J", "--job-name", "--name", help="The run's name (and its "
-                    "jobs'): commands take it for the run id; refused while an active run "
-                    "has it. (default: the recipe's, else the recipe file's name)")] = None,
-    mem: Annotated[_Text, _opt("--mem", help=f"Memory per node, e.g. 64G (unit: M if none). "
-                   f"{_SBATCH}. {_RECIPE}")] = None,
-    mem_per_cpu: Annotated[_Text, _opt("--mem-per-cpu", help="Memory per CPU, e.g. 4G (unit: "
-                           f"M if none). {_SBATCH}. {_RECIPE}")] = None,
-    gres: Annotated[_Text, _opt("--gres", help=f"Generic resources per node, e.g. gpu:8. "
-                    f"{_SBATCH}. {_RECIPE}")] = None,
-    gpus: Annotated[_Text, _opt("-G", "--gpus", help=f"GPUs in all, e.g. 16 or a100:16. "
-                    f"{_SBATCH}. {_RECIPE}")] = None,
-    constraint: Annotated[_Text, _opt("-C", "--constraint", help="Node features, e.g. "
-                          f"'a100&ib'. {_SBATCH}. {_RECIPE}")] = None,
-    qos: Annotated[_Text, _opt("-q", "--qos", help=f"Quality of service. {_SBATCH}. {_RECIPE}")
-                   ] = None,
-    dependency: Annotated[_Text, _opt("-d", "--dependency", help="Start after other jobs, e.g. "
-                          f"afterok:123 (first attempt and retries alike). {_SBATCH}. "
-                          f"{_RECIPE}")] = None,
-    mail_type: Annotated[_Text, _opt("--mail-type", help=f"e.g. END,FAIL. {_SBATCH}. "
-                         f"{_RECIPE}")] = None,
-    mail_user: Annotated[_Text, _opt("--mail-user", help=f"Mail address. {_SBATCH}. {_RECIPE}")
-                         ] = None,
-    nodelist: Annotated[_Text, _opt("-w", "--nodelist", help="Nodes to run on, "
-                        f"comma-separated. {_SBATCH}. {_RECIPE}")] = None,
-    exclusive: Annotated[bool, _opt("--exclusive", help="Whole nodes, shared with no other "
-                         "job. (default: off, or the recipe's)")] = False,
-    reservation: Annotated[_Text, _opt("--reservation", help=f"Reservation. {_SBATCH}. "
-                           f"{_RECIPE}")] = None,
-    wckey: Annotated[_Text, _opt("--wckey", help=f"Workload characterization key. {_SBATCH}. "
-                     f"{_RECIPE}")] = None,
-    sbatch_arg: Annotated[list[str] | None, _opt("--sbatch-arg", help="Any other sbatch flag, "
-                          "e.g. --sbatch-arg=--begin=now+1hour; repeatable. Flags ftslurm sets "
-                          "itself are refused. (default: none)")] = None,
-    output: Annotated[_Text, _opt("-o", "--output", "-e", "--error", hidden=True,
-                      help="Refused: ftslurm owns the job's output file.")] = None,
-    array: Annotated[_Text, _opt("-a", "--array", hidden=True,
-                     help="Refused: one run is one job per attempt.")] = None,
-    checkpoint_dir: Annotated[_Text, _opt("--checkpoint-dir", help="Where the run keeps its "
-                              f"checkpoints ({EnvName.CHECKPOINT_DIR.value}), relative to the "
-                              "current folder. (default: the recipe's, else "
-                              f"${SCRATCH_ENVS[0]} or ${SCRATCH_ENVS[1]}/ftslurm/RUN/checkpoints, "
-                              "else RUN_DIR/checkpoints)")
-                              ] = None,
-    dry_run: Annotated[bool, _opt("--dry-run", help="Run against the mock scheduler (laptop "
-                       "rehearsal). (default: off)")] = False,
-    inject: Annotated[list[str] | None, _opt("--inject", help="KIND@TIME[:TARGET], TIME in "
-                      "seconds or 90s, 5m, 2h; repeatable (docs/fault-injection.md). "
-                      "(default: none)")] = None,
-    print_script: Annotated[bool, _opt("--print-script", help="Print the sbatch script of the "
-                            "first attempt; submit nothing. (default: off)")] = False,
-    snapshot_code: Annotated[bool, _opt("--snapshot-code/--no-snapshot-code", help="Copy the "
-                             "recipe file into the run folder at submit, so every attempt "
-                             "runs what was submitted; --no-snapshot-code runs the file as it "
-                             "is at each attempt (to pick up fixes on purpose). Only the recipe "
-                             "file is copied, not its folder. (default: on)")] = True,
+    exclude: Annotated[
+        _Text,
+        _opt(
+            "-x",
+            "--exclude",
+            help="Nodes never to use, "
+            "comma-separated (ftslurm adds the nodes it flags). (default: none)",
+        ),
+    ] = None,
+    name: Annotated[
+        _Text,
+        _opt(
+            "-J",
+            "--job-name",
+            "--name",
+            help="The run's name (and its "
+            "jobs'): commands take it for the run id; refused while an active run "
+            "has it. (default: the recipe's, else the recipe file's name)",
+        ),
+    ] = None,
+    mem: Annotated[
+        _Text,
+        _opt("--mem", help=f"Memory per node, e.g. 64G (unit: M if none). {_SBATCH}. {_RECIPE}"),
+    ] = None,
+    mem_per_cpu: Annotated[
+        _Text,
+        _opt(
+            "--mem-per-cpu", help=f"Memory per CPU, e.g. 4G (unit: M if none). {_SBATCH}. {_RECIPE}"
+        ),
+    ] = None,
+    gres: Annotated[
+        _Text, _opt("--gres", help=f"Generic resources per node, e.g. gpu:8. {_SBATCH}. {_RECIPE}")
+    ] = None,
+    gpus: Annotated[
+        _Text, _opt("-G", "--gpus", help=f"GPUs in all, e.g. 16 or a100:16. {_SBATCH}. {_RECIPE}")
+    ] = None,
+    constraint: Annotated[
+        _Text,
+        _opt("-C", "--constraint", help=f"Node features, e.g. 'a100&ib'. {_SBATCH}. {_RECIPE}"),
+    ] = None,
+    qos: Annotated[
+        _Text, _opt("-q", "--qos", help=f"Quality of service. {_SBATCH}. {_RECIPE}")
+    ] = None,
+    dependency: Annotated[
+        _Text,
+        _opt(
+            "-d",
+            "--dependency",
+            help="Start after other jobs, e.g. "
+            f"afterok:123 (first attempt and retries alike). {_SBATCH}. "
+            f"{_RECIPE}",
+        ),
+    ] = None,
+    mail_type: Annotated[
+        _Text, _opt("--mail-type", help=f"e.g. END,FAIL. {_SBATCH}. {_RECIPE}")
+    ] = None,
+    mail_user: Annotated[
+        _Text, _opt("--mail-user", help=f"Mail address. {_SBATCH}. {_RECIPE}")
+    ] = None,
+    nodelist: Annotated[
+        _Text,
+        _opt("-w", "--nodelist", help=f"Nodes to run on, comma-separated. {_SBATCH}. {_RECIPE}"),
+    ] = None,
+    exclusive: Annotated[
+        bool,
+        _opt(
+            "--exclusive",
+            help="Whole nodes, shared with no other job. (default: off, or the recipe's)",
+        ),
+    ] = False,
+    reservation: Annotated[
+        _Text, _opt("--reservation", help=f"Reservation. {_SBATCH}. {_RECIPE}")
+    ] = None,
+    wckey: Annotated[
+        _Text, _opt("--wckey", help=f"Workload characterization key. {_SBATCH}. {_RECIPE}")
+    ] = None,
+    sbatch_arg: Annotated[
+        list[str] | None,
+        _opt(
+            "--sbatch-arg",
+            help="Any other sbatch flag, "
+            "e.g. --sbatch-arg=--begin=now+1hour; repeatable. Flags ftslurm sets "
+            "itself are refused. (default: none)",
+        ),
+    ] = None,
+    output: Annotated[
+        _Text,
+        _opt(
+            "-o",
+            "--output",
+            "-e",
+            "--error",
+            hidden=True,
+            help="Refused: ftslurm owns the job's output file.",
+        ),
+    ] = None,
+    array: Annotated[
+        _Text, _opt("-a", "--array", hidden=True, help="Refused: one run is one job per attempt.")
+    ] = None,
+    checkpoint_dir: Annotated[
+        _Text,
+        _opt(
+            "--checkpoint-dir",
+            help="Where the run keeps its "
+            f"checkpoints ({EnvName.CHECKPOINT_DIR.value}), relative to the "
+            "current folder. (default: the recipe's, else "
+            f"${SCRATCH_ENVS[0]} or ${SCRATCH_ENVS[1]}/ftslurm/RUN/checkpoints, "
+            "else RUN_DIR/checkpoints)",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        _opt("--dry-run", help="Run against the mock scheduler (laptop rehearsal). (default: off)"),
+    ] = False,
+    inject: Annotated[
+        list[str] | None,
+        _opt(
+            "--inject",
+            help="KIND@TIME[:TARGET], TIME in "
+            "seconds or 90s, 5m, 2h; repeatable (docs/fault-injection.md). "
+            "(default: none)",
+        ),
+    ] = None,
+    print_script: Annotated[
+        bool,
+        _opt(
+            "--print-script",
+            help="Print the sbatch script of the first attempt; submit nothing. (default: off)",
+        ),
+    ] = False,
+    snapshot_code: Annotated[
+        bool,
+        _opt(
+            "--snapshot-code/--no-snapshot-code",
+            help="Copy the "
+            "recipe file into the run folder at submit, so every attempt "
+            "runs what was submitted; --no-snapshot-code runs the file as it "
+            "is at each attempt (to pick up fixes on purpose). Only the recipe "
+            "file is copied, not its folder. (default: on)",
+        ),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a training run; the daemon then owns it until it ends."""
@@ -196,46 +347,87 @@ def submit(
             raise ConfigError(f"--preempt-time: {exc.user_message()}") from None
     loaded = load_recipe(recipe, list(args or ()))
     if not snapshot_code and recipe.suffix != ".py" and not os.access(recipe, os.X_OK):
-        raise ConfigError(f"recipe {recipe} is not executable and not a Python file (.py): "
-                          f"`chmod +x {recipe}`, or keep --snapshot-code (the copy is made "
-                          "executable)")  # fmt: skip
+        raise ConfigError(
+            f"recipe {recipe} is not executable and not a Python file (.py): "
+            f"`chmod +x {recipe}`, or keep --snapshot-code (the copy is made "
+            "executable)"
+        )
     # Each --sbatch-arg is one word of sbatch's command line: `--k=v`, `--k`, `-kv`, or
     # a flag and its value in two (`--sbatch-arg=-q --sbatch-arg=high`).
     from_args = sbatch_flags(list(sbatch_arg or ()), "--sbatch-arg")
-    flags = {"mem": mem, "mem-per-cpu": mem_per_cpu, "gres": gres, "gpus": gpus,
-             "constraint": constraint, "qos": qos, "dependency": dependency,
-             "mail-type": mail_type, "mail-user": mail_user, "nodelist": nodelist,
-             "ntasks": None if ntasks is None else str(ntasks), "reservation": reservation,
-             "wckey": wckey}  # fmt: skip
-    sbatch_extra = {**loaded.sbatch_extra, **from_args.pop("sbatch_extra", {}),
-                    **{k: v for k, v in flags.items() if v is not None},
-                    **({"exclusive": None} if exclusive else {})}  # fmt: skip
-    loaded = loaded.with_overrides(**{**from_args, **{k: v for k, v in dict(
-        num_job_retries_on_failure=retries, num_in_job_restarts=in_job_restarts,
-        spare_nodes=spare_nodes, preempt_time=preempt_s, nodes=nodes,
-        ntasks_per_node=ntasks_per_node,
-        gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task, time=time_limit,
-        partition=partition, account=account,
-        exclude=tuple(n for n in exclude.split(",") if n) if exclude is not None else None,
-        name=name, checkpoint_dir=checkpoint_dir, sbatch_extra=sbatch_extra,
-    ).items() if v is not None}})  # fmt: skip
+    flags = {
+        "mem": mem,
+        "mem-per-cpu": mem_per_cpu,
+        "gres": gres,
+        "gpus": gpus,
+        "constraint": constraint,
+        "qos": qos,
+        "dependency": dependency,
+        "mail-type": mail_type,
+        "mail-user": mail_user,
+        "nodelist": nodelist,
+        "ntasks": None if ntasks is None else str(ntasks),
+        "reservation": reservation,
+        "wckey": wckey,
+    }
+    sbatch_extra = {
+        **loaded.sbatch_extra,
+        **from_args.pop("sbatch_extra", {}),
+        **{k: v for k, v in flags.items() if v is not None},
+        **({"exclusive": None} if exclusive else {}),
+    }
+    loaded = loaded.with_overrides(
+        **{
+            **from_args,
+            **{
+                k: v
+                for k, v in dict(
+                    num_job_retries_on_failure=retries,
+                    num_in_job_restarts=in_job_restarts,
+                    spare_nodes=spare_nodes,
+                    preempt_time=preempt_s,
+                    nodes=nodes,
+                    ntasks_per_node=ntasks_per_node,
+                    gpus_per_node=gpus_per_node,
+                    cpus_per_task=cpus_per_task,
+                    time=time_limit,
+                    partition=partition,
+                    account=account,
+                    exclude=tuple(n for n in exclude.split(",") if n)
+                    if exclude is not None
+                    else None,
+                    name=name,
+                    checkpoint_dir=checkpoint_dir,
+                    sbatch_extra=sbatch_extra,
+                ).items()
+                if v is not None
+            },
+        }
+    )
     # Printed once everything is validated (an error then stays the only line).
     warning = no_limit_warning(loaded.time) if loaded.time_limit_s() is None else None
     injections = parse_injections(tuple(inject or ()))
     backend_kind = "mock" if dry_run else "slurm"
     cluster_side = [i.kind.value for i in injections if not i.kind.in_job]
     if cluster_side and not dry_run:
-        raise ConfigError(f"{', '.join(cluster_side)} can only be injected with --dry-run "
-                          "(the mock scheduler)")  # fmt: skip
+        raise ConfigError(
+            f"{', '.join(cluster_side)} can only be injected with --dry-run (the mock scheduler)"
+        )
     if dry_run:
         _check_injected_nodes(injections, mock_home())
     home = state_dir()
     run_id = uuid.uuid4().hex[:10]
     run_dir = home / RUNS_DIR / run_id
     settings = loaded.settings()
-    spec = make_spec(loaded, run_dir=run_dir, backend=backend_kind, workdir=str(Path.cwd()),
-                     inject=tuple(i.spec() for i in injections),
-                     mock_home=mock_home() if dry_run else None, environ=os.environ)  # fmt: skip
+    spec = make_spec(
+        loaded,
+        run_dir=run_dir,
+        backend=backend_kind,
+        workdir=str(Path.cwd()),
+        inject=tuple(i.spec() for i in injections),
+        mock_home=mock_home() if dry_run else None,
+        environ=os.environ,
+    )
     snapshot = RunDir(run_dir).root / CODE_DIR / recipe.name if snapshot_code else None
     if snapshot is not None:
         spec = snapshot_spec(spec, recipe.resolve(), snapshot)
@@ -280,13 +472,13 @@ def submit(
     job_id, note = _await_submission(store, home, run_id)
     where, facts = "", {}
     if dry_run:  # which mock, and how long a failed node goes unnoticed there
-        where, facts = _mock_words(create_backend(backend_kind, spec["mock_home"]),
-                                   spec["mock_home"])  # fmt: skip
+        where, facts = _mock_words(
+            create_backend(backend_kind, spec["mock_home"]), spec["mock_home"]
+        )
     if as_json:
         typer.echo(json.dumps({"run_id": run_id, "job_id": job_id, **facts}))
     elif job_id:
-        typer.echo(f"run {run_id} submitted as job {job_id}{where}; "
-                   f"see `ftslurm status {run_id}`")  # fmt: skip
+        typer.echo(f"run {run_id} submitted as job {job_id}{where}; see `ftslurm status {run_id}`")
     else:
         typer.echo(f"run {run_id} recorded{where}; {note}; see `ftslurm status {run_id}`")
 
@@ -310,8 +502,12 @@ def snapshot_spec(spec: dict[str, Any], original: Path, snapshot: Path) -> dict[
     if original.suffix == ".py":
         folder = shlex.quote(str(original.parent))
         setup.insert(0, f'export PYTHONPATH={folder}"${{PYTHONPATH:+:$PYTHONPATH}}"')
-    return {**spec, "command": command, "setup": setup,
-            "code_snapshot": {"path": str(snapshot), "from": str(original)}}  # fmt: skip
+    return {
+        **spec,
+        "command": command,
+        "setup": setup,
+        "code_snapshot": {"path": str(snapshot), "from": str(original)},
+    }
 
 
 def take_snapshot(recipe: Path, snapshot: Path) -> None:
@@ -324,8 +520,9 @@ def take_snapshot(recipe: Path, snapshot: Path) -> None:
         os.chmod(tmp, 0o700)
         os.replace(tmp, snapshot)
     except OSError as exc:
-        raise ConfigError(f"cannot copy recipe {recipe} into the run folder: "
-                          f"{exc.strerror or exc}") from None  # fmt: skip
+        raise ConfigError(
+            f"cannot copy recipe {recipe} into the run folder: {exc.strerror or exc}"
+        ) from None
 
 
 # The run `submit` is recording (its state folder and id), for `interrupted_submit`.
@@ -352,10 +549,15 @@ def interrupted_submit() -> str | None:
         return None
     if not recorded:
         return "interrupted before the run was recorded: nothing was recorded or submitted"
-    later = ("the daemon will submit it" if serving
-             else "a daemon will submit it once one runs (`ftslurm daemon start`)")
-    return (f"interrupted: run {run_id} is recorded and {later}; the interrupt stopped only "
-            f"the wait (`ftslurm status {run_id}`, `ftslurm cancel {run_id}`)")
+    later = (
+        "the daemon will submit it"
+        if serving
+        else "a daemon will submit it once one runs (`ftslurm daemon start`)"
+    )
+    return (
+        f"interrupted: run {run_id} is recorded and {later}; the interrupt stopped only "
+        f"the wait (`ftslurm status {run_id}`, `ftslurm cancel {run_id}`)"
+    )
 
 
 def _name_in_use(store: Store, name: str, chosen: bool) -> str | None:
@@ -367,10 +569,14 @@ def _name_in_use(store: Store, name: str, chosen: bool) -> str | None:
         return None
     held = ", ".join(f"{r.run_id} ({r.state.value})" for r in holders)
     if chosen:
-        raise ConfigError(f"--name {name!r}: active run {held} has that name; give another "
-                          "--name, or cancel that run first")  # fmt: skip
-    return (f"active run {held} is also named {name!r}; name this one with --name to refer "
-            "to it by name, or use its run id")  # fmt: skip
+        raise ConfigError(
+            f"--name {name!r}: active run {held} has that name; give another "
+            "--name, or cancel that run first"
+        )
+    return (
+        f"active run {held} is also named {name!r}; name this one with --name to refer "
+        "to it by name, or use its run id"
+    )
 
 
 def _checkpoints_at_home(spec: dict[str, Any]) -> str | None:
@@ -383,8 +589,10 @@ def _checkpoints_at_home(spec: dict[str, Any]) -> str | None:
         where.relative_to(Path.home())
     except ValueError:
         return None
-    return (f"checkpoints go to {where}, under your home directory; give --checkpoint-dir "
-            f"or set {' or '.join(f'${n}' for n in SCRATCH_ENVS)} to a scratch space")
+    return (
+        f"checkpoints go to {where}, under your home directory; give --checkpoint-dir "
+        f"or set {' or '.join(f'${n}' for n in SCRATCH_ENVS)} to a scratch space"
+    )
 
 
 # How long `submit` waits for the daemon to submit the run, and `cancel` for a submission
@@ -417,8 +625,11 @@ def _await_submission(store: Store, home: Path, run_id: str) -> tuple[str | None
             return True, None, f"it ended {run.state.value}: {run.reason}"
         deferred = [e for e in store.events(run_id) if e.kind == "submit_deferred"]
         if deferred:
-            return True, None, (f"{later} when the scheduler answers "
-                                f"({deferred[-1].data.get('message')})")  # fmt: skip
+            return (
+                True,
+                None,
+                (f"{later} when the scheduler answers ({deferred[-1].data.get('message')})"),
+            )
         return False, None, ""
 
     return _await_daemon(home, later, SUBMIT_WAIT_S, submitted)
@@ -434,8 +645,10 @@ def _mock_words(backend: SchedulerBackend, home: str | None) -> tuple[str, dict[
     300 s), and the same for --json."""
     timeout = backend.cluster_facts().slurmd_timeout_s
     where = str(home or mock_home())
-    return (f" on the mock cluster in {where} (SlurmdTimeout {timeout} s)",
-            {"mock_home": where, "slurmd_timeout_s": timeout})
+    return (
+        f" on the mock cluster in {where} (SlurmdTimeout {timeout} s)",
+        {"mock_home": where, "slurmd_timeout_s": timeout},
+    )
 
 
 def _check_injected_nodes(injections: Sequence[Injection], mock: Path) -> None:
@@ -451,9 +664,11 @@ def _check_injected_nodes(injections: Sequence[Injection], mock: Path) -> None:
         nodes = [n.name for n in MockConfig().nodes]
     unknown = [i.spec() for i in named if i.node not in nodes]
     if unknown:
-        raise ConfigError(f"{', '.join(unknown)}: the mock cluster in {mock} has no such node",
-                          hint=f"its nodes: {', '.join(nodes)}; or give an index, e.g. "
-                          f"{named[0].kind.value}@{named[0].at_s:g}:0")
+        raise ConfigError(
+            f"{', '.join(unknown)}: the mock cluster in {mock} has no such node",
+            hint=f"its nodes: {', '.join(nodes)}; or give an index, e.g. "
+            f"{named[0].kind.value}@{named[0].at_s:g}:0",
+        )
 
 
 def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend) -> None:
@@ -464,13 +679,20 @@ def _warn_injections(injections: Sequence[Injection], backend: SchedulerBackend)
     if not fails:
         return
     timeout = backend.cluster_facts().slurmd_timeout_s
-    shorter = (" (for a shorter wait: `ftslurm mock destroy`, then `ftslurm mock up "
-               f"--slurmd-timeout {SHORT_SLURMD_TIMEOUT_S}`)"
-               if timeout > SHORT_SLURMD_TIMEOUT_S else "")  # fmt: skip
-    err.print(f"{', '.join(i.spec() for i in fails)}: the mock notices a failed node after its "
-              f"SlurmdTimeout ({timeout} s), as Slurm does; until then `ftslurm status` shows "
-              f"the node as not responding{shorter}", markup=False, highlight=False,
-              soft_wrap=True)  # fmt: skip
+    shorter = (
+        " (for a shorter wait: `ftslurm mock destroy`, then `ftslurm mock up "
+        f"--slurmd-timeout {SHORT_SLURMD_TIMEOUT_S}`)"
+        if timeout > SHORT_SLURMD_TIMEOUT_S
+        else ""
+    )
+    err.print(
+        f"{', '.join(i.spec() for i in fails)}: the mock notices a failed node after its "
+        f"SlurmdTimeout ({timeout} s), as Slurm does; until then `ftslurm status` shows "
+        f"the node as not responding{shorter}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 # ---------------------------------------------------------------------------- cancel

@@ -72,8 +72,9 @@ class FailureHistory:
     node_days: float = 0.0
 
 
-def node_failure_rate(history: FailureHistory, prior_per_1000: float,
-                      prior_node_days: float) -> float:  # fmt: skip
+def node_failure_rate(
+    history: FailureHistory, prior_per_1000: float, prior_node_days: float
+) -> float:
     """Node failures per node-day: the prior blended with the history (Gamma-Poisson mean)."""
     prior = prior_per_1000 / 1000.0 * prior_node_days
     return (prior + history.failures) / (prior_node_days + history.node_days)
@@ -134,25 +135,35 @@ class Cadence:
             return f"checkpoint every {_span(self.interval_s)} (pinned; {save})"
         measured = "measured" if self.save_measured else "prior, until one is measured"
         disk = self.tier_interval("disk")
-        floor = ", the background write's floor" if self.write_s is not None \
-            and disk is not None and disk <= self.write_s else ""  # fmt: skip
-        mtbf = (f"job MTBF {_span(self.mtbf_s)} on {self.nodes} node"
-                f"{'s' if self.nodes != 1 else ''} at {self.rate_per_1000:.3g} node failures per"
-                f" 1000 node-days; {self.failures} seen in {self.node_days:.1f} node-days")
+        floor = (
+            ", the background write's floor"
+            if self.write_s is not None and disk is not None and disk <= self.write_s
+            else ""
+        )
+        mtbf = (
+            f"job MTBF {_span(self.mtbf_s)} on {self.nodes} node"
+            f"{'s' if self.nodes != 1 else ''} at {self.rate_per_1000:.3g} node failures per"
+            f" 1000 node-days; {self.failures} seen in {self.node_days:.1f} node-days"
+        )
         if self.disk_interval_s is None:
-            return f"checkpoint every {_span(self.interval_s)} (tuned{floor}: {save} " \
-                   f"({measured}), {mtbf})"
-        return (f"checkpoint to memory every {_span(self.interval_s)} (save "
-                f"{_span(self.memory_save_s)} measured), to disk every {_span(disk)} "
-                f"(tuned{floor}: {save} ({measured}); memory serves "
-                f"{self.memory_coverage or 0:.0%} of failures, a prior), {mtbf})")
+            return (
+                f"checkpoint every {_span(self.interval_s)} (tuned{floor}: {save} "
+                f"({measured}), {mtbf})"
+            )
+        return (
+            f"checkpoint to memory every {_span(self.interval_s)} (save "
+            f"{_span(self.memory_save_s)} measured), to disk every {_span(disk)} "
+            f"(tuned{floor}: {save} ({measured}); memory serves "
+            f"{self.memory_coverage or 0:.0%} of failures, a prior), {mtbf})"
+        )
 
     def differs(self, other: Cadence | None) -> bool:
         """Whether `other` (what was written) is stale enough to write this one instead."""
         if other is None or other.how != self.how or other.save_measured != self.save_measured:
             return True
-        return any(_moved(getattr(self, k), getattr(other, k))
-                   for k in ("interval_s", "disk_interval_s"))  # fmt: skip
+        return any(
+            _moved(getattr(self, k), getattr(other, k)) for k in ("interval_s", "disk_interval_s")
+        )
 
 
 def _moved(new: float | None, old: float | None) -> bool:
@@ -161,10 +172,19 @@ def _moved(new: float | None, old: float | None) -> bool:
     return abs(new - old) > REWRITE_TOLERANCE * old
 
 
-def cadence(setting: float | str | None, *, nodes: int, save_s: float | None,
-            save_prior_s: float, write_s: float | None, history: FailureHistory,
-            prior_per_1000: float, prior_node_days: float, memory_save_s: float | None = None,
-            memory_coverage: float = 0.5) -> Cadence:  # fmt: skip
+def cadence(
+    setting: float | str | None,
+    *,
+    nodes: int,
+    save_s: float | None,
+    save_prior_s: float,
+    write_s: float | None,
+    history: FailureHistory,
+    prior_per_1000: float,
+    prior_node_days: float,
+    memory_save_s: float | None = None,
+    memory_coverage: float = 0.5,
+) -> Cadence:
     """The run's interval: `setting` is the recipe's `checkpoint_interval` ("auto", seconds,
     or "off"/None); `save_s` the measured blocking disk save (None before the first),
     `write_s` the longest background write seen; `memory_save_s` the measured memory-tier
@@ -173,8 +193,14 @@ def cadence(setting: float | str | None, *, nodes: int, save_s: float | None,
     if setting is None or setting == "off":
         return Cadence(None, "off")
     if not isinstance(setting, str):
-        return Cadence(float(setting), "pinned", save_s=save_s, save_measured=save_s is not None,
-                       write_s=write_s, nodes=nodes)  # fmt: skip
+        return Cadence(
+            float(setting),
+            "pinned",
+            save_s=save_s,
+            save_measured=save_s is not None,
+            write_s=write_s,
+            nodes=nodes,
+        )
     if not 0 <= memory_coverage < 1:
         raise ValueError(f"memory_coverage must be in [0, 1), got {memory_coverage!r}")
     w = save_s if save_s is not None and save_s > 0 else save_prior_s
@@ -185,15 +211,26 @@ def cadence(setting: float | str | None, *, nodes: int, save_s: float | None,
         memory = daly(memory_save_s, mtbf)
         disk = max(daly(w, mtbf / (1.0 - memory_coverage)), write_s or 0.0, memory)
         interval = memory
-        tiers = {"disk_interval_s": round(disk, 3), "memory_save_s": memory_save_s,
-                 "memory_coverage": memory_coverage}  # fmt: skip
+        tiers = {
+            "disk_interval_s": round(disk, 3),
+            "memory_save_s": memory_save_s,
+            "memory_coverage": memory_coverage,
+        }
     else:
         interval = max(daly(w, mtbf), write_s or 0.0)
-    return Cadence(round(interval, 3), "tuned", save_s=w, save_measured=w == save_s,
-                   write_s=write_s, mtbf_s=round(mtbf, 1), rate_per_1000=round(rate * 1000, 4),
-                   failures=history.failures, node_days=round(history.node_days, 3),
-                   nodes=nodes, **tiers)  # fmt: skip
-
+    return Cadence(
+        round(interval, 3),
+        "tuned",
+        save_s=w,
+        save_measured=w == save_s,
+        write_s=write_s,
+        mtbf_s=round(mtbf, 1),
+        rate_per_1000=round(rate * 1000, 4),
+        failures=history.failures,
+        node_days=round(history.node_days, 3),
+        nodes=nodes,
+        **tiers,
+    )
 
 
 def _span(seconds: float | None) -> str:

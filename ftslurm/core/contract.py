@@ -60,9 +60,16 @@ NAMED_EXITS: dict[ExitCode, str] = {
     ExitCode.RESUME_ELSEWHERE: "resume_elsewhere",
 }
 # Codes no user setting may claim (`user_error_exit_codes`).
-RESERVED_EXITS = frozenset({ExitCode.FINISHED, ExitCode.RESUME_ELSEWHERE,
-                            ExitCode.FAILED_VALIDATION, ExitCode.DO_NOT_RETRY,
-                            ExitCode.RESTARTS_EXHAUSTED, ExitCode.CONTINUE})  # fmt: skip
+RESERVED_EXITS = frozenset(
+    {
+        ExitCode.FINISHED,
+        ExitCode.RESUME_ELSEWHERE,
+        ExitCode.FAILED_VALIDATION,
+        ExitCode.DO_NOT_RETRY,
+        ExitCode.RESTARTS_EXHAUSTED,
+        ExitCode.CONTINUE,
+    }
+)
 
 
 # ----------------------------------------------------------------------------- signals
@@ -98,6 +105,7 @@ def checked_signal_name(value: str | int) -> str:
     except ConfigError as exc:
         raise ValueError(exc.message) from None
 
+
 # The checkpoint signal held back from a rank because no process of it catches the signal
 # (a plain script: the wall limit ends it instead, `ftslurm.agent.sigmask`): in a rank
 # report (`ftslurm.agent.task`) the signal's name ("USR2"), in a node report
@@ -121,27 +129,54 @@ def rendezvous_port(job_id: str | int | None, restart_count: int = 0) -> int:
     return PORT_BASE + (job * 7919 + restart_count * 104729) % PORT_SPAN
 
 
-def rendezvous_record(*, host: str, port: int, rdzv_id: str, job_id: str, step_id: str,
-                      restart_count: int, pid: int, time: float) -> dict[str, Any]:  # fmt: skip
+def rendezvous_record(
+    *,
+    host: str,
+    port: int,
+    rdzv_id: str,
+    job_id: str,
+    step_id: str,
+    restart_count: int,
+    pid: int,
+    time: float,
+) -> dict[str, Any]:
     """What the rendezvous host publishes in `RunDir.rendezvous` (JSON): the address it
     bound, the rendezvous id (unique per run, attempt, restart and launch), and the job,
     step and restart it serves, so a reader never takes another launch's endpoint."""
-    return {"host": host, "port": int(port), "id": rdzv_id, "job_id": str(job_id),
-            "step_id": str(step_id), "restart_count": int(restart_count), "pid": pid,
-            "time": time}  # fmt: skip
+    return {
+        "host": host,
+        "port": int(port),
+        "id": rdzv_id,
+        "job_id": str(job_id),
+        "step_id": str(step_id),
+        "restart_count": int(restart_count),
+        "pid": pid,
+        "time": time,
+    }
 
 
-def published_rendezvous(record: Any, *, job_id: str, step_id: str,
-                         restart_count: int) -> tuple[str, int, str] | None:  # fmt: skip
+def published_rendezvous(
+    record: Any, *, job_id: str, step_id: str, restart_count: int
+) -> tuple[str, int, str] | None:
     """(host, port, rendezvous id) from a published record when it is one of this job's
     step and restart, else None (not written yet, torn, or left by another launch)."""
-    if not isinstance(record, dict) or record.get("job_id") != str(job_id) \
-            or record.get("step_id") != str(step_id) \
-            or record.get("restart_count") != restart_count:
+    if (
+        not isinstance(record, dict)
+        or record.get("job_id") != str(job_id)
+        or record.get("step_id") != str(step_id)
+        or record.get("restart_count") != restart_count
+    ):
         return None
     host, port, rdzv_id = record.get("host"), record.get("port"), record.get("id")
-    if not (isinstance(host, str) and host and isinstance(rdzv_id, str) and rdzv_id
-            and isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
+    if not (
+        isinstance(host, str)
+        and host
+        and isinstance(rdzv_id, str)
+        and rdzv_id
+        and isinstance(port, int)
+        and not isinstance(port, bool)
+        and 0 < port < 65536
+    ):
         return None
     return host, port, rdzv_id
 
@@ -413,14 +448,18 @@ class JobEnv(BaseModel):
     attempt_base: int | None = Field(None, ge=0, **_alias(EnvName.ATTEMPT_BASE))
     attempt: int | None = Field(None, ge=0, **_alias(EnvName.ATTEMPT))
     checkpoint_signal: str = Field(DEFAULT_CHECKPOINT_SIGNAL, **_alias(EnvName.CHECKPOINT_SIGNAL))
-    straggler_interval_s: float = Field(DEFAULT_STRAGGLER_INTERVAL_S, gt=0,
-                                        **_alias(EnvName.STRAGGLER_INTERVAL_S))
-    straggler_threshold: float = Field(DEFAULT_STRAGGLER_THRESHOLD, gt=0, le=1,
-                                       **_alias(EnvName.STRAGGLER_THRESHOLD))
-    straggler_windows: int = Field(DEFAULT_STRAGGLER_WINDOWS, ge=1,
-                                   **_alias(EnvName.STRAGGLER_WINDOWS))
+    straggler_interval_s: float = Field(
+        DEFAULT_STRAGGLER_INTERVAL_S, gt=0, **_alias(EnvName.STRAGGLER_INTERVAL_S)
+    )
+    straggler_threshold: float = Field(
+        DEFAULT_STRAGGLER_THRESHOLD, gt=0, le=1, **_alias(EnvName.STRAGGLER_THRESHOLD)
+    )
+    straggler_windows: int = Field(
+        DEFAULT_STRAGGLER_WINDOWS, ge=1, **_alias(EnvName.STRAGGLER_WINDOWS)
+    )
     straggler_reference: Literal["best", "median"] = Field(
-        DEFAULT_STRAGGLER_REFERENCE, **_alias(EnvName.STRAGGLER_REFERENCE))
+        DEFAULT_STRAGGLER_REFERENCE, **_alias(EnvName.STRAGGLER_REFERENCE)
+    )
     inject: str | None = Field(None, **_alias(EnvName.INJECT))
     in_job_restarts: int = Field(0, ge=0, **_alias(EnvName.IN_JOB_RESTARTS))
     section_timeouts: dict[str, Any] | None = Field(None, **_alias(EnvName.SECTION_TIMEOUTS))
@@ -432,7 +471,8 @@ class JobEnv(BaseModel):
     spare_nodes: int = Field(0, ge=0, **_alias(EnvName.SPARE_NODES))
     memory_dir: str | None = Field(None, **_alias(EnvName.MEMORY_DIR))
     checkpoint_sharing: Literal["private", "group"] = Field(
-        "private", **_alias(EnvName.CHECKPOINT_SHARING))
+        "private", **_alias(EnvName.CHECKPOINT_SHARING)
+    )
 
     @field_validator("checkpoint_signal")
     @classmethod
@@ -461,8 +501,9 @@ class JobEnv(BaseModel):
         except ValidationError as exc:
             error = exc.errors()[0]
             key = str(error["loc"][0]) if error.get("loc") else "?"
-            raise ConfigError(f"{key}={present.get(key, '')!r}: "
-                              f"{error['msg'].removeprefix('Value error, ')}") from None
+            raise ConfigError(
+                f"{key}={present.get(key, '')!r}: {error['msg'].removeprefix('Value error, ')}"
+            ) from None
 
     def render(self) -> dict[str, str]:
         """The variables as the job's environment has them: the fields given (defaults of
@@ -500,8 +541,10 @@ class JobEnv(BaseModel):
 
 def attempt_setup_line() -> str:
     """The batch script's shell line that sets FTSLURM_ATTEMPT (see `current_attempt`)."""
-    return (f"export {EnvName.ATTEMPT.value}="
-            f"$(({EnvName.ATTEMPT_BASE.value} + ${{SLURM_RESTART_COUNT:-0}}))")
+    return (
+        f"export {EnvName.ATTEMPT.value}="
+        f"$(({EnvName.ATTEMPT_BASE.value} + ${{SLURM_RESTART_COUNT:-0}}))"
+    )
 
 
 def default_checkpoint_dir(run_dir: Path, environ: Mapping[str, str]) -> tuple[Path, str]:

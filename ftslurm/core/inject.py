@@ -59,8 +59,11 @@ class Injection:
         """The canonical text form (parse_injection(x.spec()) == x)."""
         target = ""
         if self.kind in (InjectKind.NODE_FAIL, InjectKind.STRAGGLER):
-            where = self.node if self.node is not None else (
-                str(self.node_index) if self.node_index is not None else "")
+            where = (
+                self.node
+                if self.node is not None
+                else (str(self.node_index) if self.node_index is not None else "")
+            )
             if self.kind is InjectKind.STRAGGLER:
                 where = f"{where}*{self.factor:g}" if where else f"{self.factor:g}"
             target = where
@@ -90,8 +93,9 @@ def parse_injection(spec: str) -> Injection:
         kind = InjectKind(match["kind"])
     except ValueError:
         kinds = ", ".join(k.value for k in InjectKind)
-        raise ConfigError(f"unknown injection kind {match['kind']!r}; choose one of {kinds}") \
-            from None
+        raise ConfigError(
+            f"unknown injection kind {match['kind']!r}; choose one of {kinds}"
+        ) from None
     at = parse_duration(match["time"])
     target = match["target"]
     if kind in (InjectKind.PREEMPT, InjectKind.TIMEOUT):
@@ -111,8 +115,7 @@ def parse_injection(spec: str) -> Injection:
         try:
             factor = float(factor_text) if factor_text else 2.0
         except ValueError:
-            raise ConfigError(f"--inject {spec!r}: the slowdown factor must be a number") \
-                from None
+            raise ConfigError(f"--inject {spec!r}: the slowdown factor must be a number") from None
         if factor <= 1.0:
             raise ConfigError(f"--inject {spec!r}: the slowdown factor must be above 1")
     if where.isdigit():
@@ -136,14 +139,15 @@ def reached(injections: Iterable[Injection], ran_s: float | None) -> tuple[str, 
     does to itself are timed by its ranks, which report what they did."""
     if ran_s is None:
         return ()
-    return tuple(i.spec() for i in injections if not i.kind.in_job
-                 and (i.kind is InjectKind.TIMEOUT or ran_s >= i.at_s))  # fmt: skip
+    return tuple(
+        i.spec()
+        for i in injections
+        if not i.kind.in_job and (i.kind is InjectKind.TIMEOUT or ran_s >= i.at_s)
+    )
 
 
-def still_to_fire(injections: Iterable[Injection],
-                  fired: Collection[str]) -> tuple[Injection, ...]:  # fmt: skip
+def still_to_fire(injections: Iterable[Injection], fired: Collection[str]) -> tuple[Injection, ...]:
     """What a new job of the run carries: the injections not fired yet (`fired`: their
     specs), and a straggler always (the node it slowed stays slow; its ranks remember
     which node that is)."""
-    return tuple(i for i in injections
-                 if i.kind is InjectKind.STRAGGLER or i.spec() not in fired)  # fmt: skip
+    return tuple(i for i in injections if i.kind is InjectKind.STRAGGLER or i.spec() not in fired)

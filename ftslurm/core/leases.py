@@ -39,19 +39,31 @@ class Lease:
     addr: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"node_rank": self.node_rank, "node": self.node, "pid": self.pid,
-                "seq": self.seq, "time": self.time, "ended": self.ended,
-                "role": self.role, "addr": self.addr}  # fmt: skip
+        return {
+            "node_rank": self.node_rank,
+            "node": self.node,
+            "pid": self.pid,
+            "seq": self.seq,
+            "time": self.time,
+            "ended": self.ended,
+            "role": self.role,
+            "addr": self.addr,
+        }
 
     @staticmethod
     def from_json(data: Any) -> Lease | None:
         """The lease, or None for a file that is not one (torn, foreign, missing)."""
         try:
-            return Lease(int(data["node_rank"]), str(data["node"]), int(data["pid"]),
-                         int(data["seq"]), float(data["time"]),
-                         None if data.get("ended") is None else str(data["ended"]),
-                         None if data.get("role") is None else str(data["role"]),
-                         None if data.get("addr") is None else str(data["addr"]))
+            return Lease(
+                int(data["node_rank"]),
+                str(data["node"]),
+                int(data["pid"]),
+                int(data["seq"]),
+                float(data["time"]),
+                None if data.get("ended") is None else str(data["ended"]),
+                None if data.get("role") is None else str(data["role"]),
+                None if data.get("addr") is None else str(data["addr"]),
+            )
         except (TypeError, KeyError, ValueError):
             return None
 
@@ -94,8 +106,13 @@ def observe(seen: Seen, lease: Lease | DaemonLease | None, now: float, wall: flo
     (another counter, another writer, or ended) is news; an unreadable one is none."""
     if lease is None or lease == seen.lease:
         return seen
-    return replace(seen, lease=lease, changed_at=now, heard_at=wall,
-                   changed_before=seen.changed_at if seen.lease is not None else None)
+    return replace(
+        seen,
+        lease=lease,
+        changed_at=now,
+        heard_at=wall,
+        changed_before=seen.changed_at if seen.lease is not None else None,
+    )
 
 
 def is_lost(seen: Seen, now: float, timeout: float, start_timeout: float) -> bool:
@@ -125,8 +142,14 @@ def daemon_timeout(timeout: float, nnodes: int = 2) -> float:
     return timeout if nnodes < 2 else timeout + 2 * poll_interval(timeout)
 
 
-def daemon_lease_verdict(current: DaemonLease | None, seen: Seen, *, host: str, now: float,
-                         timeout: float = DAEMON_LEASE_TIMEOUT_S) -> str:  # fmt: skip
+def daemon_lease_verdict(
+    current: DaemonLease | None,
+    seen: Seen,
+    *,
+    host: str,
+    now: float,
+    timeout: float = DAEMON_LEASE_TIMEOUT_S,
+) -> str:
     """What a daemon starting on `host` does about the lease it read (`current`), having
     watched it since `seen.changed_at` (its own monotonic clock, `now`):
 

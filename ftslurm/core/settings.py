@@ -59,8 +59,18 @@ class Cause(str, Enum):
     STRAGGLER = "straggler"
 
 
-RETRYABLE = frozenset({Cause.NODE_FAIL, Cause.BOOT_FAIL, Cause.PREEMPTED, Cause.TIMEOUT,
-                       Cause.HANG, Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE})  # fmt: skip
+RETRYABLE = frozenset(
+    {
+        Cause.NODE_FAIL,
+        Cause.BOOT_FAIL,
+        Cause.PREEMPTED,
+        Cause.TIMEOUT,
+        Cause.HANG,
+        Cause.CRASH,
+        Cause.OOM,
+        Cause.RESUME_ELSEWHERE,
+    }
+)
 BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER})  # causes `cause_budgets` may cap
 
 
@@ -95,7 +105,8 @@ class FtSettings(BaseModel):
     # checkpoint after SIGTERM.
     use_launcher: bool = True
     section_timeouts: dict[str, float | None] = Field(
-        default_factory=lambda: dict(DEFAULT_SECTION_S))
+        default_factory=lambda: dict(DEFAULT_SECTION_S)
+    )
     out_of_section_timeout: float | None = Field(DEFAULT_RUNNING_S, gt=0)
     initial_timeout: float | None = Field(DEFAULT_INITIAL_S, gt=0)
     hang_warmup_steps: int | None = Field(DEFAULT_WARMUP_STEPS, ge=1)

@@ -51,7 +51,8 @@ def parse_time_limit(text: str) -> int | None:
                     raise ConfigError(
                         f"time limit {text!r}: {int(v)} {_WORDS[n]} is out of range "
                         f"(0-{_RANGE[n] - 1} after {_WORDS[fields[0][1]]})",
-                        hint="D-HH:MM:SS, e.g. 1-12:00:00 for a day and a half")
+                        hint="D-HH:MM:SS, e.g. 1-12:00:00 for a day and a half",
+                    )
             seconds = sum(int(v) * _SECONDS[n] for v, n in fields)
             if seconds > MAX_TIME_LIMIT_S:
                 raise _too_long(text)
@@ -64,8 +65,11 @@ def parse_time_limit(text: str) -> int | None:
 
 def _too_long(text: str) -> ConfigError:
     shown = text if len(text) <= 40 else text[:37] + "..."
-    return ConfigError(f"time limit {shown!r} is longer than Slurm takes (at most "
-                       f"{MAX_TIME_LIMIT_S // 86400} days)", hint="or UNLIMITED for no limit")
+    return ConfigError(
+        f"time limit {shown!r} is longer than Slurm takes (at most "
+        f"{MAX_TIME_LIMIT_S // 86400} days)",
+        hint="or UNLIMITED for no limit",
+    )
 
 
 def format_time_limit(seconds: int | None) -> str:

@@ -43,8 +43,7 @@ class JobState(str, Enum):
     @property
     def is_active(self) -> bool:
         """Queued or holding an allocation (the job may still run or is running)."""
-        return self in (JobState.PENDING, JobState.RUNNING, JobState.COMPLETING,
-                        JobState.REQUEUED)  # fmt: skip
+        return self in (JobState.PENDING, JobState.RUNNING, JobState.COMPLETING, JobState.REQUEUED)
 
     @classmethod
     def from_slurm(cls, raw: str) -> JobState:
@@ -54,11 +53,19 @@ class JobState(str, Enum):
         return _SLURM_STATES.get(word, cls.UNKNOWN)
 
 
-_TERMINAL = frozenset({
-    JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT, JobState.NODE_FAIL,
-    JobState.PREEMPTED, JobState.CANCELLED, JobState.OUT_OF_MEMORY, JobState.BOOT_FAIL,
-    JobState.DEADLINE,
-})  # fmt: skip
+_TERMINAL = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.FAILED,
+        JobState.TIMEOUT,
+        JobState.NODE_FAIL,
+        JobState.PREEMPTED,
+        JobState.CANCELLED,
+        JobState.OUT_OF_MEMORY,
+        JobState.BOOT_FAIL,
+        JobState.DEADLINE,
+    }
+)
 
 _SLURM_STATES: Mapping[str, JobState] = {
     **{s.value: s for s in JobState},
@@ -99,8 +106,7 @@ class NodeState(str, Enum):
 
     @property
     def usable(self) -> bool:
-        return self in (NodeState.IDLE, NodeState.ALLOCATED, NodeState.MIXED,
-                        NodeState.COMPLETING)  # fmt: skip
+        return self in (NodeState.IDLE, NodeState.ALLOCATED, NodeState.MIXED, NodeState.COMPLETING)
 
     @classmethod
     def from_slurm(cls, raw: str) -> NodeState:
@@ -109,12 +115,21 @@ class NodeState(str, Enum):
 
 
 _NODE_STATES: Mapping[str, NodeState] = {
-    "idle": NodeState.IDLE, "alloc": NodeState.ALLOCATED, "allocated": NodeState.ALLOCATED,
-    "mix": NodeState.MIXED, "mixed": NodeState.MIXED, "comp": NodeState.COMPLETING,
-    "completing": NodeState.COMPLETING, "down": NodeState.DOWN, "drain": NodeState.DRAINED,
-    "drained": NodeState.DRAINED, "drng": NodeState.DRAINING, "draining": NodeState.DRAINING,
-    "fail": NodeState.FAIL, "failing": NodeState.FAIL,
-}  # fmt: skip
+    "idle": NodeState.IDLE,
+    "alloc": NodeState.ALLOCATED,
+    "allocated": NodeState.ALLOCATED,
+    "mix": NodeState.MIXED,
+    "mixed": NodeState.MIXED,
+    "comp": NodeState.COMPLETING,
+    "completing": NodeState.COMPLETING,
+    "down": NodeState.DOWN,
+    "drain": NodeState.DRAINED,
+    "drained": NodeState.DRAINED,
+    "drng": NodeState.DRAINING,
+    "draining": NodeState.DRAINING,
+    "fail": NodeState.FAIL,
+    "failing": NodeState.FAIL,
+}
 
 
 @dataclass(frozen=True)
@@ -142,8 +157,7 @@ class JobInfo:
 
     @classmethod
     def unknown(cls, job_id: str, observed_at: float, reason: str) -> JobInfo:
-        return cls(job_id=job_id, state=JobState.UNKNOWN, observed_at=observed_at,
-                   reason=reason)  # fmt: skip
+        return cls(job_id=job_id, state=JobState.UNKNOWN, observed_at=observed_at, reason=reason)
 
 
 @dataclass(frozen=True)
@@ -214,6 +228,14 @@ class JobOptions:
             check_sbatch_flag(key, value, owned_ok=True)
 
 
-_FLAG_OF = {"name": "--job-name", "partition": "--partition", "account": "--account",
-            "time_limit": "--time", "comment": "--comment", "output": "--output",
-            "error": "--error", "workdir": "--chdir", "signal": "--signal"}  # fmt: skip
+_FLAG_OF = {
+    "name": "--job-name",
+    "partition": "--partition",
+    "account": "--account",
+    "time_limit": "--time",
+    "comment": "--comment",
+    "output": "--output",
+    "error": "--error",
+    "workdir": "--chdir",
+    "signal": "--signal",
+}

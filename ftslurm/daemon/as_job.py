@@ -67,32 +67,54 @@ class DaemonJob:
             args.append("--successor")
         if self.lease_timeout_s is not None:
             args += ["--lease-timeout", f"{self.lease_timeout_s:g}"]
-        return ("#!/bin/bash\n"
-                "# ftslurm's daemon as a Slurm job (`ftslurm daemon submit`)\n"
-                f"export {HOME_ENV}={shlex.quote(str(self.home))}\n"
-                f"exec {shlex.join([self.python, *args])}\n")
+        return (
+            "#!/bin/bash\n"
+            "# ftslurm's daemon as a Slurm job (`ftslurm daemon submit`)\n"
+            f"export {HOME_ENV}={shlex.quote(str(self.home))}\n"
+            f"exec {shlex.join([self.python, *args])}\n"
+        )
 
     def options(self) -> JobOptions:
         return JobOptions(
-            name=DAEMON_JOB_NAME, nodes=1, ntasks_per_node=1, cpus_per_task=1,
-            time_limit=self.time, partition=self.partition, account=self.account,
-            output=str(self.home / "daemon-job-%j.log"), requeue=True,
+            name=DAEMON_JOB_NAME,
+            nodes=1,
+            ntasks_per_node=1,
+            cpus_per_task=1,
+            time_limit=self.time,
+            partition=self.partition,
+            account=self.account,
+            output=str(self.home / "daemon-job-%j.log"),
+            requeue=True,
             signal=f"B:{HANDOVER_SIGNAL.name.removeprefix('SIG')}@{self.handover_s}",
-            workdir=str(self.home), extra=dict(self.extra))  # fmt: skip
+            workdir=str(self.home),
+            extra=dict(self.extra),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"home": str(self.home), "python": self.python, "time": self.time,
-                "handover_s": self.handover_s, "lease_timeout_s": self.lease_timeout_s,
-                "partition": self.partition, "account": self.account,
-                "extra": dict(self.extra)}  # fmt: skip
+        return {
+            "home": str(self.home),
+            "python": self.python,
+            "time": self.time,
+            "handover_s": self.handover_s,
+            "lease_timeout_s": self.lease_timeout_s,
+            "partition": self.partition,
+            "account": self.account,
+            "extra": dict(self.extra),
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> DaemonJob | None:
         try:
-            return cls(Path(data["home"]), str(data["python"]), str(data["time"]),
-                       int(data["handover_s"]), data.get("lease_timeout_s"),
-                       data.get("partition"), data.get("account"),
-                       dict(data.get("extra") or {}))  # fmt: skip
+            return cls(
+                Path(data["home"]),
+                str(data["python"]),
+                str(data["time"]),
+                int(data["handover_s"]),
+                data.get("lease_timeout_s"),
+                data.get("partition"),
+                data.get("account"),
+                dict(data.get("extra") or {}),
+            )
         except (TypeError, KeyError, ValueError):
             return None
 
@@ -100,9 +122,11 @@ class DaemonJob:
 def submit(backend: SchedulerBackend, job: DaemonJob, successor: bool = False) -> str:
     """Submit a daemon job and record it (`DAEMON_JOB_FILE`); its job id."""
     job_id = backend.submit(job.script(successor), job.options())
-    write_json_atomic(Path(job.home) / DAEMON_JOB_FILE,
-                      {"job_id": job_id, "submitted_at": time.time(), "spec": job.to_json()},
-                      mode=0o600)  # fmt: skip
+    write_json_atomic(
+        Path(job.home) / DAEMON_JOB_FILE,
+        {"job_id": job_id, "submitted_at": time.time(), "spec": job.to_json()},
+        mode=0o600,
+    )
     return job_id
 
 
@@ -142,8 +166,10 @@ class Handover:
             found = recorded(self.home)
             spec = found[1] if found else None
             if spec is None:
-                log.error("handover asked, but %s has no daemon job spec: serving until the "
-                          "time limit", self.home / DAEMON_JOB_FILE)  # fmt: skip
+                log.error(
+                    "handover asked, but %s has no daemon job spec: serving until the time limit",
+                    self.home / DAEMON_JOB_FILE,
+                )
                 self.requested.clear()
                 return False
             self.successor = submit(backend, replace(spec, home=self.home), successor=True)
@@ -154,7 +180,10 @@ class Handover:
             log.info("handover: the successor job %s runs; releasing the lease", self.successor)
             return True
         if info is not None and info.state.is_terminal:
-            log.warning("handover: the successor job %s ended (%s); submitting another",
-                        self.successor, info.state.value)  # fmt: skip
+            log.warning(
+                "handover: the successor job %s ended (%s); submitting another",
+                self.successor,
+                info.state.value,
+            )
             self.successor = None
         return False

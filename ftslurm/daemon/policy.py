@@ -94,11 +94,18 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     # code says (the abort's 134, say); next to a rank that failed first it is a crash.
     # A node that never trained ("spare") or stepped out for a spare ("benched") says
     # nothing of how the training ended.
-    clean = bool(outcomes) and outcomes <= {"checkpointed", "finished", "teardown_failed",
-                                            *OUT_OF_TRAINING}
+    clean = bool(outcomes) and outcomes <= {
+        "checkpointed",
+        "finished",
+        "teardown_failed",
+        *OUT_OF_TRAINING,
+    }
     saved = bool(outcomes & {"checkpointed", "teardown_failed"})
-    checkpointed = (saved and clean) or code == ExitCode.CONTINUE or (
-        not outcomes and e.checkpoint_signal_sent and code == 0 and not killed)
+    checkpointed = (
+        (saved and clean)
+        or code == ExitCode.CONTINUE
+        or (not outcomes and e.checkpoint_signal_sent and code == 0 and not killed)
+    )
     if e.state is JobState.COMPLETED:
         return Cause.CHECKPOINTED if checkpointed else Cause.FINISHED
     if checkpointed and not e.down_nodes:
@@ -110,8 +117,7 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     if e.state is JobState.TIMEOUT:
         # A script that does not handle the checkpoint signal was left to its wall limit on
         # purpose: it goes on from its own last checkpoint, a continuation.
-        return Cause.CHECKPOINTED if e.checkpoint_advanced or e.signal_withheld \
-            else Cause.TIMEOUT  # fmt: skip
+        return Cause.CHECKPOINTED if e.checkpoint_advanced or e.signal_withheld else Cause.TIMEOUT
     if e.state is JobState.PREEMPTED or e.requeued_by_scheduler:
         return Cause.CHECKPOINTED if e.checkpoint_advanced else Cause.PREEMPTED
     return Cause.CRASH
@@ -122,15 +128,26 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
 OUT_OF_TRAINING = frozenset({"spare", "benched"})
 _NAMED_CODES = {name: code for code, name in NAMED_EXITS.items()}
 _SAID_BY_THE_JOB = (
-    ("do_not_retry", Cause.DO_NOT_RETRY), ("failed_validation", Cause.FAILED_VALIDATION),
-    ("resume_elsewhere", Cause.RESUME_ELSEWHERE), ("disk_full", Cause.DISK_FULL),
-    ("user_error", Cause.USER_ERROR), ("hung", Cause.HANG),
-)  # fmt: skip
+    ("do_not_retry", Cause.DO_NOT_RETRY),
+    ("failed_validation", Cause.FAILED_VALIDATION),
+    ("resume_elsewhere", Cause.RESUME_ELSEWHERE),
+    ("disk_full", Cause.DISK_FULL),
+    ("user_error", Cause.USER_ERROR),
+    ("hung", Cause.HANG),
+)
 
 
 # The endings a failed rank's own words explain (its error line goes into the reason).
-SAID_BY_A_RANK = frozenset({Cause.USER_ERROR, Cause.CRASH, Cause.OOM, Cause.RESUME_ELSEWHERE,
-                            Cause.FAILED_VALIDATION, Cause.DO_NOT_RETRY})  # fmt: skip
+SAID_BY_A_RANK = frozenset(
+    {
+        Cause.USER_ERROR,
+        Cause.CRASH,
+        Cause.OOM,
+        Cause.RESUME_ELSEWHERE,
+        Cause.FAILED_VALIDATION,
+        Cause.DO_NOT_RETRY,
+    }
+)
 
 
 class Verdict(str, Enum):
@@ -160,8 +177,9 @@ class Decision:
     exclude: tuple[tuple[str, str], ...] = ()  # (node, why) to flag for later attempts
 
 
-def decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
-           cancel_requested: bool = False) -> Decision:  # fmt: skip
+def decide(
+    cause: Cause, e: Ending, budget: Budget, settings: FtSettings, cancel_requested: bool = False
+) -> Decision:
     """What to do after an attempt ended for `cause`, given what was spent so far. The
     reason names the hung rank, what the first failed rank said (the last line of its
     error, for the endings a rank's error explains), a checkpoint signal that was not
@@ -175,25 +193,41 @@ def decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
         notes.append(e.error)
     withheld = e.signal_withheld and e.state is JobState.TIMEOUT
     if withheld and cause in (Cause.CHECKPOINTED, Cause.TIMEOUT):
-        notes.append(f"the script does not handle SIG{e.signal_withheld}: left to the wall "
-                     "limit, " + ("continued from its last checkpoint" if cause is
-                                  Cause.CHECKPOINTED else "no checkpoint since the last"))
-    if (e.state is JobState.TIMEOUT and e.checkpoint_signal_at is not None and not withheld
-            and e.checkpoints_known and not e.checkpoint_after_signal):  # fmt: skip
+        notes.append(
+            f"the script does not handle SIG{e.signal_withheld}: left to the wall "
+            "limit, "
+            + (
+                "continued from its last checkpoint"
+                if cause is Cause.CHECKPOINTED
+                else "no checkpoint since the last"
+            )
+        )
+    if (
+        e.state is JobState.TIMEOUT
+        and e.checkpoint_signal_at is not None
+        and not withheld
+        and e.checkpoints_known
+        and not e.checkpoint_after_signal
+    ):
         at = datetime.fromtimestamp(e.checkpoint_signal_at, timezone.utc)
-        notes.append(f"checkpoint signal sent at {at:%Y-%m-%d %H:%M:%S} UTC, not acted on: "
-                     "no checkpoint after it")  # fmt: skip
+        notes.append(
+            f"checkpoint signal sent at {at:%Y-%m-%d %H:%M:%S} UTC, not acted on: "
+            "no checkpoint after it"
+        )
     if not e.heartbeats and settings.use_launcher:
         limit = settings.out_of_section_timeout
-        notes.append("the ranks wrote no heartbeats (no rank agent): hangs are detected only "
-                     + (f"by {limit:g}s without CPU use" if limit else "never (timeout off)"))
+        notes.append(
+            "the ranks wrote no heartbeats (no rank agent): hangs are detected only "
+            + (f"by {limit:g}s without CPU use" if limit else "never (timeout off)")
+        )
     if not notes:
         return d
     return replace(d, reason="; ".join([d.reason, *notes]))
 
 
-def _decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
-            cancel_requested: bool) -> Decision:  # fmt: skip
+def _decide(
+    cause: Cause, e: Ending, budget: Budget, settings: FtSettings, cancel_requested: bool
+) -> Decision:
     if cause is Cause.FINISHED:
         return Decision(Verdict.COMPLETE, cause, "training finished", budget)
     if cancel_requested or cause is Cause.CANCELLED:
@@ -202,16 +236,23 @@ def _decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
     if cause is Cause.CHECKPOINTED:
         stalled = 0 if e.checkpoint_advanced else budget.stalled_continuations + 1
         if stalled >= settings.max_stalled_continuations:
-            new = Budget(budget.job_retries_used, dict(budget.cause_counts),
-                         budget.continuations, stalled)  # fmt: skip
-            return Decision(Verdict.FAIL, cause, f"no checkpoint progress over {stalled} "
-                            "continuations", new)  # fmt: skip
-        new = Budget(budget.job_retries_used, dict(budget.cause_counts),
-                     budget.continuations + 1, stalled)  # fmt: skip
+            new = Budget(
+                budget.job_retries_used, dict(budget.cause_counts), budget.continuations, stalled
+            )
+            return Decision(
+                Verdict.FAIL, cause, f"no checkpoint progress over {stalled} continuations", new
+            )
+        new = Budget(
+            budget.job_retries_used, dict(budget.cause_counts), budget.continuations + 1, stalled
+        )
         return Decision(Verdict.CONTINUE, cause, "checkpointed: continuing", new)
     if cause is Cause.DISK_FULL:
-        return Decision(Verdict.FAIL, cause, f"disk full on {e.disk_full_at or 'a node'}: "
-                        "free space and resubmit", budget)  # fmt: skip
+        return Decision(
+            Verdict.FAIL,
+            cause,
+            f"disk full on {e.disk_full_at or 'a node'}: free space and resubmit",
+            budget,
+        )
     if cause is Cause.USER_ERROR:
         return Decision(Verdict.FAIL, cause, user_error_reason(e), budget)
     if cause not in RETRYABLE:
@@ -219,13 +260,23 @@ def _decide(cause: Cause, e: Ending, budget: Budget, settings: FtSettings,
     exclude = _exclusions(cause, e, settings)
     used, cap = budget.job_retries_used, settings.num_job_retries_on_failure
     if used >= cap:
-        return Decision(Verdict.FAIL, cause, f"retry budget exhausted ({used}/{cap}); last "
-                        f"ending: {cause.value}", budget, exclude)  # fmt: skip
+        return Decision(
+            Verdict.FAIL,
+            cause,
+            f"retry budget exhausted ({used}/{cap}); last ending: {cause.value}",
+            budget,
+            exclude,
+        )
     spent = budget.cause_counts.get(cause.value, 0)
     cause_cap = settings.cause_budgets.get(cause)
     if cause_cap is not None and spent >= cause_cap:
-        return Decision(Verdict.FAIL, cause, f"retry budget for {cause.value} exhausted "
-                        f"({spent}/{cause_cap})", budget, exclude)  # fmt: skip
+        return Decision(
+            Verdict.FAIL,
+            cause,
+            f"retry budget for {cause.value} exhausted ({spent}/{cause_cap})",
+            budget,
+            exclude,
+        )
     counts = dict(budget.cause_counts)
     counts[cause.value] = spent + 1
     stalled = 0 if e.checkpoint_advanced else budget.stalled_continuations
@@ -259,12 +310,17 @@ def user_error_reason(e: Ending) -> str:
         what += " (exit 127)"
     elif e.exit_code == ExitCode.CANNOT_EXECUTE:
         why = f": {started['why']}" if started else ""
-        what = (f"{started['path'] if started else 'the command'} cannot be executed (exit "
-                f"126{why}: not executable, no permission, or not a script or program)")
+        what = (
+            f"{started['path'] if started else 'the command'} cannot be executed (exit "
+            f"126{why}: not executable, no permission, or not a script or program)"
+        )
     else:  # the rank's line itself, unless the rank's words follow as a note (`error`)
         what = "" if e.error else line
-    return f"user error: {what}: it would fail the same way again" if what \
+    return (
+        f"user error: {what}: it would fail the same way again"
+        if what
         else _NO_RETRY[Cause.USER_ERROR]
+    )
 
 
 def _exclusions(cause: Cause, e: Ending, settings: FtSettings) -> tuple[tuple[str, str], ...]:
@@ -278,8 +334,12 @@ def _exclusions(cause: Cause, e: Ending, settings: FtSettings) -> tuple[tuple[st
     return ()
 
 
-def straggler_flags(report: Mapping[str, Any] | None, attempt: int, settings: FtSettings,
-                    already_flagged: Iterable[str]) -> tuple[tuple[str, str], ...]:
+def straggler_flags(
+    report: Mapping[str, Any] | None,
+    attempt: int,
+    settings: FtSettings,
+    already_flagged: Iterable[str],
+) -> tuple[tuple[str, str], ...]:
     """The (node, why) pairs to flag from the straggler report of a running attempt: its
     persistent nodes (below the threshold for `straggler_windows` windows) not flagged yet.
     Nothing when straggler exclusion is off or the report is of another attempt."""
@@ -297,13 +357,19 @@ def straggler_flags(report: Mapping[str, Any] | None, attempt: int, settings: Ft
     for node in report.get("persistent_nodes") or []:
         if isinstance(node, str) and node not in flagged:
             score = f"score {worst[node]:.2f} " if node in worst else ""
-            found.append((node, f"straggler: {score}below {report.get('threshold')} for "
-                                f"{settings.straggler_windows} windows"))
+            found.append(
+                (
+                    node,
+                    f"straggler: {score}below {report.get('threshold')} for "
+                    f"{settings.straggler_windows} windows",
+                )
+            )
     return tuple(found)
 
 
-def spares_take_stragglers(stragglers: Iterable[str], allocation: Sequence[str],
-                           gone: Iterable[int], spare_nodes: int) -> bool:  # fmt: skip
+def spares_take_stragglers(
+    stragglers: Iterable[str], allocation: Sequence[str], gone: Iterable[int], spare_nodes: int
+) -> bool:
     """Whether spares take the places of persistent straggler nodes just flagged, inside
     the job (their launchers step out, `ftslurm.agent.spares`), so the job is not moved:
     `ftslurm.core.recovery.recovery` of the node ranks lost or benched in the attempt
@@ -316,9 +382,13 @@ def spares_take_stragglers(stragglers: Iterable[str], allocation: Sequence[str],
     return recovery({*gone, *ranks}, spare_nodes) is Recovery.SPARE
 
 
-def straggler_move(new_flags: Iterable[str], allocation: Iterable[str],
-                   exclusions: Iterable[str], budget: Budget,
-                   settings: FtSettings) -> Decision | None:  # fmt: skip
+def straggler_move(
+    new_flags: Iterable[str],
+    allocation: Iterable[str],
+    exclusions: Iterable[str],
+    budget: Budget,
+    settings: FtSettings,
+) -> Decision | None:
     """Whether to move a running attempt off straggler nodes just flagged: only with
     `stop_if_straggler`, when one of them is in the allocation AND will be excluded (never
     when the job could not be placed without it), and while the straggler budget lasts.
@@ -333,14 +403,17 @@ def straggler_move(new_flags: Iterable[str], allocation: Iterable[str],
     if cap is not None and spent >= cap:
         return None
     counts = {**budget.cause_counts, Cause.STRAGGLER.value: spent + 1}
-    new = Budget(budget.job_retries_used, counts, budget.continuations,
-                 budget.stalled_continuations)  # fmt: skip
-    return Decision(Verdict.CONTINUE, Cause.STRAGGLER,
-                    f"moved off straggler node(s) {', '.join(moving)}", new)
+    new = Budget(
+        budget.job_retries_used, counts, budget.continuations, budget.stalled_continuations
+    )
+    return Decision(
+        Verdict.CONTINUE, Cause.STRAGGLER, f"moved off straggler node(s) {', '.join(moving)}", new
+    )
 
 
-def flag_ttl(previous: tuple[float, float | None] | None, now: float,
-             settings: FtSettings) -> float | None:
+def flag_ttl(
+    previous: tuple[float, float | None] | None, now: float, settings: FtSettings
+) -> float | None:
     """How long a new flag on a node lasts, given its previous flag (since, expires_at) if it
     had one. A first flag, or one after the node behaved for `node_exclusion_max_ttl_s`
     since its last flag ran out, gets `node_exclusion_ttl_s`. A node flagged again sooner
@@ -360,8 +433,9 @@ def flag_ttl(previous: tuple[float, float | None] | None, now: float,
     return base
 
 
-def plan_exclusions(flagged: Sequence[str], usable_nodes: Iterable[str],
-                    nodes_needed: int) -> tuple[str, ...]:  # fmt: skip
+def plan_exclusions(
+    flagged: Sequence[str], usable_nodes: Iterable[str], nodes_needed: int
+) -> tuple[str, ...]:
     """The nodes to pass as `--exclude`: every flagged node, most recent flags first, but
     never so many that fewer than `nodes_needed` usable nodes remain to place the job."""
     usable = set(usable_nodes)
@@ -384,12 +458,13 @@ def checkpoint_lead(preempt_time: float, max_save_s: float | None) -> tuple[floa
     if max_save_s is None or 2 * max_save_s + 5 <= preempt_time:
         return float(preempt_time), None
     lead = 2 * max_save_s + 5
-    return lead, (f"checkpoint saves take up to {max_save_s:.0f}s: preempt_time "
-                  f"{preempt_time}s is too short, signalling {lead:.0f}s before the limit")
+    return lead, (
+        f"checkpoint saves take up to {max_save_s:.0f}s: preempt_time "
+        f"{preempt_time}s is too short, signalling {lead:.0f}s before the limit"
+    )
 
 
-def signal_due(start: float | None, time_limit_s: float | None, lead_s: float,
-               now: float) -> bool:  # fmt: skip
+def signal_due(start: float | None, time_limit_s: float | None, lead_s: float, now: float) -> bool:
     """Whether the checkpoint signal is due for an attempt running since `start`."""
     if start is None or time_limit_s is None:
         return False
@@ -400,15 +475,21 @@ def straggler_look_again(settings: FtSettings, now: float) -> float | None:
     """When the daemon should read a running attempt's straggler report again: once per
     report interval while the run acts on stragglers, so a persistent straggler is moved off
     (or flagged) within about one interval rather than one back-off period (up to 60 s)."""
-    if not settings.use_launcher or not (settings.exclude_stragglers or
-                                         settings.stop_if_straggler):  # fmt: skip
+    if not settings.use_launcher or not (settings.exclude_stragglers or settings.stop_if_straggler):
         return None
     return now + settings.straggler_report_interval_s
 
 
-def next_poll_interval(now: float, *, last_change: float | None, deadlines: Iterable[float],
-                       previous: float, min_job_age_s: float, floor: float = 1.0,
-                       ceiling: float = 60.0) -> float:  # fmt: skip
+def next_poll_interval(
+    now: float,
+    *,
+    last_change: float | None,
+    deadlines: Iterable[float],
+    previous: float,
+    min_job_age_s: float,
+    floor: float = 1.0,
+    ceiling: float = 60.0,
+) -> float:
     """How long to wait before the next look: short right after a change (a submission, a
     state change), up to the next deadline (a signal to send), otherwise backing off
     geometrically to `ceiling`, and always well under MinJobAge so no ending is missed."""

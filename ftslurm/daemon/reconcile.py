@@ -180,9 +180,15 @@ class _Watched:
     settled: bool  # the signatures are safe to compare later (`_settled`)
 
 
-def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt,
-                   intent: core.Adopt | core.Submit, clock: Callable[[], float] = time.time,
-                   write: Callable[[Attempt], Attempt] | None = None) -> Attempt:  # fmt: skip
+def submit_attempt(
+    store: Store,
+    backend: SchedulerBackend,
+    run: Run,
+    a: Attempt,
+    intent: core.Adopt | core.Submit,
+    clock: Callable[[], float] = time.time,
+    write: Callable[[Attempt], Attempt] | None = None,
+) -> Attempt:
     """Carry out a SUBMITTING intent: record the adopted job, or submit.
 
     The job id is recorded and the run's cancel request read in one transaction: a
@@ -192,16 +198,20 @@ def submit_attempt(store: Store, backend: SchedulerBackend, run: Run, a: Attempt
     without its id recorded: the caller must look for it by tag before submitting again."""
     if isinstance(intent, core.Adopt):
         job = intent.job
-        a = replace(a, job_id=job.job_id, state=AttemptState.of(job.state),
-                    restart_count=job.restart_count)  # fmt: skip
+        a = replace(
+            a, job_id=job.job_id, state=AttemptState.of(job.state), restart_count=job.restart_count
+        )
         event = ("adopted", {"attempt": a.attempt, "job_id": job.job_id})
     else:
-        script, options = build_attempt(run.run_id, run.spec, run.settings, a.attempt,
-                                        intent.exclude, run.injected)  # fmt: skip
+        script, options = build_attempt(
+            run.run_id, run.spec, run.settings, a.attempt, intent.exclude, run.injected
+        )
         job_id = backend.submit(script, options)
         a = replace(a, job_id=job_id, state=AttemptState.PENDING, submitted_at=clock())
-        event = ("submitted", {"attempt": a.attempt, "job_id": job_id,
-                               "exclude": list(intent.exclude)})  # fmt: skip
+        event = (
+            "submitted",
+            {"attempt": a.attempt, "job_id": job_id, "exclude": list(intent.exclude)},
+        )
     with store.transaction():
         if write is None:
             store.update_attempt(a)
@@ -236,9 +246,13 @@ class _Planned:
 
 
 class Reconciler:
-    def __init__(self, store: Store, backends: Callable[[str], SchedulerBackend],
-                 clock: Callable[[], float] = time.time,
-                 stop: threading.Event | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        backends: Callable[[str], SchedulerBackend],
+        clock: Callable[[], float] = time.time,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.store = store
         self.stop = stop  # set when the daemon is asked to stop: the cycle ends early
         self.backends = backends  # backend kind ("slurm", "mock") -> backend
@@ -267,8 +281,14 @@ class Reconciler:
         # what the last passes read, kept until it changes (module doc)
         self._stamp: tuple[int, int] | None = None
         self._pairs: list[tuple[Run, Attempt]] = []  # active runs with their latest attempt
-        self._plan: tuple[list[tuple[Run, Attempt]], dict[str, list[tuple[Run, Attempt]]],
-                          dict[str, list[str]]] | None = None  # fmt: skip
+        self._plan: (
+            tuple[
+                list[tuple[Run, Attempt]],
+                dict[str, list[tuple[Run, Attempt]]],
+                dict[str, list[str]],
+            ]
+            | None
+        ) = None
         self._runs: dict[str, Run] = {}
         self._latest: dict[str, Attempt] = {}
         self._kinds: dict[str, str] = {}  # run id -> backend key
@@ -373,16 +393,20 @@ class Reconciler:
         if self._quiet_min < math.inf:
             deadlines.append(self._quiet_min)
         self.interval = policy.next_poll_interval(
-            self.clock(), last_change=self.last_change, deadlines=deadlines,
-            previous=self.interval, min_job_age_s=min(self._min_job_age.values(), default=60),
-        )  # fmt: skip
+            self.clock(),
+            last_change=self.last_change,
+            deadlines=deadlines,
+            previous=self.interval,
+            min_job_age_s=min(self._min_job_age.values(), default=60),
+        )
         if full is not None:
             raise full  # the daemon reports the full disk (and polls at this interval)
         return self.interval
 
     # ------------------------------------------------------------- one attempt
-    def _advance(self, run: Run, a: Attempt, info: JobInfo | None,
-                 deadlines: list[float]) -> Attempt | None:  # fmt: skip
+    def _advance(
+        self, run: Run, a: Attempt, info: JobInfo | None, deadlines: list[float]
+    ) -> Attempt | None:
         """Step attempt `a` and carry out the intents until it waits for the next cycle;
         returns the attempt as it stands then (None: the run ended, or it cannot go on)."""
         kind = self._kind(run)
@@ -401,23 +425,29 @@ class Reconciler:
                     asked |= intents[0].what
                     facts = self._gather(intents[0].what, kind, backend, run, a, facts)
                     continue  # makes the decision's writes stale (decided again)
-                if info is not None and asked <= {"watch_files"} and all(
-                        isinstance(i, core.Wake) for i in intents):
+                if (
+                    info is not None
+                    and asked <= {"watch_files"}
+                    and all(isinstance(i, core.Wake) for i in intents)
+                ):
                     self._remember_quiet(run, a, info, facts, intents, now)
                 nxt = self._execute(backend, run, a, intents, deadlines)
             except SchedulerUnavailable as exc:
                 log.warning("run %s: scheduler unavailable, will retry: %s", run.run_id, exc)
                 if a.state is SUBMITTING and (run.run_id, a.attempt) not in self._deferred:
                     self._deferred.add((run.run_id, a.attempt))  # said once per attempt
-                    self.store.append_event(run.run_id, "submit_deferred", {
-                        "attempt": a.attempt, "message": exc.message}, self.clock())  # fmt: skip
+                    self.store.append_event(
+                        run.run_id,
+                        "submit_deferred",
+                        {"attempt": a.attempt, "message": exc.message},
+                        self.clock(),
+                    )
                 return None
             except (JobStateConflict, InvalidJobId) as exc:
                 if a.state is REQUEUING and not facts.requeue_refused:
                     asked.add("again")
                     facts = replace(facts, requeue_refused=True)  # step decides what then
-                    log.info("run %s: job %s refused the requeue: %s", run.run_id, a.job_id,
-                             exc)  # fmt: skip
+                    log.info("run %s: job %s refused the requeue: %s", run.run_id, a.job_id, exc)
                     continue
                 log.info("run %s: %s; looking again next cycle", run.run_id, exc)
                 return None
@@ -436,8 +466,7 @@ class Reconciler:
                 return None
             if nxt is None:
                 return None
-            if nxt.attempt == a.attempt and not (
-                    a.state is REQUEUING and nxt.state is SUBMITTING):
+            if nxt.attempt == a.attempt and not (a.state is REQUEUING and nxt.state is SUBMITTING):
                 return nxt  # it waits for the next look (a submitted one: later this cycle)
             # a new attempt began, or a requeue turned into a fresh submission: step it too
             run = self.store.get_run(run.run_id) or run
@@ -445,17 +474,21 @@ class Reconciler:
                 return None
             a = nxt
             facts, asked = self._facts(run, a), {"again"}  # a new attempt: stepped afresh
-        log.warning("run %s: attempt %d still undecided after %d steps", run.run_id, a.attempt,
-                    _MAX_ROUNDS)  # fmt: skip
+        log.warning(
+            "run %s: attempt %d still undecided after %d steps", run.run_id, a.attempt, _MAX_ROUNDS
+        )
         return a
 
     def _facts(self, run: Run, a: Attempt) -> core.Facts:
         if self._flags_stale:
             self._read_flags()
-        return core.Facts(trusted=(run.run_id, a.attempt) in self._trusted_intents,
-                          flags=self._flags, poll_interval=self.interval,
-                          settings=self._parsed_settings(run),
-                          history=self._failure_history(self._kind(run)))  # fmt: skip
+        return core.Facts(
+            trusted=(run.run_id, a.attempt) in self._trusted_intents,
+            flags=self._flags,
+            poll_interval=self.interval,
+            settings=self._parsed_settings(run),
+            history=self._failure_history(self._kind(run)),
+        )
 
     # ------------------------------------------------- what the cycle keeps (module doc)
     def _active(self) -> list[tuple[Run, Attempt]]:
@@ -469,8 +502,12 @@ class Reconciler:
         heads = self.store.active_heads()
         runs, latest = self._runs, self._latest
         old_runs = [h[0] for h in heads if (r := runs.get(h[0])) is None or r.version != h[1]]
-        old_attempts = [h[0] for h in heads if h[2] is not None and (
-            (x := latest.get(h[0])) is None or (x.attempt, x.version) != (h[2], h[3]))]
+        old_attempts = [
+            h[0]
+            for h in heads
+            if h[2] is not None
+            and ((x := latest.get(h[0])) is None or (x.attempt, x.version) != (h[2], h[3]))
+        ]
         runs.update(self.store.runs_by_id(old_runs, self._shared))
         latest.update(self.store.latest_attempts(old_attempts))
         active = {h[0] for h in heads}
@@ -481,8 +518,7 @@ class Reconciler:
             used = {id(r.settings) for r in runs.values()}
             self._shared = {t: d for t, d in self._shared.items() if id(d) in used}
             self._parsed = {i: p for i, p in self._parsed.items() if i in used}
-        self._pairs = [(runs[h[0]], latest[h[0]]) for h in heads
-                       if h[0] in runs and h[0] in latest]  # fmt: skip
+        self._pairs = [(runs[h[0]], latest[h[0]]) for h in heads if h[0] in runs and h[0] in latest]
         self._stamp = stamp
         return self._pairs
 
@@ -512,8 +548,15 @@ class Reconciler:
             self._expiries = sorted(f.expires_at for f in flags if f.expires_at is not None)
         self._flags_stale = False
 
-    def _remember_quiet(self, run: Run, a: Attempt, info: JobInfo, facts: core.Facts,
-                        wakes: list[core.Intent], now: float) -> None:  # fmt: skip
+    def _remember_quiet(
+        self,
+        run: Run,
+        a: Attempt,
+        info: JobInfo,
+        facts: core.Facts,
+        wakes: list[core.Intent],
+        now: float,
+    ) -> None:
         """Keep what this step was given: it decided nothing but when to look again."""
         paths: tuple[str, ...] = ()
         sigs: tuple[Signature, ...] = ()
@@ -522,27 +565,44 @@ class Reconciler:
             if seen is None or seen.files is not facts.files or not seen.settled:
                 return  # files it read may change unseen: step it again next time
             paths, sigs = seen.paths, seen.sigs
-        due = min((w.at for w in wakes if isinstance(w, core.Wake) and not w.look),
-                  default=math.inf)  # fmt: skip
-        look = min((w.at - now for w in wakes if isinstance(w, core.Wake) and w.look),
-                   default=math.inf)  # fmt: skip
+        due = min(
+            (w.at for w in wakes if isinstance(w, core.Wake) and not w.look), default=math.inf
+        )
+        look = min(
+            (w.at - now for w in wakes if isinstance(w, core.Wake) and w.look), default=math.inf
+        )
         i = bisect.bisect_right(self._expiries, now)
         expiry = self._expiries[i] if i < len(self._expiries) else math.inf
         self._quiet[run.run_id] = _Quiet(
-            run=run, attempt=a, flags_epoch=self._flags_epoch, trust_epoch=self._trust_epoch,
+            run=run,
+            attempt=a,
+            flags_epoch=self._flags_epoch,
+            trust_epoch=self._trust_epoch,
             history_epoch=self._history_epoch,
-            trusted=facts.trusted, observed=_OBSERVED(info), paths=paths, sigs=sigs,
-            until=min(due, expiry), due=due, look_every=look)
+            trusted=facts.trusted,
+            observed=_OBSERVED(info),
+            paths=paths,
+            sigs=sigs,
+            until=min(due, expiry),
+            due=due,
+            look_every=look,
+        )
 
     def _still_quiet(self, q: _Quiet, run: Run, a: Attempt, info: JobInfo, now: float) -> bool:
         """Whether nothing quiet attempt `a`'s last step was given has changed (`q`); then
         its deadlines count as the step's would (module doc)."""
-        if q.run is not run or q.attempt is not a or now >= q.until \
-                or q.flags_epoch != self._flags_epoch or q.observed != _OBSERVED(info) \
-                or q.history_epoch != self._history_epoch:
+        if (
+            q.run is not run
+            or q.attempt is not a
+            or now >= q.until
+            or q.flags_epoch != self._flags_epoch
+            or q.observed != _OBSERVED(info)
+            or q.history_epoch != self._history_epoch
+        ):
             return False
-        if q.trust_epoch != self._trust_epoch \
-                and q.trusted != ((run.run_id, a.attempt) in self._trusted_intents):
+        if q.trust_epoch != self._trust_epoch and q.trusted != (
+            (run.run_id, a.attempt) in self._trusted_intents
+        ):
             return False
         if q.paths and tuple(map(_signature, q.paths)) != q.sigs:
             return False
@@ -586,8 +646,13 @@ class Reconciler:
         if known is None or known[0] != a.attempt:
             rd = RunDir(Path(run.spec["run_dir"]))
             # the batch host's lease last: read again when it changes
-            watched = [str(rd.progress), str(rd.straggler_report), str(rd.recovery(a.attempt)),
-                       str(rd.cadence), str(rd.peer_lease(a.attempt, BATCH_NODE_RANK))]
+            watched = [
+                str(rd.progress),
+                str(rd.straggler_report),
+                str(rd.recovery(a.attempt)),
+                str(rd.cadence),
+                str(rd.peer_lease(a.attempt, BATCH_NODE_RANK)),
+            ]
             known = self._paths[run.run_id] = (a.attempt, tuple(watched))
         paths = known[1]
         wall = time.time_ns()
@@ -621,8 +686,11 @@ class Reconciler:
             if _signature(recovery) != seen.sigs[known[1].index(recovery)]:
                 wake = True
             try:
-                reports = sum(1 for e in os.scandir(rd.attempt(a.attempt))
-                              if fnmatch.fnmatch(e.name, NODE_REPORTS))  # fmt: skip
+                reports = sum(
+                    1
+                    for e in os.scandir(rd.attempt(a.attempt))
+                    if fnmatch.fnmatch(e.name, NODE_REPORTS)
+                )
             except OSError:
                 reports = 0
             if reports > self._reports_seen.get(key, reports):
@@ -631,22 +699,39 @@ class Reconciler:
             lease = self._batch_seen.get(key)
             if lease is None or a.state is not AttemptState.RUNNING:
                 continue
-            lease = self._batch_seen[key] = observe(lease, Lease.from_json(
-                read_json(rd.peer_lease(a.attempt, BATCH_NODE_RANK))), now, now)  # fmt: skip
+            lease = self._batch_seen[key] = observe(
+                lease,
+                Lease.from_json(read_json(rd.peer_lease(a.attempt, BATCH_NODE_RANK))),
+                now,
+                now,
+            )
             settings = self._parsed_settings(run)
-            if settings is not None and isinstance(lease.lease, Lease) \
-                    and lease.lease.node not in a.lost_nodes \
-                    and is_lost(lease, now, daemon_timeout(settings.peer_timeout_s,
-                                                           len(a.nodes) or _nodes(run, a)),
-                                math.inf):  # fmt: skip
+            if (
+                settings is not None
+                and isinstance(lease.lease, Lease)
+                and lease.lease.node not in a.lost_nodes
+                and is_lost(
+                    lease,
+                    now,
+                    daemon_timeout(settings.peer_timeout_s, len(a.nodes) or _nodes(run, a)),
+                    math.inf,
+                )
+            ):
                 wake = True
         if len(self._reports_seen) > 2 * len(self._pairs) + 16:  # of attempts gone by
             live = {(r.run_id, a.attempt) for r, a in self._pairs}
             self._reports_seen = {k: v for k, v in self._reports_seen.items() if k in live}
         return wake
 
-    def _gather(self, what: frozenset[str], kind: str, backend: SchedulerBackend, run: Run,
-                a: Attempt, facts: core.Facts) -> core.Facts:  # fmt: skip
+    def _gather(
+        self,
+        what: frozenset[str],
+        kind: str,
+        backend: SchedulerBackend,
+        run: Run,
+        a: Attempt,
+        facts: core.Facts,
+    ) -> core.Facts:
         """Read the facts `step` asked for."""
         got: dict[str, Any] = {}
         if "cancel" in what:  # `run` was read again for it (`_advance`)
@@ -660,21 +745,32 @@ class Reconciler:
         if "history" in what:
             got["history"] = self._failure_history(kind)
         if "previous" in what:
-            got.update(previous=self.store.attempt_before(run.run_id, a.attempt),
-                       previous_known=True)  # fmt: skip
+            got.update(
+                previous=self.store.attempt_before(run.run_id, a.attempt), previous_known=True
+            )
         if "files" in what:
-            got["files"] = read_run_files(Path(run.spec["run_dir"]), a.attempt, ending=True,
-                                          nnodes=_nodes(run, a))  # fmt: skip
+            got["files"] = read_run_files(
+                Path(run.spec["run_dir"]), a.attempt, ending=True, nnodes=_nodes(run, a)
+            )
         elif "node_reports" in what:  # the attempt lost a node: are its launchers done?
             folder = RunDir(Path(run.spec["run_dir"])).attempt(a.attempt)
-            got["files"] = replace(self._watched_files(run, a), launchers_read=True,
-                                   node_reports=_records(folder, NODE_REPORTS))  # fmt: skip
+            got["files"] = replace(
+                self._watched_files(run, a),
+                launchers_read=True,
+                node_reports=_records(folder, NODE_REPORTS),
+            )
         elif "watch_files" in what:
             got["files"] = self._with_batch_lease(run, a, self._watched_files(run, a))
         return replace(facts, **got)
 
-    def _execute(self, backend: SchedulerBackend, run: Run, a: Attempt,
-                 intents: list[core.Intent], deadlines: list[float]) -> Attempt | None:
+    def _execute(
+        self,
+        backend: SchedulerBackend,
+        run: Run,
+        a: Attempt,
+        intents: list[core.Intent],
+        deadlines: list[float],
+    ) -> Attempt | None:
         """Carry out `step`'s intents in order: the records between two actions in one
         transaction, before the next action. Requeue, exclusions, release and start now
         are planned for the end of the cycle (`_act_batched`), with the `Requeued` record
@@ -693,21 +789,22 @@ class Reconciler:
             if intent is None:
                 break
             job = getattr(intent, "job_id", "")
-            if (run.run_id, a.attempt) in self._batch and \
-                    not isinstance(intent, (*_BATCHED, core.Requeued, core.Wake)):
+            if (run.run_id, a.attempt) in self._batch and not isinstance(
+                intent, (*_BATCHED, core.Requeued, core.Wake)
+            ):
                 raise AssertionError(f"{type(intent).__name__} after a batched action")
             if isinstance(intent, core.Wake):
                 deadlines.append(intent.at)
             elif isinstance(intent, (core.Adopt, core.Submit)):
-                current = submit_attempt(self.store, backend, run, a, intent, self.clock,
-                                         self._write_attempt)  # fmt: skip
+                current = submit_attempt(
+                    self.store, backend, run, a, intent, self.clock, self._write_attempt
+                )
                 self.last_change = self.clock()
             elif isinstance(intent, core.Cancel):
                 with contextlib.suppress(JobStateConflict, InvalidJobId):  # ended meanwhile
                     backend.cancel(job)
             elif isinstance(intent, _BATCHED):
-                refused = self._refused.pop(job, None) if isinstance(intent, core.Requeue) \
-                    else None  # fmt: skip
+                refused = self._refused.pop(job, None) if isinstance(intent, core.Requeue) else None
                 if refused is not None:  # stepped again after its batch refused the requeue
                     raise refused
                 self._plan_action(run, a, intent)
@@ -734,9 +831,14 @@ class Reconciler:
         if self._history is None or now - self._history[0] >= HISTORY_REFRESH_S:
             old = self._history[1] if self._history is not None else {}
             fresh = self.store.failure_history(now, backend_key)
-            kept = {c: h if (o := old.get(c)) is None or h.failures != o.failures
-                    or h.node_days > o.node_days * (1 + REWRITE_TOLERANCE) else o
-                    for c, h in fresh.items()}  # fmt: skip
+            kept = {
+                c: h
+                if (o := old.get(c)) is None
+                or h.failures != o.failures
+                or h.node_days > o.node_days * (1 + REWRITE_TOLERANCE)
+                else o
+                for c, h in fresh.items()
+            }
             if self._history is None or kept != old:
                 self._history_epoch += 1
             self._history = (now, kept)
@@ -757,10 +859,16 @@ class Reconciler:
         """The job is back for attempt `a`: record it PENDING and log `requeued`."""
         with self.store.transaction():
             current = self._write_attempt(replace(a, state=AttemptState.PENDING))
-            self.store.append_event(run.run_id, "requeued", {
-                "attempt": a.attempt, "job_id": a.job_id,
-                "exclude": None if intent.exclude is None else list(intent.exclude)},
-                self.clock())  # fmt: skip
+            self.store.append_event(
+                run.run_id,
+                "requeued",
+                {
+                    "attempt": a.attempt,
+                    "job_id": a.job_id,
+                    "exclude": None if intent.exclude is None else list(intent.exclude),
+                },
+                self.clock(),
+            )
         return current
 
     # ------------------------------------------------------- the batched actions
@@ -768,8 +876,9 @@ class Reconciler:
         key = (run.run_id, a.attempt)
         planned = self._batch.get(key)
         if planned is None:
-            planned = self._batch[key] = _Planned(backend_key(run.spec), run, a,
-                                                  getattr(intent, "job_id", ""))  # fmt: skip
+            planned = self._batch[key] = _Planned(
+                backend_key(run.spec), run, a, getattr(intent, "job_id", "")
+            )
         if isinstance(intent, core.Requeue):
             planned.requeue = intent.hold
         elif isinstance(intent, core.SetExclusions):
@@ -807,13 +916,17 @@ class Reconciler:
         if stale is not None:
             raise stale
 
-    def _act_on(self, backend: SchedulerBackend, todo: list[_Planned],
-                deadlines: list[float]) -> StaleRecord | None:  # fmt: skip
+    def _act_on(
+        self, backend: SchedulerBackend, todo: list[_Planned], deadlines: list[float]
+    ) -> StaleRecord | None:
         """One round of batched actions on one backend (`_act_batched`)."""
         again: list[_Planned] = []  # to step again: a refused requeue, a cancel requested
 
-        def act(planned: list[_Planned], batch: Callable[[list[str]], dict[str, FtslurmError]],
-                what: str) -> list[_Planned]:  # fmt: skip
+        def act(
+            planned: list[_Planned],
+            batch: Callable[[list[str]], dict[str, FtslurmError]],
+            what: str,
+        ) -> list[_Planned]:
             """The batch action on `planned`; returns those it did not refuse."""
             if not planned:
                 return []
@@ -833,21 +946,31 @@ class Reconciler:
                         self._refused[p.job_id] = exc
                         again.append(p)
                     else:
-                        log.info("run %s: job %s refused the %s: %s; looking again next cycle",
-                                 p.run.run_id, p.job_id, what, exc)  # fmt: skip
+                        log.info(
+                            "run %s: job %s refused the %s: %s; looking again next cycle",
+                            p.run.run_id,
+                            p.job_id,
+                            what,
+                            exc,
+                        )
                 else:
                     self._finish(p.run, RunState.FAILED, f"the scheduler refused: {exc}")
             return [p for p in planned if p.job_id not in refused]
 
         for hold in (True, False):
-            act([p for p in todo if p.requeue is hold],
-                functools.partial(backend.requeue_many, hold=hold), "requeue")  # fmt: skip
+            act(
+                [p for p in todo if p.requeue is hold],
+                functools.partial(backend.requeue_many, hold=hold),
+                "requeue",
+            )
         todo = [p for p in todo if p.requeue is None]  # the requeued: pending next cycle
         done = [p for p in todo if p.exclude is None]
         for nodes in sorted({p.exclude for p in todo if p.exclude is not None}):
-            done += act([p for p in todo if p.exclude == nodes],
-                        functools.partial(backend.update_excluded_nodes_many, nodes=nodes),
-                        "exclusions")  # fmt: skip
+            done += act(
+                [p for p in todo if p.exclude == nodes],
+                functools.partial(backend.update_excluded_nodes_many, nodes=nodes),
+                "exclusions",
+            )
         cancelled = [p for p in done if p.release and self._cancel_requested(p.run.run_id)]
         again += cancelled  # asked for meanwhile: it stays held, and is stepped again
         todo = [p for p in done if p not in cancelled]
@@ -880,8 +1003,9 @@ class Reconciler:
                     self._refused.pop(p.job_id, None)
         return stale
 
-    def _record(self, run: Run, a: Attempt | None, records: list[core.Intent],
-                now: float) -> Attempt | None:  # fmt: skip
+    def _record(
+        self, run: Run, a: Attempt | None, records: list[core.Intent], now: float
+    ) -> Attempt | None:
         """Write `records` in one transaction; returns the attempt to go on with."""
         current = a
         trusted: list[tuple[str, int]] = []
@@ -913,8 +1037,13 @@ class Reconciler:
         for r in records:
             if isinstance(r, core.FlagNode) and r.reason.startswith("straggler"):
                 log.info("run %s: straggler node %s flagged", run.run_id, r.node)
-        if current is not None and current.state is SUBMITTING and a is not None \
-                and a.state is not SUBMITTING and current.attempt == a.attempt:
+        if (
+            current is not None
+            and current.state is SUBMITTING
+            and a is not None
+            and a.state is not SUBMITTING
+            and current.attempt == a.attempt
+        ):
             log.info("run %s: cannot requeue job %s; submitting afresh", run.run_id, a.job_id)
         return current
 
@@ -950,9 +1079,15 @@ class Reconciler:
     def _write_flag(self, flag: core.FlagNode, now: float, run_id: str) -> None:
         self._flags_stale = True  # read again before the next step
         self._flags_epoch += 1  # no attempt is quiet under the flags as they were
-        self.store.flag_node(NodeFlag(node=flag.node, reason=flag.reason, since=now,
-                                      expires_at=None if flag.ttl_s is None else now + flag.ttl_s,
-                                      run_id=run_id))  # fmt: skip
+        self.store.flag_node(
+            NodeFlag(
+                node=flag.node,
+                reason=flag.reason,
+                since=now,
+                expires_at=None if flag.ttl_s is None else now + flag.ttl_s,
+                run_id=run_id,
+            )
+        )
 
     def _never_submitted(self, run: Run, a: Attempt, message: str) -> None:
         """The scheduler refused the attempt: it is marked so and the run ends FAILED."""
@@ -973,8 +1108,9 @@ class Reconciler:
         now = self.clock()
         current = self.store.get_run(run.run_id) or run  # the run as the step just left it
         self._write_run(replace(current, state=state, reason=reason, ended_at=now))
-        self.store.append_event(run.run_id, "run_ended", {"state": state.value,
-                                                         "reason": reason}, now)
+        self.store.append_event(
+            run.run_id, "run_ended", {"state": state.value, "reason": reason}, now
+        )
         update_mirror(run, state=state.value, reason=reason, ended_at=now)
 
     def _note_facts(self, kind: str, backend: SchedulerBackend) -> None:
@@ -997,8 +1133,7 @@ def _records(folder: Path, pattern: str) -> tuple[dict[str, Any], ...]:
     return tuple(r for r in found if isinstance(r, dict))
 
 
-def read_run_files(run_dir: Path, attempt: int, *, ending: bool,
-                   nnodes: int = 0) -> core.RunFiles:  # fmt: skip
+def read_run_files(run_dir: Path, attempt: int, *, ending: bool, nnodes: int = 0) -> core.RunFiles:
     """The run directory's files `step` reads: progress, the straggler report and the
     attempt's recovery folder (peer-loss reports, round records, benched nodes) while an
     attempt runs; with `ending`, also the attempt's rank and node reports, FINISHED, the
@@ -1009,23 +1144,30 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool,
     straggler = report if isinstance(report, dict) else None
     cadence = Cadence.from_json(read_json(paths.cadence))
     recovery = paths.recovery(attempt)
-    found = dict(lost=_records(recovery, PEER_LOST_REPORTS),
-                 rounds=_records(recovery, ROUND_RECORDS),
-                 benched=_records(recovery, BENCHED_RECORDS),
-                 launchers_failed=_records(recovery, LAUNCHER_FAILED_REPORTS))  # fmt: skip
+    found = dict(
+        lost=_records(recovery, PEER_LOST_REPORTS),
+        rounds=_records(recovery, ROUND_RECORDS),
+        benched=_records(recovery, BENCHED_RECORDS),
+        launchers_failed=_records(recovery, LAUNCHER_FAILED_REPORTS),
+    )
     if not ending:
-        return core.RunFiles(progress=progress, straggler_report=straggler, cadence=cadence,
-                             **found)  # fmt: skip
+        return core.RunFiles(
+            progress=progress, straggler_report=straggler, cadence=cadence, **found
+        )
     folder = paths.attempt(attempt)
     leases = (read_json(paths.peer_lease(attempt, n)) for n in range(nnodes))
     return core.RunFiles(
-        progress=progress, straggler_report=straggler, cadence=cadence, **found,
+        progress=progress,
+        straggler_report=straggler,
+        cadence=cadence,
+        **found,
         launchers_read=True,
         leases=tuple(x for x in leases if isinstance(x, dict)),
         rank_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(RANK_REPORTS))),
         node_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(NODE_REPORTS))),
-        finished_marker=paths.finished.exists(), hung=hung_at_stop(folder),
-    )  # fmt: skip
+        finished_marker=paths.finished.exists(),
+        hung=hung_at_stop(folder),
+    )
 
 
 def hung_at_stop(folder: Path) -> str:
@@ -1045,5 +1187,4 @@ def hung_at_stop(folder: Path) -> str:
     _, node, h = min(found, key=lambda f: f[0])
     rank = h.get("rank") if h.get("rank") is not None else f"local {h.get('local_rank')}"
     where = f" in section {h['section']!r}" if h.get("section") else ""
-    return f"rank {rank} (node {node}) hung{where} when the job was told to stop: " \
-           f"{h.get('reason')}"
+    return f"rank {rank} (node {node}) hung{where} when the job was told to stop: {h.get('reason')}"

@@ -46,11 +46,15 @@ class _AttemptStateValue(str):
 # value, as `enum.StrEnum` (Python 3.11) would be; Python 3.10 is supported.
 AttemptState = Enum(  # type: ignore[misc]
     "AttemptState",
-    [*((s.name, s.value) for s in JobState),
-     ("SUBMITTING", "SUBMITTING"), ("REQUEUING", "REQUEUING"),
-     ("NEVER_SUBMITTED", "NEVER_SUBMITTED")],
-    type=_AttemptStateValue, module=__name__,
-)  # fmt: skip
+    [
+        *((s.name, s.value) for s in JobState),
+        ("SUBMITTING", "SUBMITTING"),
+        ("REQUEUING", "REQUEUING"),
+        ("NEVER_SUBMITTED", "NEVER_SUBMITTED"),
+    ],
+    type=_AttemptStateValue,
+    module=__name__,
+)
 AttemptState.__str__ = lambda self: str(self.value)  # type: ignore[method-assign]
 
 
@@ -128,11 +132,18 @@ class Attempt:
             self.state = AttemptState(self.state)
 
 
-def new_run_record(run_id: str, name: str, spec: dict[str, Any], settings: FtSettings,
-                   now: float) -> tuple[Run, Attempt]:  # fmt: skip
+def new_run_record(
+    run_id: str, name: str, spec: dict[str, Any], settings: FtSettings, now: float
+) -> tuple[Run, Attempt]:
     """A new run and its first attempt, to be submitted by the daemon (`SUBMITTING`)."""
-    run = Run(run_id=run_id, name=name, state=RunState.PENDING, created_at=now, spec=spec,
-              settings=settings.model_dump(mode="json"))  # fmt: skip
+    run = Run(
+        run_id=run_id,
+        name=name,
+        state=RunState.PENDING,
+        created_at=now,
+        spec=spec,
+        settings=settings.model_dump(mode="json"),
+    )
     return run, Attempt(run_id, 0, SUBMITTING, tag=tag(run_id, 0))
 
 

@@ -125,10 +125,15 @@ class Keeper:
 class LeaseKeeper:
     """This daemon's lease on the state directory (module doc; `core.leases`)."""
 
-    def __init__(self, store: Store, host: str, pid: int,
-                 timeout_s: float = DAEMON_LEASE_TIMEOUT_S,
-                 clock: Callable[[], float] = time.monotonic,
-                 job_id: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        host: str,
+        pid: int,
+        timeout_s: float = DAEMON_LEASE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+        job_id: str | None = None,
+    ) -> None:
         self.store, self.host, self.pid, self.job_id = store, host, pid, job_id
         self.timeout_s, self.clock = timeout_s, clock
         self.owner = f"{host}:{pid}:{secrets.token_hex(4)}"
@@ -137,8 +142,7 @@ class LeaseKeeper:
         self._renewing = threading.Lock()  # the loop and the renewal thread both renew
 
     def _lease(self, seq: int, ended: str | None = None) -> DaemonLease:
-        return DaemonLease(self.owner, self.host, self.pid, seq, time.time(), ended,
-                           self.job_id)  # fmt: skip
+        return DaemonLease(self.owner, self.host, self.pid, seq, time.time(), ended, self.job_id)
 
     def acquire(self, stop: threading.Event, patient: bool = False) -> None:
         """Take the lease, waiting (up to the timeout) while another host's holder has not
@@ -149,15 +153,20 @@ class LeaseKeeper:
         while not stop.is_set():
             current = self.store.daemon_lease()
             seen = observe(seen, current, self.clock(), time.time())
-            verdict = daemon_lease_verdict(current, seen, host=self.host, now=self.clock(),
-                                           timeout=self.timeout_s)  # fmt: skip
+            verdict = daemon_lease_verdict(
+                current, seen, host=self.host, now=self.clock(), timeout=self.timeout_s
+            )
             if verdict == "take":
                 mine = self._lease(0)
                 if self.store.swap_daemon_lease(mine, current):
                     if current is not None and current.ended is None:
-                        log.warning("took over the lease of %s (pid %d on %s), silent for "
-                                    "%.0fs", self.store.home, current.pid, current.host,
-                                    self.clock() - seen.changed_at)  # fmt: skip
+                        log.warning(
+                            "took over the lease of %s (pid %d on %s), silent for %.0fs",
+                            self.store.home,
+                            current.pid,
+                            current.host,
+                            self.clock() - seen.changed_at,
+                        )
                     self.held = mine
                     return
                 continue  # another daemon moved it meanwhile: read again
@@ -167,11 +176,18 @@ class LeaseKeeper:
             elif verdict == "held":
                 raise DaemonAlreadyRunning(
                     f"a daemon already serves {self.store.home} on host {current.host} "
-                    f"(pid {current.pid})", hint="use that one, or stop it on its host")
+                    f"(pid {current.pid})",
+                    hint="use that one, or stop it on its host",
+                )
             if not told:
-                log.info("the lease of %s is held by pid %d on %s: waiting up to %.0fs to "
-                         "see it renewed or silent", self.store.home, current.pid,
-                         current.host, self.timeout_s)  # fmt: skip
+                log.info(
+                    "the lease of %s is held by pid %d on %s: waiting up to %.0fs to "
+                    "see it renewed or silent",
+                    self.store.home,
+                    current.pid,
+                    current.host,
+                    self.timeout_s,
+                )
                 told = True
             stop.wait(poll_interval(self.timeout_s))
         raise DaemonAlreadyRunning("stopped while waiting for the daemon lease")
@@ -197,8 +213,11 @@ class LeaseKeeper:
                 try:
                     if not self.renew():
                         taken = self.store.daemon_lease()
-                        log.error("the lease of %s was taken over by %s: stopping",
-                                  self.store.home, taken.owner if taken else "nobody")
+                        log.error(
+                            "the lease of %s was taken over by %s: stopping",
+                            self.store.home,
+                            taken.owner if taken else "nobody",
+                        )
                         stop.set()
                         return
                 except StateError as exc:  # the next renewal tries again
@@ -236,10 +255,14 @@ def _take_lock(lock: DaemonLock, stop: threading.Event, patient: bool) -> None:
             stop.wait(0.5)
 
 
-def serve(home: Path, stop: threading.Event | None = None,
-          backup_interval_s: float = BACKUP_INTERVAL_S,
-          lease_timeout_s: float = DAEMON_LEASE_TIMEOUT_S, job: bool = False,
-          successor: bool = False) -> None:  # fmt: skip
+def serve(
+    home: Path,
+    stop: threading.Event | None = None,
+    backup_interval_s: float = BACKUP_INTERVAL_S,
+    lease_timeout_s: float = DAEMON_LEASE_TIMEOUT_S,
+    job: bool = False,
+    successor: bool = False,
+) -> None:
     """Run the reconcile loop until `stop` is set or SIGTERM/SIGINT arrives. `job`: this
     daemon is a Slurm job (`as_job`): it hands over to a successor at the handover signal;
     `successor`: it is one, and waits for its predecessor's lease."""
@@ -260,8 +283,13 @@ def serve(home: Path, stop: threading.Event | None = None,
         store = Store(home)
         try:
             store.check_integrity()
-            lease = LeaseKeeper(store, host, os.getpid(), lease_timeout_s,
-                                job_id=os.environ.get("SLURM_JOB_ID") if job else None)
+            lease = LeaseKeeper(
+                store,
+                host,
+                os.getpid(),
+                lease_timeout_s,
+                job_id=os.environ.get("SLURM_JOB_ID") if job else None,
+            )
             lease.acquire(stop, patient=successor)
             keeper = Keeper(store, backup_interval_s)
             try:
@@ -312,8 +340,11 @@ def serve(home: Path, stop: threading.Event | None = None,
             except StateError as exc:
                 log.warning("could not checkpoint or back up: %s", exc.user_message())
             if full_now and not disk_full:
-                log.error("disk full: %s; nothing recorded is lost, polling goes on and "
-                          "recording resumes when there is room", store.path)  # fmt: skip
+                log.error(
+                    "disk full: %s; nothing recorded is lost, polling goes on and "
+                    "recording resumes when there is room",
+                    store.path,
+                )
             elif disk_full and not full_now:
                 log.warning("disk no longer full: %s; recording again", store.path)
             disk_full = full_now
@@ -393,8 +424,12 @@ def serving(home: Path) -> Serving | None:
             lease = store.daemon_lease()
     except StateError:  # a damaged database: whoever serves it, it is not served well
         return None
-    if lease is None or lease.ended is not None or lease.host == this_host() \
-            or abs(time.time() - lease.time) > DAEMON_LEASE_TIMEOUT_S:  # fmt: skip
+    if (
+        lease is None
+        or lease.ended is not None
+        or lease.host == this_host()
+        or abs(time.time() - lease.time) > DAEMON_LEASE_TIMEOUT_S
+    ):
         return None
     return Serving(lease.host, lease.pid, False, lease.job_id)
 
@@ -438,18 +473,25 @@ def start(home: Path, timeout_s: float = 15.0, auto: bool = True) -> Serving:
         queued = queued_daemon_job(home)
         if queued is not None:
             return queued
-        raise FtslurmError(f"the daemon job {job[0]} has ended",
-                           hint="`ftslurm daemon submit` submits another; `ftslurm daemon "
-                           "start` serves from this host instead")  # fmt: skip
+        raise FtslurmError(
+            f"the daemon job {job[0]} has ended",
+            hint="`ftslurm daemon submit` submits another; `ftslurm daemon "
+            "start` serves from this host instead",
+        )
     if job is not None:
         (home / as_job.DAEMON_JOB_FILE).unlink(missing_ok=True)
     logf = open(home / LOG_FILE, "ab")
     os.chmod(home / LOG_FILE, 0o600)
     env = dict(os.environ, **{HOME_ENV: str(home)})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ftslurm", "daemon", "run"], stdin=subprocess.DEVNULL,
-        stdout=logf, stderr=logf, start_new_session=True, close_fds=True, env=env,
-    )  # fmt: skip
+        [sys.executable, "-m", "ftslurm", "daemon", "run"],
+        stdin=subprocess.DEVNULL,
+        stdout=logf,
+        stderr=logf,
+        start_new_session=True,
+        close_fds=True,
+        env=env,
+    )
     logf.close()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -462,11 +504,9 @@ def start(home: Path, timeout_s: float = 15.0, auto: bool = True) -> Serving:
             found = serving(home)  # another start won the race, here or elsewhere
             if found is not None:
                 return found
-            raise FtslurmError(f"the daemon exited at once (code {code}); "
-                               f"see {home / LOG_FILE}")  # fmt: skip
+            raise FtslurmError(f"the daemon exited at once (code {code}); see {home / LOG_FILE}")
         time.sleep(0.05)
-    raise FtslurmError(f"the daemon did not start within {timeout_s:.0f}s; "
-                       f"see {home / LOG_FILE}")  # fmt: skip
+    raise FtslurmError(f"the daemon did not start within {timeout_s:.0f}s; see {home / LOG_FILE}")
 
 
 def stop(home: Path, timeout_s: float = 30.0) -> int | None:
@@ -476,8 +516,10 @@ def stop(home: Path, timeout_s: float = 30.0) -> int | None:
     if pid is None:
         elsewhere = serving(home)
         if elsewhere is not None:
-            raise FtslurmError(f"the daemon serving {home} runs on host {elsewhere.host} "
-                               f"(pid {elsewhere.pid})", hint="stop it on that host")
+            raise FtslurmError(
+                f"the daemon serving {home} runs on host {elsewhere.host} (pid {elsewhere.pid})",
+                hint="stop it on that host",
+            )
         return None
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -498,8 +540,10 @@ def recover(home: Path) -> Restored:
     try:
         elsewhere = serving(home)
         if elsewhere is not None and not elsewhere.here:
-            raise DaemonAlreadyRunning(f"a daemon serves {home} on host {elsewhere.host} "
-                                       f"(pid {elsewhere.pid})", hint="stop it first")
+            raise DaemonAlreadyRunning(
+                f"a daemon serves {home} on host {elsewhere.host} (pid {elsewhere.pid})",
+                hint="stop it first",
+            )
         jobs = tagged_jobs(home)  # asked first: a scheduler that cannot answer stops it here
         newest: dict[str, tuple[int, str]] = {}
         for job_id, (run_id, attempt) in sorted(jobs.items(), key=lambda j: j[1][1]):
@@ -508,10 +552,17 @@ def recover(home: Path) -> Restored:
         with Store(home) as store:
             known = {r.run_id for r in store.list_runs()}
         unknown = sorted((job, run) for job, (run, _) in jobs.items() if run not in known)
-        return replace(restored, rebuilt=[*restored.rebuilt, *(
-            f"job {job} carries the tag of run {run}, which neither the backup nor a run folder "
-            "holds: nothing manages it (cancel it, or submit the run again)"
-            for job, run in unknown)])  # fmt: skip
+        return replace(
+            restored,
+            rebuilt=[
+                *restored.rebuilt,
+                *(
+                    f"job {job} carries the tag of run {run}, which neither the backup nor a "
+                    "run folder holds: nothing manages it (cancel it, or submit the run again)"
+                    for job, run in unknown
+                ),
+            ],
+        )
     finally:
         lock.release()
 
@@ -520,17 +571,19 @@ def tagged_jobs(home: Path) -> dict[str, tuple[str, int]]:
     """Job id -> (run id, attempt) of the active jobs that carry an ftslurm tag, on every
     backend this state directory used (the mark's, the run folders'). A backend that cannot
     answer is a `TransientError`: recovering without its answer could lose a run's job."""
-    keys = set(marked_backends(home)) | {backend_key(m["spec"]) for m in mirrored_runs(home)
-                                         .values() if "backend" in m["spec"]}  # fmt: skip
+    keys = set(marked_backends(home)) | {
+        backend_key(m["spec"]) for m in mirrored_runs(home).values() if "backend" in m["spec"]
+    }
     found: dict[str, tuple[str, int]] = {}
     for key in sorted(keys):
         kind, _, where = key.partition(":")
         try:
             jobs = create_backend(kind, where or None).active_jobs()
         except FtslurmError as exc:
-            raise TransientError(f"cannot ask the scheduler ({key}) which jobs are active: "
-                                 f"{exc.user_message()}",
-                                 hint="recover when it answers; nothing was changed") from None
+            raise TransientError(
+                f"cannot ask the scheduler ({key}) which jobs are active: {exc.user_message()}",
+                hint="recover when it answers; nothing was changed",
+            ) from None
         for job in jobs:
             parsed = parse_tag(job.comment)
             if parsed is not None:
@@ -542,4 +595,4 @@ def configure_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )  # fmt: skip
+    )

@@ -123,8 +123,9 @@ def losses(attempt: int, files: RunFiles, nodes: Sequence[str]) -> list[Loss]:
     name is placed by its node rank in the allocation (`nodes`)."""
     found: dict[str, Loss] = {}
     for benched, rank_key, node_key, reports in (
-            (False, "lost_node_rank", "lost_node", files.lost),
-            (True, "node_rank", "node", files.benched)):  # fmt: skip
+        (False, "lost_node_rank", "lost_node", files.lost),
+        (True, "node_rank", "node", files.benched),
+    ):
         for r in reports:
             if r.get("attempt") not in (None, attempt):
                 continue
@@ -277,9 +278,28 @@ class Changed:
     """Something changed: the loop polls fast for a while."""
 
 
-Intent = (Need | Record | NewAttempt | UpdateRun | Finish | FlagNode | Event | Trust | Adopt
-          | Submit | Cancel | Requeue | SetExclusions | Release | StartNow | Requeued | Signal
-          | WriteCadence | Wake | Changed)  # fmt: skip
+Intent = (
+    Need
+    | Record
+    | NewAttempt
+    | UpdateRun
+    | Finish
+    | FlagNode
+    | Event
+    | Trust
+    | Adopt
+    | Submit
+    | Cancel
+    | Requeue
+    | SetExclusions
+    | Release
+    | StartNow
+    | Requeued
+    | Signal
+    | WriteCadence
+    | Wake
+    | Changed
+)
 RECORDS = (Record, NewAttempt, UpdateRun, Finish, FlagNode, Event, Trust, Changed)
 
 
@@ -288,8 +308,7 @@ def _need(*what: str) -> list[Intent]:
 
 
 # ------------------------------------------------------------------------------- step
-def step(a: Attempt, observed: JobInfo | None, run: Run, facts: Facts,
-         now: float) -> list[Intent]:  # fmt: skip
+def step(a: Attempt, observed: JobInfo | None, run: Run, facts: Facts, now: float) -> list[Intent]:
     """The intents for attempt `a` (the run's latest) given the scheduler's view of its
     job (`observed`; None or UNKNOWN: not seen) and the facts. See the module doc."""
     if a.state is AttemptState.SUBMITTING:
@@ -310,8 +329,9 @@ def active_flags(facts: Facts, now: float) -> list[str]:
 
 
 def _exclusions(run: Run, flagged: Sequence[str], usable: Mapping[str, bool]) -> tuple[str, ...]:
-    return policy.plan_exclusions(flagged, [n for n, ok in usable.items() if ok],
-                                  int(run.spec["options"]["nodes"]))  # fmt: skip
+    return policy.plan_exclusions(
+        flagged, [n for n, ok in usable.items() if ok], int(run.spec["options"]["nodes"])
+    )
 
 
 def _submitting(a: Attempt, run: Run, facts: Facts, now: float) -> list[Intent]:
@@ -349,8 +369,7 @@ def _lost_job(prev: Attempt | None) -> list[Intent]:
     return [Cancel(prev.job_id)]
 
 
-def _requeuing(a: Attempt, info: JobInfo, run: Run, facts: Facts,
-               now: float) -> list[Intent]:  # fmt: skip
+def _requeuing(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> list[Intent]:
     job = a.job_id or ""
     if run.cancel_requested:
         if info.state.is_active:
@@ -366,15 +385,21 @@ def _requeuing(a: Attempt, info: JobInfo, run: Run, facts: Facts,
     if facts.requeue_refused:
         if info.state.is_terminal and info.restart_count < a.restart_count:
             # it can no longer be requeued (e.g. forgotten): submit afresh instead
-            fresh = replace(a, state=AttemptState.SUBMITTING, job_id=None, restart_count=0,
-                            tag=tag(run.run_id, a.attempt))  # fmt: skip
+            fresh = replace(
+                a,
+                state=AttemptState.SUBMITTING,
+                job_id=None,
+                restart_count=0,
+                tag=tag(run.run_id, a.attempt),
+            )
             return [Record(fresh), Trust(a.attempt)]
         return []  # not pending yet: next cycle
     if info.restart_count < a.restart_count:
         if info.state is JobState.RUNNING and not facts.previous_known:
             return _need("previous")
         if not info.state.is_terminal and not (
-                info.state is JobState.RUNNING and _moving(a, facts.previous)):
+            info.state is JobState.RUNNING and _moving(a, facts.previous)
+        ):
             return []  # still ending; look again next cycle
         return [Requeue(job, hold=True)]  # it shows as pending in a moment
     if info.state is JobState.RUNNING or info.state.is_terminal:
@@ -389,14 +414,17 @@ def _requeuing(a: Attempt, info: JobInfo, run: Run, facts: Facts,
             return _need("nodes")
         exclude = _exclusions(run, flagged, facts.usable)
     merged = tuple(sorted(set(run.spec["options"]["exclude"]) | set(exclude)))
-    return [SetExclusions(job, merged), Release(job), StartNow(job), Requeued(merged),
-            Changed()]  # fmt: skip
+    return [SetExclusions(job, merged), Release(job), StartNow(job), Requeued(merged), Changed()]
 
 
 def _moving(a: Attempt, before: Attempt | None) -> bool:
     """Whether requeue intent `a` moves a job that is still running (off a straggler)."""
-    return before is not None and before.attempt == a.attempt - 1 \
-        and before.cause == Cause.STRAGGLER.value and before.job_id == a.job_id
+    return (
+        before is not None
+        and before.attempt == a.attempt - 1
+        and before.cause == Cause.STRAGGLER.value
+        and before.job_id == a.job_id
+    )
 
 
 def _started(a: Attempt, run: Run, facts: Facts, at: float) -> list[Intent]:
@@ -407,18 +435,28 @@ def _started(a: Attempt, run: Run, facts: Facts, at: float) -> list[Intent]:
         out.append(UpdateRun(replace(run, state=RunState.RUNNING)))
     prev = facts.previous
     if prev is not None and prev.failure_seen_at is not None:
-        out.append(Event("recovered", {"attempt": a.attempt, "job_id": a.job_id,
-                                       "latency_s": round(at - prev.failure_seen_at, 3)}))
+        out.append(
+            Event(
+                "recovered",
+                {
+                    "attempt": a.attempt,
+                    "job_id": a.job_id,
+                    "latency_s": round(at - prev.failure_seen_at, 3),
+                },
+            )
+        )
     out.append(Event("running", {"attempt": a.attempt, "job_id": a.job_id, "nodes": a.nodes}))
     return out
 
 
-def flag_node(node: str, why: str, flags: Sequence[NodeFlag], now: float,
-          settings: FtSettings) -> FlagNode:  # fmt: skip
+def flag_node(
+    node: str, why: str, flags: Sequence[NodeFlag], now: float, settings: FtSettings
+) -> FlagNode:
     """Flag a node, for longer when it is a repeat offender (`policy.flag_ttl`)."""
     previous = {f.node: f for f in flags}.get(node)
-    ttl = policy.flag_ttl(None if previous is None else (previous.since, previous.expires_at),
-                          now, settings)  # fmt: skip
+    ttl = policy.flag_ttl(
+        None if previous is None else (previous.since, previous.expires_at), now, settings
+    )
     return FlagNode(node, why, ttl)
 
 
@@ -427,12 +465,14 @@ def _settings(run: Run, facts: Facts) -> FtSettings:
 
 
 def _budget(run: Run) -> Budget:
-    return Budget(run.job_retries_used, dict(run.cause_counts), run.continuations,
-                  run.stalled_continuations)  # fmt: skip
+    return Budget(
+        run.job_retries_used, dict(run.cause_counts), run.continuations, run.stalled_continuations
+    )
 
 
-def _injected(run: Run, start: float | None, end: float | None,
-              reports: Sequence[Mapping[str, Any]] = ()) -> list[str]:  # fmt: skip
+def _injected(
+    run: Run, start: float | None, end: float | None, reports: Sequence[Mapping[str, Any]] = ()
+) -> list[str]:
     """The run's fired injections once an attempt that ran from `start` to `end` ended: the
     scheduler's (node_fail, preempt, timeout) that it ran long enough to reach, and the
     crashes and hangs its ranks' `reports` say they carried out (a straggler is never
@@ -442,8 +482,9 @@ def _injected(run: Run, start: float | None, end: float | None,
         return list(run.injected)
     ran = end - start if start is not None and end is not None else None
     done = set(run.injected) | set(reached(parse_injections(specs), ran))
-    in_job = {i.spec() for i in parse_injections(specs)
-              if i.kind in (InjectKind.CRASH, InjectKind.HANG)}  # fmt: skip
+    in_job = {
+        i.spec() for i in parse_injections(specs) if i.kind in (InjectKind.CRASH, InjectKind.HANG)
+    }
     done |= {x for r in reports for x in (r.get("injected") or ()) if x in in_job}
     return sorted(done)
 
@@ -456,8 +497,12 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     """Record what changed; act on straggler reports; send the checkpoint signal when due."""
     out: list[Intent] = []
     if info.state.value != a.state or (info.nodes and list(info.nodes) != a.nodes):
-        a = replace(a, state=AttemptState.of(info.state), nodes=list(info.nodes) or a.nodes,
-                    start=info.start_time if info.state is JobState.RUNNING else a.start)
+        a = replace(
+            a,
+            state=AttemptState.of(info.state),
+            nodes=list(info.nodes) or a.nodes,
+            start=info.start_time if info.state is JobState.RUNNING else a.start,
+        )
         out += [Record(a), Changed()]
         if info.state is JobState.RUNNING:
             if not facts.previous_known:
@@ -490,19 +535,41 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     if tuned is None:
         return _need("history")
     out += tuned
-    restarted = max((r.get("round") for r in files.rounds
-                     if isinstance(r.get("round"), int) and r.get("attempt") in (None, a.attempt)),
-                    default=0)  # fmt: skip
+    restarted = max(
+        (
+            r.get("round")
+            for r in files.rounds
+            if isinstance(r.get("round"), int) and r.get("attempt") in (None, a.attempt)
+        ),
+        default=0,
+    )
     if restarted > a.in_job_restarts:  # the ranks restarted inside the job (a spare, say)
-        rec = max(files.rounds, key=lambda r: r.get("round") if isinstance(
-            r.get("round"), int) else -1)  # fmt: skip
+        rec = max(
+            files.rounds, key=lambda r: r.get("round") if isinstance(r.get("round"), int) else -1
+        )
         a = replace(a, in_job_restarts=restarted)
-        out += [Record(a), Event("in_job_restart", {
-            "attempt": a.attempt, "job_id": a.job_id, "round": restarted,
-            "started_at": rec.get("started_at"), "why": rec.get("why"),
-            "lost": rec.get("lost") or []}), Changed()]  # fmt: skip
-    flags = policy.straggler_flags(files.straggler_report, a.attempt, settings,
-                                   active_flags(facts, now)) if files.straggler_report else ()
+        out += [
+            Record(a),
+            Event(
+                "in_job_restart",
+                {
+                    "attempt": a.attempt,
+                    "job_id": a.job_id,
+                    "round": restarted,
+                    "started_at": rec.get("started_at"),
+                    "why": rec.get("why"),
+                    "lost": rec.get("lost") or [],
+                },
+            ),
+            Changed(),
+        ]
+    flags = (
+        policy.straggler_flags(
+            files.straggler_report, a.attempt, settings, active_flags(facts, now)
+        )
+        if files.straggler_report
+        else ()
+    )
     if flags:
         moved = _straggler(a, info, run, facts, settings, flags, files, now)
         if moved is None:
@@ -522,8 +589,7 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     return out
 
 
-def _cadence(run: Run, facts: Facts, settings: FtSettings,
-             files: RunFiles) -> list[Intent] | None:  # fmt: skip
+def _cadence(run: Run, facts: Facts, settings: FtSettings, files: RunFiles) -> list[Intent] | None:
     """The run's checkpoint interval (`ftslurm.core.cadence`) to write when it differs
     from what its directory holds. None: the failure history is needed."""
     setting = settings.checkpoint_interval
@@ -531,15 +597,18 @@ def _cadence(run: Run, facts: Facts, settings: FtSettings,
         return None
     progress = files.progress
     nodes = int(run.spec.get("options", {}).get("nodes") or 1) - settings.spare_nodes
-    tuned = cadence(setting, nodes=max(1, nodes),
-                    save_s=_seconds(progress.get("checkpoint_save_s")),
-                    save_prior_s=settings.checkpoint_save_prior_s,
-                    write_s=_seconds(progress.get("max_checkpoint_write_s")),
-                    history=facts.history or FailureHistory(),
-                    prior_per_1000=settings.failure_rate_prior,
-                    prior_node_days=settings.failure_prior_node_days,
-                    memory_save_s=_seconds(progress.get("memory_save_s")),
-                    memory_coverage=settings.memory_tier_coverage)  # fmt: skip
+    tuned = cadence(
+        setting,
+        nodes=max(1, nodes),
+        save_s=_seconds(progress.get("checkpoint_save_s")),
+        save_prior_s=settings.checkpoint_save_prior_s,
+        write_s=_seconds(progress.get("max_checkpoint_write_s")),
+        history=facts.history or FailureHistory(),
+        prior_per_1000=settings.failure_rate_prior,
+        prior_node_days=settings.failure_prior_node_days,
+        memory_save_s=_seconds(progress.get("memory_save_s")),
+        memory_coverage=settings.memory_tier_coverage,
+    )
     if (tuned.how == "off" and files.cadence is None) or not tuned.differs(files.cadence):
         return []
     return [WriteCadence(tuned)]  # idempotent; logged (`cadence`) once written
@@ -564,24 +633,41 @@ def _lost_event(a: Attempt, loss: Loss, how: Recovery) -> Event:
     """`node_lost` (a peer-loss report: where the detection came from and its latency) or
     `node_benched`, with the recovery chosen."""
     r = loss.report
-    base = {"attempt": a.attempt, "job_id": a.job_id, "node": loss.node,
-            "node_rank": loss.node_rank, "recovery": how.value}  # fmt: skip
+    base = {
+        "attempt": a.attempt,
+        "job_id": a.job_id,
+        "node": loss.node,
+        "node_rank": loss.node_rank,
+        "recovery": how.value,
+    }
     if loss.benched:
         return Event("node_benched", {**base, "why": r.get("why"), "time": r.get("time")})
     heard, at = r.get("last_heard"), r.get("time")
-    detection = round(at - heard, 3) if isinstance(heard, (int, float)) \
-        and isinstance(at, (int, float)) else None  # fmt: skip
-    return Event("node_lost", {**base, "source": _source(loss).value,
-                               "reported_by": r.get("reported_by"), "last_heard": heard,
-                               "time": at, "detection_s": detection})  # fmt: skip
+    detection = (
+        round(at - heard, 3)
+        if isinstance(heard, (int, float)) and isinstance(at, (int, float))
+        else None
+    )
+    return Event(
+        "node_lost",
+        {
+            **base,
+            "source": _source(loss).value,
+            "reported_by": r.get("reported_by"),
+            "last_heard": heard,
+            "time": at,
+            "detection_s": detection,
+        },
+    )
 
 
 def _source(loss: Loss) -> Source:
     return Source.DAEMON if loss.report.get("source") == Source.DAEMON.value else Source.PEER
 
 
-def _batch_host_silent(a: Attempt, info: JobInfo, files: RunFiles, settings: FtSettings,
-                       now: float) -> Loss | None:  # fmt: skip
+def _batch_host_silent(
+    a: Attempt, info: JobInfo, files: RunFiles, settings: FtSettings, now: float
+) -> Loss | None:
     """The batch host judged lost by the daemon itself: its launcher's lease, timed on the
     daemon's clock, silent for `daemon_timeout(peer_timeout_s)` while Slurm says the job
     runs, and no launcher reported it (the survivors may have gone with the rendezvous it
@@ -589,34 +675,54 @@ def _batch_host_silent(a: Attempt, info: JobInfo, files: RunFiles, settings: FtS
     lost. None: not silent."""
     seen, timeout = files.batch_lease, settings.peer_timeout_s
     nodes = a.nodes or list(info.nodes)
-    if info.state is not JobState.RUNNING or seen is None or seen.lease is None \
-            or not is_lost(seen, now, daemon_timeout(timeout, len(nodes)), float("inf")):
+    if (
+        info.state is not JobState.RUNNING
+        or seen is None
+        or seen.lease is None
+        or not is_lost(seen, now, daemon_timeout(timeout, len(nodes)), float("inf"))
+    ):
         return None
     node = seen.lease.node or (nodes[BATCH_NODE_RANK] if nodes else "")
     if not node:
         return None
-    return Loss(node, BATCH_NODE_RANK, {
-        "lost_node_rank": BATCH_NODE_RANK, "lost_node": node, "last_heard": seen.heard_at,
-        "lease_time": seen.lease.time, "silent_s": round(now - seen.changed_at, 3),
-        "peer_timeout_s": timeout, "reported_by": "the daemon", "time": now,
-        "source": Source.DAEMON.value, "attempt": a.attempt})  # fmt: skip
+    return Loss(
+        node,
+        BATCH_NODE_RANK,
+        {
+            "lost_node_rank": BATCH_NODE_RANK,
+            "lost_node": node,
+            "last_heard": seen.heard_at,
+            "lease_time": seen.lease.time,
+            "silent_s": round(now - seen.changed_at, 3),
+            "peer_timeout_s": timeout,
+            "reported_by": "the daemon",
+            "time": now,
+            "source": Source.DAEMON.value,
+            "attempt": a.attempt,
+        },
+    )
 
 
-def batch_lease_wake(a: Attempt, info: JobInfo, files: RunFiles,
-                     settings: FtSettings) -> float | None:  # fmt: skip
+def batch_lease_wake(
+    a: Attempt, info: JobInfo, files: RunFiles, settings: FtSettings
+) -> float | None:
     """When the batch host's lease, unchanged, would be judged silent (a `Wake`; the shell
     reads it again whenever it changes before that); None: no verdict to come (not
     running, never read, ended, or that node already acted on)."""
     seen = files.batch_lease
-    if info.state is not JobState.RUNNING or seen is None or seen.lease is None \
-            or seen.lease.ended is not None or seen.lease.node in a.lost_nodes:
+    if (
+        info.state is not JobState.RUNNING
+        or seen is None
+        or seen.lease is None
+        or seen.lease.ended is not None
+        or seen.lease.node in a.lost_nodes
+    ):
         return None
-    return seen.changed_at + daemon_timeout(settings.peer_timeout_s,
-                                            len(a.nodes or info.nodes))  # fmt: skip
+    return seen.changed_at + daemon_timeout(settings.peer_timeout_s, len(a.nodes or info.nodes))
 
 
 def _lost_words(loss: Loss) -> str:
-    """"n2 lost: reported by n1 after 21 s of silence"."""
+    """ "n2 lost: reported by n1 after 21 s of silence"."""
     r = loss.report
     if loss.benched:
         return f"{loss.node} stepped out ({r.get('why') or 'benched'})"
@@ -625,8 +731,15 @@ def _lost_words(loss: Loss) -> str:
     return f"{loss.node} lost: reported by {r.get('reported_by') or 'a peer'}{after}"
 
 
-def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSettings,
-          files: RunFiles, now: float) -> list[Intent] | None:
+def _lost(
+    a: Attempt,
+    info: JobInfo,
+    run: Run,
+    facts: Facts,
+    settings: FtSettings,
+    files: RunFiles,
+    now: float,
+) -> list[Intent] | None:
     """Act on the nodes the launchers report lost (or benched) that this attempt has not
     acted on yet (`Attempt.lost_nodes`): flag each, record where the news came from, and
     recover as `ftslurm.core.recovery.recovery` says: on a spare, nothing more (the
@@ -637,8 +750,9 @@ def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSetting
     is cancelled. None: nothing new."""
     gone = losses(a.attempt, files, a.nodes or list(info.nodes))
     silent = _batch_host_silent(a, info, files, settings, now)
-    if silent is not None and all(g.node_rank != BATCH_NODE_RANK and g.node != silent.node
-                                  for g in gone):  # fmt: skip
+    if silent is not None and all(
+        g.node_rank != BATCH_NODE_RANK and g.node != silent.node for g in gone
+    ):
         gone.append(silent)
     new = [g for g in gone if g.node not in a.lost_nodes]
     if not new:
@@ -648,49 +762,97 @@ def _lost(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSetting
     flagged = set(active_flags(facts, now))
     for g in new:  # a node flagged already (a straggler that then stepped out) keeps its flag:
         if settings.exclude_failed_nodes and g.node not in flagged:  # once, not a lemon's twice
-            why = f"benched: {g.report.get('why')}" if g.benched else \
-                f"lost ({_source(g).value} report)"
+            why = (
+                f"benched: {g.report.get('why')}"
+                if g.benched
+                else f"lost ({_source(g).value} report)"
+            )
             out.append(flag_node(g.node, why, facts.flags, now, settings))
         out.append(_lost_event(a, g, how))
     a = replace(a, lost_nodes=[*a.lost_nodes, *(g.node for g in new)])
     if how is Recovery.SPARE:
         return [*out, Record(a), Changed()]
     ckpt = files.progress.get("checkpoint_step")
-    advanced = ckpt is not None and (run.last_checkpoint_step is None
-                                     or ckpt > run.last_checkpoint_step)  # fmt: skip
+    advanced = ckpt is not None and (
+        run.last_checkpoint_step is None or ckpt > run.last_checkpoint_step
+    )
     nodes = tuple(info.nodes) or tuple(a.nodes)
-    ending = Ending(state=JobState.NODE_FAIL, nodes=nodes,
-                    down_nodes=tuple(g.node for g in gone if not g.benched),
-                    checkpoints_known=ckpt is not None, checkpoint_advanced=advanced)  # fmt: skip
+    ending = Ending(
+        state=JobState.NODE_FAIL,
+        nodes=nodes,
+        down_nodes=tuple(g.node for g in gone if not g.benched),
+        checkpoints_known=ckpt is not None,
+        checkpoint_advanced=advanced,
+    )
     d = policy.decide(Cause.NODE_FAIL, ending, _budget(run), settings)
     words = "; ".join(_lost_words(g) for g in new)
     reason = f"{words} (Slurm had not noticed yet); {d.reason}"
     again = d.verdict is Verdict.RETRY
-    finished = replace(a, state=AttemptState.NODE_FAIL, end=now, reason=reason,
-                       cause=Cause.NODE_FAIL.value, nodes=list(nodes),
-                       failure_seen_at=now if again else None)  # fmt: skip
-    run = replace(run, job_retries_used=d.budget.job_retries_used,
-                  cause_counts=dict(d.budget.cause_counts),
-                  continuations=d.budget.continuations,
-                  stalled_continuations=d.budget.stalled_continuations,
-                  last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
-                  reason=reason, injected=_injected(run, _start(a, info), now))  # fmt: skip
-    ended = Event("ended", {
-        "attempt": a.attempt, "job_id": a.job_id, "state": JobState.NODE_FAIL.value,
-        "cause": Cause.NODE_FAIL.value, "verdict": d.verdict.value, "reason": reason,
-        "exit_code": None, "excluded": [g.node for g in new]})  # fmt: skip
+    finished = replace(
+        a,
+        state=AttemptState.NODE_FAIL,
+        end=now,
+        reason=reason,
+        cause=Cause.NODE_FAIL.value,
+        nodes=list(nodes),
+        failure_seen_at=now if again else None,
+    )
+    run = replace(
+        run,
+        job_retries_used=d.budget.job_retries_used,
+        cause_counts=dict(d.budget.cause_counts),
+        continuations=d.budget.continuations,
+        stalled_continuations=d.budget.stalled_continuations,
+        last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
+        reason=reason,
+        injected=_injected(run, _start(a, info), now),
+    )
+    ended = Event(
+        "ended",
+        {
+            "attempt": a.attempt,
+            "job_id": a.job_id,
+            "state": JobState.NODE_FAIL.value,
+            "cause": Cause.NODE_FAIL.value,
+            "verdict": d.verdict.value,
+            "reason": reason,
+            "exit_code": None,
+            "excluded": [g.node for g in new],
+        },
+    )
     if not again:  # the job is cancelled first: seen again after a crash, decided again
-        return [Cancel(a.job_id or ""), *out, Record(finished), ended,
-                UpdateRun(replace(run, state=RunState.FAILED, ended_at=now)), Changed()]
-    nxt = Attempt(run.run_id, a.attempt + 1, AttemptState.SUBMITTING,
-                  tag=tag(run.run_id, a.attempt + 1))  # fmt: skip
-    return [*out, Record(finished), ended, UpdateRun(run), NewAttempt(nxt), Trust(nxt.attempt),
-            Changed()]  # fmt: skip
+        return [
+            Cancel(a.job_id or ""),
+            *out,
+            Record(finished),
+            ended,
+            UpdateRun(replace(run, state=RunState.FAILED, ended_at=now)),
+            Changed(),
+        ]
+    nxt = Attempt(
+        run.run_id, a.attempt + 1, AttemptState.SUBMITTING, tag=tag(run.run_id, a.attempt + 1)
+    )
+    return [
+        *out,
+        Record(finished),
+        ended,
+        UpdateRun(run),
+        NewAttempt(nxt),
+        Trust(nxt.attempt),
+        Changed(),
+    ]
 
 
-def _straggler(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSettings,
-               flags: tuple[tuple[str, str], ...], files: RunFiles,
-               now: float) -> list[Intent] | None:  # fmt: skip
+def _straggler(
+    a: Attempt,
+    info: JobInfo,
+    run: Run,
+    facts: Facts,
+    settings: FtSettings,
+    flags: tuple[tuple[str, str], ...],
+    files: RunFiles,
+    now: float,
+) -> list[Intent] | None:
     """Flag the nodes the straggler report names as persistent. While spares can take their
     places (`policy.spares_take_stragglers`), that is all: their launchers step out and a
     spare replaces each inside the job. Otherwise, with `stop_if_straggler`, move the
@@ -701,9 +863,18 @@ def _straggler(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSe
     gone = [g.node_rank for g in losses(a.attempt, files, allocation) if g.node_rank is not None]
     spare = policy.spares_take_stragglers(new, allocation, gone, settings.spare_nodes)
     out: list[Intent] = [flag_node(node, why, facts.flags, now, settings) for node, why in flags]
-    out.append(Event("straggler", {"attempt": a.attempt, "job_id": a.job_id, "nodes": new,
-                                   "reasons": dict(flags),
-                                   **({"recovery": Recovery.SPARE.value} if spare else {})}))
+    out.append(
+        Event(
+            "straggler",
+            {
+                "attempt": a.attempt,
+                "job_id": a.job_id,
+                "nodes": new,
+                "reasons": dict(flags),
+                **({"recovery": Recovery.SPARE.value} if spare else {}),
+            },
+        )
+    )
     if spare or not settings.stop_if_straggler:
         return out
     if facts.usable is None:
@@ -713,22 +884,61 @@ def _straggler(a: Attempt, info: JobInfo, run: Run, facts: Facts, settings: FtSe
     d = policy.straggler_move(new, info.nodes or a.nodes, exclusions, _budget(run), settings)
     if d is None:
         return out
-    moved = replace(a, state=AttemptState.REQUEUED, end=now, reason=d.reason,
-                    cause=d.cause.value, failure_seen_at=now)  # fmt: skip
-    nxt = Attempt(run.run_id, a.attempt + 1, AttemptState.REQUEUING, job_id=a.job_id,
-                  tag=a.tag, restart_count=a.restart_count + 1)  # fmt: skip
-    return [*out, Record(moved),
-            UpdateRun(replace(run, cause_counts=dict(d.budget.cause_counts), reason=d.reason,
-                              injected=_injected(run, _start(a, info), now))),
-            NewAttempt(nxt),
-            Event("ended", {"attempt": a.attempt, "job_id": a.job_id, "state": moved.state.value,
-                            "cause": d.cause.value, "verdict": d.verdict.value,
-                            "reason": d.reason, "exit_code": None, "excluded": new}),
-            Trust(nxt.attempt), Changed()]  # fmt: skip
+    moved = replace(
+        a,
+        state=AttemptState.REQUEUED,
+        end=now,
+        reason=d.reason,
+        cause=d.cause.value,
+        failure_seen_at=now,
+    )
+    nxt = Attempt(
+        run.run_id,
+        a.attempt + 1,
+        AttemptState.REQUEUING,
+        job_id=a.job_id,
+        tag=a.tag,
+        restart_count=a.restart_count + 1,
+    )
+    return [
+        *out,
+        Record(moved),
+        UpdateRun(
+            replace(
+                run,
+                cause_counts=dict(d.budget.cause_counts),
+                reason=d.reason,
+                injected=_injected(run, _start(a, info), now),
+            )
+        ),
+        NewAttempt(nxt),
+        Event(
+            "ended",
+            {
+                "attempt": a.attempt,
+                "job_id": a.job_id,
+                "state": moved.state.value,
+                "cause": d.cause.value,
+                "verdict": d.verdict.value,
+                "reason": d.reason,
+                "exit_code": None,
+                "excluded": new,
+            },
+        ),
+        Trust(nxt.attempt),
+        Changed(),
+    ]
 
 
-def _signal(a: Attempt, info: JobInfo, run: Run, files: RunFiles, settings: FtSettings,
-            now: float, out: list[Intent]) -> float | None:
+def _signal(
+    a: Attempt,
+    info: JobInfo,
+    run: Run,
+    files: RunFiles,
+    settings: FtSettings,
+    now: float,
+    out: list[Intent],
+) -> float | None:
     """Send the checkpoint signal when due (appending its intents to `out`); returns when
     it will be due, if not yet."""
     if a.checkpoint_signal_at is not None:
@@ -741,17 +951,27 @@ def _signal(a: Attempt, info: JobInfo, run: Run, files: RunFiles, settings: FtSe
         return due
     if warning:
         out.append(Event("warning", {"message": warning}))
-    out.append(Event("checkpoint_signal", {
-        "attempt": a.attempt, "job_id": a.job_id, "signal": settings.checkpoint_signal,
-        "due": due, "lead_s": lead}))  # fmt: skip
+    out.append(
+        Event(
+            "checkpoint_signal",
+            {
+                "attempt": a.attempt,
+                "job_id": a.job_id,
+                "signal": settings.checkpoint_signal,
+                "due": due,
+                "lead_s": lead,
+            },
+        )
+    )
     # the intent recorded first: a repeat would be harmless
     out.append(Record(replace(a, checkpoint_signal_at=now)))
     out.append(Signal(a.job_id or "", settings.checkpoint_signal))
     return None
 
 
-def _launcher_failed(a: Attempt, info: JobInfo, run: Run, facts: Facts, files: RunFiles,
-                     now: float) -> list[Intent] | None:  # fmt: skip
+def _launcher_failed(
+    a: Attempt, info: JobInfo, run: Run, facts: Facts, files: RunFiles, now: float
+) -> list[Intent] | None:
     """A launcher that failed before its ranks started (its report in the recovery folder:
     a port it could not bind, a rendezvous that timed out) ends the attempt now, not when
     the other launchers' rendezvous or Slurm's `srun --wait` gives up: recorded as a failed
@@ -762,19 +982,27 @@ def _launcher_failed(a: Attempt, info: JobInfo, run: Run, facts: Facts, files: R
     if first is None:
         return None
     code = first.get("exit_code")
-    done = replace(info, state=JobState.FAILED, signal=None,
-                   exit_code=code if isinstance(code, int) and code > 0 else 1,
-                   end_time=float(first.get("time") or now))  # fmt: skip
+    done = replace(
+        info,
+        state=JobState.FAILED,
+        signal=None,
+        exit_code=code if isinstance(code, int) and code > 0 else 1,
+        end_time=float(first.get("time") or now),
+    )
     return _launcher_noted(a, facts, _ended(a, done, run, facts, now, stuck=True))
 
 
 def _launcher_failure(a: Attempt, files: RunFiles) -> Mapping[str, Any] | None:
     """The first report of a launcher of the attempt's job that failed before its ranks
     started, unless a node of the attempt was lost (the loss explains it)."""
-    failed = sorted((r for r in files.launchers_failed
-                     if r.get("attempt") in (None, a.attempt)
-                     and str(r.get("job_id")) == str(a.job_id)),
-                    key=lambda r: float(r.get("time") or 0))  # fmt: skip
+    failed = sorted(
+        (
+            r
+            for r in files.launchers_failed
+            if r.get("attempt") in (None, a.attempt) and str(r.get("job_id")) == str(a.job_id)
+        ),
+        key=lambda r: float(r.get("time") or 0),
+    )
     return failed[0] if failed and not a.lost_nodes else None
 
 
@@ -785,11 +1013,14 @@ def _launcher_noted(a: Attempt, facts: Facts, ended: list[Intent]) -> list[Inten
     first = None if _asks(ended) or facts.files is None else _launcher_failure(a, facts.files)
     if first is None:
         return ended
-    note = (f"a launcher failed before its ranks started (node {first.get('node')}, node "
-            f"rank {first.get('node_rank')}, in the {first.get('phase') or 'rendezvous'}): "
-            f"{first.get('error') or 'no error recorded'}")  # fmt: skip
-    said = next((i.data.get("reason") for i in ended
-                 if isinstance(i, Event) and i.kind == "ended"), None)  # fmt: skip
+    note = (
+        f"a launcher failed before its ranks started (node {first.get('node')}, node "
+        f"rank {first.get('node_rank')}, in the {first.get('phase') or 'rendezvous'}): "
+        f"{first.get('error') or 'no error recorded'}"
+    )
+    said = next(
+        (i.data.get("reason") for i in ended if isinstance(i, Event) and i.kind == "ended"), None
+    )
 
     def noted(i: Intent) -> Intent:
         if isinstance(i, Record) and i.attempt.reason == said:
@@ -797,8 +1028,9 @@ def _launcher_noted(a: Attempt, facts: Facts, ended: list[Intent]) -> list[Inten
         if isinstance(i, UpdateRun) and i.run.reason == said:
             return UpdateRun(replace(i.run, reason=f"{note}; {said}"))
         if isinstance(i, Event) and i.kind == "ended":
-            return Event(i.kind, {**i.data, "reason": f"{note}; {said}",
-                                  "launcher_failed": dict(first)})  # fmt: skip
+            return Event(
+                i.kind, {**i.data, "reason": f"{note}; {said}", "launcher_failed": dict(first)}
+            )
         return i
 
     return [noted(i) for i in ended] if said is not None else ended
@@ -820,28 +1052,42 @@ def _done_but_for_lost(a: Attempt, info: JobInfo, files: RunFiles) -> JobInfo | 
     if not lost or not nodes or not set(range(len(nodes))) - lost <= ended:
         return None
     code = max((int(r.get("exit_code") or 0) for r in files.node_reports), default=0)
-    return replace(info, state=JobState.COMPLETED if code == 0 else JobState.FAILED,
-                   exit_code=code, signal=None, end_time=max(
-                       (float(r.get("ended_at") or 0) for r in files.node_reports),
-                       default=0.0) or None)  # fmt: skip
+    return replace(
+        info,
+        state=JobState.COMPLETED if code == 0 else JobState.FAILED,
+        exit_code=code,
+        signal=None,
+        end_time=max((float(r.get("ended_at") or 0) for r in files.node_reports), default=0.0)
+        or None,
+    )
 
 
-def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
-           stuck: bool = False) -> list[Intent]:  # fmt: skip
+def _ended(
+    a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float, stuck: bool = False
+) -> list[Intent]:
     """Classify the ending, decide, record it and the next attempt's intent (or the run's
     end) together. `stuck`: the job's launchers are done but Slurm holds it for a dead
     node (`_done_but_for_lost`): the next attempt is a fresh job, and the old one is
     cancelled once this is recorded (again before the next submission: `_lost_job`)."""
-    needs = [w for w, missing in (("cancel", facts.cancel_requested is None),
-                                  ("files", facts.files is None),
-                                  ("previous", not facts.previous_known),
-                                  ("nodes", facts.usable is None)) if missing]  # fmt: skip
+    needs = [
+        w
+        for w, missing in (
+            ("cancel", facts.cancel_requested is None),
+            ("files", facts.files is None),
+            ("previous", not facts.previous_known),
+            ("nodes", facts.usable is None),
+        )
+        if missing
+    ]
     if needs:
         return _need(*needs)
     assert facts.files is not None and facts.usable is not None
     out: list[Intent] = []
-    if a.start is None and info.start_time is not None and not info.restart_count > (
-            a.restart_count):  # it ran and ended between two looks
+    if (
+        a.start is None
+        and info.start_time is not None
+        and not info.restart_count > (a.restart_count)
+    ):  # it ran and ended between two looks
         a = replace(a, start=info.start_time)
         started = _started(a, run, facts, max(info.start_time, now - facts.poll_interval))
         out += started
@@ -854,86 +1100,135 @@ def _ended(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float,
     nodes = tuple(a.nodes) if requeued and a.nodes else tuple(info.nodes) or tuple(a.nodes)
     reports, launchers = list(files.rank_reports), list(files.node_reports)
     ckpt = files.progress.get("checkpoint_step")
-    advanced = ckpt is not None and (run.last_checkpoint_step is None
-                                     or ckpt > run.last_checkpoint_step)  # fmt: skip
+    advanced = ckpt is not None and (
+        run.last_checkpoint_step is None or ckpt > run.last_checkpoint_step
+    )
     suspects = [r.get("node") for r in reports if r.get("outcome") == "resume_elsewhere"]
     signal_at = a.checkpoint_signal_at
     ckpt_at = files.progress.get("checkpoint_at")
     # nodes the launchers reported lost (or benched) that the attempt had not acted on yet
-    gone = [g for g in losses(a.attempt, files, a.nodes or list(nodes))
-            if g.node not in a.lost_nodes]  # fmt: skip
+    gone = [
+        g for g in losses(a.attempt, files, a.nodes or list(nodes)) if g.node not in a.lost_nodes
+    ]
     peer_lost = [g.node for g in gone if not g.benched]
     down = tuple(n for n in nodes if not facts.usable.get(n, True))
     ending = Ending(
-        state=info.state, exit_code=info.exit_code, signal=info.signal,
-        requeued_by_scheduler=requeued, nodes=nodes,
+        state=info.state,
+        exit_code=info.exit_code,
+        signal=info.signal,
+        requeued_by_scheduler=requeued,
+        nodes=nodes,
         down_nodes=down + tuple(n for n in peer_lost if n not in down),
-        rank_outcomes=tuple(str(r.get("outcome")) for r in reports + launchers
-                            if r.get("outcome")),
+        rank_outcomes=tuple(str(r.get("outcome")) for r in reports + launchers if r.get("outcome")),
         checkpoint_signal_sent=signal_at is not None,
-        checkpoint_advanced=advanced, finished_marker=files.finished_marker,
+        checkpoint_advanced=advanced,
+        finished_marker=files.finished_marker,
         suspect_node=suspects[0] if suspects else None,
-        hung=files.hung, checkpoints_known=ckpt is not None,
-        checkpoint_signal_at=signal_at, checkpoint_after_signal=signal_at is not None
-        and isinstance(ckpt_at, (int, float)) and ckpt_at >= signal_at,
+        hung=files.hung,
+        checkpoints_known=ckpt is not None,
+        checkpoint_signal_at=signal_at,
+        checkpoint_after_signal=signal_at is not None
+        and isinstance(ckpt_at, (int, float))
+        and ckpt_at >= signal_at,
         heartbeats=all(r.get("heartbeats", True) for r in launchers),
-        disk_full_at=next((f"{r.get('node')} at {r.get('disk_full_path') or 'an unknown path'}"
-                           for r in reports if r.get("outcome") == "disk_full"), None),
-        signal_withheld=next((str(r[WITHHELD_SIGNAL]) for r in reports
-                              if r.get(WITHHELD_SIGNAL)), None) or (
-            settings.checkpoint_signal if any(r.get(WITHHELD_RANKS) for r in launchers)
-            else None),
+        disk_full_at=next(
+            (
+                f"{r.get('node')} at {r.get('disk_full_path') or 'an unknown path'}"
+                for r in reports
+                if r.get("outcome") == "disk_full"
+            ),
+            None,
+        ),
+        signal_withheld=next(
+            (str(r[WITHHELD_SIGNAL]) for r in reports if r.get(WITHHELD_SIGNAL)), None
+        )
+        or (settings.checkpoint_signal if any(r.get(WITHHELD_RANKS) for r in launchers) else None),
         error=first_error(reports),
-        error_line=next((str(r.get("error_line") or r.get("error_tail") or "").strip()
-                         .rsplit("\n", 1)[-1] for r in reports
-                         if r.get("outcome") == "user_error"), ""),
-    )  # fmt: skip
+        error_line=next(
+            (
+                str(r.get("error_line") or r.get("error_tail") or "").strip().rsplit("\n", 1)[-1]
+                for r in reports
+                if r.get("outcome") == "user_error"
+            ),
+            "",
+        ),
+    )
     cause = policy.classify(ending, settings)
     if peer_lost and cause is not Cause.FINISHED:  # a node was lost under it: whatever
         cause = Cause.NODE_FAIL  # the survivors died of, or a cancel after the loss
     cancel = run.cancel_requested or bool(facts.cancel_requested)  # a cancel is final
     d = policy.decide(cause, ending, _budget(run), settings, cancel)
-    ended_state = info.state.value if info.state.is_terminal else (
-        JobState.NODE_FAIL.value if cause is Cause.NODE_FAIL
-        else JobState.REQUEUED.value)  # fmt: skip
+    ended_state = (
+        info.state.value
+        if info.state.is_terminal
+        else (JobState.NODE_FAIL.value if cause is Cause.NODE_FAIL else JobState.REQUEUED.value)
+    )
     again = d.verdict in (Verdict.RETRY, Verdict.CONTINUE)
     finished = replace(
-        a, state=AttemptState(ended_state), end=info.end_time or now,
-        exit_code=info.exit_code, signal=info.signal, reason=d.reason, cause=cause.value,
-        nodes=list(nodes), failure_seen_at=now if again else None,
-        in_job_restarts=max([int(r.get("in_job_restarts", 0)) for r in launchers]
-                            + [a.in_job_restarts]),
+        a,
+        state=AttemptState(ended_state),
+        end=info.end_time or now,
+        exit_code=info.exit_code,
+        signal=info.signal,
+        reason=d.reason,
+        cause=cause.value,
+        nodes=list(nodes),
+        failure_seen_at=now if again else None,
+        in_job_restarts=max(
+            [int(r.get("in_job_restarts", 0)) for r in launchers] + [a.in_job_restarts]
+        ),
         lost_nodes=[*a.lost_nodes, *(g.node for g in gone)],
-    )  # fmt: skip
-    run = replace(run, job_retries_used=d.budget.job_retries_used,
-                  cause_counts=dict(d.budget.cause_counts),
-                  continuations=d.budget.continuations,
-                  stalled_continuations=d.budget.stalled_continuations,
-                  last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
-                  reason=d.reason,
-                  injected=_injected(run, finished.start, finished.end, reports))  # fmt: skip
+    )
+    run = replace(
+        run,
+        job_retries_used=d.budget.job_retries_used,
+        cause_counts=dict(d.budget.cause_counts),
+        continuations=d.budget.continuations,
+        stalled_continuations=d.budget.stalled_continuations,
+        last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
+        reason=d.reason,
+        injected=_injected(run, finished.start, finished.end, reports),
+    )
     out.append(Record(finished))
     out += [flag_node(node, why, facts.flags, now, settings) for node, why in d.exclude]
     how = Recovery.NEW_JOB
     if settings.exclude_failed_nodes:
-        out += [flag_node(g.node, f"benched: {g.report.get('why')}", facts.flags, now,
-                          settings) for g in gone if g.benched]  # fmt: skip
+        out += [
+            flag_node(g.node, f"benched: {g.report.get('why')}", facts.flags, now, settings)
+            for g in gone
+            if g.benched
+        ]
     out += [_lost_event(a, g, how) for g in gone]
     if cause is Cause.NODE_FAIL and not peer_lost:  # Slurm's verdict came first
         out += _slurm_lost(a, ending.down_nodes, files, now)
-    out.append(Event("ended", {
-        "attempt": a.attempt, "job_id": a.job_id, "state": ended_state, "cause": cause.value,
-        "verdict": d.verdict.value, "reason": d.reason, "exit_code": info.exit_code,
-        "excluded": [n for n, _ in d.exclude]}))  # fmt: skip
+    out.append(
+        Event(
+            "ended",
+            {
+                "attempt": a.attempt,
+                "job_id": a.job_id,
+                "state": ended_state,
+                "cause": cause.value,
+                "verdict": d.verdict.value,
+                "reason": d.reason,
+                "exit_code": info.exit_code,
+                "excluded": [n for n, _ in d.exclude],
+            },
+        )
+    )
     if again:
         nxt = next_attempt(run, finished, info)
         if peer_lost or stuck:  # a fresh job: one requeued would wait for the lost node
-            nxt = Attempt(run.run_id, nxt.attempt, AttemptState.SUBMITTING,
-                          tag=tag(run.run_id, nxt.attempt))  # fmt: skip
+            nxt = Attempt(
+                run.run_id, nxt.attempt, AttemptState.SUBMITTING, tag=tag(run.run_id, nxt.attempt)
+            )
         out += [UpdateRun(run), NewAttempt(nxt), Trust(nxt.attempt)]
     else:
-        state = {Verdict.COMPLETE: RunState.COMPLETED, Verdict.FAIL: RunState.FAILED,
-                 Verdict.CANCEL: RunState.CANCELLED}[d.verdict]  # fmt: skip
+        state = {
+            Verdict.COMPLETE: RunState.COMPLETED,
+            Verdict.FAIL: RunState.FAILED,
+            Verdict.CANCEL: RunState.CANCELLED,
+        }[d.verdict]
         out.append(UpdateRun(replace(run, state=state, ended_at=now)))
     out.append(Changed())
     if stuck:  # recorded first; the job no longer trains, it only waits on a dead node
@@ -948,14 +1243,12 @@ def first_error(reports: Sequence[Mapping[str, Any]]) -> str:
     failed = [r for r in reports if isinstance(r.get("error_line"), str) and r["error_line"]]
     if not failed:
         return ""
-    r = min(failed, key=lambda r: (_seconds(r.get("ended_at")) or float("inf"),
-                                   str(r.get("rank"))))  # fmt: skip
+    r = min(failed, key=lambda r: (_seconds(r.get("ended_at")) or float("inf"), str(r.get("rank"))))
     node = f" ({r['node']})" if r.get("node") else ""
     return f"rank {r.get('rank')}{node}: {r['error_line']}"
 
 
-def _slurm_lost(a: Attempt, down: Sequence[str], files: RunFiles,
-                now: float) -> list[Intent]:  # fmt: skip
+def _slurm_lost(a: Attempt, down: Sequence[str], files: RunFiles, now: float) -> list[Intent]:
     """`node_lost` from Slurm's verdict (NODE_FAIL before any peer report): its latency is
     the daemon's sight of it less the node's last lease, when its launcher left one."""
     leases = {str(x.get("node")): x for x in files.leases if x.get("node")}
@@ -966,12 +1259,23 @@ def _slurm_lost(a: Attempt, down: Sequence[str], files: RunFiles,
     for node in fresh or [None]:
         lease = leases.get(node or "", {})
         heard = lease.get("time") if isinstance(lease.get("time"), (int, float)) else None
-        out.append(Event("node_lost", {
-            "attempt": a.attempt, "job_id": a.job_id, "node": node,
-            "node_rank": lease.get("node_rank"), "source": Source.SLURM.value,
-            "reported_by": "slurm", "last_heard": heard, "time": now,
-            "detection_s": None if heard is None else round(now - heard, 3),
-            "recovery": Recovery.NEW_JOB.value}))  # fmt: skip
+        out.append(
+            Event(
+                "node_lost",
+                {
+                    "attempt": a.attempt,
+                    "job_id": a.job_id,
+                    "node": node,
+                    "node_rank": lease.get("node_rank"),
+                    "source": Source.SLURM.value,
+                    "reported_by": "slurm",
+                    "last_heard": heard,
+                    "time": now,
+                    "detection_s": None if heard is None else round(now - heard, 3),
+                    "recovery": Recovery.NEW_JOB.value,
+                },
+            )
+        )
     return out
 
 
@@ -980,11 +1284,22 @@ def next_attempt(run: Run, prev: Attempt, info: JobInfo) -> Attempt:
     otherwise (known only from accounting) a fresh submission."""
     if info.restart_count > prev.restart_count:  # Slurm already requeued it
         n = prev.attempt + info.restart_count - prev.restart_count
-        return Attempt(run.run_id, n, AttemptState.REQUEUING, job_id=prev.job_id,
-                       tag=prev.tag, restart_count=info.restart_count)  # fmt: skip
+        return Attempt(
+            run.run_id,
+            n,
+            AttemptState.REQUEUING,
+            job_id=prev.job_id,
+            tag=prev.tag,
+            restart_count=info.restart_count,
+        )
     if not info.from_accounting:
-        return Attempt(run.run_id, prev.attempt + 1, AttemptState.REQUEUING,
-                       job_id=prev.job_id, tag=prev.tag,
-                       restart_count=prev.restart_count + 1)  # fmt: skip
+        return Attempt(
+            run.run_id,
+            prev.attempt + 1,
+            AttemptState.REQUEUING,
+            job_id=prev.job_id,
+            tag=prev.tag,
+            restart_count=prev.restart_count + 1,
+        )
     n = prev.attempt + 1
     return Attempt(run.run_id, n, AttemptState.SUBMITTING, tag=tag(run.run_id, n))

@@ -29,9 +29,16 @@ from ftslurm.recipe import Recipe
 from ftslurm.templates import render_job_script
 
 
-def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,
-              inject: tuple[str, ...] = (), mock_home: Path | None = None,
-              environ: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+def make_spec(
+    recipe: Recipe,
+    *,
+    run_dir: Path,
+    backend: str,
+    workdir: str,
+    inject: tuple[str, ...] = (),
+    mock_home: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """What every attempt of a run is built from. `options.nodes` is what the job asks
     Slurm for: the training's nodes plus `spare_nodes` (hot spares, `ftslurm.core.recovery`),
     so whatever counts the job's nodes (exclusion planning, status) counts the spares too.
@@ -56,14 +63,19 @@ def make_spec(recipe: Recipe, *, run_dir: Path, backend: str, workdir: str,
         "inject": list(inject),
         "python": sys.executable,
         "options": {
-            "name": recipe.name, "nodes": recipe.nodes + recipe.spare_nodes,
+            "name": recipe.name,
+            "nodes": recipe.nodes + recipe.spare_nodes,
             "spare_nodes": recipe.spare_nodes,
-            "ntasks_per_node": recipe.ranks_per_node(), "cpus_per_task": recipe.cpus_per_task,
-            "gpus_per_node": recipe.gpus_per_node, "time_limit": recipe.time,
-            "partition": recipe.partition, "account": recipe.account,
-            "exclude": list(recipe.exclude), "extra": dict(recipe.sbatch_extra),
+            "ntasks_per_node": recipe.ranks_per_node(),
+            "cpus_per_task": recipe.cpus_per_task,
+            "gpus_per_node": recipe.gpus_per_node,
+            "time_limit": recipe.time,
+            "partition": recipe.partition,
+            "account": recipe.account,
+            "exclude": list(recipe.exclude),
+            "extra": dict(recipe.sbatch_extra),
         },
-    }  # fmt: skip
+    }
 
 
 BACKSTOP_MIN_SPARE_S = 300
@@ -73,12 +85,16 @@ _SETTING_TO_ENV = {
     # Straggler scores (ftslurm.agent.straggler): ranks publish their step times each
     # interval; the launcher on node 0 scores them into the run's straggler report.
     "straggler_report_interval_s": "straggler_interval_s",
-    "straggler_threshold": "straggler_threshold", "straggler_windows": "straggler_windows",
-    "straggler_reference": "straggler_reference", "num_in_job_restarts": "in_job_restarts",
-    "grace_s": "grace_s", "peer_timeout_s": "peer_timeout_s",
+    "straggler_threshold": "straggler_threshold",
+    "straggler_windows": "straggler_windows",
+    "straggler_reference": "straggler_reference",
+    "num_in_job_restarts": "in_job_restarts",
+    "grace_s": "grace_s",
+    "peer_timeout_s": "peer_timeout_s",
     # Hot spares: the launchers train on SLURM_NNODES - spare_nodes nodes, keep the rest idle.
-    "spare_nodes": "spare_nodes", "checkpoint_sharing": "checkpoint_sharing",
-}  # fmt: skip
+    "spare_nodes": "spare_nodes",
+    "checkpoint_sharing": "checkpoint_sharing",
+}
 
 
 def _backstop(time_limit: str | None, preempt_time: int, settings: dict[str, Any]) -> bool:
@@ -98,9 +114,14 @@ def backend_key(spec: dict[str, Any]) -> str:
     return str(spec["backend"])
 
 
-def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], attempt: int,
-                  exclude: tuple[str, ...],
-                  fired: Collection[str] = ()) -> tuple[str, JobOptions]:  # fmt: skip
+def build_attempt(
+    run_id: str,
+    spec: dict[str, Any],
+    settings: dict[str, Any],
+    attempt: int,
+    exclude: tuple[str, ...],
+    fired: Collection[str] = (),
+) -> tuple[str, JobOptions]:
     """The batch script and sbatch options for attempt `attempt` of a run. `fired`: the
     fault injections that fired in an earlier attempt (`Run.injected`): each fires once per
     run, so the new job carries only the others (a straggler always: its node stays slow).
@@ -112,8 +133,14 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
     # What travels to the compute side; a setting a stored run lacks gets JobEnv's default.
     defaults = JobEnv()
     # peer_timeout_s: every job keeps a lease, with the launcher or without
-    fields = ["checkpoint_signal", "straggler_interval_s", "straggler_threshold",
-              "straggler_windows", "straggler_reference", "peer_timeout_s"]  # fmt: skip
+    fields = [
+        "checkpoint_signal",
+        "straggler_interval_s",
+        "straggler_threshold",
+        "straggler_windows",
+        "straggler_reference",
+        "peer_timeout_s",
+    ]
     launcher = settings.get("use_launcher", True)
     if launcher:
         fields += ["in_job_restarts", "grace_s"]
@@ -122,43 +149,66 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         fields.append("spare_nodes")
     if settings.get("checkpoint_sharing", "private") != "private":
         fields.append("checkpoint_sharing")
-    given: dict[str, Any] = {field: settings.get(key, getattr(defaults, field))
-                             for key, field in _SETTING_TO_ENV.items() if field in fields}
+    given: dict[str, Any] = {
+        field: settings.get(key, getattr(defaults, field))
+        for key, field in _SETTING_TO_ENV.items()
+        if field in fields
+    }
     if launcher:
         # Hang detection (ftslurm.agent.heartbeat); a timeout a stored run lacks gets its
         # default there, None (null) is off.
         given["section_timeouts"] = {
             **(settings.get("section_timeouts") or {}),
-            **{key: settings[name] for key, name in (
-                ("out_of_section", "out_of_section_timeout"), ("initial", "initial_timeout"),
-                ("warmup_steps", "hang_warmup_steps")) if name in settings}}  # fmt: skip
+            **{
+                key: settings[name]
+                for key, name in (
+                    ("out_of_section", "out_of_section_timeout"),
+                    ("initial", "initial_timeout"),
+                    ("warmup_steps", "hang_warmup_steps"),
+                )
+                if name in settings
+            },
+        }
     if any(i.kind.in_job for i in injections):
         given["inject"] = env_value(injections)
     job = JobEnv(
-        run_id=run_id, run_dir=run_dir, checkpoint_dir=spec["checkpoint_dir"],
+        run_id=run_id,
+        run_dir=run_dir,
+        checkpoint_dir=spec["checkpoint_dir"],
         # A requeued job runs this same script again: the attempt number is the one it was
         # submitted as plus Slurm's restart count (the daemon numbers its attempts alike).
-        attempt_base=attempt, **given)
+        attempt_base=attempt,
+        **given,
+    )
     signal = job.checkpoint_signal
     preempt_time = int(settings.get("preempt_time", 60))
     extra = {"open-mode": "append", **o["extra"]}
     options = JobOptions(
-        name=o["name"] or f"ftslurm-{run_id}", nodes=o["nodes"],
-        ntasks_per_node=o["ntasks_per_node"], cpus_per_task=o["cpus_per_task"],
-        gpus_per_node=o["gpus_per_node"], time_limit=o["time_limit"],
-        partition=o["partition"], account=o["account"],
-        exclude=tuple(sorted(set(o["exclude"]) | set(exclude))), comment=tag(run_id, attempt),
-        output=RunDir(run_dir).job_output, workdir=spec["workdir"], requeue=True,
+        name=o["name"] or f"ftslurm-{run_id}",
+        nodes=o["nodes"],
+        ntasks_per_node=o["ntasks_per_node"],
+        cpus_per_task=o["cpus_per_task"],
+        gpus_per_node=o["gpus_per_node"],
+        time_limit=o["time_limit"],
+        partition=o["partition"],
+        account=o["account"],
+        exclude=tuple(sorted(set(o["exclude"]) | set(exclude))),
+        comment=tag(run_id, attempt),
+        output=RunDir(run_dir).job_output,
+        workdir=spec["workdir"],
+        requeue=True,
         # A backstop: if the daemon is down, Slurm itself still asks for the checkpoint.
-        signal=f"{signal}@{preempt_time}" if _backstop(o["time_limit"], preempt_time, settings)
+        signal=f"{signal}@{preempt_time}"
+        if _backstop(o["time_limit"], preempt_time, settings)
         else None,
         # The scheduler carries out what happens to the cluster (node_fail, preempt,
         # timeout); what a job can do to itself travels to every rank's wrapper, on the
         # mock and on a real cluster alike.
-        extra=extra, inject=tuple(i.spec() for i in injections if not i.kind.in_job),
+        extra=extra,
+        inject=tuple(i.spec() for i in injections if not i.kind.in_job),
         # With spares the job must outlive a lost node: Slurm shrinks it instead of ending it.
         no_kill=spares > 0,
-    )  # fmt: skip
+    )
     env = {**spec["env"], **job.render()}
     setup = [
         attempt_setup_line(),
@@ -167,18 +217,28 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
         f'echo "=== ftslurm run ${EnvName.RUN_ID.value} attempt ${EnvName.ATTEMPT.value}: '
         'job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ==="',
         *spec["setup"],
-    ]  # fmt: skip
+    ]
     if launcher:
         # One launcher per node starts the node's ranks, restarts them in-job and forwards
         # signals; srun waits for the others after the first launcher ends (no kill on
         # "continue me", which is a non-zero code), then ends the step.
-        command = [spec["python"], "-m", "ftslurm.agent.launch",
-                   f"--nproc-per-node={o['ntasks_per_node']}", "--", *spec["command"]]
+        command = [
+            spec["python"],
+            "-m",
+            "ftslurm.agent.launch",
+            f"--nproc-per-node={o['ntasks_per_node']}",
+            "--",
+            *spec["command"],
+        ]
         grace = int(job.grace_s)
         srun_args: tuple[str, ...] = (
-            "--nodes=${SLURM_NNODES:-1}", "--ntasks=${SLURM_NNODES:-1}",
-            "--ntasks-per-node=1", "--cpus-per-task=${SLURM_CPUS_ON_NODE:-1}",
-            "--kill-on-bad-exit=0", f"--wait={grace + 60}")  # fmt: skip
+            "--nodes=${SLURM_NNODES:-1}",
+            "--ntasks=${SLURM_NNODES:-1}",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=${SLURM_CPUS_ON_NODE:-1}",
+            "--kill-on-bad-exit=0",
+            f"--wait={grace + 60}",
+        )
         if spares:
             # The step outlives a lost node too (the others train on with a spare); no
             # --wait, whose clock a task lost with its node could start: the spares leave
@@ -187,7 +247,7 @@ def build_attempt(run_id: str, spec: dict[str, Any], settings: dict[str, Any], a
     else:
         command = [spec["python"], "-m", "ftslurm.agent.task", "--", *spec["command"]]
         srun_args = ("--kill-on-bad-exit=1",)
-    script = render_job_script(command, options, run_id=run_id, attempt=attempt, env=env,
-                               setup=setup, srun_args=srun_args)  # fmt: skip
+    script = render_job_script(
+        command, options, run_id=run_id, attempt=attempt, env=env, setup=setup, srun_args=srun_args
+    )
     return script, options
-

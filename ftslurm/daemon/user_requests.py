@@ -45,8 +45,14 @@ def _apply(store: Store, request: Request) -> dict[str, Any]:
         ttl = request.data.get("ttl_s")
         since = request.created_at  # when the user asked
         for node in nodes:
-            store.flag_node(NodeFlag(node=node, reason=str(request.data.get("reason") or ""),
-                                     since=since, expires_at=since + ttl if ttl else None))
+            store.flag_node(
+                NodeFlag(
+                    node=node,
+                    reason=str(request.data.get("reason") or ""),
+                    since=since,
+                    expires_at=since + ttl if ttl else None,
+                )
+            )
         return {"added": nodes}
     if request.kind == NODES_REMOVE:
         removed = [node for node in nodes if store.unflag_node(node)]

@@ -16,21 +16,50 @@ from ftslurm.localcluster.rootfs import DEFAULT_CACHE, HOST_RELEASE, VERSIONS
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ftslurm.localcluster",
-                                     description="A local 4-node Slurm cluster on loopback.")
-    parser.add_argument("--version", default=HOST_RELEASE, choices=VERSIONS,
-                        help=f"the Slurm release (default {HOST_RELEASE}, the host's own)")
-    parser.add_argument("--root", help="the cluster's folder (default: "
-                        + ", ".join(f"{v}: {default_root(v)}" for v in VERSIONS) + ")")
-    parser.add_argument("--cache", default=str(DEFAULT_CACHE),
-                        help="where another release's root filesystem is built and kept")
-    parser.add_argument("command", choices=["up", "down", "status", "destroy", "fail-node",
-                                            "revive-node", "kill-tasks", "stop-controller",
-                                            "start-controller", "slurmd-timeout", "add-user",
-                                            "env"])  # fmt: skip
-    parser.add_argument("node", nargs="?",
-                        help="the node (fail-node, revive-node, kill-tasks), the seconds or "
-                        "'default' (slurmd-timeout), the user name (add-user)")
+    parser = argparse.ArgumentParser(
+        prog="python -m ftslurm.localcluster",
+        description="A local 4-node Slurm cluster on loopback.",
+    )
+    parser.add_argument(
+        "--version",
+        default=HOST_RELEASE,
+        choices=VERSIONS,
+        help=f"the Slurm release (default {HOST_RELEASE}, the host's own)",
+    )
+    parser.add_argument(
+        "--root",
+        help="the cluster's folder (default: "
+        + ", ".join(f"{v}: {default_root(v)}" for v in VERSIONS)
+        + ")",
+    )
+    parser.add_argument(
+        "--cache",
+        default=str(DEFAULT_CACHE),
+        help="where another release's root filesystem is built and kept",
+    )
+    parser.add_argument(
+        "command",
+        choices=[
+            "up",
+            "down",
+            "status",
+            "destroy",
+            "fail-node",
+            "revive-node",
+            "kill-tasks",
+            "stop-controller",
+            "start-controller",
+            "slurmd-timeout",
+            "add-user",
+            "env",
+        ],
+    )
+    parser.add_argument(
+        "node",
+        nargs="?",
+        help="the node (fail-node, revive-node, kill-tasks), the seconds or "
+        "'default' (slurmd-timeout), the user name (add-user)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -39,10 +68,13 @@ def main(argv: list[str] | None = None) -> int:
             case "up":
                 cluster.up()
                 if cluster.build_s:
-                    print(f"built the Slurm {args.version} root filesystem in "
-                          f"{cluster.build_s:.0f} s")
-                print(f"local Slurm {args.version} cluster up: "
-                      f"{', '.join(cluster.layout.node_names)} idle")
+                    print(
+                        f"built the Slurm {args.version} root filesystem in {cluster.build_s:.0f} s"
+                    )
+                print(
+                    f"local Slurm {args.version} cluster up: "
+                    f"{', '.join(cluster.layout.node_names)} idle"
+                )
                 print(f"use it with: . {cluster.layout.env_file}")
             case "down":
                 cluster.down()
@@ -66,10 +98,15 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.revive_node(args.node)
                     print(f"{args.node} is back")
                 else:
-                    killed = (cluster.fail_node if args.command == "fail-node"
-                              else cluster.kill_job_processes)(args.node)  # fmt: skip
-                    print(f"killed {len(killed)} processes of {args.node} "
-                          f"(pids {' '.join(map(str, killed))})")
+                    killed = (
+                        cluster.fail_node
+                        if args.command == "fail-node"
+                        else cluster.kill_job_processes
+                    )(args.node)
+                    print(
+                        f"killed {len(killed)} processes of {args.node} "
+                        f"(pids {' '.join(map(str, killed))})"
+                    )
             case "slurmd-timeout":
                 if args.node != "default" and not (args.node or "").isdigit():
                     parser.error("slurmd-timeout needs a number of seconds or 'default'")
@@ -81,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                 opened = cluster.add_user(args.node)
                 for path in opened:
                     print(f"opened {path} to other users (search only)")
-                print(f"{args.node} is a user of the local Slurm {args.version} cluster; "
-                      "fault controls through sudo")
+                print(
+                    f"{args.node} is a user of the local Slurm {args.version} cluster; "
+                    "fault controls through sudo"
+                )
             case "stop-controller":
                 cluster.stop_controller()
             case "start-controller":

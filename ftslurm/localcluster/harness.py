@@ -61,9 +61,20 @@ DEFAULT_ROOT = Path(os.environ.get("FTSLURM_LOCAL_CLUSTER_DIR", "/tmp/ftslurm-lo
 
 DEBIAN_PACKAGES = ("slurm-wlm", "slurm-client", "munge", "slurmdbd", "mariadb-server")
 REQUIRED_BINARIES = (
-    "slurmctld", "slurmd", "slurmdbd", "sbatch", "squeue", "scontrol", "sacct",
-    "sacctmgr", "sinfo", "munged", "mariadbd", "mariadb-install-db", "mariadb",
-)  # fmt: skip
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "sbatch",
+    "squeue",
+    "scontrol",
+    "sacct",
+    "sacctmgr",
+    "sinfo",
+    "munged",
+    "mariadbd",
+    "mariadb-install-db",
+    "mariadb",
+)
 MARKER = "FTSLURM_LOCAL_CLUSTER"  # env var set on every daemon we start
 NODE_MARKER = "FTSLURM_LOCAL_NODE"  # env var set on each slurmd (and inherited by its stepds)
 
@@ -144,21 +155,32 @@ class DaemonStatus:
 class LocalCluster:
     """Start, inspect, break and stop a local multi-node Slurm cluster."""
 
-    def __init__(self, root: Path | str | None = None, *, version: str = HOST_RELEASE,
-                 cache: Path | str = DEFAULT_CACHE, **layout_overrides) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        *,
+        version: str = HOST_RELEASE,
+        cache: Path | str = DEFAULT_CACHE,
+        **layout_overrides,
+    ) -> None:
         try:
             release = release_for(version)
         except RootfsError as exc:
             raise ClusterError(str(exc)) from None
         self.version = version
         if release is not None:
-            layout_overrides = {"base_port": release.base_port, "chrooted": True,
-                                "cluster_name": release.cluster_name,
-                                "slurmd_timeout": release.slurmd_timeout, **layout_overrides}
+            layout_overrides = {
+                "base_port": release.base_port,
+                "chrooted": True,
+                "cluster_name": release.cluster_name,
+                "slurmd_timeout": release.slurmd_timeout,
+                **layout_overrides,
+            }
         self.layout = ClusterLayout(
             root=Path(root or default_root(version)).resolve(),
-            hostname=socket.gethostname().split(".")[0], **layout_overrides,
-        )  # fmt: skip
+            hostname=socket.gethostname().split(".")[0],
+            **layout_overrides,
+        )
         self.rootfs: Rootfs | None = None
         self.sysroot: Sysroot | None = None
         self.build_s = 0.0  # how long `up` spent building the root filesystem
@@ -168,8 +190,9 @@ class LocalCluster:
                 # The mount point lives beside the cache, not in the cluster's folder: a walk
                 # or removal of that folder (or of /tmp) must never reach the cached tree.
                 name = str(self.layout.root).strip("/").replace("/", "_")
-                self.sysroot = Sysroot(self.rootfs, self.rootfs.cache / "mnt" / name,
-                                       self.layout.root)  # fmt: skip
+                self.sysroot = Sysroot(
+                    self.rootfs, self.rootfs.cache / "mnt" / name, self.layout.root
+                )
             except RootfsError as exc:
                 raise ClusterError(str(exc)) from None
 
@@ -206,12 +229,22 @@ class LocalCluster:
             env[NODE_MARKER] = node
         return env
 
-    def _run(self, argv: list[str], *, check: bool = True, timeout: float = 60,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def _run(
+        self,
+        argv: list[str],
+        *,
+        check: bool = True,
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout,
-            env=env or self._daemon_env(), stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env or self._daemon_env(),
+            stdin=subprocess.DEVNULL,
+        )
         if check and proc.returncode != 0:
             msg = (proc.stderr or proc.stdout).strip().splitlines()
             raise ClusterError(f"{argv[0]} failed ({proc.returncode}): {msg[-1] if msg else ''}")
@@ -241,9 +274,10 @@ class LocalCluster:
             )
         log.info("installing %s", " ".join(DEBIAN_PACKAGES))
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for argv in (["apt-get", "update", "-qq"],
-                     ["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                      *DEBIAN_PACKAGES]):  # fmt: skip
+        for argv in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *DEBIAN_PACKAGES],
+        ):
             proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
             if proc.returncode != 0:
                 raise ClusterError(f"{' '.join(argv[:2])} failed: {proc.stderr.strip()[-300:]}")
@@ -281,8 +315,10 @@ class LocalCluster:
     def down(self) -> None:
         """Stop every daemon and every job process of this cluster; keep the folder."""
         lay = self.layout
-        self._kill_matching(lambda env: env.get("SLURM_CONF") == str(lay.slurm_conf)
-                            and "SLURM_JOB_ID" in env, signal.SIGKILL)  # fmt: skip
+        self._kill_matching(
+            lambda env: env.get("SLURM_CONF") == str(lay.slurm_conf) and "SLURM_JOB_ID" in env,
+            signal.SIGKILL,
+        )
         for node in lay.node_names:
             self._stop_pidfile(lay.slurmd_pid_file(node))
         self._stop_pidfile(lay.pid_file("slurmctld"))
@@ -293,9 +329,15 @@ class LocalCluster:
         self._kill_matching(lambda env: env.get(MARKER) == str(lay.root), signal.SIGKILL)
         if self.sysroot is not None:
             # Whatever is mounted there, also what a crashed run left (the mount table says).
-            wait_for(lambda: not self._kill_matching(
-                lambda env: env.get(MARKER) == str(lay.root), signal.SIGKILL), 10,
-                "the cluster's processes to be gone")  # fmt: skip
+            wait_for(
+                lambda: (
+                    not self._kill_matching(
+                        lambda env: env.get(MARKER) == str(lay.root), signal.SIGKILL
+                    )
+                ),
+                10,
+                "the cluster's processes to be gone",
+            )
             try:
                 self.sysroot.unmount()
             except RootfsError as exc:
@@ -310,8 +352,12 @@ class LocalCluster:
 
     def daemons(self) -> list[DaemonStatus]:
         lay = self.layout
-        items = [("munged", lay.pid_file("munged")), ("mysqld", lay.pid_file("mysqld")),
-                 ("slurmdbd", lay.pid_file("slurmdbd")), ("slurmctld", lay.pid_file("slurmctld"))]
+        items = [
+            ("munged", lay.pid_file("munged")),
+            ("mysqld", lay.pid_file("mysqld")),
+            ("slurmdbd", lay.pid_file("slurmdbd")),
+            ("slurmctld", lay.pid_file("slurmctld")),
+        ]
         items += [(f"slurmd-{n}", lay.slurmd_pid_file(n)) for n in lay.node_names]
         return [DaemonStatus(name, _read_pid(path)) for name, path in items]
 
@@ -382,8 +428,11 @@ class LocalCluster:
         """Whether a process's environment is that of a job process on `node` (a task of
         this cluster's slurmd there, not a daemon we started)."""
         conf, root = str(self.layout.slurm_conf), str(self.layout.root)
-        return lambda env: env.get("SLURM_CONF") == conf \
-            and env.get("SLURMD_NODENAME") == node and env.get(MARKER) != root
+        return lambda env: (
+            env.get("SLURM_CONF") == conf
+            and env.get("SLURMD_NODENAME") == node
+            and env.get(MARKER) != root
+        )
 
     def revive_node(self, node: str, timeout: float = 60) -> None:
         """Restart a failed node's slurmd, resume it, and wait until it is idle again."""
@@ -470,10 +519,18 @@ class LocalCluster:
         for path in (lay.munge_dir, lay.munge_key):
             os.chown(path, *munge_ids)
         pid_file = lay.munge_dir / "munged.pid"
-        self._run(self._daemon_argv(
-            "munged", "--force", f"--key-file={lay.munge_key}", f"--socket={lay.munge_socket}",
-            f"--pid-file={pid_file}", f"--log-file={lay.munge_dir / 'munged.log'}",
-            f"--seed-file={lay.munge_dir / 'munged.seed'}", user="munge"))  # fmt: skip
+        self._run(
+            self._daemon_argv(
+                "munged",
+                "--force",
+                f"--key-file={lay.munge_key}",
+                f"--socket={lay.munge_socket}",
+                f"--pid-file={pid_file}",
+                f"--log-file={lay.munge_dir / 'munged.log'}",
+                f"--seed-file={lay.munge_dir / 'munged.seed'}",
+                user="munge",
+            )
+        )
         wait_for(lambda: _read_pid(pid_file) is not None, 15, "munged")
         lay.pid_file("munged").write_text(pid_file.read_text())
 
@@ -485,10 +542,17 @@ class LocalCluster:
         lay.mysql_dir.mkdir(exist_ok=True)
         os.chown(lay.mysql_dir, *self._user_ids("mysql"))
         if not initialised:
-            self._run(self._daemon_argv(
-                "mariadb-install-db", "--no-defaults", f"--datadir={lay.mysql_dir}",
-                "--user=mysql", "--auth-root-authentication-method=socket",
-                "--skip-test-db"), timeout=180)  # fmt: skip
+            self._run(
+                self._daemon_argv(
+                    "mariadb-install-db",
+                    "--no-defaults",
+                    f"--datadir={lay.mysql_dir}",
+                    "--user=mysql",
+                    "--auth-root-authentication-method=socket",
+                    "--skip-test-db",
+                ),
+                timeout=180,
+            )
         # MariaDB 11.8 (trixie) turns TLS on by itself, and slurmdbd 24.11.5 with its
         # libmariadb then dies at start ("_check_mysql_concat_is_sane: null result"):
         # a loopback-only database needs no TLS.
@@ -496,19 +560,37 @@ class LocalCluster:
         with open(lay.log_dir / "mysqld.out", "ab") as out:
             proc = subprocess.Popen(
                 self._daemon_argv(
-                    "mariadbd", "--no-defaults", *no_tls, f"--datadir={lay.mysql_dir}",
-                    f"--socket={lay.mysql_socket}", f"--port={lay.mysql_port}",
-                    "--bind-address=127.0.0.1", "--user=mysql", "--skip-log-bin",
-                    "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900",
-                    f"--log-error={lay.log_dir / 'mysqld.log'}"),
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                    "mariadbd",
+                    "--no-defaults",
+                    *no_tls,
+                    f"--datadir={lay.mysql_dir}",
+                    f"--socket={lay.mysql_socket}",
+                    f"--port={lay.mysql_port}",
+                    "--bind-address=127.0.0.1",
+                    "--user=mysql",
+                    "--skip-log-bin",
+                    "--innodb-buffer-pool-size=128M",
+                    "--innodb-lock-wait-timeout=900",
+                    f"--log-error={lay.log_dir / 'mysqld.log'}",
+                ),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
                 env=self._daemon_env(),
-            )  # fmt: skip
+            )
         lay.pid_file("mysqld").write_text(f"{proc.pid}\n")
-        sql = self._daemon_argv("mariadb", "--no-defaults", *no_tls,
-                                f"--socket={lay.mysql_socket}", "-u", "root")  # fmt: skip
-        wait_for(lambda: proc.poll() is None and self._run(sql + ["-e", "SELECT 1"],
-                 check=False).returncode == 0, 60, "MariaDB to accept connections")  # fmt: skip
+        sql = self._daemon_argv(
+            "mariadb", "--no-defaults", *no_tls, f"--socket={lay.mysql_socket}", "-u", "root"
+        )
+        wait_for(
+            lambda: (
+                proc.poll() is None
+                and self._run(sql + ["-e", "SELECT 1"], check=False).returncode == 0
+            ),
+            60,
+            "MariaDB to accept connections",
+        )
         pw = lay.db_password
         grants = "".join(
             f"CREATE USER IF NOT EXISTS 'slurm'@'{h}' IDENTIFIED BY '{pw}';"
@@ -521,8 +603,16 @@ class LocalCluster:
         lay = self.layout
         if not _read_pid(lay.pid_file("slurmdbd")):
             self._run(self._daemon_argv("slurmdbd"))
-        wait_for(lambda: self._run(["sacctmgr", "-n", "-P", "show", "cluster"],
-                 check=False, timeout=15).returncode == 0, 60, "slurmdbd to answer")  # fmt: skip
+        wait_for(
+            lambda: (
+                self._run(
+                    ["sacctmgr", "-n", "-P", "show", "cluster"], check=False, timeout=15
+                ).returncode
+                == 0
+            ),
+            60,
+            "slurmdbd to answer",
+        )
 
     def _register_accounting(self) -> None:
         lay = self.layout
@@ -531,16 +621,34 @@ class LocalCluster:
             self._run(["sacctmgr", "-i", "add", "cluster", lay.cluster_name])
         accounts = self._run(["sacctmgr", "-n", "-P", "show", "account", "format=account"]).stdout
         if "ftslurm" not in accounts.split():
-            self._run(["sacctmgr", "-i", "add", "account", "ftslurm",
-                       f"cluster={lay.cluster_name}", "description=ftslurm",
-                       "organization=ftslurm"])  # fmt: skip
+            self._run(
+                [
+                    "sacctmgr",
+                    "-i",
+                    "add",
+                    "account",
+                    "ftslurm",
+                    f"cluster={lay.cluster_name}",
+                    "description=ftslurm",
+                    "organization=ftslurm",
+                ]
+            )
         self._register_user(pwd.getpwuid(os.geteuid()).pw_name)
 
     def _register_user(self, user: str) -> None:
         known = self._run(["sacctmgr", "-n", "-P", "show", "user", "format=user"]).stdout
         if user not in known.split():
-            self._run(["sacctmgr", "-i", "add", "user", user, "account=ftslurm",
-                       f"cluster={self.layout.cluster_name}"])  # fmt: skip
+            self._run(
+                [
+                    "sacctmgr",
+                    "-i",
+                    "add",
+                    "user",
+                    user,
+                    "account=ftslurm",
+                    f"cluster={self.layout.cluster_name}",
+                ]
+            )
 
     # ------------------------------------------------------- ordinary users
     def add_user(self, user: str) -> list[Path]:
@@ -556,19 +664,27 @@ class LocalCluster:
                 self.rootfs.add_account(entry)
             self._register_user(user)
             python = users.this_python()
-            reach = [Path(python).parent, Path(os.path.realpath(python)).parent,
-                     Path(sys.base_prefix), Path(__file__).parents[2]]  # fmt: skip
+            reach = [
+                Path(python).parent,
+                Path(os.path.realpath(python)).parent,
+                Path(sys.base_prefix),
+                Path(__file__).parents[2],
+            ]
             if self.sysroot is not None:  # the wrappers look for the user's folder in it
                 reach.append(self.sysroot.path)
             opened = [p for path in reach for p in users.open_path(user, path)]
             if not users.runs_as(user, [python, "-c", "import ftslurm.localcluster"]):
-                raise ClusterError(f"{user} cannot run {python} -m ftslurm (is the project "
-                                   "readable by other users?)")  # fmt: skip
+                raise ClusterError(
+                    f"{user} cannot run {python} -m ftslurm (is the project "
+                    "readable by other users?)"
+                )
             users.ensure_sudo(users.render_sudo_rule(user, python))
             if self.sysroot is not None:
                 chroot = shutil.which("chroot", path=sbin_path()) or "/usr/sbin/chroot"
-                users.ensure_sudo(users.render_chroot_rule(user, chroot, self.sysroot.path.parent),
-                                  users.CHROOT_SUDOERS_FILE)  # fmt: skip
+                users.ensure_sudo(
+                    users.render_chroot_rule(user, chroot, self.sysroot.path.parent),
+                    users.CHROOT_SUDOERS_FILE,
+                )
         except (users.UserError, RootfsError, subprocess.TimeoutExpired) as exc:
             raise ClusterError(str(exc)) from None
         return opened
@@ -576,19 +692,24 @@ class LocalCluster:
     def _operator(self, *command: str) -> str:
         """Run a fault control as the cluster's operator (root) for a caller who is not:
         `users.operator_argv` through $FTSLURM_CLUSTER_OPERATOR (default `sudo -n`)."""
-        argv = users.operator_argv(users.operator_prefix(), users.this_python(), self.version,
-                                   self.layout.root, *command)  # fmt: skip
+        argv = users.operator_argv(
+            users.operator_prefix(), users.this_python(), self.version, self.layout.root, *command
+        )
         what = f"{command[0]} is a fault control of the cluster's operator (root)"
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                                  stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+            )
         except FileNotFoundError:
-            raise ClusterError(f"{what}; {argv[0]} is missing",
-                               hint="run it as root, or `add-user` this user") from None
+            raise ClusterError(
+                f"{what}; {argv[0]} is missing", hint="run it as root, or `add-user` this user"
+            ) from None
         if proc.returncode != 0:
             lines = (proc.stderr or proc.stdout).strip().splitlines()
-            raise ClusterError(f"{what}: {lines[-1] if lines else f'exit {proc.returncode}'}",
-                               hint="run it as root, or `add-user` this user")  # fmt: skip
+            raise ClusterError(
+                f"{what}: {lines[-1] if lines else f'exit {proc.returncode}'}",
+                hint="run it as root, or `add-user` this user",
+            )
         return proc.stdout
 
     def _start_slurmctld(self, clear_state: bool) -> None:
@@ -601,8 +722,11 @@ class LocalCluster:
         if _read_pid(self.layout.slurmd_pid_file(node)):
             return
         self._run(self._daemon_argv("slurmd", "-N", node), env=self._daemon_env(node))
-        wait_for(lambda: _read_pid(self.layout.slurmd_pid_file(node)) is not None, 30,
-                 f"slurmd of {node}")  # fmt: skip
+        wait_for(
+            lambda: _read_pid(self.layout.slurmd_pid_file(node)) is not None,
+            30,
+            f"slurmd of {node}",
+        )
 
     def _ping_controller(self) -> bool:
         try:

@@ -42,8 +42,22 @@ ROOTFS_PACKAGES = ("slurm-wlm", "slurm-client", "munge", "slurmdbd", "mariadb-se
 # Written into the root filesystem once it is complete; it also tells a wrapper script
 # that it already runs inside the chroot (a job's `srun`), where it must not chroot again.
 MARKER = Path("etc/ftslurm-rootfs")
-CLIENTS = ("sacct", "sacctmgr", "salloc", "sbatch", "scancel", "scontrol", "sdiag", "sinfo",
-           "sprio", "squeue", "sreport", "srun", "sshare", "sstat")  # fmt: skip
+CLIENTS = (
+    "sacct",
+    "sacctmgr",
+    "salloc",
+    "sbatch",
+    "scancel",
+    "scontrol",
+    "sdiag",
+    "sinfo",
+    "sprio",
+    "squeue",
+    "sreport",
+    "srun",
+    "sshare",
+    "sstat",
+)
 # Clients whose working directory matters: it becomes the job's. Elsewhere an invisible one
 # is replaced by "/".
 CWD_CLIENTS = ("salloc", "sbatch", "srun")
@@ -75,8 +89,9 @@ class SlurmRelease:
 
 # Releases that run from a chroot. HOST_RELEASE is the host's own and needs none.
 RELEASES: dict[str, SlurmRelease] = {
-    "24.11": SlurmRelease("24.11", "trixie", base_port=17800, cluster_name="ftslurm2411",
-                          slurmd_timeout=30),
+    "24.11": SlurmRelease(
+        "24.11", "trixie", base_port=17800, cluster_name="ftslurm2411", slurmd_timeout=30
+    ),
 }
 VERSIONS = (HOST_RELEASE, *RELEASES)
 
@@ -104,12 +119,14 @@ def checked_path(path: Path, what: str) -> Path:
 
 
 def run_checked(argv: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env
+    )
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
-        raise RootfsError(f"{' '.join(argv[:3])} failed ({proc.returncode}): "
-                          f"{lines[-1] if lines else ''}")  # fmt: skip
+        raise RootfsError(
+            f"{' '.join(argv[:3])} failed ({proc.returncode}): {lines[-1] if lines else ''}"
+        )
     return proc.stdout
 
 
@@ -134,8 +151,9 @@ def mounts_under(path: Path) -> list[Path]:
 class Rootfs:
     """The cached root filesystem of one release: built once, reused while complete."""
 
-    def __init__(self, release: SlurmRelease, cache: Path = DEFAULT_CACHE,
-                 mirror: str = DEFAULT_MIRROR) -> None:  # fmt: skip
+    def __init__(
+        self, release: SlurmRelease, cache: Path = DEFAULT_CACHE, mirror: str = DEFAULT_MIRROR
+    ) -> None:
         self.release = release
         self.cache = checked_path(Path(cache).resolve(), "the root filesystem cache")
         if not _MIRROR.match(mirror):
@@ -173,8 +191,10 @@ class Rootfs:
         shutil.rmtree(partial, ignore_errors=True)
         partial.parent.mkdir(parents=True, exist_ok=True)
         log.info("building a Debian %s root filesystem in %s", self.release.suite, partial)
-        run_checked(["debootstrap", "--variant=minbase", self.release.suite, str(partial),
-                     self.mirror], timeout=BUILD_TIMEOUT_S)  # fmt: skip
+        run_checked(
+            ["debootstrap", "--variant=minbase", self.release.suite, str(partial), self.mirror],
+            timeout=BUILD_TIMEOUT_S,
+        )
         # No package may start a daemon while it is installed into the tree.
         policy = partial / "usr/sbin/policy-rc.d"
         policy.write_text("#!/bin/sh\nexit 101\n")
@@ -182,20 +202,27 @@ class Rootfs:
         proc = partial / "proc"
         run_checked(["mount", "-t", "proc", "proc", str(proc)])
         try:
-            env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
-                   "LC_ALL": "C"}  # fmt: skip
+            env = {
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                "DEBIAN_FRONTEND": "noninteractive",
+                "LC_ALL": "C",
+            }
             log.info("installing %s into it", " ".join(ROOTFS_PACKAGES))
             run_checked(["chroot", str(partial), "apt-get", "update", "-qq"], BUILD_TIMEOUT_S, env)
             install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends"]
             run_checked(["chroot", str(partial), *install, *ROOTFS_PACKAGES], BUILD_TIMEOUT_S, env)
             run_checked(["chroot", str(partial), "apt-get", "clean"], 120, env)
-            version = run_checked(["chroot", str(partial), "dpkg-query", "-W",
-                                   "-f=${Version}", "slurm-client"], 60, env).strip()  # fmt: skip
+            version = run_checked(
+                ["chroot", str(partial), "dpkg-query", "-W", "-f=${Version}", "slurm-client"],
+                60,
+                env,
+            ).strip()
         finally:
             subprocess.run(["umount", str(proc)], capture_output=True, check=False)
         if not version.startswith(self.release.version + "."):
-            raise RootfsError(f"{self.release.suite} installed Slurm {version}, "
-                              f"not {self.release.version}")  # fmt: skip
+            raise RootfsError(
+                f"{self.release.suite} installed Slurm {version}, not {self.release.version}"
+            )
         (partial / MARKER).write_text(version + "\n")
         if self.path.exists():
             if mounts_under(self.path):
@@ -216,8 +243,10 @@ class Rootfs:
         with open(self.path / "etc/group", "a") as f:
             f.write(f"{group}:x:{entry.pw_gid}:\n")
         with open(self.path / "etc/passwd", "a") as f:
-            f.write(f"{entry.pw_name}:x:{entry.pw_uid}:{entry.pw_gid}::{entry.pw_dir}:"
-                    f"{entry.pw_shell}\n")
+            f.write(
+                f"{entry.pw_name}:x:{entry.pw_uid}:{entry.pw_gid}::{entry.pw_dir}:"
+                f"{entry.pw_shell}\n"
+            )
 
     def passwd_ids(self, user: str) -> tuple[int, int]:
         """(uid, gid) of `user` in the tree's /etc/passwd (its ids may differ from the host's)."""
@@ -242,8 +271,10 @@ def ensure_debian_package(binary: str, package: str) -> None:
         raise RootfsError(f"{binary} is missing; install Debian's {package} package (root)")
     log.info("installing %s", package)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-qq"],
-                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]):
+    for argv in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
+    ):
         run_checked(argv, 900, env)
 
 
@@ -316,8 +347,10 @@ def render_client_wrapper(tool: str, binary: str, sysroot: Path, slurm_conf: Pat
     PATH, so Slurm sees the user's request."""
     root, conf, exe = (shlex.quote(str(v)) for v in (sysroot, slurm_conf, binary))
     if tool in CWD_CLIENTS:
-        elsewhere = (f'echo "{tool}: the working directory $PWD is not visible to the '
-                     f'Slurm chroot (only /tmp and the cluster folder are)" >&2; exit 2')
+        elsewhere = (
+            f'echo "{tool}: the working directory $PWD is not visible to the '
+            f'Slurm chroot (only /tmp and the cluster folder are)" >&2; exit 2'
+        )
     else:
         elsewhere = "cwd=/"
     return f"""#!/bin/sh

@@ -48,8 +48,17 @@ def check_user_name(name: str) -> str:
 def operator_argv(prefix: str, python: str, version: str, root: Path, *command: str) -> list[str]:
     """argv that runs `python -m ftslurm.localcluster --version V --root R COMMAND...`
     through `prefix` (e.g. `sudo -n`): what a fault control does for a caller not root."""
-    return [*shlex.split(prefix), python, "-m", "ftslurm.localcluster", "--version", version,
-            "--root", str(root), *command]  # fmt: skip
+    return [
+        *shlex.split(prefix),
+        python,
+        "-m",
+        "ftslurm.localcluster",
+        "--version",
+        version,
+        "--root",
+        str(root),
+        *command,
+    ]
 
 
 def operator_prefix() -> str:
@@ -124,8 +133,12 @@ def open_path(user: str, path: Path) -> list[Path]:
 
 
 def runs_as(user: str, argv: list[str]) -> bool:
-    proc = subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True,
-                          stdin=subprocess.DEVNULL, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        ["runuser", "-u", user, "--", *argv],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
     return proc.returncode == 0
 
 

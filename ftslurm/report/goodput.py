@@ -203,15 +203,20 @@ def recovered_how(attempts: Sequence[Attempt], lost_in: int, recovery: str) -> s
     return "requeue" if lost is not None and lost.job_id == nxt.job_id else "new_job"
 
 
-_HOW = {"spare": "a spare takes over", "requeue": "the job is requeued",
-        "new_job": "a new job"}  # fmt: skip
+_HOW = {"spare": "a spare takes over", "requeue": "the job is requeued", "new_job": "a new job"}
 
 
-def node_losses(attempts: Sequence[Attempt], events: Sequence[Event],
-                rounds: Mapping[int, Sequence[Mapping[str, Any]]]) -> tuple[NodeLoss, ...]:
+def node_losses(
+    attempts: Sequence[Attempt],
+    events: Sequence[Event],
+    rounds: Mapping[int, Sequence[Mapping[str, Any]]],
+) -> tuple[NodeLoss, ...]:
     """The run's node losses with their detection and recovery times (`NodeLoss`)."""
-    running = sorted((e.time, int(e.data["attempt"])) for e in events
-                     if e.kind == "running" and isinstance(e.data.get("attempt"), int))
+    running = sorted(
+        (e.time, int(e.data["attempt"]))
+        for e in events
+        if e.kind == "running" and isinstance(e.data.get("attempt"), int)
+    )
     out = []
     for e in events:
         d = e.data
@@ -230,12 +235,19 @@ def node_losses(attempts: Sequence[Attempt], events: Sequence[Event],
         else:
             back = next((t for t, n in running if n > d["attempt"] and t >= e.time), None)
         took = d.get("detection_s")
-        out.append(NodeLoss(
-            attempt=d["attempt"], node=d.get("node"), source=str(d.get("source") or "peer"),
-            recovery=str(d.get("recovery") or "new_job"), detected_at=detected,
-            detection_s=float(took) if isinstance(took, (int, float)) else None,
-            recovered_at=back, recovery_s=None if back is None else max(0.0, back - detected),
-            how=recovered_how(attempts, d["attempt"], str(d.get("recovery") or "new_job"))))
+        out.append(
+            NodeLoss(
+                attempt=d["attempt"],
+                node=d.get("node"),
+                source=str(d.get("source") or "peer"),
+                recovery=str(d.get("recovery") or "new_job"),
+                detected_at=detected,
+                detection_s=float(took) if isinstance(took, (int, float)) else None,
+                recovered_at=back,
+                recovery_s=None if back is None else max(0.0, back - detected),
+                how=recovered_how(attempts, d["attempt"], str(d.get("recovery") or "new_job")),
+            )
+        )
     return tuple(out)
 
 
@@ -247,9 +259,11 @@ def losses_by_source(losses: Sequence[NodeLoss]) -> dict[str, dict[str, Any]]:
         mine = [x for x in losses if x.source == source]
         det = [x.detection_s for x in mine if x.detection_s is not None]
         rec = [x.recovery_s for x in mine if x.recovery_s is not None]
-        out[source] = {"count": len(mine),
-                       "detection_s": sum(det) / len(det) if det else None,
-                       "recovery_s": sum(rec) / len(rec) if rec else None}  # fmt: skip
+        out[source] = {
+            "count": len(mine),
+            "detection_s": sum(det) / len(det) if det else None,
+            "recovery_s": sum(rec) / len(rec) if rec else None,
+        }
     return out
 
 
@@ -267,23 +281,44 @@ class GoodputReport:
     def to_dict(self) -> dict[str, Any]:
         b = self.breakdown
         return {
-            "run_id": self.run_id, "begin": self.begin, "end": self.end, "wall_s": b.wall_s,
+            "run_id": self.run_id,
+            "begin": self.begin,
+            "end": self.end,
+            "wall_s": b.wall_s,
             "goodput": b.goodput,
-            "breakdown": {c: {"seconds": s, "share": b.share(c)}
-                          for c, s in b.seconds().items()},
-            "timeline": [{"time": e.time, "offset_s": e.time - self.begin, "kind": e.kind,
-                          "attempt": e.attempt, "end": e.end, "text": e.text}
-                         for e in self.timeline],
-            "segments": [{"start": s.start, "end": s.end, "category": s.category,
-                          "attempt": s.attempt} for s in self.segments],
+            "breakdown": {c: {"seconds": s, "share": b.share(c)} for c, s in b.seconds().items()},
+            "timeline": [
+                {
+                    "time": e.time,
+                    "offset_s": e.time - self.begin,
+                    "kind": e.kind,
+                    "attempt": e.attempt,
+                    "end": e.end,
+                    "text": e.text,
+                }
+                for e in self.timeline
+            ],
+            "segments": [
+                {"start": s.start, "end": s.end, "category": s.category, "attempt": s.attempt}
+                for s in self.segments
+            ],
             "notes": list(self.notes),
-            "node_losses": [{"attempt": x.attempt, "node": x.node, "source": x.source,
-                             "recovery": x.recovery, "detected_at": x.detected_at,
-                             "detection_s": x.detection_s, "recovered_at": x.recovered_at,
-                             "recovery_s": x.recovery_s, "how": x.how}
-                            for x in self.losses],
+            "node_losses": [
+                {
+                    "attempt": x.attempt,
+                    "node": x.node,
+                    "source": x.source,
+                    "recovery": x.recovery,
+                    "detected_at": x.detected_at,
+                    "detection_s": x.detection_s,
+                    "recovered_at": x.recovered_at,
+                    "recovery_s": x.recovery_s,
+                    "how": x.how,
+                }
+                for x in self.losses
+            ],
             "losses_by_source": losses_by_source(self.losses),
-        }  # fmt: skip
+        }
 
 
 # ---------------------------------------------------------------------------- the cut
@@ -309,13 +344,15 @@ class _Cutter:
         return added
 
 
-def _span_pieces(start: float, stop: float, ending: str, unknown_restarts: int,
-                 facts: ComputeFacts) -> tuple[list[tuple[float, str]], str | None]:  # fmt: skip
+def _span_pieces(
+    start: float, stop: float, ending: str, unknown_restarts: int, facts: ComputeFacts
+) -> tuple[list[tuple[float, str]], str | None]:
     """The pieces [(until, category)] of one span of compute, and why part of it could not
     be attributed (None when all of it could)."""
-    records = sorted((r for r in facts.checkpoints
-                      if r.time is not None and start < r.time <= stop),
-                     key=lambda r: r.time or 0.0)  # fmt: skip
+    records = sorted(
+        (r for r in facts.checkpoints if r.time is not None and start < r.time <= stop),
+        key=lambda r: r.time or 0.0,
+    )
     if records:
         last: float | None = records[-1].time
     elif facts.checkpoints_complete_from <= start or ending == _STALLED:
@@ -349,7 +386,8 @@ def _span_pieces(start: float, stop: float, ending: str, unknown_restarts: int,
     if unknown_restarts:
         return pieces, "restarts"
     return pieces, _RUNNING if tail == UNATTRIBUTED and ending == _RUNNING else (
-        "ending" if tail == UNATTRIBUTED else None)  # fmt: skip
+        "ending" if tail == UNATTRIBUTED else None
+    )
 
 
 def _ending(a: Attempt, ended: Event | None, run_active: bool) -> str:
@@ -370,8 +408,9 @@ def _round_starts(a: Attempt, af: AttemptFacts) -> tuple[float | None, ...]:
 
 
 # ---------------------------------------------------------------------------- the report
-def goodput(run: Run, attempts: Sequence[Attempt], events: Sequence[Event],
-            facts: ComputeFacts, now: float) -> GoodputReport:  # fmt: skip
+def goodput(
+    run: Run, attempts: Sequence[Attempt], events: Sequence[Event], facts: ComputeFacts, now: float
+) -> GoodputReport:
     """The breakdown, the pieces it sums and the timeline of one run (see the docstring)."""
     begin = run.created_at
     active = not run.state.is_terminal
@@ -406,15 +445,25 @@ def goodput(run: Run, attempts: Sequence[Attempt], events: Sequence[Event],
         if r.time is None:
             step = f"step {r.step}" if r.step is not None else "a checkpoint"
             took = f" took {format_duration(r.save_s)} to save;" if r.save_s else ""
-            notes.append(f"the checkpoint of {step}{took} when it was saved is not recorded, "
-                         "so its save time is not in checkpointing")  # fmt: skip
-    return GoodputReport(run.run_id, begin, finish, breakdown, tuple(cut.segments),
-                         _timeline(run, attempts, events, facts, begin, finish),
-                         tuple(notes), node_losses(attempts, events, facts.rounds))  # fmt: skip
+            notes.append(
+                f"the checkpoint of {step}{took} when it was saved is not recorded, "
+                "so its save time is not in checkpointing"
+            )
+    return GoodputReport(
+        run.run_id,
+        begin,
+        finish,
+        breakdown,
+        tuple(cut.segments),
+        _timeline(run, attempts, events, facts, begin, finish),
+        tuple(notes),
+        node_losses(attempts, events, facts.rounds),
+    )
 
 
-def _compute(cut: _Cutter, a: Attempt, ended: Event | None, active: bool, facts: ComputeFacts,
-             finish: float) -> list[str]:  # fmt: skip
+def _compute(
+    cut: _Cutter, a: Attempt, ended: Event | None, active: bool, facts: ComputeFacts, finish: float
+) -> list[str]:
     """Lay the pieces of attempt `a`'s compute; returns notes on what it could not place."""
     assert a.start is not None
     stop = a.end if a.end is not None else finish
@@ -441,24 +490,36 @@ def _compute(cut: _Cutter, a: Attempt, ended: Event | None, active: bool, facts:
             if category == LOST and span_unknown:
                 lost_to_restarts += added
         if why == "checkpoint":
-            before.append("an in-job restart" if span_ending == _RESTART else
-                          f"its ending ({a.cause or 'cause not recorded'})")  # fmt: skip
+            before.append(
+                "an in-job restart"
+                if span_ending == _RESTART
+                else f"its ending ({a.cause or 'cause not recorded'})"
+            )
     notes = []
     k = f"attempt {a.attempt}"
     if unplaced.get("checkpoint"):
-        notes.append(f"{k}: {format_duration(unplaced['checkpoint'])} unattributed: no "
-                     f"checkpoint record tells when its last checkpoint before "
-                     f"{' and before '.join(dict.fromkeys(before))} was saved")  # fmt: skip
+        notes.append(
+            f"{k}: {format_duration(unplaced['checkpoint'])} unattributed: no "
+            f"checkpoint record tells when its last checkpoint before "
+            f"{' and before '.join(dict.fromkeys(before))} was saved"
+        )
     if unplaced.get("ending"):
-        notes.append(f"{k}: {format_duration(unplaced['ending'])} after its last checkpoint "
-                     "unattributed: how it ended is not recorded")  # fmt: skip
+        notes.append(
+            f"{k}: {format_duration(unplaced['ending'])} after its last checkpoint "
+            "unattributed: how it ended is not recorded"
+        )
     if unplaced.get(_RUNNING):
-        notes.append(f"{k} is running: {format_duration(unplaced[_RUNNING])} of work since "
-                     "its last checkpoint is not kept yet (unattributed)")  # fmt: skip
+        notes.append(
+            f"{k} is running: {format_duration(unplaced[_RUNNING])} of work since "
+            "its last checkpoint is not kept yet (unattributed)"
+        )
     unknown_total = sum(span[3] for span in spans)
     if unknown_total and (unplaced.get("restarts") or lost_to_restarts):
-        extra = (f"; the {format_duration(lost_to_restarts)} counted as lost includes their "
-                 "cost") if lost_to_restarts else ""  # fmt: skip
+        extra = (
+            (f"; the {format_duration(lost_to_restarts)} counted as lost includes their cost")
+            if lost_to_restarts
+            else ""
+        )
         notes.append(
             f"{k}: {unknown_total} in-job restart(s) at unrecorded times: "
             f"{format_duration(unplaced.get('restarts', 0.0))} unattributed{extra}"
@@ -466,8 +527,10 @@ def _compute(cut: _Cutter, a: Attempt, ended: Event | None, active: bool, facts:
     if ending == _CONTINUED and not any(
         r.time is not None and a.start < r.time <= stop for r in facts.checkpoints
     ):
-        notes.append(f"{k} ended checkpointed; no record gives its save's time, so it is "
-                     "taken to have saved at its end")  # fmt: skip
+        notes.append(
+            f"{k} ended checkpointed; no record gives its save's time, so it is "
+            "taken to have saved at its end"
+        )
     return notes
 
 
@@ -488,35 +551,68 @@ def _timeline(
         job = f"job {d.get('job_id')}"
         if e.kind == "submitted":
             excl = f", excluding {','.join(d['exclude'])}" if d.get("exclude") else ""
-            entries.append(TimelineEntry(e.time, e.kind, f"attempt {k} submitted as {job}{excl}",
-                                         k))  # fmt: skip
+            entries.append(
+                TimelineEntry(e.time, e.kind, f"attempt {k} submitted as {job}{excl}", k)
+            )
         elif e.kind == "requeued":
             excl = f", excluding {','.join(d['exclude'])}" if d.get("exclude") else ""
             entries.append(TimelineEntry(e.time, e.kind, f"attempt {k}: {job} requeued{excl}", k))
         elif e.kind == "adopted":
             entries.append(TimelineEntry(e.time, e.kind, f"attempt {k}: adopted {job}", k))
         elif e.kind == "checkpoint_signal":
-            lead = f" ({d['lead_s']:g}s before the wall limit)" if isinstance(
-                d.get("lead_s"), (int, float)) else ""  # fmt: skip
-            entries.append(TimelineEntry(e.time, e.kind, f"checkpoint signal {d.get('signal')} "
-                                         f"sent to attempt {k}{lead}", k))  # fmt: skip
+            lead = (
+                f" ({d['lead_s']:g}s before the wall limit)"
+                if isinstance(d.get("lead_s"), (int, float))
+                else ""
+            )
+            entries.append(
+                TimelineEntry(
+                    e.time,
+                    e.kind,
+                    f"checkpoint signal {d.get('signal')} sent to attempt {k}{lead}",
+                    k,
+                )
+            )
         elif e.kind == "recovered" and isinstance(d.get("latency_s"), (int, float)):
-            entries.append(TimelineEntry(e.time, e.kind, f"attempt {k} running "
-                                         f"{format_duration(d['latency_s'])} after the previous "
-                                         "ending was seen", k))  # fmt: skip
+            entries.append(
+                TimelineEntry(
+                    e.time,
+                    e.kind,
+                    f"attempt {k} running "
+                    f"{format_duration(d['latency_s'])} after the previous "
+                    "ending was seen",
+                    k,
+                )
+            )
         elif e.kind == "node_lost":
             who = {"slurm": "Slurm", "daemon": "the daemon"}.get(
-                str(d.get("source")), f"peer {d.get('reported_by')}")
-            took = f" {format_duration(d['detection_s'])} after it was last heard" \
-                if isinstance(d.get("detection_s"), (int, float)) else ""  # fmt: skip
+                str(d.get("source")), f"peer {d.get('reported_by')}"
+            )
+            took = (
+                f" {format_duration(d['detection_s'])} after it was last heard"
+                if isinstance(d.get("detection_s"), (int, float))
+                else ""
+            )
             recorded = str(d.get("recovery") or "new_job")
             went_on = recovered_how(attempts, k, recorded) if k is not None else None
             how = _HOW[went_on or ("spare" if recorded == "spare" else "new_job")]
-            entries.append(TimelineEntry(e.time, e.kind, f"{d.get('node') or 'a node'} lost "
-                                         f"(seen by {who}{took}): {how}", k))  # fmt: skip
+            entries.append(
+                TimelineEntry(
+                    e.time,
+                    e.kind,
+                    f"{d.get('node') or 'a node'} lost (seen by {who}{took}): {how}",
+                    k,
+                )
+            )
         elif e.kind == "straggler":
-            entries.append(TimelineEntry(e.time, e.kind, "straggler node(s) flagged: "
-                                         f"{', '.join(d.get('nodes') or [])}", k))  # fmt: skip
+            entries.append(
+                TimelineEntry(
+                    e.time,
+                    e.kind,
+                    f"straggler node(s) flagged: {', '.join(d.get('nodes') or [])}",
+                    k,
+                )
+            )
         elif e.kind == "cadence" and (cadence := Cadence.from_json(d)) is not None:
             entries.append(TimelineEntry(e.time, e.kind, cadence.describe()))
         elif e.kind == "warning":
@@ -529,39 +625,60 @@ def _timeline(
         k = a.attempt
         if a.start is not None:
             nodes = ",".join(a.nodes) or "?"
-            entries.append(TimelineEntry(a.start, "started", f"attempt {k} started on {nodes} "
-                                         f"(job {a.job_id})", k, a.end))  # fmt: skip
+            entries.append(
+                TimelineEntry(
+                    a.start, "started", f"attempt {k} started on {nodes} (job {a.job_id})", k, a.end
+                )
+            )
         if a.end is not None:
-            ran = f" after {format_duration(a.end - a.start)}" if a.start is not None else (
-                " before starting")  # fmt: skip
+            ran = (
+                f" after {format_duration(a.end - a.start)}"
+                if a.start is not None
+                else (" before starting")
+            )
             how = ", ".join(x for x in (a.state, a.cause) if x)
             then = f" -> {verdicts[k]}" if k in verdicts else ""
             why = f" ({a.reason})" if a.reason else ""
-            entries.append(TimelineEntry(a.end, "ended", f"attempt {k} ended{ran}: "
-                                         f"{how}{then}{why}", k))  # fmt: skip
+            entries.append(
+                TimelineEntry(a.end, "ended", f"attempt {k} ended{ran}: {how}{then}{why}", k)
+            )
         af = facts.attempts.get(k, AttemptFacts())
         starts = _round_starts(a, af)
         for n, r in enumerate(starts, 1):
             if r is not None:
-                entries.append(TimelineEntry(r, "restart", f"attempt {k}: ranks running again "
-                                             f"after in-job restart {n}", k))  # fmt: skip
+                entries.append(
+                    TimelineEntry(
+                        r,
+                        "restart",
+                        f"attempt {k}: ranks running again after in-job restart {n}",
+                        k,
+                    )
+                )
         missing = sum(r is None for r in starts)
         if missing:
             at = a.end if a.end is not None else (a.start if a.start is not None else finish)
-            entries.append(TimelineEntry(at, "restart", f"attempt {k}: {missing} in-job "
-                                         "restart(s) at unrecorded times", k))  # fmt: skip
+            entries.append(
+                TimelineEntry(
+                    at,
+                    "restart",
+                    f"attempt {k}: {missing} in-job restart(s) at unrecorded times",
+                    k,
+                )
+            )
         for t, what in af.hangs:
             entries.append(TimelineEntry(t, "hang", f"attempt {k}: hang detected ({what})", k))
-    ranges = [(a.start, a.end if a.end is not None else finish, a.attempt)
-              for a in attempts if a.start is not None]  # fmt: skip
+    ranges = [
+        (a.start, a.end if a.end is not None else finish, a.attempt)
+        for a in attempts
+        if a.start is not None
+    ]
     for r in facts.checkpoints:
         if r.time is None:
             continue
         k = next((n for s, e, n in ranges if s <= r.time <= e), None)
         took = f" ({format_duration(r.save_s)})" if r.save_s else ""
         step = f"step {r.step}" if r.step is not None else "a checkpoint"
-        entries.append(TimelineEntry(r.time, "checkpoint", f"checkpoint of {step} saved{took}",
-                                     k))  # fmt: skip
+        entries.append(TimelineEntry(r.time, "checkpoint", f"checkpoint of {step} saved{took}", k))
     if run.state.is_terminal:
         why = f": {run.reason}" if run.reason else ""
         entries.append(TimelineEntry(finish, "run_ended", f"run {run.state.value}{why}"))

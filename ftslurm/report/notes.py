@@ -57,8 +57,9 @@ def fit_columns(cols: Sequence[Col], widths: Sequence[Sequence[int]], width: int
         need = max([len(col.header), *(row[i] for row in widths)])
         natural.append(min(need, _WRAPPED_MIN) if col.wraps else need)
     shown = list(range(len(cols)))
-    droppable = sorted((i for i, c in enumerate(cols) if c.keep is not None),
-                       key=lambda i: cols[i].keep)  # fmt: skip
+    droppable = sorted(
+        (i for i, c in enumerate(cols) if c.keep is not None), key=lambda i: cols[i].keep
+    )
     while sum(natural[i] + _CELL_EXTRA for i in shown) + 1 > width and droppable:
         shown.remove(droppable.pop(0))
     return shown
@@ -77,8 +78,9 @@ def split_reason(reason: str | None) -> tuple[str, list[str]]:
 
 
 # ---------------------------------------------------------------------------- lost nodes
-def lost_node_notes(nodes: Sequence[str], infos: Sequence[NodeInfo], slurmd_timeout_s: int,
-                    now: float) -> list[str]:  # fmt: skip
+def lost_node_notes(
+    nodes: Sequence[str], infos: Sequence[NodeInfo], slurmd_timeout_s: int, now: float
+) -> list[str]:
     """What to say about an allocation's nodes that stopped answering.
 
     Until SlurmdTimeout has passed the scheduler still counts such a node as up and the job
@@ -90,21 +92,31 @@ def lost_node_notes(nodes: Sequence[str], infos: Sequence[NodeInfo], slurmd_time
         if info is None or info.responding:
             continue
         if info.state in (NodeState.DOWN, NodeState.FAIL):
-            notes.append(f"{name} is down ({info.reason or 'not responding'}); the scheduler "
-                         "ends the job on it")  # fmt: skip
+            notes.append(
+                f"{name} is down ({info.reason or 'not responding'}); the scheduler "
+                "ends the job on it"
+            )
         elif info.not_responding_since is not None:
             since = info.not_responding_since
-            notes.append(f"{name} not responding since {fmt_time(since, now)}; the scheduler "
-                         f"declares it down at about {fmt_time(since + slurmd_timeout_s, now)} "
-                         f"(SlurmdTimeout {slurmd_timeout_s} s)")  # fmt: skip
+            notes.append(
+                f"{name} not responding since {fmt_time(since, now)}; the scheduler "
+                f"declares it down at about {fmt_time(since + slurmd_timeout_s, now)} "
+                f"(SlurmdTimeout {slurmd_timeout_s} s)"
+            )
         else:
-            notes.append(f"{name} not responding; the scheduler declares it down once it has "
-                         f"been silent for SlurmdTimeout ({slurmd_timeout_s} s)")  # fmt: skip
+            notes.append(
+                f"{name} not responding; the scheduler declares it down once it has "
+                f"been silent for SlurmdTimeout ({slurmd_timeout_s} s)"
+            )
     return notes
 
 
-def recovery_notes(attempts: Sequence[Attempt], events: Sequence[Any],
-                   rounds: dict[int, Sequence[dict[str, Any]]], now: float) -> list[str]:
+def recovery_notes(
+    attempts: Sequence[Attempt],
+    events: Sequence[Any],
+    rounds: dict[int, Sequence[dict[str, Any]]],
+    now: float,
+) -> list[str]:
     """What to say about the nodes lost in a run's latest two attempts and the recovery
     under way: "n2 lost 21 s ago (peer report) → new job 45 queued", or "→ spare:
     ranks restarted 4 s later". `events` are the run's `node_lost` (and other) events,
@@ -121,13 +133,20 @@ def recovery_notes(attempts: Sequence[Attempt], events: Sequence[Any],
             continue
         at = d.get("time") if isinstance(d.get("time"), (int, float)) else e.time
         source = {"slurm": "Slurm's verdict", "daemon": "the daemon's lease watch"}.get(
-            str(d.get("source")), "peer report")
+            str(d.get("source")), "peer report"
+        )
         head = f"{d.get('node') or 'a node'} lost {fmt_age(max(0.0, now - at))} ago ({source})"
         if d.get("recovery") == "spare":
-            starts = [r.get("started_at") for r in rounds.get(k, ())
-                      if isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= at]
-            tail = (f"spare: ranks restarted {fmt_age(min(starts) - at)} later" if starts
-                    else "spare: ranks restarting")  # fmt: skip
+            starts = [
+                r.get("started_at")
+                for r in rounds.get(k, ())
+                if isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= at
+            ]
+            tail = (
+                f"spare: ranks restarted {fmt_age(min(starts) - at)} later"
+                if starts
+                else "spare: ranks restarting"
+            )
         else:
             nxt = next((a for n, a in sorted(by_no.items()) if n > k), None)
             if nxt is None:

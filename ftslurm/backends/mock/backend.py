@@ -43,15 +43,23 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
 
     name = "mock"
 
-    def __init__(self, home: Path | str, config: MockConfig | None = None, *,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(
+        self,
+        home: Path | str,
+        config: MockConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = MockStore(home)
         self.store.initialise(config)
         self.clock = clock
 
     # ------------------------------------------------------------------ the core
-    def _op(self, fn: Callable[[MockState, float], tuple[T, list[model.Effect]]],
-            read_only: bool = False) -> T:  # fmt: skip
+    def _op(
+        self,
+        fn: Callable[[MockState, float], tuple[T, list[model.Effect]]],
+        read_only: bool = False,
+    ) -> T:
         """One operation in one transaction. The state is written back after every
         operation that may change it; a read-only one (a query, a listing) writes only when
         the cluster moved meanwhile (an exit seen, an effect, a counted change)."""
@@ -119,25 +127,37 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
             script, env = f"#!/bin/bash\necho {shlex.quote(str(exc))} >&2\nexit 1\n", {}
         nodelist = compress_nodes(job.nodes)
         ntasks = len(job.nodes) * job.ntasks_per_node
-        env.update({
-            "SLURM_JOB_ID": job.job_id, "SLURM_JOBID": job.job_id,
-            "SLURM_JOB_NAME": job.name, "SLURM_JOB_NODELIST": nodelist,
-            "SLURM_NODELIST": nodelist, "SLURM_NNODES": str(len(job.nodes)),
-            "SLURM_JOB_NUM_NODES": str(len(job.nodes)), "SLURM_NTASKS": str(ntasks),
-            "SLURM_NPROCS": str(ntasks), "SLURM_NTASKS_PER_NODE": str(job.ntasks_per_node),
-            "SLURM_TASKS_PER_NODE": f"{job.ntasks_per_node}(x{len(job.nodes)})",
-            "SLURM_JOB_CPUS_PER_NODE": f"{job.cpus_per_node}(x{len(job.nodes)})",
-            "SLURM_JOB_PARTITION": job.partition, "SLURM_SUBMIT_DIR": job.workdir,
-            "SLURM_SUBMIT_HOST": socket.gethostname(), "SLURMD_NODENAME": job.nodes[0],
-            "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
-            "SLURM_CLUSTER_NAME": st.config.cluster_name,
-            "FTSLURM_MOCK_HOME": str(self.store.home),
-        })  # fmt: skip
+        env.update(
+            {
+                "SLURM_JOB_ID": job.job_id,
+                "SLURM_JOBID": job.job_id,
+                "SLURM_JOB_NAME": job.name,
+                "SLURM_JOB_NODELIST": nodelist,
+                "SLURM_NODELIST": nodelist,
+                "SLURM_NNODES": str(len(job.nodes)),
+                "SLURM_JOB_NUM_NODES": str(len(job.nodes)),
+                "SLURM_NTASKS": str(ntasks),
+                "SLURM_NPROCS": str(ntasks),
+                "SLURM_NTASKS_PER_NODE": str(job.ntasks_per_node),
+                "SLURM_TASKS_PER_NODE": f"{job.ntasks_per_node}(x{len(job.nodes)})",
+                "SLURM_JOB_CPUS_PER_NODE": f"{job.cpus_per_node}(x{len(job.nodes)})",
+                "SLURM_JOB_PARTITION": job.partition,
+                "SLURM_SUBMIT_DIR": job.workdir,
+                "SLURM_SUBMIT_HOST": socket.gethostname(),
+                "SLURMD_NODENAME": job.nodes[0],
+                "SLURM_NODEID": "0",
+                "SLURM_PROCID": "0",
+                "SLURM_LOCALID": "0",
+                "SLURM_CLUSTER_NAME": st.config.cluster_name,
+                "FTSLURM_MOCK_HOME": str(self.store.home),
+            }
+        )
         if job.comment:
             env["SLURM_JOB_COMMENT"] = job.comment
         # What only the job can do to itself travels to it; the mock does the rest.
-        in_job = tuple(i.parsed() for i in job.injections
-                       if i.parsed().kind is InjectKind.STRAGGLER)  # fmt: skip
+        in_job = tuple(
+            i.parsed() for i in job.injections if i.parsed().kind is InjectKind.STRAGGLER
+        )
         if in_job:
             env[EnvName.INJECT.value] = env_value(in_job)
         if job.restart_count:
@@ -147,11 +167,15 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
         output = _expand(job.output or "slurm-%j.out", job)
         error = _expand(job.error, job) if job.error else output
         procs.launch_batch(
-            self.store.job_dir(job.job_id), script, env, cwd=job.workdir,
-            stdout_path=_absolute(output, job.workdir), stderr_path=_absolute(error, job.workdir),
+            self.store.job_dir(job.job_id),
+            script,
+            env,
+            cwd=job.workdir,
+            stdout_path=_absolute(output, job.workdir),
+            stderr_path=_absolute(error, job.workdir),
             open_mode=job.open_mode if job.restart_count == 0 else "append",
             kill_wait_s=st.config.kill_wait_s,
-        )  # fmt: skip
+        )
 
     # -------------------------------------------------------------- the protocol
     def submit(self, script: str, options: JobOptions) -> str:
@@ -167,8 +191,9 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
         return self._op(lambda st, now: (model.query(st, ids, now), []), read_only=True)
 
     def find_jobs(self, comment: str, since: float | None = None) -> list[JobInfo]:
-        return self._op(lambda st, now: (model.find_jobs(st, comment, since, now), []),
-                        read_only=True)  # fmt: skip
+        return self._op(
+            lambda st, now: (model.find_jobs(st, comment, since, now), []), read_only=True
+        )
 
     def active_jobs(self) -> list[JobInfo]:
         return self._op(lambda st, now: (model.active_jobs(st, now), []), read_only=True)

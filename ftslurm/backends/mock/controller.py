@@ -77,9 +77,12 @@ def ensure_controller(home: Path, timeout: float = 15.0) -> None:
     with open(home / "controller.log", "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ftslurm.backends.mock.controller", str(home)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
             close_fds=True,
-        )  # fmt: skip
+        )
     deadline = time.monotonic() + timeout
     while not controller_running(home):  # it has started once it holds the lock
         if proc.poll() is not None and not controller_running(home):

@@ -28,11 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     stderr = stdout if launch["stderr"] == launch["stdout"] else open(launch["stderr"], mode)
     try:
         shell = subprocess.Popen(
-            ["/bin/bash", str(job_dir / "script.sh")], cwd=launch["cwd"], env=launch["env"],
-            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True,
+            ["/bin/bash", str(job_dir / "script.sh")],
+            cwd=launch["cwd"],
+            env=launch["env"],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
             restore_signals=True,
             preexec_fn=_default_signals,
-        )  # fmt: skip
+        )
     except OSError as exc:
         print(f"jobwrap: cannot start the batch script: {exc}", file=stderr, flush=True)
         procs.write_json_atomic(job_dir / "exit.json", {"exit_code": 1, "signal": None})
@@ -44,9 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     while procs.steps_alive(job_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
     procs.signal_steps(job_dir, signal.SIGKILL)
-    procs.write_json_atomic(job_dir / "exit.json", {
-        "exit_code": code if code >= 0 else 0, "signal": -code if code < 0 else None,
-    })  # fmt: skip
+    procs.write_json_atomic(
+        job_dir / "exit.json",
+        {
+            "exit_code": code if code >= 0 else 0,
+            "signal": -code if code < 0 else None,
+        },
+    )
     return 0
 
 

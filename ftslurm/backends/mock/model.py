@@ -284,8 +284,9 @@ def parse_warn_signal(spec: str) -> WarnSignal:
     if not match:
         raise ConfigError(f"malformed --signal {spec!r}", hint="use [B:]SIG[@SECONDS]")
     signal_number(match["sig"])
-    return WarnSignal(sig=match["sig"].upper(), before_end_s=int(match["t"] or 60),
-                      batch_only=match["b"] == "B")  # fmt: skip
+    return WarnSignal(
+        sig=match["sig"].upper(), before_end_s=int(match["t"] or 60), batch_only=match["b"] == "B"
+    )
 
 
 # -------------------------------------------------------------------------- operations
@@ -310,18 +311,31 @@ def submit(st: MockState, script: str, options: JobOptions, now: float) -> str:
     extra = dict(options.extra)
     _changed()
     st.jobs[job_id] = MockJob(
-        job_id=job_id, script=script, name=options.name or "sbatch", comment=options.comment,
-        partition=partition, nodes_wanted=wanted, cpus_per_node=per_node,
-        ntasks_per_node=options.ntasks_per_node or 1, time_limit_s=limit,
-        base_time_limit_s=limit, exclude=list(options.exclude), injections=injections,
+        job_id=job_id,
+        script=script,
+        name=options.name or "sbatch",
+        comment=options.comment,
+        partition=partition,
+        nodes_wanted=wanted,
+        cpus_per_node=per_node,
+        ntasks_per_node=options.ntasks_per_node or 1,
+        time_limit_s=limit,
+        base_time_limit_s=limit,
+        exclude=list(options.exclude),
+        injections=injections,
         requeue_allowed=st.config.job_requeue if options.requeue is None else options.requeue,
         no_kill=options.no_kill,
         warn=parse_warn_signal(options.signal) if options.signal else None,
-        workdir=options.workdir or ".", output=options.output, error=options.error,
-        open_mode=extra.get("open-mode") or "truncate", env=dict(options.env),
-        held=options.hold, submit_time=now, eligible_time=now,
+        workdir=options.workdir or ".",
+        output=options.output,
+        error=options.error,
+        open_mode=extra.get("open-mode") or "truncate",
+        env=dict(options.env),
+        held=options.hold,
+        submit_time=now,
+        eligible_time=now,
         reason="JobHeldUser" if options.hold else None,
-    )  # fmt: skip
+    )
     return job_id
 
 
@@ -402,8 +416,11 @@ def fail_node(st: MockState, node: str, now: float) -> list[Effect]:
     n = st.nodes[node]
     if n.dead_since is None:
         n.dead_since = now
-    return [KillNode(j.job_id, node) for j in st.jobs.values() if node in j.nodes
-            and j.state in (JobState.RUNNING, JobState.COMPLETING)]  # fmt: skip
+    return [
+        KillNode(j.job_id, node)
+        for j in st.jobs.values()
+        if node in j.nodes and j.state in (JobState.RUNNING, JobState.COMPLETING)
+    ]
 
 
 def revive_node(st: MockState, node: str) -> None:
@@ -430,8 +447,11 @@ def advance(st: MockState, now: float, exited: dict[str, Exited]) -> list[Effect
         if job and job.state in (JobState.RUNNING, JobState.COMPLETING):
             _processes_ended(st, job, code, sig, now)
     for node in st.nodes.values():
-        if node.dead_since is not None and node.status is not NodeStatus.DOWN \
-                and now >= node.dead_since + cfg.slurmd_timeout_s:  # fmt: skip
+        if (
+            node.dead_since is not None
+            and node.status is not NodeStatus.DOWN
+            and now >= node.dead_since + cfg.slurmd_timeout_s
+        ):
             node.status, node.reason = NodeStatus.DOWN, "Not responding"
             effects += _node_failed(st, node.name, now)
     for job in list(st.jobs.values()):
@@ -444,8 +464,11 @@ def advance(st: MockState, now: float, exited: dict[str, Exited]) -> list[Effect
             effects.append(KillJob(job.job_id))
     effects += _schedule(st, now)
     for job in list(st.jobs.values()):
-        if job.state.is_terminal and job.end_time is not None \
-                and now >= job.end_time + cfg.min_job_age_s:  # fmt: skip
+        if (
+            job.state.is_terminal
+            and job.end_time is not None
+            and now >= job.end_time + cfg.min_job_age_s
+        ):
             _changed()
             del st.jobs[job.job_id]
             if cfg.accounting:
@@ -461,8 +484,11 @@ def next_event_time(st: MockState) -> float | None:
         if node.dead_since is not None and node.status is not NodeStatus.DOWN:
             times.append(node.dead_since + cfg.slurmd_timeout_s)
     for job in st.jobs.values():
-        if job.state is JobState.RUNNING and job.time_limit_s is not None \
-                and job.start_time is not None:  # fmt: skip
+        if (
+            job.state is JobState.RUNNING
+            and job.time_limit_s is not None
+            and job.start_time is not None
+        ):
             end = job.start_time + job.time_limit_s
             times.append(end)
             if job.warn and not job.warn_sent:
@@ -470,8 +496,11 @@ def next_event_time(st: MockState) -> float | None:
         if job.kill_at is not None:
             times.append(job.kill_at)
         if job.state is JobState.RUNNING and job.start_time is not None:
-            times += [job.start_time + inj.parsed().at_s for inj in job.injections
-                      if not inj.fired and inj.parsed().kind is not InjectKind.TIMEOUT]
+            times += [
+                job.start_time + inj.parsed().at_s
+                for inj in job.injections
+                if not inj.fired and inj.parsed().kind is not InjectKind.TIMEOUT
+            ]
         if job.state is JobState.PENDING and not job.held and job.reason != RESOURCES:
             times.append(job.eligible_time)  # (one waiting for nodes waits for an event)
         if job.state.is_terminal and job.end_time is not None:
@@ -533,14 +562,22 @@ def _target_node(job: MockJob, spec: Injection) -> str:
 def _terminate(job: MockJob, ending: JobState, now: float, kill_wait: int) -> list[Effect]:
     """SIGCONT + SIGTERM to everything now, SIGKILL after KillWait (as Slurm)."""
     job.state, job.ending, job.kill_at = JobState.COMPLETING, ending, now + kill_wait
-    return [Signal(job.job_id, int(_signal.SIGCONT), SignalTarget.ALL),
-            Signal(job.job_id, int(_signal.SIGTERM), SignalTarget.ALL)]  # fmt: skip
+    return [
+        Signal(job.job_id, int(_signal.SIGCONT), SignalTarget.ALL),
+        Signal(job.job_id, int(_signal.SIGTERM), SignalTarget.ALL),
+    ]
 
 
-def _processes_ended(st: MockState, job: MockJob, code: int | None, sig: int | None,
-                     now: float) -> None:  # fmt: skip
-    if job.no_kill and job.ending is None and code is None and job.batch_host is not None \
-            and job.batch_host not in job.nodes:  # fmt: skip
+def _processes_ended(
+    st: MockState, job: MockJob, code: int | None, sig: int | None, now: float
+) -> None:
+    if (
+        job.no_kill
+        and job.ending is None
+        and code is None
+        and job.batch_host is not None
+        and job.batch_host not in job.nodes
+    ):
         # A --no-kill job that lost its batch host: as Slurm, it stays RUNNING on the
         # nodes left, with no batch script, until it is cancelled or reaches its limit.
         return
@@ -631,10 +668,13 @@ def _schedule(st: MockState, now: float) -> list[Effect]:
     free = _free_cpus(st) if ready else {}
     for job in sorted(ready, key=lambda j: (j.eligible_time, int(j.job_id))):
         candidates = [
-            n for n in st.config.partition_map()[job.partition]
-            if n not in job.exclude and st.nodes[n].status is NodeStatus.UP
-            and st.nodes[n].dead_since is None and free[n] >= job.cpus_per_node
-        ]  # fmt: skip
+            n
+            for n in st.config.partition_map()[job.partition]
+            if n not in job.exclude
+            and st.nodes[n].status is NodeStatus.UP
+            and st.nodes[n].dead_since is None
+            and free[n] >= job.cpus_per_node
+        ]
         if len(candidates) < job.nodes_wanted:
             job.reason = RESOURCES
             continue
@@ -662,14 +702,23 @@ def job_info(job: MockJob, now: float, from_accounting: bool = False) -> JobInfo
     # jobs. Every field is given here (tests/test_mock_store.py checks both ways agree).
     info = _new(JobInfo)
     info.__dict__.update(
-        job_id=job.job_id, state=shown, observed_at=now, raw_state=shown.value,
-        exit_code=job.exit_code, signal=job.signal, nodes=tuple(job.nodes),
-        submit_time=job.submit_time, start_time=job.start_time,
+        job_id=job.job_id,
+        state=shown,
+        observed_at=now,
+        raw_state=shown.value,
+        exit_code=job.exit_code,
+        signal=job.signal,
+        nodes=tuple(job.nodes),
+        submit_time=job.submit_time,
+        start_time=job.start_time,
         end_time=job.end_time if shown.is_terminal else None,
-        time_limit_s=job.time_limit_s, restart_count=job.restart_count, reason=job.reason,
-        name=job.name, comment=job.comment,
+        time_limit_s=job.time_limit_s,
+        restart_count=job.restart_count,
+        reason=job.reason,
+        name=job.name,
+        comment=job.comment,
         from_accounting=from_accounting,
-    )  # fmt: skip
+    )
     return info
 
 
@@ -681,8 +730,11 @@ def find_jobs(st: MockState, comment: str, since: float | None, now: float) -> l
     live = [job_info(j, now) for j in st.jobs.values() if j.comment == comment]
     if live or since is None:
         return live
-    return [job_info(j, now, from_accounting=True) for j in st.accounting.values()
-            if j.comment == comment and j.submit_time >= since]  # fmt: skip
+    return [
+        job_info(j, now, from_accounting=True)
+        for j in st.accounting.values()
+        if j.comment == comment and j.submit_time >= since
+    ]
 
 
 def active_jobs(st: MockState, now: float) -> list[JobInfo]:
@@ -720,14 +772,26 @@ def node_infos(st: MockState) -> list[NodeInfo]:
         if node.dead_since is not None and node.status is not NodeStatus.DOWN:
             raw += "*"  # not responding, not yet marked down
             silent_since = node.dead_since
-        infos.append(NodeInfo(name=node.name, state=state, raw_state=raw, reason=node.reason,
-                              not_responding_since=silent_since))  # fmt: skip
+        infos.append(
+            NodeInfo(
+                name=node.name,
+                state=state,
+                raw_state=raw,
+                reason=node.reason,
+                not_responding_since=silent_since,
+            )
+        )
     return infos
 
 
 def cluster_facts(st: MockState) -> ClusterFacts:
     cfg = st.config
-    return ClusterFacts(min_job_age_s=cfg.min_job_age_s, accounting=cfg.accounting,
-                        kill_wait_s=cfg.kill_wait_s, job_requeue=cfg.job_requeue,
-                        version="mock", cluster_name=cfg.cluster_name,
-                        slurmd_timeout_s=cfg.slurmd_timeout_s)  # fmt: skip
+    return ClusterFacts(
+        min_job_age_s=cfg.min_job_age_s,
+        accounting=cfg.accounting,
+        kill_wait_s=cfg.kill_wait_s,
+        job_requeue=cfg.job_requeue,
+        version="mock",
+        cluster_name=cfg.cluster_name,
+        slurmd_timeout_s=cfg.slurmd_timeout_s,
+    )

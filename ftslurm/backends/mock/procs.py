@@ -61,16 +61,27 @@ def launch_batch(
     full_env = dict(env)
     full_env["PATH"] = f"{job_dir / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}"
     full_env["FTSLURM_MOCK_JOB_DIR"] = str(job_dir)
-    write_json_atomic(job_dir / "launch.json", {
-        "env": full_env, "cwd": cwd, "stdout": stdout_path, "stderr": stderr_path,
-        "open_mode": open_mode, "kill_wait_s": kill_wait_s,
-    })  # fmt: skip
+    write_json_atomic(
+        job_dir / "launch.json",
+        {
+            "env": full_env,
+            "cwd": cwd,
+            "stdout": stdout_path,
+            "stderr": stderr_path,
+            "open_mode": open_mode,
+            "kill_wait_s": kill_wait_s,
+        },
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "ftslurm.backends.mock.jobwrap", str(job_dir)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True, env=full_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        env=full_env,
         cwd=cwd if os.path.isdir(cwd) else None,
-    )  # fmt: skip
+    )
     write_json_atomic(job_dir / "batch.json", {"wrapper": proc.pid})
     _forget(proc)
     return proc.pid
@@ -90,8 +101,11 @@ def reap(job_dir: Path, timeout_s: float = 10.0) -> None:
             os.kill(wrapper, signal.SIGKILL)
         _killpg(batch.get("pgid"), signal.SIGKILL)
         signal_steps(job_dir, signal.SIGKILL)
-        left = (wrapper and pid_alive(wrapper)) or _group_alive(batch.get("pgid")) or \
-            steps_alive(job_dir)
+        left = (
+            (wrapper and pid_alive(wrapper))
+            or _group_alive(batch.get("pgid"))
+            or steps_alive(job_dir)
+        )
         if not left or time.monotonic() > deadline:
             return
         time.sleep(0.02)
@@ -155,8 +169,11 @@ def _batch(job_dir: Path) -> dict:
 
 def signal_steps(job_dir: Path, sig: int, node: str | None = None) -> int:
     """Signal the tasks of every step (only those on `node` if given)."""
-    return sum(_killpg(t.get("pgid"), sig) for t in _tasks(job_dir)
-               if node is None or t.get("node") == node)  # fmt: skip
+    return sum(
+        _killpg(t.get("pgid"), sig)
+        for t in _tasks(job_dir)
+        if node is None or t.get("node") == node
+    )
 
 
 def signal_rank(job_dir: Path, rank: int, sig: int) -> bool:

@@ -33,13 +33,43 @@ import hostlist
 
 from ftslurm.backends.mock import procs
 
-_VALUE_OPTS = {"-N": "nodes", "--nodes": "nodes", "-n": "ntasks", "--ntasks": "ntasks",
-               "--ntasks-per-node": "tpn", "-W": "wait", "--wait": "wait"}  # fmt: skip
-_IGNORED_WITH_VALUE = {"-J", "--job-name", "-o", "--output", "-e", "--error", "--export",
-                       "--mpi", "--cpu-bind", "--gpus-per-task", "-c", "--cpus-per-task",
-                       "--label-format", "--overlap-opts"}  # fmt: skip
-_IGNORED_FLAGS = {"-u", "--unbuffered", "-l", "--label", "--overlap", "--exact", "-Q", "--quiet",
-                  "-v", "--verbose"}  # fmt: skip
+_VALUE_OPTS = {
+    "-N": "nodes",
+    "--nodes": "nodes",
+    "-n": "ntasks",
+    "--ntasks": "ntasks",
+    "--ntasks-per-node": "tpn",
+    "-W": "wait",
+    "--wait": "wait",
+}
+_IGNORED_WITH_VALUE = {
+    "-J",
+    "--job-name",
+    "-o",
+    "--output",
+    "-e",
+    "--error",
+    "--export",
+    "--mpi",
+    "--cpu-bind",
+    "--gpus-per-task",
+    "-c",
+    "--cpus-per-task",
+    "--label-format",
+    "--overlap-opts",
+}
+_IGNORED_FLAGS = {
+    "-u",
+    "--unbuffered",
+    "-l",
+    "--label",
+    "--overlap",
+    "--exact",
+    "-Q",
+    "--quiet",
+    "-v",
+    "--verbose",
+}
 
 
 def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -90,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         print("srun (ftslurm mock): no command given", file=sys.stderr)
         return 2
     job_dir = Path(os.environ["FTSLURM_MOCK_JOB_DIR"])
-    nodelist = [n for n in hostlist.expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
-                if not procs.node_declared_down(job_dir, n)]  # fmt: skip
+    nodelist = [
+        n
+        for n in hostlist.expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
+        if not procs.node_declared_down(job_dir, n)
+    ]
     nnodes = int(opts.get("nodes") or os.environ.get("SLURM_NNODES") or len(nodelist))
     nodes = nodelist[:nnodes]
     if "ntasks" in opts:
@@ -102,13 +135,18 @@ def main(argv: list[str] | None = None) -> int:
         ntasks = tpn * nnodes
     step = _next_step(job_dir)
     base = dict(os.environ)
-    base.update({
-        "SLURM_STEP_ID": str(step), "SLURM_STEPID": str(step), "SLURM_NTASKS": str(ntasks),
-        "SLURM_NPROCS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
-        "SLURM_STEP_NUM_NODES": str(len(nodes)),
-        "SLURM_STEP_NODELIST": hostlist.collect_hostlist(nodes),
-        "SLURM_TASKS_PER_NODE": f"{tpn}(x{len(nodes)})",
-    })  # fmt: skip
+    base.update(
+        {
+            "SLURM_STEP_ID": str(step),
+            "SLURM_STEPID": str(step),
+            "SLURM_NTASKS": str(ntasks),
+            "SLURM_NPROCS": str(ntasks),
+            "SLURM_STEP_NUM_TASKS": str(ntasks),
+            "SLURM_STEP_NUM_NODES": str(len(nodes)),
+            "SLURM_STEP_NODELIST": hostlist.collect_hostlist(nodes),
+            "SLURM_TASKS_PER_NODE": f"{tpn}(x{len(nodes)})",
+        }
+    )
     # Like Slurm's srun: INT/TERM/CONT go to the tasks; USR1/USR2 are not srun's to act on.
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
@@ -130,25 +168,39 @@ def main(argv: list[str] | None = None) -> int:
     for rank in range(ntasks):
         node_index = min(rank // tpn, len(nodes) - 1)
         env = dict(base)
-        env.update({
-            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % tpn),
-            "SLURM_NODEID": str(node_index), "SLURMD_NODENAME": nodes[node_index],
-        })  # fmt: skip
-        proc = subprocess.Popen(command, env=env, start_new_session=True,
-                                preexec_fn=_default_signals)  # fmt: skip
+        env.update(
+            {
+                "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank % tpn),
+                "SLURM_NODEID": str(node_index),
+                "SLURMD_NODENAME": nodes[node_index],
+            }
+        )
+        proc = subprocess.Popen(
+            command, env=env, start_new_session=True, preexec_fn=_default_signals
+        )
         tasks.append((proc, nodes[node_index]))
-        procs.write_json_atomic(job_dir / "steps" / f"{step}.json", {"no_kill": no_kill, "tasks": [
-            {"pid": p.pid, "pgid": p.pid, "node": n, "rank": r}
-            for r, (p, n) in enumerate(tasks)
-        ]})  # fmt: skip
+        procs.write_json_atomic(
+            job_dir / "steps" / f"{step}.json",
+            {
+                "no_kill": no_kill,
+                "tasks": [
+                    {"pid": p.pid, "pgid": p.pid, "node": n, "rank": r}
+                    for r, (p, n) in enumerate(tasks)
+                ],
+            },
+        )
     try:
         wait_s = float(opts.get("wait") or 0)
     except ValueError:
         print(f"srun (ftslurm mock): invalid --wait {opts.get('wait')!r}", file=sys.stderr)
         return 2
-    return _wait(tasks, job_dir,
-                 kill_on_bad_exit=opts.get("kill_on_bad_exit", "0") not in ("0", ""),
-                 wait_s=wait_s)  # fmt: skip
+    return _wait(
+        tasks,
+        job_dir,
+        kill_on_bad_exit=opts.get("kill_on_bad_exit", "0") not in ("0", ""),
+        wait_s=wait_s,
+    )
 
 
 def _kill_wait_s(job_dir: Path) -> float:
@@ -156,8 +208,12 @@ def _kill_wait_s(job_dir: Path) -> float:
     return float((procs.read_json(job_dir / "launch.json") or {}).get("kill_wait_s", 30))
 
 
-def _wait(tasks: list[tuple[subprocess.Popen, str]], job_dir: Path,
-          kill_on_bad_exit: bool, wait_s: float = 0.0) -> int:  # fmt: skip
+def _wait(
+    tasks: list[tuple[subprocess.Popen, str]],
+    job_dir: Path,
+    kill_on_bad_exit: bool,
+    wait_s: float = 0.0,
+) -> int:
     first_bad: int | None = None
     terminate_at: float | None = None  # --wait: when the tasks left are terminated
     kill_at: float | None = None
@@ -191,8 +247,12 @@ def _wait(tasks: list[tuple[subprocess.Popen, str]], job_dir: Path,
                             pass
         now = time.monotonic()
         if terminate_at is not None and now >= terminate_at and running:
-            print(f"srun: error: first task exited {wait_s:g}s ago: terminating the "
-                  f"{len(running)} task(s) left", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"srun: error: first task exited {wait_s:g}s ago: terminating the "
+                f"{len(running)} task(s) left",
+                file=sys.stderr,
+                flush=True,
+            )
             for other, _ in running.values():
                 for sig in (signal.SIGCONT, signal.SIGTERM):
                     try:

@@ -82,10 +82,14 @@ class MockStore:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         conn.execute(f"PRAGMA journal_mode={self.journal.upper()}")
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE IF NOT EXISTS state (id INTEGER PRIMARY KEY CHECK (id = 1), "
-                     "schema INTEGER, body TEXT, generation INTEGER)")  # fmt: skip
-        conn.execute("CREATE TABLE IF NOT EXISTS launch (job_id TEXT PRIMARY KEY, "
-                     "script TEXT NOT NULL, env TEXT NOT NULL)")  # fmt: skip
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS state (id INTEGER PRIMARY KEY CHECK (id = 1), "
+            "schema INTEGER, body TEXT, generation INTEGER)"
+        )
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS launch (job_id TEXT PRIMARY KEY, "
+            "script TEXT NOT NULL, env TEXT NOT NULL)"
+        )
         try:
             os.chmod(self.path, 0o600)
         except OSError:
@@ -144,23 +148,32 @@ class MockStore:
         finally:
             conn.close()
 
-    def _write(self, conn: sqlite3.Connection, state: MockState, first_new: int,
-               insert: bool = False) -> int:  # fmt: skip
+    def _write(
+        self, conn: sqlite3.Connection, state: MockState, first_new: int, insert: bool = False
+    ) -> int:
         """Store the state with a new generation, and the scripts of the jobs numbered from
         `first_new` on (those submitted since it was read) in `launch`; return the generation."""
-        new = [job for job in (*state.jobs.values(), *state.accounting.values())
-               if int(job.job_id) >= first_new and (job.script or job.env)]
-        conn.executemany("INSERT OR REPLACE INTO launch VALUES (?, ?, ?)",
-                         [(j.job_id, j.script, json.dumps(j.env)) for j in new])  # fmt: skip
+        new = [
+            job
+            for job in (*state.jobs.values(), *state.accounting.values())
+            if int(job.job_id) >= first_new and (job.script or job.env)
+        ]
+        conn.executemany(
+            "INSERT OR REPLACE INTO launch VALUES (?, ?, ?)",
+            [(j.job_id, j.script, json.dumps(j.env)) for j in new],
+        )
         for job in new:  # kept in `launch` now: the state in memory stays small
             job.script, job.env = "", {}
         body, generation = state.model_dump_json(exclude=_EXCLUDE), _new_generation()
         if insert:
-            conn.execute("INSERT INTO state VALUES (1, ?, ?, ?)",
-                         (SCHEMA_VERSION, body, generation))  # fmt: skip
+            conn.execute(
+                "INSERT INTO state VALUES (1, ?, ?, ?)", (SCHEMA_VERSION, body, generation)
+            )
         else:
-            conn.execute("UPDATE state SET schema = ?, body = ?, generation = ? WHERE id = 1",
-                         (SCHEMA_VERSION, body, generation))  # fmt: skip
+            conn.execute(
+                "UPDATE state SET schema = ?, body = ?, generation = ? WHERE id = 1",
+                (SCHEMA_VERSION, body, generation),
+            )
         return generation
 
     def launch_spec(self, job: MockJob) -> tuple[str, dict[str, str]]:
@@ -171,11 +184,13 @@ class MockStore:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             raise RuntimeError("launch_spec is for use inside a transaction")
-        row = conn.execute("SELECT script, env FROM launch WHERE job_id = ?",
-                           (job.job_id,)).fetchone()  # fmt: skip
+        row = conn.execute(
+            "SELECT script, env FROM launch WHERE job_id = ?", (job.job_id,)
+        ).fetchone()
         if row is None:
-            raise ConfigError(f"mock job {job.job_id}: its batch script is missing from "
-                              f"{self.path}")  # fmt: skip
+            raise ConfigError(
+                f"mock job {job.job_id}: its batch script is missing from {self.path}"
+            )
         script, env_text = row
         try:
             env = json.loads(env_text)
@@ -184,11 +199,14 @@ class MockStore:
         if not isinstance(env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
-            raise ConfigError(f"mock job {job.job_id}: its stored environment is damaged "
-                              f"in {self.path}")  # fmt: skip
+            raise ConfigError(
+                f"mock job {job.job_id}: its stored environment is damaged in {self.path}"
+            )
         if not isinstance(script, str) or not script.startswith("#!"):
-            raise ConfigError(f"mock job {job.job_id}: its stored batch script is damaged "
-                              f"(no '#!' line) in {self.path}")  # fmt: skip
+            raise ConfigError(
+                f"mock job {job.job_id}: its stored batch script is damaged "
+                f"(no '#!' line) in {self.path}"
+            )
         return script, env
 
     def job_dir(self, job_id: str) -> Path:

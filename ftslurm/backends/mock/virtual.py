@@ -112,8 +112,12 @@ class JobModel:
         seg, k = self.layout()
         saves = max(1, math.ceil(remaining_s / seg)) - 1
         disk = saves // k
-        return (self.restart_cost_s + remaining_s + disk * self.checkpoint_cost_s
-                + (saves - disk) * self.memory_cost_s)  # fmt: skip
+        return (
+            self.restart_cost_s
+            + remaining_s
+            + disk * self.checkpoint_cost_s
+            + (saves - disk) * self.memory_cost_s
+        )
 
     def positions(self, elapsed_s: float, remaining_s: float) -> tuple[float, float, float]:
         """(computed, newest memory checkpoint, newest disk checkpoint written) after
@@ -133,8 +137,7 @@ class JobModel:
         written = math.floor(max(0.0, done - self.write_s) / period) * k * seg
         if self.memory_interval_s is None:  # no memory tier: only what is written counts
             memory = written
-        return (min(remaining_s, computed), min(remaining_s, memory),
-                min(remaining_s, written))  # fmt: skip
+        return (min(remaining_s, computed), min(remaining_s, memory), min(remaining_s, written))
 
     def saved_after(self, elapsed_s: float, remaining_s: float) -> float:
         """Work safely checkpointed after `elapsed_s` of a run (never more than remaining);
@@ -152,8 +155,9 @@ class JobModel:
         cycle = self.checkpoint_interval_s + self.checkpoint_cost_s
         done = max(0.0, elapsed_s - self.restart_cost_s)
         full, rest = divmod(done, cycle)
-        return min(remaining_s, full * self.checkpoint_interval_s
-                   + min(rest, self.checkpoint_interval_s))  # fmt: skip
+        return min(
+            remaining_s, full * self.checkpoint_interval_s + min(rest, self.checkpoint_interval_s)
+        )
 
 
 @dataclass
@@ -217,8 +221,7 @@ class CampaignStats:
 class VirtualCluster:
     """Drive `model` with a virtual clock; jobs are `JobModel`s."""
 
-    def __init__(self, config: MockConfig, start: float = 0.0,
-                 queue_wait_s: float = 0.0) -> None:  # fmt: skip
+    def __init__(self, config: MockConfig, start: float = 0.0, queue_wait_s: float = 0.0) -> None:
         """`queue_wait_s`: other jobs hold the nodes this long after every requeue, so a job
         back in the queue is not started before it went there + `queue_wait_s`, whatever
         its BeginTime says (a start-now included); the requeue delay runs concurrently."""
@@ -248,8 +251,14 @@ class VirtualCluster:
         self._serial = 0
 
     # ----------------------------------------------------------------- API
-    def submit(self, options: JobOptions, job: JobModel, queue_wait_s: float = 0.0,
-               workload: str | None = None, script: str = "#!/bin/true\n") -> str:  # fmt: skip
+    def submit(
+        self,
+        options: JobOptions,
+        job: JobModel,
+        queue_wait_s: float = 0.0,
+        workload: str | None = None,
+        script: str = "#!/bin/true\n",
+    ) -> str:
         """Submit a job; it waits `queue_wait_s` for nodes before it can start. Jobs of one
         `workload` (default: the job alone) share its work: a fresh job of a workload
         resumes from the work its earlier jobs checkpointed."""
@@ -289,8 +298,11 @@ class VirtualCluster:
             self.stats.events += 1
             while self._timers and self._timers[0][0] <= self.now:
                 heapq.heappop(self._timers)[2]()
-            finished = {j: (self._exit_code(j, r), None) for j, r in list(self.runs.items())
-                        if r.finish_at <= self.now}  # fmt: skip
+            finished = {
+                j: (self._exit_code(j, r), None)
+                for j, r in list(self.runs.items())
+                if r.finish_at <= self.now
+            }
             for job_id in finished:
                 self._end_run(job_id, completed=True)
             self._step({**self._take_exits(), **finished})
@@ -298,11 +310,15 @@ class VirtualCluster:
     def next_event_time(self) -> float:
         """When something happens next (a scheduler event, a run's end, a timer); inf when
         nothing will."""
-        candidates = [t for t in (
-            model.next_event_time(self.st),
-            min((r.finish_at for r in self.runs.values()), default=None),
-            self._timers[0][0] if self._timers else None,
-        ) if t is not None]  # fmt: skip
+        candidates = [
+            t
+            for t in (
+                model.next_event_time(self.st),
+                min((r.finish_at for r in self.runs.values()), default=None),
+                self._timers[0][0] if self._timers else None,
+            )
+            if t is not None
+        ]
         return min(candidates, default=math.inf)
 
     def _exit_code(self, job_id: str, run: _Run) -> int:
@@ -419,8 +435,9 @@ class VirtualCluster:
                 case model.SignalRank(job_id, _, _) if job_id in self.runs:
                     self._end_run(job_id, completed=False)
                     exited[job_id] = (1, None)
-                case model.Signal(job_id, _signal.SIGTERM | _signal.SIGKILL, _) | \
-                        model.KillJob(job_id) if self._runless(job_id):
+                case model.Signal(job_id, _signal.SIGTERM | _signal.SIGKILL, _) | model.KillJob(
+                    job_id
+                ) if self._runless(job_id):
                     exited[job_id] = (0, int(_signal.SIGKILL))  # what is left dies at once
         return exited
 
@@ -428,11 +445,16 @@ class VirtualCluster:
         """Whether the job holds nodes with no run left (its ranks died with a node, the
         job not ended yet): stopping it ends it at once."""
         job = self.st.jobs.get(job_id)
-        return job_id not in self.runs and job_id in self.models and job is not None \
+        return (
+            job_id not in self.runs
+            and job_id in self.models
+            and job is not None
             and job.state in (JobState.RUNNING, JobState.COMPLETING)
+        )
 
-    def _start_run(self, job_id: str, restart_cost_s: float | None = None,
-                   in_job: bool = False) -> None:  # fmt: skip
+    def _start_run(
+        self, job_id: str, restart_cost_s: float | None = None, in_job: bool = False
+    ) -> None:
         """A run starts: in the allocation (`in_job`) from the newest memory checkpoint, in
         a new one from the disk checkpoint (what only memory held is lost)."""
         planned = self.plan_start is not None
@@ -455,9 +477,14 @@ class VirtualCluster:
             self.stats.lost_s += rolled_back
         self.stats.attempts += 1
         self._serial += 1
-        self.runs[job_id] = _Run(self.now, remaining, self.now + job.finish_after(remaining),
-                                 serial=self._serial, job=own or (job if planned else None),
-                                 rolled_back=rolled_back)  # fmt: skip
+        self.runs[job_id] = _Run(
+            self.now,
+            remaining,
+            self.now + job.finish_after(remaining),
+            serial=self._serial,
+            job=own or (job if planned else None),
+            rolled_back=rolled_back,
+        )
         if self.on_start:
             self.on_start(job_id)
 
@@ -512,8 +539,10 @@ class VirtualCluster:
             if seen is None or seen[0] != job.restart_count:
                 if job.restart_count == 0 or self.queue_wait_s <= 0:
                     continue  # a first submission waits only what submit() was told
-                seen = self._queued[job_id] = (job.restart_count,
-                                               job.submit_time + self.queue_wait_s)  # fmt: skip
+                seen = self._queued[job_id] = (
+                    job.restart_count,
+                    job.submit_time + self.queue_wait_s,
+                )
             job.eligible_time = max(job.eligible_time, seen[1])
 
     def _take_exits(self) -> dict[str, model.Exited]:
@@ -549,17 +578,27 @@ class VirtualCluster:
             return math.inf
         return self.now + max(0.0, target - self._progress(run)) / run.speed
 
-    def _breakdown(self, job_id: str, run: _Run, job: JobModel, completed: bool,
-                   saved: float, computed: float) -> RunBreakdown:  # fmt: skip
+    def _breakdown(
+        self, job_id: str, run: _Run, job: JobModel, completed: bool, saved: float, computed: float
+    ) -> RunBreakdown:
         progress = self._progress(run)
         slow, stalled = self._lost_to_speed(run)
         startup = min(progress, job.restart_cost_s)
         return RunBreakdown(
-            job_id=job_id, serial=run.serial, started=run.started, ended=self.now,
-            completed=completed, signalled=run.signal_progress is not None, saved_s=saved,
-            computed_s=computed, startup_s=startup, checkpoint_s=progress - startup - computed,
-            slow_s=slow, stalled_s=stalled, rolled_back_s=run.rolled_back,
-        )  # fmt: skip
+            job_id=job_id,
+            serial=run.serial,
+            started=run.started,
+            ended=self.now,
+            completed=completed,
+            signalled=run.signal_progress is not None,
+            saved_s=saved,
+            computed_s=computed,
+            startup_s=startup,
+            checkpoint_s=progress - startup - computed,
+            slow_s=slow,
+            stalled_s=stalled,
+            rolled_back_s=run.rolled_back,
+        )
 
 
 class VirtualBackend(OneJobPerCommand):
@@ -574,9 +613,13 @@ class VirtualBackend(OneJobPerCommand):
     requeue does; the first job of a workload does not. Actions take effect at once in the
     model; the processes they end are reported at the cluster's next step."""
 
-    def __init__(self, cluster: VirtualCluster, job: JobModel,
-                 workload: Callable[[JobOptions], str] | None = None,
-                 amend: Callable[[JobOptions], JobOptions] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cluster: VirtualCluster,
+        job: JobModel,
+        workload: Callable[[JobOptions], str] | None = None,
+        amend: Callable[[JobOptions], JobOptions] | None = None,
+    ) -> None:
         """`amend`: what the submitting tool itself adds to every job's options (a
         baseline's own sbatch header, e.g. its `--signal`)."""
         self.cluster = cluster
@@ -596,8 +639,9 @@ class VirtualBackend(OneJobPerCommand):
         options = self.amend(options)
         key = self.workload(options)
         wait = self.cluster.queue_wait_s if key in self.cluster.remaining else 0.0
-        return self.cluster.submit(options, self.job, queue_wait_s=wait, workload=key,
-                                   script=script)  # fmt: skip
+        return self.cluster.submit(
+            options, self.job, queue_wait_s=wait, workload=key, script=script
+        )
 
     def query(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
         return model.query(self._st, list(dict.fromkeys(str(j) for j in job_ids)), self._now)
@@ -652,8 +696,9 @@ def simulate_campaign(
     early end (the simplest daemon), with node failures at the given rate."""
     total = nodes + spare_nodes
     base = config or MockConfig(requeue_delay_s=120, slurmd_timeout_s=300, kill_wait_s=30)
-    cfg = base.model_copy(update={"nodes": [MockNodeSpec(name=f"n{i}", cpus=1)
-                                            for i in range(1, total + 1)]})  # fmt: skip
+    cfg = base.model_copy(
+        update={"nodes": [MockNodeSpec(name=f"n{i}", cpus=1) for i in range(1, total + 1)]}
+    )
     cluster = VirtualCluster(cfg)
     limit = None if time_limit_s is None else format_limit_exact(time_limit_s)
     job_id = cluster.submit(JobOptions(nodes=nodes, time_limit=limit), job)

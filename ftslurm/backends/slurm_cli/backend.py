@@ -64,9 +64,12 @@ class SlurmCliBackend:
         if injections:
             env[EnvName.INJECT.value] = env_value(injections)
         out = self.runner.run(
-            ["sbatch", "--parsable", *sbatch_args(options)], stdin=script,
-            extra_env=env, budget_s=self.action_budget_s, idempotent=False,
-        )  # fmt: skip
+            ["sbatch", "--parsable", *sbatch_args(options)],
+            stdin=script,
+            extra_env=env,
+            budget_s=self.action_budget_s,
+            idempotent=False,
+        )
         return parse.parse_sbatch_job_id(out)
 
     def query(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
@@ -80,7 +83,7 @@ class SlurmCliBackend:
             out = self.runner.run(
                 ["squeue", "-h", "--states=all", which, "-O", parse.SQUEUE_FORMAT],
                 budget_s=self.query_budget_s,
-            )  # fmt: skip
+            )
         except InvalidJobId:
             out = ""  # none of the ids is in the controller's memory any more
         except SchedulerUnavailable as exc:
@@ -96,7 +99,7 @@ class SlurmCliBackend:
         out = self.runner.run(
             ["squeue", "-h", "--states=all", "--me", "-O", parse.SQUEUE_FORMAT],
             budget_s=self.query_budget_s,
-        )  # fmt: skip
+        )
         found = parse.parse_squeue(out, self.clock())
         live = [job for job in found.values() if job.comment == comment]
         if live or since is None or not self.cluster_facts().accounting:
@@ -105,15 +108,26 @@ class SlurmCliBackend:
         # so the caller retries rather than submitting a duplicate.
         start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(0.0, since - 60)))
         out = self.runner.run(
-            ["sacct", "-X", "-D", "-P", "-n", f"--delimiter={parse.SEP}", f"--starttime={start}",
-             "-o", parse.SACCT_FIND_FORMAT], budget_s=self.query_budget_s,
-        )  # fmt: skip
+            [
+                "sacct",
+                "-X",
+                "-D",
+                "-P",
+                "-n",
+                f"--delimiter={parse.SEP}",
+                f"--starttime={start}",
+                "-o",
+                parse.SACCT_FIND_FORMAT,
+            ],
+            budget_s=self.query_budget_s,
+        )
         ended = parse.parse_sacct(out, self.clock(), parse.SACCT_FIND_FIELDS, parse.SEP)
         return [job for job in ended.values() if job.comment == comment]
 
     def active_jobs(self) -> list[JobInfo]:
-        out = self.runner.run(["squeue", "-h", "--me", "-O", parse.SQUEUE_FORMAT],
-                              budget_s=self.query_budget_s)  # fmt: skip
+        out = self.runner.run(
+            ["squeue", "-h", "--me", "-O", parse.SQUEUE_FORMAT], budget_s=self.query_budget_s
+        )
         jobs = parse.parse_squeue(out, self.clock()).values()
         return [job for job in jobs if not job.state.is_terminal]
 
@@ -128,9 +142,18 @@ class SlurmCliBackend:
             return {j: JobInfo.unknown(j, now, why) for j in ids}
         try:
             out = self.runner.run(
-                ["sacct", "-X", "-D", "-P", "-n", f"--jobs={','.join(ids)}",
-                 "-o", parse.SACCT_FORMAT], budget_s=self.query_budget_s,
-            )  # fmt: skip
+                [
+                    "sacct",
+                    "-X",
+                    "-D",
+                    "-P",
+                    "-n",
+                    f"--jobs={','.join(ids)}",
+                    "-o",
+                    parse.SACCT_FORMAT,
+                ],
+                budget_s=self.query_budget_s,
+            )
         except SchedulerUnavailable as exc:
             return {j: JobInfo.unknown(j, now, exc.message) for j in ids}
         found = parse.parse_sacct(out, now)
@@ -165,28 +188,37 @@ class SlurmCliBackend:
         self._act(["scontrol", "update", f"jobid={job_id}", "StartTime=now"])
 
     # -------------------------------------------------- batch actions (one command)
-    def requeue_many(self, job_ids: Sequence[str], *,
-                     hold: bool = False) -> dict[str, FtslurmError]:  # fmt: skip
+    def requeue_many(
+        self, job_ids: Sequence[str], *, hold: bool = False
+    ) -> dict[str, FtslurmError]:
         verb = "requeuehold" if hold else "requeue"
-        return self._act_many(lambda ids: ["scontrol", verb, ids], job_ids,
-                              lambda job: self.requeue(job, hold=hold))  # fmt: skip
+        return self._act_many(
+            lambda ids: ["scontrol", verb, ids], job_ids, lambda job: self.requeue(job, hold=hold)
+        )
 
     def release_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
         return self._act_many(lambda ids: ["scontrol", "release", ids], job_ids, self.release)
 
     def start_now_many(self, job_ids: Sequence[str]) -> dict[str, FtslurmError]:
-        return self._act_many(lambda ids: ["scontrol", "update", f"jobid={ids}", "StartTime=now"],
-                              job_ids, self.start_now)  # fmt: skip
+        return self._act_many(
+            lambda ids: ["scontrol", "update", f"jobid={ids}", "StartTime=now"],
+            job_ids,
+            self.start_now,
+        )
 
-    def update_excluded_nodes_many(self, job_ids: Sequence[str],
-                                   nodes: Sequence[str]) -> dict[str, FtslurmError]:  # fmt: skip
+    def update_excluded_nodes_many(
+        self, job_ids: Sequence[str], nodes: Sequence[str]
+    ) -> dict[str, FtslurmError]:
         value = parse.compress_nodes(nodes) if nodes else ""
         return self._act_many(
-            lambda ids: ["scontrol", "update", f"jobid={ids}", f"ExcNodeList={value}"], job_ids,
-            lambda job: self.update_excluded_nodes(job, nodes))  # fmt: skip
+            lambda ids: ["scontrol", "update", f"jobid={ids}", f"ExcNodeList={value}"],
+            job_ids,
+            lambda job: self.update_excluded_nodes(job, nodes),
+        )
 
-    def _act_many(self, argv: Callable[[str], list[str]], job_ids: Sequence[str],
-                  one: Callable[[str], None]) -> dict[str, FtslurmError]:  # fmt: skip
+    def _act_many(
+        self, argv: Callable[[str], list[str]], job_ids: Sequence[str], one: Callable[[str], None]
+    ) -> dict[str, FtslurmError]:
         """One scontrol command for the whole list (`argv(ids joined by commas)`); the jobs
         it refused, each with the error its single-job command raises.
 
@@ -220,8 +252,11 @@ class SlurmCliBackend:
         return chunks
 
     def signal(self, job_id: str, sig: str, target: SignalTarget = SignalTarget.STEPS) -> None:
-        flag = {SignalTarget.STEPS: [], SignalTarget.BATCH: ["--batch"],
-                SignalTarget.ALL: ["--full"]}[SignalTarget(target)]  # fmt: skip
+        flag = {
+            SignalTarget.STEPS: [],
+            SignalTarget.BATCH: ["--batch"],
+            SignalTarget.ALL: ["--full"],
+        }[SignalTarget(target)]
         self._act(["scancel", f"--signal={sig.removeprefix('SIG')}", *flag, str(job_id)])
 
     # ---------------------------------------------------------------- cluster

@@ -18,12 +18,34 @@ from ftslurm.errors import ConfigError, SchedulerRejected
 SEP = "\x1f"  # ASCII unit separator: cannot appear in job names or comments
 
 # squeue -O fields, in order. Name and Comment are free text: the separator protects them.
-SQUEUE_FIELDS = ("JobID", "State", "RestartCnt", "exit_code", "NodeList", "Reason",
-                 "SubmitTime", "StartTime", "EndTime", "TimeLimit", "Name", "Comment")  # fmt: skip
+SQUEUE_FIELDS = (
+    "JobID",
+    "State",
+    "RestartCnt",
+    "exit_code",
+    "NodeList",
+    "Reason",
+    "SubmitTime",
+    "StartTime",
+    "EndTime",
+    "TimeLimit",
+    "Name",
+    "Comment",
+)
 SQUEUE_FORMAT = ",".join(f"{f}:{SEP}" for f in SQUEUE_FIELDS)
 
-SACCT_FIELDS = ("JobIDRaw", "State", "ExitCode", "NodeList", "Submit", "Start", "End",
-                "TimelimitRaw", "Reason", "JobName")  # fmt: skip
+SACCT_FIELDS = (
+    "JobIDRaw",
+    "State",
+    "ExitCode",
+    "NodeList",
+    "Submit",
+    "Start",
+    "End",
+    "TimelimitRaw",
+    "Reason",
+    "JobName",
+)
 SACCT_FORMAT = ",".join(SACCT_FIELDS)
 # For finding a job by its comment in accounting (stored with AccountingStoreFlags=job_comment):
 # two free-text fields, so the unit separator delimits them (sacct -P --delimiter=SEP).
@@ -110,20 +132,28 @@ def parse_squeue(text: str, observed_at: float) -> dict[str, JobInfo]:
         state = JobState.from_slurm(row["State"])
         reason = _text(row["Reason"])
         jobs[row["JobID"].strip()] = JobInfo(
-            job_id=row["JobID"].strip(), state=state, observed_at=observed_at,
-            raw_state=row["State"].strip(), exit_code=exit_code, signal=sig,
-            nodes=expand_nodes(row["NodeList"]), submit_time=_epoch(row["SubmitTime"]),
+            job_id=row["JobID"].strip(),
+            state=state,
+            observed_at=observed_at,
+            raw_state=row["State"].strip(),
+            exit_code=exit_code,
+            signal=sig,
+            nodes=expand_nodes(row["NodeList"]),
+            submit_time=_epoch(row["SubmitTime"]),
             start_time=_epoch(row["StartTime"]) if state is not JobState.PENDING else None,
             end_time=_epoch(row["EndTime"]) if state.is_terminal else None,
             time_limit_s=_time_limit(row["TimeLimit"]),
             restart_count=int(row["RestartCnt"]) if row["RestartCnt"].strip().isdigit() else 0,
-            reason=reason, name=_text(row["Name"]), comment=_text(row["Comment"]),
-        )  # fmt: skip
+            reason=reason,
+            name=_text(row["Name"]),
+            comment=_text(row["Comment"]),
+        )
     return jobs
 
 
-def parse_sacct(text: str, observed_at: float, fields: tuple[str, ...] = SACCT_FIELDS,
-                sep: str = "|") -> dict[str, JobInfo]:  # fmt: skip
+def parse_sacct(
+    text: str, observed_at: float, fields: tuple[str, ...] = SACCT_FIELDS, sep: str = "|"
+) -> dict[str, JobInfo]:
     """Parse `sacct -X -D -P -n -o SACCT_FORMAT` output (or, with `fields` and `sep`,
     `sacct ... --delimiter=SEP -o SACCT_FIND_FORMAT`).
 
@@ -145,14 +175,23 @@ def parse_sacct(text: str, observed_at: float, fields: tuple[str, ...] = SACCT_F
         exit_code, sig = decode_exit_pair(row["ExitCode"])
         state = JobState.from_slurm(row["State"])
         jobs[job_id] = JobInfo(
-            job_id=job_id, state=state, observed_at=observed_at, raw_state=row["State"],
-            exit_code=exit_code, signal=sig, nodes=expand_nodes(row["NodeList"]),
-            submit_time=_epoch(row["Submit"]), start_time=_epoch(row["Start"]),
-            end_time=_epoch(row["End"]), time_limit_s=_time_limit(row["TimelimitRaw"]),
-            restart_count=len(runs) - 1, reason=_text(row["Reason"]),
-            name=_text(row["JobName"]), comment=_text(row.get("Comment", "")),
+            job_id=job_id,
+            state=state,
+            observed_at=observed_at,
+            raw_state=row["State"],
+            exit_code=exit_code,
+            signal=sig,
+            nodes=expand_nodes(row["NodeList"]),
+            submit_time=_epoch(row["Submit"]),
+            start_time=_epoch(row["Start"]),
+            end_time=_epoch(row["End"]),
+            time_limit_s=_time_limit(row["TimelimitRaw"]),
+            restart_count=len(runs) - 1,
+            reason=_text(row["Reason"]),
+            name=_text(row["JobName"]),
+            comment=_text(row.get("Comment", "")),
             from_accounting=True,
-        )  # fmt: skip
+        )
     return jobs
 
 
@@ -179,10 +218,15 @@ def parse_sinfo_nodes(text: str) -> list[NodeInfo]:
         if not line.strip():
             continue
         name, raw_state, reason = (line.split("|", 2) + ["", ""])[:3]
-        nodes.setdefault(name, NodeInfo(
-            name=name, state=NodeState.from_slurm(raw_state), raw_state=raw_state,
-            reason=_text(reason),
-        ))  # fmt: skip
+        nodes.setdefault(
+            name,
+            NodeInfo(
+                name=name,
+                state=NodeState.from_slurm(raw_state),
+                raw_state=raw_state,
+                reason=_text(reason),
+            ),
+        )
     return list(nodes.values())
 
 

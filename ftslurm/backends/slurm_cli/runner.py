@@ -40,14 +40,25 @@ log = logging.getLogger(__name__)
 
 # stderr fragments (lower case) that mean "the controller or database could not be reached".
 _TRANSIENT = (
-    "unable to contact slurm controller", "socket timed out", "connection refused",
-    "connect failure", "zero bytes were transmitted", "communication connection failure",
-    "transport endpoint is not connected", "resource temporarily unavailable",
-    "rpc rate limit", "rate limit exceeded", "temporarily unable to accept job",
-    "slurmctld not responding", "slurm backup controller in standby mode",
-    "problem talking to the database", "slurmdbd: getting response",
-    "failed to open persistent connection", "unable to establish", "network is unreachable",
-)  # fmt: skip
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "connect failure",
+    "zero bytes were transmitted",
+    "communication connection failure",
+    "transport endpoint is not connected",
+    "resource temporarily unavailable",
+    "rpc rate limit",
+    "rate limit exceeded",
+    "temporarily unable to accept job",
+    "slurmctld not responding",
+    "slurm backup controller in standby mode",
+    "problem talking to the database",
+    "slurmdbd: getting response",
+    "failed to open persistent connection",
+    "unable to establish",
+    "network is unreachable",
+)
 # Failures that happen before the request reached the controller: safe to repeat even for
 # requests that are not idempotent (sbatch).
 _NOT_DELIVERED = ("connection refused", "connect failure", "unable to contact slurm controller")
@@ -56,26 +67,38 @@ _PERMANENT: tuple[tuple[re.Pattern[str], type[FtslurmError]], ...] = (
     (re.compile(r"invalid job id|job id .* not found|unknown job"), InvalidJobId),
     (re.compile(r"invalid partition|partition .* (does not exist|not found)"), InvalidPartition),
     (re.compile(r"invalid --time|invalid time limit|time limit specification"), ConfigError),
-    (re.compile(r"job is (no longer )?pending|pending execution|job is not pending|"
-                r"presently disabled|already completing or completed|job is pending|"
-                r"job has already finished"),
-     JobStateConflict),
-)  # fmt: skip
+    (
+        re.compile(
+            r"job is (no longer )?pending|pending execution|job is not pending|"
+            r"presently disabled|already completing or completed|job is pending|"
+            r"job has already finished"
+        ),
+        JobStateConflict,
+    ),
+)
 
 
 # Refusals only Slurm's operator can lift, with what to ask for (seen as an ordinary user on
 # Slurm 22.05: another user's job, a node update, a munge socket the user cannot reach).
 _OPERATOR: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"munge.*permission denied|protocol authentication error"),
-     "Slurm's authentication (munge) refused this user; an operator must let users reach "
-     "the munge socket"),
-    (re.compile(r"invalid account|account/partition combination|user.*not.*association|"
-                r"invalid qos"),
-     "this user has no association for that account, partition or QOS; an operator adds "
-     "one with sacctmgr add user NAME account=ACCOUNT"),
-    (re.compile(r"access/permission denied|invalid user id|not authorized"),
-     "allowed to the job's owner and Slurm's operator only"),
-)  # fmt: skip
+    (
+        re.compile(r"munge.*permission denied|protocol authentication error"),
+        "Slurm's authentication (munge) refused this user; an operator must let users reach "
+        "the munge socket",
+    ),
+    (
+        re.compile(
+            r"invalid account|account/partition combination|user.*not.*association|"
+            r"invalid qos"
+        ),
+        "this user has no association for that account, partition or QOS; an operator adds "
+        "one with sacctmgr add user NAME account=ACCOUNT",
+    ),
+    (
+        re.compile(r"access/permission denied|invalid user id|not authorized"),
+        "allowed to the job's owner and Slurm's operator only",
+    ),
+)
 
 _NOISE = re.compile(r"^(\w+: )?(error: )?(batch job submission failed: )?", re.IGNORECASE)
 
@@ -137,8 +160,9 @@ class CommandRunner:
         """
         for attempt in self._retrying(argv, budget_s, idempotent):
             with attempt:
-                return self._once(argv, stdin=stdin, extra_env=extra_env,
-                                  timeout_s=timeout_s or self.timeout_s)  # fmt: skip
+                return self._once(
+                    argv, stdin=stdin, extra_env=extra_env, timeout_s=timeout_s or self.timeout_s
+                )
         raise AssertionError("unreachable")  # pragma: no cover
 
     def run_refusals(self, argv: Sequence[str], *, budget_s: float) -> str:
@@ -162,7 +186,8 @@ class CommandRunner:
         return Retrying(
             retry=retry_if_exception(lambda e: _may_repeat(e, idempotent)),
             stop=stop_after_delay(budget_s) | stop_when_event_set(self.abort)
-            if self.abort is not None else stop_after_delay(budget_s),
+            if self.abort is not None
+            else stop_after_delay(budget_s),
             wait=wait_exponential(multiplier=0.5, max=self.max_wait_s) + wait_random(0, 0.5),
             sleep=self.abort.wait if self.abort is not None else time.sleep,
             reraise=True,
@@ -171,16 +196,27 @@ class CommandRunner:
             ),
         )
 
-    def _once(self, argv: Sequence[str], *, stdin: str | None, extra_env: Mapping[str, str] | None,
-              timeout_s: float) -> str:  # fmt: skip
+    def _once(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: str | None,
+        extra_env: Mapping[str, str] | None,
+        timeout_s: float,
+    ) -> str:
         proc = self._spawn(argv, stdin=stdin, extra_env=extra_env, timeout_s=timeout_s)
         if proc.returncode != 0:
             raise classify(argv, proc.returncode, proc.stderr or proc.stdout)
         return proc.stdout
 
-    def _spawn(self, argv: Sequence[str], *, stdin: str | None,
-               extra_env: Mapping[str, str] | None,
-               timeout_s: float) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def _spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: str | None,
+        extra_env: Mapping[str, str] | None,
+        timeout_s: float,
+    ) -> subprocess.CompletedProcess[str]:
         env = dict(self.env if self.env is not None else os.environ)
         env["SLURM_TIME_FORMAT"] = "%s"
         if extra_env:
@@ -189,9 +225,14 @@ class CommandRunner:
             self.commands += 1
         try:
             proc = subprocess.run(
-                list(argv), input=stdin, capture_output=True, text=True, env=env,
-                timeout=timeout_s, stdin=None if stdin is not None else subprocess.DEVNULL,
-            )  # fmt: skip
+                list(argv),
+                input=stdin,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=timeout_s,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             raise SchedulerUnavailable(
                 f"{argv[0]} did not answer within {timeout_s:.0f}s"

@@ -123,8 +123,9 @@ class Connection:
         self._lock = threading.RLock()
         self._depth = 0
         with sqlite_errors(self.path):
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                       check_same_thread=False)  # fmt: skip
+            self._db = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -141,7 +142,8 @@ class Connection:
                 mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
                 if str(mode).lower() != self.journal:
                     mode = self._db.execute(
-                        f"PRAGMA journal_mode = {self.journal.upper()}").fetchone()[0]
+                        f"PRAGMA journal_mode = {self.journal.upper()}"
+                    ).fetchone()[0]
                 if str(mode).lower() == self.journal:
                     return
             except sqlite3.OperationalError as exc:
@@ -151,7 +153,8 @@ class Connection:
                 raise StateError(
                     f"{self.path} could not be switched to {self.journal.upper()} journal mode "
                     "(another process keeps it open in the other mode)",
-                    hint=f"stop the daemon, or set {STATE_FS_ENV} alike on every host")
+                    hint=f"stop the daemon, or set {STATE_FS_ENV} alike on every host",
+                )
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
@@ -165,9 +168,11 @@ class Connection:
     def _check_version(self) -> None:
         version = self.schema_version()
         if version > schema.SCHEMA_VERSION:
-            raise StateError(f"{self.path} has schema version {version}, but this ftslurm "
-                             f"supports up to version {schema.SCHEMA_VERSION}",
-                             hint="upgrade ftslurm, or use another state directory")  # fmt: skip
+            raise StateError(
+                f"{self.path} has schema version {version}, but this ftslurm "
+                f"supports up to version {schema.SCHEMA_VERSION}",
+                hint="upgrade ftslurm, or use another state directory",
+            )
 
     def _migrate(self) -> None:
         if self.schema_version() == schema.SCHEMA_VERSION:

@@ -23,8 +23,9 @@ class Store(RunsMixin, RequestsMixin, LeaseMixin, GuardMixin):
     and any number of processes may open the same directory at once.
     """
 
-    def __init__(self, home: Path | str, network: bool | None = None,
-                 check_runs: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, home: Path | str, network: bool | None = None, check_runs: bool = True
+    ) -> None:
         super().__init__(home, network)  # the file and the connection (connection.py)
         try:
             with sqlite_errors(self.path):
@@ -48,6 +49,10 @@ class Store(RunsMixin, RequestsMixin, LeaseMixin, GuardMixin):
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()

@@ -71,8 +71,13 @@ def mark_backend(home: Path, key: str) -> None:
 def mirror_run(run: Run) -> None:
     """Write what `submit` recorded of `run` into its folder (atomically, 0600): the store
     refuses a database that lacks a mirrored run, and `restore_backup` rebuilds it."""
-    data = {"run_id": run.run_id, "name": run.name, "created_at": run.created_at,
-            "spec": run.spec, "settings": run.settings}  # fmt: skip
+    data = {
+        "run_id": run.run_id,
+        "name": run.name,
+        "created_at": run.created_at,
+        "spec": run.spec,
+        "settings": run.settings,
+    }
     write_json_atomic(Path(run.spec["run_dir"]) / RUN_MIRROR, data, mode=0o600)
 
 
@@ -99,9 +104,12 @@ def mirrored_runs(home: Path | str, skip: Iterable[str] = ()) -> dict[str, dict[
         if name in skip:
             continue
         data = read_json(Path(home) / RUNS_DIR / name / RUN_MIRROR)
-        if (isinstance(data, dict) and data.get("run_id") == name
-                and isinstance(data.get("spec"), dict)
-                and isinstance(data.get("settings"), dict)):  # fmt: skip
+        if (
+            isinstance(data, dict)
+            and data.get("run_id") == name
+            and isinstance(data.get("spec"), dict)
+            and isinstance(data.get("settings"), dict)
+        ):
             found[name] = data
     return found
 
@@ -116,7 +124,9 @@ class GuardMixin(Connection):
             raise StateDamaged(
                 f"the state database {self.path} has lost committed changes: its newest event "
                 f"is {newest}, but events up to {mark} were committed (was {DB_NAME}-wal "
-                "deleted or an older copy put back?)", hint=RECOVER_HINT)  # fmt: skip
+                "deleted or an older copy put back?)",
+                hint=RECOVER_HINT,
+            )
 
     def missing_runs(self) -> dict[str, dict[str, Any]]:
         """The mirrors (`mirror_run`) of runs that are not in the database."""
@@ -131,7 +141,8 @@ class GuardMixin(Connection):
                 f"the state database {self.path} has lost run(s) {', '.join(lost[:5])}{more}: "
                 f"their folders say `submit` recorded them (was {DB_NAME}-wal deleted or an "
                 "older copy put back?)",
-                hint="stop the daemon and run `ftslurm daemon recover`: it rebuilds them")
+                hint="stop the daemon and run `ftslurm daemon recover`: it rebuilds them",
+            )
 
     def newest_event_id(self) -> int:
         """The id of the newest committed event (0 in a database without events)."""
@@ -147,8 +158,9 @@ class GuardMixin(Connection):
         with self._lock, sqlite_errors(self.path):
             rows = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(5)").fetchall()]
         if rows != ["ok"]:
-            raise StateDamaged(f"the state database {self.path} is damaged ({rows[0]})",
-                               hint=RECOVER_HINT)  # fmt: skip
+            raise StateDamaged(
+                f"the state database {self.path} is damaged ({rows[0]})", hint=RECOVER_HINT
+            )
 
     def checkpoint(self) -> None:
         """Copy what the WAL holds into the database file as far as readers allow

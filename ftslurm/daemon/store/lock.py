@@ -66,8 +66,9 @@ class DaemonLock:
             os.close(fd)
             pid = self.holder_pid(self.home)
             held = f" (pid {pid})" if pid is not None and pid > 0 else ""
-            raise DaemonAlreadyRunning(f"a daemon is already running for {self.home}{held}",
-                                       hint="stop it first") from None  # fmt: skip
+            raise DaemonAlreadyRunning(
+                f"a daemon is already running for {self.home}{held}", hint="stop it first"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
@@ -89,8 +90,12 @@ class DaemonLock:
         self.acquire()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.release()
 
     @staticmethod
@@ -123,8 +128,9 @@ class LeaseMixin(Connection):
     def daemon_lease(self) -> DaemonLease | None:
         """The daemon lease row, or None when no daemon ever took one."""
         with self._lock, sqlite_errors(self.path):
-            row = self._db.execute("SELECT owner, host, pid, seq, time, ended, job_id FROM "
-                                   "daemon_lease WHERE id = 1").fetchone()  # fmt: skip
+            row = self._db.execute(
+                "SELECT owner, host, pid, seq, time, ended, job_id FROM daemon_lease WHERE id = 1"
+            ).fetchone()
         return None if row is None else DaemonLease(*row)
 
     def swap_daemon_lease(self, new: DaemonLease, expect: DaemonLease | None) -> bool:
@@ -132,13 +138,13 @@ class LeaseMixin(Connection):
         in one transaction: two daemons that read the same lease cannot both take it."""
         with self.transaction():
             current = self.daemon_lease()
-            if (current and (current.owner, current.seq)) != (expect and (expect.owner,
-                                                                          expect.seq)):
+            if (current and (current.owner, current.seq)) != (
+                expect and (expect.owner, expect.seq)
+            ):
                 return False
             self._db.execute(
                 "INSERT OR REPLACE INTO daemon_lease (id, owner, host, pid, seq, time, ended, "
                 "job_id) VALUES (1, ?, ?, ?, ?, ?, ?, ?)",
-                (new.owner, new.host, new.pid, new.seq, new.time, new.ended,
-                 new.job_id))  # fmt: skip
+                (new.owner, new.host, new.pid, new.seq, new.time, new.ended, new.job_id),
+            )
         return True
-

@@ -42,8 +42,9 @@ class Restored:
     rebuilt: list[str] = field(default_factory=list)  # a line per run rebuilt from its folder
 
 
-def restore_backup(home: Path | str, now: float | None = None,
-                   active: dict[str, tuple[int, str]] | None = None) -> Restored:
+def restore_backup(
+    home: Path | str, now: float | None = None, active: dict[str, tuple[int, str]] | None = None
+) -> Restored:
     """Put `home/state.db.bak` back as the state database, after checking it; the files it
     replaces (database, WAL, shared memory, mark) move to `home/damaged-<time>/`. Runs the
     backup lacks but whose folders hold their mirror (`mirror_run`) are rebuilt
@@ -53,8 +54,10 @@ def restore_backup(home: Path | str, now: float | None = None,
     home = private_dir(home)
     backup = home / BACKUP_NAME
     if not backup.is_file():
-        raise StateError(f"no backup to restore: {backup} does not exist",
-                         hint="the daemon writes one when it starts")  # fmt: skip
+        raise StateError(
+            f"no backup to restore: {backup} does not exist",
+            hint="the daemon writes one when it starts",
+        )
     taken_at = backup.stat().st_mtime
     staging = temp_path(home / DB_NAME)
     try:
@@ -72,13 +75,13 @@ def restore_backup(home: Path | str, now: float | None = None,
                     marks = ",".join("?" * len(TERMINAL))
                     runs, active_runs = db.execute(
                         f"SELECT count(*), count(*) FILTER (WHERE state NOT IN ({marks})) "
-                        "FROM runs", TERMINAL).fetchone()  # fmt: skip
-                    newest = int(db.execute("SELECT max(event_id) FROM events").fetchone()[0]
-                                 or 0)  # fmt: skip
+                        "FROM runs",
+                        TERMINAL,
+                    ).fetchone()
+                    newest = int(db.execute("SELECT max(event_id) FROM events").fetchone()[0] or 0)
             finally:
                 db.close()
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None
-                                                               else now))  # fmt: skip
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
         kept: Path | None = home / f"{DAMAGED_PREFIX}{stamp}"
         n = 1
         while kept.exists():  # type: ignore[union-attr]
@@ -106,12 +109,18 @@ def restore_backup(home: Path | str, now: float | None = None,
         when = time.time() if now is None else now
         rebuilt = rebuild_runs(store, missing, active or {}, when)
         write_mark(home, store.newest_event_id(), marked_backends(home))
-    return Restored(runs=int(runs), active_runs=int(active_runs), taken_at=taken_at,
-                    kept_in=kept, rebuilt=rebuilt)  # fmt: skip
+    return Restored(
+        runs=int(runs),
+        active_runs=int(active_runs),
+        taken_at=taken_at,
+        kept_in=kept,
+        rebuilt=rebuilt,
+    )
 
 
-def recover_state(home: Path | str, now: float | None = None,
-                  active: dict[str, tuple[int, str]] | None = None) -> Restored:
+def recover_state(
+    home: Path | str, now: float | None = None, active: dict[str, tuple[int, str]] | None = None
+) -> Restored:
     """`ftslurm daemon recover`: a database that is sound but lacks runs their folders
     mirror (its WAL deleted after `submit` committed) gets them rebuilt in place, keeping
     everything newer than the backup; any other (damaged, or lost committed events) gets
@@ -125,15 +134,21 @@ def recover_state(home: Path | str, now: float | None = None,
                 rebuilt = rebuild_runs(store, missing, active or {}, when)
                 runs = store.list_runs()
                 write_mark(store.home, store.newest_event_id(), marked_backends(store.home))
-                return Restored(runs=len(runs), taken_at=None, kept_in=None, rebuilt=rebuilt,
-                                active_runs=sum(not r.state.is_terminal for r in runs))
+                return Restored(
+                    runs=len(runs),
+                    taken_at=None,
+                    kept_in=None,
+                    rebuilt=rebuilt,
+                    active_runs=sum(not r.state.is_terminal for r in runs),
+                )
     except StateError:
         pass  # not sound: the backup, below
     return restore_backup(home, now, active)
 
 
-def rebuild_runs(store: Store, mirrors: dict[str, dict[str, Any]],
-                 active: dict[str, tuple[int, str]], now: float) -> list[str]:
+def rebuild_runs(
+    store: Store, mirrors: dict[str, dict[str, Any]], active: dict[str, tuple[int, str]], now: float
+) -> list[str]:
     """Add the runs of `mirrors` (lost by the database: `Store.missing_runs`) back, one line
     each for the user. `active`: run id -> (attempt, job id) of the newest job the scheduler
     still holds for it (by the attempt's tag): such a run comes back as that attempt about to
@@ -146,28 +161,50 @@ def rebuild_runs(store: Store, mirrors: dict[str, dict[str, Any]],
     for run_id, m in sorted(mirrors.items()):
         found = active.get(run_id)
         ended = m.get("state") in TERMINAL
-        run = Run(run_id=run_id, name=str(m.get("name") or run_id), state=RunState.PENDING,
-                  created_at=float(m.get("created_at") or now), spec=m["spec"],
-                  settings=m["settings"])  # fmt: skip
-        attempt = Attempt(run_id, int(m.get("attempt") or 0), AttemptState.SUBMITTING,
-                          tag=record_tag(run_id, int(m.get("attempt") or 0)))  # fmt: skip
+        run = Run(
+            run_id=run_id,
+            name=str(m.get("name") or run_id),
+            state=RunState.PENDING,
+            created_at=float(m.get("created_at") or now),
+            spec=m["spec"],
+            settings=m["settings"],
+        )
+        attempt = Attempt(
+            run_id,
+            int(m.get("attempt") or 0),
+            AttemptState.SUBMITTING,
+            tag=record_tag(run_id, int(m.get("attempt") or 0)),
+        )
         if found:  # adopted by its tag instead of submitted again
             attempt = replace(attempt, attempt=found[0], tag=record_tag(run_id, found[0]))
-            line = (f"run {run_id}: rebuilt from its folder; its job {found[1]} (attempt "
-                    f"{found[0]}) is still at the scheduler, and the daemon adopts it")
+            line = (
+                f"run {run_id}: rebuilt from its folder; its job {found[1]} (attempt "
+                f"{found[0]}) is still at the scheduler, and the daemon adopts it"
+            )
         elif ended:
-            run = replace(run, state=RunState(m["state"]), reason=m.get("reason"),
-                          ended_at=float(m.get("ended_at") or now))  # fmt: skip
+            run = replace(
+                run,
+                state=RunState(m["state"]),
+                reason=m.get("reason"),
+                ended_at=float(m.get("ended_at") or now),
+            )
             attempt = replace(attempt, state=AttemptState.UNKNOWN, job_id=m.get("job_id"))
             line = f"run {run_id}: rebuilt from its folder as {m['state']} (it had ended)"
         elif m.get("job_id") is None:  # never submitted: the daemon submits it now
             line = f"run {run_id}: rebuilt from its folder; it had not been submitted yet"
         else:
-            run = replace(run, state=RunState.FAILED, ended_at=now, reason=(
-                f"{LOST_RUN}: its job {m['job_id']} is no longer at the scheduler and how it "
-                "ended is not known; its checkpoints are kept: submit it again to continue"))
-            attempt = replace(attempt, state=AttemptState.UNKNOWN, job_id=m.get("job_id"),
-                              reason=run.reason)  # fmt: skip
+            run = replace(
+                run,
+                state=RunState.FAILED,
+                ended_at=now,
+                reason=(
+                    f"{LOST_RUN}: its job {m['job_id']} is no longer at the scheduler and how it "
+                    "ended is not known; its checkpoints are kept: submit it again to continue"
+                ),
+            )
+            attempt = replace(
+                attempt, state=AttemptState.UNKNOWN, job_id=m.get("job_id"), reason=run.reason
+            )
             line = f"run {run_id}: rebuilt from its folder as FAILED ({run.reason})"
         with store.transaction():
             store.add_run(run)

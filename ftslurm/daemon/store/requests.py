@@ -27,9 +27,14 @@ class Request:
 def request_record(row: sqlite3.Row) -> Request:
     """The request of a `requests` row."""
     result = row["result"]
-    return Request(row["request_id"], row["kind"], json.loads(row["data"]),
-                   row["created_at"], row["applied_at"],
-                   None if result is None else json.loads(result))  # fmt: skip
+    return Request(
+        row["request_id"],
+        row["kind"],
+        json.loads(row["data"]),
+        row["created_at"],
+        row["applied_at"],
+        None if result is None else json.loads(result),
+    )
 
 
 class RequestsMixin(Connection):
@@ -38,8 +43,10 @@ class RequestsMixin(Connection):
     # ------------------------------------------------------------------ requests
     def add_request(self, kind: str, data: dict[str, Any], now: float) -> int:
         """Record what a command asks the daemon to do; returns the request's id."""
-        cur = self._write("INSERT INTO requests (kind, data, created_at) VALUES (?, ?, ?)",
-                          (kind, json.dumps(data), now))  # fmt: skip
+        cur = self._write(
+            "INSERT INTO requests (kind, data, created_at) VALUES (?, ?, ?)",
+            (kind, json.dumps(data), now),
+        )
         return int(cur.lastrowid or 0)
 
     def pending_requests(self) -> list[Request]:
@@ -54,9 +61,11 @@ class RequestsMixin(Connection):
     def finish_request(self, request_id: int, result: dict[str, Any], now: float) -> bool:
         """Record that the daemon applied a request, and how; whether it was still pending
         (a request is applied once)."""
-        cur = self._write("UPDATE requests SET applied_at = ?, result = ? "
-                          "WHERE request_id = ? AND applied_at IS NULL",
-                          (now, json.dumps(result), request_id))  # fmt: skip
+        cur = self._write(
+            "UPDATE requests SET applied_at = ?, result = ? "
+            "WHERE request_id = ? AND applied_at IS NULL",
+            (now, json.dumps(result), request_id),
+        )
         return cur.rowcount > 0
 
     # ------------------------------------------------------------------ node flags
@@ -77,5 +86,7 @@ class RequestsMixin(Connection):
         sql, params = "SELECT * FROM node_flags", ()
         if now is not None:
             sql, params = sql + " WHERE expires_at IS NULL OR expires_at > ?", (now,)
-        return [NodeFlag(r["node"], r["reason"], r["since"], r["expires_at"], r["run_id"])
-                for r in self._read(sql + " ORDER BY node", params)]  # fmt: skip
+        return [
+            NodeFlag(r["node"], r["reason"], r["since"], r["expires_at"], r["run_id"])
+            for r in self._read(sql + " ORDER BY node", params)
+        ]

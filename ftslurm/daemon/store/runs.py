@@ -33,7 +33,7 @@ from ftslurm.daemon.store.schema import (
 def _chunks(items: list[str], size: int = 500) -> Iterator[list[str]]:
     """`items` in slices small enough for one statement's parameters."""
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]
 
 
 class RunsMixin(Connection):
@@ -45,20 +45,21 @@ class RunsMixin(Connection):
         `run.run_id` exists."""
         marks = ",".join("?" * len(RUN_COLS))
         try:
-            self._write(f"INSERT INTO runs ({','.join(RUN_COLS)}) VALUES ({marks})",
-                        run_row(run))  # fmt: skip
+            self._write(f"INSERT INTO runs ({','.join(RUN_COLS)}) VALUES ({marks})", run_row(run))
         except sqlite3.IntegrityError:
             raise StateError(f"run {run.run_id!r} already exists in {self.path}") from None
         run.version = 0
 
-    def _stale(self, table: str, where: str, key: tuple[Any, ...], what: str,
-               read_at: int) -> StateError:  # fmt: skip
+    def _stale(
+        self, table: str, where: str, key: tuple[Any, ...], what: str, read_at: int
+    ) -> StateError:
         """Why a compare-and-set update changed no row: the record is gone, or it moved on."""
         rows = self._read(f"SELECT version FROM {table} WHERE {where}", key)
         if not rows:
             return StateError(f"no {what} in {self.path}")
-        return StaleRecord(f"{what} changed since it was read (version {read_at}, now "
-                           f"{rows[0][0]}): read it again")  # fmt: skip
+        return StaleRecord(
+            f"{what} changed since it was read (version {read_at}, now {rows[0][0]}): read it again"
+        )
 
     def update_run(self, run: Run) -> None:
         """Replace the stored record of `run.run_id` except its cancel request (only
@@ -71,12 +72,14 @@ class RunsMixin(Connection):
         cols = [i for i, c in enumerate(RUN_COLS) if c not in ("run_id", "cancel_requested")]
         sets = ",".join(f"{RUN_COLS[i]} = ?" for i in cols)
         row = run_row(run)
-        cur = self._write(f"UPDATE runs SET {sets}, version = version + 1 "
-                          "WHERE run_id = ? AND version = ?",
-                          (*(row[i] for i in cols), row[0], run.version))  # fmt: skip
+        cur = self._write(
+            f"UPDATE runs SET {sets}, version = version + 1 WHERE run_id = ? AND version = ?",
+            (*(row[i] for i in cols), row[0], run.version),
+        )
         if cur.rowcount == 0:
-            raise self._stale("runs", "run_id = ?", (run.run_id,), f"run {run.run_id!r}",
-                              run.version)  # fmt: skip
+            raise self._stale(
+                "runs", "run_id = ?", (run.run_id,), f"run {run.run_id!r}", run.version
+            )
         run.version += 1
 
     def request_cancel(self, run_id: str, now: float) -> tuple[bool, Attempt | None]:
@@ -85,10 +88,12 @@ class RunsMixin(Connection):
         the request was recorded, and that attempt. The first request moves the run's
         version on, so a copy read before it can no longer be written back."""
         with self.transaction():
-            cur = self._write("UPDATE runs SET version = version + (cancel_requested = 0), "
-                              "cancel_requested = 1 WHERE run_id = ? AND "
-                              f"state NOT IN ({','.join('?' * len(TERMINAL))})",
-                              (run_id, *TERMINAL))  # fmt: skip
+            cur = self._write(
+                "UPDATE runs SET version = version + (cancel_requested = 0), "
+                "cancel_requested = 1 WHERE run_id = ? AND "
+                f"state NOT IN ({','.join('?' * len(TERMINAL))})",
+                (run_id, *TERMINAL),
+            )
             if cur.rowcount:
                 self.append_event(run_id, "cancel_requested", {}, now)
             return cur.rowcount > 0, self.latest_attempt(run_id)
@@ -102,8 +107,10 @@ class RunsMixin(Connection):
         run = self.get_run(prefix)
         if run is not None:
             return [run]
-        rows = self._read("SELECT * FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY run_id",
-                          (len(prefix), prefix))
+        rows = self._read(
+            "SELECT * FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY run_id",
+            (len(prefix), prefix),
+        )
         return [run_record(r) for r in rows]
 
     def newest_run(self) -> int:
@@ -120,19 +127,23 @@ class RunsMixin(Connection):
                 "LEFT JOIN attempts a ON a.run_id = r.run_id AND a.attempt = "
                 "(SELECT max(attempt) FROM attempts WHERE run_id = r.run_id) "
                 f"WHERE r.state NOT IN ({','.join('?' * len(TERMINAL))}) "
-                "ORDER BY r.created_at, r.run_id", TERMINAL)  # fmt: skip
+                "ORDER BY r.created_at, r.run_id",
+                TERMINAL,
+            )
             cur.row_factory = None  # plain tuples: this is read often and in bulk
             return cur.fetchall()
 
-    def runs_by_id(self, run_ids: Iterable[str],
-                   shared: dict[str, Any] | None = None) -> dict[str, Run]:  # fmt: skip
+    def runs_by_id(
+        self, run_ids: Iterable[str], shared: dict[str, Any] | None = None
+    ) -> dict[str, Run]:
         """The runs of these ids (those that exist), read in a few queries. `shared`: JSON
         text of settings -> its decoded dict, filled as it goes: runs whose settings are
         the same text get the same dict (the caller changes none in place)."""
         out: dict[str, Run] = {}
         for chunk in _chunks(list(run_ids)):
-            rows = self._read(f"SELECT * FROM runs WHERE run_id IN ({','.join('?' * len(chunk))})",
-                              tuple(chunk))  # fmt: skip
+            rows = self._read(
+                f"SELECT * FROM runs WHERE run_id IN ({','.join('?' * len(chunk))})", tuple(chunk)
+            )
             out.update((r["run_id"], run_record(r, shared)) for r in rows)
         return out
 
@@ -144,7 +155,8 @@ class RunsMixin(Connection):
                 "SELECT a.* FROM attempts a WHERE a.run_id IN "
                 f"({','.join('?' * len(chunk))}) AND a.attempt = "
                 "(SELECT max(attempt) FROM attempts WHERE run_id = a.run_id)",
-                tuple(chunk))  # fmt: skip
+                tuple(chunk),
+            )
             out.update((r["run_id"], attempt_record(r)) for r in rows)
         return out
 
@@ -162,8 +174,9 @@ class RunsMixin(Connection):
         carries); `StateError` if it exists already."""
         marks = ",".join("?" * len(ATTEMPT_COLS))
         try:
-            self._write(f"INSERT INTO attempts ({','.join(ATTEMPT_COLS)}) VALUES ({marks})",
-                        attempt_row(a))  # fmt: skip
+            self._write(
+                f"INSERT INTO attempts ({','.join(ATTEMPT_COLS)}) VALUES ({marks})", attempt_row(a)
+            )
         except sqlite3.IntegrityError as exc:
             if "FOREIGN KEY" in str(exc):
                 raise StateError(f"attempt {a.attempt} names unknown run {a.run_id!r}") from None
@@ -175,12 +188,19 @@ class RunsMixin(Connection):
         `a.version` (compare-and-set, as `update_run`); `StaleRecord` when it moved on."""
         sets = ",".join(f"{c} = ?" for c in ATTEMPT_COLS[2:])
         row = attempt_row(a)
-        cur = self._write(f"UPDATE attempts SET {sets}, version = version + 1 "
-                          "WHERE run_id = ? AND attempt = ? AND version = ?",
-                          (*row[2:], row[0], row[1], a.version))  # fmt: skip
+        cur = self._write(
+            f"UPDATE attempts SET {sets}, version = version + 1 "
+            "WHERE run_id = ? AND attempt = ? AND version = ?",
+            (*row[2:], row[0], row[1], a.version),
+        )
         if cur.rowcount == 0:
-            raise self._stale("attempts", "run_id = ? AND attempt = ?", (a.run_id, a.attempt),
-                              f"attempt {a.attempt} of run {a.run_id!r}", a.version)
+            raise self._stale(
+                "attempts",
+                "run_id = ? AND attempt = ?",
+                (a.run_id, a.attempt),
+                f"attempt {a.attempt} of run {a.run_id!r}",
+                a.version,
+            )
         a.version += 1
 
     def attempts(self, run_id: str) -> list[Attempt]:
@@ -190,25 +210,30 @@ class RunsMixin(Connection):
     def attempt_before(self, run_id: str, attempt: int) -> Attempt | None:
         """The run's attempt just before attempt `attempt` (one row: a run continued many
         times has many attempts, each with its node list)."""
-        rows = self._read("SELECT * FROM attempts WHERE run_id = ? AND attempt < ? "
-                          "ORDER BY attempt DESC LIMIT 1", (run_id, attempt))  # fmt: skip
+        rows = self._read(
+            "SELECT * FROM attempts WHERE run_id = ? AND attempt < ? ORDER BY attempt DESC LIMIT 1",
+            (run_id, attempt),
+        )
         return attempt_record(rows[0]) if rows else None
 
     def latest_attempt(self, run_id: str) -> Attempt | None:
-        rows = self._read("SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt DESC "
-                          "LIMIT 1", (run_id,))  # fmt: skip
+        rows = self._read(
+            "SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt DESC LIMIT 1", (run_id,)
+        )
         return attempt_record(rows[0]) if rows else None
 
     # ------------------------------------------------------------------ events
-    def append_event(self, run_id: str | None, kind: str, data: dict[str, Any],
-                     time: float) -> int:  # fmt: skip
+    def append_event(self, run_id: str | None, kind: str, data: dict[str, Any], time: float) -> int:
         """Append one event; returns its id (larger than every id before it)."""
-        cur = self._write("INSERT INTO events (time, run_id, kind, data) VALUES (?, ?, ?, ?)",
-                          (time, run_id, kind, json.dumps(data)))  # fmt: skip
+        cur = self._write(
+            "INSERT INTO events (time, run_id, kind, data) VALUES (?, ?, ?, ?)",
+            (time, run_id, kind, json.dumps(data)),
+        )
         return int(cur.lastrowid or 0)
 
-    def events(self, run_id: str | None = None, since_id: int = 0,
-               limit: int | None = None) -> list[Event]:  # fmt: skip
+    def events(
+        self, run_id: str | None = None, since_id: int = 0, limit: int | None = None
+    ) -> list[Event]:
         """Events with id > `since_id` (of one run, or of all when `run_id` is None),
         in ascending id order, at most `limit` of them."""
         sql, params = "SELECT * FROM events WHERE event_id > ?", [since_id]
@@ -221,19 +246,25 @@ class RunsMixin(Connection):
             params.append(max(0, int(limit)))
         return [event_record(r) for r in self._read(sql, tuple(params))]
 
-    def failure_history(self, now: float, cluster_of: Callable[[dict[str, Any]], str]
-                        ) -> dict[str, FailureHistory]:  # fmt: skip
+    def failure_history(
+        self, now: float, cluster_of: Callable[[dict[str, Any]], str]
+    ) -> dict[str, FailureHistory]:
         """Per cluster (`cluster_of` a run's spec), the node failures this store saw
         (`node_lost` events, from peers, the daemon or Slurm) and the node-days its attempts
         ran (nodes times run time, up to `now` for one still running): the cluster's node
         failure rate as seen here. A mock's injected failures stay with that mock."""
-        clusters = {r["run_id"]: cluster_of(json.loads(r["spec"]))
-                    for r in self._read("SELECT run_id, spec FROM runs")}  # fmt: skip
-        lost = self._read("SELECT run_id, COUNT(*) AS n FROM events WHERE kind = 'node_lost' "
-                          "GROUP BY run_id")  # fmt: skip
+        clusters = {
+            r["run_id"]: cluster_of(json.loads(r["spec"]))
+            for r in self._read("SELECT run_id, spec FROM runs")
+        }
+        lost = self._read(
+            "SELECT run_id, COUNT(*) AS n FROM events WHERE kind = 'node_lost' GROUP BY run_id"
+        )
         ran = self._read(
             "SELECT run_id, SUM(json_array_length(nodes) * MAX(0, COALESCE(end_, ?) - start))"
-            " AS s FROM attempts WHERE start IS NOT NULL GROUP BY run_id", (now,))  # fmt: skip
+            " AS s FROM attempts WHERE start IS NOT NULL GROUP BY run_id",
+            (now,),
+        )
         failures: dict[str, int] = {}
         seconds: dict[str, float] = {}
         for r in lost:
@@ -242,11 +273,15 @@ class RunsMixin(Connection):
         for r in ran:
             c = clusters.get(r["run_id"], "")
             seconds[c] = seconds.get(c, 0.0) + float(r["s"] or 0.0)
-        return {c: FailureHistory(failures.get(c, 0), seconds.get(c, 0.0) / DAY_S)
-                for c in set(failures) | set(seconds)}  # fmt: skip
+        return {
+            c: FailureHistory(failures.get(c, 0), seconds.get(c, 0.0) / DAY_S)
+            for c in set(failures) | set(seconds)
+        }
 
     def latest_event(self, run_id: str, kind: str) -> Event | None:
         """The run's newest event of `kind`, or None."""
-        rows = self._read("SELECT * FROM events WHERE run_id = ? AND kind = ? "
-                          "ORDER BY event_id DESC LIMIT 1", (run_id, kind))  # fmt: skip
+        rows = self._read(
+            "SELECT * FROM events WHERE run_id = ? AND kind = ? ORDER BY event_id DESC LIMIT 1",
+            (run_id, kind),
+        )
         return event_record(rows[0]) if rows else None
