@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from ftslurm import __version__
-from ftslurm.cli import daemon_cmds, nodes, report, status, submit
+from ftslurm.cli import daemon_cmds, nodes, report, status, submit, submit_options
 from ftslurm.cli.mock import app as mock_app
 from ftslurm.cli.scheduler import app as scheduler_app
 from ftslurm.errors import FtslurmError
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             command = readable(typer.main.get_command(app))
-            submit.put_in_panels(command.commands["submit"], submit.SUBMIT_PANELS)
+            submit_options.put_in_panels(command.commands["submit"], submit_options.SUBMIT_PANELS)
             result = command.main(args=argv, prog_name="ftslurm", standalone_mode=False)
             if result == 130:  # typer 0.22 and later end a Ctrl-C so, returned here
                 note = submit.interrupted_submit()

@@ -10,7 +10,7 @@ import dataclasses
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -62,77 +62,61 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
     return table
 
 
+def _flag(*names: str, help: str) -> Any:
+    return typer.Option(*names, help=help, show_default=False)
+
+
+# `scheduler submit`'s options.
+_Script = Annotated[Path, typer.Argument(help="the batch script to submit")]
+_Nodes = Annotated[
+    int | None, _flag("-N", "--nodes", help="Number of nodes. Default: the scheduler's (1).")
+]
+_TasksPerNode = Annotated[
+    int | None, _flag("--ntasks-per-node", help="Tasks per node. Default: the scheduler's (1).")
+]
+_Time = Annotated[
+    str | None,
+    _flag(
+        "-t",
+        "--time",
+        help="Time limit in Slurm's forms (MM, HH:MM:SS, D-HH). Default: the partition's.",
+    ),
+]
+_Partition = Annotated[
+    str | None,
+    _flag("-p", "--partition", help="Partition. Default: the cluster's default partition."),
+]
+_Account = Annotated[
+    str | None, _flag("-A", "--account", help="Account to charge. Default: yours.")
+]
+_Exclude = Annotated[
+    str | None, _flag("--exclude", help="Nodes to keep the job off: n1,n2. Default: none.")
+]
+_Name = Annotated[str | None, _flag("--name", help="Job name. Default: the script's file name.")]
+_Comment = Annotated[str | None, _flag("--comment", help="Job comment (free text). Default: none.")]
+_Hold = Annotated[bool, typer.Option("--hold", help="Submit held; `release` starts it.")]
+_Inject = Annotated[
+    list[str] | None,
+    _flag(
+        "--inject",
+        help="KIND@TIME[:TARGET], repeatable (see docs/fault-injection.md). Default: none.",
+    ),
+]
+
+
 @app.command()
 def submit(
-    script: Annotated[Path, typer.Argument(help="the batch script to submit")],
-    nodes: Annotated[
-        int | None,
-        typer.Option(
-            "-N",
-            "--nodes",
-            help="Number of nodes. Default: the scheduler's (1).",
-            show_default=False,
-        ),
-    ] = None,
-    ntasks_per_node: Annotated[
-        int | None,
-        typer.Option(
-            "--ntasks-per-node",
-            help="Tasks per node. Default: the scheduler's (1).",
-            show_default=False,
-        ),
-    ] = None,
-    time: Annotated[
-        str | None,
-        typer.Option(
-            "-t",
-            "--time",
-            help="Time limit in Slurm's forms (MM, HH:MM:SS, D-HH). Default: the partition's.",
-            show_default=False,
-        ),
-    ] = None,
-    partition: Annotated[
-        str | None,
-        typer.Option(
-            "-p",
-            "--partition",
-            help="Partition. Default: the cluster's default partition.",
-            show_default=False,
-        ),
-    ] = None,
-    account: Annotated[
-        str | None,
-        typer.Option(
-            "-A", "--account", help="Account to charge. Default: yours.", show_default=False
-        ),
-    ] = None,
-    exclude: Annotated[
-        str | None,
-        typer.Option(
-            "--exclude", help="Nodes to keep the job off: n1,n2. Default: none.", show_default=False
-        ),
-    ] = None,
-    name: Annotated[
-        str | None,
-        typer.Option(
-            "--name", help="Job name. Default: the script's file name.", show_default=False
-        ),
-    ] = None,
-    comment: Annotated[
-        str | None,
-        typer.Option(
-            "--comment", help="Job comment (free text). Default: none.", show_default=False
-        ),
-    ] = None,
-    hold: Annotated[bool, typer.Option("--hold", help="Submit held; `release` starts it.")] = False,
-    inject: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--inject",
-            help="KIND@TIME[:TARGET], repeatable (see docs/fault-injection.md). Default: none.",
-            show_default=False,
-        ),
-    ] = None,
+    script: _Script,
+    nodes: _Nodes = None,
+    ntasks_per_node: _TasksPerNode = None,
+    time: _Time = None,
+    partition: _Partition = None,
+    account: _Account = None,
+    exclude: _Exclude = None,
+    name: _Name = None,
+    comment: _Comment = None,
+    hold: _Hold = False,
+    inject: _Inject = None,
     backend: BackendOpt = "slurm",
     as_json: JsonOpt = False,
 ) -> None:

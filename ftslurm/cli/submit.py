@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
@@ -26,17 +26,17 @@ from ftslurm.backends.mock.model import MockConfig
 from ftslurm.backends.mock.store import DB_FILE as MOCK_DB_FILE
 from ftslurm.backends.mock.store import MockStore
 from ftslurm.backends.protocol import SchedulerBackend
+from ftslurm.cli import submit_options as opts
 from ftslurm.cli.common import (
     JsonOpt,
     RunArg,
     _await_daemon,
-    _opt,
     _run_or_fail,
     _store,
-    _Text,
     err,
 )
-from ftslurm.core.contract import SCRATCH_ENVS, EnvName, RunDir
+from ftslurm.cli.submit_options import SubmitOptions
+from ftslurm.core.contract import SCRATCH_ENVS, RunDir
 from ftslurm.core.inject import Injection, InjectKind, parse_duration, parse_injections
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.validate import OWNED_SBATCH_FLAGS
@@ -53,367 +53,67 @@ from ftslurm.errors import (
 )
 from ftslurm.fsutil import private_dir
 from ftslurm.paths import state_dir
-from ftslurm.recipe import load_recipe, no_limit_warning, sbatch_flags
-
-
-def _default(setting: str, unit: str = "") -> str:
-    """The default of a fault-tolerance setting, for a help text (FtSettings holds it)."""
-    value = FtSettings.model_fields[setting].default
-    return f"(default: the recipe's {setting}, else {value}{unit})"
-
-
-_SBATCH = "Passed to sbatch as is"
-_RECIPE = "(default: the recipe's, else Slurm's)"
-
-
-# The panels of `submit --help`, by option (the rest, --json and --help: Options).
-SUBMIT_PANELS = {
-    "Retries and recovery": ("--retries", "--in-job-restarts", "--spare-nodes"),
-    "Checkpoints": ("--preempt-time", "--checkpoint-dir"),
-    "The job (sbatch's flags)": (
-        "--nodes",
-        "--ntasks-per-node",
-        "--ntasks",
-        "--gpus-per-node",
-        "--cpus-per-task",
-        "--time",
-        "--partition",
-        "--account",
-        "--exclude",
-        "--job-name",
-        "--mem",
-        "--mem-per-cpu",
-        "--gres",
-        "--gpus",
-        "--constraint",
-        "--qos",
-        "--dependency",
-        "--mail-type",
-        "--mail-user",
-        "--nodelist",
-        "--exclusive",
-        "--reservation",
-        "--wckey",
-        "--sbatch-arg",
-    ),
-    "Rehearsal and dry run": ("--dry-run", "--inject", "--print-script"),
-}
-
-
-def put_in_panels(command: Any, panels: dict[str, tuple[str, ...]]) -> None:
-    """Set the `--help` panel of each option of the click `command` named in `panels`."""
-    panel_of = {name: panel for panel, names in panels.items() for name in names}
-    for param in command.params:
-        panel = next((panel_of[n] for n in getattr(param, "opts", ()) if n in panel_of), None)
-        if panel is not None:
-            param.rich_help_panel = panel
+from ftslurm.recipe import Recipe, load_recipe, no_limit_warning, sbatch_flags
 
 
 def submit(
-    recipe: Annotated[Path, typer.Argument(help="A training script or a recipe file.")],
-    args: Annotated[list[str] | None, typer.Argument(help="Arguments after `--`.")] = None,
-    retries: Annotated[
-        int | None,
-        _opt(
-            "--retries",
-            help="Job resubmissions after a failure "
-            f"(num_job_retries_on_failure). {_default('num_job_retries_on_failure')}",
-        ),
-    ] = None,
-    in_job_restarts: Annotated[
-        int | None,
-        _opt(
-            "--in-job-restarts",
-            help=f"Rank restarts inside one job, per attempt. {_default('num_in_job_restarts')}",
-        ),
-    ] = None,
-    spare_nodes: Annotated[
-        int | None,
-        _opt(
-            "--spare-nodes",
-            help="Idle nodes to ask for "
-            "beside --nodes (N+K nodes, --no-kill): a lost node is replaced by "
-            "one inside the same job, from the last checkpoint. "
-            f"{_default('spare_nodes')}",
-        ),
-    ] = None,
-    preempt_time: Annotated[
-        _Text,
-        _opt(
-            "--preempt-time",
-            help="How long before the time "
-            "limit to ask for a checkpoint: 90, 90s, 5m, 1h (plain numbers are "
-            f"seconds; 0: never). {_default('preempt_time', ' s')}",
-        ),
-    ] = None,
-    nodes: Annotated[
-        int | None, _opt("-N", "--nodes", help="Nodes. (default: the recipe's, else 1)")
-    ] = None,
-    ntasks_per_node: Annotated[
-        int | None,
-        _opt(
-            "--ntasks-per-node",
-            help="Ranks per node. "
-            "(default: the recipe's, else --gpus-per-node, else --ntasks / "
-            "--nodes, else 1)",
-        ),
-    ] = None,
-    ntasks: Annotated[
-        int | None,
-        _opt(
-            "-n",
-            "--ntasks",
-            help="Ranks in all: a multiple of "
-            f"--nodes (ftslurm starts as many on each node). {_RECIPE}",
-        ),
-    ] = None,
-    gpus_per_node: Annotated[
-        int | None,
-        _opt(
-            "--gpus-per-node",
-            help="GPUs per node; also "
-            f"the ranks per node unless --ntasks-per-node is given. {_RECIPE}",
-        ),
-    ] = None,
-    cpus_per_task: Annotated[
-        int | None, _opt("-c", "--cpus-per-task", help=f"CPUs per rank. {_RECIPE}")
-    ] = None,
-    time_limit: Annotated[
-        _Text,
-        _opt(
-            "-t",
-            "--time",
-            help="Wall time limit of each attempt, "
-            "in sbatch's forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
-            "D-HH:MM:SS; UNLIMITED, infinite or 0 for no limit. "
-            "(default: the recipe's, else the partition's)",
-        ),
-    ] = None,
-    partition: Annotated[_Text, _opt("-p", "--partition", help=f"Partition. {_RECIPE}")] = None,
-    account: Annotated[_Text, _opt("-A", "--account", help=f"Account. {_RECIPE}")] = None,
-    exclude: Annotated[
-        _Text,
-        _opt(
-            "-x",
-            "--exclude",
-            help="Nodes never to use, "
-            "comma-separated (ftslurm adds the nodes it flags). (default: none)",
-        ),
-    ] = None,
-    name: Annotated[
-        _Text,
-        _opt(
-            "-J",
-            "--job-name",
-            "--name",
-            help="The run's name (and its "
-            "jobs'): commands take it for the run id; refused while an active run "
-            "has it. (default: the recipe's, else the recipe file's name)",
-        ),
-    ] = None,
-    mem: Annotated[
-        _Text,
-        _opt("--mem", help=f"Memory per node, e.g. 64G (unit: M if none). {_SBATCH}. {_RECIPE}"),
-    ] = None,
-    mem_per_cpu: Annotated[
-        _Text,
-        _opt(
-            "--mem-per-cpu", help=f"Memory per CPU, e.g. 4G (unit: M if none). {_SBATCH}. {_RECIPE}"
-        ),
-    ] = None,
-    gres: Annotated[
-        _Text, _opt("--gres", help=f"Generic resources per node, e.g. gpu:8. {_SBATCH}. {_RECIPE}")
-    ] = None,
-    gpus: Annotated[
-        _Text, _opt("-G", "--gpus", help=f"GPUs in all, e.g. 16 or a100:16. {_SBATCH}. {_RECIPE}")
-    ] = None,
-    constraint: Annotated[
-        _Text,
-        _opt("-C", "--constraint", help=f"Node features, e.g. 'a100&ib'. {_SBATCH}. {_RECIPE}"),
-    ] = None,
-    qos: Annotated[
-        _Text, _opt("-q", "--qos", help=f"Quality of service. {_SBATCH}. {_RECIPE}")
-    ] = None,
-    dependency: Annotated[
-        _Text,
-        _opt(
-            "-d",
-            "--dependency",
-            help="Start after other jobs, e.g. "
-            f"afterok:123 (first attempt and retries alike). {_SBATCH}. "
-            f"{_RECIPE}",
-        ),
-    ] = None,
-    mail_type: Annotated[
-        _Text, _opt("--mail-type", help=f"e.g. END,FAIL. {_SBATCH}. {_RECIPE}")
-    ] = None,
-    mail_user: Annotated[
-        _Text, _opt("--mail-user", help=f"Mail address. {_SBATCH}. {_RECIPE}")
-    ] = None,
-    nodelist: Annotated[
-        _Text,
-        _opt("-w", "--nodelist", help=f"Nodes to run on, comma-separated. {_SBATCH}. {_RECIPE}"),
-    ] = None,
-    exclusive: Annotated[
-        bool,
-        _opt(
-            "--exclusive",
-            help="Whole nodes, shared with no other job. (default: off, or the recipe's)",
-        ),
-    ] = False,
-    reservation: Annotated[
-        _Text, _opt("--reservation", help=f"Reservation. {_SBATCH}. {_RECIPE}")
-    ] = None,
-    wckey: Annotated[
-        _Text, _opt("--wckey", help=f"Workload characterization key. {_SBATCH}. {_RECIPE}")
-    ] = None,
-    sbatch_arg: Annotated[
-        list[str] | None,
-        _opt(
-            "--sbatch-arg",
-            help="Any other sbatch flag, "
-            "e.g. --sbatch-arg=--begin=now+1hour; repeatable. Flags ftslurm sets "
-            "itself are refused. (default: none)",
-        ),
-    ] = None,
-    output: Annotated[
-        _Text,
-        _opt(
-            "-o",
-            "--output",
-            "-e",
-            "--error",
-            hidden=True,
-            help="Refused: ftslurm owns the job's output file.",
-        ),
-    ] = None,
-    array: Annotated[
-        _Text, _opt("-a", "--array", hidden=True, help="Refused: one run is one job per attempt.")
-    ] = None,
-    checkpoint_dir: Annotated[
-        _Text,
-        _opt(
-            "--checkpoint-dir",
-            help="Where the run keeps its "
-            f"checkpoints ({EnvName.CHECKPOINT_DIR.value}), relative to the "
-            "current folder. (default: the recipe's, else "
-            f"${SCRATCH_ENVS[0]} or ${SCRATCH_ENVS[1]}/ftslurm/RUN/checkpoints, "
-            "else RUN_DIR/checkpoints)",
-        ),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        _opt("--dry-run", help="Run against the mock scheduler (laptop rehearsal). (default: off)"),
-    ] = False,
-    inject: Annotated[
-        list[str] | None,
-        _opt(
-            "--inject",
-            help="KIND@TIME[:TARGET], TIME in "
-            "seconds or 90s, 5m, 2h; repeatable (docs/fault-injection.md). "
-            "(default: none)",
-        ),
-    ] = None,
-    print_script: Annotated[
-        bool,
-        _opt(
-            "--print-script",
-            help="Print the sbatch script of the first attempt; submit nothing. (default: off)",
-        ),
-    ] = False,
-    snapshot_code: Annotated[
-        bool,
-        _opt(
-            "--snapshot-code/--no-snapshot-code",
-            help="Copy the "
-            "recipe file into the run folder at submit, so every attempt "
-            "runs what was submitted; --no-snapshot-code runs the file as it "
-            "is at each attempt (to pick up fixes on purpose). Only the recipe "
-            "file is copied, not its folder. (default: on)",
-        ),
-    ] = True,
+    recipe: opts.RecipeArg,
+    args: opts.ArgsArg = None,
+    retries: opts.RetriesOpt = None,
+    in_job_restarts: opts.InJobRestartsOpt = None,
+    spare_nodes: opts.SpareNodesOpt = None,
+    preempt_time: opts.PreemptTimeOpt = None,
+    nodes: opts.NodesOpt = None,
+    ntasks_per_node: opts.NtasksPerNodeOpt = None,
+    ntasks: opts.NtasksOpt = None,
+    gpus_per_node: opts.GpusPerNodeOpt = None,
+    cpus_per_task: opts.CpusPerTaskOpt = None,
+    time_limit: opts.TimeLimitOpt = None,
+    partition: opts.PartitionOpt = None,
+    account: opts.AccountOpt = None,
+    exclude: opts.ExcludeOpt = None,
+    name: opts.NameOpt = None,
+    mem: opts.MemOpt = None,
+    mem_per_cpu: opts.MemPerCpuOpt = None,
+    gres: opts.GresOpt = None,
+    gpus: opts.GpusOpt = None,
+    constraint: opts.ConstraintOpt = None,
+    qos: opts.QosOpt = None,
+    dependency: opts.DependencyOpt = None,
+    mail_type: opts.MailTypeOpt = None,
+    mail_user: opts.MailUserOpt = None,
+    nodelist: opts.NodelistOpt = None,
+    exclusive: opts.ExclusiveOpt = False,
+    reservation: opts.ReservationOpt = None,
+    wckey: opts.WckeyOpt = None,
+    sbatch_arg: opts.SbatchArgOpt = None,
+    output: opts.OutputOpt = None,
+    array: opts.ArrayOpt = None,
+    checkpoint_dir: opts.CheckpointDirOpt = None,
+    dry_run: opts.DryRunOpt = False,
+    inject: opts.InjectOpt = None,
+    print_script: opts.PrintScriptOpt = False,
+    snapshot_code: opts.SnapshotCodeOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a training run; the daemon then owns it until it ends."""
-    if output is not None:
-        raise ConfigError(f"-o/-e: {OWNED_SBATCH_FLAGS['output']}")
-    if array is not None:
-        raise ConfigError(f"--array: {OWNED_SBATCH_FLAGS['array']}")
-    preempt_s = None
-    if preempt_time is not None:
-        try:
-            preempt_s = math.ceil(parse_duration(preempt_time))
-        except ConfigError as exc:
-            raise ConfigError(f"--preempt-time: {exc.user_message()}") from None
-    loaded = load_recipe(recipe, list(args or ()))
-    if not snapshot_code and recipe.suffix != ".py" and not os.access(recipe, os.X_OK):
-        raise ConfigError(
-            f"recipe {recipe} is not executable and not a Python file (.py): "
-            f"`chmod +x {recipe}`, or keep --snapshot-code (the copy is made "
-            "executable)"
-        )
-    # Each --sbatch-arg is one word of sbatch's command line: `--k=v`, `--k`, `-kv`, or
-    # a flag and its value in two (`--sbatch-arg=-q --sbatch-arg=high`).
-    from_args = sbatch_flags(list(sbatch_arg or ()), "--sbatch-arg")
-    flags = {
-        "mem": mem,
-        "mem-per-cpu": mem_per_cpu,
-        "gres": gres,
-        "gpus": gpus,
-        "constraint": constraint,
-        "qos": qos,
-        "dependency": dependency,
-        "mail-type": mail_type,
-        "mail-user": mail_user,
-        "nodelist": nodelist,
-        "ntasks": None if ntasks is None else str(ntasks),
-        "reservation": reservation,
-        "wckey": wckey,
-    }
-    sbatch_extra = {
-        **loaded.sbatch_extra,
-        **from_args.pop("sbatch_extra", {}),
-        **{k: v for k, v in flags.items() if v is not None},
-        **({"exclusive": None} if exclusive else {}),
-    }
-    loaded = loaded.with_overrides(
-        **{
-            **from_args,
-            **{
-                k: v
-                for k, v in dict(
-                    num_job_retries_on_failure=retries,
-                    num_in_job_restarts=in_job_restarts,
-                    spare_nodes=spare_nodes,
-                    preempt_time=preempt_s,
-                    nodes=nodes,
-                    ntasks_per_node=ntasks_per_node,
-                    gpus_per_node=gpus_per_node,
-                    cpus_per_task=cpus_per_task,
-                    time=time_limit,
-                    partition=partition,
-                    account=account,
-                    exclude=tuple(n for n in exclude.split(",") if n)
-                    if exclude is not None
-                    else None,
-                    name=name,
-                    checkpoint_dir=checkpoint_dir,
-                    sbatch_extra=sbatch_extra,
-                ).items()
-                if v is not None
-            },
-        }
-    )
+    # (first: the parameters are the only names defined yet)
+    _submit(SubmitOptions(**locals()))
+
+
+def _submit(o: SubmitOptions) -> None:
+    """`ftslurm submit`: checked whole before anything is written (an error stays the only
+    line), then recorded for the daemon, which submits it."""
+    loaded = _recipe_with_options(o)
     # Printed once everything is validated (an error then stays the only line).
     warning = no_limit_warning(loaded.time) if loaded.time_limit_s() is None else None
-    injections = parse_injections(tuple(inject or ()))
-    backend_kind = "mock" if dry_run else "slurm"
+    injections = parse_injections(tuple(o.inject or ()))
     cluster_side = [i.kind.value for i in injections if not i.kind.in_job]
-    if cluster_side and not dry_run:
+    if cluster_side and not o.dry_run:
         raise ConfigError(
             f"{', '.join(cluster_side)} can only be injected with --dry-run (the mock scheduler)"
         )
-    if dry_run:
+    if o.dry_run:
         _check_injected_nodes(injections, mock_home())
     home = state_dir()
     run_id = uuid.uuid4().hex[:10]
@@ -422,60 +122,141 @@ def submit(
     spec = make_spec(
         loaded,
         run_dir=run_dir,
-        backend=backend_kind,
+        backend="mock" if o.dry_run else "slurm",
         workdir=str(Path.cwd()),
         inject=tuple(i.spec() for i in injections),
-        mock_home=mock_home() if dry_run else None,
+        mock_home=mock_home() if o.dry_run else None,
         environ=os.environ,
     )
-    snapshot = RunDir(run_dir).root / CODE_DIR / recipe.name if snapshot_code else None
+    snapshot = RunDir(run_dir).root / CODE_DIR / o.recipe.name if o.snapshot_code else None
     if snapshot is not None:
-        spec = snapshot_spec(spec, recipe.resolve(), snapshot)
-    home_warning = _checkpoints_at_home(spec)
+        spec = snapshot_spec(spec, o.recipe.resolve(), snapshot)
+    warnings = [
+        w for w in (warning if settings.preempt_time else None, _checkpoints_at_home(spec)) if w
+    ]
     script, _ = build_attempt(run_id, spec, settings.model_dump(mode="json"), 0, ())
-    warn = warning and settings.preempt_time
-    if print_script:
-        if warn:
-            typer.echo(f"Warning: {warning}", err=True)
-        if home_warning:
-            typer.echo(f"Warning: {home_warning}", err=True)
+    if o.print_script:
+        _say_warnings(warnings)
         typer.echo(script, nl=False)
         return
     store = Store(home)
     store.check_integrity()  # a damaged database is refused before anything is submitted
-    run_name = loaded.name or recipe.name
-    name_warning = _name_in_use(store, run_name, chosen=name is not None)
-    if warn:  # after every check, so that an error stays the only line
+    run_name = loaded.name or o.recipe.name
+    name_warning = _name_in_use(store, run_name, chosen=o.name is not None)
+    _say_warnings([*warnings, *([name_warning] if name_warning else [])])
+    _record(o, store, home, run_id, run_name, spec, settings, snapshot)
+    if o.dry_run:
+        _warn_injections(injections, create_backend("mock", spec["mock_home"]))
+    _pause_for_tests()
+    _say_submitted(o, spec, run_id, *_await_submission(store, home, run_id))
+
+
+def _say_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
         typer.echo(f"Warning: {warning}", err=True)
-    if home_warning:
-        typer.echo(f"Warning: {home_warning}", err=True)
-    if name_warning:
-        typer.echo(f"Warning: {name_warning}", err=True)
+
+
+def _recipe_with_options(o: SubmitOptions) -> Recipe:
+    """The recipe file loaded, with the command line's options over its own values."""
+    if o.output is not None:
+        raise ConfigError(f"-o/-e: {OWNED_SBATCH_FLAGS['output']}")
+    if o.array is not None:
+        raise ConfigError(f"--array: {OWNED_SBATCH_FLAGS['array']}")
+    preempt_s = None
+    if o.preempt_time is not None:
+        try:
+            preempt_s = math.ceil(parse_duration(o.preempt_time))
+        except ConfigError as exc:
+            raise ConfigError(f"--preempt-time: {exc.user_message()}") from None
+    loaded = load_recipe(o.recipe, list(o.args or ()))
+    if not o.snapshot_code and o.recipe.suffix != ".py" and not os.access(o.recipe, os.X_OK):
+        raise ConfigError(
+            f"recipe {o.recipe} is not executable and not a Python file (.py): "
+            f"`chmod +x {o.recipe}`, or keep --snapshot-code (the copy is made "
+            "executable)"
+        )
+    # Each --sbatch-arg is one word of sbatch's command line: `--k=v`, `--k`, `-kv`, or
+    # a flag and its value in two (`--sbatch-arg=-q --sbatch-arg=high`).
+    from_args = sbatch_flags(list(o.sbatch_arg or ()), "--sbatch-arg")
+    flags = {
+        "mem": o.mem,
+        "mem-per-cpu": o.mem_per_cpu,
+        "gres": o.gres,
+        "gpus": o.gpus,
+        "constraint": o.constraint,
+        "qos": o.qos,
+        "dependency": o.dependency,
+        "mail-type": o.mail_type,
+        "mail-user": o.mail_user,
+        "nodelist": o.nodelist,
+        "ntasks": None if o.ntasks is None else str(o.ntasks),
+        "reservation": o.reservation,
+        "wckey": o.wckey,
+    }
+    sbatch_extra = {
+        **loaded.sbatch_extra,
+        **from_args.pop("sbatch_extra", {}),
+        **{k: v for k, v in flags.items() if v is not None},
+        **({"exclusive": None} if o.exclusive else {}),
+    }
+    given = dict(
+        num_job_retries_on_failure=o.retries,
+        num_in_job_restarts=o.in_job_restarts,
+        spare_nodes=o.spare_nodes,
+        preempt_time=preempt_s,
+        nodes=o.nodes,
+        ntasks_per_node=o.ntasks_per_node,
+        gpus_per_node=o.gpus_per_node,
+        cpus_per_task=o.cpus_per_task,
+        time=o.time_limit,
+        partition=o.partition,
+        account=o.account,
+        exclude=tuple(n for n in o.exclude.split(",") if n) if o.exclude is not None else None,
+        name=o.name,
+        checkpoint_dir=o.checkpoint_dir,
+        sbatch_extra=sbatch_extra,
+    )
+    return loaded.with_overrides(
+        **{**from_args, **{k: v for k, v in given.items() if v is not None}}
+    )
+
+
+def _record(
+    o: SubmitOptions,
+    store: Store,
+    home: Path,
+    run_id: str,
+    run_name: str,
+    spec: dict[str, Any],
+    settings: FtSettings,
+    snapshot: Path | None,
+) -> None:
+    """The run and its submission intent, in one transaction: the daemon submits it."""
     _SUBMITTING.update(home=home, run_id=run_id)  # an interrupt from here on says more
+    run_dir = Path(spec["run_dir"])
     private_dir(run_dir)
     RunDir(run_dir).logs.mkdir(exist_ok=True)
     if spec.get("code_snapshot"):
-        take_snapshot(recipe, snapshot)  # type: ignore[arg-type]
+        take_snapshot(o.recipe, snapshot)  # type: ignore[arg-type]
     run, attempt = new_run_record(run_id, run_name, spec, settings, time.time())
-    with store.transaction():  # the run and its submission intent: the daemon submits it
-        _name_in_use(store, run_name, chosen=name is not None)  # again, with the write lock
+    with store.transaction():
+        _name_in_use(store, run_name, chosen=o.name is not None)  # again, with the write lock
         store.add_run(run)
         store.add_attempt(attempt)
-        store.append_event(run_id, "created", {"recipe": str(recipe)}, time.time())
+        store.append_event(run_id, "created", {"recipe": str(o.recipe)}, time.time())
     # Beside the database: the run (rebuilt from it if the database loses it) and where its
     # jobs live (looked at for jobs without a run).
     mirror_run(run)
     mark_backend(home, backend_key(spec))
-    if dry_run:
-        _warn_injections(injections, create_backend(backend_kind, spec["mock_home"]))
-    _pause_for_tests()
-    job_id, note = _await_submission(store, home, run_id)
+
+
+def _say_submitted(
+    o: SubmitOptions, spec: dict[str, Any], run_id: str, job_id: str | None, note: str
+) -> None:
     where, facts = "", {}
-    if dry_run:  # which mock, and how long a failed node goes unnoticed there
-        where, facts = _mock_words(
-            create_backend(backend_kind, spec["mock_home"]), spec["mock_home"]
-        )
-    if as_json:
+    if o.dry_run:  # which mock, and how long a failed node goes unnoticed there
+        where, facts = _mock_words(create_backend("mock", spec["mock_home"]), spec["mock_home"])
+    if o.as_json:
         typer.echo(json.dumps({"run_id": run_id, "job_id": job_id, **facts}))
     elif job_id:
         typer.echo(f"run {run_id} submitted as job {job_id}{where}; see `ftslurm status {run_id}`")

@@ -921,42 +921,7 @@ class Reconciler:
     ) -> StaleRecord | None:
         """One round of batched actions on one backend (`_act_batched`)."""
         again: list[_Planned] = []  # to step again: a refused requeue, a cancel requested
-
-        def act(
-            planned: list[_Planned],
-            batch: Callable[[list[str]], dict[str, FtslurmError]],
-            what: str,
-        ) -> list[_Planned]:
-            """The batch action on `planned`; returns those it did not refuse."""
-            if not planned:
-                return []
-            ids = [p.job_id for p in planned]
-            try:
-                refused = batch(ids)
-            except SchedulerUnavailable:
-                raise
-            except FtslurmError as exc:  # the command itself was refused
-                refused = dict.fromkeys(ids, exc)
-            for p in planned:
-                exc = refused.get(p.job_id)
-                if exc is None:
-                    continue
-                if isinstance(exc, JobStateConflict | InvalidJobId):
-                    if p.requeue is not None:  # step decides what then (`requeue_refused`)
-                        self._refused[p.job_id] = exc
-                        again.append(p)
-                    else:
-                        log.info(
-                            "run %s: job %s refused the %s: %s; looking again next cycle",
-                            p.run.run_id,
-                            p.job_id,
-                            what,
-                            exc,
-                        )
-                else:
-                    self._finish(p.run, RunState.FAILED, f"the scheduler refused: {exc}")
-            return [p for p in planned if p.job_id not in refused]
-
+        act = functools.partial(self._batch_action, again=again)
         for hold in (True, False):
             act(
                 [p for p in todo if p.requeue is hold],
@@ -986,21 +951,67 @@ class Reconciler:
                 except StaleRecord as exc:  # the others are recorded; decided again next pass
                     stale = exc
         if again:
-            observed = backend.query([p.job_id for p in again])
-            for p in again:
-                info = observed.get(p.job_id)
-                if info is None or info.state is JobState.UNKNOWN:
-                    continue  # next cycle
-                run = self.store.get_run(p.run.run_id)  # its cancel flag as now
-                a = self.store.latest_attempt(p.run.run_id)
-                if run is None or a is None or run.state.is_terminal:
-                    continue
-                try:
-                    self._advance(run, a, info, deadlines)
-                except StaleRecord as exc:
-                    stale = exc
-                finally:
-                    self._refused.pop(p.job_id, None)
+            stale = self._step_again(backend, again, deadlines) or stale
+        return stale
+
+    def _batch_action(
+        self,
+        planned: list[_Planned],
+        batch: Callable[[list[str]], dict[str, FtslurmError]],
+        what: str,
+        again: list[_Planned],
+    ) -> list[_Planned]:
+        """The batch action on `planned`; returns those it did not refuse. A refused
+        requeue goes to `again` (step decides what then: `requeue_refused`)."""
+        if not planned:
+            return []
+        ids = [p.job_id for p in planned]
+        try:
+            refused = batch(ids)
+        except SchedulerUnavailable:
+            raise
+        except FtslurmError as exc:  # the command itself was refused
+            refused = dict.fromkeys(ids, exc)
+        for p in planned:
+            exc = refused.get(p.job_id)
+            if exc is None:
+                continue
+            if isinstance(exc, JobStateConflict | InvalidJobId):
+                if p.requeue is not None:
+                    self._refused[p.job_id] = exc
+                    again.append(p)
+                else:
+                    log.info(
+                        "run %s: job %s refused the %s: %s; looking again next cycle",
+                        p.run.run_id,
+                        p.job_id,
+                        what,
+                        exc,
+                    )
+            else:
+                self._finish(p.run, RunState.FAILED, f"the scheduler refused: {exc}")
+        return [p for p in planned if p.job_id not in refused]
+
+    def _step_again(
+        self, backend: SchedulerBackend, again: list[_Planned], deadlines: list[float]
+    ) -> StaleRecord | None:
+        """Step the runs whose action was refused or cancelled meanwhile, as they are now."""
+        stale: StaleRecord | None = None
+        observed = backend.query([p.job_id for p in again])
+        for p in again:
+            info = observed.get(p.job_id)
+            if info is None or info.state is JobState.UNKNOWN:
+                continue  # next cycle
+            run = self.store.get_run(p.run.run_id)  # its cancel flag as now
+            a = self.store.latest_attempt(p.run.run_id)
+            if run is None or a is None or run.state.is_terminal:
+                continue
+            try:
+                self._advance(run, a, info, deadlines)
+            except StaleRecord as exc:
+                stale = exc
+            finally:
+                self._refused.pop(p.job_id, None)
         return stale
 
     def _record(

@@ -268,41 +268,6 @@ def serve(
     `successor`: it is one, and waits for its predecessor's lease."""
     home = Path(home)
     stop = stop or threading.Event()
-    handover: as_job.Handover | None = None
-    if job:
-        handover = as_job.Handover(home, lambda: backends("slurm"))
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-        if handover is not None:
-            handover.install()
-    host = this_host()
-    lock = DaemonLock(home, host)
-    _take_lock(lock, stop, patient=successor)
-    try:
-        store = Store(home)
-        try:
-            store.check_integrity()
-            lease = LeaseKeeper(
-                store,
-                host,
-                os.getpid(),
-                lease_timeout_s,
-                job_id=os.environ.get("SLURM_JOB_ID") if job else None,
-            )
-            lease.acquire(stop, patient=successor)
-            keeper = Keeper(store, backup_interval_s)
-            try:
-                keeper.after_cycle()  # the backup at start, once the database passed the check
-            except DiskFull as exc:  # serve all the same; the loop logs the episode
-                log.error("%s; no backup at start", exc.message)
-        except BaseException:
-            store.close()
-            raise
-    except BaseException:
-        lock.release()
-        raise
-    renewer = lease.keep(stop)
     cache: dict[str, SchedulerBackend] = {}
 
     def backends(key: str) -> SchedulerBackend:
@@ -311,34 +276,28 @@ def serve(
             cache[key] = create_backend(kind, where or None, abort=stop)
         return cache[key]
 
+    handover = as_job.Handover(home, lambda: backends("slurm")) if job else None
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        if handover is not None:
+            handover.install()
+    lock = DaemonLock(home, this_host())
+    _take_lock(lock, stop, patient=successor)
+    try:
+        store, lease, keeper = _open(home, stop, backup_interval_s, lease_timeout_s, job, successor)
+    except BaseException:
+        lock.release()
+        raise
+    renewer = lease.keep(stop)
     reconciler = Reconciler(store, backends, stop=stop)
     log.info("daemon %d serving %s", os.getpid(), home)
-    wake_path = home / WAKE_FILE
     disk_full = False  # an episode of a full disk is logged once, at its start and end
     try:
         while not stop.is_set():
-            full_now = False
-            try:
-                # A daemon that was paused (or cut off) past the lease timeout may have been
-                # replaced: it checks before it acts, not only in the renewal thread.
-                if not lease.renew():
-                    log.error("the lease of %s was taken over: stopping", home)
-                    break
-                interval = reconciler.cycle()
-            except DiskFull:
-                full_now, interval = True, reconciler.interval  # the usual cadence
-            except FtslurmError as exc:
-                log.warning("cycle failed: %s", exc.user_message())
-                interval = 5.0
-            except Exception:  # keep serving every other run; the log has the details
-                log.exception("cycle failed")
-                interval = 5.0
-            try:
-                keeper.after_cycle(cache)
-            except DiskFull:
-                full_now = True
-            except StateError as exc:
-                log.warning("could not checkpoint or back up: %s", exc.user_message())
+            interval, full_now = _cycle(reconciler, lease, keeper, cache, home)
+            if interval is None:
+                break
             if full_now and not disk_full:
                 log.error(
                     "disk full: %s; nothing recorded is lost, polling goes on and "
@@ -352,19 +311,8 @@ def serve(
                 break  # the successor runs: the lease is released on the way out
             if handover is not None and handover.requested.is_set():
                 interval = min(interval, as_job.SUCCESSOR_POLL_S)
-            seen = _mtime(wake_path)
-            deadline = min(time.monotonic() + interval, keeper.next_backup)
-            next_look = time.monotonic() + LOOK_S
-            while not stop.is_set() and time.monotonic() < deadline:
-                if _mtime(wake_path) != seen:
-                    break
-                if time.monotonic() >= next_look:  # whatever the back-off: a loss waits not
-                    began = time.monotonic()
-                    if _looked(reconciler):
-                        break
-                    took = time.monotonic() - began  # at most a tenth of the daemon's time
-                    next_look = time.monotonic() + max(LOOK_S, 10 * took)
-                stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            wait_s = min(interval, keeper.next_backup - time.monotonic())
+            _idle(reconciler, stop, home / WAKE_FILE, wait_s)
     finally:
         stop.set()
         renewer.join()
@@ -372,6 +320,89 @@ def serve(
         store.close()
         lock.release()
         log.info("daemon %d stopped", os.getpid())
+
+
+def _open(
+    home: Path,
+    stop: threading.Event,
+    backup_interval_s: float,
+    lease_timeout_s: float,
+    job: bool,
+    successor: bool,
+) -> tuple[Store, LeaseKeeper, Keeper]:
+    """The state database checked, the daemon lease taken and the first backup made."""
+    store = Store(home)
+    try:
+        store.check_integrity()
+        lease = LeaseKeeper(
+            store,
+            this_host(),
+            os.getpid(),
+            lease_timeout_s,
+            job_id=os.environ.get("SLURM_JOB_ID") if job else None,
+        )
+        lease.acquire(stop, patient=successor)
+        keeper = Keeper(store, backup_interval_s)
+        try:
+            keeper.after_cycle()  # the backup at start, once the database passed the check
+        except DiskFull as exc:  # serve all the same; the loop logs the episode
+            log.error("%s; no backup at start", exc.message)
+    except BaseException:
+        store.close()
+        raise
+    return store, lease, keeper
+
+
+def _cycle(
+    reconciler: Reconciler,
+    lease: LeaseKeeper,
+    keeper: Keeper,
+    cache: dict[str, SchedulerBackend],
+    home: Path,
+) -> tuple[float | None, bool]:
+    """One reconcile cycle and the backup after it: the seconds to the next cycle (None:
+    stop, the lease was taken over) and whether the disk was full."""
+    full_now = False
+    try:
+        # A daemon that was paused (or cut off) past the lease timeout may have been
+        # replaced: it checks before it acts, not only in the renewal thread.
+        if not lease.renew():
+            log.error("the lease of %s was taken over: stopping", home)
+            return None, False
+        interval = reconciler.cycle()
+    except DiskFull:
+        full_now, interval = True, reconciler.interval  # the usual cadence
+    except FtslurmError as exc:
+        log.warning("cycle failed: %s", exc.user_message())
+        interval = 5.0
+    except Exception:  # keep serving every other run; the log has the details
+        log.exception("cycle failed")
+        interval = 5.0
+    try:
+        keeper.after_cycle(cache)
+    except DiskFull:
+        full_now = True
+    except StateError as exc:
+        log.warning("could not checkpoint or back up: %s", exc.user_message())
+    return interval, full_now
+
+
+def _idle(reconciler: Reconciler, stop: threading.Event, wake_path: Path, wait_s: float) -> None:
+    """Wait `wait_s` for the next cycle, or less: a command's wake-up, or a look (every
+    second, whatever the back-off: a loss waits not) that finds a cycle due."""
+    seen = _mtime(wake_path)
+    deadline = time.monotonic() + wait_s
+    next_look = time.monotonic() + LOOK_S
+    while not stop.is_set() and time.monotonic() < deadline:
+        if _mtime(wake_path) != seen:
+            return
+        if time.monotonic() >= next_look:
+            began = time.monotonic()
+            if _looked(reconciler):
+                return
+            took = time.monotonic() - began  # at most a tenth of the daemon's time
+            next_look = time.monotonic() + max(LOOK_S, 10 * took)
+        stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
 def _looked(reconciler: Reconciler) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from ftslurm.core.contract import (
     attempt_setup_line,
     default_checkpoint_dir,
 )
-from ftslurm.core.inject import env_value, parse_injections, still_to_fire
+from ftslurm.core.inject import Injection, env_value, parse_injections, still_to_fire
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import JobOptions
 from ftslurm.daemon.records import tag
@@ -127,10 +127,38 @@ def build_attempt(
     run, so the new job carries only the others (a straggler always: its node stays slow).
     A requeued job runs the script it was submitted with, and its scheduler (the mock)
     remembers what fired in it; the ranks remember the crashes and hangs they carried out."""
-    o = spec["options"]
     run_dir = spec["run_dir"]
     injections = still_to_fire(parse_injections(tuple(spec.get("inject", ()))), fired)
-    # What travels to the compute side; a setting a stored run lacks gets JobEnv's default.
+    launcher = settings.get("use_launcher", True)
+    spares = int(settings.get("spare_nodes", 0)) if launcher else 0
+    job = _job_env(run_id, spec, settings, attempt, injections, launcher, spares)
+    options = _job_options(run_id, spec, settings, attempt, exclude, job, injections, spares)
+    env = {**spec["env"], **job.render()}
+    setup = [
+        attempt_setup_line(),
+        'export MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
+        f'mkdir -p {shlex.quote(str(RunDir(run_dir).logs))} "${EnvName.CHECKPOINT_DIR.value}"',
+        f'echo "=== ftslurm run ${EnvName.RUN_ID.value} attempt ${EnvName.ATTEMPT.value}: '
+        'job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ==="',
+        *spec["setup"],
+    ]
+    command, srun_args = _step(spec, job, launcher, spares)
+    script = render_job_script(
+        command, options, run_id=run_id, attempt=attempt, env=env, setup=setup, srun_args=srun_args
+    )
+    return script, options
+
+
+def _job_env(
+    run_id: str,
+    spec: dict[str, Any],
+    settings: dict[str, Any],
+    attempt: int,
+    injections: Sequence[Injection],
+    launcher: bool,
+    spares: int,
+) -> JobEnv:
+    """What travels to the compute side; a setting a stored run lacks gets JobEnv's default."""
     defaults = JobEnv()
     # peer_timeout_s: every job keeps a lease, with the launcher or without
     fields = [
@@ -141,10 +169,8 @@ def build_attempt(
         "straggler_reference",
         "peer_timeout_s",
     ]
-    launcher = settings.get("use_launcher", True)
     if launcher:
         fields += ["in_job_restarts", "grace_s"]
-    spares = int(settings.get("spare_nodes", 0)) if launcher else 0
     if spares:
         fields.append("spare_nodes")
     if settings.get("checkpoint_sharing", "private") != "private":
@@ -171,19 +197,31 @@ def build_attempt(
         }
     if any(i.kind.in_job for i in injections):
         given["inject"] = env_value(injections)
-    job = JobEnv(
+    return JobEnv(
         run_id=run_id,
-        run_dir=run_dir,
+        run_dir=spec["run_dir"],
         checkpoint_dir=spec["checkpoint_dir"],
         # A requeued job runs this same script again: the attempt number is the one it was
         # submitted as plus Slurm's restart count (the daemon numbers its attempts alike).
         attempt_base=attempt,
         **given,
     )
-    signal = job.checkpoint_signal
+
+
+def _job_options(
+    run_id: str,
+    spec: dict[str, Any],
+    settings: dict[str, Any],
+    attempt: int,
+    exclude: tuple[str, ...],
+    job: JobEnv,
+    injections: Sequence[Injection],
+    spares: int,
+) -> JobOptions:
+    """The attempt's sbatch options."""
+    o = spec["options"]
     preempt_time = int(settings.get("preempt_time", 60))
-    extra = {"open-mode": "append", **o["extra"]}
-    options = JobOptions(
+    return JobOptions(
         name=o["name"] or f"ftslurm-{run_id}",
         nodes=o["nodes"],
         ntasks_per_node=o["ntasks_per_node"],
@@ -194,60 +232,51 @@ def build_attempt(
         account=o["account"],
         exclude=tuple(sorted(set(o["exclude"]) | set(exclude))),
         comment=tag(run_id, attempt),
-        output=RunDir(run_dir).job_output,
+        output=RunDir(spec["run_dir"]).job_output,
         workdir=spec["workdir"],
         requeue=True,
         # A backstop: if the daemon is down, Slurm itself still asks for the checkpoint.
-        signal=f"{signal}@{preempt_time}"
+        signal=f"{job.checkpoint_signal}@{preempt_time}"
         if _backstop(o["time_limit"], preempt_time, settings)
         else None,
         # The scheduler carries out what happens to the cluster (node_fail, preempt,
         # timeout); what a job can do to itself travels to every rank's wrapper, on the
         # mock and on a real cluster alike.
-        extra=extra,
+        extra={"open-mode": "append", **o["extra"]},
         inject=tuple(i.spec() for i in injections if not i.kind.in_job),
         # With spares the job must outlive a lost node: Slurm shrinks it instead of ending it.
         no_kill=spares > 0,
     )
-    env = {**spec["env"], **job.render()}
-    setup = [
-        attempt_setup_line(),
-        'export MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
-        f'mkdir -p {shlex.quote(str(RunDir(run_dir).logs))} "${EnvName.CHECKPOINT_DIR.value}"',
-        f'echo "=== ftslurm run ${EnvName.RUN_ID.value} attempt ${EnvName.ATTEMPT.value}: '
-        'job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ==="',
-        *spec["setup"],
-    ]
-    if launcher:
-        # One launcher per node starts the node's ranks, restarts them in-job and forwards
-        # signals; srun waits for the others after the first launcher ends (no kill on
-        # "continue me", which is a non-zero code), then ends the step.
-        command = [
-            spec["python"],
-            "-m",
-            "ftslurm.agent.launch",
-            f"--nproc-per-node={o['ntasks_per_node']}",
-            "--",
-            *spec["command"],
-        ]
-        grace = int(job.grace_s)
-        srun_args: tuple[str, ...] = (
-            "--nodes=${SLURM_NNODES:-1}",
-            "--ntasks=${SLURM_NNODES:-1}",
-            "--ntasks-per-node=1",
-            "--cpus-per-task=${SLURM_CPUS_ON_NODE:-1}",
-            "--kill-on-bad-exit=0",
-            f"--wait={grace + 60}",
-        )
-        if spares:
-            # The step outlives a lost node too (the others train on with a spare); no
-            # --wait, whose clock a task lost with its node could start: the spares leave
-            # when the rendezvous closes.
-            srun_args = (*srun_args[:-1], "--no-kill")
-    else:
+
+
+def _step(
+    spec: dict[str, Any], job: JobEnv, launcher: bool, spares: int
+) -> tuple[list[str], tuple[str, ...]]:
+    """The job step's command and its srun flags."""
+    if not launcher:
         command = [spec["python"], "-m", "ftslurm.agent.task", "--", *spec["command"]]
-        srun_args = ("--kill-on-bad-exit=1",)
-    script = render_job_script(
-        command, options, run_id=run_id, attempt=attempt, env=env, setup=setup, srun_args=srun_args
+        return command, ("--kill-on-bad-exit=1",)
+    # One launcher per node starts the node's ranks, restarts them in-job and forwards
+    # signals; srun waits for the others after the first launcher ends (no kill on
+    # "continue me", which is a non-zero code), then ends the step.
+    command = [
+        spec["python"],
+        "-m",
+        "ftslurm.agent.launch",
+        f"--nproc-per-node={spec['options']['ntasks_per_node']}",
+        "--",
+        *spec["command"],
+    ]
+    srun_args: tuple[str, ...] = (
+        "--nodes=${SLURM_NNODES:-1}",
+        "--ntasks=${SLURM_NNODES:-1}",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=${SLURM_CPUS_ON_NODE:-1}",
+        "--kill-on-bad-exit=0",
     )
-    return script, options
+    if spares:
+        # The step outlives a lost node too (the others train on with a spare); no
+        # --wait, whose clock a task lost with its node could start: the spares leave
+        # when the rendezvous closes.
+        return command, (*srun_args, "--no-kill")
+    return command, (*srun_args, f"--wait={int(job.grace_s) + 60}")

@@ -15,7 +15,7 @@ from ftslurm.localcluster.harness import ClusterError, LocalCluster, default_roo
 from ftslurm.localcluster.rootfs import DEFAULT_CACHE, HOST_RELEASE, VERSIONS
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ftslurm.localcluster",
         description="A local 4-node Slurm cluster on loopback.",
@@ -60,76 +60,92 @@ def main(argv: list[str] | None = None) -> int:
         help="the node (fail-node, revive-node, kill-tasks), the seconds or "
         "'default' (slurmd-timeout), the user name (add-user)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         cluster = LocalCluster(args.root, version=args.version, cache=args.cache)
-        match args.command:
-            case "up":
-                cluster.up()
-                if cluster.build_s:
-                    print(
-                        f"built the Slurm {args.version} root filesystem in {cluster.build_s:.0f} s"
-                    )
-                print(
-                    f"local Slurm {args.version} cluster up: "
-                    f"{', '.join(cluster.layout.node_names)} idle"
-                )
-                print(f"use it with: . {cluster.layout.env_file}")
-            case "down":
-                cluster.down()
-                print("local Slurm cluster stopped")
-            case "destroy":
-                cluster.destroy()
-                print(f"local Slurm cluster stopped and {cluster.layout.root} removed")
-            case "status":
-                for d in cluster.daemons():
-                    print(f"{d.name:<12} {'running pid ' + str(d.pid) if d.alive else 'stopped'}")
-                states = cluster.node_states()
-                for node in cluster.layout.node_names:
-                    print(f"node {node:<7} {states.get(node, 'unreachable')}")
-                return 0 if cluster.is_up() else 1
-            case "env":
-                print(render_env_sh(cluster.layout), end="")
-            case "fail-node" | "revive-node" | "kill-tasks":
-                if not args.node:
-                    parser.error(f"{args.command} needs a node name")
-                if args.command == "revive-node":
-                    cluster.revive_node(args.node)
-                    print(f"{args.node} is back")
-                else:
-                    killed = (
-                        cluster.fail_node
-                        if args.command == "fail-node"
-                        else cluster.kill_job_processes
-                    )(args.node)
-                    print(
-                        f"killed {len(killed)} processes of {args.node} "
-                        f"(pids {' '.join(map(str, killed))})"
-                    )
-            case "slurmd-timeout":
-                if args.node != "default" and not (args.node or "").isdigit():
-                    parser.error("slurmd-timeout needs a number of seconds or 'default'")
-                cluster.set_slurmd_timeout(None if args.node == "default" else int(args.node))
-                print(f"SlurmdTimeout={args.node}")
-            case "add-user":
-                if not args.node:
-                    parser.error("add-user needs a user name")
-                opened = cluster.add_user(args.node)
-                for path in opened:
-                    print(f"opened {path} to other users (search only)")
-                print(
-                    f"{args.node} is a user of the local Slurm {args.version} cluster; "
-                    "fault controls through sudo"
-                )
-            case "stop-controller":
-                cluster.stop_controller()
-            case "start-controller":
-                cluster.start_controller()
+        return _run(cluster, args, parser)
     except ClusterError as exc:
         print(f"Error: {exc.user_message()}", file=sys.stderr)
         return 2
+
+
+def _run(cluster: LocalCluster, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """One command on the cluster; its exit status."""
+    if args.command in ("fail-node", "revive-node", "kill-tasks", "slurmd-timeout", "add-user"):
+        _on_node(cluster, args, parser)
+        return 0
+    match args.command:
+        case "up":
+            cluster.up()
+            if cluster.build_s:
+                print(f"built the Slurm {args.version} root filesystem in {cluster.build_s:.0f} s")
+            print(
+                f"local Slurm {args.version} cluster up: "
+                f"{', '.join(cluster.layout.node_names)} idle"
+            )
+            print(f"use it with: . {cluster.layout.env_file}")
+        case "down":
+            cluster.down()
+            print("local Slurm cluster stopped")
+        case "destroy":
+            cluster.destroy()
+            print(f"local Slurm cluster stopped and {cluster.layout.root} removed")
+        case "status":
+            for d in cluster.daemons():
+                print(f"{d.name:<12} {'running pid ' + str(d.pid) if d.alive else 'stopped'}")
+            states = cluster.node_states()
+            for node in cluster.layout.node_names:
+                print(f"node {node:<7} {states.get(node, 'unreachable')}")
+            return 0 if cluster.is_up() else 1
+        case "env":
+            print(render_env_sh(cluster.layout), end="")
+        case "stop-controller":
+            cluster.stop_controller()
+        case "start-controller":
+            cluster.start_controller()
     return 0
+
+
+def _on_node(
+    cluster: LocalCluster, args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> None:
+    """The commands that take a node, a number of seconds or a user."""
+    match args.command:
+        case "fail-node" | "revive-node" | "kill-tasks":
+            if not args.node:
+                parser.error(f"{args.command} needs a node name")
+            if args.command == "revive-node":
+                cluster.revive_node(args.node)
+                print(f"{args.node} is back")
+            else:
+                killed = (
+                    cluster.fail_node if args.command == "fail-node" else cluster.kill_job_processes
+                )(args.node)
+                print(
+                    f"killed {len(killed)} processes of {args.node} "
+                    f"(pids {' '.join(map(str, killed))})"
+                )
+        case "slurmd-timeout":
+            if args.node != "default" and not (args.node or "").isdigit():
+                parser.error("slurmd-timeout needs a number of seconds or 'default'")
+            cluster.set_slurmd_timeout(None if args.node == "default" else int(args.node))
+            print(f"SlurmdTimeout={args.node}")
+        case "add-user":
+            if not args.node:
+                parser.error("add-user needs a user name")
+            opened = cluster.add_user(args.node)
+            for path in opened:
+                print(f"opened {path} to other users (search only)")
+            print(
+                f"{args.node} is a user of the local Slurm {args.version} cluster; "
+                "fault controls through sudo"
+            )
 
 
 if __name__ == "__main__":

@@ -134,26 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         tpn = int(opts.get("tpn") or os.environ.get("SLURM_NTASKS_PER_NODE") or 1)
         ntasks = tpn * nnodes
     step = _next_step(job_dir)
-    base = dict(os.environ)
-    base.update(
-        {
-            "SLURM_STEP_ID": str(step),
-            "SLURM_STEPID": str(step),
-            "SLURM_NTASKS": str(ntasks),
-            "SLURM_NPROCS": str(ntasks),
-            "SLURM_STEP_NUM_TASKS": str(ntasks),
-            "SLURM_STEP_NUM_NODES": str(len(nodes)),
-            "SLURM_STEP_NODELIST": hostlist.collect_hostlist(nodes),
-            "SLURM_TASKS_PER_NODE": f"{tpn}(x{len(nodes)})",
-        }
-    )
     # Like Slurm's srun: INT/TERM/CONT go to the tasks; USR1/USR2 are not srun's to act on.
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     if nnodes > len(nodelist):
         while True:  # never placed: the job's lost nodes do not come back to it
             signal.pause()
-    no_kill = opts.get("no_kill") == "1"
     tasks: list[tuple[subprocess.Popen, str]] = []
 
     def forward(sig: int, _frame) -> None:
@@ -165,31 +151,10 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCONT):
         signal.signal(sig, forward)
-    for rank in range(ntasks):
-        node_index = min(rank // tpn, len(nodes) - 1)
-        env = dict(base)
-        env.update(
-            {
-                "SLURM_PROCID": str(rank),
-                "SLURM_LOCALID": str(rank % tpn),
-                "SLURM_NODEID": str(node_index),
-                "SLURMD_NODENAME": nodes[node_index],
-            }
-        )
-        proc = subprocess.Popen(
-            command, env=env, start_new_session=True, preexec_fn=_default_signals
-        )
-        tasks.append((proc, nodes[node_index]))
-        procs.write_json_atomic(
-            job_dir / "steps" / f"{step}.json",
-            {
-                "no_kill": no_kill,
-                "tasks": [
-                    {"pid": p.pid, "pgid": p.pid, "node": n, "rank": r}
-                    for r, (p, n) in enumerate(tasks)
-                ],
-            },
-        )
+    base = _step_env(step, ntasks, nodes, tpn)
+    record = job_dir / "steps" / f"{step}.json"
+    no_kill = opts.get("no_kill") == "1"
+    _start_tasks(command, base, tasks, ntasks, tpn, nodes, record, no_kill)
     try:
         wait_s = float(opts.get("wait") or 0)
     except ValueError:
@@ -201,6 +166,58 @@ def main(argv: list[str] | None = None) -> int:
         kill_on_bad_exit=opts.get("kill_on_bad_exit", "0") not in ("0", ""),
         wait_s=wait_s,
     )
+
+
+def _step_env(step: int, ntasks: int, nodes: list[str], tpn: int) -> dict[str, str]:
+    """The environment every task of the step gets (Slurm's step variables)."""
+    return {
+        **os.environ,
+        "SLURM_STEP_ID": str(step),
+        "SLURM_STEPID": str(step),
+        "SLURM_NTASKS": str(ntasks),
+        "SLURM_NPROCS": str(ntasks),
+        "SLURM_STEP_NUM_TASKS": str(ntasks),
+        "SLURM_STEP_NUM_NODES": str(len(nodes)),
+        "SLURM_STEP_NODELIST": hostlist.collect_hostlist(nodes),
+        "SLURM_TASKS_PER_NODE": f"{tpn}(x{len(nodes)})",
+    }
+
+
+def _start_tasks(
+    command: list[str],
+    base: dict[str, str],
+    tasks: list[tuple[subprocess.Popen, str]],
+    ntasks: int,
+    tpn: int,
+    nodes: list[str],
+    record: Path,
+    no_kill: bool,
+) -> None:
+    """Start the step's tasks (appended to `tasks` as they start, for the signal handler)
+    and keep the step's record of them up to date."""
+    for rank in range(ntasks):
+        node_index = min(rank // tpn, len(nodes) - 1)
+        env = {
+            **base,
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank % tpn),
+            "SLURM_NODEID": str(node_index),
+            "SLURMD_NODENAME": nodes[node_index],
+        }
+        proc = subprocess.Popen(
+            command, env=env, start_new_session=True, preexec_fn=_default_signals
+        )
+        tasks.append((proc, nodes[node_index]))
+        procs.write_json_atomic(
+            record,
+            {
+                "no_kill": no_kill,
+                "tasks": [
+                    {"pid": p.pid, "pgid": p.pid, "node": n, "rank": r}
+                    for r, (p, n) in enumerate(tasks)
+                ],
+            },
+        )
 
 
 def _kill_wait_s(job_dir: Path) -> float:
