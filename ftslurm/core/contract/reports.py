@@ -321,6 +321,18 @@ class StragglerWindow(Report):
     samples: Any = None
 
 
+class StopRecord(Report):
+    """`attempts/<k>/stopping-rank-<r>.json`: "saved step S, stopping", recorded by the rank
+    agent before its teardown (`ftslurm.agent.rank`), read by the task wrapper and the
+    launcher."""
+
+    rank: int | None = None
+    step: int | None = None
+    outcome: str | None = None  # `Outcome.CHECKPOINTED` or `Outcome.FINISHED`
+    pid: int | None = None
+    time: float | None = None
+
+
 class Rendezvous(Report):
     """`rendezvous-<restart>.json`: the endpoint the launcher of node rank 0 bound
     (`rendezvous_record`, `published_rendezvous`)."""
