@@ -129,14 +129,14 @@ class RunFiles:
         object.__setattr__(self, "straggler_report", parse(StragglerReport, self.straggler_report))
 
 
-_REPORT_FIELDS: dict[str, type[Report]] = {
-    "rank_reports": RankReport,
-    "node_reports": NodeReport,
-    "lost": PeerLost,
-    "rounds": RoundRecord,
-    "benched": Benched,
-    "launchers_failed": LauncherFailed,
-}
+_REPORT_FIELDS: dict[str, type[Report]] = dict(
+    rank_reports=RankReport,
+    node_reports=NodeReport,
+    lost=PeerLost,
+    rounds=RoundRecord,
+    benched=Benched,
+    launchers_failed=LauncherFailed,
+)
 
 
 @dataclass(frozen=True)
