@@ -280,6 +280,13 @@ from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualBackend
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.core.cadence import Cadence, young
 from ftslurm.core.contract import ExitCode, RunDir
+from ftslurm.core.contract.reports import (
+    Benched,
+    NodeReport,
+    PeerLost,
+    StragglerReport,
+    StragglerScore,
+)
 from ftslurm.core.recovery import Recovery, recovery
 from ftslurm.core.settings import Cause, FtSettings
 from ftslurm.core.timefmt import format_limit_exact
@@ -292,6 +299,7 @@ from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import make_spec
 from ftslurm.fsutil import read_json, write_json_atomic
 from ftslurm.recipe import Recipe
+from ftslurm.runfiles import write_report
 
 DAY = 86400.0
 HOUR = 3600.0
@@ -1241,17 +1249,18 @@ class Campaign:
             max_restarts=self.pol.in_job_restarts,
             hung=hung,
         )
-        path = self.paths.node_report(self._attempt(), 0)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            path,
-            {
-                "node": self.alloc[0] if self.alloc else "",
-                "outcome": out.outcome,
-                "code": int(out.code),
-                "in_job_restarts": self.restarts_used,
-                "heartbeats": True,
-            },
+        write_report(
+            self.paths.node_report(self._attempt(), 0),
+            NodeReport(
+                node_rank=0,
+                node=self.alloc[0] if self.alloc else "",
+                job_id=self.jid,
+                attempt=self._attempt(),
+                outcome=out.outcome,
+                exit_code=int(out.code),
+                in_job_restarts=self.restarts_used,
+                heartbeats=True,
+            ),
         )
         return int(out.code)
 
@@ -1392,23 +1401,21 @@ class Campaign:
         now, attempt, rank = self.c.now, self._attempt(), self.alloc.index(node)
         by = (rank - 1) % len(self.alloc)  # its watcher in ring order
         self.lost.add(rank)
-        path = self.paths.peer_lost(attempt, rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            path,
-            {
-                "lost_node_rank": rank,
-                "lost_node": node,
-                "last_heard": now - PEER_DETECT_S,
-                "lease_time": now - PEER_DETECT_S,
-                "silent_s": PEER_DETECT_S,
-                "peer_timeout_s": self.pol.settings.peer_timeout_s,
-                "reported_by": self.alloc[by],
-                "reported_by_node_rank": by,
-                "time": now,
-                "job_id": self.jid,
-                "attempt": attempt,
-            },
+        write_report(
+            self.paths.peer_lost(attempt, rank),
+            PeerLost(
+                lost_node_rank=rank,
+                lost_node=node,
+                last_heard=now - PEER_DETECT_S,
+                lease_time=now - PEER_DETECT_S,
+                silent_s=PEER_DETECT_S,
+                peer_timeout_s=self.pol.settings.peer_timeout_s,
+                reported_by=self.alloc[by],
+                reported_by_node_rank=by,
+                time=now,
+                job_id=self.jid,
+                attempt=attempt,
+            ),
         )
         self.r.count("peer_reports")
         if node in self.spares:  # an idle spare: one fewer to take over
@@ -1502,34 +1509,33 @@ class Campaign:
         if node in nodes:
             return
         nodes.append(node)
-        self.paths.straggler_report.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
+        write_report(
             self.paths.straggler_report,
-            {
-                "attempt": attempt,
-                "threshold": self.pol.settings.straggler_threshold,
-                "persistent_nodes": list(nodes),
-                "updated_at": self.c.now,
-                "scores": [
-                    {"node": n, "relative": 1.0 / max(self.slow.get(n) or [1.0]), "individual": 1.0}
+            StragglerReport(
+                attempt=attempt,
+                threshold=self.pol.settings.straggler_threshold,
+                persistent_nodes=list(nodes),
+                updated_at=self.c.now,
+                scores=[
+                    StragglerScore(
+                        node=n, relative=1.0 / max(self.slow.get(n) or [1.0]), individual=1.0
+                    )
                     for n in nodes
                 ],
-            },
+            ),
         )
         rank = self.alloc.index(node)
         if rank != 0 and self._spare_helps(node):  # its launcher steps out for a spare
-            path = self.paths.benched(attempt, rank)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(
-                path,
-                {
-                    "node_rank": rank,
-                    "node": node,
-                    "why": "straggler",
-                    "time": self.c.now,
-                    "job_id": self.jid,
-                    "attempt": attempt,
-                },
+            write_report(
+                self.paths.benched(attempt, rank),
+                Benched(
+                    node_rank=rank,
+                    node=node,
+                    why="straggler",
+                    time=self.c.now,
+                    job_id=self.jid,
+                    attempt=attempt,
+                ),
             )
             self.r.count("straggler_swaps")
             self._swap(node)

@@ -212,11 +212,13 @@ def test_the_hung_rank_named_is_the_first_silent_whatever_node_judged_later(tmp_
     """Each node's launcher judges its ranks when the stop reaches it: a node that judged
     3 s later sees its rank (stuck behind the hung one) silent longer, though it went
     silent after. The rank named is the one whose last sign of life came first."""
+    from ftslurm.core.contract.reports import Kind
     from ftslurm.daemon.reconcile import hung_at_stop
+    from ftslurm.runfiles import read_reports
 
-    folder = tmp_path / "attempt"
-    folder.mkdir()
     paths = RunDir(tmp_path)
+    folder = paths.attempt(0)
+    folder.mkdir(parents=True)
     write_json_atomic(
         folder / paths.hung_node(0, 0).name,
         {
@@ -251,7 +253,8 @@ def test_the_hung_rank_named_is_the_first_silent_whatever_node_judged_later(tmp_
             ],
         },
     )  # last sign of life at 991
-    assert hung_at_stop(folder).startswith("rank 1 (node n1) hung in section 'step'")
+    reports = read_reports(paths, Kind.HUNG_NODE, 0)
+    assert hung_at_stop(reports).startswith("rank 1 (node n1) hung in section 'step'")
 
 
 def test_a_tuned_interval_is_written_once_and_the_attempt_goes_quiet_again(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import pytest
 
 from ftslurm.agent import spares as sp
 from ftslurm.core.contract import PEER_LOST_REPORTS, ROUND_RECORDS, RunDir
+from ftslurm.core.contract.reports import Benched, PeerLost
 
 from .conftest import wait_for
 from .daemon_scenarios import RECIPE, reference_digest, spare_takes_over_on_the_mock
@@ -88,9 +89,17 @@ def test_the_bench_record_has_the_contracts_fields():
 
 
 def test_the_round_says_which_node_stepped_out_and_why():
-    lost = {"lost_node_rank": 2, "lost_node": "n2"}
-    benched = sp.benched_record(
-        node_rank=1, node="n1", why=sp.HANG, reason="no heartbeat", time=NOW, job_id="7", attempt=0
+    lost = PeerLost(lost_node_rank=2, lost_node="n2")
+    benched = Benched.model_validate(
+        sp.benched_record(
+            node_rank=1,
+            node="n1",
+            why=sp.HANG,
+            reason="no heartbeat",
+            time=NOW,
+            job_id="7",
+            attempt=0,
+        )
     )
     assert (
         sp.swap_why({1: benched})
@@ -99,7 +108,7 @@ def test_the_round_says_which_node_stepped_out_and_why():
     assert sp.swap_why({2: lost, 1: benched}).startswith(
         "node n1 stepped out (hang: no heartbeat); node n2 lost"
     )
-    assert sp.gone_name(3, {"lost_node_rank": 3}) == "node rank 3"
+    assert sp.gone_name(3, PeerLost(lost_node_rank=3)) == "node rank 3"
 
 
 def test_a_benched_active_node_is_swapped_like_a_lost_one(tmp_path):
@@ -115,7 +124,7 @@ def test_a_benched_active_node_is_swapped_like_a_lost_one(tmp_path):
     )
     (run.peer_lost(0, 2)).write_text(json.dumps({"lost_node_rank": 2, "lost_node": "n2"}))
     gone = sp.gone_reports(run, 0)
-    assert sorted(gone) == [1, 2] and gone[1]["why"] == "hang"
+    assert sorted(gone) == [1, 2] and gone[1].why == "hang"
     assert sp.loss_action(set(gone), {1: sp.ACTIVE}, 2) is sp.Action.SWAP
     assert sp.loss_action(set(gone), {1: sp.ACTIVE}, 1) is sp.Action.NEW_JOB
 

@@ -52,11 +52,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
 
 from ftslurm.core.contract import JobEnv, RunDir
+from ftslurm.core.contract.reports import PeerLost
 from ftslurm.core.leases import Lease, Seen, is_lost, observe, poll_interval
-from ftslurm.fsutil import read_json, temp_path, write_json_atomic
+from ftslurm.fsutil import read_json, temp_path
+from ftslurm.runfiles import write_report
 
 log = logging.getLogger("ftslurm.launch")
 
@@ -108,22 +109,22 @@ def loss_report(
     node: str,
     job_id: str,
     attempt: int,
-) -> dict[str, Any]:
+) -> PeerLost:
     """The content of `recovery/lost-<n>.json` (pure)."""
-    return {
-        "lost_node_rank": seen.node_rank,
-        "lost_node": seen.lease.node if seen.lease else None,
-        "last_heard": seen.heard_at,
-        "lease_time": seen.lease.time if seen.lease else None,
-        "silent_s": round(now - seen.changed_at, 3),
-        "peer_timeout_s": timeout,
-        "how": "dropped" if seen.dropped_at is not None else "silent",
-        "reported_by": node,
-        "reported_by_node_rank": me,
-        "time": wall,
-        "job_id": job_id,
-        "attempt": attempt,
-    }
+    return PeerLost(
+        lost_node_rank=seen.node_rank,
+        lost_node=seen.lease.node if seen.lease else None,
+        last_heard=seen.heard_at,
+        lease_time=seen.lease.time if seen.lease else None,
+        silent_s=round(now - seen.changed_at, 3),
+        peer_timeout_s=timeout,
+        how="dropped" if seen.dropped_at is not None else "silent",
+        reported_by=node,
+        reported_by_node_rank=me,
+        time=wall,
+        job_id=job_id,
+        attempt=attempt,
+    )
 
 
 class PeerWatch:
@@ -328,8 +329,7 @@ class PeerWatch:
         path = self.run.peer_lost(self.attempt, seen.node_rank)
         if path.exists():  # another launcher saw it first
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
+        write_report(
             path,
             loss_report(
                 seen,

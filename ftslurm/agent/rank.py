@@ -62,7 +62,9 @@ from ftslurm.agent.heartbeat import HeartbeatWriter
 from ftslurm.agent.straggler import StepTimer
 from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import JobEnv, RunDir, observed_record
+from ftslurm.core.contract.reports import Outcome, StopRecord
 from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.runfiles import write_report
 
 TEARDOWN_TIMEOUT_S = 10.0  # how long `leave` lets destroy_process_group take
 CADENCE_REFRESH_S = 5.0  # how often the agent looks for a new checkpoint interval
@@ -227,7 +229,7 @@ class RankAgent:
         assert self._decided is not None
         stop = self._decided[0]
         if stop:
-            self.record_stop("checkpointed")
+            self.record_stop(Outcome.CHECKPOINTED)
         return stop
 
     @property
@@ -249,7 +251,7 @@ class RankAgent:
         cadence = self._cadence.current()
         return cadence.tier_interval("disk") if cadence is not None else None
 
-    def record_stop(self, outcome: str = "checkpointed", step: int | None = None) -> None:
+    def record_stop(self, outcome: str = Outcome.CHECKPOINTED, step: int | None = None) -> None:
         """Record, atomically and before any teardown, "I saved step S and am stopping"
         (`outcome`: "checkpointed" or "finished"); once per process."""
         if self._stop_recorded or self._run_dir is None:
@@ -259,17 +261,15 @@ class RankAgent:
             if step is not None
             else (self._saved_step if self._saved_step is not None else self.step)
         )
-        path = stop_record_path(self._run_dir, self._attempt, self.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            path,
-            {
-                "rank": self.rank,
-                "step": step,
-                "outcome": outcome,
-                "pid": os.getpid(),
-                "time": time.time(),
-            },
+        write_report(
+            stop_record_path(self._run_dir, self._attempt, self.rank),
+            StopRecord(
+                rank=self.rank,
+                step=step,
+                outcome=Outcome(outcome).value,
+                pid=os.getpid(),
+                time=time.time(),
+            ),
         )
         self._stop_recorded = True
 
@@ -297,7 +297,7 @@ class RankAgent:
     def finished(self, step: int | None = None) -> None:
         progress.finished(step)
         self.save_observed()
-        self.record_stop("finished", step)
+        self.record_stop(Outcome.FINISHED, step)
 
     def save_observed(self) -> None:
         """Longest section durations and heartbeat gaps seen on this rank, next to the

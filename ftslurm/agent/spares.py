@@ -44,20 +44,30 @@ from enum import Enum
 from typing import Any
 
 from ftslurm.agent.peers import Lease
-from ftslurm.core.contract import BENCHED_RECORDS, PEER_LOST_REPORTS, ROUND_RECORDS, RunDir
+from ftslurm.core.contract import RunDir
+from ftslurm.core.contract.reports import (
+    Benched,
+    Kind,
+    Outcome,
+    PeerLost,
+    RoundRecord,
+    StragglerReport,
+    parse,
+)
 from ftslurm.core.recovery import Recovery, recovery
 from ftslurm.fsutil import read_json
+from ftslurm.runfiles import read_reports
 
 log = logging.getLogger("ftslurm.launch")
 
-ACTIVE, SPARE = "active", "spare"
+ACTIVE, SPARE = "active", Outcome.SPARE.value  # a node's role; a spare's outcome too
 # With spares, the rendezvous drops a participant whose keep-alive stopped after
 # KEEP_ALIVE_S x KEEP_ALIVE_MISSES seconds (torch's defaults: 5 x 3): the round that brings
 # in a spare waits on that.
 KEEP_ALIVE_S, KEEP_ALIVE_MISSES = 1, 3
 # Why a node stepped out (`RunDir.benched`), and the outcome of its node report.
 HANG, STRAGGLER = "hang", "straggler"
-BENCHED = "benched"
+BENCHED = Outcome.BENCHED.value
 # A node that finds its ranks hung but may not step out waits this long for a peer to step
 # out before it restarts its ranks in place (its ranks may be blocked on the peer's).
 BENCH_WAIT_S = 5.0
@@ -124,51 +134,49 @@ def may_step_out(node_rank: int, gone: Collection[int], spare_nodes: int) -> boo
     return recovery({*gone, node_rank}, spare_nodes) is Recovery.SPARE
 
 
-def straggler_reason(report: Mapping[str, Any] | None, attempt: int, node: str) -> str | None:
+def straggler_reason(
+    report: StragglerReport | Mapping[str, Any] | None, attempt: int, node: str
+) -> str | None:
     """The words for node `node` when the attempt's straggler report (`RunDir.
     straggler_report`) names it a persistent straggler; None when it does not (pure)."""
-    if not isinstance(report, Mapping) or report.get("attempt") != attempt:
+    report = parse(StragglerReport, report)
+    if report is None or report.attempt != attempt or node not in report.persistent_nodes:
         return None
-    if node not in (report.get("persistent_nodes") or []):
-        return None
-    scores = [
-        min(float(s.get("relative", 1.0)), float(s.get("individual", 1.0)))
-        for s in report.get("scores") or []
-        if isinstance(s, Mapping) and s.get("node") == node
-    ]
+    scores = [min(s.relative, s.individual) for s in report.scores if s.node == node]
     score = f"score {min(scores):.2f} " if scores else ""
-    return f"persistent straggler: {score}below {report.get('threshold')}"
+    return f"persistent straggler: {score}below {report.threshold}"
 
 
 def benched_record(
     *, node_rank: int, node: str, why: str, reason: str, time: float, job_id: str, attempt: int
 ) -> dict[str, Any]:
     """The content of `recovery/benched-<n>.json` (pure)."""
-    return {
-        "node_rank": node_rank,
-        "node": node,
-        "why": why,
-        "reason": reason,
-        "time": time,
-        "job_id": job_id,
-        "attempt": attempt,
-    }
+    return Benched(
+        node_rank=node_rank,
+        node=node,
+        why=why,
+        reason=reason,
+        time=time,
+        job_id=job_id,
+        attempt=attempt,
+    ).to_json()
 
 
-def gone_name(node_rank: int, report: Mapping[str, Any]) -> str:
+def gone_name(node_rank: int, report: PeerLost | Benched) -> str:
     """The node a loss report or a bench record names."""
-    return str(report.get("lost_node") or report.get("node") or f"node rank {node_rank}")
+    named = report.lost_node if isinstance(report, PeerLost) else report.node
+    return str(named or f"node rank {node_rank}")
 
 
-def swap_why(gone: Mapping[int, Mapping[str, Any]]) -> str:
+def swap_why(gone: Mapping[int, PeerLost | Benched]) -> str:
     """The round record's `why` for a swap after these losses and benches (pure)."""
     words = []
     for r, rep in sorted(gone.items()):
-        if "lost_node_rank" in rep:
+        if isinstance(rep, PeerLost):
             words.append(f"node {gone_name(r, rep)} lost")
         else:
-            reason = f": {rep['reason']}" if rep.get("reason") else ""
-            words.append(f"node {gone_name(r, rep)} stepped out ({rep.get('why')}{reason})")
+            reason = f": {rep.reason}" if rep.reason else ""
+            words.append(f"node {gone_name(r, rep)} stepped out ({rep.why}{reason})")
     return f"{'; '.join(words)}: a spare takes its place"
 
 
@@ -189,44 +197,35 @@ def round_record(
     attempt: int,
 ) -> dict[str, Any]:
     """The content of `recovery/round-<r>.json` when the round's ranks start (pure)."""
-    return {
-        "round": round_,
-        "started_at": started_at,
-        "first_step_at": None,
-        "step": None,
-        "world_size": world_size,
-        "nnodes_active": nnodes_active,
-        "spares_left": spares_left,
-        "why": why,
-        "lost": lost,
-        "job_id": job_id,
-        "attempt": attempt,
-    }
+    return RoundRecord(
+        round=round_,
+        started_at=started_at,
+        first_step_at=None,
+        step=None,
+        world_size=world_size,
+        nnodes_active=nnodes_active,
+        spares_left=spares_left,
+        why=why,
+        lost=lost,
+        job_id=job_id,
+        attempt=attempt,
+    ).to_json()
 
 
 # ---------------------------------------------------------------------------- reading
-def _by_node_rank(run: RunDir, attempt: int, pattern: str, key: str) -> dict[int, dict[str, Any]]:
-    """The attempt's recovery records matching `pattern`: their node rank (`key`) ->
-    record (a torn or foreign one left out)."""
-    out: dict[int, dict[str, Any]] = {}
-    for path in run.recovery(attempt).glob(pattern):
-        record = read_json(path)
-        if isinstance(record, dict) and isinstance(record.get(key), int):
-            out[record[key]] = record
-    return out
-
-
-def lost_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
+def lost_reports(run: RunDir, attempt: int) -> dict[int, PeerLost]:
     """The attempt's peer-loss reports: node rank -> report."""
-    return _by_node_rank(run, attempt, PEER_LOST_REPORTS, "lost_node_rank")
+    found: list[PeerLost] = read_reports(run, Kind.PEER_LOST, attempt)
+    return {r.lost_node_rank: r for r in found if r.lost_node_rank is not None}
 
 
-def benched_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
+def benched_reports(run: RunDir, attempt: int) -> dict[int, Benched]:
     """The attempt's bench records: node rank -> record."""
-    return _by_node_rank(run, attempt, BENCHED_RECORDS, "node_rank")
+    found: list[Benched] = read_reports(run, Kind.BENCHED, attempt)
+    return {r.node_rank: r for r in found if r.node_rank is not None}
 
 
-def gone_reports(run: RunDir, attempt: int) -> dict[int, dict[str, Any]]:
+def gone_reports(run: RunDir, attempt: int) -> dict[int, PeerLost | Benched]:
     """Every node of the attempt lost or benched: node rank -> its report (the loss report
     when there are both)."""
     return {**benched_reports(run, attempt), **lost_reports(run, attempt)}
@@ -251,10 +250,8 @@ def read_lease(run: RunDir, attempt: int, node_rank: int) -> Lease | None:
 
 def named_in_rounds(run: RunDir, attempt: int) -> set[str]:
     """The lost nodes the attempt's round records named already."""
-    names: set[str] = set()
-    for path in run.recovery(attempt).glob(ROUND_RECORDS):
-        names.update(str(n) for n in (read_json(path) or {}).get("lost") or [])
-    return names
+    rounds: list[RoundRecord] = read_reports(run, Kind.ROUND, attempt)
+    return {n for r in rounds for n in r.lost}
 
 
 def rendezvous_round(handler: Any) -> int | None:

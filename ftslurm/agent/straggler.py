@@ -65,8 +65,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftslurm.core.contract import DEFAULT_STRAGGLER_THRESHOLD, RANK_REPORTS, JobEnv, RunDir
+from ftslurm.core.contract import DEFAULT_STRAGGLER_THRESHOLD, JobEnv, RunDir
+from ftslurm.core.contract.reports import Kind, StragglerReport
 from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.runfiles import read_reports, write_report
 
 MIN_SAMPLES = 3
 DEFAULT_THRESHOLD = DEFAULT_STRAGGLER_THRESHOLD
@@ -287,8 +289,8 @@ def _window(data: Any) -> tuple[int, float, int] | None:
 
 def _rank_files(folder: Path) -> list[dict[str, Any]]:
     entries = []
-    for path in folder.glob(RANK_REPORTS):
-        data = read_json(path)
+    for window in read_reports(folder.parent, Kind.STRAGGLER_WINDOW):
+        data = window.to_json()
         if (
             isinstance(data, dict)
             and isinstance(data.get("rank"), int)
@@ -431,5 +433,5 @@ def collect_report(
             "skipped_ranks": sorted(set(stale) | {t.rank for t in timings} - scored),
             "updated_at": time.time(),
         }
-        write_json_atomic(run.straggler_report, report)
+        write_report(run.straggler_report, StragglerReport.model_validate(report))
         return report

@@ -60,16 +60,17 @@ from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.sigmask import catchers, readable
 from ftslurm.core.contract import (
     NAMED_EXITS,
-    WITHHELD_SIGNAL,
     EnvName,
     ExitCode,
     HeartbeatDir,
     JobEnv,
     rendezvous_port,
 )
+from ftslurm.core.contract.reports import Outcome, RankReport, StopRecord, parse
 from ftslurm.core.inject import Injection, InjectKind, parse_injection
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.runfiles import write_report
 
 FORWARDED = (
     signals.SIGTERM,
@@ -81,7 +82,7 @@ FORWARDED = (
 )
 # The outcome of a rank (and of a launcher, `ftslurm.agent.launch`) told to stop before its
 # command (its ranks) started.
-STOPPED = "stopped"
+STOPPED = Outcome.STOPPED.value
 TAIL_BYTES = 16 * 1024
 TAIL_LINES = 40
 STRAGGLER_PERIOD_S = 0.1
@@ -215,17 +216,18 @@ def classify_exit(
     the rank recorded before it ended ("checkpointed": saved step S, stopping; "finished":
     the training is done), None when it recorded nothing."""
     if signal is None and exit_code == 0:
-        return stopped or ("checkpointed" if checkpoint_signal_seen else "finished")
+        done = Outcome.CHECKPOINTED if checkpoint_signal_seen else Outcome.FINISHED
+        return stopped or done.value
     if signal is None and exit_code in NAMED_EXITS:
         return NAMED_EXITS[ExitCode(exit_code)]
     if stopped is not None:
-        return "teardown_failed"
+        return Outcome.TEARDOWN_FAILED.value
     if disk_full(stderr_tail)[0]:
-        return "disk_full"
+        return Outcome.DISK_FULL.value
     lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
     if runtime_s <= user_error_window_s and lines and _USER_ERROR.search(lines[-1]):
-        return "user_error"
-    return "killed" if signal is not None else "failed"
+        return Outcome.USER_ERROR.value
+    return (Outcome.KILLED if signal is not None else Outcome.FAILED).value
 
 
 def parse_inject_env(value: str | None) -> tuple[Injection, ...]:
@@ -480,7 +482,7 @@ class Task:
             )
             message = f"ftslurm: cannot start {self.command[0]!r}: {exc.strerror or exc}"
             print(message, file=sys.stderr, flush=True)
-            self._report(code, None, "user_error", message, error=message)
+            self._report(code, None, Outcome.USER_ERROR, message, error=message)
             return code
         held, self.early = self.early, []
         for sig in held:
@@ -526,7 +528,7 @@ class Task:
         with self.lock:
             tail = self.tail.decode(errors="replace")
         window = self.job.user_error_window_s
-        stop = read_stop_record(self.run_dir, self.attempt, self.rank)
+        stop = parse(StopRecord, read_stop_record(self.run_dir, self.attempt, self.rank))
         withheld = self.checkpoint_signal in self.held  # no process of the rank caught it
         outcome = classify_exit(
             code,
@@ -535,15 +537,15 @@ class Task:
             time.monotonic() - self.started,
             tail,
             window,
-            str(stop.get("outcome") or "checkpointed") if stop else None,
+            (stop.outcome or Outcome.CHECKPOINTED.value) if stop else None,
         )
         if watch is not None:
             watch.stop(outcome)
-        if outcome == "teardown_failed":
+        if outcome == Outcome.TEARDOWN_FAILED:
             print(
                 f"ftslurm: rank {self.rank} died while tearing down ("
                 f"{f'signal {sig}' if sig else f'exit {code}'}) after it saved step "
-                f"{stop.get('step') if stop else None}: the checkpoint stands",
+                f"{stop.step if stop else None}: the checkpoint stands",
                 file=sys.stderr,
                 flush=True,
             )
@@ -552,8 +554,8 @@ class Task:
             sig,
             outcome,
             tail if status != 0 else None,
-            saved_step=stop.get("step") if stop else None,
-            disk_full_path=disk_full(tail)[1] if outcome == "disk_full" else None,
+            saved_step=stop.step if stop else None,
+            disk_full_path=disk_full(tail)[1] if outcome == Outcome.DISK_FULL else None,
             withheld=self.checkpoint_signal.name.removeprefix("SIG") if withheld else None,
             error=error_line(tail, code) if status != 0 else None,
         )
@@ -572,29 +574,27 @@ class Task:
     ) -> None:
         if self.rundir is None:
             return
-        path = self.rundir.rank_report(self.attempt, self.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            path,
-            {
-                "rank": self.rank,
-                "node": self.node,
-                "job_id": self.environ.get("SLURM_JOB_ID"),
-                "restart_count": _int(self.environ.get("SLURM_RESTART_COUNT")),
-                "attempt": self.attempt,
-                "exit_code": code,
-                "signal": sig,
-                "started_at": self.started_wall,
-                "ended_at": time.time(),
-                "checkpoint_signal_at": self.checkpoint_signal_at,
-                "injected": self.injected,
-                "outcome": outcome,
-                "error_tail": "\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
-                "error_line": error,
-                "saved_step": saved_step,
-                "disk_full_path": disk_full_path,
-                WITHHELD_SIGNAL: withheld,
-            },
+        write_report(
+            self.rundir.rank_report(self.attempt, self.rank),
+            RankReport(
+                rank=self.rank,
+                node=self.node,
+                job_id=self.environ.get("SLURM_JOB_ID"),
+                restart_count=_int(self.environ.get("SLURM_RESTART_COUNT")),
+                attempt=self.attempt,
+                exit_code=code,
+                signal=sig,
+                started_at=self.started_wall,
+                ended_at=time.time(),
+                checkpoint_signal_at=self.checkpoint_signal_at,
+                injected=self.injected,
+                outcome=outcome,
+                error_tail="\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
+                error_line=error,
+                saved_step=saved_step,
+                disk_full_path=disk_full_path,
+                checkpoint_signal_withheld=withheld,
+            ),
         )
 
 

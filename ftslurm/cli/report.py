@@ -29,6 +29,8 @@ from ftslurm.core.contract import (
     ROUND_RECORDS,
     RunDir,
 )
+from ftslurm.core.contract.reports import Outcome
+from ftslurm.core.recovery import Recovery
 from ftslurm.daemon.records import Attempt, Run
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json
@@ -44,7 +46,7 @@ from ftslurm.report.goodput import (
 )
 from ftslurm.report.notes import fmt_time
 
-_CLEAN = {"finished", "checkpointed"}  # a launcher or rank that ended on its own
+_CLEAN = {Outcome.FINISHED, Outcome.CHECKPOINTED}  # a launcher or rank that ended on its own
 _MEANING = {
     "productive": "compute whose steps were kept",
     "checkpointing": "recorded checkpoint save time",
@@ -194,9 +196,11 @@ def _losses_table(rep: GoodputReport) -> Table:
         return "-" if s is None else format_duration(s)
 
     for x in rep.losses:
-        how = {"spare": "spare (in the job)", "requeue": "job requeued", "new_job": "new job"}.get(
-            x.how or "", "none (yet)"
-        )
+        how = {
+            Recovery.SPARE.value: "spare (in the job)",
+            "requeue": "job requeued",
+            "new_job": "new job",
+        }.get(x.how or "", "none (yet)")
         table.add_row(
             str(x.attempt),
             x.node or "-",

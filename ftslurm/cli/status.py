@@ -36,6 +36,7 @@ from ftslurm.cli.common import (
 )
 from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import ROUND_RECORDS, RunDir
+from ftslurm.core.settings import Cause
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import service
 from ftslurm.daemon.records import Attempt, Run, RunState, parse_tag
@@ -54,7 +55,7 @@ CONTINUED = "CONTINUED"
 def continued(attempt: Attempt, verdicts: dict[int, str]) -> bool:
     """Whether the attempt ended as a continuation: it checkpointed and the daemon went on
     from it (not a continuation failed for making no checkpoint progress)."""
-    return attempt.cause == "checkpointed" and verdicts.get(attempt.attempt) != "fail"
+    return attempt.cause == Cause.CHECKPOINTED and verdicts.get(attempt.attempt) != "fail"
 
 
 def run_summary(store: Store, run: Run) -> dict[str, Any]:

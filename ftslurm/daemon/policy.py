@@ -16,6 +16,14 @@ from enum import Enum
 from typing import Any
 
 from ftslurm.core.contract import NAMED_EXITS, ExitCode
+from ftslurm.core.contract.reports import (
+    CLEAN,
+    OUT_OF_TRAINING,
+    SAVED,
+    Outcome,
+    StragglerReport,
+    parse,
+)
 from ftslurm.core.recovery import Recovery, recovery
 from ftslurm.core.settings import (
     RETRYABLE,
@@ -79,7 +87,7 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     said = set(outcomes)
     said |= {name for name, c in _NAMED_CODES.items() if code == c}
     if code is not None and code in settings.user_error_exit_codes:
-        said.add("user_error")
+        said.add(Outcome.USER_ERROR)
     for outcome, cause in _SAID_BY_THE_JOB:  # in this order of precedence
         if outcome in said:
             return cause
@@ -94,13 +102,8 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     # code says (the abort's 134, say); next to a rank that failed first it is a crash.
     # A node that never trained ("spare") or stepped out for a spare ("benched") says
     # nothing of how the training ended.
-    clean = bool(outcomes) and outcomes <= {
-        "checkpointed",
-        "finished",
-        "teardown_failed",
-        *OUT_OF_TRAINING,
-    }
-    saved = bool(outcomes & {"checkpointed", "teardown_failed"})
+    clean = bool(outcomes) and outcomes <= {*CLEAN, *OUT_OF_TRAINING}
+    saved = bool(outcomes & SAVED)
     checkpointed = (
         (saved and clean)
         or code == ExitCode.CONTINUE
@@ -123,17 +126,14 @@ def classify(e: Ending, settings: FtSettings) -> Cause:
     return Cause.CRASH
 
 
-# The outcomes of the launchers of nodes not training at the end (`ftslurm.agent.spares`):
-# a spare never needed, and a node that stepped out so a spare took its place.
-OUT_OF_TRAINING = frozenset({"spare", "benched"})
 _NAMED_CODES = {name: code for code, name in NAMED_EXITS.items()}
 _SAID_BY_THE_JOB = (
-    ("do_not_retry", Cause.DO_NOT_RETRY),
-    ("failed_validation", Cause.FAILED_VALIDATION),
-    ("resume_elsewhere", Cause.RESUME_ELSEWHERE),
-    ("disk_full", Cause.DISK_FULL),
-    ("user_error", Cause.USER_ERROR),
-    ("hung", Cause.HANG),
+    (Outcome.DO_NOT_RETRY, Cause.DO_NOT_RETRY),
+    (Outcome.FAILED_VALIDATION, Cause.FAILED_VALIDATION),
+    (Outcome.RESUME_ELSEWHERE, Cause.RESUME_ELSEWHERE),
+    (Outcome.DISK_FULL, Cause.DISK_FULL),
+    (Outcome.USER_ERROR, Cause.USER_ERROR),
+    (Outcome.HUNG, Cause.HANG),
 )
 
 
@@ -335,7 +335,7 @@ def _exclusions(cause: Cause, e: Ending, settings: FtSettings) -> tuple[tuple[st
 
 
 def straggler_flags(
-    report: Mapping[str, Any] | None,
+    report: StragglerReport | Mapping[str, Any] | None,
     attempt: int,
     settings: FtSettings,
     already_flagged: Iterable[str],
@@ -343,24 +343,25 @@ def straggler_flags(
     """The (node, why) pairs to flag from the straggler report of a running attempt: its
     persistent nodes (below the threshold for `straggler_windows` windows) not flagged yet.
     Nothing when straggler exclusion is off or the report is of another attempt."""
-    if not (settings.exclude_stragglers or settings.stop_if_straggler) or not report:
+    report = parse(StragglerReport, report)
+    if not (settings.exclude_stragglers or settings.stop_if_straggler) or report is None:
         return ()
-    if report.get("attempt") != attempt:
+    if report.attempt != attempt:
         return ()
     flagged = set(already_flagged)
     worst: dict[str, float] = {}
-    for s in report.get("scores") or []:
-        if isinstance(s, dict) and isinstance(s.get("node"), str):
-            score = min(float(s.get("relative", 1.0)), float(s.get("individual", 1.0)))
-            worst[s["node"]] = min(score, worst.get(s["node"], 1.0))
+    for s in report.scores:
+        if s.node is not None:
+            score = min(s.relative, s.individual)
+            worst[s.node] = min(score, worst.get(s.node, 1.0))
     found = []
-    for node in report.get("persistent_nodes") or []:
-        if isinstance(node, str) and node not in flagged:
+    for node in report.persistent_nodes:
+        if node not in flagged:
             score = f"score {worst[node]:.2f} " if node in worst else ""
             found.append(
                 (
                     node,
-                    f"straggler: {score}below {report.get('threshold')} for "
+                    f"straggler: {score}below {report.threshold} for "
                     f"{settings.straggler_windows} windows",
                 )
             )

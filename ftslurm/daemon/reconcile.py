@@ -80,15 +80,10 @@ from typing import Any
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.core.cadence import REWRITE_TOLERANCE, Cadence, FailureHistory
 from ftslurm.core.contract import (
-    BENCHED_RECORDS,
-    HUNG_NODE_REPORTS,
-    LAUNCHER_FAILED_REPORTS,
     NODE_REPORTS,
-    PEER_LOST_REPORTS,
-    RANK_REPORTS,
-    ROUND_RECORDS,
     RunDir,
 )
+from ftslurm.core.contract.reports import HungNodeReport, Kind, Progress, StragglerReport
 from ftslurm.core.leases import Lease, Seen, daemon_timeout, is_lost, observe
 from ftslurm.core.recovery import BATCH_NODE_RANK
 from ftslurm.core.settings import FtSettings
@@ -117,6 +112,7 @@ from ftslurm.errors import (
     SchedulerUnavailable,
 )
 from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.runfiles import read_report, read_reports
 
 __all__ = ["NEVER_SUBMITTED", "REQUEUING", "Reconciler", "hung_at_stop", "submit_attempt"]
 
@@ -753,11 +749,11 @@ class Reconciler:
                 Path(run.spec["run_dir"]), a.attempt, ending=True, nnodes=_nodes(run, a)
             )
         elif "node_reports" in what:  # the attempt lost a node: are its launchers done?
-            folder = RunDir(Path(run.spec["run_dir"])).attempt(a.attempt)
+            rd = RunDir(Path(run.spec["run_dir"]))
             got["files"] = replace(
                 self._watched_files(run, a),
                 launchers_read=True,
-                node_reports=_records(folder, NODE_REPORTS),
+                node_reports=tuple(read_reports(rd, Kind.NODE, a.attempt)),
             )
         elif "watch_files" in what:
             got["files"] = self._with_batch_lease(run, a, self._watched_files(run, a))
@@ -1137,65 +1133,53 @@ def _nodes(run: Run, a: Attempt) -> int:
     return max(len(a.nodes), int(run.spec.get("options", {}).get("nodes") or 0))
 
 
-def _records(folder: Path, pattern: str) -> tuple[dict[str, Any], ...]:
-    """The JSON objects of the files in `folder` matching `pattern` (a torn or foreign one
-    left out: it is read again when the folder changes)."""
-    found = (read_json(p) for p in sorted(folder.glob(pattern)))
-    return tuple(r for r in found if isinstance(r, dict))
-
-
 def read_run_files(run_dir: Path, attempt: int, *, ending: bool, nnodes: int = 0) -> core.RunFiles:
     """The run directory's files `step` reads: progress, the straggler report and the
     attempt's recovery folder (peer-loss reports, round records, benched nodes) while an
     attempt runs; with `ending`, also the attempt's rank and node reports, FINISHED, the
     hung-at-stop reports and the leases of its `nnodes` nodes."""
     paths = RunDir(run_dir)
-    progress = read_json(paths.progress) or {}
-    report = read_json(paths.straggler_report)
-    straggler = report if isinstance(report, dict) else None
+    progress = read_report(paths.progress, Progress) or Progress()
+    straggler = read_report(paths.straggler_report, StragglerReport)
     cadence = Cadence.from_json(read_json(paths.cadence))
-    recovery = paths.recovery(attempt)
     found = dict(
-        lost=_records(recovery, PEER_LOST_REPORTS),
-        rounds=_records(recovery, ROUND_RECORDS),
-        benched=_records(recovery, BENCHED_RECORDS),
-        launchers_failed=_records(recovery, LAUNCHER_FAILED_REPORTS),
+        lost=tuple(read_reports(paths, Kind.PEER_LOST, attempt)),
+        rounds=tuple(read_reports(paths, Kind.ROUND, attempt)),
+        benched=tuple(read_reports(paths, Kind.BENCHED, attempt)),
+        launchers_failed=tuple(read_reports(paths, Kind.LAUNCHER_FAILED, attempt)),
     )
     if not ending:
         return core.RunFiles(
             progress=progress, straggler_report=straggler, cadence=cadence, **found
         )
-    folder = paths.attempt(attempt)
-    leases = (read_json(paths.peer_lease(attempt, n)) for n in range(nnodes))
+    leases = (Lease.from_json(read_json(paths.peer_lease(attempt, n))) for n in range(nnodes))
     return core.RunFiles(
         progress=progress,
         straggler_report=straggler,
         cadence=cadence,
         **found,
         launchers_read=True,
-        leases=tuple(x for x in leases if isinstance(x, dict)),
-        rank_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(RANK_REPORTS))),
-        node_reports=tuple(read_json(p) or {} for p in sorted(folder.glob(NODE_REPORTS))),
+        leases=tuple(x for x in leases if x is not None),
+        rank_reports=tuple(read_reports(paths, Kind.RANK, attempt)),
+        node_reports=tuple(read_reports(paths, Kind.NODE, attempt)),
         finished_marker=paths.finished.exists(),
-        hung=hung_at_stop(folder),
+        hung=hung_at_stop(read_reports(paths, Kind.HUNG_NODE, attempt)),
     )
 
 
-def hung_at_stop(folder: Path) -> str:
+def hung_at_stop(reports: list[HungNodeReport]) -> str:
     """The rank the launchers found hung when the attempt was told to stop, in words, or
     "": of several (a rank waiting on a hung peer looks hung too), the one whose last sign
     of life came first. Each node's launcher judges when the stop reaches it, so silences
     measured on two nodes are compared as times: the report's time less the silence."""
-    found = []
-    for path in folder.glob(HUNG_NODE_REPORTS):
-        report = read_json(path) or {}
-        judged = float(report.get("time") or 0.0)
-        for h in report.get("hung") or []:
-            if isinstance(h, dict):
-                found.append((judged - float(h.get("silent_s") or 0.0), report.get("node"), h))
+    found = [
+        ((report.time or 0.0) - (h.silent_s or 0.0), report.node, h)
+        for report in reports
+        for h in report.hung
+    ]
     if not found:
         return ""
     _, node, h = min(found, key=lambda f: f[0])
-    rank = h.get("rank") if h.get("rank") is not None else f"local {h.get('local_rank')}"
-    where = f" in section {h['section']!r}" if h.get("section") else ""
-    return f"rank {rank} (node {node}) hung{where} when the job was told to stop: {h.get('reason')}"
+    rank = h.rank if h.rank is not None else f"local {h.local_rank}"
+    where = f" in section {h.section!r}" if h.section else ""
+    return f"rank {rank} (node {node}) hung{where} when the job was told to stop: {h.reason}"

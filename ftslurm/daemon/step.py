@@ -39,9 +39,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ftslurm.core.cadence import Cadence, FailureHistory, cadence
-from ftslurm.core.contract import WITHHELD_RANKS, WITHHELD_SIGNAL
+from ftslurm.core.contract.reports import (
+    Benched,
+    LauncherFailed,
+    NodeReport,
+    Outcome,
+    PeerLost,
+    Progress,
+    RankReport,
+    Report,
+    RoundRecord,
+    StragglerReport,
+    parse,
+    parse_all,
+)
 from ftslurm.core.inject import InjectKind, parse_injections, reached
-from ftslurm.core.leases import Seen, daemon_timeout, is_lost
+from ftslurm.core.leases import Lease, Seen, daemon_timeout, is_lost
 from ftslurm.core.recovery import BATCH_NODE_RANK, Recovery, Source, recovery
 from ftslurm.core.settings import Cause, FtSettings
 from ftslurm.core.types import JobInfo, JobState
@@ -77,24 +90,26 @@ class Facts:
 
 @dataclass(frozen=True)
 class RunFiles:
-    """The run directory's files the decisions read (written by the compute side)."""
+    """The run directory's files the decisions read (written by the compute side), as the
+    contract's models (`ftslurm.core.contract.reports`); a plain JSON object given for one
+    is read into its model (one that is not a valid report left out)."""
 
-    progress: Mapping[str, Any] = field(default_factory=dict)  # progress.json
-    rank_reports: tuple[Mapping[str, Any], ...] = ()  # attempts/N/rank-*.json
-    node_reports: tuple[Mapping[str, Any], ...] = ()  # attempts/N/node-*.json (launchers)
+    progress: Progress = field(default_factory=Progress)  # progress.json
+    rank_reports: tuple[RankReport, ...] = ()  # attempts/N/rank-*.json
+    node_reports: tuple[NodeReport, ...] = ()  # attempts/N/node-*.json (launchers)
     finished_marker: bool = False  # FINISHED
     hung: str = ""  # the hung rank the launchers found at the stop, in words
-    straggler_report: Mapping[str, Any] | None = None
+    straggler_report: StragglerReport | None = None
     # the attempt's recovery folder (RunDir.recovery): the launchers' peer-loss reports
     # (lost-*.json), the in-job round records (round-*.json), the benched nodes
-    lost: tuple[Mapping[str, Any], ...] = ()
-    rounds: tuple[Mapping[str, Any], ...] = ()
-    benched: tuple[Mapping[str, Any], ...] = ()
+    lost: tuple[PeerLost, ...] = ()
+    rounds: tuple[RoundRecord, ...] = ()
+    benched: tuple[Benched, ...] = ()
     # launchers that failed before their ranks started (launcher-failed-*.json)
-    launchers_failed: tuple[Mapping[str, Any], ...] = ()
+    launchers_failed: tuple[LauncherFailed, ...] = ()
     # the launchers' last leases (RunDir.peer_lease), read at an ending only: when a node
     # Slurm declared failed was last heard of
-    leases: tuple[Mapping[str, Any], ...] = ()
+    leases: tuple[Lease, ...] = ()
     # the launchers' node reports above were read (at an ending, or for an attempt that
     # lost a node: `_done_but_for_lost`); False: not read, not "none written"
     launchers_read: bool = False
@@ -105,6 +120,24 @@ class RunFiles:
     # the checkpoint interval the run directory holds (RunDir.cadence); None: none written
     cadence: Cadence | None = None
 
+    def __post_init__(self) -> None:
+        for name, model in _REPORT_FIELDS.items():
+            object.__setattr__(self, name, parse_all(model, tuple(getattr(self, name))))
+        leases = (x if isinstance(x, Lease) else Lease.from_json(x) for x in self.leases)
+        object.__setattr__(self, "leases", tuple(x for x in leases if x is not None))
+        object.__setattr__(self, "progress", parse(Progress, self.progress) or Progress())
+        object.__setattr__(self, "straggler_report", parse(StragglerReport, self.straggler_report))
+
+
+_REPORT_FIELDS: dict[str, type[Report]] = dict(
+    rank_reports=RankReport,
+    node_reports=NodeReport,
+    lost=PeerLost,
+    rounds=RoundRecord,
+    benched=Benched,
+    launchers_failed=LauncherFailed,
+)
+
 
 @dataclass(frozen=True)
 class Loss:
@@ -113,7 +146,7 @@ class Loss:
 
     node: str
     node_rank: int | None
-    report: Mapping[str, Any]
+    report: PeerLost | Benched
     benched: bool = False
 
 
@@ -122,20 +155,17 @@ def losses(attempt: int, files: RunFiles, nodes: Sequence[str]) -> list[Loss]:
     report of another attempt, or naming no node, is left out). A report without the node's
     name is placed by its node rank in the allocation (`nodes`)."""
     found: dict[str, Loss] = {}
-    for benched, rank_key, node_key, reports in (
-        (False, "lost_node_rank", "lost_node", files.lost),
-        (True, "node_rank", "node", files.benched),
-    ):
-        for r in reports:
-            if r.get("attempt") not in (None, attempt):
-                continue
-            rank = r.get(rank_key)
-            rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
-            node = r.get(node_key)
-            if not isinstance(node, str) or not node:
-                node = nodes[rank] if rank is not None and 0 <= rank < len(nodes) else None
-            if node is not None and node not in found:
-                found[node] = Loss(node, rank, r, benched)
+    named: list[tuple[PeerLost | Benched, int | None, str | None, bool]] = [
+        *((r, r.lost_node_rank, r.lost_node, False) for r in files.lost),
+        *((r, r.node_rank, r.node, True) for r in files.benched),
+    ]
+    for r, rank, node, benched in named:
+        if r.attempt not in (None, attempt):
+            continue
+        if not node:
+            node = nodes[rank] if rank is not None and 0 <= rank < len(nodes) else None
+        if node is not None and node not in found:
+            found[node] = Loss(node, rank, r, benched)
     return list(found.values())
 
 
@@ -471,7 +501,7 @@ def _budget(run: Run) -> Budget:
 
 
 def _injected(
-    run: Run, start: float | None, end: float | None, reports: Sequence[Mapping[str, Any]] = ()
+    run: Run, start: float | None, end: float | None, reports: Sequence[RankReport] = ()
 ) -> list[str]:
     """The run's fired injections once an attempt that ran from `start` to `end` ended: the
     scheduler's (node_fail, preempt, timeout) that it ran long enough to reach, and the
@@ -485,7 +515,7 @@ def _injected(
     in_job = {
         i.spec() for i in parse_injections(specs) if i.kind in (InjectKind.CRASH, InjectKind.HANG)
     }
-    done |= {x for r in reports for x in (r.get("injected") or ()) if x in in_job}
+    done |= {x for r in reports for x in r.injected if x in in_job}
     return sorted(done)
 
 
@@ -535,34 +565,55 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     if tuned is None:
         return _need("history")
     out += tuned
+    restarted = _in_job_restart(a, files)
+    if restarted:
+        a = restarted[0].attempt
+        out += restarted
+    running = _watch_running(a, info, run, facts, settings, files, now)
+    return _need("nodes") if running is None else out + running
+
+
+def _in_job_restart(a: Attempt, files: RunFiles) -> list[Intent]:
+    """The ranks restarted inside the job (a spare took a node's place, say) since the
+    attempt was recorded: the attempt with its new round count (`Record` first) and the
+    event. Empty: no new round."""
     restarted = max(
-        (
-            r.get("round")
-            for r in files.rounds
-            if isinstance(r.get("round"), int) and r.get("attempt") in (None, a.attempt)
-        ),
+        (r.round for r in files.rounds if r.round is not None and r.attempt in (None, a.attempt)),
         default=0,
     )
-    if restarted > a.in_job_restarts:  # the ranks restarted inside the job (a spare, say)
-        rec = max(
-            files.rounds, key=lambda r: r.get("round") if isinstance(r.get("round"), int) else -1
-        )
-        a = replace(a, in_job_restarts=restarted)
-        out += [
-            Record(a),
-            Event(
-                "in_job_restart",
-                {
-                    "attempt": a.attempt,
-                    "job_id": a.job_id,
-                    "round": restarted,
-                    "started_at": rec.get("started_at"),
-                    "why": rec.get("why"),
-                    "lost": rec.get("lost") or [],
-                },
-            ),
-            Changed(),
-        ]
+    if restarted <= a.in_job_restarts:
+        return []
+    rec = max(files.rounds, key=lambda r: r.round if r.round is not None else -1)
+    a = replace(a, in_job_restarts=restarted)
+    return [
+        Record(a),
+        Event(
+            "in_job_restart",
+            {
+                "attempt": a.attempt,
+                "job_id": a.job_id,
+                "round": restarted,
+                "started_at": rec.started_at,
+                "why": rec.why,
+                "lost": list(rec.lost),
+            },
+        ),
+        Changed(),
+    ]
+
+
+def _watch_running(
+    a: Attempt,
+    info: JobInfo,
+    run: Run,
+    facts: Facts,
+    settings: FtSettings,
+    files: RunFiles,
+    now: float,
+) -> list[Intent] | None:
+    """A running attempt's stragglers, checkpoint signal and wakes. None: the node listing
+    is needed."""
+    out: list[Intent] = []
     flags = (
         policy.straggler_flags(
             files.straggler_report, a.attempt, settings, active_flags(facts, now)
@@ -573,7 +624,7 @@ def _watch(a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float) -> lis
     if flags:
         moved = _straggler(a, info, run, facts, settings, flags, files, now)
         if moved is None:
-            return _need("nodes")
+            return None
         out += moved
         if any(isinstance(i, NewAttempt) for i in moved):
             return out  # moved off a straggler: the requeue intent takes it from here
@@ -600,13 +651,13 @@ def _cadence(run: Run, facts: Facts, settings: FtSettings, files: RunFiles) -> l
     tuned = cadence(
         setting,
         nodes=max(1, nodes),
-        save_s=_seconds(progress.get("checkpoint_save_s")),
+        save_s=_seconds(progress.checkpoint_save_s),
         save_prior_s=settings.checkpoint_save_prior_s,
-        write_s=_seconds(progress.get("max_checkpoint_write_s")),
+        write_s=_seconds(progress.max_checkpoint_write_s),
         history=facts.history or FailureHistory(),
         prior_per_1000=settings.failure_rate_prior,
         prior_node_days=settings.failure_prior_node_days,
-        memory_save_s=_seconds(progress.get("memory_save_s")),
+        memory_save_s=_seconds(progress.memory_save_s),
         memory_coverage=settings.memory_tier_coverage,
     )
     if (tuned.how == "off" and files.cadence is None) or not tuned.differs(files.cadence):
@@ -614,13 +665,13 @@ def _cadence(run: Run, facts: Facts, settings: FtSettings, files: RunFiles) -> l
     return [WriteCadence(tuned)]  # idempotent; logged (`cadence`) once written
 
 
-def _exit_save(progress: dict[str, Any]) -> Any:
+def _exit_save(progress: Progress) -> Any:
     """How long the save on the checkpoint signal takes, as the run reported its saves: the
     longest blocking part plus, for an asynchronous save, the longest background write,
     which the job waits for before it exits (`ftslurm.checkpoint`: `wait()`)."""
-    save = progress.get("max_checkpoint_save_s")
-    write = _seconds(progress.get("max_checkpoint_write_s"))
-    if write is None or not isinstance(save, (int, float)):
+    save = progress.max_checkpoint_save_s
+    write = _seconds(progress.max_checkpoint_write_s)
+    if write is None or save is None:
         return save
     return float(save) + write
 
@@ -640,20 +691,16 @@ def _lost_event(a: Attempt, loss: Loss, how: Recovery) -> Event:
         "node_rank": loss.node_rank,
         "recovery": how.value,
     }
-    if loss.benched:
-        return Event("node_benched", {**base, "why": r.get("why"), "time": r.get("time")})
-    heard, at = r.get("last_heard"), r.get("time")
-    detection = (
-        round(at - heard, 3)
-        if isinstance(heard, (int, float)) and isinstance(at, (int, float))
-        else None
-    )
+    if isinstance(r, Benched):
+        return Event("node_benched", {**base, "why": r.why, "time": r.time})
+    heard, at = r.last_heard, r.time
+    detection = round(at - heard, 3) if heard is not None and at is not None else None
     return Event(
         "node_lost",
         {
             **base,
             "source": _source(loss).value,
-            "reported_by": r.get("reported_by"),
+            "reported_by": r.reported_by,
             "last_heard": heard,
             "time": at,
             "detection_s": detection,
@@ -662,7 +709,8 @@ def _lost_event(a: Attempt, loss: Loss, how: Recovery) -> Event:
 
 
 def _source(loss: Loss) -> Source:
-    return Source.DAEMON if loss.report.get("source") == Source.DAEMON.value else Source.PEER
+    daemon = isinstance(loss.report, PeerLost) and loss.report.source == Source.DAEMON.value
+    return Source.DAEMON if daemon else Source.PEER
 
 
 def _batch_host_silent(
@@ -688,18 +736,18 @@ def _batch_host_silent(
     return Loss(
         node,
         BATCH_NODE_RANK,
-        {
-            "lost_node_rank": BATCH_NODE_RANK,
-            "lost_node": node,
-            "last_heard": seen.heard_at,
-            "lease_time": seen.lease.time,
-            "silent_s": round(now - seen.changed_at, 3),
-            "peer_timeout_s": timeout,
-            "reported_by": "the daemon",
-            "time": now,
-            "source": Source.DAEMON.value,
-            "attempt": a.attempt,
-        },
+        PeerLost(
+            lost_node_rank=BATCH_NODE_RANK,
+            lost_node=node,
+            last_heard=seen.heard_at,
+            lease_time=seen.lease.time,
+            silent_s=round(now - seen.changed_at, 3),
+            peer_timeout_s=timeout,
+            reported_by="the daemon",
+            time=now,
+            source=Source.DAEMON.value,
+            attempt=a.attempt,
+        ),
     )
 
 
@@ -724,11 +772,11 @@ def batch_lease_wake(
 def _lost_words(loss: Loss) -> str:
     """ "n2 lost: reported by n1 after 21 s of silence"."""
     r = loss.report
-    if loss.benched:
-        return f"{loss.node} stepped out ({r.get('why') or 'benched'})"
-    silent = r.get("silent_s")
-    after = f" after {silent:.0f} s of silence" if isinstance(silent, (int, float)) else ""
-    return f"{loss.node} lost: reported by {r.get('reported_by') or 'a peer'}{after}"
+    if isinstance(r, Benched):
+        return f"{loss.node} stepped out ({r.why or Outcome.BENCHED.value})"
+    silent = r.silent_s
+    after = f" after {silent:.0f} s of silence" if silent is not None else ""
+    return f"{loss.node} lost: reported by {r.reported_by or 'a peer'}{after}"
 
 
 def _lost(
@@ -762,17 +810,30 @@ def _lost(
     flagged = set(active_flags(facts, now))
     for g in new:  # a node flagged already (a straggler that then stepped out) keeps its flag:
         if settings.exclude_failed_nodes and g.node not in flagged:  # once, not a lemon's twice
-            why = (
-                f"benched: {g.report.get('why')}"
-                if g.benched
-                else f"lost ({_source(g).value} report)"
-            )
+            why = f"benched: {_why(g)}" if g.benched else f"lost ({_source(g).value} report)"
             out.append(flag_node(g.node, why, facts.flags, now, settings))
         out.append(_lost_event(a, g, how))
     a = replace(a, lost_nodes=[*a.lost_nodes, *(g.node for g in new)])
     if how is Recovery.SPARE:
         return [*out, Record(a), Changed()]
-    ckpt = files.progress.get("checkpoint_step")
+    return _lost_job_ends(a, info, run, settings, files, gone, new, out, now)
+
+
+def _lost_job_ends(
+    a: Attempt,
+    info: JobInfo,
+    run: Run,
+    settings: FtSettings,
+    files: RunFiles,
+    gone: list[Loss],
+    new: list[Loss],
+    out: list[Intent],
+    now: float,
+) -> list[Intent]:
+    """The attempt that lost the nodes `new` (of `gone`) ends now as a node failure, after
+    the intents `out` (flags, events): a retry is a fresh submission; a run whose budget is
+    spent fails and its job is cancelled first."""
+    ckpt = files.progress.checkpoint_step
     advanced = ckpt is not None and (
         run.last_checkpoint_step is None or ckpt > run.last_checkpoint_step
     )
@@ -797,28 +858,14 @@ def _lost(
         nodes=list(nodes),
         failure_seen_at=now if again else None,
     )
-    run = replace(
-        run,
-        job_retries_used=d.budget.job_retries_used,
-        cause_counts=dict(d.budget.cause_counts),
-        continuations=d.budget.continuations,
-        stalled_continuations=d.budget.stalled_continuations,
-        last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
-        reason=reason,
-        injected=_injected(run, _start(a, info), now),
-    )
-    ended = Event(
-        "ended",
-        {
-            "attempt": a.attempt,
-            "job_id": a.job_id,
-            "state": JobState.NODE_FAIL.value,
-            "cause": Cause.NODE_FAIL.value,
-            "verdict": d.verdict.value,
-            "reason": reason,
-            "exit_code": None,
-            "excluded": [g.node for g in new],
-        },
+    run = _charged(run, d, ckpt, reason, _injected(run, _start(a, info), now))
+    ended = _ended_event(
+        a,
+        JobState.NODE_FAIL.value,
+        Cause.NODE_FAIL,
+        replace(d, reason=reason),
+        None,
+        [g.node for g in new],
     )
     if not again:  # the job is cancelled first: seen again after a crash, decided again
         return [
@@ -912,19 +959,7 @@ def _straggler(
             )
         ),
         NewAttempt(nxt),
-        Event(
-            "ended",
-            {
-                "attempt": a.attempt,
-                "job_id": a.job_id,
-                "state": moved.state.value,
-                "cause": d.cause.value,
-                "verdict": d.verdict.value,
-                "reason": d.reason,
-                "exit_code": None,
-                "excluded": new,
-            },
-        ),
+        _ended_event(a, moved.state.value, d.cause, d, None, new),
         Trust(nxt.attempt),
         Changed(),
     ]
@@ -981,27 +1016,27 @@ def _launcher_failed(
     first = _launcher_failure(a, files)
     if first is None:
         return None
-    code = first.get("exit_code")
+    code = first.exit_code
     done = replace(
         info,
         state=JobState.FAILED,
         signal=None,
-        exit_code=code if isinstance(code, int) and code > 0 else 1,
-        end_time=float(first.get("time") or now),
+        exit_code=code if code is not None and code > 0 else 1,
+        end_time=first.time or now,
     )
     return _launcher_noted(a, facts, _ended(a, done, run, facts, now, stuck=True))
 
 
-def _launcher_failure(a: Attempt, files: RunFiles) -> Mapping[str, Any] | None:
+def _launcher_failure(a: Attempt, files: RunFiles) -> LauncherFailed | None:
     """The first report of a launcher of the attempt's job that failed before its ranks
     started, unless a node of the attempt was lost (the loss explains it)."""
     failed = sorted(
         (
             r
             for r in files.launchers_failed
-            if r.get("attempt") in (None, a.attempt) and str(r.get("job_id")) == str(a.job_id)
+            if r.attempt in (None, a.attempt) and str(r.job_id) == str(a.job_id)
         ),
-        key=lambda r: float(r.get("time") or 0),
+        key=lambda r: r.time or 0.0,
     )
     return failed[0] if failed and not a.lost_nodes else None
 
@@ -1014,9 +1049,9 @@ def _launcher_noted(a: Attempt, facts: Facts, ended: list[Intent]) -> list[Inten
     if first is None:
         return ended
     note = (
-        f"a launcher failed before its ranks started (node {first.get('node')}, node "
-        f"rank {first.get('node_rank')}, in the {first.get('phase') or 'rendezvous'}): "
-        f"{first.get('error') or 'no error recorded'}"
+        f"a launcher failed before its ranks started (node {first.node}, node "
+        f"rank {first.node_rank}, in the {first.phase or 'rendezvous'}): "
+        f"{first.error or 'no error recorded'}"
     )
     said = next(
         (i.data.get("reason") for i in ended if isinstance(i, Event) and i.kind == "ended"), None
@@ -1029,7 +1064,12 @@ def _launcher_noted(a: Attempt, facts: Facts, ended: list[Intent]) -> list[Inten
             return UpdateRun(replace(i.run, reason=f"{note}; {said}"))
         if isinstance(i, Event) and i.kind == "ended":
             return Event(
-                i.kind, {**i.data, "reason": f"{note}; {said}", "launcher_failed": dict(first)}
+                i.kind,
+                {
+                    **i.data,
+                    "reason": f"{note}; {said}",
+                    Outcome.LAUNCHER_FAILED.value: first.to_json(),
+                },
             )
         return i
 
@@ -1048,17 +1088,16 @@ def _done_but_for_lost(a: Attempt, info: JobInfo, files: RunFiles) -> JobInfo | 
     code, as srun's); None while a live launcher still runs."""
     nodes = a.nodes or list(info.nodes)
     lost = {g.node_rank for g in losses(a.attempt, files, nodes) if not g.benched}
-    ended = {r.get("node_rank") for r in files.node_reports}
+    ended = {r.node_rank for r in files.node_reports}
     if not lost or not nodes or not set(range(len(nodes))) - lost <= ended:
         return None
-    code = max((int(r.get("exit_code") or 0) for r in files.node_reports), default=0)
+    code = max((r.exit_code or 0 for r in files.node_reports), default=0)
     return replace(
         info,
         state=JobState.COMPLETED if code == 0 else JobState.FAILED,
         exit_code=code,
         signal=None,
-        end_time=max((float(r.get("ended_at") or 0) for r in files.node_reports), default=0.0)
-        or None,
+        end_time=max((r.ended_at or 0.0 for r in files.node_reports), default=0.0) or None,
     )
 
 
@@ -1082,77 +1121,19 @@ def _ended(
     if needs:
         return _need(*needs)
     assert facts.files is not None and facts.usable is not None
-    out: list[Intent] = []
-    if (
-        a.start is None
-        and info.start_time is not None
-        and not info.restart_count > (a.restart_count)
-    ):  # it ran and ended between two looks
-        a = replace(a, start=info.start_time)
-        started = _started(a, run, facts, max(info.start_time, now - facts.poll_interval))
-        out += started
-        run = next((i.run for i in started if isinstance(i, UpdateRun)), run)
+    out, a, run = _started_late(a, info, run, facts, now)
     settings = _settings(run, facts)
     files = facts.files
     requeued = info.restart_count > a.restart_count
     # Of a job it requeued, Slurm lists what is left of the allocation (the survivors of a
     # lost node while they complete) or already the next one: the attempt ran on a.nodes.
     nodes = tuple(a.nodes) if requeued and a.nodes else tuple(info.nodes) or tuple(a.nodes)
-    reports, launchers = list(files.rank_reports), list(files.node_reports)
-    ckpt = files.progress.get("checkpoint_step")
-    advanced = ckpt is not None and (
-        run.last_checkpoint_step is None or ckpt > run.last_checkpoint_step
-    )
-    suspects = [r.get("node") for r in reports if r.get("outcome") == "resume_elsewhere"]
-    signal_at = a.checkpoint_signal_at
-    ckpt_at = files.progress.get("checkpoint_at")
     # nodes the launchers reported lost (or benched) that the attempt had not acted on yet
     gone = [
         g for g in losses(a.attempt, files, a.nodes or list(nodes)) if g.node not in a.lost_nodes
     ]
     peer_lost = [g.node for g in gone if not g.benched]
-    down = tuple(n for n in nodes if not facts.usable.get(n, True))
-    ending = Ending(
-        state=info.state,
-        exit_code=info.exit_code,
-        signal=info.signal,
-        requeued_by_scheduler=requeued,
-        nodes=nodes,
-        down_nodes=down + tuple(n for n in peer_lost if n not in down),
-        rank_outcomes=tuple(str(r.get("outcome")) for r in reports + launchers if r.get("outcome")),
-        checkpoint_signal_sent=signal_at is not None,
-        checkpoint_advanced=advanced,
-        finished_marker=files.finished_marker,
-        suspect_node=suspects[0] if suspects else None,
-        hung=files.hung,
-        checkpoints_known=ckpt is not None,
-        checkpoint_signal_at=signal_at,
-        checkpoint_after_signal=signal_at is not None
-        and isinstance(ckpt_at, (int, float))
-        and ckpt_at >= signal_at,
-        heartbeats=all(r.get("heartbeats", True) for r in launchers),
-        disk_full_at=next(
-            (
-                f"{r.get('node')} at {r.get('disk_full_path') or 'an unknown path'}"
-                for r in reports
-                if r.get("outcome") == "disk_full"
-            ),
-            None,
-        ),
-        signal_withheld=next(
-            (str(r[WITHHELD_SIGNAL]) for r in reports if r.get(WITHHELD_SIGNAL)), None
-        )
-        or (settings.checkpoint_signal if any(r.get(WITHHELD_RANKS) for r in launchers) else None),
-        error=first_error(reports),
-        error_line=next(
-            (
-                str(r.get("error_line") or r.get("error_tail") or "").strip().rsplit("\n", 1)[-1]
-                for r in reports
-                if r.get("outcome") == "user_error"
-            ),
-            "",
-        ),
-    )
+    ending = _ending(a, info, run, facts, settings, nodes, peer_lost)
     cause = policy.classify(ending, settings)
     if peer_lost and cause is not Cause.FINISHED:  # a node was lost under it: whatever
         cause = Cause.NODE_FAIL  # the survivors died of, or a cancel after the loss
@@ -1174,91 +1155,209 @@ def _ended(
         cause=cause.value,
         nodes=list(nodes),
         failure_seen_at=now if again else None,
-        in_job_restarts=max(
-            [int(r.get("in_job_restarts", 0)) for r in launchers] + [a.in_job_restarts]
-        ),
+        in_job_restarts=max([r.in_job_restarts for r in files.node_reports] + [a.in_job_restarts]),
         lost_nodes=[*a.lost_nodes, *(g.node for g in gone)],
     )
-    run = replace(
+    ckpt = files.progress.checkpoint_step
+    run = _charged(
+        run, d, ckpt, d.reason, _injected(run, finished.start, finished.end, files.rank_reports)
+    )
+    out.append(Record(finished))
+    out += [flag_node(node, why, facts.flags, now, settings) for node, why in d.exclude]
+    out += _gone_at_the_end(a, gone, facts, settings, now)
+    if cause is Cause.NODE_FAIL and not peer_lost:  # Slurm's verdict came first
+        out += _slurm_lost(a, ending.down_nodes, files, now)
+    excluded = [n for n, _ in d.exclude]
+    out.append(_ended_event(a, ended_state, cause, d, info.exit_code, excluded))
+    out += _after_ending(run, finished, info, d.verdict, fresh=bool(peer_lost) or stuck, now=now)
+    if stuck:  # recorded first; the job no longer trains, it only waits on a dead node
+        out.append(Cancel(a.job_id or ""))
+    return out
+
+
+def _started_late(
+    a: Attempt, info: JobInfo, run: Run, facts: Facts, now: float
+) -> tuple[list[Intent], Attempt, Run]:
+    """The start of a job that ran and ended between two looks, recorded before its end
+    (`_started`): its intents, and the attempt and run as they leave them."""
+    if a.start is not None or info.start_time is None or info.restart_count > a.restart_count:
+        return [], a, run
+    a = replace(a, start=info.start_time)
+    started = _started(a, run, facts, max(info.start_time, now - facts.poll_interval))
+    run = next((i.run for i in started if isinstance(i, UpdateRun)), run)
+    return started, a, run
+
+
+def _ending(
+    a: Attempt,
+    info: JobInfo,
+    run: Run,
+    facts: Facts,
+    settings: FtSettings,
+    nodes: tuple[str, ...],
+    peer_lost: list[str],
+) -> Ending:
+    """What `policy.classify` reads of an ending: Slurm's view of the job and what its
+    ranks' and launchers' reports and the run's progress say."""
+    assert facts.files is not None and facts.usable is not None
+    files = facts.files
+    reports, launchers = files.rank_reports, files.node_reports
+    ckpt, ckpt_at = files.progress.checkpoint_step, files.progress.checkpoint_at
+    suspects = [r.node for r in reports if r.outcome == Outcome.RESUME_ELSEWHERE]
+    signal_at = a.checkpoint_signal_at
+    down = tuple(n for n in nodes if not facts.usable.get(n, True))
+    return Ending(
+        state=info.state,
+        exit_code=info.exit_code,
+        signal=info.signal,
+        requeued_by_scheduler=info.restart_count > a.restart_count,
+        nodes=nodes,
+        down_nodes=down + tuple(n for n in peer_lost if n not in down),
+        rank_outcomes=tuple(r.outcome for r in (*reports, *launchers) if r.outcome),
+        checkpoint_signal_sent=signal_at is not None,
+        checkpoint_advanced=ckpt is not None
+        and (run.last_checkpoint_step is None or ckpt > run.last_checkpoint_step),
+        finished_marker=files.finished_marker,
+        suspect_node=suspects[0] if suspects else None,
+        hung=files.hung,
+        checkpoints_known=ckpt is not None,
+        checkpoint_signal_at=signal_at,
+        checkpoint_after_signal=signal_at is not None
+        and ckpt_at is not None
+        and ckpt_at >= signal_at,
+        heartbeats=all(r.heartbeats for r in launchers),
+        disk_full_at=next(
+            (
+                f"{r.node} at {r.disk_full_path or 'an unknown path'}"
+                for r in reports
+                if r.outcome == Outcome.DISK_FULL
+            ),
+            None,
+        ),
+        signal_withheld=next(
+            (r.checkpoint_signal_withheld for r in reports if r.checkpoint_signal_withheld), None
+        )
+        or (
+            settings.checkpoint_signal
+            if any(r.checkpoint_signal_withheld_ranks for r in launchers)
+            else None
+        ),
+        error=first_error(reports),
+        error_line=next(
+            (
+                str(r.error_line or r.error_tail or "").strip().rsplit("\n", 1)[-1]
+                for r in reports
+                if r.outcome == Outcome.USER_ERROR
+            ),
+            "",
+        ),
+    )
+
+
+def _charged(
+    run: Run, d: policy.Decision, ckpt: int | None, reason: str, injected: list[str]
+) -> Run:
+    """The run once decision `d` on its attempt's ending is recorded: the budgets it
+    charged, the latest checkpoint, the reason, the injections fired."""
+    return replace(
         run,
         job_retries_used=d.budget.job_retries_used,
         cause_counts=dict(d.budget.cause_counts),
         continuations=d.budget.continuations,
         stalled_continuations=d.budget.stalled_continuations,
         last_checkpoint_step=ckpt if ckpt is not None else run.last_checkpoint_step,
-        reason=d.reason,
-        injected=_injected(run, finished.start, finished.end, reports),
+        reason=reason,
+        injected=injected,
     )
-    out.append(Record(finished))
-    out += [flag_node(node, why, facts.flags, now, settings) for node, why in d.exclude]
-    how = Recovery.NEW_JOB
+
+
+def _gone_at_the_end(
+    a: Attempt, gone: list[Loss], facts: Facts, settings: FtSettings, now: float
+) -> list[Intent]:
+    """The nodes reported lost or benched that the attempt had not acted on before it
+    ended: benched ones flagged, each one's event (recovered in a new job)."""
+    out: list[Intent] = []
     if settings.exclude_failed_nodes:
         out += [
-            flag_node(g.node, f"benched: {g.report.get('why')}", facts.flags, now, settings)
+            flag_node(g.node, f"benched: {_why(g)}", facts.flags, now, settings)
             for g in gone
             if g.benched
         ]
-    out += [_lost_event(a, g, how) for g in gone]
-    if cause is Cause.NODE_FAIL and not peer_lost:  # Slurm's verdict came first
-        out += _slurm_lost(a, ending.down_nodes, files, now)
-    out.append(
-        Event(
-            "ended",
-            {
-                "attempt": a.attempt,
-                "job_id": a.job_id,
-                "state": ended_state,
-                "cause": cause.value,
-                "verdict": d.verdict.value,
-                "reason": d.reason,
-                "exit_code": info.exit_code,
-                "excluded": [n for n, _ in d.exclude],
-            },
-        )
+    return out + [_lost_event(a, g, Recovery.NEW_JOB) for g in gone]
+
+
+def _why(loss: Loss) -> str | None:
+    """Why a benched node stepped out ("hang", "straggler")."""
+    return loss.report.why if isinstance(loss.report, Benched) else None
+
+
+def _ended_event(
+    a: Attempt,
+    state: str,
+    cause: Cause,
+    d: policy.Decision,
+    exit_code: int | None,
+    excluded: list[str],
+) -> Event:
+    """The "ended" event of an attempt: how it ended and what was decided."""
+    return Event(
+        "ended",
+        {
+            "attempt": a.attempt,
+            "job_id": a.job_id,
+            "state": state,
+            "cause": cause.value,
+            "verdict": d.verdict.value,
+            "reason": d.reason,
+            "exit_code": exit_code,
+            "excluded": excluded,
+        },
     )
-    if again:
+
+
+def _after_ending(
+    run: Run, finished: Attempt, info: JobInfo, verdict: Verdict, fresh: bool, now: float
+) -> list[Intent]:
+    """What follows a recorded ending: the next attempt (a fresh job when `fresh`: one
+    requeued would wait for a lost node) or the run's end."""
+    if verdict in (Verdict.RETRY, Verdict.CONTINUE):
         nxt = next_attempt(run, finished, info)
-        if peer_lost or stuck:  # a fresh job: one requeued would wait for the lost node
+        if fresh:
             nxt = Attempt(
                 run.run_id, nxt.attempt, AttemptState.SUBMITTING, tag=tag(run.run_id, nxt.attempt)
             )
-        out += [UpdateRun(run), NewAttempt(nxt), Trust(nxt.attempt)]
-    else:
-        state = {
-            Verdict.COMPLETE: RunState.COMPLETED,
-            Verdict.FAIL: RunState.FAILED,
-            Verdict.CANCEL: RunState.CANCELLED,
-        }[d.verdict]
-        out.append(UpdateRun(replace(run, state=state, ended_at=now)))
-    out.append(Changed())
-    if stuck:  # recorded first; the job no longer trains, it only waits on a dead node
-        out.append(Cancel(a.job_id or ""))
-    return out
+        return [UpdateRun(run), NewAttempt(nxt), Trust(nxt.attempt), Changed()]
+    state = {
+        Verdict.COMPLETE: RunState.COMPLETED,
+        Verdict.FAIL: RunState.FAILED,
+        Verdict.CANCEL: RunState.CANCELLED,
+    }[verdict]
+    return [UpdateRun(replace(run, state=state, ended_at=now)), Changed()]
 
 
-def first_error(reports: Sequence[Mapping[str, Any]]) -> str:
+def first_error(reports: Sequence[RankReport | Mapping[str, Any]]) -> str:
     """What the first rank to fail said (its report's `error_line`), with the rank and
     node: "rank 0 (n1): ModuleNotFoundError: No module named 'foo'"; empty when no rank
     report carries one."""
-    failed = [r for r in reports if isinstance(r.get("error_line"), str) and r["error_line"]]
+    failed = [r for r in parse_all(RankReport, tuple(reports)) if r.error_line]
     if not failed:
         return ""
-    r = min(failed, key=lambda r: (_seconds(r.get("ended_at")) or float("inf"), str(r.get("rank"))))
-    node = f" ({r['node']})" if r.get("node") else ""
-    return f"rank {r.get('rank')}{node}: {r['error_line']}"
+    r = min(failed, key=lambda r: (_seconds(r.ended_at) or float("inf"), str(r.rank)))
+    node = f" ({r.node})" if r.node else ""
+    return f"rank {r.rank}{node}: {r.error_line}"
 
 
 def _slurm_lost(a: Attempt, down: Sequence[str], files: RunFiles, now: float) -> list[Intent]:
     """`node_lost` from Slurm's verdict (NODE_FAIL before any peer report): its latency is
     the daemon's sight of it less the node's last lease, when its launcher left one."""
-    leases = {str(x.get("node")): x for x in files.leases if x.get("node")}
+    leases = {x.node: x for x in files.leases if x.node}
     fresh = [n for n in down if n not in a.lost_nodes]  # not acted on already (a spare)
     if down and not fresh:
         return []
     out: list[Intent] = []
     for node in fresh or [None]:
-        lease = leases.get(node or "", {})
-        heard = lease.get("time") if isinstance(lease.get("time"), (int, float)) else None
+        lease = leases.get(node or "")
+        heard = lease.time if lease is not None else None
         out.append(
             Event(
                 "node_lost",
@@ -1266,7 +1365,7 @@ def _slurm_lost(a: Attempt, down: Sequence[str], files: RunFiles, now: float) ->
                     "attempt": a.attempt,
                     "job_id": a.job_id,
                     "node": node,
-                    "node_rank": lease.get("node_rank"),
+                    "node_rank": lease.node_rank if lease is not None else None,
                     "source": Source.SLURM.value,
                     "reported_by": "slurm",
                     "last_heard": heard,

@@ -71,6 +71,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftslurm.core.cadence import Cadence
+from ftslurm.core.recovery import Recovery
+from ftslurm.core.settings import Cause
 from ftslurm.core.timefmt import format_duration
 from ftslurm.daemon.records import Attempt, Event, Run
 
@@ -193,8 +195,8 @@ def recovered_how(attempts: Sequence[Attempt], lost_in: int, recovery: str) -> s
     """How the run went on after a node was lost in attempt `lost_in` (`NodeLoss.how`):
     the recovery recorded with the loss says spare or not; whether the next attempt ran as
     the same job requeued or as another job, only the attempts tell."""
-    if recovery == "spare":
-        return "spare"
+    if recovery == Recovery.SPARE:
+        return Recovery.SPARE.value
     by_no = {a.attempt: a for a in attempts}
     nxt = next((a for n, a in sorted(by_no.items()) if n > lost_in), None)
     if nxt is None or not nxt.job_id:
@@ -203,7 +205,11 @@ def recovered_how(attempts: Sequence[Attempt], lost_in: int, recovery: str) -> s
     return "requeue" if lost is not None and lost.job_id == nxt.job_id else "new_job"
 
 
-_HOW = {"spare": "a spare takes over", "requeue": "the job is requeued", "new_job": "a new job"}
+_HOW = {
+    Recovery.SPARE.value: "a spare takes over",
+    "requeue": "the job is requeued",
+    "new_job": "a new job",
+}
 
 
 def node_losses(
@@ -225,7 +231,7 @@ def node_losses(
         at = d.get("time")
         detected = float(at) if isinstance(at, (int, float)) else e.time
         back: float | None = None
-        if d.get("recovery") == "spare":
+        if d.get("recovery") == Recovery.SPARE:
             starts = []
             for r in rounds.get(d["attempt"], ()):
                 start, first = r.get("started_at"), r.get("first_step_at")
@@ -397,7 +403,7 @@ def _ending(a: Attempt, ended: Event | None, run_active: bool) -> str:
     verdict = ended.data.get("verdict") if ended else None
     if cause == "finished":
         return _FINISHED
-    if cause == "checkpointed":
+    if cause == Cause.CHECKPOINTED:
         return _STALLED if verdict == "fail" else _CONTINUED
     return _UNKNOWN if cause is None else _FAILED
 
@@ -595,7 +601,8 @@ def _timeline(
             )
             recorded = str(d.get("recovery") or "new_job")
             went_on = recovered_how(attempts, k, recorded) if k is not None else None
-            how = _HOW[went_on or ("spare" if recorded == "spare" else "new_job")]
+            spare = recorded == Recovery.SPARE
+            how = _HOW[went_on or (Recovery.SPARE if spare else Recovery.NEW_JOB).value]
             entries.append(
                 TimelineEntry(
                     e.time,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ftslurm.core.recovery import Recovery
 from ftslurm.core.types import JobState, NodeInfo, NodeState
 from ftslurm.daemon.records import Attempt
 
@@ -136,7 +137,7 @@ def recovery_notes(
             str(d.get("source")), "peer report"
         )
         head = f"{d.get('node') or 'a node'} lost {fmt_age(max(0.0, now - at))} ago ({source})"
-        if d.get("recovery") == "spare":
+        if d.get("recovery") == Recovery.SPARE:
             starts = [
                 r.get("started_at")
                 for r in rounds.get(k, ())
