@@ -55,7 +55,7 @@ from typing import IO
 import hostlist
 
 from ftslurm.agent.boot import STOPS  # one before the command starts: it never does
-from ftslurm.agent.peers import task_watch
+from ftslurm.agent.peers import PeerWatch, task_watch
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.sigmask import catchers, readable
 from ftslurm.core.contract import (
@@ -466,6 +466,32 @@ class Task:
             print(message, file=sys.stderr, flush=True)
             self._report(None, stop, STOPPED, None)
             return 128 + stop
+        failed = self._start()
+        if failed is not None:
+            return failed
+        assert self.proc is not None and self.proc.stderr is not None
+        copier = threading.Thread(target=self._copy_stderr, args=(self.proc.stderr,), daemon=True)
+        copier.start()
+        done = threading.Event()
+        threading.Thread(target=self._deliver_held, args=(done,), daemon=True).start()
+        pending = self._pending_injections()
+        injector = threading.Thread(target=self._inject, args=(pending, done), daemon=True)
+        if pending:
+            injector.start()
+        # Without the launcher, the node's lease (`peers.task_watch`): its loss is seen.
+        watch = task_watch(self.job, self.environ, self.attempt, self.node)
+        status = self.proc.wait()
+        done.set()
+        if pending:
+            injector.join(timeout=1)
+        if self.stopped_ever:
+            self._signal_group(signals.SIGCONT)  # leave nothing of the group stopped
+        copier.join(timeout=5)
+        return self._ended(status, watch)
+
+    def _start(self) -> int | None:
+        """Start the command in a session of its own and hand it the signals that came
+        before; the exit code when it cannot start (reported), else None."""
         try:
             self.proc = subprocess.Popen(
                 self.command,
@@ -487,11 +513,11 @@ class Task:
         held, self.early = self.early, []
         for sig in held:
             self._forward(sig, None)
-        assert self.proc.stderr is not None
-        copier = threading.Thread(target=self._copy_stderr, args=(self.proc.stderr,), daemon=True)
-        copier.start()
-        done = threading.Event()
-        threading.Thread(target=self._deliver_held, args=(done,), daemon=True).start()
+        return None
+
+    def _pending_injections(self) -> list[Injection]:
+        """The in-job injections this rank carries out, by time: those that apply to it and
+        did not fire before (a straggler's on the node it slowed first)."""
         nnodes = _int(
             self.environ.get("SLURM_NNODES") or self.environ.get("SLURM_JOB_NUM_NODES"), 1
         )
@@ -499,7 +525,7 @@ class Task:
         if self.attempt_report_exists():  # an in-job restart: keep what already fired here
             self.injected = sorted(fired)
         slow_nodes = self._straggler_nodes()
-        pending = sorted(
+        return sorted(
             (
                 i
                 for i in parse_inject_env(self.job.inject)
@@ -512,18 +538,9 @@ class Task:
             ),
             key=lambda i: i.at_s,
         )
-        injector = threading.Thread(target=self._inject, args=(pending, done), daemon=True)
-        if pending:
-            injector.start()
-        # Without the launcher, the node's lease (`peers.task_watch`): its loss is seen.
-        watch = task_watch(self.job, self.environ, self.attempt, self.node)
-        status = self.proc.wait()
-        done.set()
-        if pending:
-            injector.join(timeout=1)
-        if self.stopped_ever:
-            self._signal_group(signals.SIGCONT)  # leave nothing of the group stopped
-        copier.join(timeout=5)
+
+    def _ended(self, status: int, watch: PeerWatch | None) -> int:
+        """The command ended with `status` (Popen's): classified, reported; the exit code."""
         code, sig = (status, None) if status >= 0 else (None, -status)
         with self.lock:
             tail = self.tail.decode(errors="replace")
