@@ -586,16 +586,16 @@ def test_a_report_from_the_writer_thread_is_not_lost_to_a_step_report(tmp_path, 
 
     progress_file = reporting_to(tmp_path, monkeypatch)
     progress.report_step(1)
-    real_write = progress.write_json_atomic
+    real_write = progress.write_report
     inside, release = threading.Event(), threading.Event()
 
-    def held_write(path, data):  # type: ignore[no-untyped-def]
-        if "checkpoint_step" in data and not inside.is_set():
+    def held_write(path, report):  # type: ignore[no-untyped-def]
+        if report.checkpoint_step is not None and not inside.is_set():
             inside.set()
             assert release.wait(60)
-        return real_write(path, data)
+        return real_write(path, report)
 
-    monkeypatch.setattr(progress, "write_json_atomic", held_write)
+    monkeypatch.setattr(progress, "write_report", held_write)
     monkeypatch.setattr(progress, "_last_step_write", None)
     writer = threading.Thread(target=progress.checkpoint_saved, args=(1, 0.01, 0.5))
     writer.start()

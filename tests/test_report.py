@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from ftslurm.cli.main import main
 from ftslurm.cli.report import read_compute_facts
+from ftslurm.core.contract.reports import RoundRecord
 from ftslurm.daemon.records import Attempt, Event, Run, RunState
 from ftslurm.daemon.store import Store
 from ftslurm.fsutil import write_json_atomic
@@ -601,8 +602,8 @@ def test_a_spare_recovers_when_its_round_runs_at_its_first_step():
     ]
     rounds = {
         0: (
-            {"round": 1, "started_at": 40.0},
-            {"round": 2, "started_at": 52.0, "first_step_at": 58.0},
+            RoundRecord(round=1, started_at=40.0),
+            RoundRecord(round=2, started_at=52.0, first_step_at=58.0),
         )
     }
     (loss,) = node_losses([Attempt("r", 0, "RUNNING", job_id="5")], events, rounds)
@@ -634,7 +635,7 @@ def test_status_says_a_node_was_lost_and_what_recovers_it():
     assert recovery_notes(running, spare, {}, 60.0) == [
         "n2 lost 11 s ago (peer report) → spare: ranks restarting"
     ]
-    assert recovery_notes(running, spare, {0: [{"started_at": 53.0}]}, 60.0) == [
+    assert recovery_notes(running, spare, {0: [RoundRecord(started_at=53.0)]}, 60.0) == [
         "n2 lost 11 s ago (peer report) → spare: ranks restarted 4 s later"
     ]
 

@@ -41,7 +41,9 @@ import time
 from typing import Any
 
 from ftslurm.core.contract import JobEnv, RunDir
-from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.core.contract.reports import Progress
+from ftslurm.fsutil import write_json_atomic
+from ftslurm.runfiles import read_report, write_report
 
 _last_step_write: float | None = None
 _lock = threading.Lock()  # one read-update-write of progress.json at a time
@@ -63,22 +65,30 @@ def _target() -> tuple[RunDir, JobEnv] | None:
     return (job.run, job) if job.run is not None else None
 
 
-def _update(where: tuple[RunDir, JobEnv], **changes: Any) -> dict[str, Any]:
+def _update(where: tuple[RunDir, JobEnv], told: Progress) -> Progress:
     run, job = where
-    path = run.progress
     with _lock:
-        data = read_json(path)
-        data = data if isinstance(data, dict) else {}
-        for key in ("checkpoint_save_s", "checkpoint_write_s"):
-            if changes.get(key) is not None:
-                changes[f"max_{key}"] = max(changes[key], float(data.get(f"max_{key}") or 0.0))
-        data.update(changes)
-        data.setdefault("finished", False)
-        data["attempt"] = job.attempt or 0
-        data["updated_at"] = time.time()
-        run.root.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, data)
-    return data
+        old = read_report(run.progress, Progress) or Progress()
+        new = merged(old, told, job.attempt or 0, time.time())
+        write_report(run.progress, new)
+    return new
+
+
+def merged(old: Progress, told: Progress, attempt: int, now: float) -> Progress:
+    """`old` (every key it has kept) updated with what the script `told`, the longest save
+    times so far, the writer's `attempt` and `now`; `finished` False until told."""
+    longest: dict[str, float] = {}
+    if told.checkpoint_save_s is not None:
+        longest.update(
+            max_checkpoint_save_s=max(told.checkpoint_save_s, old.max_checkpoint_save_s or 0.0)
+        )
+    if told.checkpoint_write_s is not None:
+        longest.update(
+            max_checkpoint_write_s=max(told.checkpoint_write_s, old.max_checkpoint_write_s or 0.0)
+        )
+    stamp = Progress(attempt=attempt, updated_at=now).to_json()
+    unfinished = Progress(finished=False).to_json()
+    return Progress.model_validate(unfinished | old.to_json() | told.to_json() | longest | stamp)
 
 
 def report_step(step: int) -> None:
@@ -91,7 +101,7 @@ def report_step(step: int) -> None:
     if where is None:
         return
     _last_step_write = now
-    _update(where, step=int(step))
+    _update(where, Progress(step=int(step)))
 
 
 def checkpoint_saved(
@@ -102,14 +112,14 @@ def checkpoint_saved(
     where = _target()
     if where is None:
         return
-    changes: dict[str, Any] = {"checkpoint_step": int(step), "checkpoint_at": time.time()}
+    told: dict[str, Any] = dict(checkpoint_step=int(step), checkpoint_at=time.time())
     if duration_s is not None:
-        changes["checkpoint_save_s"] = float(duration_s)
+        told.update(checkpoint_save_s=float(duration_s))
     if write_s is not None:  # written in the background: the training has moved on since
-        changes["checkpoint_write_s"] = float(write_s)
+        told.update(checkpoint_write_s=float(write_s))
     else:
-        changes["step"] = int(step)
-    _update(where, **changes)
+        told.update(step=int(step))
+    _update(where, Progress(**told))
 
 
 def memory_saved(step: int, duration_s: float) -> None:
@@ -120,7 +130,7 @@ def memory_saved(step: int, duration_s: float) -> None:
     if where is None:
         return
     # not `step`: an asynchronous save reports from its writer, after the training moved on
-    _update(where, memory_step=int(step), memory_save_s=float(duration_s))
+    _update(where, Progress(memory_step=int(step), memory_save_s=float(duration_s)))
 
 
 def finished(step: int | None = None) -> None:
@@ -128,8 +138,7 @@ def finished(step: int | None = None) -> None:
     where = _target()
     if where is None:
         return
-    changes: dict[str, Any] = {"finished": True}
-    if step is not None:
-        changes["step"] = int(step)
-    _update(where, **changes)
+    _update(
+        where, Progress(finished=True) if step is None else Progress(finished=True, step=int(step))
+    )
     write_json_atomic(where[0].finished, {"step": step, "time": time.time()})

@@ -66,9 +66,9 @@ from pathlib import Path
 from typing import Any
 
 from ftslurm.core.contract import DEFAULT_STRAGGLER_THRESHOLD, JobEnv, RunDir
-from ftslurm.core.contract.reports import Kind, StragglerReport
+from ftslurm.core.contract.reports import Kind, StragglerReport, StragglerScore, StragglerWindow
 from ftslurm.fsutil import read_json, write_json_atomic
-from ftslurm.runfiles import read_reports, write_report
+from ftslurm.runfiles import read_report, read_reports, write_report
 
 MIN_SAMPLES = 3
 DEFAULT_THRESHOLD = DEFAULT_STRAGGLER_THRESHOLD
@@ -254,18 +254,10 @@ class StepTimer:
             "window_end": time.time(),
             "window_index": self.window_index,
         }
-        path = self.run.straggler_rank(self.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            path,
-            {
-                "rank": self.rank,
-                "node": self.node,
-                **window,
-                "attempt": self.attempt,
-                "previous": self._previous,
-            },
+        published = StragglerWindow(
+            rank=self.rank, node=self.node, **window, attempt=self.attempt, previous=self._previous
         )
+        write_report(self.run.straggler_rank(self.rank), published)
         self._previous = window
         self.window_index += 1
         return True
@@ -287,18 +279,16 @@ def _window(data: Any) -> tuple[int, float, int] | None:
     return index, float(median), samples
 
 
-def _rank_files(folder: Path) -> list[dict[str, Any]]:
-    entries = []
-    for window in read_reports(folder.parent, Kind.STRAGGLER_WINDOW):
-        data = window.to_json()
-        if (
-            isinstance(data, dict)
-            and isinstance(data.get("rank"), int)
-            and isinstance(data.get("node"), str)
-            and _window(data) is not None
-        ):
-            entries.append(data)
-    return entries
+def _rank_files(run: RunDir) -> list[dict[str, Any]]:
+    """The windows the ranks published (`StragglerWindow`) that name their rank and node
+    and hold a well-formed window, as their JSON."""
+    return [
+        window.to_json()
+        for window in read_reports(run, Kind.STRAGGLER_WINDOW)
+        if isinstance(window.rank, int)
+        and isinstance(window.node, str)
+        and _window(window.to_json()) is not None
+    ]
 
 
 def _complete_window(
@@ -353,85 +343,105 @@ def collect_report(
 ) -> dict[str, Any]:
     """Score the latest complete window under `run_dir`, update the collector's state
     (`state`, default `$run_dir/stragglers/state.json`) and write `report.json`; returns the
-    report. Without any complete window it returns the last report (or an empty one) and
-    writes nothing. Calling it again for a window already scored does not count it twice."""
+    report's JSON. Without any complete window it returns the last report (or an empty one)
+    and writes nothing. Calling it again for a window already scored does not count it
+    twice."""
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}, not {reference!r}")
     run = RunDir(run_dir)
-    folder = run.stragglers
-    folder.mkdir(parents=True, exist_ok=True)
+    run.stragglers.mkdir(parents=True, exist_ok=True)
     state_path = Path(state) if state is not None else run.straggler_state
     with _locked(run.straggler_lock):
         saved = read_json(state_path)
         saved = saved if isinstance(saved, dict) else {}
-        verdicts = NodeVerdicts(saved.get("node_windows") or {})
-        chosen = _complete_window(_rank_files(folder))
+        chosen = _complete_window(_rank_files(run))
         if chosen is None:
-            last = read_json(run.straggler_report)
-            if isinstance(last, dict):
-                return last
-            return {
-                "window_index": None,
-                "attempt": None,
-                "reference": reference,
-                "threshold": threshold,
-                "scores": [],
-                "stragglers": [],
-                "persistent_nodes": verdicts.persistent(persistent_windows),
-                "skipped_ranks": [],
-                "updated_at": time.time(),
-            }
+            return _last_report(run, saved, reference, threshold, persistent_windows)
         attempt, index, timings, stale = chosen
-        if saved.get("attempt") != attempt:  # a new attempt: its nodes start with a clean slate
-            verdicts = NodeVerdicts()
-        saved_key = (saved.get("attempt"), saved.get("window_index"))
-        # Any other window is new, an earlier index too: after an in-job restart the ranks'
-        # new processes count their windows from 0 again.
-        new = (attempt, index) != saved_key
-        history = (
-            {int(k): float(v) for k, v in (saved.get("best_history") or {}).items()}
-            if saved.get("attempt") == attempt
-            else {}
-        )
-        scores = score_window(timings, history, reference, min_samples)
-        if new:
-            # Scoring first and updating after gives the same individual scores as a repeat
-            # of this window would, so a repeat needs no memory of the scores.
-            verdicts.update(scores, threshold)
-            history = update_best_history(history, [t for t in timings if _usable(t, min_samples)])
-            write_json_atomic(
-                state_path,
-                {
-                    "attempt": attempt,
-                    "window_index": index,
-                    "best_history": {str(k): v for k, v in sorted(history.items())},
-                    "node_windows": verdicts.counts,
-                    "updated_at": time.time(),
-                },
-            )
+        scores, verdicts = _score(saved, chosen, state_path, threshold, reference, min_samples)
         scored = {s.rank for s in scores}
-        report = {
-            "window_index": index,
-            "attempt": attempt,
-            "reference": reference,
-            "threshold": threshold,
-            "scores": [
-                {
-                    "rank": s.rank,
-                    "node": s.node,
-                    "relative": s.relative,
-                    "individual": s.individual,
-                    "median_s": s.median_s,
-                }
-                for s in scores
-            ],
-            "stragglers": [
-                {"rank": s.rank, "node": s.node, "relative": s.relative, "individual": s.individual}
-                for s in stragglers(scores, threshold)
-            ],
-            "persistent_nodes": verdicts.persistent(persistent_windows),
-            "skipped_ranks": sorted(set(stale) | {t.rank for t in timings} - scored),
-            "updated_at": time.time(),
-        }
-        write_report(run.straggler_report, StragglerReport.model_validate(report))
-        return report
+        report = StragglerReport(
+            window_index=index,
+            attempt=attempt,
+            reference=reference,
+            threshold=threshold,
+            scores=[_score_entry(s, with_median=True) for s in scores],
+            stragglers=[_score_entry(s) for s in stragglers(scores, threshold)],
+            persistent_nodes=verdicts.persistent(persistent_windows),
+            skipped_ranks=sorted(set(stale) | {t.rank for t in timings} - scored),
+            updated_at=time.time(),
+        )
+        write_report(run.straggler_report, report)
+        return report.to_json()
+
+
+def _last_report(
+    run: RunDir, saved: dict[str, Any], reference: str, threshold: float, persistent_windows: int
+) -> dict[str, Any]:
+    """Without a complete window: the report last written, or an empty one (with the
+    persistent nodes of the collector's state `saved`)."""
+    last = read_report(run.straggler_report, StragglerReport)
+    if last is not None:
+        return last.to_json()
+    verdicts = NodeVerdicts(saved.get("node_windows") or {})
+    return StragglerReport(
+        window_index=None,
+        attempt=None,
+        reference=reference,
+        threshold=threshold,
+        scores=[],
+        stragglers=[],
+        persistent_nodes=verdicts.persistent(persistent_windows),
+        skipped_ranks=[],
+        updated_at=time.time(),
+    ).to_json()
+
+
+def _score_entry(score: Score, with_median: bool = False) -> StragglerScore:
+    """A rank's entry in the report: its scores (and its median, in `scores`)."""
+    entry: dict[str, Any] = dict(
+        rank=score.rank, node=score.node, relative=score.relative, individual=score.individual
+    )
+    return (
+        StragglerScore(**entry, median_s=score.median_s) if with_median else StragglerScore(**entry)
+    )
+
+
+def _score(
+    saved: dict[str, Any],
+    chosen: tuple[int, int, list[RankTiming], list[int]],
+    state_path: Path,
+    threshold: float,
+    reference: str,
+    min_samples: int,
+) -> tuple[list[Score], NodeVerdicts]:
+    """The scores of the `chosen` window and the per-node counts; a window not scored
+    before is counted and the collector's state (`saved`, at `state_path`) rewritten."""
+    attempt, index, timings, _ = chosen
+    same_attempt = saved.get("attempt") == attempt
+    # a new attempt: its nodes start with a clean slate
+    verdicts = NodeVerdicts(saved.get("node_windows") or {}) if same_attempt else NodeVerdicts()
+    history = (
+        {int(k): float(v) for k, v in (saved.get("best_history") or {}).items()}
+        if same_attempt
+        else {}
+    )
+    scores = score_window(timings, history, reference, min_samples)
+    # Any other window is new, an earlier index too: after an in-job restart the ranks'
+    # new processes count their windows from 0 again.
+    if (attempt, index) != (saved.get("attempt"), saved.get("window_index")):
+        # Scoring first and updating after gives the same individual scores as a repeat
+        # of this window would, so a repeat needs no memory of the scores.
+        verdicts.update(scores, threshold)
+        history = update_best_history(history, [t for t in timings if _usable(t, min_samples)])
+        write_json_atomic(
+            state_path,
+            {
+                "attempt": attempt,
+                "window_index": index,
+                "best_history": {str(k): v for k, v in sorted(history.items())},
+                "node_windows": verdicts.counts,
+                "updated_at": time.time(),
+            },
+        )
+    return scores, verdicts

@@ -22,14 +22,15 @@ from rich.table import Table
 
 from ftslurm.cli.common import JsonOpt, RunArg, _run_or_fail, _store, console, err
 from ftslurm.core.cadence import Cadence
-from ftslurm.core.contract import (
-    CHECKPOINT_MANIFEST,
-    NODE_REPORTS,
-    RANK_REPORTS,
-    ROUND_RECORDS,
-    RunDir,
+from ftslurm.core.contract import CHECKPOINT_MANIFEST, RunDir
+from ftslurm.core.contract.reports import (
+    Kind,
+    NodeReport,
+    Outcome,
+    Progress,
+    RankReport,
+    RoundRecord,
 )
-from ftslurm.core.contract.reports import Outcome
 from ftslurm.core.recovery import Recovery
 from ftslurm.daemon.records import Attempt, Run
 from ftslurm.errors import ConfigError
@@ -45,6 +46,7 @@ from ftslurm.report.goodput import (
     losses_by_source,
 )
 from ftslurm.report.notes import fmt_time
+from ftslurm.runfiles import read_report, read_reports
 
 _CLEAN = {Outcome.FINISHED, Outcome.CHECKPOINTED}  # a launcher or rank that ended on its own
 _MEANING = {
@@ -73,7 +75,9 @@ def _number(value: Any) -> float | None:
     return float(value) if ok and math.isfinite(value) else None
 
 
-def _checkpoints(spec: dict[str, Any], progress: Any) -> tuple[list[CheckpointRecord], float]:
+def _checkpoints(
+    spec: dict[str, Any], progress: Progress | None
+) -> tuple[list[CheckpointRecord], float]:
     """Checkpoint records and the time from which they are complete."""
     manifests = []
     folder = spec.get("checkpoint_dir")
@@ -92,48 +96,42 @@ def _checkpoints(spec: dict[str, Any], progress: Any) -> tuple[list[CheckpointRe
                 # the rest was written; what it saved is the state of when it went on
                 at, took = at - max(0.0, took - blocking), blocking
             manifests.append(CheckpointRecord(step if isinstance(step, int) else None, at, took))
-    told = progress.get("checkpoint_step") if isinstance(progress, dict) else None
+    told = progress.checkpoint_step if progress is not None else None
     records = sorted(manifests, key=lambda r: r.time or 0.0)
-    if isinstance(told, int) and told not in {r.step for r in records}:
-        records.append(CheckpointRecord(told, None, _number(progress.get("checkpoint_save_s"))))
+    if progress is not None and told is not None and told not in {r.step for r in records}:
+        records.append(CheckpointRecord(told, None, _number(progress.checkpoint_save_s)))
     if manifests:
         newest = max((r.step for r in manifests if r.step is not None), default=None)
         # Only the newest checkpoints are kept: complete from the oldest one left, unless
         # the script told of a later checkpoint saved elsewhere.
-        behind = isinstance(told, int) and (newest is None or told > newest)
+        behind = told is not None and (newest is None or told > newest)
         return records, math.inf if behind else min(r.time or math.inf for r in manifests)
-    if isinstance(progress, dict) and told is None:
+    if progress is not None and told is None:
         return records, -math.inf  # the script reports progress and told of no checkpoint
     return records, math.inf
 
 
-def _attempt_facts(folder: Path, recorded_restarts: int) -> AttemptFacts:
-    nodes = [
-        d for d in (read_json(p) for p in sorted(folder.glob(NODE_REPORTS))) if isinstance(d, dict)
-    ]
-    ranks = [
-        d for d in (read_json(p) for p in sorted(folder.glob(RANK_REPORTS))) if isinstance(d, dict)
-    ]
-    restarts = max(
-        [recorded_restarts] + [int(_number(d.get("in_job_restarts")) or 0) for d in nodes]
-    )
+def _attempt_facts(run: RunDir, attempt: int, recorded_restarts: int) -> AttemptFacts:
+    nodes: list[NodeReport] = read_reports(run, Kind.NODE, attempt)
+    ranks: list[RankReport] = read_reports(run, Kind.RANK, attempt)
+    restarts = max([recorded_restarts] + [d.in_job_restarts for d in nodes])
     hangs = []
     for d in nodes:
-        for h in d.get("hangs") or []:
+        for h in d.hangs:
             if isinstance(h, dict) and _number(h.get("time")) is not None:
-                what = f"{d.get('node', '?')} local rank {h.get('local_rank', '?')}"
+                what = f"{'?' if d.node is None else d.node} local rank {h.get('local_rank', '?')}"
                 if h.get("reason"):
                     what += f": {h['reason']}"
                 hangs.append((float(h["time"]), what))
     starts: tuple[float | None, ...] = ()
     # A rank's report is rewritten by every round of ranks: when every launcher and rank
     # ended on its own, the reports are the last round's, and it started with the first.
-    started = [_number(d.get("started_at")) for d in ranks]
+    started = [_number(d.started_at) for d in ranks]
     if (
         restarts
         and nodes
         and ranks
-        and all(d.get("outcome") in _CLEAN for d in nodes + ranks)
+        and all(d.outcome in _CLEAN for d in [*nodes, *ranks])
         and all(s is not None for s in started)
     ):
         starts = (min(s for s in started if s is not None),)
@@ -145,23 +143,16 @@ def read_compute_facts(run: Run, attempts: Sequence[Attempt]) -> ComputeFacts:
     if not run.spec.get("run_dir"):
         return ComputeFacts()
     run_dir = RunDir(run.spec["run_dir"])
-    records, complete_from = _checkpoints(run.spec, read_json(run_dir.progress))
-    facts = {
-        a.attempt: _attempt_facts(run_dir.attempt(a.attempt), a.in_job_restarts) for a in attempts
-    }
+    records, complete_from = _checkpoints(run.spec, read_report(run_dir.progress, Progress))
+    facts = {a.attempt: _attempt_facts(run_dir, a.attempt, a.in_job_restarts) for a in attempts}
     rounds = {a.attempt: round_records(run_dir, a.attempt) for a in attempts}
     return ComputeFacts(tuple(records), complete_from, facts, rounds)
 
 
-def round_records(run_dir: RunDir, attempt: int) -> tuple[dict[str, Any], ...]:
+def round_records(run_dir: RunDir, attempt: int) -> tuple[RoundRecord, ...]:
     """The attempt's in-job round records (`RunDir.round_record`), oldest round first."""
-    found = [read_json(p) for p in run_dir.recovery(attempt).glob(ROUND_RECORDS)]
-    return tuple(
-        sorted(
-            (r for r in found if isinstance(r, dict)),
-            key=lambda r: r.get("round") if isinstance(r.get("round"), int) else 0,
-        )
-    )
+    found: list[RoundRecord] = read_reports(run_dir, Kind.ROUND, attempt)
+    return tuple(sorted(found, key=lambda r: r.round if r.round is not None else 0))
 
 
 # ---------------------------------------------------------------------------- output
@@ -236,6 +227,13 @@ def _timeline_table(rep: GoodputReport) -> Table:
     return table
 
 
+_MARKS = {  # timeline kind: (marker, color, legend label)
+    "checkpoint": ("|", "black", "checkpoint"),
+    "restart": ("x", "#ef6c00", "in-job restart"),
+    "hang": ("v", "#c62828", "hang"),
+}
+
+
 def write_plot(rep: GoodputReport, path: Path, title: str) -> None:
     """A PNG: the attempts' pieces on a time axis (one row per attempt) with checkpoints and
     restarts marked, and the breakdown as one bar of shares."""
@@ -250,64 +248,14 @@ def write_plot(rep: GoodputReport, path: Path, title: str) -> None:
     wall = rep.breakdown.wall_s
     unit, scale = ("h", 3600.0) if wall > 7200 else ("min", 60.0) if wall > 120 else ("s", 1.0)
     rows = sorted({s.attempt for s in rep.segments if s.attempt is not None}) or [0]
-    y = {k: n for n, k in enumerate(rows)}
     fig = Figure(figsize=(11, 2.6 + 0.4 * len(rows)))
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [max(2, len(rows)), 1]})
-    for category in CATEGORIES:
-        for k in rows:
-            bars = [
-                ((s.start - rep.begin) / scale, s.seconds / scale)
-                for s in rep.segments
-                if s.category == category and (s.attempt if s.attempt is not None else rows[0]) == k
-            ]
-            if bars:
-                top.broken_barh(bars, (y[k] - 0.35, 0.7), facecolors=_COLORS[category])
-    marks = {
-        "checkpoint": ("|", "black", "checkpoint"),
-        "restart": ("x", "#ef6c00", "in-job restart"),
-        "hang": ("v", "#c62828", "hang"),
-    }
-    for kind, (marker, color, label) in marks.items():
-        pts = [
-            ((e.time - rep.begin) / scale, y.get(e.attempt, 0))
-            for e in rep.timeline
-            if e.kind == kind and "unrecorded" not in e.text
-        ]
-        if pts:
-            top.plot(
-                *zip(*pts, strict=True),
-                linestyle="",
-                marker=marker,
-                color=color,
-                markersize=10,
-                label=label,
-            )
-    top.set_yticks(range(len(rows)), [f"attempt {k}" for k in rows])
-    top.invert_yaxis()
+    _plot_attempts(top, rep, rows, scale)
     top.set_xlim(0, max(wall / scale, 1e-9))
     top.set_xlabel(f"time since the run was created ({unit})")
     top.set_title(title)
-    left = 0.0
-    for category in CATEGORIES:
-        share = 100 * rep.breakdown.share(category)
-        if share <= 0:
-            continue
-        bottom.barh(0, share, left=left, color=_COLORS[category])
-        if share >= 6:
-            bottom.text(
-                left + share / 2,
-                0,
-                f"{share:.0f}%",
-                ha="center",
-                va="center",
-                color="white",
-                fontsize=9,
-            )
-        left += share
-    bottom.set_xlim(0, 100)
-    bottom.set_yticks([])
-    bottom.set_xlabel("% of wall time")
+    _plot_shares(bottom, rep)
     handles = [
         Patch(color=_COLORS[c], label=f"{c} {100 * rep.breakdown.share(c):.1f}%")
         for c in CATEGORIES
@@ -320,6 +268,63 @@ def write_plot(rep: GoodputReport, path: Path, title: str) -> None:
         fig.savefig(path, format="png", dpi=110)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _plot_attempts(ax: Any, rep: GoodputReport, rows: list[int], scale: float) -> None:
+    """One row per attempt: its pieces by category, with checkpoints, restarts and hangs
+    marked (`scale` seconds per unit of the time axis)."""
+    y = {k: n for n, k in enumerate(rows)}
+    for category in CATEGORIES:
+        for k in rows:
+            bars = [
+                ((s.start - rep.begin) / scale, s.seconds / scale)
+                for s in rep.segments
+                if s.category == category and (s.attempt if s.attempt is not None else rows[0]) == k
+            ]
+            if bars:
+                ax.broken_barh(bars, (y[k] - 0.35, 0.7), facecolors=_COLORS[category])
+    for kind, (marker, color, label) in _MARKS.items():
+        pts = [
+            ((e.time - rep.begin) / scale, y.get(e.attempt, 0))
+            for e in rep.timeline
+            if e.kind == kind and "unrecorded" not in e.text
+        ]
+        if pts:
+            ax.plot(
+                *zip(*pts, strict=True),
+                linestyle="",
+                marker=marker,
+                color=color,
+                markersize=10,
+                label=label,
+            )
+    ax.set_yticks(range(len(rows)), [f"attempt {k}" for k in rows])
+    ax.invert_yaxis()
+
+
+def _plot_shares(ax: Any, rep: GoodputReport) -> None:
+    """The breakdown as one bar of shares of the wall time, each share of 6% or more
+    labelled."""
+    left = 0.0
+    for category in CATEGORIES:
+        share = 100 * rep.breakdown.share(category)
+        if share <= 0:
+            continue
+        ax.barh(0, share, left=left, color=_COLORS[category])
+        if share >= 6:
+            ax.text(
+                left + share / 2,
+                0,
+                f"{share:.0f}%",
+                ha="center",
+                va="center",
+                color="white",
+                fontsize=9,
+            )
+        left += share
+    ax.set_xlim(0, 100)
+    ax.set_yticks([])
+    ax.set_xlabel("% of wall time")
 
 
 def report(

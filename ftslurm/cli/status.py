@@ -35,7 +35,8 @@ from ftslurm.cli.common import (
     fitted_table,
 )
 from ftslurm.core.cadence import Cadence
-from ftslurm.core.contract import ROUND_RECORDS, RunDir
+from ftslurm.core.contract import RunDir
+from ftslurm.core.contract.reports import Kind, Progress, RoundRecord
 from ftslurm.core.settings import Cause
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import service
@@ -43,9 +44,9 @@ from ftslurm.daemon.records import Attempt, Run, RunState, parse_tag
 from ftslurm.daemon.store import Store, marked_backends
 from ftslurm.daemon.submission import backend_key
 from ftslurm.errors import ConfigError, FtslurmError
-from ftslurm.fsutil import read_json
 from ftslurm.paths import state_dir
 from ftslurm.report.notes import Col, fmt_time, lost_node_notes, recovery_notes, split_reason
+from ftslurm.runfiles import read_report, read_reports
 
 # How an attempt that left a checkpoint to be continued from reads in `status`: its job
 # exited 75 ("continue me"), which Slurm counts as FAILED, or 0 (a submitit-style exit).
@@ -103,19 +104,20 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
     }
 
 
-def _progress(run: Run) -> dict[str, Any]:
-    """The run's progress.json (what its script told: steps, checkpoints), or {}."""
+def _progress(run: Run) -> Progress:
+    """The run's progress.json (what its script told: steps, checkpoints); an empty one
+    when there is none."""
     run_dir = run.spec.get("run_dir")
-    found = read_json(RunDir(run_dir).progress) if run_dir else None
-    return found if isinstance(found, dict) else {}
+    found = read_report(RunDir(run_dir).progress, Progress) if run_dir else None
+    return found if found is not None else Progress()
 
 
-def checkpoint_step(run: Run, progress: dict[str, Any] | None = None) -> int | None:
+def checkpoint_step(run: Run, progress: Progress | None = None) -> int | None:
     """The step of the run's newest checkpoint: what its script told in progress.json (at
     every save, so also while an attempt runs), else what the daemon recorded (at an
     attempt's end)."""
-    told = (_progress(run) if progress is None else progress).get("checkpoint_step")
-    if isinstance(told, int) and not isinstance(told, bool):
+    told = (_progress(run) if progress is None else progress).checkpoint_step
+    if told is not None:
         return told
     return run.last_checkpoint_step
 
@@ -278,20 +280,19 @@ def _recoveries(store: Store, runs: Sequence[Run], now: float) -> list[str]:
         events = [e for e in store.events(run.run_id) if e.kind == "node_lost"]
         if not events:
             continue
-        rounds: dict[int, Sequence[dict[str, Any]]] = {}
+        rounds: dict[int, Sequence[RoundRecord]] = {}
         if run.spec.get("run_dir"):
             folder = RunDir(run.spec["run_dir"])
             for a in attempts[-2:]:
-                found = (read_json(p) for p in folder.recovery(a.attempt).glob(ROUND_RECORDS))
-                rounds[a.attempt] = [r for r in found if isinstance(r, dict)]
+                rounds[a.attempt] = read_reports(folder, Kind.ROUND, a.attempt)
         notes += [f"run {run.run_id}: {n}" for n in recovery_notes(attempts, events, rounds, now)]
     return notes
 
 
-def uses_checkpoints(summary: dict[str, Any], progress: dict[str, Any]) -> bool:
+def uses_checkpoints(summary: dict[str, Any], progress: Progress) -> bool:
     """Whether the run saves checkpoints where ftslurm put them: its script told of one, or
     its checkpoint folder holds something (a plain script may never write there)."""
-    if isinstance(progress.get("checkpoint_step"), int):
+    if progress.checkpoint_step is not None:
         return True
     folder = summary.get("checkpoint_dir")
     try:
@@ -300,12 +301,12 @@ def uses_checkpoints(summary: dict[str, Any], progress: dict[str, Any]) -> bool:
         return False
 
 
-def uses_cadence(summary: dict[str, Any], progress: dict[str, Any]) -> bool:
+def uses_cadence(summary: dict[str, Any], progress: Progress) -> bool:
     """Whether the run's ranks follow the tuned checkpoint interval: they report their steps
     to ftslurm (the rank agent, whose `should_checkpoint()` reads the interval), and no
     ending said they wrote no heartbeats."""
     silent = any(split_reason(a["reason"])[1] for a in summary["attempts"])
-    return isinstance(progress.get("step"), int) and not silent
+    return progress.step is not None and not silent
 
 
 def status(

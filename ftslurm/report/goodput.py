@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftslurm.core.cadence import Cadence
+from ftslurm.core.contract.reports import RoundRecord
 from ftslurm.core.recovery import Recovery
 from ftslurm.core.settings import Cause
 from ftslurm.core.timefmt import format_duration
@@ -119,7 +120,7 @@ class ComputeFacts:
     checkpoints_complete_from: float = math.inf
     attempts: Mapping[int, AttemptFacts] = field(default_factory=dict)
     # attempt -> its in-job round records (RunDir.round_record): when ranks ran again
-    rounds: Mapping[int, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    rounds: Mapping[int, tuple[RoundRecord, ...]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -215,7 +216,7 @@ _HOW = {
 def node_losses(
     attempts: Sequence[Attempt],
     events: Sequence[Event],
-    rounds: Mapping[int, Sequence[Mapping[str, Any]]],
+    rounds: Mapping[int, Sequence[RoundRecord]],
 ) -> tuple[NodeLoss, ...]:
     """The run's node losses with their detection and recovery times (`NodeLoss`)."""
     running = sorted(
@@ -234,9 +235,9 @@ def node_losses(
         if d.get("recovery") == Recovery.SPARE:
             starts = []
             for r in rounds.get(d["attempt"], ()):
-                start, first = r.get("started_at"), r.get("first_step_at")
-                if isinstance(start, (int, float)) and start >= detected:
-                    starts.append(float(first) if isinstance(first, (int, float)) else start)
+                start, first = r.started_at, r.first_step_at
+                if start is not None and start >= detected:
+                    starts.append(first if first is not None else start)
             back = min(starts, default=None)
         else:
             back = next((t for t, n in running if n > d["attempt"] and t >= e.time), None)
@@ -550,144 +551,166 @@ def _timeline(
     finish: float,
 ) -> tuple[TimelineEntry, ...]:
     entries: list[TimelineEntry] = [TimelineEntry(begin, "created", f"run {run.run_id} created")]
-    verdicts: dict[int, str] = {}
+    verdicts: dict[int, str] = {}  # attempt -> the daemon's verdict at its end
     for e in events:
-        d = e.data
-        k = d.get("attempt") if isinstance(d.get("attempt"), int) else None
-        job = f"job {d.get('job_id')}"
-        if e.kind == "submitted":
-            excl = f", excluding {','.join(d['exclude'])}" if d.get("exclude") else ""
-            entries.append(
-                TimelineEntry(e.time, e.kind, f"attempt {k} submitted as {job}{excl}", k)
-            )
-        elif e.kind == "requeued":
-            excl = f", excluding {','.join(d['exclude'])}" if d.get("exclude") else ""
-            entries.append(TimelineEntry(e.time, e.kind, f"attempt {k}: {job} requeued{excl}", k))
-        elif e.kind == "adopted":
-            entries.append(TimelineEntry(e.time, e.kind, f"attempt {k}: adopted {job}", k))
-        elif e.kind == "checkpoint_signal":
-            lead = (
-                f" ({d['lead_s']:g}s before the wall limit)"
-                if isinstance(d.get("lead_s"), (int, float))
-                else ""
-            )
-            entries.append(
-                TimelineEntry(
-                    e.time,
-                    e.kind,
-                    f"checkpoint signal {d.get('signal')} sent to attempt {k}{lead}",
-                    k,
-                )
-            )
-        elif e.kind == "recovered" and isinstance(d.get("latency_s"), (int, float)):
-            entries.append(
-                TimelineEntry(
-                    e.time,
-                    e.kind,
-                    f"attempt {k} running "
-                    f"{format_duration(d['latency_s'])} after the previous "
-                    "ending was seen",
-                    k,
-                )
-            )
-        elif e.kind == "node_lost":
-            who = {"slurm": "Slurm", "daemon": "the daemon"}.get(
-                str(d.get("source")), f"peer {d.get('reported_by')}"
-            )
-            took = (
-                f" {format_duration(d['detection_s'])} after it was last heard"
-                if isinstance(d.get("detection_s"), (int, float))
-                else ""
-            )
-            recorded = str(d.get("recovery") or "new_job")
-            went_on = recovered_how(attempts, k, recorded) if k is not None else None
-            spare = recorded == Recovery.SPARE
-            how = _HOW[went_on or (Recovery.SPARE if spare else Recovery.NEW_JOB).value]
-            entries.append(
-                TimelineEntry(
-                    e.time,
-                    e.kind,
-                    f"{d.get('node') or 'a node'} lost (seen by {who}{took}): {how}",
-                    k,
-                )
-            )
-        elif e.kind == "straggler":
-            entries.append(
-                TimelineEntry(
-                    e.time,
-                    e.kind,
-                    f"straggler node(s) flagged: {', '.join(d.get('nodes') or [])}",
-                    k,
-                )
-            )
-        elif e.kind == "cadence" and (cadence := Cadence.from_json(d)) is not None:
-            entries.append(TimelineEntry(e.time, e.kind, cadence.describe()))
-        elif e.kind == "warning":
-            entries.append(TimelineEntry(e.time, e.kind, f"warning: {d.get('message')}", k))
-        elif e.kind == "cancel_requested":
-            entries.append(TimelineEntry(e.time, e.kind, "cancel requested"))
-        elif e.kind == "ended" and k is not None and d.get("verdict"):
-            verdicts[k] = str(d["verdict"])
+        k = _attempt_of(e)
+        if e.kind == "ended":
+            if k is not None and e.data.get("verdict"):
+                verdicts[k] = str(e.data["verdict"])
+        elif (entry := _event_entry(e, k, attempts)) is not None:
+            entries.append(entry)
     for a in attempts:
-        k = a.attempt
-        if a.start is not None:
-            nodes = ",".join(a.nodes) or "?"
+        entries += _attempt_entries(a, verdicts.get(a.attempt))
+        entries += _restart_entries(a, facts.attempts.get(a.attempt, AttemptFacts()), finish)
+    entries += _checkpoint_entries(attempts, facts.checkpoints, finish)
+    if run.state.is_terminal:
+        why = f": {run.reason}" if run.reason else ""
+        entries.append(TimelineEntry(finish, "run_ended", f"run {run.state.value}{why}"))
+    order = {id(e): n for n, e in enumerate(entries)}
+    return tuple(sorted(entries, key=lambda e: (e.time, order[id(e)])))
+
+
+def _attempt_of(e: Event) -> int | None:
+    """The attempt an event is about, or None."""
+    k = e.data.get("attempt")
+    return k if isinstance(k, int) else None
+
+
+def _event_entry(e: Event, k: int | None, attempts: Sequence[Attempt]) -> TimelineEntry | None:
+    """The timeline's line for one of the daemon's events (about attempt `k`), or None for
+    an event it does not show."""
+    if e.kind == "cadence":
+        cadence = Cadence.from_json(e.data)
+        return None if cadence is None else TimelineEntry(e.time, e.kind, cadence.describe())
+    if e.kind == "cancel_requested":
+        return TimelineEntry(e.time, e.kind, "cancel requested")
+    text = _event_text(e.kind, e.data, k, attempts)
+    return None if text is None else TimelineEntry(e.time, e.kind, text, k)
+
+
+def _event_text(
+    kind: str, d: Mapping[str, Any], k: int | None, attempts: Sequence[Attempt]
+) -> str | None:
+    """What an event of `kind` with data `d` about attempt `k` says, or None."""
+    job = f"job {d.get('job_id')}"
+    if kind == "submitted":
+        return f"attempt {k} submitted as {job}{_excluding(d)}"
+    if kind == "requeued":
+        return f"attempt {k}: {job} requeued{_excluding(d)}"
+    if kind == "adopted":
+        return f"attempt {k}: adopted {job}"
+    if kind == "checkpoint_signal":
+        lead = (
+            f" ({d['lead_s']:g}s before the wall limit)"
+            if isinstance(d.get("lead_s"), (int, float))
+            else ""
+        )
+        return f"checkpoint signal {d.get('signal')} sent to attempt {k}{lead}"
+    if kind == "recovered" and isinstance(d.get("latency_s"), (int, float)):
+        latency = format_duration(d["latency_s"])
+        return f"attempt {k} running {latency} after the previous ending was seen"
+    if kind == "node_lost":
+        return _node_lost_text(d, k, attempts)
+    if kind == "straggler":
+        return f"straggler node(s) flagged: {', '.join(d.get('nodes') or [])}"
+    if kind == "warning":
+        return f"warning: {d.get('message')}"
+    return None
+
+
+def _excluding(d: Mapping[str, Any]) -> str:
+    return f", excluding {','.join(d['exclude'])}" if d.get("exclude") else ""
+
+
+def _node_lost_text(d: Mapping[str, Any], k: int | None, attempts: Sequence[Attempt]) -> str:
+    """A lost node: who saw it, how long after it was last heard, and how the run went on."""
+    who = {"slurm": "Slurm", "daemon": "the daemon"}.get(
+        str(d.get("source")), f"peer {d.get('reported_by')}"
+    )
+    took = (
+        f" {format_duration(d['detection_s'])} after it was last heard"
+        if isinstance(d.get("detection_s"), (int, float))
+        else ""
+    )
+    recorded = str(d.get("recovery") or "new_job")
+    went_on = recovered_how(attempts, k, recorded) if k is not None else None
+    spare = recorded == Recovery.SPARE
+    how = _HOW[went_on or (Recovery.SPARE if spare else Recovery.NEW_JOB).value]
+    return f"{d.get('node') or 'a node'} lost (seen by {who}{took}): {how}"
+
+
+def _attempt_entries(a: Attempt, verdict: str | None) -> list[TimelineEntry]:
+    """Attempt `a` started (a span to its end) and ended (with the daemon's `verdict`)."""
+    k = a.attempt
+    entries = []
+    if a.start is not None:
+        nodes = ",".join(a.nodes) or "?"
+        entries.append(
+            TimelineEntry(
+                a.start, "started", f"attempt {k} started on {nodes} (job {a.job_id})", k, a.end
+            )
+        )
+    if a.end is not None:
+        ran = (
+            f" after {format_duration(a.end - a.start)}"
+            if a.start is not None
+            else (" before starting")
+        )
+        how = ", ".join(x for x in (a.state, a.cause) if x)
+        then = f" -> {verdict}" if verdict is not None else ""
+        why = f" ({a.reason})" if a.reason else ""
+        entries.append(
+            TimelineEntry(a.end, "ended", f"attempt {k} ended{ran}: {how}{then}{why}", k)
+        )
+    return entries
+
+
+def _restart_entries(a: Attempt, af: AttemptFacts, finish: float) -> list[TimelineEntry]:
+    """Attempt `a`'s in-job restarts (those at unrecorded times in one line) and hangs."""
+    k = a.attempt
+    entries = []
+    starts = _round_starts(a, af)
+    for n, r in enumerate(starts, 1):
+        if r is not None:
             entries.append(
                 TimelineEntry(
-                    a.start, "started", f"attempt {k} started on {nodes} (job {a.job_id})", k, a.end
-                )
-            )
-        if a.end is not None:
-            ran = (
-                f" after {format_duration(a.end - a.start)}"
-                if a.start is not None
-                else (" before starting")
-            )
-            how = ", ".join(x for x in (a.state, a.cause) if x)
-            then = f" -> {verdicts[k]}" if k in verdicts else ""
-            why = f" ({a.reason})" if a.reason else ""
-            entries.append(
-                TimelineEntry(a.end, "ended", f"attempt {k} ended{ran}: {how}{then}{why}", k)
-            )
-        af = facts.attempts.get(k, AttemptFacts())
-        starts = _round_starts(a, af)
-        for n, r in enumerate(starts, 1):
-            if r is not None:
-                entries.append(
-                    TimelineEntry(
-                        r,
-                        "restart",
-                        f"attempt {k}: ranks running again after in-job restart {n}",
-                        k,
-                    )
-                )
-        missing = sum(r is None for r in starts)
-        if missing:
-            at = a.end if a.end is not None else (a.start if a.start is not None else finish)
-            entries.append(
-                TimelineEntry(
-                    at,
+                    r,
                     "restart",
-                    f"attempt {k}: {missing} in-job restart(s) at unrecorded times",
+                    f"attempt {k}: ranks running again after in-job restart {n}",
                     k,
                 )
             )
-        for t, what in af.hangs:
-            entries.append(TimelineEntry(t, "hang", f"attempt {k}: hang detected ({what})", k))
+    missing = sum(r is None for r in starts)
+    if missing:
+        at = a.end if a.end is not None else (a.start if a.start is not None else finish)
+        entries.append(
+            TimelineEntry(
+                at,
+                "restart",
+                f"attempt {k}: {missing} in-job restart(s) at unrecorded times",
+                k,
+            )
+        )
+    for t, what in af.hangs:
+        entries.append(TimelineEntry(t, "hang", f"attempt {k}: hang detected ({what})", k))
+    return entries
+
+
+def _checkpoint_entries(
+    attempts: Sequence[Attempt], checkpoints: Iterable[CheckpointRecord], finish: float
+) -> list[TimelineEntry]:
+    """The checkpoints whose save time is recorded, each with the attempt it fell in."""
     ranges = [
         (a.start, a.end if a.end is not None else finish, a.attempt)
         for a in attempts
         if a.start is not None
     ]
-    for r in facts.checkpoints:
+    entries = []
+    for r in checkpoints:
         if r.time is None:
             continue
         k = next((n for s, e, n in ranges if s <= r.time <= e), None)
         took = f" ({format_duration(r.save_s)})" if r.save_s else ""
         step = f"step {r.step}" if r.step is not None else "a checkpoint"
         entries.append(TimelineEntry(r.time, "checkpoint", f"checkpoint of {step} saved{took}", k))
-    if run.state.is_terminal:
-        why = f": {run.reason}" if run.reason else ""
-        entries.append(TimelineEntry(finish, "run_ended", f"run {run.state.value}{why}"))
-    order = {id(e): n for n, e in enumerate(entries)}
-    return tuple(sorted(entries, key=lambda e: (e.time, order[id(e)])))
+    return entries

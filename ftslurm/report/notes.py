@@ -5,11 +5,12 @@ reads the state and prints)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ftslurm.core.contract.reports import RoundRecord
 from ftslurm.core.recovery import Recovery
 from ftslurm.core.types import JobState, NodeInfo, NodeState
 from ftslurm.daemon.records import Attempt
@@ -115,7 +116,7 @@ def lost_node_notes(
 def recovery_notes(
     attempts: Sequence[Attempt],
     events: Sequence[Any],
-    rounds: dict[int, Sequence[dict[str, Any]]],
+    rounds: Mapping[int, Sequence[RoundRecord]],
     now: float,
 ) -> list[str]:
     """What to say about the nodes lost in a run's latest two attempts and the recovery
@@ -138,11 +139,7 @@ def recovery_notes(
         )
         head = f"{d.get('node') or 'a node'} lost {fmt_age(max(0.0, now - at))} ago ({source})"
         if d.get("recovery") == Recovery.SPARE:
-            starts = [
-                r.get("started_at")
-                for r in rounds.get(k, ())
-                if isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= at
-            ]
+            starts = [s for r in rounds.get(k, ()) if (s := r.started_at) is not None and s >= at]
             tail = (
                 f"spare: ranks restarted {fmt_age(min(starts) - at)} later"
                 if starts

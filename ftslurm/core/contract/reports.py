@@ -280,6 +280,7 @@ class Progress(Report):
     checkpoint_write_s: float | None = None
     max_checkpoint_save_s: float | None = None
     max_checkpoint_write_s: float | None = None
+    memory_step: int | None = None
     memory_save_s: float | None = None
     finished: bool = False
     attempt: int | None = None
