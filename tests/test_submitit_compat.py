@@ -337,13 +337,13 @@ def plain(limit, mode):
 def signal_inside_progress_write():
     # The worst moment: the checkpoint signal lands while report_step() holds the lock of
     # progress.json (the handler then runs inside that critical section).
-    real = progress.write_json_atomic
+    real = progress.write_report
     def write(*args, **kwargs):
         if not os.path.exists(OUT / "signalled"):
             mark("signalled", 1)
             os.kill(os.getpid(), signal.SIGUSR2)
         real(*args, **kwargs)
-    progress.write_json_atomic = write
+    progress.write_report = write
 
 if __name__ == "__main__":
     mode = sys.argv[1]
