@@ -770,3 +770,98 @@ def test_torchs_restart_counter_moves_in_one_place():
                 ):
                     writers.append((path.name, func.name))
     assert set(writers) == {("elastic.py", "account")}
+
+
+# ------------------------------------------------------- joining, leaving, the host
+def first_lease(role: str | None = sp.ACTIVE, ended: str | None = None) -> Lease:
+    return Lease(node_rank=0, node="n0", pid=1, seq=1, time=0.0, ended=ended, role=role)
+
+
+@pytest.mark.parametrize(
+    "leases,gone,expected",
+    [
+        pytest.param({0: first_lease(), 1: first_lease()}, {}, True, id="every-first-node-trains"),
+        pytest.param({0: first_lease(), 1: None}, {}, None, id="one-not-started: wait"),
+        pytest.param({0: first_lease(), 1: None}, {1: lost(1)}, True, id="one-lost: join now"),
+        pytest.param(
+            {0: first_lease(ended="finished"), 1: first_lease()}, {}, False, id="training-over"
+        ),
+        pytest.param(
+            {0: first_lease(), 1: first_lease(ended=sp.BENCHED)},
+            {1: benched(1)},
+            True,
+            id="one-stepped-out: needed",
+        ),
+    ],
+)
+def test_a_spare_waiting_to_join(leases, gone, expected):
+    assert core.spare_join(SPARES, leases, gone) is expected
+
+
+@pytest.mark.parametrize(
+    "kw,expected",
+    [
+        pytest.param({"stop": TERM}, "told to stop", id="told-to-stop"),
+        pytest.param(
+            {"host_failed": {"job_id": "7", "error": "OSError: x"}},
+            "the rendezvous host's launcher (node rank 0) failed: OSError: x",
+            id="host-failed",
+        ),
+        pytest.param(
+            {"host_failed": {"job_id": "6", "error": "old"}}, None, id="another-jobs-failure"
+        ),
+        pytest.param(
+            {"host_lease": first_lease(ended="stopped")},
+            "the rendezvous host's launcher (node rank 0) was told to stop",
+            id="host-stopped",
+        ),
+        pytest.param(
+            {"host_lost": {"job_id": "7"}},
+            "the rendezvous host (node rank 0) was reported lost",
+            id="host-lost",
+        ),
+        pytest.param({}, None, id="nothing: wait on"),
+    ],
+)
+def test_why_to_stop_waiting_for_the_rendezvous_host(kw, expected):
+    base = {"stop": None, "host_failed": None, "host_lease": None, "host_lost": None}
+    assert core.abandon_reason(job="7", stopped="stopped", **{**base, **kw}) == expected
+
+
+@pytest.mark.parametrize(
+    "state,error,leave,ending",
+    [
+        pytest.param(
+            core.LauncherState(cfg=SPARES),
+            core.AfterError.SPARE_LEAVES,
+            core.Leave.NOTHING,
+            core.SpareNeverNeeded,
+            id="spare-never-needed",
+        ),
+        pytest.param(
+            core.LauncherState(cfg=SPARES, trained=True, ranks_started=True, benched=sp.HANG),
+            core.AfterError.RAISE,
+            core.Leave.QUIETLY,
+            core.SteppedOut,
+            id="stepped-out",
+        ),
+        pytest.param(
+            core.LauncherState(cfg=PLAIN),
+            core.AfterError.FAILED,
+            core.Leave.CLOSE,
+            type(None),
+            id="failed-in-the-rendezvous",
+        ),
+        pytest.param(
+            core.LauncherState(cfg=PLAIN, ranks_started=True),
+            core.AfterError.RAISE,
+            core.Leave.CLOSE,
+            type(None),
+            id="ranks-ended",
+        ),
+    ],
+)
+def test_how_a_launcher_leaves(state, error, leave, ending):
+    assert core.after_error(state) is error
+    assert core.how_to_leave(state) is leave
+    assert isinstance(core.out_of_training(state, heartbeats=True), ending)

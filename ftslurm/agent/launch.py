@@ -498,21 +498,17 @@ class Node:
     def abandon(self) -> str | None:
         """Why to stop waiting for the rendezvous host: told to stop, or its launcher failed,
         was told to stop or was reported lost (None: wait on)."""
-        if self.signals.stop is not None:
-            return "told to stop"
         run, attempt = self.run, self.attempt
         if run is None:
-            return None
-        failed = read_json(run.launcher_failed(attempt, 0))
-        if isinstance(failed, dict) and failed.get("job_id") == self.job:
-            return f"the rendezvous host's launcher (node rank 0) failed: {failed.get('error')}"
-        host = sp.read_lease(run, attempt, 0)
-        if host is not None and host.ended == STOPPED:
-            return "the rendezvous host's launcher (node rank 0) was told to stop"
-        lost = read_json(run.peer_lost(attempt, 0))
-        if isinstance(lost, dict) and lost.get("job_id") == self.job:
-            return "the rendezvous host (node rank 0) was reported lost"
-        return None
+            return "told to stop" if self.signals.stop is not None else None
+        return core.abandon_reason(
+            stop=self.signals.stop,
+            job=self.job,
+            host_failed=read_json(run.launcher_failed(attempt, 0)),
+            host_lease=sp.read_lease(run, attempt, 0),
+            host_lost=read_json(run.peer_lost(attempt, 0)),
+            stopped=STOPPED,
+        )
 
     def wait_to_join(self) -> bool:
         """A spare holds back from the first rendezvous until the nodes that train first
@@ -521,19 +517,11 @@ class Node:
         args, spares, run, attempt = self.args, self.cfg.spares, self.run, self.attempt
         deadline = time.monotonic() + args.rdzv_timeout
         while time.monotonic() < deadline and not self.signals.signalled:
-            leases = {
-                r: sp.read_lease(run, attempt, r)
-                for r in range(sp.active_nodes(args.nnodes, spares))
-            }
-            if any(
-                lease is not None
-                and lease.ended not in (None, sp.BENCHED)
-                and lease.role == sp.ACTIVE
-                for lease in leases.values()
-            ):
-                return False  # the training is over (a node that stepped out needs a spare)
-            if sp.may_join(leases, args.nnodes, spares, sp.gone_reports(run, attempt)):
-                return True
+            firsts = range(sp.active_nodes(args.nnodes, spares))
+            leases = {r: sp.read_lease(run, attempt, r) for r in firsts}
+            join = core.spare_join(self.cfg, leases, sp.gone_reports(run, attempt))
+            if join is not None:  # False: the training is over
+                return join
             time.sleep(0.25)
         return not self.signals.signalled
 
@@ -555,9 +543,10 @@ class Node:
             elif self.role != sp.SPARE:  # (a spare leaves as a spare never needed)
                 failed = self.stopped_before_ranks()
         except Exception as exc:
-            if not (self.cfg.spares and not agent.state.trained):
-                if agent.state.ranks_started:
-                    raise
+            after = core.after_error(agent.state)
+            if after is core.AfterError.RAISE:
+                raise
+            if after is core.AfterError.FAILED:
                 # Failed in the rendezvous: reported at once, before the rendezvous is closed
                 # (one that ended under a stop: the launcher was stopped, `launcher_failed`).
                 failed, ran = self.launcher_failed(exc, "rendezvous"), True
@@ -570,9 +559,10 @@ class Node:
 
     def leave(self, agent: Any, handler: Any, ran: bool) -> None:
         try:
-            if agent.state.benched:  # the others go on with a spare: leave, close nothing
+            how = core.how_to_leave(agent.state)
+            if how is core.Leave.QUIETLY:  # the others go on with a spare: close nothing
                 sp.leave_rendezvous(handler)
-            elif not (self.cfg.spares and not agent.state.trained):  # a spare closes nothing
+            elif how is core.Leave.CLOSE:  # (a spare never needed closes nothing)
                 handler.shutdown()  # closes the rendezvous: the others stop too
         finally:  # (it may fail when the host of the rendezvous is gone)
             if self.watch is not None and not ran:
@@ -681,11 +671,11 @@ class Node:
     def finish(self, agent: Any, succeeded: bool, failures: dict[int, int]) -> int:
         """The launcher's ending once its ranks ran (or, a spare, never had to)."""
         state = agent.state
-        if self.cfg.spares and not state.trained:
-            return self.out_of_training(core.SpareNeverNeeded(), sp.SPARE, "spare never needed")
-        if state.benched:
-            end = core.SteppedOut(state, agent.heartbeats)
-            return self.out_of_training(end, sp.BENCHED, f"stepped out ({state.benched})")
+        left = core.out_of_training(state, agent.heartbeats)
+        if isinstance(left, core.SpareNeverNeeded):
+            return self.out_of_training(left, sp.SPARE, "spare never needed")
+        if left is not None:
+            return self.out_of_training(left, sp.BENCHED, f"stepped out ({state.benched})")
         used = agent.restarts_used()
         decided = core.ranks_outcome(
             state,

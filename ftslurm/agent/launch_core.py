@@ -249,6 +249,86 @@ def wait_on_as_spare(state: LauncherState, *, finished: bool) -> bool:
     return bool(state.cfg.spares) and not state.new_job and not finished
 
 
+def spare_join(
+    cfg: Config, leases: Mapping[int, Lease | None], gone: Collection[int]
+) -> bool | None:
+    """A spare held back from the first rendezvous (`leases`: those of the nodes that train
+    first): True, join now (every one of them started its ranks, or one was lost or left);
+    False, the training is over (one's launcher ended, other than by stepping out, which
+    needs a spare); None, wait."""
+    if any(
+        lease is not None and lease.ended not in (None, sp.BENCHED) and lease.role == sp.ACTIVE
+        for lease in leases.values()
+    ):
+        return False
+    if sp.may_join(leases, cfg.nnodes, cfg.spares, gone):
+        return True
+    return None
+
+
+def abandon_reason(
+    *,
+    stop: int | None,
+    job: str,
+    host_failed: Any,
+    host_lease: Lease | None,
+    host_lost: Any,
+    stopped: str,
+) -> str | None:
+    """Why to stop waiting for the rendezvous host's endpoint: told to stop, or its
+    launcher failed (`host_failed`: its record), was told to stop (its lease ended
+    `stopped`) or was reported lost (`host_lost`: the report), in this job. None: wait on."""
+    if stop is not None:
+        return "told to stop"
+    if isinstance(host_failed, Mapping) and host_failed.get("job_id") == job:
+        return f"the rendezvous host's launcher (node rank 0) failed: {host_failed.get('error')}"
+    if host_lease is not None and host_lease.ended == stopped:
+        return "the rendezvous host's launcher (node rank 0) was told to stop"
+    if isinstance(host_lost, Mapping) and host_lost.get("job_id") == job:
+        return "the rendezvous host (node rank 0) was reported lost"
+    return None
+
+
+def never_trained(state: LauncherState) -> bool:
+    """A spare whose ranks never started: it closes nothing and leaves as a spare."""
+    return bool(state.cfg.spares) and not state.trained
+
+
+class AfterError(str, Enum):
+    RAISE = "raise"  # the ranks ran: torch's own error, not the launcher's to report
+    FAILED = "failed"  # the launcher failed in the rendezvous: report it
+    SPARE_LEAVES = "spare_leaves"  # a spare never needed: the rendezvous closed or its host left
+
+
+def after_error(state: LauncherState) -> AfterError:
+    """What an error out of torch's agent means."""
+    if never_trained(state):
+        return AfterError.SPARE_LEAVES
+    return AfterError.RAISE if state.ranks_started else AfterError.FAILED
+
+
+class Leave(str, Enum):
+    CLOSE = "close"  # close the rendezvous: the other nodes stop too
+    QUIETLY = "quietly"  # stepped out: leave it without closing (the others go on)
+    NOTHING = "nothing"  # a spare never needed: it closes nothing
+
+
+def how_to_leave(state: LauncherState) -> Leave:
+    if state.benched:
+        return Leave.QUIETLY
+    return Leave.NOTHING if never_trained(state) else Leave.CLOSE
+
+
+def out_of_training(state: LauncherState, heartbeats: bool) -> Ending | None:
+    """The ending of a node that leaves the training to the others (exit 0): a spare never
+    needed or a node that stepped out; None for a node whose ranks ended."""
+    if never_trained(state):
+        return SpareNeverNeeded()
+    if state.benched:
+        return SteppedOut(state, heartbeats)
+    return None
+
+
 def on_stopped(state: LauncherState) -> tuple[Action, ...]:
     """A stop came before a round's ranks started: after an earlier round, torch counted a
     restart it never made (the last round's ending stands)."""
