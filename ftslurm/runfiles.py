@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ftslurm.core.contract import RunDir
+from ftslurm.core.contract import RANK_REPORTS, RunDir, observed_record
 from ftslurm.core.contract.reports import Kind, M, Report, parse
 from ftslurm.fsutil import read_json, write_json_atomic
 
@@ -47,3 +47,11 @@ def write_report(path: Path | str, report: Report, mode: int = 0o644) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, report.to_json(), mode=mode)
+
+
+def read_observed(checkpoint_dir: Path | str) -> list[dict[str, Any]]:
+    """What the ranks of earlier attempts observed of their sections (`observed_record`,
+    one file per rank in the checkpoint directory): a torn or foreign file left out."""
+    folder = observed_record(checkpoint_dir, 0).parent
+    found = (read_json(p) for p in sorted(folder.glob(RANK_REPORTS)))
+    return [r for r in found if isinstance(r, dict)]

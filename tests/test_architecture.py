@@ -193,6 +193,36 @@ def test_pure_modules_reach_no_io_layer_through_their_imports(name):
     assert not bad, f"{name} loads {sorted(bad)}"
 
 
+# The launcher's decisions (pure, like the daemon's `step`) and the hot spares' rules they use.
+LAUNCHER_CORE = ["ftslurm.agent.launch_core", "ftslurm.agent.spare_rules"]
+# What of the compute side they may load: each other, the package and `boot` (the signals
+# that stop a launcher: names, no I/O).
+LAUNCHER_CORE_MAY_LOAD = {"ftslurm.agent", "ftslurm.agent.boot", *LAUNCHER_CORE}
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CORE)
+def test_the_launchers_decisions_are_pure(name):
+    """The launcher's decision core reads no clock, file or process, and reaches no module
+    that does through its imports (the I/O of the spares, the peers, torch's agent stay in
+    the shell: `ftslurm.agent.launch`, `ftslurm.agent.elastic`)."""
+    loaded = ftslurm_modules_loaded(name)
+    bad = {
+        m
+        for m in loaded - LAUNCHER_CORE_MAY_LOAD
+        if any(m == f or m.startswith(f + ".") for f in IO_LAYERS)
+    }
+    assert not bad, f"{name} loads {sorted(bad)}"
+    for module in loaded & LAUNCHER_CORE_MAY_LOAD:
+        path = _module_file(module)
+        assert path is not None
+        imports = {
+            m
+            for m in imported_modules(path)
+            if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IN_CORE | {"ftslurm.fsutil"})
+        }
+        assert not imports, f"{module} (loaded by {name}) imports {sorted(imports)}"
+
+
 @pytest.mark.parametrize("path", sorted((PACKAGE / "report").glob("*.py")), ids=lambda p: p.name)
 def test_reporting_is_pure(path):
     """The reporting package (goodput, the commands' prose) reads no clock, file or

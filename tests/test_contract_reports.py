@@ -107,10 +107,6 @@ def test_a_file_of_another_version_reads_and_keeps_what_it_does_not_know(tmp_pat
 
 
 # ------------------------------------------------------------------ spelled once, in the contract
-# Modules that write or read reports as dicts until they are converted: the launcher, being
-# restructured elsewhere (its node, hung-node and launcher-failed reports are to be built
-# from the contract's models). Remove an entry once its module uses the models.
-EXEMPT = ("agent/launch.py", "agent/launch", "agent/elastic", "agent/launcher/")
 # A word that is an outcome but means something else here: another vocabulary's.
 OTHER_VOCABULARY = {
     ("daemon/service.py", "stopped"),  # the daemon lease's state
@@ -121,11 +117,7 @@ OUTCOMES = {o.value for o in Outcome}
 
 
 def _checked() -> list[Path]:
-    return [
-        p
-        for p in sorted(PACKAGE.rglob("*.py"))
-        if CONTRACT not in p.parents and not str(p.relative_to(PACKAGE)).startswith(EXEMPT)
-    ]
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if CONTRACT not in p.parents]
 
 
 def _enum_members(tree: ast.AST) -> set[int]:
@@ -201,10 +193,6 @@ def test_no_module_outside_the_contract_reads_a_report_as_a_dict():
     assert not found, "read these through the report models:\n" + "\n".join(found)
 
 
-def test_the_exemptions_name_only_the_launcher():
-    assert all(e.startswith(("agent/launch", "agent/elastic", "agent/launcher")) for e in EXEMPT)
-
-
 # The report patterns by the names the contract gives them (`Kind.pattern`).
 PATTERNS = {k.pattern for k in Kind}
 PATTERN_NAMES = {
@@ -233,8 +221,8 @@ def _globs_a_report(node: ast.AST) -> bool:
 
 
 def test_only_runfiles_lists_a_kind_of_report():
-    """A report pattern is globbed in `ftslurm.runfiles.read_reports` alone (the launcher
-    aside, while it is restructured): a reader elsewhere gets the models through it."""
+    """A report pattern is globbed in `ftslurm.runfiles` alone: a reader elsewhere gets the
+    models through it."""
     benchmarks = sorted((PACKAGE.parent / "benchmarks").rglob("*.py"))
     found = []
     for path in [*_checked(), *benchmarks]:

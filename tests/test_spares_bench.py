@@ -77,7 +77,7 @@ def test_the_bench_record_has_the_contracts_fields():
         job_id="7",
         attempt=2,
     )
-    assert record == {
+    assert record.to_json() == {
         "node_rank": 1,
         "node": "n1",
         "why": "hang",
@@ -119,7 +119,7 @@ def test_a_benched_active_node_is_swapped_like_a_lost_one(tmp_path):
         json.dumps(
             sp.benched_record(
                 node_rank=1, node="n1", why=sp.HANG, reason="r", time=NOW, job_id="7", attempt=0
-            )
+            ).to_json()
         )
     )
     (run.peer_lost(0, 2)).write_text(json.dumps({"lost_node_rank": 2, "lost_node": "n2"}))

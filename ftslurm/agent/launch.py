@@ -58,49 +58,42 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ftslurm.agent import boot  # first: it records the signals that come meanwhile
+from ftslurm.agent import launch_core as core
 from ftslurm.agent import spares as sp
 from ftslurm.agent.boot import STOPS
-from ftslurm.agent.heartbeat import (
-    FLOOR_S,
-    SAFETY_FACTOR,
-    Beat,
-    CpuWatch,
-    Pace,
-    Timeouts,
-    hang_reason,
-    idle_reason,
-    learned,
-    observe_pace,
-    read_beat,
-    silence,
-    watch_cpu,
-)
-from ftslurm.agent.peers import PeerWatch, poll_interval
+from ftslurm.agent.heartbeat import FLOOR_S, SAFETY_FACTOR, Timeouts
+from ftslurm.agent.launch_core import NodeOutcome, decide_outcome  # noqa: F401 (re-exported)
+from ftslurm.agent.launch_io import PAUSE_ENV, Abandoned, Stopped, pause_for_tests  # noqa: F401
+from ftslurm.agent.peers import PeerWatch
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.straggler import collect_report
 from ftslurm.agent.task import STOPPED
 from ftslurm.core.contract import (
     DEFAULT_CHECKPOINT_SIGNAL,
-    NAMED_EXITS,
-    RANK_REPORTS,
-    WITHHELD_RANKS,
-    WITHHELD_SIGNAL,
     EnvName,
     ExitCode,
     HeartbeatDir,
     JobEnv,
     RunDir,
-    observed_record,
     parse_signal,
     published_rendezvous,
     rendezvous_port,
     rendezvous_record,
+)
+from ftslurm.core.contract.reports import (
+    NodeReport,
+    Outcome,
+    RankReport,
+    Report,
+    StopRecord,
+    StragglerReport,
+    parse,
 )
 from ftslurm.core.settings import (
     DEFAULT_INITIAL_S,
@@ -110,66 +103,9 @@ from ftslurm.core.settings import (
 )
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.runfiles import read_observed, read_report, write_report
 
 log = logging.getLogger("ftslurm.launch")
-
-
-@dataclass(frozen=True)
-class NodeOutcome:
-    code: int
-    outcome: str
-    warnings: tuple[str, ...] = field(default=())
-
-
-def decide_outcome(
-    *,
-    succeeded: bool,
-    failures: dict[int, int],
-    ranks: set[int],
-    stopped: dict[int, str],
-    signalled: bool,
-    finished: bool,
-    max_restarts: int,
-    hung: bool = False,
-) -> NodeOutcome:
-    """The node's exit code and outcome (pure), from how its ranks ended and what they
-    recorded. `failures`: rank -> exit code of the ranks that failed; `ranks`: every rank
-    of this node; `stopped`: rank -> the outcome it recorded ("checkpointed"/"finished")
-    before its teardown. Failures after every rank recorded its stop are teardown
-    failures: the save stands (75, or 0 when finished), with a warning each. A named exit
-    code (16, 17, 93) is never a teardown failure. `hung`: the last round ended because a
-    rank hung (the launcher killed it): the outcome says "hung", so the daemon counts a hang,
-    not a crash."""
-    all_stopped = bool(ranks) and ranks <= set(stopped)
-    stopped_finished = all_stopped and all(stopped[r] == "finished" for r in ranks)
-    teardown = bool(failures) and all_stopped and not set(failures.values()) & set(NAMED_EXITS)
-    if succeeded or teardown:
-        done = finished or stopped_finished
-        code = ExitCode.CONTINUE if (signalled or all_stopped) and not done else ExitCode.FINISHED
-        warnings = (
-            tuple(
-                f"rank {r} died while tearing down (exit {c}) after it recorded its save: "
-                "the checkpoint stands"
-                for r, c in sorted(failures.items())
-            )
-            if teardown
-            else ()
-        )
-        return NodeOutcome(
-            code, "checkpointed" if code == ExitCode.CONTINUE else "finished", warnings
-        )
-    codes = sorted(set(failures.values()))
-    named = [c for c in NAMED_EXITS if c in codes]
-    if named:
-        code = named[0]
-    elif max_restarts > 0:
-        code = ExitCode.RESTARTS_EXHAUSTED
-    else:
-        code = next((c for c in codes if c > 0), 1)
-    outcome = {**NAMED_EXITS, ExitCode.RESTARTS_EXHAUSTED: "restarts_exhausted"}.get(code, "failed")
-    if hung and not named:
-        outcome = "hung"
-    return NodeOutcome(code, outcome)
 
 
 # "setup" is never tightened: the first attempt's setup usually loaded no checkpoint.
@@ -283,32 +219,6 @@ def _endpoint(args: argparse.Namespace) -> str:
     host = os.environ.get("MASTER_ADDR") or socket.gethostname()
     port = rendezvous_port(os.environ.get("SLURM_JOB_ID"), _env_int("SLURM_RESTART_COUNT", 0))
     return f"{host}:{port}"
-
-
-class Abandoned(Exception):
-    """The rendezvous given up for news of a peer (its launcher failed or its node was
-    lost) or a stop: not this launcher's own failure."""
-
-
-class Stopped(Exception):
-    """Told to stop (SIGTERM, SIGINT) before the ranks started: they never do. Raised at
-    the phase boundaries before a round of ranks starts, and by the signal handler itself
-    out of torch's rendezvous join, so a stop does not wait for the other nodes."""
-
-    def __init__(self, sig: int) -> None:
-        super().__init__(f"told to stop ({signal.Signals(sig).name}) before the ranks started")
-        self.sig = sig
-
-
-# Test hook: the launcher stops itself (SIGSTOP) at each phase named here (comma-separated:
-# "start", "rendezvous", "ranks", "spawn"; see `main`), so a test can send a signal at
-# exactly that point and then continue it.
-PAUSE_ENV = "FTSLURM_TEST_PAUSE_LAUNCH"
-
-
-def _pause_for_tests(phase: str) -> None:
-    if phase in os.environ.get(PAUSE_ENV, "").split(","):
-        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _checkpoint_signal() -> int | None:
@@ -438,654 +348,311 @@ def rendezvous_handler(
     return rdzv_registry.get_rendezvous_handler(params)
 
 
-def main(argv: list[str] | None = None) -> int:
-    # One signal state from the launcher's first lines on (`ftslurm.agent.boot`), so
-    # that no signal is lost in any phase: `early`, the signals for ranks that do not exist
-    # (yet): theirs once they start; `stop`, the first TERM or INT: the ranks never start
-    # after it (checked before every phase that leads to them). Until the handlers that
-    # forward are in place (torch is imported first), signals are only recorded.
-    early, stop = boot.EARLY, boot.STOP
-    boot.record(*[s for s in [_checkpoint_signal()] if s is not None])
-    _pause_for_tests("start")
-    logging.basicConfig(level=logging.INFO, format="ftslurm launch: %(message)s")
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    # Imported here: the rest of ftslurm does not need torch.
-    from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
-
-    job = os.environ.get("SLURM_JOB_ID", "local")
-    restarts = _env_int("SLURM_RESTART_COUNT", 0)
-    env: JobEnv = args.env
-    attempt = env.current_attempt(restarts)
-    os.environ[EnvName.ATTEMPT.value] = str(attempt)
-    run = env.run
-    run_dir = run.root if run is not None else None
-    node_name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    # A folder of this launcher's own (0700, a fresh name): one left by a launcher that was
-    # killed (a lost node) may carry the same job id, node rank and pid, and another user's.
+def _heartbeat_dir(job: str, node_rank: int) -> HeartbeatDir:
+    """A folder of this launcher's own (0700, a fresh name): one left by a launcher that was
+    killed (a lost node) may carry the same job id, node rank and pid, and another user's."""
     named = HeartbeatDir.for_launcher(
-        os.environ.get("TMPDIR", "/tmp"), job, args.node_rank, os.getpid()
+        os.environ.get("TMPDIR", "/tmp"), job, node_rank, os.getpid()
     ).root
     named.parent.mkdir(parents=True, exist_ok=True)
-    hb = HeartbeatDir(tempfile.mkdtemp(prefix=f"{named.name}-", dir=named.parent))
-    hb_dir = hb.root
-    os.environ[EnvName.HEARTBEAT_DIR.value] = str(hb_dir)
-    # Every round of ranks gets a fresh store (hosted by rank 0 on a new port): with the
-    # agents' shared store, ranks of a restarted round can read the addresses published by
-    # the killed round under the same keys and fail to connect.
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    # Our own handlers for TERM, INT and the checkpoint signals stay in place.
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"
-    ckpt_dir = env.checkpoint_dir
-    observed = (
-        [read_json(p) or {} for p in sorted(observed_record(ckpt_dir, 0).parent.glob(RANK_REPORTS))]
-        if ckpt_dir
-        else []
-    )
+    return HeartbeatDir(tempfile.mkdtemp(prefix=f"{named.name}-", dir=named.parent))
+
+
+def _timeouts(args: argparse.Namespace, ckpt_dir: Path | None) -> Timeouts:
+    """`--section-timeouts`, tightened by what the ranks of earlier attempts observed."""
+    observed = read_observed(ckpt_dir) if ckpt_dir else []
     timeouts = tightened(parse_timeouts(args.section_timeouts), observed, args.safety_factor)
     if observed:
         log.info("timeouts from earlier attempts: %s", timeouts)
-    state: dict[str, Any] = {
-        "stop_at": None,
-        "signalled": False,
-        "hangs": [],
-        "next_peer_check": 0.0,
-        "next_collect": 0.0,
-        "pace": {},
-        "cpu": {},
-        "heartbeats": False,
-        "look_at_stop": False,
-        "teardown": {},
-        "ranks": set(),
-        "ranks_started": False,
-        # a round of ranks is running (signals go to them, not `early`)
-        "live": False,
-        # in torch's rendezvous join: a stop raises `Stopped` out of it
-        "joining": False,
-        # the checkpoint signal came: every round that starts later
-        # gets it too (one that died under it did not save)
-        "checkpoint_asked": False,
-        "last_result": None,
-    }  # the last round's ending (not HEALTHY)
+    return timeouts
 
-    spares = args.spare_nodes
-    # Hot spares (ftslurm.agent.spares): what this launcher knows of the nodes lost so far.
-    spare_state: dict[str, Any] = {
-        "lost": set(),
-        "swaps": 0,
-        "trained": False,
-        "why": None,
-        "next_check": 0.0,
-        "new_job": False,
-        "round": None,
-        "benched": None,
-        "benched_used": 0,
-    }
 
-    def stopped_ranks(ranks: set[int]) -> dict[int, str]:
-        records = {r: read_stop_record(run_dir, attempt, r) for r in ranks}
+def _write(path: Path, record: Report) -> None:
+    write_report(path, record)
+
+
+class Node:
+    """The launcher's shell around its decisions (`ftslurm.agent.launch_core`) and its
+    elastic agent (`ftslurm.agent.elastic`): the job's facts and folders, the signal state
+    (`signals`, written by the signal handler alone), the peer watch, and the writers of
+    the node report and the recovery records."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.job = os.environ.get("SLURM_JOB_ID", "local")
+        self.restarts = _env_int("SLURM_RESTART_COUNT", 0)
+        env: JobEnv = args.env
+        self.attempt = env.current_attempt(self.restarts)
+        os.environ[EnvName.ATTEMPT.value] = str(self.attempt)
+        self.run = env.run
+        self.run_dir = self.run.root if self.run is not None else None
+        self.node_name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self.hb = _heartbeat_dir(self.job, args.node_rank)
+        os.environ[EnvName.HEARTBEAT_DIR.value] = str(self.hb.root)
+        # Every round of ranks gets a fresh store (hosted by rank 0 on a new port): with the
+        # agents' shared store, ranks of a restarted round can read the addresses published by
+        # the killed round under the same keys and fail to connect.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        # Our own handlers for TERM, INT and the checkpoint signals stay in place.
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"
+        self.timeouts = _timeouts(args, env.checkpoint_dir)
+        collect = args.node_rank == 0 and self.run_dir is not None
+        self.cfg = core.Config(
+            node_rank=args.node_rank,
+            nnodes=args.nnodes,
+            spares=args.spare_nodes,
+            max_restarts=args.max_restarts,
+            grace=args.grace,
+            has_run=self.run is not None,
+            checkpoint_sig=env.checkpoint_signal_number,
+            collect_every=env.straggler_interval_s / 2 if collect else None,
+        )
+        self.collector = straggler_collector(self.run_dir, env) if collect else None  # type: ignore[arg-type]
+        self.signals = core.Signals()
+        self.early = boot.EARLY  # signals for ranks that do not exist (yet): theirs once they start
+        spare = args.spare_nodes and sp.starts_as_spare(
+            args.node_rank, args.nnodes, args.spare_nodes
+        )
+        self.role = sp.SPARE if spare else None
+        self.watch: PeerWatch | None = None
+        self.agent: Any = None
+        self.started = time.time()
+
+    # ------------------------------------------------------------------------ signals
+    def take_signals(self) -> None:
+        """This launcher's handlers from now on. The signals recorded before them are
+        noted first (while only recorded), and those that came meanwhile after."""
+        noted = 0
+        for installed in (False, True):
+            if installed:
+                for sig in {*STOPS, signal.SIGUSR1, signal.SIGUSR2, self.cfg.checkpoint_sig}:
+                    signal.signal(sig, self.forward)
+            for sig in list(self.early[noted:]):
+                self.signals = core.note(self.signals, sig, self.cfg, time.monotonic())
+            noted = len(self.early)
+
+    def forward(self, sig: int, _frame: Any) -> None:
+        agent = self.agent
+        live = agent is not None and bool(agent.live_pids())
+        joining = agent is not None and agent.state.joining
+        self.signals, route = core.on_signal(
+            self.signals, sig, self.cfg, time.monotonic(), live=live, joining=joining
+        )
+        if route.leaving and self.watch is not None:
+            self.watch.leaving()  # the job is being ended: its close is no death
+        if route.deliver:
+            agent.deliver(sig)
+            return
+        if sig not in self.early:
+            self.early.append(sig)  # no ranks (yet, or between rounds): theirs once they start
+        if route.abort_join:
+            raise Stopped(sig)  # out of torch's join: no waiting for the other nodes
+
+    # ----------------------------------------------------------------- the rendezvous
+    def start_watch(self) -> None:
+        """The other nodes' launchers watch this one's lease and it theirs
+        (ftslurm.agent.peers), from before the rendezvous: a node lost while the others
+        wait for it is reported too (a job of one node: its lease, for the daemon)."""
+        if self.run is not None:
+            args = self.args
+            self.watch = PeerWatch(
+                self.run,
+                attempt=self.attempt,
+                node_rank=args.node_rank,
+                nnodes=args.nnodes,
+                node=self.node_name,
+                job_id=self.job,
+                timeout=args.peer_timeout,
+                start_timeout=args.rdzv_timeout,
+                role=self.role,
+            ).start()
+        self.started = time.time()
+
+    def rendezvous(self) -> Any:
+        """The rendezvous handler. With spares the rendezvous takes exactly the N nodes that
+        train; the others wait on its redundancy list, and a dead participant is dropped in
+        seconds, not torch's 15 s."""
+        args, spares = self.args, self.cfg.spares
+        nactive = sp.active_nodes(args.nnodes, spares)
+        keep_alive = (
+            {"keep_alive_interval": sp.KEEP_ALIVE_S, "keep_alive_max_attempt": sp.KEEP_ALIVE_MISSES}
+            if spares
+            else {}
+        )
+        params = {
+            "backend": "c10d",
+            "min_nodes": nactive,
+            "max_nodes": nactive,
+            "join_timeout": args.rdzv_timeout,
+            "last_call_timeout": 5,
+            **keep_alive,
+        }
+        return rendezvous_handler(
+            args,
+            params,
+            run=self.run,
+            attempt=self.attempt,
+            job=self.job,
+            restarts=self.restarts,
+            abandon=self.abandon,
+        )
+
+    def abandon(self) -> str | None:
+        """Why to stop waiting for the rendezvous host: told to stop, or its launcher failed,
+        was told to stop or was reported lost (None: wait on)."""
+        run, attempt = self.run, self.attempt
+        if run is None:
+            return "told to stop" if self.signals.stop is not None else None
+        return core.abandon_reason(
+            stop=self.signals.stop,
+            job=self.job,
+            host_failed=read_json(run.launcher_failed(attempt, 0)),
+            host_lease=sp.read_lease(run, attempt, 0),
+            host_lost=read_json(run.peer_lost(attempt, 0)),
+            stopped=STOPPED,
+        )
+
+    def wait_to_join(self) -> bool:
+        """A spare holds back from the first rendezvous until the nodes that train first
+        started their ranks (or one was lost). False: the job ended meanwhile."""
+        assert self.run is not None
+        args, spares, run, attempt = self.args, self.cfg.spares, self.run, self.attempt
+        deadline = time.monotonic() + args.rdzv_timeout
+        while time.monotonic() < deadline and not self.signals.signalled:
+            firsts = range(sp.active_nodes(args.nnodes, spares))
+            leases = {r: sp.read_lease(run, attempt, r) for r in firsts}
+            join = core.spare_join(self.cfg, leases, sp.gone_reports(run, attempt))
+            if join is not None:  # False: the training is over
+                return join
+            time.sleep(0.25)
+        return not self.signals.signalled
+
+    def run_agent(self, agent: Any, handler: Any) -> tuple[int | None, Any]:
+        """Run the ranks (a spare: once it may join): the exit code of a launcher that
+        failed or was stopped before its ranks started, and the last round's result."""
+        ran, result, failed = False, None, None
+        try:
+            if self.role == sp.SPARE and not self.wait_to_join():
+                ran = True  # the training ended before this spare was needed
+            else:
+                result = agent.run()
+                ran = True
+        except Stopped:  # before a round of ranks started: the first, or an in-job restart
+            ran = True
+            if agent.state.ranks_started:  # the last round's ending stands
+                result = agent.last_result
+                agent.carry_out(core.on_stopped(agent.state), {})
+            elif self.role != sp.SPARE:  # (a spare leaves as a spare never needed)
+                failed = self.stopped_before_ranks()
+        except Exception as exc:
+            after = core.after_error(agent.state)
+            if after is core.AfterError.RAISE:
+                raise
+            if after is core.AfterError.FAILED:
+                # Failed in the rendezvous: reported at once, before the rendezvous is closed
+                # (one that ended under a stop: the launcher was stopped, `launcher_failed`).
+                failed, ran = self.launcher_failed(exc, "rendezvous"), True
+            # A spare that never trained leaves when the rendezvous closes or its host is gone.
+            log.info("spare leaves: %s", exc)
+            ran = True
+        finally:
+            self.leave(agent, handler, ran)
+        return failed, result
+
+    def leave(self, agent: Any, handler: Any, ran: bool) -> None:
+        try:
+            how = core.how_to_leave(agent.state)
+            if how is core.Leave.QUIETLY:  # the others go on with a spare: close nothing
+                sp.leave_rendezvous(handler)
+            elif how is core.Leave.CLOSE:  # (a spare never needed closes nothing)
+                handler.shutdown()  # closes the rendezvous: the others stop too
+        finally:  # (it may fail when the host of the rendezvous is gone)
+            if self.watch is not None and not ran:
+                self.watch.wait_settled()
+                self.watch.stop("error")
+
+    # ---------------------------------------------------------------------- reading
+    def stopped_ranks(self, ranks: Collection[int]) -> dict[int, str]:
+        """The ranks that recorded their stop: rank -> the outcome they recorded."""
+        records = {
+            r: parse(StopRecord, read_stop_record(self.run_dir, self.attempt, r)) for r in ranks
+        }
         return {
-            r: str(rec.get("outcome") or "checkpointed")
+            r: str(rec.outcome or Outcome.CHECKPOINTED.value)
             for r, rec in records.items()
             if rec is not None
         }
 
-    collector_interval = env.straggler_interval_s / 2
-    collector = straggler_collector(run_dir, env) if args.node_rank == 0 and run_dir else None
-
-    class Agent(LocalElasticAgent):
-        def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
-            _pause_for_tests("ranks")
-            if stop:  # told to stop before this round's ranks exist: they never start
-                raise Stopped(stop[0])
-            state["ranks_started"] = True
-            for old in [*hb_dir.glob(hb.RECORDS), *hb_dir.glob(hb.READY)]:
-                old.unlink(missing_ok=True)
-            state["pace"], state["cpu"] = {}, {}  # a new round learns its pace again
-            state["hung_round"] = False
-            if spares and run is not None:
-                spare_state["trained"] = True
-                # Nodes reported lost before this round formed are not in it: the round's
-                # ranks restart for news of a loss after it only.
-                spare_state["lost"] |= set(sp.gone_reports(run, attempt))
-                if watch is not None:
-                    watch.set_role(sp.ACTIVE)
-            _pause_for_tests("spawn")
-            started = super()._start_workers(worker_group)
-            state["live"] = True
-            came, early[:] = list(early), []  # what came before the ranks existed
-            if state["checkpoint_asked"] and checkpoint_sig not in came:
-                came.append(checkpoint_sig)
-            for sig in came:  # reaches them when ready (a stop that came while they
-                deliver(sig)  # were being started too: they get it)
-            if run is not None and worker_group.group_rank == 0:
-                record_round(worker_group)
-            return started
-
-        def _stop_workers(self, worker_group, *args, **kwargs):  # type: ignore[no-untyped-def]
-            state["live"] = False  # from now on signals wait for the next round
-            return super()._stop_workers(worker_group, *args, **kwargs)
-
-        def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
-            while True:
-                state["joining"] = True  # first: a stop from now on raises `Stopped`
-                try:
-                    if stop:
-                        raise Stopped(stop[0])
-                    return super()._rendezvous(worker_group)
-                except RendezvousTimeoutError:
-                    # A spare left waiting on the wait list times out with torch's join
-                    # timeout: it joins again while a spare can still be needed.
-                    if not (
-                        spares
-                        and not spare_state["new_job"]
-                        and not (run is not None and run.finished.exists())
-                    ):
-                        raise
-                    log.info("waiting on as a spare")
-                finally:
-                    state["joining"] = False
-
-        def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
-            result = self._judge_workers(worker_group)
-            if result.state is not WorkerState.HEALTHY:
-                state["last_result"] = result
-            return result
-
-        def _judge_workers(self, worker_group):  # type: ignore[no-untyped-def]
-            result = super()._monitor_workers(worker_group)
-            ranks = {w.global_rank for w in worker_group.workers}
-            state["ranks"] = ranks
-            if result.state is WorkerState.FAILED and result.failures:
-                # All ranks are gone by now (torch elastic stops the rest on a failure):
-                # were these failures only teardown after every rank recorded its save?
-                failures = {r: f.exitcode for r, f in result.failures.items()}
-                d = decide_outcome(
-                    succeeded=False,
-                    failures=failures,
-                    ranks=ranks,
-                    stopped=stopped_ranks(ranks),
-                    signalled=state["signalled"],
-                    finished=False,
-                    max_restarts=0,
-                )
-                if d.warnings:  # no in-job restart: the ranks are done, the save stands
-                    state["teardown"] = failures
-                    return RunResult(
-                        state=WorkerState.SUCCEEDED, return_values={r: None for r in ranks}
-                    )
-            if spares and result.state is WorkerState.FAILED and not state["signalled"]:
-                # Did the ranks fail because an active node was lost under them?
-                if failure_verdict() is sp.Action.SWAP:
-                    self._remaining_restarts += 1  # a swap uses no in-job restart
-                elif spare_state["new_job"]:
-                    self._remaining_restarts = 0
-            if result.state is not WorkerState.HEALTHY:
-                return result
-            now = time.monotonic()
-            pids = self._pcontext.pids() if self._pcontext else {}
-            deliver_held(pids)
-            note_first_step()
-            if spares and now >= spare_state["next_check"]:
-                spare_state["next_check"] = now + 1.0
-                action = check_losses()
-                if action is sp.Action.NONE and run is not None:
-                    reason = sp.straggler_reason(
-                        read_json(run.straggler_report), attempt, node_name
-                    )
-                    if reason and step_out(self, sp.STRAGGLER, reason):
-                        _kill(pids.values())
-                        return RunResult(state=WorkerState.FAILED)
-                if action is not sp.Action.NONE:
-                    _kill(pids.values())
-                    if action is sp.Action.SWAP:
-                        self._remaining_restarts += 1  # undone by torch's count: no restart used
-                    else:
-                        self._remaining_restarts = 0
-                    return RunResult(state=WorkerState.FAILED)
-            if collector is not None and now >= state["next_collect"]:
-                state["next_collect"] = now + collector_interval
-                collector()
-            if now >= state["next_peer_check"]:  # did another node's launcher give up?
-                state["next_peer_check"] = now + 2.0
-                try:
-                    closed = worker_group.spec.rdzv_handler.is_closed()
-                except Exception:  # the store is gone with node 0's launcher
-                    closed = True
-                if closed:
-                    log.warning("another node's launcher ended the run: stopping the ranks")
-                    self._remaining_restarts = 0
-                    _kill(pids.values())
-                    return RunResult(state=WorkerState.FAILED)
-            if state["stop_at"] is not None and now > state["stop_at"]:
-                log.warning(
-                    "ranks did not exit within the %.0fs grace period: killing them", args.grace
-                )
-                _kill(pids.values())
-                return RunResult(state=WorkerState.FAILED)
-            if state["look_at_stop"]:  # told to stop: leave word of ranks that look hung
-                state["look_at_stop"] = False
-                hung_at_stop(worker_group, pids, now)
-            for local_rank in range(args.nproc_per_node):
-                why, beat = judge(local_rank, pids.get(local_rank), now)
-                if why:
-                    hang = {
-                        "local_rank": local_rank,
-                        "reason": why,
-                        "step": beat.step if beat else None,
-                        "time": time.time(),
-                    }
-                    if spares and run is not None:
-                        action = hang_action(self, local_rank, why)
-                        if action is not None:  # stepped out, or a peer did
-                            if action is not sp.Action.SWAP:
-                                state["hangs"].append(hang)
-                            _kill(pids.values())
-                            return RunResult(state=WorkerState.FAILED)
-                    log.warning("local rank %d hung: %s; restarting the ranks", local_rank, why)
-                    state["hangs"].append(hang)
-                    state["hung_round"] = True
-                    _kill(pids.values())
-                    return RunResult(state=WorkerState.FAILED)
-            return result
-
-    def judge(
-        local_rank: int, pid: int | None, now: float, limits: Timeouts | None = None
-    ) -> tuple[str | None, Beat | None]:
-        """Whether a rank is hung: by its heartbeat record (with the running timeout learned
-        from its pace), or by its CPU time when it has none."""
-        limits = limits or timeouts
-        beat = read_beat(hb_dir, local_rank)
-        if beat is not None and beat.beats:
-            state["heartbeats"] = True
-            pace = observe_pace(state["pace"].get(local_rank, Pace()), beat, limits)
-            state["pace"][local_rank] = pace
-            return hang_reason(beat, learned(limits, pace, args.safety_factor), now), beat
-        if pid is None:
-            return None, None
-        cpu = _cpu_seconds(pid)
-        if cpu is None:
-            return None, None
-        running = limits.out_of_section
-        window = min(5.0, running / 3) if running else 5.0
-        watch: CpuWatch = watch_cpu(state["cpu"].get(local_rank), cpu, now, window)
-        state["cpu"][local_rank] = watch
-        return idle_reason(watch, running, now), None
-
-    def hung_at_stop(worker_group: Any, pids: dict[int, int], now: float) -> None:
-        """Judged when the checkpoint signal or SIGTERM comes: ranks that look hung, with
-        the default running timeout where it was turned off, so the daemon can tell an
-        attempt that sat hung until its wall limit from one that was merely stopped."""
-        if run_dir is None:
-            return
-        limits = (
-            timeouts
-            if timeouts.out_of_section is not None
-            else replace(timeouts, out_of_section=DEFAULT_RUNNING_S)
-        )
-        hung = []
-        for local_rank in range(args.nproc_per_node):
-            why, beat = judge(local_rank, pids.get(local_rank), now, limits)
-            if why:
-                workers = getattr(worker_group, "workers", None) or []
-                rank = next((w.global_rank for w in workers if w.local_rank == local_rank), None)
-                hung.append(
-                    {
-                        "local_rank": local_rank,
-                        "rank": rank,
-                        "reason": why,
-                        "section": beat.section if beat else None,
-                        "silent_s": silence(beat, limits, now) if beat else None,
-                    }
-                )
-        path = RunDir(run_dir).hung_node(attempt, args.node_rank)
-        if hung:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(
-                path,
-                {"node_rank": args.node_rank, "node": node_name, "time": time.time(), "hung": hung},
-            )
-        else:
-            path.unlink(missing_ok=True)
-
-    def step_out(agent: Any, why: str, reason: str) -> bool:
-        """Take this node out of the training so a spare replaces it, when the one rule
-        allows (`spares.may_step_out`): write the bench record; the caller kills the ranks.
-        False: it may not (the batch host, no spare left)."""
-        assert run is not None
-        if not sp.may_step_out(args.node_rank, sp.gone_reports(run, attempt), spares):
-            return False
-        log.warning("%s: stepping out so that a spare takes this node's place", reason)
-        path = run.benched(attempt, args.node_rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            path,
-            sp.benched_record(
-                node_rank=args.node_rank,
-                node=node_name,
-                why=why,
-                reason=reason,
-                time=time.time(),
-                job_id=job,
-                attempt=attempt,
-            ),
-        )
-        spare_state["benched"] = why
-        spare_state["benched_used"] = args.max_restarts - agent._remaining_restarts
-        agent._remaining_restarts = 0  # leave for good: no rejoining the rendezvous
-        return True
-
-    def hang_action(agent: Any, local_rank: int, why: str) -> sp.Action | None:
-        """A rank of this node hung, with spares: a peer that stepped out already explains
-        it (SWAP, or NEW_JOB when no spare is left); else this node steps out when it may
-        (NEW_JOB: it leaves); else it waits `BENCH_WAIT_S` for a peer to step out. None:
-        restart the ranks in place, as without spares."""
-        deadline = time.monotonic() + sp.BENCH_WAIT_S
-        reason = f"local rank {local_rank} hung: {why}"
-        while True:
-            action = check_losses()
-            if action is sp.Action.NONE and step_out(agent, sp.HANG, reason):
-                return sp.Action.NEW_JOB
-            if action is sp.Action.SWAP:
-                agent._remaining_restarts += 1  # a swap uses no in-job restart
-                return action
-            if action is sp.Action.NEW_JOB:
-                agent._remaining_restarts = 0
-                return action
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.25)
-
-    def check_losses() -> sp.Action:
-        """Read the attempt's peer-loss reports and bench records: on news of an active
-        node lost or stepped out, SWAP (a spare takes its place) or NEW_JOB (no spare can)."""
-        assert run is not None
-        reports = sp.gone_reports(run, attempt)
-        new = set(reports) - spare_state["lost"]
-        if not new:
-            return sp.Action.NONE
-        spare_state["lost"] |= new
-        roles = {}
-        for r in new:
-            lease = sp.read_lease(run, attempt, r)
-            roles[r] = lease.role if lease is not None else None
-        action = sp.loss_action(spare_state["lost"], roles, spares)
-        names = ", ".join(sp.gone_name(r, reports[r]) for r in sorted(new))
-        if action is sp.Action.SWAP:
-            spare_state["swaps"] += 1
-            spare_state["why"] = sp.swap_why({r: reports[r] for r in new})
-            log.warning(
-                "node %s lost or stepped out: restarting the ranks with a spare (%d left)",
-                names,
-                sp.spares_left(spare_state["lost"], spares),
-            )
-        elif action is sp.Action.NEW_JOB:
-            spare_state["new_job"] = True
-            log.warning(
-                "node %s lost and no spare can take its place: stopping (the run "
-                "goes on in a new job)",
-                names,
-            )
-        return action
-
-    def failure_verdict() -> sp.Action:
-        """After the ranks failed: wait (at most the peer timeout and three polls) until
-        every other active node is heard from twice, or a loss of one is reported."""
-        assert run is not None
-        deadline = time.monotonic() + args.peer_timeout + 3 * poll_interval(args.peer_timeout)
-        first: dict[int, int] = {}
-        while True:
-            action = check_losses()
-            if action is not sp.Action.NONE:
-                return action
-            leases = {
-                r: sp.read_lease(run, attempt, r)
-                for r in range(args.nnodes)
-                if r != args.node_rank and r not in spare_state["lost"]
-            }
-            for r, lease in leases.items():
-                if lease is not None and lease.role == sp.ACTIVE and lease.ended is None:
-                    first.setdefault(r, lease.seq)
-            if sp.alive_since(first, leases) or time.monotonic() > deadline:
-                return sp.Action.NONE
-            time.sleep(0.25)
-
-    def record_round(worker_group: Any) -> None:
-        """The launcher of global rank 0 records every in-job round after the first."""
-        assert run is not None
-        round_ = sp.rendezvous_round(worker_group.spec.rdzv_handler)
-        spare_state["round"] = None
-        if not round_:
-            return
-        named = sp.named_in_rounds(run, attempt)
-        reports = sp.gone_reports(run, attempt)
-        fresh = {r: rep for r, rep in reports.items() if sp.gone_name(r, rep) not in named}
-        lost = sorted(sp.gone_name(r, rep) for r, rep in fresh.items())
-        why = spare_state["why"] or (sp.swap_why(fresh) if fresh else "in-job restart")
-        spare_state["why"] = None
-        workers = worker_group.workers or []
-        record = sp.round_record(
-            round_=round_,
-            started_at=time.time(),
-            world_size=workers[0].world_size if workers else 0,
-            nnodes_active=worker_group.group_world_size,
-            spares_left=sp.spares_left(reports, spares),
+    def write_bench(self, why: str, reason: str) -> None:
+        """This node steps out: its bench record, for the other launchers and the daemon."""
+        assert self.run is not None
+        record = sp.benched_record(
+            node_rank=self.args.node_rank,
+            node=self.node_name,
             why=why,
-            lost=lost,
-            job_id=job,
-            attempt=attempt,
+            reason=reason,
+            time=time.time(),
+            job_id=self.job,
+            attempt=self.attempt,
         )
-        path = run.round_record(attempt, round_)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, record)
-        spare_state["round"] = (path, record)
+        _write(self.run.benched(self.attempt, self.args.node_rank), record)
 
-    def note_first_step() -> None:
-        """The round record gets the time of the first step a rank of this node reports."""
-        pending = spare_state["round"]
-        if pending is None:
-            return
-        steps = [
-            b.step
-            for b in (read_beat(hb_dir, lr) for lr in range(args.nproc_per_node))
-            if b is not None and b.step is not None
-        ]
-        if steps:
-            path, record = pending
-            write_json_atomic(path, {**record, "first_step_at": time.time(), "step": max(steps)})
-            spare_state["round"] = None
+    # ------------------------------------------------------------------------ endings
+    def who(self) -> core.NodeId:
+        return core.NodeId(
+            node_rank=self.args.node_rank,
+            node=self.node_name,
+            job_id=self.job,
+            attempt=self.attempt,
+            max_restarts=self.args.max_restarts,
+            started_at=self.started,
+        )
 
-    def wait_to_join() -> bool:
-        """A spare holds back from the first rendezvous until the nodes that train first
-        started their ranks (or one was lost). False: the job ended meanwhile."""
-        assert run is not None
-        deadline = time.monotonic() + args.rdzv_timeout
-        while time.monotonic() < deadline and not state["signalled"]:
-            leases = {
-                r: sp.read_lease(run, attempt, r)
-                for r in range(sp.active_nodes(args.nnodes, spares))
-            }
-            if any(
-                lease is not None
-                and lease.ended not in (None, sp.BENCHED)
-                and lease.role == sp.ACTIVE
-                for lease in leases.values()
-            ):
-                return False  # the training is over (a node that stepped out needs a spare)
-            if sp.may_join(leases, args.nnodes, spares, sp.gone_reports(run, attempt)):
-                return True
-            time.sleep(0.25)
-        return not state["signalled"]
+    def report(self, end: core.Ending) -> NodeReport:
+        """This node's report (`launch_core.node_report`), ended now."""
+        peers_lost = list(self.watch.lost) if self.watch is not None else []
+        return core.node_report(end, self.who(), ended_at=time.time(), peers_lost=peers_lost)
 
-    agent_box: dict[str, Any] = {}
-
-    held: dict[int, list[int]] = {}  # local rank -> signals waiting for its wrapper
-
-    def send(local_rank: int, pid: int, sig: int) -> None:
-        # A rank's wrapper that has not installed its handlers yet would die of USR1/2:
-        # hold the signal until it says it is ready.
-        if not hb.ready(local_rank).exists():
-            held.setdefault(local_rank, []).append(sig)
-            return
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def deliver_held(pids: dict[int, int]) -> None:
-        for local_rank in list(held):
-            if local_rank in pids and hb.ready(local_rank).exists():
-                for sig in held.pop(local_rank):
-                    send(local_rank, pids[local_rank], sig)
-
-    def live_pids() -> dict[int, int]:
-        """The ranks of the round running now (none between rounds and before the first)."""
-        agent = agent_box.get("agent")
-        pcontext = getattr(agent, "_pcontext", None) if agent else None
-        return pcontext.pids() if pcontext and state["live"] else {}
-
-    def deliver(sig: int) -> None:
-        for local_rank, pid in live_pids().items():
-            send(local_rank, pid, sig)
-
-    def note(sig: int) -> None:
-        """What a signal changes in the launcher's state, whenever it came."""
-        if sig in STOPS and not stop:
-            stop.append(sig)
-        if sig != signal.SIGUSR1:
-            state["signalled"] = True
-            state["look_at_stop"] = True
-        if sig == checkpoint_sig:
-            state["checkpoint_asked"] = True
-        if sig == signal.SIGTERM and state["stop_at"] is None:
-            state["stop_at"] = time.monotonic() + args.grace
-        if sig in STOPS and agent_box.get("watch") is not None:
-            agent_box["watch"].leaving()  # the job is being ended: its close is no death
-
-    def forward(sig: int, _frame: Any) -> None:
-        note(sig)
-        if live_pids():
-            deliver(sig)
-            return
-        if sig not in early:
-            early.append(sig)  # no ranks (yet, or between rounds): theirs once they start
-        if sig in STOPS and state["joining"]:
-            raise Stopped(sig)  # out of torch's join: no waiting for the other nodes
-
-    checkpoint_sig = env.checkpoint_signal_number
-    for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, checkpoint_sig}:
-        signal.signal(sig, forward)
-    for sig in list(early):  # what came before these handlers: noted now, delivered later
-        note(sig)
-
-    # The other nodes' launchers watch this one's lease and it theirs (ftslurm.agent.peers),
-    # from before the rendezvous: a node lost while the others wait for it is reported too.
-    role = (
-        (sp.SPARE if sp.starts_as_spare(args.node_rank, args.nnodes, spares) else None)
-        if spares
-        else None
-    )
-    watch = (
-        PeerWatch(
-            run,
-            attempt=attempt,
-            node_rank=args.node_rank,
-            nnodes=args.nnodes,
-            node=node_name,
-            job_id=job,
-            timeout=args.peer_timeout,
-            start_timeout=args.rdzv_timeout,
-            role=role,
-        ).start()
-        if run is not None
-        else None
-    )
-    agent_box["watch"] = watch  # (a job of one node: its lease, for the daemon to watch)
-    started = time.time()
-
-    def launcher_failed(exc: BaseException, phase: str) -> int:
+    def launcher_failed(self, exc: BaseException, phase: str) -> int:
         """The launcher failed before its ranks started: its node report says why (the
         error's last line) and, when the failure is its own (not news of a peer), the
         recovery folder too, where the daemon sees it at its next look and ends the attempt
         at once. Told to stop meanwhile, it was stopped, not failed (`stopped_before_ranks`)."""
-        if stop:
+        if self.signals.stop is not None:
             log.info("%s", error_line(exc) if not isinstance(exc, Stopped) else exc)
-            return stopped_before_ranks()
-        if watch is not None:
-            watch.stop("launcher_failed")
-        shutil.rmtree(hb_dir, ignore_errors=True)
+            return self.stopped_before_ranks()
+        if self.watch is not None:
+            self.watch.stop(Outcome.LAUNCHER_FAILED.value)
+        shutil.rmtree(self.hb.root, ignore_errors=True)
         own = not isinstance(exc, Abandoned)
-        error = error_line(exc) if own else str(exc)
-        code = int(ExitCode.FAILED)
-        record = {
-            "node_rank": args.node_rank,
-            "node": node_name,
-            "job_id": job,
-            "attempt": attempt,
-            "error": error,
-            "phase": phase,
-            "exit_code": code,
-            "time": time.time(),
-        }
-        if run is not None:
+        end = core.LauncherFailed(error_line(exc) if own else str(exc), phase, time.time())
+        if self.run is not None:
             try:
                 if own:
-                    path = run.launcher_failed(attempt, args.node_rank)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    write_json_atomic(path, record)
-                path = run.node_report(attempt, args.node_rank)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(
-                    path,
-                    {
-                        **record,
-                        "outcome": "launcher_failed",
-                        "in_job_restarts": 0,
-                        "max_restarts": args.max_restarts,
-                        "started_at": started,
-                        "ended_at": time.time(),
-                        "peers_lost": list(watch.lost) if watch is not None else [],
-                    },
-                )
+                    record = core.launcher_failed_record(self.who(), end)
+                    _write(self.run.launcher_failed(self.attempt, self.args.node_rank), record)
+                _write(self.run.node_report(self.attempt, self.args.node_rank), self.report(end))
             except OSError as io:
-                log.error("could not report the failure in %s: %s", run.root, io)
-        log.error("Error: the launcher failed before its ranks started (%s): %s", phase, error)
-        return code
+                log.error("could not report the failure in %s: %s", self.run.root, io)
+        log.error("Error: the launcher failed before its ranks started (%s): %s", phase, end.error)
+        return int(ExitCode.FAILED)
 
-    def stopped_before_ranks() -> int:
+    def stopped_before_ranks(self) -> int:
         """Told to stop (TERM, INT) before the ranks started: they never do. The node
         report says so (outcome "stopped", the signal) and the launcher exits 128 + the
         signal, as a process that signal ended."""
-        sig = stop[0]
+        sig = self.signals.stop
+        assert sig is not None
         code = 128 + sig
-        if watch is not None:
-            watch.stop(STOPPED)
-        shutil.rmtree(hb_dir, ignore_errors=True)
-        if run is not None:
+        if self.watch is not None:
+            self.watch.stop(STOPPED)
+        shutil.rmtree(self.hb.root, ignore_errors=True)
+        if self.run is not None:
+            end = core.StoppedBeforeRanks(signal.Signals(sig).name, code, STOPPED)
             try:
-                path = run.node_report(attempt, args.node_rank)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(
-                    path,
-                    {
-                        "node_rank": args.node_rank,
-                        "node": node_name,
-                        "job_id": job,
-                        "attempt": attempt,
-                        "outcome": STOPPED,
-                        "signal": signal.Signals(sig).name,
-                        "exit_code": code,
-                        "in_job_restarts": 0,
-                        "max_restarts": args.max_restarts,
-                        "started_at": started,
-                        "ended_at": time.time(),
-                        "peers_lost": list(watch.lost) if watch is not None else [],
-                    },
-                )
+                _write(self.run.node_report(self.attempt, self.args.node_rank), self.report(end))
             except OSError as io:
-                log.error("could not write the node report in %s: %s", run.root, io)
+                log.error("could not write the node report in %s: %s", self.run.root, io)
         log.info(
             "told to stop (%s) before the ranks started: they never will; exit %d",
             signal.Signals(sig).name,
@@ -1093,224 +660,103 @@ def main(argv: list[str] | None = None) -> int:
         )
         return code
 
-    def abandon() -> str | None:
-        """Why to stop waiting for the rendezvous host: told to stop, or its launcher failed,
-        was told to stop or was reported lost (None: wait on)."""
-        if stop:
-            return "told to stop"
-        if run is None:
-            return None
-        failed = read_json(run.launcher_failed(attempt, 0))
-        if isinstance(failed, dict) and failed.get("job_id") == job:
-            return f"the rendezvous host's launcher (node rank 0) failed: {failed.get('error')}"
-        host = sp.read_lease(run, attempt, 0)
-        if host is not None and host.ended == STOPPED:
-            return "the rendezvous host's launcher (node rank 0) was told to stop"
-        lost = read_json(run.peer_lost(attempt, 0))
-        if isinstance(lost, dict) and lost.get("job_id") == job:
-            return "the rendezvous host (node rank 0) was reported lost"
-        return None
-
-    # With spares the rendezvous takes exactly the N nodes that train; the others wait on
-    # its redundancy list, and a dead participant is dropped in seconds, not torch's 15 s.
-    nactive = sp.active_nodes(args.nnodes, spares)
-    keep_alive = (
-        {"keep_alive_interval": sp.KEEP_ALIVE_S, "keep_alive_max_attempt": sp.KEEP_ALIVE_MISSES}
-        if spares
-        else {}
-    )
-    _pause_for_tests("rendezvous")
-    if stop and role != sp.SPARE:  # told to stop already: no rendezvous, no ranks
-        return stopped_before_ranks()
-    try:
-        handler = rendezvous_handler(
-            args,
-            {
-                "backend": "c10d",
-                "min_nodes": nactive,
-                "max_nodes": nactive,
-                "join_timeout": args.rdzv_timeout,
-                "last_call_timeout": 5,
-                **keep_alive,
-            },
-            run=run,
-            attempt=attempt,
-            job=job,
-            restarts=restarts,
-            abandon=abandon,
-        )
-    except Exception as exc:
-        return launcher_failed(exc, "rendezvous")
-    if spares:
-        # A spare left on the wait list after a swap is no new member to make room for:
-        # torch would restart the healthy ranks for it, over and over.
-        handler.num_nodes_waiting = lambda: 0  # type: ignore[method-assign]
-    spec = WorkerSpec(
-        role="trainer",
-        local_world_size=args.nproc_per_node,
-        entrypoint=sys.executable,
-        args=("-m", "ftslurm.agent.task", "--", *args.command),
-        rdzv_handler=handler,
-        max_restarts=args.max_restarts,
-        monitor_interval=args.monitor_interval,
-    )
-    agent = Agent(
-        spec=spec,
-        logs_specs=DefaultLogsSpecs(log_dir=str(hb.torch_logs)),
-        start_method="spawn",
-        shutdown_timeout=int(max(1, args.grace)),
-        exit_barrier_timeout=60,
-    )
-    agent_box["agent"] = agent
-    ran = False
-    result = None
-    failed: int | None = None  # the exit code of a launcher that failed at the rendezvous
-    try:
-        if role == sp.SPARE and not wait_to_join():
-            ran = True  # the training ended before this spare was needed
-        else:
-            result = agent.run()
-            ran = True
-    except Stopped:  # before a round of ranks started: the first, or an in-job restart
-        ran = True
-        if state["ranks_started"]:  # the last round's ending stands; no restart was made
-            result = state["last_result"]
-            agent._remaining_restarts = min(args.max_restarts, agent._remaining_restarts + 1)
-        elif role != sp.SPARE:  # (a spare leaves as a spare never needed)
-            failed = stopped_before_ranks()
-    except Exception as exc:
-        if not (spares and not spare_state["trained"]):
-            if state["ranks_started"]:
-                raise
-            # Failed in the rendezvous: reported at once, before the rendezvous is closed
-            # (one that ended under a stop: the launcher was stopped, `launcher_failed`).
-            failed, ran = launcher_failed(exc, "rendezvous"), True
-        # A spare that never trained leaves when the rendezvous closes or its host is gone.
-        log.info("spare leaves: %s", exc)
-        ran = True
-    finally:
-        try:
-            if spare_state["benched"]:  # the others go on with a spare: leave, close nothing
-                sp.leave_rendezvous(spec.rdzv_handler)
-            elif not (spares and not spare_state["trained"]):  # a spare closes nothing
-                spec.rdzv_handler.shutdown()  # closes the rendezvous: the others stop too
-        finally:  # (it may fail when the host of the rendezvous is gone)
-            if watch is not None and not ran:
-                watch.wait_settled()
-                watch.stop("error")
-    if failed is not None:
-        return failed
-
-    def out_of_training(role: str, outcome: str, said: str, **fields: Any) -> int:
+    def out_of_training(self, end: core.Ending, outcome: str, said: str) -> int:
         """A spare never needed or a node that stepped out: its outcome and exit 0 (srun's
         exit status is the highest of its tasks': a 0 leaves the job's verdict to the nodes
         that train on). The daemon flags a node that stepped out from its bench record."""
-        if watch is not None:
-            watch.stop(outcome)
-        if run is not None:
-            write_json_atomic(
-                run.node_report(attempt, args.node_rank),
-                {
-                    "node_rank": args.node_rank,
-                    "node": node_name,
-                    "job_id": job,
-                    "attempt": attempt,
-                    "role": role,
-                    "outcome": outcome,
-                    "exit_code": int(ExitCode.FINISHED),
-                    **fields,
-                    "started_at": started,
-                    "ended_at": time.time(),
-                    "peers_lost": list(watch.lost) if watch is not None else [],
-                },
-            )
-        shutil.rmtree(hb_dir, ignore_errors=True)
+        if self.watch is not None:
+            self.watch.stop(outcome)
+        if self.run is not None:
+            _write(self.run.node_report(self.attempt, self.args.node_rank), self.report(end))
+        shutil.rmtree(self.hb.root, ignore_errors=True)
         log.info("%s: exit 0", said)
         return ExitCode.FINISHED
 
-    if spares and not spare_state["trained"]:
-        return out_of_training(
-            sp.SPARE, sp.SPARE, "spare never needed", in_job_restarts=0, spare_swaps=0
+    def finish(self, agent: Any, succeeded: bool, failures: dict[int, int]) -> int:
+        """The launcher's ending once its ranks ran (or, a spare, never had to)."""
+        state = agent.state
+        left = core.out_of_training(state, agent.heartbeats)
+        if isinstance(left, core.SpareNeverNeeded):
+            return self.out_of_training(left, sp.SPARE, "spare never needed")
+        if left is not None:
+            return self.out_of_training(left, sp.BENCHED, f"stepped out ({state.benched})")
+        used = agent.restarts_used()
+        decided = core.ranks_outcome(
+            state,
+            succeeded=succeeded,
+            failures=failures,
+            stopped=self.stopped_ranks(state.ranks),
+            signalled=self.signals.signalled,
+            finished=self.run is not None and self.run.finished.exists(),
         )
-    if spare_state["benched"]:
-        return out_of_training(
-            sp.ACTIVE,
-            sp.BENCHED,
-            f"stepped out ({spare_state['benched']})",
-            benched=spare_state["benched"],
-            in_job_restarts=spare_state["benched_used"] + spare_state["swaps"],
-            max_restarts=args.max_restarts,
-            spare_swaps=spare_state["swaps"],
-            hangs=state["hangs"],
-            heartbeats=state["heartbeats"],
+        for warning in decided.warnings:
+            log.warning("%s", warning)
+        if self.watch is not None:
+            if decided.code not in (ExitCode.FINISHED, ExitCode.CONTINUE):
+                self.watch.wait_settled()  # was a node lost under the failure? Report it first.
+            self.watch.stop(decided.outcome)
+        if self.run is not None:
+            end = core.RanksEnded(
+                state, decided, used, self.timeouts_said(), agent.heartbeats, self.withheld(state)
+            )
+            _write(self.run.node_report(self.attempt, self.args.node_rank), self.report(end))
+        shutil.rmtree(self.hb.root, ignore_errors=True)
+        log.info(
+            "ranks ended: %s after %d in-job restart(s); exit %d",
+            decided.outcome,
+            used + state.swaps,
+            decided.code,
         )
-    if result is None:  # the rendezvous ended under a node that trained before
-        result = RunResult(state=WorkerState.FAILED)
-    used = args.max_restarts - agent._remaining_restarts
-    finished = run is not None and run.finished.exists()
-    failures = state["teardown"] or {r: f.exitcode for r, f in result.failures.items()}
-    decided = decide_outcome(
-        succeeded=result.state is WorkerState.SUCCEEDED and not state["teardown"],
-        failures=failures,
-        ranks=state["ranks"],
-        stopped=stopped_ranks(state["ranks"]),
-        signalled=state["signalled"],
-        finished=finished,
-        max_restarts=args.max_restarts,
-        hung=bool(state.get("hung_round")),
-    )
-    code, outcome = decided.code, decided.outcome
-    for warning in decided.warnings:
-        log.warning("%s", warning)
-    if watch is not None:
-        if code not in (ExitCode.FINISHED, ExitCode.CONTINUE):
-            watch.wait_settled()  # was a node lost under the failure? Report it first.
-        watch.stop(outcome)
-    if run is not None:
-        path = run.node_report(attempt, args.node_rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            path,
-            {
-                "node_rank": args.node_rank,
-                "node": node_name,
-                "job_id": job,
-                "attempt": attempt,
-                "in_job_restarts": used + spare_state["swaps"],
-                "max_restarts": args.max_restarts,
-                "spare_swaps": spare_state["swaps"],
-                "role": sp.ACTIVE if spares else None,
-                "recovery": sp.Action.NEW_JOB.value if spare_state["new_job"] else None,
-                "hangs": state["hangs"],
-                "outcome": outcome,
-                "exit_code": code,
-                "teardown_failures": list(decided.warnings),
-                "started_at": started,
-                "ended_at": time.time(),
-                "timeouts": {
-                    "sections": timeouts.sections,
-                    "out_of_section": timeouts.out_of_section,
-                    "initial": timeouts.initial,
-                    "warmup_steps": timeouts.warmup_steps,
-                },
-                "heartbeats": state["heartbeats"],  # False: hangs were judged by CPU use alone
-                "peers_lost": list(watch.lost) if watch is not None else [],  # node ranks
-                # ranks whose processes never caught the checkpoint signal (ftslurm.agent.task)
-                WITHHELD_RANKS: sorted(
-                    r
-                    for r in state["ranks"]
-                    if (read_json(run.rank_report(attempt, r)) or {}).get(WITHHELD_SIGNAL)
-                ),
-            },
+        return decided.code
+
+    def timeouts_said(self) -> dict[str, Any]:
+        t = self.timeouts
+        return {
+            "sections": t.sections,
+            "out_of_section": t.out_of_section,
+            "initial": t.initial,
+            "warmup_steps": t.warmup_steps,
+        }
+
+    def withheld(self, state: core.LauncherState) -> list[int]:
+        """The ranks whose processes never caught the checkpoint signal (ftslurm.agent.task)."""
+        assert self.run is not None
+        reports = {
+            r: read_report(self.run.rank_report(self.attempt, r), RankReport) for r in state.ranks
+        }
+        return sorted(
+            r for r, rep in reports.items() if rep is not None and rep.checkpoint_signal_withheld
         )
-    shutil.rmtree(hb_dir, ignore_errors=True)
-    log.info(
-        "ranks ended: %s after %d in-job restart(s); exit %d",
-        outcome,
-        used + spare_state["swaps"],
-        code,
-    )
-    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    # One signal state from the launcher's first lines on (`ftslurm.agent.boot`), so
+    # that no signal is lost in any phase: `boot.EARLY`, the signals for ranks that do not
+    # exist (yet): theirs once they start; the first TERM or INT: the ranks never start
+    # after it (checked before every phase that leads to them). Until the handlers that
+    # forward are in place (torch is imported first), signals are only recorded.
+    boot.record(*[s for s in [_checkpoint_signal()] if s is not None])
+    pause_for_tests("start")
+    logging.basicConfig(level=logging.INFO, format="ftslurm launch: %(message)s")
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    # Imported here: the rest of ftslurm does not need torch.
+    from ftslurm.agent.elastic import make_agent, round_ending
+
+    node = Node(args)
+    node.take_signals()
+    node.start_watch()
+    pause_for_tests("rendezvous")
+    if node.signals.stop is not None and node.role != sp.SPARE:
+        return node.stopped_before_ranks()  # told to stop already: no rendezvous, no ranks
+    try:
+        handler = node.rendezvous()
+    except Exception as exc:
+        return node.launcher_failed(exc, "rendezvous")
+    node.agent = agent = make_agent(node, handler)
+    failed, result = node.run_agent(agent, handler)
+    if failed is not None:
+        return failed
+    return node.finish(agent, *round_ending(result))
 
 
 def straggler_collector(run_dir: Path, env: JobEnv) -> Callable[[], None]:
@@ -1328,71 +774,12 @@ def straggler_collector(run_dir: Path, env: JobEnv) -> Callable[[], None]:
         except (OSError, ValueError) as exc:  # never let scoring stop the training
             log.warning("straggler report failed: %s", exc)
             return
-        if report.get("stragglers"):
-            log.info(
-                "stragglers in window %s: %s", report.get("window_index"), report["stragglers"]
-            )
+        said = parse(StragglerReport, report)
+        if said is not None and said.stragglers:
+            stragglers = [s.to_json() for s in said.stragglers]
+            log.info("stragglers in window %s: %s", said.window_index, stragglers)
 
     return collect
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """CPU seconds used by the processes below a rank's wrapper (the training script and
-    its children; the wrapper itself polls and is left out), or None when it is gone."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total, seen, todo = 0.0, {pid}, [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            threads = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            if parent == pid:
-                return None
-            continue
-        for tid in threads:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except OSError:
-                kids = []
-            for kid in kids:
-                if kid in seen:
-                    continue
-                seen.add(kid)
-                todo.append(kid)
-                try:
-                    with open(f"/proc/{kid}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[-1].split()
-                    total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-                except (OSError, IndexError, ValueError):
-                    pass
-    return total
-
-
-def _kill(pids: Any, wait_s: float = 10.0) -> None:
-    """SIGKILL the ranks (their own children die with them) and wait until they are gone,
-    so the next round never meets a straggling process of the last one."""
-    pids = list(pids)
-    for pid in pids:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + wait_s
-    for pid in pids:
-        while time.monotonic() < deadline:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().split(")")[-1].split()[0] in ("Z", "X"):
-                        break
-            except OSError:
-                break
-            time.sleep(0.02)
 
 
 if __name__ == "__main__":

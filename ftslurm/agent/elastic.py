@@ -1,0 +1,428 @@
+"""The launcher's elastic agent: torch's `LocalElasticAgent` with ftslurm's monitor.
+
+Imported by `ftslurm.agent.launch` only after its signal handlers record (torch takes a
+while to import). The agent keeps the decisions' state (`launch_core.LauncherState`) as an
+attribute and does the I/O around them: at every monitor tick it reads what
+`launch_core.due` asks for (loss reports, the straggler report, whether the rendezvous was
+closed), hands it to `launch_core.on_tick`, judges the ranks' heartbeats (or CPU time) and
+carries out the actions (`carry_out`); the in-job restart budget changes in one method
+(`account`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
+from ftslurm.agent import launch_core as core
+from ftslurm.agent import spares as sp
+from ftslurm.agent.heartbeat import (
+    Beat,
+    CpuWatch,
+    Pace,
+    Timeouts,
+    hang_reason,
+    idle_reason,
+    learned,
+    observe_pace,
+    read_beat,
+    silence,
+    watch_cpu,
+)
+from ftslurm.agent.launch_io import Stopped, cpu_seconds, kill_ranks, pause_for_tests
+from ftslurm.agent.peers import poll_interval
+from ftslurm.core.contract import RunDir
+from ftslurm.core.contract.reports import HungNodeReport, HungRank, RoundRecord, StragglerReport
+from ftslurm.core.settings import DEFAULT_RUNNING_S
+from ftslurm.runfiles import read_report, write_report
+
+log = logging.getLogger("ftslurm.launch")
+
+POLL_S = 0.25  # how often a wait for news of the peers reads again
+
+
+class Agent(LocalElasticAgent):
+    """`node`: the launcher's shell (`ftslurm.agent.launch.Node`): its configuration,
+    folders, signals, peer watch and report writers."""
+
+    def __init__(self, node: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.node = node
+        self.state = core.LauncherState(cfg=node.cfg)
+        self.last_result: RunResult | None = None  # the last round's ending (not HEALTHY)
+        self.pace: dict[int, Pace] = {}
+        self.cpu: dict[int, CpuWatch] = {}
+        self.heartbeats = False  # a rank wrote heartbeats (else hangs are judged by CPU)
+        self.held: dict[int, list[int]] = {}  # local rank -> signals waiting for its wrapper
+        self.round_pending: tuple[Any, RoundRecord] | None = None
+
+    # ------------------------------------------------------------------ torch's hooks
+    def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        node = self.node
+        pause_for_tests("ranks")
+        if node.signals.stop is not None:  # told to stop before this round's ranks exist
+            raise Stopped(node.signals.stop)
+        spares = node.cfg.spares and node.run is not None
+        gone = sp.gone_reports(node.run, node.attempt) if spares else {}
+        self.state = core.on_round_start(self.state, gone)
+        for old in [*node.hb.root.glob(node.hb.RECORDS), *node.hb.root.glob(node.hb.READY)]:
+            old.unlink(missing_ok=True)
+        self.pace, self.cpu = {}, {}  # a new round learns its pace again
+        if spares and node.watch is not None:
+            node.watch.set_role(sp.ACTIVE)
+        pause_for_tests("spawn")
+        started = super()._start_workers(worker_group)
+        self.state = replace(self.state, live=True)
+        came, node.early[:] = list(node.early), []  # what came before the ranks existed
+        for sig in core.for_new_round(came, node.signals, node.cfg):
+            self.deliver(sig)  # reaches them when ready (a stop while they started too)
+        if node.run is not None and worker_group.group_rank == 0:
+            self.record_round(worker_group)
+        return started
+
+    def _stop_workers(self, worker_group, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.state = replace(self.state, live=False)  # signals wait for the next round
+        return super()._stop_workers(worker_group, *args, **kwargs)
+
+    def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
+        while True:
+            self.state = replace(self.state, joining=True)  # a stop now raises `Stopped`
+            try:
+                if self.node.signals.stop is not None:
+                    raise Stopped(self.node.signals.stop)
+                return super()._rendezvous(worker_group)
+            except RendezvousTimeoutError:
+                # A spare left waiting on the wait list times out with torch's join
+                # timeout: it joins again while a spare can still be needed.
+                run = self.node.run
+                finished = run is not None and run.finished.exists()
+                if not core.wait_on_as_spare(self.state, finished=finished):
+                    raise
+                log.info("waiting on as a spare")
+            finally:
+                self.state = replace(self.state, joining=False)
+
+    def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        result = self._judge_workers(worker_group)
+        if result.state is not WorkerState.HEALTHY:
+            self.last_result = result
+        return result
+
+    def _judge_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        result = super()._monitor_workers(worker_group)
+        ranks = frozenset(w.global_rank for w in worker_group.workers)
+        self.state = replace(self.state, ranks=ranks)
+        if result.state is WorkerState.FAILED:
+            return self.on_failed(result) or result
+        if result.state is not WorkerState.HEALTHY:
+            return result
+        now = time.monotonic()
+        pids = self._pcontext.pids() if self._pcontext else {}
+        self.deliver_held(pids)
+        self.note_first_step()
+        ended = self.tick(worker_group, pids, now)
+        return ended or self.judge_ranks(pids, now) or result
+
+    # ---------------------------------------------------------------- the decisions
+    def account(self, budget: core.Budget) -> None:
+        """The one place the in-job restart budget (torch's `_remaining_restarts`) moves
+        outside torch: torch takes one for every restart it makes."""
+        if budget is core.Budget.KEEP:  # undone by torch's count: no restart used
+            self._remaining_restarts += 1
+        elif budget is core.Budget.SPENT:  # leave: no rejoining the rendezvous
+            self._remaining_restarts = 0
+        elif budget is core.Budget.GIVE_BACK:
+            self._remaining_restarts = min(self.node.cfg.max_restarts, self._remaining_restarts + 1)
+
+    def restarts_used(self) -> int:
+        """The in-job restarts torch made (swaps not counted)."""
+        return self.node.cfg.max_restarts - self._remaining_restarts
+
+    def carry_out(
+        self, actions: tuple[core.Action, ...], pids: dict[int, int], worker_group: Any = None
+    ) -> RunResult | None:
+        """Carry out the core's actions; the round's result when one ends it."""
+        ended = None
+        for action in actions:
+            if isinstance(action, core.Log):
+                getattr(log, action.level)("%s", action.text)
+            elif isinstance(action, core.KillRanks):
+                kill_ranks(pids.values())
+            elif isinstance(action, core.Account):
+                self.account(action.budget)
+            elif isinstance(action, core.StepOut):
+                self.node.write_bench(action.why, action.reason)
+            elif isinstance(action, core.LookAtStop):
+                self.hung_at_stop(worker_group, pids, time.monotonic())
+            elif isinstance(action, core.EndRound) and action.succeeded:
+                values = {r: None for r in self.state.ranks}
+                ended = RunResult(state=WorkerState.SUCCEEDED, return_values=values)
+            elif isinstance(action, core.EndRound):
+                ended = RunResult(state=WorkerState.FAILED)
+        return ended
+
+    def on_failed(self, result: RunResult) -> RunResult | None:
+        """The ranks failed: teardown only (success), or with spares, a loss under them?"""
+        failures = {r: f.exitcode for r, f in result.failures.items()}
+        stopped = self.node.stopped_ranks(self.state.ranks) if failures else {}
+        signalled = self.node.signals.signalled
+        self.state, actions = core.on_failed(self.state, failures, stopped, signalled)
+        if any(isinstance(a, core.AwaitVerdict) for a in actions):
+            actions = self.failure_verdict()
+        return self.carry_out(actions, {})
+
+    def failure_verdict(self) -> tuple[core.Action, ...]:
+        """Wait (at most the peer timeout and three polls) until every other active node is
+        heard from twice, or a loss of one is reported."""
+        node = self.node
+        timeout = node.args.peer_timeout
+        wait = core.Verdict(deadline=time.monotonic() + timeout + 3 * poll_interval(timeout))
+        while True:
+            losses = self.read_losses()
+            others = [r for r in range(node.cfg.nnodes) if r != node.cfg.node_rank]
+            leases = {r: sp.read_lease(node.run, node.attempt, r) for r in others}
+            now = time.monotonic()
+            self.state, wait, actions = core.on_verdict_poll(self.state, wait, losses, leases, now)
+            if not any(isinstance(a, core.Wait) for a in actions):
+                return actions
+            time.sleep(POLL_S)
+
+    def tick(self, worker_group: Any, pids: dict[int, int], now: float) -> RunResult | None:
+        """A monitor tick: read what is due, decide, act."""
+        node = self.node
+        self.state, reads = core.due(self.state, now)
+        losses = self.read_losses() if reads.losses else None
+        straggler = None
+        if reads.straggler:
+            report = read_report(node.run.straggler_report, StragglerReport)
+            straggler = sp.straggler_reason(report, node.attempt, node.node_name)
+        if reads.collect and node.collector is not None:
+            node.collector()
+        closed = reads.closed and self.rendezvous_closed(worker_group)
+        tick = core.Tick(
+            now=now,
+            restarts_left=self._remaining_restarts,
+            signals=node.signals,
+            losses=losses,
+            straggler=straggler,
+            closed=closed,
+        )
+        self.state, actions = core.on_tick(self.state, tick)
+        return self.carry_out(actions, pids, worker_group)
+
+    def judge_ranks(self, pids: dict[int, int], now: float) -> RunResult | None:
+        """The first rank judged hung, if any, and what its hang means (`on_hang`)."""
+        for local_rank in range(self.node.args.nproc_per_node):
+            why, beat = self.judge(local_rank, pids.get(local_rank), now)
+            if why:
+                step = beat.step if beat else None
+                return self.on_hang(core.Hang(local_rank, why, step, time.time()), pids)
+        return None
+
+    def on_hang(self, hang: core.Hang, pids: dict[int, int]) -> RunResult | None:
+        spares = bool(self.node.cfg.spares) and self.node.run is not None
+        deadline = core.hang_deadline(time.monotonic())
+        while True:
+            losses = self.read_losses() if spares else None
+            left, now = self._remaining_restarts, time.monotonic()
+            self.state, actions = core.on_hang(self.state, hang, losses, left, now, deadline)
+            ended = self.carry_out(actions, pids)
+            if not any(isinstance(a, core.Wait) for a in actions):
+                return ended
+            time.sleep(POLL_S)
+
+    # --------------------------------------------------------------------- reading
+    def read_losses(self) -> core.Losses:
+        """The attempt's loss reports and bench records, with the roles of the new ones."""
+        run, attempt = self.node.run, self.node.attempt
+        gone = sp.gone_reports(run, attempt)
+        roles = {}
+        for r in core.new_gone(self.state, gone):
+            lease = sp.read_lease(run, attempt, r)
+            roles[r] = lease.role if lease is not None else None
+        return core.Losses(gone=gone, roles=roles)
+
+    def rendezvous_closed(self, worker_group: Any) -> bool:
+        """Did another node's launcher give up (close the rendezvous)?"""
+        try:
+            return bool(worker_group.spec.rdzv_handler.is_closed())
+        except Exception:  # the store is gone with node 0's launcher
+            return True
+
+    def judge(
+        self, local_rank: int, pid: int | None, now: float, limits: Timeouts | None = None
+    ) -> tuple[str | None, Beat | None]:
+        """Whether a rank is hung: by its heartbeat record (with the running timeout learned
+        from its pace), or by its CPU time when it has none."""
+        node = self.node
+        limits = limits or node.timeouts
+        beat = read_beat(node.hb.root, local_rank)
+        if beat is not None and beat.beats:
+            self.heartbeats = True
+            pace = observe_pace(self.pace.get(local_rank, Pace()), beat, limits)
+            self.pace[local_rank] = pace
+            return hang_reason(beat, learned(limits, pace, node.args.safety_factor), now), beat
+        if pid is None:
+            return None, None
+        cpu = cpu_seconds(pid)
+        if cpu is None:
+            return None, None
+        running = limits.out_of_section
+        window = min(5.0, running / 3) if running else 5.0
+        watch = watch_cpu(self.cpu.get(local_rank), cpu, now, window)
+        self.cpu[local_rank] = watch
+        return idle_reason(watch, running, now), None
+
+    def hung_at_stop(self, worker_group: Any, pids: dict[int, int], now: float) -> None:
+        """Judged when the checkpoint signal or SIGTERM comes: ranks that look hung, with
+        the default running timeout where it was turned off, so the daemon can tell an
+        attempt that sat hung until its wall limit from one that was merely stopped."""
+        node = self.node
+        if node.run_dir is None:
+            return
+        timeouts = node.timeouts
+        limits = (
+            timeouts
+            if timeouts.out_of_section is not None
+            else replace(timeouts, out_of_section=DEFAULT_RUNNING_S)
+        )
+        hung = []
+        for local_rank in range(node.args.nproc_per_node):
+            why, beat = self.judge(local_rank, pids.get(local_rank), now, limits)
+            if why:
+                workers = getattr(worker_group, "workers", None) or []
+                rank = next((w.global_rank for w in workers if w.local_rank == local_rank), None)
+                hung.append(
+                    HungRank(
+                        local_rank=local_rank,
+                        rank=rank,
+                        reason=why,
+                        section=beat.section if beat else None,
+                        silent_s=silence(beat, limits, now) if beat else None,
+                    )
+                )
+        path = RunDir(node.run_dir).hung_node(node.attempt, node.args.node_rank)
+        if hung:
+            report = HungNodeReport(
+                node_rank=node.args.node_rank, node=node.node_name, time=time.time(), hung=hung
+            )
+            write_report(path, report)
+        else:
+            path.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ round records
+    def record_round(self, worker_group: Any) -> None:
+        """The launcher of global rank 0 records every in-job round after the first."""
+        node = self.node
+        run, attempt = node.run, node.attempt
+        round_ = sp.rendezvous_round(worker_group.spec.rdzv_handler)
+        self.round_pending = None
+        if not round_:
+            return
+        named = sp.named_in_rounds(run, attempt)
+        reports = sp.gone_reports(run, attempt)
+        fresh = {r: rep for r, rep in reports.items() if sp.gone_name(r, rep) not in named}
+        lost = sorted(sp.gone_name(r, rep) for r, rep in fresh.items())
+        self.state, why = core.round_why(self.state, sp.swap_why(fresh) if fresh else None)
+        workers = worker_group.workers or []
+        record = sp.round_record(
+            round_=round_,
+            started_at=time.time(),
+            world_size=workers[0].world_size if workers else 0,
+            nnodes_active=worker_group.group_world_size,
+            spares_left=sp.spares_left(reports, node.cfg.spares),
+            why=why,
+            lost=lost,
+            job_id=node.job,
+            attempt=attempt,
+        )
+        path = run.round_record(attempt, round_)
+        write_report(path, record)
+        self.round_pending = (path, record)
+
+    def note_first_step(self) -> None:
+        """The round record gets the time of the first step a rank of this node reports."""
+        if self.round_pending is None:
+            return
+        beats = (read_beat(self.node.hb.root, lr) for lr in range(self.node.args.nproc_per_node))
+        steps = [b.step for b in beats if b is not None and b.step is not None]
+        if steps:
+            path, record = self.round_pending
+            first = {
+                **record.to_json(),
+                **RoundRecord(first_step_at=time.time(), step=max(steps)).to_json(),
+            }
+            write_report(path, RoundRecord.model_validate(first))
+            self.round_pending = None
+
+    # ------------------------------------------------------------------------ signals
+    def live_pids(self) -> dict[int, int]:
+        """The ranks of the round running now (none between rounds and before the first)."""
+        pcontext = getattr(self, "_pcontext", None)
+        return pcontext.pids() if pcontext and self.state.live else {}
+
+    def deliver(self, sig: int) -> None:
+        for local_rank, pid in self.live_pids().items():
+            self.send(local_rank, pid, sig)
+
+    def send(self, local_rank: int, pid: int, sig: int) -> None:
+        # A rank's wrapper that has not installed its handlers yet would die of USR1/2:
+        # hold the signal until it says it is ready.
+        if not self.node.hb.ready(local_rank).exists():
+            self.held.setdefault(local_rank, []).append(sig)
+            return
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def deliver_held(self, pids: dict[int, int]) -> None:
+        for local_rank in list(self.held):
+            if local_rank in pids and self.node.hb.ready(local_rank).exists():
+                for sig in self.held.pop(local_rank):
+                    self.send(local_rank, pids[local_rank], sig)
+
+
+def make_agent(node: Any, handler: Any) -> Agent:
+    """The agent of this launcher's ranks, on the rendezvous `handler`."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    args = node.args
+    if node.cfg.spares:
+        # A spare left on the wait list after a swap is no new member to make room for:
+        # torch would restart the healthy ranks for it, over and over.
+        handler.num_nodes_waiting = lambda: 0
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=args.nproc_per_node,
+        entrypoint=sys.executable,
+        args=("-m", "ftslurm.agent.task", "--", *args.command),
+        rdzv_handler=handler,
+        max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval,
+    )
+    return Agent(
+        node,
+        spec=spec,
+        logs_specs=DefaultLogsSpecs(log_dir=str(node.hb.torch_logs)),
+        start_method="spawn",
+        shutdown_timeout=int(max(1, args.grace)),
+        exit_barrier_timeout=60,
+    )
+
+
+def round_ending(result: RunResult | None) -> tuple[bool, dict[int, int]]:
+    """Whether the last round succeeded, and its failures (rank -> exit code). None: the
+    rendezvous ended under a node that trained before (a failure)."""
+    if result is None:
+        return False, {}
+    failures = {r: f.exitcode for r, f in result.failures.items()}
+    return result.state is WorkerState.SUCCEEDED, failures

@@ -1,0 +1,95 @@
+"""What the launcher's shell (`ftslurm.agent.launch`, `ftslurm.agent.elastic`) shares and
+that needs no torch: its exceptions, the test pause, and what it does to rank processes
+(kill them and wait; their CPU time)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+
+class Abandoned(Exception):
+    """The rendezvous given up for news of a peer (its launcher failed or its node was
+    lost) or a stop: not this launcher's own failure."""
+
+
+class Stopped(Exception):
+    """Told to stop (SIGTERM, SIGINT) before the ranks started: they never do. Raised at
+    the phase boundaries before a round of ranks starts, and by the signal handler itself
+    out of torch's rendezvous join, so a stop does not wait for the other nodes."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(f"told to stop ({signal.Signals(sig).name}) before the ranks started")
+        self.sig = sig
+
+
+# Test hook: the launcher stops itself (SIGSTOP) at each phase named here (comma-separated:
+# "start", "rendezvous", "ranks", "spawn"; see `ftslurm.agent.launch.main`), so a test can
+# send a signal at exactly that point and then continue it.
+PAUSE_ENV = "FTSLURM_TEST_PAUSE_LAUNCH"
+
+
+def pause_for_tests(phase: str) -> None:
+    if phase in os.environ.get(PAUSE_ENV, "").split(","):
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds used by the processes below a rank's wrapper (the training script and
+    its children; the wrapper itself polls and is left out), or None when it is gone."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, seen, todo = 0.0, {pid}, [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            if parent == pid:
+                return None
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                kids = []
+            for kid in kids:
+                if kid in seen:
+                    continue
+                seen.add(kid)
+                todo.append(kid)
+                try:
+                    with open(f"/proc/{kid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[-1].split()
+                    total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+                except (OSError, IndexError, ValueError):
+                    pass
+    return total
+
+
+def kill_ranks(pids: Any, wait_s: float = 10.0) -> None:
+    """SIGKILL the ranks (their own children die with them) and wait until they are gone,
+    so the next round never meets a straggling process of the last one."""
+    pids = list(pids)
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + wait_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().split(")")[-1].split()[0] in ("Z", "X"):
+                        break
+            except OSError:
+                break
+            time.sleep(0.02)

@@ -1,0 +1,172 @@
+"""The hot spares' rules (pure): who trains, what a loss or a bench record means, whether
+a node may step out, and the records' contents. The launcher's decision core
+(`ftslurm.agent.launch_core`) uses them; `ftslurm.agent.spares` re-exports them with what
+the launchers read ([agent.md](agent.md#hot-spares))."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from enum import Enum
+from typing import Any
+
+from ftslurm.core.contract.reports import (
+    Benched,
+    Outcome,
+    PeerLost,
+    RoundRecord,
+    StragglerReport,
+    parse,
+)
+from ftslurm.core.leases import Lease
+from ftslurm.core.recovery import Recovery, recovery
+
+ACTIVE, SPARE = "active", Outcome.SPARE.value  # a node's role; a spare's outcome too
+# With spares, the rendezvous drops a participant whose keep-alive stopped after
+# KEEP_ALIVE_S x KEEP_ALIVE_MISSES seconds (torch's defaults: 5 x 3): the round that brings
+# in a spare waits on that.
+KEEP_ALIVE_S, KEEP_ALIVE_MISSES = 1, 3
+# Why a node stepped out (`RunDir.benched`), and the outcome of its node report.
+HANG, STRAGGLER = "hang", "straggler"
+BENCHED = Outcome.BENCHED.value
+# A node that finds its ranks hung but may not step out waits this long for a peer to step
+# out before it restarts its ranks in place (its ranks may be blocked on the peer's).
+BENCH_WAIT_S = 5.0
+
+
+class Action(str, Enum):
+    NONE = "none"  # nothing to do: no node that trained is among the newly lost
+    SWAP = "swap"  # restart the ranks on the survivors and a spare
+    NEW_JOB = "new_job"  # no spare can help: stop, the daemon moves the run to a new job
+
+
+def active_nodes(nnodes: int, spare_nodes: int) -> int:
+    """How many nodes train: N of the job's N+K."""
+    return nnodes - spare_nodes
+
+
+def starts_as_spare(node_rank: int, nnodes: int, spare_nodes: int) -> bool:
+    """Node ranks N..N+K-1 start as spares; 0..N-1 (the batch host among them) train."""
+    return node_rank >= active_nodes(nnodes, spare_nodes)
+
+
+def loss_action(
+    lost: Collection[int], newly_lost_roles: Mapping[int, str | None], spare_nodes: int
+) -> Action:
+    """What the launchers do on news of lost nodes (pure). `lost`: every node rank lost in
+    the attempt so far; `newly_lost_roles`: the roles the newly lost nodes' leases said.
+    A lost spare changes nothing now (it takes a spare away); an active one is replaced
+    while `ftslurm.core.recovery.recovery` says a spare can do it."""
+    if not any(role == ACTIVE for role in newly_lost_roles.values()):
+        return Action.NONE
+    if recovery(lost, spare_nodes) is Recovery.SPARE:
+        return Action.SWAP
+    return Action.NEW_JOB
+
+
+def may_join(
+    leases: Mapping[int, Lease | None], nnodes: int, spare_nodes: int, lost: Collection[int]
+) -> bool:
+    """Whether a spare may join the rendezvous (pure): once every node that trains first
+    started its ranks, or when one of them is lost or left (then a spare is needed now)."""
+    if lost:
+        return True
+    firsts = [leases.get(r) for r in range(active_nodes(nnodes, spare_nodes))]
+    return all(
+        lease is not None and (lease.role == ACTIVE or lease.ended is not None) for lease in firsts
+    )
+
+
+def alive_since(first: Mapping[int, int], leases: Mapping[int, Lease | None]) -> bool:
+    """Whether every peer in `first` (node rank -> the lease counter read when the ranks
+    failed) has renewed its lease twice since, or ended: its launcher lives (pure)."""
+    for r, seq in first.items():
+        lease = leases.get(r)
+        if lease is None or (lease.ended is None and lease.seq < seq + 2):
+            return False
+    return True
+
+
+def may_step_out(node_rank: int, gone: Collection[int], spare_nodes: int) -> bool:
+    """Whether node `node_rank` may take itself out of the training so that a spare takes
+    its place (pure): `ftslurm.core.recovery.recovery` of every node lost or benched in the
+    attempt so far (`gone`) plus this one says SPARE. Never the batch host, never without a
+    spare left."""
+    return recovery({*gone, node_rank}, spare_nodes) is Recovery.SPARE
+
+
+def straggler_reason(
+    report: StragglerReport | Mapping[str, Any] | None, attempt: int, node: str
+) -> str | None:
+    """The words for node `node` when the attempt's straggler report (`RunDir.
+    straggler_report`) names it a persistent straggler; None when it does not (pure)."""
+    report = parse(StragglerReport, report)
+    if report is None or report.attempt != attempt or node not in report.persistent_nodes:
+        return None
+    scores = [min(s.relative, s.individual) for s in report.scores if s.node == node]
+    score = f"score {min(scores):.2f} " if scores else ""
+    return f"persistent straggler: {score}below {report.threshold}"
+
+
+def benched_record(
+    *, node_rank: int, node: str, why: str, reason: str, time: float, job_id: str, attempt: int
+) -> Benched:
+    """The content of `recovery/benched-<n>.json` (pure)."""
+    return Benched(
+        node_rank=node_rank,
+        node=node,
+        why=why,
+        reason=reason,
+        time=time,
+        job_id=job_id,
+        attempt=attempt,
+    )
+
+
+def gone_name(node_rank: int, report: PeerLost | Benched) -> str:
+    """The node a loss report or a bench record names."""
+    named = report.lost_node if isinstance(report, PeerLost) else report.node
+    return str(named or f"node rank {node_rank}")
+
+
+def swap_why(gone: Mapping[int, PeerLost | Benched]) -> str:
+    """The round record's `why` for a swap after these losses and benches (pure)."""
+    words = []
+    for r, rep in sorted(gone.items()):
+        if isinstance(rep, PeerLost):
+            words.append(f"node {gone_name(r, rep)} lost")
+        else:
+            reason = f": {rep.reason}" if rep.reason else ""
+            words.append(f"node {gone_name(r, rep)} stepped out ({rep.why}{reason})")
+    return f"{'; '.join(words)}: a spare takes its place"
+
+
+def spares_left(lost: Collection[int], spare_nodes: int) -> int:
+    return max(0, spare_nodes - len(set(lost)))
+
+
+def round_record(
+    *,
+    round_: int,
+    started_at: float,
+    world_size: int,
+    nnodes_active: int,
+    spares_left: int,
+    why: str,
+    lost: list[str],
+    job_id: str,
+    attempt: int,
+) -> RoundRecord:
+    """The content of `recovery/round-<r>.json` when the round's ranks start (pure)."""
+    return RoundRecord(
+        round=round_,
+        started_at=started_at,
+        first_step_at=None,
+        step=None,
+        world_size=world_size,
+        nnodes_active=nnodes_active,
+        spares_left=spares_left,
+        why=why,
+        lost=lost,
+        job_id=job_id,
+        attempt=attempt,
+    )
