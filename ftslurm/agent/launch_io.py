@@ -9,6 +9,8 @@ import signal
 import time
 from typing import Any
 
+from ftslurm.procutil import pid_alive
+
 
 class Abandoned(Exception):
     """The rendezvous given up for news of a peer (its launcher failed or its node was
@@ -86,10 +88,6 @@ def kill_ranks(pids: Any, wait_s: float = 10.0) -> None:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().split(")")[-1].split()[0] in ("Z", "X"):
-                        break
-            except OSError:
+            if not pid_alive(pid):  # gone, or a zombie: dead
                 break
             time.sleep(0.02)
