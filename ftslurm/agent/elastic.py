@@ -355,11 +355,9 @@ class Agent(LocalElasticAgent):
         steps = [b.step for b in beats if b is not None and b.step is not None]
         if steps:
             path, record = self.round_pending
-            first = {
-                **record.to_json(),
-                **RoundRecord(first_step_at=time.time(), step=max(steps)).to_json(),
-            }
-            write_report(path, RoundRecord.model_validate(first))
+            write_report(
+                path, record.model_copy(update={"first_step_at": time.time(), "step": max(steps)})
+            )
             self.round_pending = None
 
     # ------------------------------------------------------------------------ signals

@@ -282,10 +282,13 @@ def serve(
             signal.signal(sig, lambda *_: stop.set())
         if handover is not None:
             handover.install()
-    lock = DaemonLock(home, this_host())
+    host = this_host()
+    lock = DaemonLock(home, host)
     _take_lock(lock, stop, patient=successor)
     try:
-        store, lease, keeper = _open(home, stop, backup_interval_s, lease_timeout_s, job, successor)
+        store, lease, keeper = _open(
+            home, host, stop, backup_interval_s, lease_timeout_s, job, successor
+        )
     except BaseException:
         lock.release()
         raise
@@ -324,6 +327,7 @@ def serve(
 
 def _open(
     home: Path,
+    host: str,
     stop: threading.Event,
     backup_interval_s: float,
     lease_timeout_s: float,
@@ -336,7 +340,7 @@ def _open(
         store.check_integrity()
         lease = LeaseKeeper(
             store,
-            this_host(),
+            host,
             os.getpid(),
             lease_timeout_s,
             job_id=os.environ.get("SLURM_JOB_ID") if job else None,
