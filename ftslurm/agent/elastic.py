@@ -355,9 +355,7 @@ class Agent(LocalElasticAgent):
         steps = [b.step for b in beats if b is not None and b.step is not None]
         if steps:
             path, record = self.round_pending
-            write_report(
-                path, record.model_copy(update={"first_step_at": time.time(), "step": max(steps)})
-            )
+            write_report(path, record.at_first_step(time.time(), max(steps)))
             self.round_pending = None
 
     # ------------------------------------------------------------------------ signals

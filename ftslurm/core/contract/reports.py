@@ -241,6 +241,10 @@ class RoundRecord(Report):
     job_id: JobId = None
     attempt: int | None = None
 
+    def at_first_step(self, at: float, step: int) -> RoundRecord:
+        """This record again, with the time and step of the round's first reported step."""
+        return self.model_copy(update={"first_step_at": at, "step": step})
+
 
 class Benched(Report):
     """`recovery/benched-<n>.json`: a node whose launcher stepped out so that a spare
