@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ftslurm.agent import live
 from ftslurm.agent import rank as fta
 from ftslurm.checkpoint import CheckpointManager, restore_training_state, training_state
 from ftslurm.memory_checkpoint import MemoryTier
@@ -100,17 +101,26 @@ def main() -> int:
         "kept in node memory only, with a replica on another node)",
     )
     parser.add_argument("--no-memory-tier", action="store_true", help="checkpoint to disk only")
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="live recovery: a fault costs one step, the healthy ranks keep running",
+    )
     parser.add_argument("--fail-at-step", type=int, default=-1)
     parser.add_argument("--fail-rank", type=int, default=-1)
     args = parser.parse_args()
 
     rank, world, addr, port = dist_env()
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
+    # With --live and a coordinator store (the launcher's), a fault costs one step: the
+    # healthy ranks keep running and a restarted rank receives the state from them
+    # (`ftslurm.agent.live`). Otherwise a plain process group.
+    group = live.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", live=args.live)
     agent = fta.init()  # signal handlers (flag only), heartbeats, sections
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 1)
-    for p in model.parameters():  # the same start on every rank, as DDP would broadcast
-        dist.broadcast(p.data, src=0)
+    if not group.rejoining:  # the same start on every rank, as DDP would broadcast
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
     optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt_dir = Path(args.checkpoint_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -123,17 +133,31 @@ def main() -> int:
     memory = None if args.no_memory_tier else MemoryTier()
     step, tier = 0, "nothing"
     with agent.section("setup"):
-        on_disk = manager.steps()
-        got = memory.load_latest(min_step=on_disk[-1] if on_disk else None) if memory else None
-        if got is not None:
-            step, tier = restore_training_state(got[1], model, optim), got[2]
+        if group.rejoining:  # restarted alone: the state comes from the running ranks
+            tier = "a live peer"
         else:
-            latest = manager.load_latest()  # the newest checkpoint that verifies
-            if latest is not None:
-                step, tier = restore_training_state(latest[1], model, optim), "disk"
-    if rank == 0:
+            on_disk = manager.steps()
+            got = memory.load_latest(min_step=on_disk[-1] if on_disk else None) if memory else None
+            if got is not None:
+                step, tier = restore_training_state(got[1], model, optim), got[2]
+            else:
+                latest = manager.load_latest()  # the newest checkpoint that verifies
+                if latest is not None:
+                    step, tier = restore_training_state(latest[1], model, optim), "disk"
+
+    def load(state: dict) -> None:  # a live recovery's handover, on a rank that lacks it
+        nonlocal step
+        step = restore_training_state(state, model, optim)
+
+    group.attach(
+        state=lambda: training_state(model, optim, step),
+        load=load,
+        step=lambda: step,
+        on_regroup=[memory.regroup] if memory is not None else [],
+    )
+    if rank == 0 or group.rejoining:
         print(
-            f"rank 0 of {world} starts at step {step} "
+            f"rank {rank} of {world} starts at step {step} "
             f"(attempt {os.environ.get('FTSLURM_ATTEMPT', '0')}, in-job restart "
             f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}) from {tier}",
             flush=True,
@@ -144,10 +168,10 @@ def main() -> int:
             f"{'its node memory' if tier == 'memory' else 'a peer replica'}",
             flush=True,
         )
-    saves = 0
+    saves, saved_at, stop = 0, -1, False
 
     def checkpoint(disk: bool = False) -> None:
-        nonlocal saves
+        nonlocal saves, saved_at
         with agent.section("checkpointing"):
             state = training_state(model, optim, step)
             if memory is not None:
@@ -156,21 +180,23 @@ def main() -> int:
             if memory is None or disk or saves % args.disk_every == 0:
                 manager.checkpoint(step, state)  # rank 0 writes
             dist.barrier()
+        saved_at = step
         agent.save_observed()  # the sections' timings, for the next attempt's timeouts
 
-    while step < args.steps:
+    def iteration() -> None:
+        """Everything of one step that talks to the other ranks; the optimizer step comes
+        after the commit (with --live, a fault in here costs this step alone)."""
+        nonlocal stop
+        if step and step % args.ckpt_every == 0 and saved_at != step:
+            checkpoint()
         # The same answer on every rank at this step: the checkpoint signal, or the
         # periodic interval the daemon tuned for this run (Daly's optimum) has passed.
         if agent.should_checkpoint():
             # To memory, or also to disk: a stop's, and the disk tier's longer interval.
             checkpoint(disk=agent.checkpoint_tier == "disk")
             if agent.should_stop():  # the signal, not the periodic one
-                if rank == 0:
-                    print(
-                        f"checkpointed at step {step} on request; exiting for a continuation",
-                        flush=True,
-                    )
-                agent.exit(0)  # the process group torn down, then os._exit: never returns
+                stop = True
+                return
             if rank == 0:
                 print(
                     f"periodic checkpoint at step {step} to {agent.checkpoint_tier} (every "
@@ -186,14 +212,26 @@ def main() -> int:
                 if args.step_time:
                     time.sleep(args.step_time)
             average_gradients(model, world)
-            optim.step()
-            step += 1
+
+    while step < args.steps:
+        if not group.commit(iteration):
+            agent.heartbeat(step)  # a fault: the group was formed again; this step again
+            continue
+        if stop:
+            if rank == 0:
+                print(
+                    f"checkpointed at step {step} on request; exiting for a continuation",
+                    flush=True,
+                )
+            agent.exit(0)  # the process group torn down, then os._exit: never returns
+        optim.step()
+        step += 1
         agent.heartbeat(step)
         if step == args.fail_at_step and rank == args.fail_rank:
             print(f"rank {rank} fails at step {step} (--fail-at-step)", flush=True)
             os._exit(3)
-        if step % args.ckpt_every == 0:
-            checkpoint()
+    if step % args.ckpt_every == 0 and saved_at != step:
+        checkpoint()
     if rank == 0:
         (ckpt_dir / "final.json").write_text(json.dumps({"step": step, "digest": digest(model)}))
         print(f"finished at step {step}, digest {digest(model)}", flush=True)

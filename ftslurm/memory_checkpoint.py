@@ -144,6 +144,17 @@ class MemoryTier:
         self.run = run or run_key(os.environ)
         self.base = Path(base) if base is not None else memory_base()
         self.area = node_memory_area(self.base, self.run, self.node)
+        self.asynchronous = asynchronous
+        self._writer: threading.Thread | None = None  # the save still keeping and sending
+        self._error: BaseException | None = None
+        self.regroup()
+        _IN_FLIGHT.add(self)  # the rank agent's exit waits for it (`wait_for_saves`)
+
+    def regroup(self) -> None:
+        """Create the tier's group over the current default process group and learn where
+        every rank runs (at the start, and again after live recovery formed a new default
+        group: `ftslurm.agent.live`). A collective."""
+        self.settle()  # a save in flight went over the old group
         self.group = dist.new_group(backend="gloo")  # CPU tensors, whatever the training uses
         nodes: list[Any] = [None] * self.world
         dist.all_gather_object(nodes, self.node, group=self.group)
@@ -151,10 +162,6 @@ class MemoryTier:
         self.partner = partners(self.nodes)
         # the ranks whose replicas this rank keeps (one with as many ranks on every node)
         self.keeps = [r for r, p in sorted(self.partner.items()) if p == self.rank]
-        self.asynchronous = asynchronous
-        self._writer: threading.Thread | None = None  # the save still keeping and sending
-        self._error: BaseException | None = None
-        _IN_FLIGHT.add(self)  # the rank agent's exit waits for it (`wait_for_saves`)
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, state: dict[str, Any]) -> None:

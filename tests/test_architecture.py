@@ -194,7 +194,11 @@ def test_pure_modules_reach_no_io_layer_through_their_imports(name):
 
 
 # The launcher's decisions (pure, like the daemon's `step`) and the hot spares' rules they use.
-LAUNCHER_CORE = ["ftslurm.agent.launch_core", "ftslurm.agent.spare_rules"]
+LAUNCHER_CORE = [
+    "ftslurm.agent.launch_core",
+    "ftslurm.agent.spare_rules",
+    "ftslurm.agent.live_rules",  # live recovery's decisions
+]
 # What of the compute side they may load: each other, the package and `boot` (the signals
 # that stop a launcher: names, no I/O).
 LAUNCHER_CORE_MAY_LOAD = {"ftslurm.agent", "ftslurm.agent.boot", *LAUNCHER_CORE}

@@ -418,6 +418,11 @@ class EnvName(str, Enum):
     SPARE_NODES = "FTSLURM_SPARE_NODES"  # nodes of the job kept idle to replace a lost one
     MEMORY_DIR = "FTSLURM_MEMORY_DIR"  # where the memory checkpoint tier keeps node areas
     CHECKPOINT_SHARING = "FTSLURM_CHECKPOINT_SHARING"  # private (0700/0600) or group
+    # live recovery (`ftslurm.agent.live`): "1" on a rank its launcher restarted alone, to
+    # rejoin the ranks that kept running; and the coordinator store (host:port) where no
+    # launcher hosts one (torch's agent store otherwise)
+    LIVE_REJOIN = "FTSLURM_LIVE_REJOIN"
+    LIVE_STORE = "FTSLURM_LIVE_STORE"
 
 
 def _alias(name: EnvName) -> Any:

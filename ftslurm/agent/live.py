@@ -1,0 +1,332 @@
+"""Live recovery on the rank side: the ranks that are still healthy keep their processes.
+
+    from ftslurm.agent import live
+    group = live.init_process_group("gloo")          # in place of dist.init_process_group
+    ... build the model and optimizer, load a checkpoint ...
+    group.attach(state=lambda: training_state(model, optim, step), load=load, step=lambda: step)
+    while step < steps:
+        if not group.commit(forward_backward_and_all_reduce):
+            continue                                 # a fault: the step runs again
+        optim.step(); step += 1
+
+How it works (the decisions are `ftslurm.agent.live_rules`, pure):
+
+- A coordinator store outlives the ranks: torch's agent store, which the launcher of node
+  rank 0 hosts (`TORCHELASTIC_USE_AGENT_STORE`), or `FTSLURM_LIVE_STORE=host:port`. Without
+  one, live recovery is off and everything is plain torch.distributed: a fault ends the
+  process as before.
+- The process group of round r is formed over the store prefix of round r: every rank
+  publishes the step it holds and waits for the whole world.
+- `commit(fn)` runs the forward, backward and gradient reduction, then votes: one `add` on
+  the store. The rank that brings the count to the world size writes "commit"; a rank whose
+  collective raised writes "abort" and declares the round failed. The first writer wins
+  (compare-and-set) and every rank follows what was written, so no rank applies a step
+  another rank did not.
+- After an abort the survivors abort their process group (gloo: its sockets; a peer that
+  died closed them, so the error came at once), form round r+1, run the `on_regroup` hooks
+  (a memory tier re-creates its group), and the member holding the newest step broadcasts
+  its state to those holding an older one or none. The failed step runs again.
+- A crashed rank is restarted alone by its launcher with `FTSLURM_LIVE_REJOIN=1`: it finds
+  its former process's record in the current round, declares that round failed (which ends
+  a survivor's wait for its vote at once), joins the next one and receives the state.
+- Given up (`LiveRecoveryFailed`, the reason in `reason`) when a rank does not join in time or
+  faults keep coming during the recovery: the process then ends non-zero and the launcher
+  takes today's path (an in-job restart of every rank from the memory tier or disk).
+
+Random number generators: a rank that receives the state gets the sender's RNG state; the
+survivors keep their own.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch.distributed as dist
+
+from ftslurm.agent import live_rules as rules
+from ftslurm.core.contract import EnvName
+
+COLLECTIVE_TIMEOUT_S = 60.0  # a live group's collectives (gloo waits this long on a silent peer)
+JOIN_TIMEOUT_S = 120.0  # how long a new round waits for every rank (a restarted one imports torch)
+MAX_ROUNDS = 3  # rounds failed one after the other before live recovery is given up
+DECISION_POLL_S = 0.05  # how often a rank waiting for the votes looks for a failed round
+log = logging.getLogger("ftslurm.live")
+
+
+class LiveRecoveryFailed(RuntimeError):
+    def __init__(self, reason: rules.Fallback, detail: str = "") -> None:
+        super().__init__(
+            f"live recovery given up: {reason.value}{f' ({detail})' if detail else ''}"
+        )
+        self.reason = reason
+
+
+def is_fault(exc: BaseException) -> bool:
+    """A collective that failed because a peer did (not a bug of the training code)."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("gloo" in text or "nccl" in text)
+
+
+def coordinator(environ: Mapping[str, str], timeout_s: float) -> Any | None:
+    """A client of the coordinator store, or None where there is none."""
+    spec = environ.get(EnvName.LIVE_STORE.value)
+    if spec:
+        host, _, port = spec.rpartition(":")
+    elif environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and environ.get("MASTER_PORT"):
+        host, port = environ.get("MASTER_ADDR", "127.0.0.1"), environ["MASTER_PORT"]
+    else:
+        return None
+    return dist.TCPStore(
+        host,
+        int(port),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+class LiveGroup:
+    def __init__(
+        self,
+        backend: str = "gloo",
+        *,
+        environ: Mapping[str, str] | None = None,
+        collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+        join_timeout_s: float = JOIN_TIMEOUT_S,
+        max_rounds: int = MAX_ROUNDS,
+        init_method: str | None = None,
+        live: bool = True,
+    ) -> None:
+        env = dict(os.environ if environ is None else environ)
+        self.backend = backend
+        self.init_method = init_method  # a plain group's (without a coordinator store)
+        self.rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+        self.world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
+        self.timeout = datetime.timedelta(seconds=collective_timeout_s)
+        self.join_timeout_s = join_timeout_s
+        self.max_rounds = max_rounds
+        self.store = coordinator(env, collective_timeout_s) if live else None
+        run = env.get("TORCHELASTIC_RUN_ID", "ftslurm")
+        self.keys = rules.Keys(f"ftslurm-live/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+        self.rejoining = live and env.get(EnvName.LIVE_REJOIN.value) == "1"
+        self.round = 0
+        self.seq = 0  # commits of this round
+        self.failed_in_a_row = 0
+        self._state: Callable[[], Any] | None = None
+        self._load: Callable[[Any], None] | None = None
+        self._step: Callable[[], int] = lambda: -1
+        self._hooks: list[Callable[[], None]] = []
+        self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    # ------------------------------------------------------------------ forming
+    def start(self) -> None:
+        if not self.enabled:
+            dist.init_process_group(
+                self.backend,
+                init_method=self.init_method,
+                rank=self.rank,
+                world_size=self.world,
+                timeout=self.timeout,
+            )
+            return
+        r = int(self.store.add(self.keys.round(), 0))
+        if self.rejoining:
+            was = self.store.check([self.keys.member(r, self.rank)])
+            failed = self.store.check([self.keys.failed(r)])
+            r, declare = rules.rejoin_round(r, was_member=was, failed=failed)
+            if declare:
+                self._declare_failed(r - 1, f"rank {self.rank} was restarted")
+        self._form(r, None)
+
+    def _form(self, r: int, step: int | None) -> None:
+        """Form round `r` (or a later one when `r` fails while forming)."""
+        while True:
+            if r:
+                self.store.compare_set(self.keys.round(), str(r - 1), str(r))
+            self.store.set(self.keys.member(r, self.rank), "" if step is None else str(step))
+            self.store.add(self.keys.joined(r), 1)
+            started = time.monotonic()
+            while True:
+                state = rules.join_state(
+                    int(self.store.add(self.keys.joined(r), 0)),
+                    self.world,
+                    failed=self.store.check([self.keys.failed(r)]),
+                    waited_s=time.monotonic() - started,
+                    timeout_s=self.join_timeout_s,
+                )
+                if state is not rules.Join.WAIT:
+                    break
+                time.sleep(DECISION_POLL_S / 5)
+            if state is rules.Join.TIMED_OUT:
+                raise LiveRecoveryFailed(rules.Fallback.JOIN_TIMEOUT, f"round {r}")
+            if state is rules.Join.READY:
+                try:
+                    dist.init_process_group(
+                        self.backend,
+                        store=dist.PrefixStore(self.keys.group(r), self.store),
+                        rank=self.rank,
+                        world_size=self.world,
+                        timeout=self.timeout,
+                    )
+                    self.round, self.seq = r, 0
+                    return
+                except Exception as exc:  # a fault while forming: the next round
+                    if not is_fault(exc):
+                        raise
+                    self._declare_failed(r, f"forming: {exc}")
+            r = self._next_round(r)
+
+    def _next_round(self, r: int) -> int:
+        self.failed_in_a_row += 1
+        why = rules.fallback(self.failed_in_a_row, self.max_rounds)
+        if why is not None:
+            raise LiveRecoveryFailed(why, f"{self.failed_in_a_row} rounds up to round {r}")
+        return r + 1
+
+    def _declare_failed(self, r: int, why: str) -> None:
+        self.store.compare_set(self.keys.failed(r), "", why)
+
+    # ------------------------------------------------------------------ state
+    def attach(
+        self,
+        *,
+        state: Callable[[], Any],
+        load: Callable[[Any], None],
+        step: Callable[[], int],
+        on_regroup: Iterable[Callable[[], None]] = (),
+    ) -> None:
+        """What a recovery hands over (`state()`, applied with `load(state)` on a rank that
+        lacks it) and the step it holds. A collective: every rank calls it once, after
+        building its model (a restarted rank receives the state here)."""
+        self._state, self._load, self._step = state, load, step
+        self._hooks = list(on_regroup)
+        if self.enabled:
+            self._handover()
+
+    def _handover(self) -> None:
+        members = {
+            r: rules.member_step(v)
+            for r, v in enumerate(
+                self.store.multi_get([self.keys.member(self.round, r) for r in range(self.world)])
+            )
+        }
+        plan = rules.sender(members)
+        if plan is None or not plan.receivers:
+            return
+        box = [self._state() if self.rank == plan.sender else None]
+        dist.broadcast_object_list(box, src=plan.sender)
+        if self.rank in plan.receivers:
+            self._load(box[0])
+        log.info("round %d: state of step %d from rank %d", self.round, plan.step, plan.sender)
+
+    # ------------------------------------------------------------------ stepping
+    def commit(self, fn: Callable[[], Any]) -> bool:
+        """Run `fn` (forward, backward, gradient reduction; not the optimizer step) and
+        decide with every rank whether the step commits. True: apply it. False: a fault;
+        the group was formed again and the state handed over: run the step again."""
+        if not self.enabled:
+            fn()
+            return True
+        r, seq = self.round, self.seq
+        error: str | None = None  # not the exception: its frames would keep the group alive
+        try:
+            fn()
+        except Exception as exc:
+            if not is_fault(exc):
+                raise
+            error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if error is None and self.store.add(self.keys.vote(r, seq), 1) >= self.world:
+            self.store.compare_set(self.keys.decision(r, seq), "", rules.Decision.COMMIT.value)
+        elif error is not None:
+            self._declare_failed(r, f"rank {self.rank}: {error}")
+            self.store.compare_set(self.keys.decision(r, seq), "", rules.Decision.ABORT.value)
+        if self._decision(r, seq) is rules.Decision.COMMIT:
+            self.seq += 1
+            self.failed_in_a_row = 0
+            return True
+        self._recover(error or "a peer failed")
+        return False
+
+    def _decision(self, r: int, seq: int) -> rules.Decision:
+        key = self.keys.decision(r, seq)
+        started = time.monotonic()
+        poll = datetime.timedelta(seconds=DECISION_POLL_S)
+        while True:
+            try:
+                self.store.wait([key], poll)
+                return rules.Decision(self.store.get(key).decode())
+            except dist.DistStoreError:
+                pass  # not decided yet
+            decision = rules.commit_decision(
+                int(self.store.add(self.keys.vote(r, seq), 0)),
+                self.world,
+                failed=self.store.check([self.keys.failed(r)]),
+                waited_s=time.monotonic() - started,
+                timeout_s=self.timeout.total_seconds(),
+            )
+            if decision is not rules.Decision.WAIT:
+                self.store.compare_set(key, "", decision.value)
+
+    def _recover(self, why: str) -> None:
+        started = time.monotonic()
+        failed_round = self.round
+        self._declare_failed(failed_round, why)
+        _drop_group()
+        r = self._next_round(failed_round)
+        while True:
+            try:
+                self._form(r, self._step())
+                for hook in self._hooks:
+                    hook()
+                self._handover()
+                break
+            except LiveRecoveryFailed:
+                raise
+            except Exception as exc:
+                if not is_fault(exc):
+                    raise
+                self._declare_failed(self.round, f"recovering: {exc}")
+                _drop_group()
+                r = self._next_round(self.round)
+        took = time.monotonic() - started
+        self.recoveries.append(
+            {"failed_round": failed_round, "round": self.round, "why": why, "seconds": took}
+        )
+        log.warning("live recovery: round %d after %s in %.2fs", self.round, why, took)
+
+
+def _drop_group() -> None:
+    """Abort and destroy the default process group, whatever state it is in."""
+    if not dist.is_initialized():
+        return
+    try:
+        dist.group.WORLD.abort()  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - a broken group may refuse; destroying is what counts
+        pass
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    # The group's sockets close when the last reference goes: a peer still blocked in a
+    # collective with this rank then gets its error at once instead of at its timeout.
+    gc.collect()
+
+
+def init_process_group(backend: str = "gloo", **kwargs: Any) -> LiveGroup:
+    """In place of `torch.distributed.init_process_group`: the default group of round 0 of
+    a live group (or, without a coordinator store, a plain one)."""
+    group = LiveGroup(backend, **kwargs)
+    group.start()
+    return group

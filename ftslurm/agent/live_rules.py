@@ -1,0 +1,136 @@
+"""Live recovery's decisions: pure functions of what the coordinator store holds.
+
+The shell (`ftslurm.agent.live`) reads the store, asks these, and acts. Nothing here does
+I/O or reads a clock: the time waited is passed in.
+
+- `commit_decision`: a step commits only when every rank voted that its gradient
+  reduction succeeded; a rank that failed, a round declared failed (by a rank or by the
+  launcher that saw a rank die) or a vote that waited too long aborts it. The first rank to
+  decide writes the decision (compare-and-set), every rank follows the written one: no rank
+  ever applies a step another rank did not.
+- `join_state`: a new round is ready when every rank of the world joined; it falls back
+  when the wait ran out or the round itself was declared failed.
+- `sender`: who hands the state to the members that lack it (the member holding the newest
+  step; the lowest rank among equals), and which members must load it.
+- `fallback`: whether to give live recovery up (too many faults in a row), and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Decision(str, Enum):
+    COMMIT = "commit"
+    ABORT = "abort"
+    WAIT = "wait"
+
+
+class Join(str, Enum):
+    READY = "ready"
+    WAIT = "wait"
+    FAILED = "failed"  # this round failed while forming: try the next one
+    TIMED_OUT = "timed_out"  # a rank never came: give live recovery up
+
+
+class Fallback(str, Enum):
+    """Why live recovery was given up (today's path then: the in-job restart from the
+    memory tier or disk, then a new job). The text goes into the round record."""
+
+    JOIN_TIMEOUT = "a rank did not join the new round in time"
+    TOO_MANY_ROUNDS = "faults kept coming during the recovery"
+    NO_STATE = "no member holds a training state"
+    NO_COORDINATOR = "the coordinator store is gone (the batch host was lost)"
+
+
+def commit_decision(
+    votes: int, world: int, *, failed: bool, waited_s: float, timeout_s: float
+) -> Decision:
+    """The decision on one step from the votes counted so far. All votes in commits, even
+    when a failure was declared after the last one: the step was finished everywhere, and
+    the failure belongs to the next step."""
+    if votes >= world:
+        return Decision.COMMIT
+    if failed or waited_s >= timeout_s:
+        return Decision.ABORT
+    return Decision.WAIT
+
+
+def join_state(joined: int, world: int, *, failed: bool, waited_s: float, timeout_s: float) -> Join:
+    if failed:
+        return Join.FAILED
+    if joined >= world:
+        return Join.READY
+    if waited_s >= timeout_s:
+        return Join.TIMED_OUT
+    return Join.WAIT
+
+
+@dataclass(frozen=True)
+class Handover:
+    sender: int  # the rank that broadcasts its state
+    step: int  # the step it holds
+    receivers: frozenset[int]  # the ranks that load it (they hold an older step or none)
+
+
+def sender(members: Mapping[int, int | None]) -> Handover | None:
+    """`members`: rank -> the step of the state it holds (None: none, a process that has
+    not loaded anything). None when no member holds a state."""
+    holding = {r: s for r, s in members.items() if s is not None}
+    if not holding:
+        return None
+    step = max(holding.values())
+    src = min(r for r, s in holding.items() if s == step)
+    return Handover(src, step, frozenset(r for r, s in members.items() if s != step))
+
+
+def fallback(rounds_in_a_row: int, max_rounds: int) -> Fallback | None:
+    """Given up after `max_rounds` rounds failed one after the other without a committed
+    step between them (a fault during the recovery is retried that often)."""
+    return Fallback.TOO_MANY_ROUNDS if rounds_in_a_row > max_rounds else None
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The coordinator store's keys of one live group: `prefix` names the group (the
+    launcher's rendezvous and restart), `r` a round, `seq` the n-th commit of a round."""
+
+    prefix: str
+
+    def round(self) -> str:
+        return f"{self.prefix}/round"
+
+    def failed(self, r: int) -> str:
+        return f"{self.prefix}/r{r}/failed"
+
+    def joined(self, r: int) -> str:
+        return f"{self.prefix}/r{r}/joined"
+
+    def member(self, r: int, rank: int) -> str:
+        return f"{self.prefix}/r{r}/member/{rank}"
+
+    def group(self, r: int) -> str:
+        return f"{self.prefix}/r{r}/pg/"
+
+    def vote(self, r: int, seq: int) -> str:
+        return f"{self.prefix}/r{r}/s{seq}/votes"
+
+    def decision(self, r: int, seq: int) -> str:
+        return f"{self.prefix}/r{r}/s{seq}/decision"
+
+
+def rejoin_round(current: int, *, was_member: bool, failed: bool) -> tuple[int, bool]:
+    """The round a restarted rank joins, and whether it declares `current` failed first: a
+    round it was a member of (its former process was) lost that member; a round forming
+    without it waits for it."""
+    if was_member or failed:
+        return current + 1, was_member and not failed
+    return current, False
+
+
+def member_step(value: bytes | str) -> int | None:
+    """A member record's step ("" or "-": it holds no state)."""
+    text = value.decode() if isinstance(value, bytes) else value
+    return int(text) if text.lstrip("-").isdigit() and not text.startswith("-") else None

@@ -1,0 +1,166 @@
+"""Live recovery (`ftslurm.agent.live`) with real rank processes of the example recipe on
+gloo: the test hosts the coordinator store and plays the launcher (it restarts a crashed
+rank alone, with FTSLURM_LIVE_REJOIN=1). The survivors keep their processes, the step the
+fault interrupted runs again, and the run ends bit-identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from ftslurm.core.contract import EnvName
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "examples" / "recipe.py"
+WORLD = 3
+STEPS = 40
+
+
+class Ranks:
+    """`WORLD` ranks of the recipe around a coordinator store this process hosts."""
+
+    def __init__(self, tmp: Path, *extra: str) -> None:
+        self.store = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=30),
+        )
+        self.tmp = tmp
+        self.ckpt = tmp / "ckpt"
+        self.args = [
+            "--live",
+            "--steps",
+            str(STEPS),
+            "--ckpt-every",
+            "10",
+            "--step-time",
+            "0.02",
+            "--checkpoint-dir",
+            str(self.ckpt),
+            *extra,
+        ]
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.restarted: list[int] = []
+
+    def env(self, rank: int, rejoin: bool) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "FTSLURM_RUN_DIR"):
+            env.pop(name, None)
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(WORLD),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT="1",  # never used: the group forms over the coordinator store
+            FTSLURM_MEMORY_DIR=str(self.tmp / "memory"),
+            PYTHONUNBUFFERED="1",
+        )
+        env[EnvName.LIVE_STORE.value] = f"127.0.0.1:{self.store.port}"
+        if rejoin:
+            env[EnvName.LIVE_REJOIN.value] = "1"
+        return env
+
+    def start(self, rank: int, rejoin: bool = False) -> None:
+        log = open(self.tmp / f"rank-{rank}-{len(self.restarted)}.log", "w")  # noqa: SIM115
+        self.procs[rank] = subprocess.Popen(
+            [sys.executable, str(RECIPE), *self.args],
+            env=self.env(rank, rejoin),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def run(self, restart_alone: bool = True, timeout: float = 180) -> dict[int, int]:
+        """Every rank to its end; a rank that fails is restarted alone (as the launcher
+        does). The ranks' exit codes."""
+        for r in range(WORLD):
+            self.start(r)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                codes = {r: p.poll() for r, p in self.procs.items()}
+                for r, code in codes.items():
+                    if code not in (None, 0) and restart_alone:
+                        self.restarted.append(r)
+                        self.start(r, rejoin=True)
+                        codes[r] = None
+                if all(c == 0 for c in codes.values()):
+                    return codes
+                if any(c not in (None, 0) for c in codes.values()):
+                    return codes
+                time.sleep(0.02)
+            pytest.fail(f"the ranks did not end within {timeout:.0f}s:\n{self.logs()}")
+        finally:
+            for p in self.procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return {}
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.tmp.glob("rank-*.log"))
+        )
+
+    def final(self) -> dict:
+        return json.loads((self.ckpt / "final.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    ranks = Ranks(tmp_path_factory.mktemp("reference"))
+    codes = ranks.run(restart_alone=False)
+    assert codes == dict.fromkeys(range(WORLD), 0), ranks.logs()
+    return ranks.final()
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_crashed_rank_restarted_alone_rejoins_the_survivors_bit_identically(
+    tmp_path, reference, victim
+):
+    ranks = Ranks(tmp_path, "--fail-at-step", "25", "--fail-rank", str(victim))
+    codes = ranks.run()
+    assert codes == dict.fromkeys(range(WORLD), 0), ranks.logs()
+    assert ranks.restarted == [victim], ranks.logs()
+    logs = ranks.logs()
+    # the survivors kept their processes (one log each: never started again) and recovered
+    for r in set(range(WORLD)) - {victim}:
+        text = (tmp_path / f"rank-{r}-0.log").read_text()
+        assert "live recovery: round 1 after" in text, logs
+    rejoined = (tmp_path / f"rank-{victim}-1.log").read_text()
+    assert f"rank {victim} of {WORLD} starts at step 25" in rejoined, logs
+    assert "from a live peer" in rejoined, logs
+    assert ranks.final() == reference, logs
+
+
+def test_without_a_coordinator_the_recipe_trains_as_a_plain_group(tmp_path, reference):
+    """--live with no store to coordinate: a plain process group, the same result."""
+    ranks = Ranks(tmp_path)
+    port = _free_port()
+    coordinated = ranks.env
+
+    def plain(rank: int, rejoin: bool) -> dict[str, str]:
+        env = coordinated(rank, rejoin)
+        del env[EnvName.LIVE_STORE.value]
+        env["MASTER_PORT"] = str(port)
+        return env
+
+    ranks.env = plain  # type: ignore[method-assign]
+    codes = ranks.run(restart_alone=False)
+    assert codes == dict.fromkeys(range(WORLD), 0), ranks.logs()
+    assert ranks.final() == reference
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

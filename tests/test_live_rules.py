@@ -1,0 +1,88 @@
+"""Live recovery's pure decisions (`ftslurm.agent.live_rules`) as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftslurm.agent.live_rules import (
+    Decision,
+    Fallback,
+    Handover,
+    Join,
+    commit_decision,
+    fallback,
+    join_state,
+    member_step,
+    rejoin_round,
+    sender,
+)
+
+W = 4
+
+
+@pytest.mark.parametrize(
+    "votes, failed, waited, want",
+    [
+        (4, False, 0.0, Decision.COMMIT),  # every rank finished the step
+        (4, True, 0.0, Decision.COMMIT),  # a failure after the last vote is the next step's
+        (4, False, 99.0, Decision.COMMIT),
+        (3, False, 0.0, Decision.WAIT),
+        (3, True, 0.0, Decision.ABORT),  # a rank failed or was restarted: nobody commits
+        (3, False, 10.0, Decision.ABORT),  # a vote that never came
+        (0, True, 0.0, Decision.ABORT),
+    ],
+)
+def test_commit_decision(votes, failed, waited, want):
+    assert commit_decision(votes, W, failed=failed, waited_s=waited, timeout_s=10.0) is want
+
+
+@pytest.mark.parametrize(
+    "joined, failed, waited, want",
+    [
+        (4, False, 0.0, Join.READY),
+        (3, False, 0.0, Join.WAIT),
+        (3, False, 30.0, Join.TIMED_OUT),
+        (4, True, 0.0, Join.FAILED),  # declared failed while forming: the next round
+        (1, True, 30.0, Join.FAILED),
+    ],
+)
+def test_join_state(joined, failed, waited, want):
+    assert join_state(joined, W, failed=failed, waited_s=waited, timeout_s=30.0) is want
+
+
+@pytest.mark.parametrize(
+    "members, want",
+    [
+        ({0: None, 1: None, 2: None}, None),  # a fresh start: nobody sends
+        ({0: 5, 1: 5, 2: 5}, Handover(0, 5, frozenset())),  # all hold it: nothing to send
+        ({0: None, 1: 25, 2: 25}, Handover(1, 25, frozenset({0}))),  # rank 0 restarted
+        ({0: 25, 1: None, 2: 25}, Handover(0, 25, frozenset({1}))),
+        ({0: 20, 1: 25, 2: None}, Handover(1, 25, frozenset({0, 2}))),  # the newest wins
+        ({0: 3, 1: 3, 2: 3, 3: None}, Handover(0, 3, frozenset({3}))),
+    ],
+)
+def test_sender(members, want):
+    assert sender(members) == want
+
+
+@pytest.mark.parametrize(
+    "current, was_member, failed, want",
+    [
+        (0, True, False, (1, True)),  # its former process was in round 0: declare it failed
+        (0, True, True, (1, False)),  # already declared by a survivor
+        (1, False, False, (1, False)),  # round 1 is forming and waits for it
+        (1, False, True, (2, False)),  # round 1 failed while forming
+    ],
+)
+def test_rejoin_round(current, was_member, failed, want):
+    assert rejoin_round(current, was_member=was_member, failed=failed) == want
+
+
+def test_fallback_after_too_many_rounds_in_a_row():
+    assert fallback(3, 3) is None
+    assert fallback(4, 3) is Fallback.TOO_MANY_ROUNDS
+
+
+@pytest.mark.parametrize("raw, want", [(b"", None), (b"12", 12), ("0", 0), (b"-1", None)])
+def test_member_step(raw, want):
+    assert member_step(raw) == want
