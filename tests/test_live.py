@@ -164,3 +164,61 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, reference):
+    """The launcher (one node, 3 ranks) restarts the rank that failed and only it: the
+    others keep their processes, torch's agent store coordinates, one in-job restart is
+    used, and the run ends bit-identical to an uninterrupted one."""
+    for name in ("run", "ckpt"):
+        (tmp_path / name).mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
+    env.update(
+        FTSLURM_RUN_DIR=str(tmp_path / "run"),
+        FTSLURM_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+        FTSLURM_MEMORY_DIR=str(tmp_path / "memory"),
+        MASTER_ADDR="127.0.0.1",
+        PYTHONUNBUFFERED="1",
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ftslurm.agent.launch",
+            "--nproc-per-node",
+            str(WORLD),
+            "--max-restarts",
+            "2",
+            "--monitor-interval",
+            "0.2",
+            "--",
+            sys.executable,
+            str(RECIPE),
+            "--live",
+            "--steps",
+            str(STEPS),
+            "--ckpt-every",
+            "10",
+            "--step-time",
+            "0.02",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--fail-at-step",
+            "25",
+            "--fail-rank",
+            "1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "restarted alone" in out, out[-6000:]
+    assert out.count("rank 0 of 3 starts at step 0") == 1, out[-6000:]  # no world restart
+    assert "rank 1 of 3 starts at step 25" in out and "from a live peer" in out, out[-6000:]
+    final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
+    assert final == reference, out[-6000:]
+    report = json.loads((tmp_path / "run" / "attempts" / "0" / "node-0.json").read_text())
+    assert report["in_job_restarts"] == 1 and report["outcome"] == "finished", report

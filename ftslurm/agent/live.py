@@ -50,7 +50,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ftslurm.agent import live_rules as rules
-from ftslurm.core.contract import EnvName
+from ftslurm.core.contract import EnvName, HeartbeatDir
 
 COLLECTIVE_TIMEOUT_S = 60.0  # a live group's collectives (gloo waits this long on a silent peer)
 JOIN_TIMEOUT_S = 120.0  # how long a new round waits for every rank (a restarted one imports torch)
@@ -106,6 +106,7 @@ class LiveGroup:
         live: bool = True,
     ) -> None:
         env = dict(os.environ if environ is None else environ)
+        self.environ = env
         self.backend = backend
         self.init_method = init_method  # a plain group's (without a coordinator store)
         self.rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
@@ -141,6 +142,9 @@ class LiveGroup:
                 timeout=self.timeout,
             )
             return
+        hb = self.environ.get(EnvName.HEARTBEAT_DIR.value)
+        if hb:  # tell the launcher: restart this rank alone when it fails
+            HeartbeatDir(hb).live(self.environ.get("LOCAL_RANK", "0")).touch()
         r = int(self.store.add(self.keys.round(), 0))
         if self.rejoining:
             was = self.store.check([self.keys.member(r, self.rank)])

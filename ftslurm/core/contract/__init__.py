@@ -368,6 +368,13 @@ class HeartbeatDir:
         """Touched by the rank's wrapper once its signal handlers are in place."""
         return self.root / f"ready-{local_rank}"
 
+    LIVE = "live-*"
+
+    def live(self, local_rank: int | str) -> Path:
+        """Touched by a rank whose process group recovers live (`ftslurm.agent.live`): its
+        launcher restarts it alone when it fails."""
+        return self.root / f"live-{local_rank}"
+
     @property
     def sections(self) -> Path:
         """Names of the sections numbered from 16."""
