@@ -15,6 +15,7 @@ from ftslurm.agent.live_rules import (
     member_step,
     rejoin_round,
     sender,
+    stuck,
 )
 
 W = 4
@@ -86,3 +87,18 @@ def test_fallback_after_too_many_rounds_in_a_row():
 @pytest.mark.parametrize("raw, want", [(b"", None), (b"12", 12), ("0", 0), (b"-1", None)])
 def test_member_step(raw, want):
     assert member_step(raw) == want
+
+
+@pytest.mark.parametrize(
+    "declared, busy, want",
+    [
+        (None, 10.0, False),  # the round did not fail
+        ("error|rank 2: Connection closed", 0.5, False),  # its own error may yet come
+        ("error|rank 2: Connection closed", 2.0, True),  # rank 2 runs and holds the state
+        ("restart|rank 0 restarted", 30.0, False),  # maybe every rank is stuck: wait it out
+    ],
+)
+def test_a_rank_stuck_in_a_failed_round_leaves_only_when_a_running_rank_holds_the_state(
+    declared, busy, want
+):
+    assert stuck(declared, busy, 2.0) is want

@@ -43,6 +43,7 @@ import datetime
 import gc
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -50,12 +51,14 @@ from typing import Any
 import torch.distributed as dist
 
 from ftslurm.agent import live_rules as rules
-from ftslurm.core.contract import EnvName, HeartbeatDir
+from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir
 
 COLLECTIVE_TIMEOUT_S = 60.0  # a live group's collectives (gloo waits this long on a silent peer)
 JOIN_TIMEOUT_S = 120.0  # how long a new round waits for every rank (a restarted one imports torch)
 MAX_ROUNDS = 3  # rounds failed one after the other before live recovery is given up
 DECISION_POLL_S = 0.05  # how often a rank waiting for the votes looks for a failed round
+WATCH_POLL_S = 0.2  # how often a rank inside a step looks whether its round failed
+STUCK_S = 2.0  # inside a step this long after a running rank declared the round failed
 log = logging.getLogger("ftslurm.live")
 
 
@@ -125,6 +128,7 @@ class LiveGroup:
         self._load: Callable[[Any], None] | None = None
         self._step: Callable[[], int] = lambda: -1
         self._hooks: list[Callable[[], None]] = []
+        self._busy: tuple[int, float] | None = None  # (round, since): inside a step
         self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
 
     @property
@@ -151,7 +155,7 @@ class LiveGroup:
             failed = self.store.check([self.keys.failed(r)])
             r, declare = rules.rejoin_round(r, was_member=was, failed=failed)
             if declare:
-                self._declare_failed(r - 1, f"rank {self.rank} was restarted")
+                self._declare_failed(r - 1, f"{rules.BY_RESTART}rank {self.rank} restarted")
         self._form(r, None)
 
     def _form(self, r: int, step: int | None) -> None:
@@ -218,6 +222,36 @@ class LiveGroup:
         self._hooks = list(on_regroup)
         if self.enabled:
             self._handover()
+            threading.Thread(target=self._watch, name="ftslurm-live-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Leave when stuck in a step of a round a running rank declared failed
+        (`rules.stuck`): exit 1, and the launcher restarts this rank alone."""
+        client = coordinator(self.environ, self.timeout.total_seconds())
+        seen: dict[int, float] = {}  # round -> when its failure was first seen here
+        while client is not None:
+            time.sleep(WATCH_POLL_S)
+            busy = self._busy
+            if busy is None:
+                continue
+            r, _ = busy
+            try:
+                key = self.keys.failed(r)
+                declared = client.get(key).decode() if client.check([key]) else None
+            except Exception:  # noqa: BLE001 - the coordinator is gone: nothing to decide
+                return
+            if declared is None:
+                continue
+            first = seen.setdefault(r, time.monotonic())
+            if self._busy == busy and rules.stuck(declared, time.monotonic() - first, STUCK_S):
+                log.warning(
+                    "rank %d: stuck in a step of round %d, which failed (%s): leaving to be "
+                    "restarted alone",
+                    self.rank,
+                    r,
+                    declared,
+                )
+                os._exit(ExitCode.FAILED)
 
     def _handover(self) -> None:
         members = {
@@ -245,16 +279,19 @@ class LiveGroup:
             return True
         r, seq = self.round, self.seq
         error: str | None = None  # not the exception: its frames would keep the group alive
+        self._busy = (r, time.monotonic())
         try:
             fn()
         except Exception as exc:
             if not is_fault(exc):
                 raise
             error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        finally:
+            self._busy = None
         if error is None and self.store.add(self.keys.vote(r, seq), 1) >= self.world:
             self.store.compare_set(self.keys.decision(r, seq), "", rules.Decision.COMMIT.value)
         elif error is not None:
-            self._declare_failed(r, f"rank {self.rank}: {error}")
+            self._declare_failed(r, f"{rules.BY_ERROR}rank {self.rank}: {error}")
             self.store.compare_set(self.keys.decision(r, seq), "", rules.Decision.ABORT.value)
         if self._decision(r, seq) is rules.Decision.COMMIT:
             self.seq += 1
