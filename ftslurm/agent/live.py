@@ -296,6 +296,9 @@ class LiveGroup:
         if self._decision(r, seq) is rules.Decision.COMMIT:
             self.seq += 1
             self.failed_in_a_row = 0
+            if self.rank == 0 and seq:  # every rank read the last step's decision before it
+                for key in (self.keys.vote(r, seq - 1), self.keys.decision(r, seq - 1)):
+                    self.store.delete_key(key)  # voted on this one: the store stays small
             return True
         self._recover(error or "a peer failed")
         return False
