@@ -46,12 +46,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from ftslurm.agent import live_rules as rules
-from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir
+from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir, JobEnv
+from ftslurm.core.contract.reports import LiveRecovery
+from ftslurm.runfiles import write_report
 
 COLLECTIVE_TIMEOUT_S = 60.0  # a live group's collectives (gloo waits this long on a silent peer)
 JOIN_TIMEOUT_S = 120.0  # how long a new round waits for every rank (a restarted one imports torch)
@@ -129,6 +132,7 @@ class LiveGroup:
         self._step: Callable[[], int] = lambda: -1
         self._hooks: list[Callable[[], None]] = []
         self._busy: tuple[int, float] | None = None  # (round, since): inside a step
+        self._pending_record: tuple[Path, LiveRecovery] | None = None
         self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
 
     @property
@@ -253,7 +257,7 @@ class LiveGroup:
                 )
                 os._exit(ExitCode.FAILED)
 
-    def _handover(self) -> None:
+    def _handover(self) -> rules.Handover | None:
         members = {
             r: rules.member_step(v)
             for r, v in enumerate(
@@ -262,12 +266,13 @@ class LiveGroup:
         }
         plan = rules.sender(members)
         if plan is None or not plan.receivers:
-            return
+            return None
         box = [self._state() if self.rank == plan.sender else None]
         dist.broadcast_object_list(box, src=plan.sender)
         if self.rank in plan.receivers:
             self._load(box[0])
         log.info("round %d: state of step %d from rank %d", self.round, plan.step, plan.sender)
+        return plan
 
     # ------------------------------------------------------------------ stepping
     def commit(self, fn: Callable[[], Any]) -> bool:
@@ -296,6 +301,10 @@ class LiveGroup:
         if self._decision(r, seq) is rules.Decision.COMMIT:
             self.seq += 1
             self.failed_in_a_row = 0
+            if self._pending_record is not None:
+                path, record = self._pending_record
+                self._pending_record = None
+                write_report(path, record.committed(time.time()))
             if self.rank == 0 and seq:  # every rank read the last step's decision before it
                 for key in (self.keys.vote(r, seq - 1), self.keys.decision(r, seq - 1)):
                     self.store.delete_key(key)  # voted on this one: the store stays small
@@ -324,7 +333,7 @@ class LiveGroup:
                 self.store.compare_set(key, "", decision.value)
 
     def _recover(self, why: str) -> None:
-        started = time.monotonic()
+        started, failed_at = time.monotonic(), time.time()
         failed_round = self.round
         self._declare_failed(failed_round, why)
         _drop_group()
@@ -334,7 +343,7 @@ class LiveGroup:
                 self._form(r, self._step())
                 for hook in self._hooks:
                     hook()
-                self._handover()
+                plan = self._handover()
                 break
             except LiveRecoveryFailed:
                 raise
@@ -349,6 +358,35 @@ class LiveGroup:
             {"failed_round": failed_round, "round": self.round, "why": why, "seconds": took}
         )
         log.warning("live recovery: round %d after %s in %.2fs", self.round, why, took)
+        if self.rank == (plan.sender if plan is not None else 0):
+            self._record(failed_round, failed_at, plan)
+
+    def _record(self, failed_round: int, failed_at: float, plan: rules.Handover | None) -> None:
+        """The recovery's record in the run directory (one rank writes it), completed at
+        the first step committed after it."""
+        job = JobEnv.from_environ(self.environ)
+        if job.run is None:
+            return
+        declared = self.store.get(self.keys.failed(failed_round)).decode()
+        by, _, why = declared.partition("|")
+        record = LiveRecovery(
+            round=self.round,
+            failed_round=failed_round,
+            why=why or declared,
+            detected_by=by if why else None,
+            failed_at=failed_at,
+            formed_at=time.time(),
+            step=self._step(),
+            state_from=plan.sender if plan is not None else None,
+            receivers=sorted(plan.receivers) if plan is not None else [],
+            world_size=self.world,
+            job_id=self.environ.get("SLURM_JOB_ID"),
+            attempt=job.attempt,
+        )
+        group = self.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        path = job.run.live_record(job.attempt or 0, group, self.round)
+        write_report(path, record)
+        self._pending_record = (path, record)
 
 
 def _drop_group() -> None:

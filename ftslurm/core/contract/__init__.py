@@ -196,6 +196,7 @@ PEER_LOST_REPORTS = "lost-*.json"  # RunDir.peer_lost
 ROUND_RECORDS = "round-*.json"  # RunDir.round_record
 BENCHED_RECORDS = "benched-*.json"  # RunDir.benched
 LAUNCHER_FAILED_REPORTS = "launcher-failed-*.json"  # RunDir.launcher_failed
+LIVE_RECORDS = "live-*.json"  # RunDir.live_record
 CHECKPOINT_MANIFEST = re.compile(r"step-(\d+)\.json")  # ftslurm.checkpoint's manifests
 
 
@@ -298,6 +299,14 @@ class RunDir:
         nnodes_active, spares_left, why (the launcher's words for the restart), lost
         (node names replaced by a spare in this round), job_id, attempt)."""
         return self.recovery(attempt) / f"round-{round_}.json"
+
+    def live_record(self, attempt: str | int, group: str, round_: int) -> Path:
+        """A live recovery (`ftslurm.agent.live`): round `round_` of live group `group`
+        (the in-job round it belongs to) formed after a fault, the running ranks kept;
+        written by the rank that handed the state over (the lowest one when none was
+        needed), and again at the first committed step after it (JSON: the
+        `LiveRecovery` model)."""
+        return self.recovery(attempt) / f"live-{group}-{round_}.json"
 
     def benched(self, attempt: str | int, node_rank: int) -> Path:
         """A node whose launcher took itself out of the training so that a spare replaces
