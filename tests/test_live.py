@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from ftslurm.core.contract import EnvName
+from ftslurm.core.contract import EnvName, RunDir
+from ftslurm.core.contract.reports import Kind
+from ftslurm.runfiles import read_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "examples" / "recipe.py"
@@ -222,3 +224,9 @@ def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, referenc
     assert final == reference, out[-6000:]
     report = json.loads((tmp_path / "run" / "attempts" / "0" / "node-0.json").read_text())
     assert report["in_job_restarts"] == 1 and report["outcome"] == "finished", report
+    # the recovery's record: who sent the state to whom, the step run again, the times
+    (record,) = read_reports(RunDir(tmp_path / "run"), Kind.LIVE, 0)
+    assert record.receivers == [1] and record.state_from in (0, 2), record
+    assert record.step == 25 and record.round == 1 and record.failed_round == 0, record
+    assert record.detected_by in ("error", "restart") and record.why, record
+    assert record.failed_at <= record.formed_at <= record.first_commit_at, record
