@@ -72,7 +72,8 @@ class Agent(LocalElasticAgent):
         spares = node.cfg.spares and node.run is not None
         gone = sp.gone_reports(node.run, node.attempt) if spares else {}
         self.state = core.on_round_start(self.state, gone)
-        for old in [*node.hb.root.glob(node.hb.RECORDS), *node.hb.root.glob(node.hb.READY)]:
+        hb = node.hb
+        for old in [*hb.root.glob(hb.RECORDS), *hb.root.glob(hb.READY), *hb.root.glob(hb.LIVE)]:
             old.unlink(missing_ok=True)
         self.pace, self.cpu = {}, {}  # a new round learns its pace again
         if spares and node.watch is not None:

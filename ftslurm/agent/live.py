@@ -133,6 +133,7 @@ class LiveGroup:
         self._hooks: list[Callable[[], None]] = []
         self._busy: tuple[int, float] | None = None  # (round, since): inside a step
         self._pending_record: tuple[Path, LiveRecovery] | None = None
+        self._marker: Path | None = None  # HeartbeatDir.live: the launcher's sign
         self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
 
     @property
@@ -152,7 +153,8 @@ class LiveGroup:
             return
         hb = self.environ.get(EnvName.HEARTBEAT_DIR.value)
         if hb:  # tell the launcher: restart this rank alone when it fails
-            HeartbeatDir(hb).live(self.environ.get("LOCAL_RANK", "0")).touch()
+            self._marker = HeartbeatDir(hb).live(self.environ.get("LOCAL_RANK", "0"))
+            self._marker.touch()
         r = int(self.store.add(self.keys.round(), 0))
         if self.rejoining:
             was = self.store.check([self.keys.member(r, self.rank)])
@@ -182,7 +184,7 @@ class LiveGroup:
                     break
                 time.sleep(DECISION_POLL_S / 5)
             if state is rules.Join.TIMED_OUT:
-                raise LiveRecoveryFailed(rules.Fallback.JOIN_TIMEOUT, f"round {r}")
+                raise self._give_up(rules.Fallback.JOIN_TIMEOUT, f"round {r}")
             if state is rules.Join.READY:
                 try:
                     dist.init_process_group(
@@ -204,8 +206,15 @@ class LiveGroup:
         self.failed_in_a_row += 1
         why = rules.fallback(self.failed_in_a_row, self.max_rounds)
         if why is not None:
-            raise LiveRecoveryFailed(why, f"{self.failed_in_a_row} rounds up to round {r}")
+            raise self._give_up(why, f"{self.failed_in_a_row} rounds up to round {r}")
         return r + 1
+
+    def _give_up(self, why: rules.Fallback, detail: str) -> LiveRecoveryFailed:
+        """Live recovery ends here: without its mark the launcher no longer restarts this
+        rank alone, and takes today's path when it exits."""
+        if self._marker is not None:
+            self._marker.unlink(missing_ok=True)
+        return LiveRecoveryFailed(why, detail)
 
     def _declare_failed(self, r: int, why: str) -> None:
         self.store.compare_set(self.keys.failed(r), "", why)
