@@ -550,6 +550,10 @@ ALONE = ["Log", "Account", "RestartAlone"]
         pytest.param(RUNNING, 3, True, True, 2, None, [], id="died-in-teardown-after-its-stop"),
         pytest.param(RUNNING, 3, True, False, 2, TERM, [], id="a-stop-under-way"),
         pytest.param(RUNNING, 3, True, False, 0, None, ["Log"], id="no-restart-left"),
+        pytest.param(
+            RUNNING, ExitCode.REJOIN, True, False, 0, None, ["Log", "RestartAlone"], id="rejoin"
+        ),
+        pytest.param(RUNNING, ExitCode.REJOIN, False, False, 2, None, [], id="rejoin-not-live"),
         pytest.param(replace(RUNNING, live=False), 3, True, False, 2, None, [], id="between"),
         pytest.param(replace(RUNNING, new_job=True), 3, True, False, 2, None, [], id="new-job"),
         pytest.param(replace(RUNNING, benched="hang"), 3, True, False, 2, None, [], id="out"),
@@ -566,6 +570,8 @@ def test_a_failed_rank_that_recovers_live_is_restarted_alone(
     if expected == ALONE:
         assert actions[1:] == (core.Account(core.Budget.USE), core.RestartAlone(1))
         assert after.alone == state.alone + 1
+    elif expected:
+        assert after.alone == state.alone + (expected[-1] == "RestartAlone")
     else:
         assert after == state
 

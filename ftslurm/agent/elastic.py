@@ -162,7 +162,7 @@ class Agent(LocalElasticAgent):
             elif isinstance(action, core.Account):
                 self.account(action.budget)
             elif isinstance(action, core.RestartAlone):
-                self.respawn(action.local_rank)
+                self.respawn(action.local_rank, worker_group)
             elif isinstance(action, core.StepOut):
                 self.node.write_bench(action.why, action.reason)
             elif isinstance(action, core.LookAtStop):
@@ -204,9 +204,9 @@ class Agent(LocalElasticAgent):
                 restarts_left=self._remaining_restarts,
                 signals=self.node.signals,
             )
-            self.carry_out(actions, {})
+            self.carry_out(actions, {}, worker_group)
 
-    def respawn(self, local_rank: int) -> None:
+    def respawn(self, local_rank: int, worker_group: Any) -> None:
         """Start local rank `local_rank` again as torch started it, told to rejoin the
         running ranks (`FTSLURM_LIVE_REJOIN`), with a fresh heartbeat record and pace."""
         from torch.distributed.elastic.multiprocessing.subprocess_handler import (
@@ -227,6 +227,9 @@ class Agent(LocalElasticAgent):
             local_rank_id=local_rank,
             numa_options=getattr(pc, "_numa_options", None),
         )
+        for worker in worker_group.workers:  # torch checks its workers' pids every tick
+            if worker.local_rank == local_rank:
+                worker.id = pc.subprocess_handlers[local_rank].proc.pid
 
     def failure_verdict(self) -> tuple[core.Action, ...]:
         """Wait (at most the peer timeout and three polls) until every other active node is

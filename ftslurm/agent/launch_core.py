@@ -536,11 +536,16 @@ def on_rank_exit(
     whose process group recovers live (`live`: it said so) and failed is restarted alone,
     using one in-job restart, and rejoins the others. Otherwise (a clean exit, a stop under
     way, a rank that recorded its stop and died in teardown, no restart left, or a rank
-    that does not recover live) nothing here: torch ends the round as before."""
+    that does not recover live) nothing here: torch ends the round as before. A rank that
+    left a failed round on purpose (`ExitCode.REJOIN`: stuck in a collective with a peer
+    that left it) is restarted alone without using a restart: the fault was another's."""
     if code == 0 or not live or stopped or signals.stop is not None or not state.live:
         return state, ()
     if state.new_job or state.benched is not None:
         return state, ()
+    if code == ExitCode.REJOIN:  # it left a round another rank's fault broke: no restart used
+        text = f"local rank {local_rank} left a failed live round: restarted alone to rejoin"
+        return replace(state, alone=state.alone + 1), (Log("info", text), RestartAlone(local_rank))
     if restarts_left <= 0:
         text = f"local rank {local_rank} exited {code}: no in-job restart left to restart it alone"
         return state, (Log("warning", text),)

@@ -239,7 +239,7 @@ class LiveGroup:
 
     def _watch(self) -> None:
         """Leave when stuck in a step of a round a running rank declared failed
-        (`rules.stuck`): exit 1, and the launcher restarts this rank alone."""
+        (`rules.stuck`): exit REJOIN, and the launcher restarts this rank alone."""
         client = coordinator(self.environ, self.timeout.total_seconds())
         seen: dict[int, float] = {}  # round -> when its failure was first seen here
         while client is not None:
@@ -264,7 +264,7 @@ class LiveGroup:
                     r,
                     declared,
                 )
-                os._exit(ExitCode.FAILED)
+                os._exit(ExitCode.REJOIN)
 
     def _handover(self) -> rules.Handover | None:
         members = {

@@ -47,6 +47,7 @@ class ExitCode(IntEnum):
     FAILED_VALIDATION = 17
     RESTARTS_EXHAUSTED = 74  # the launcher used up its in-job restarts: the daemon may retry
     CONTINUE = 75  # every rank checkpointed after the signal: continue me
+    REJOIN = 76  # a rank left a failed live round on purpose: restart it alone, no restart used
     DO_NOT_RETRY = 93
     CANNOT_EXECUTE = 126  # the task wrapper could not start the command
     NOT_FOUND = 127  # the command does not exist
@@ -68,6 +69,7 @@ RESERVED_EXITS = frozenset(
         ExitCode.DO_NOT_RETRY,
         ExitCode.RESTARTS_EXHAUSTED,
         ExitCode.CONTINUE,
+        ExitCode.REJOIN,
     }
 )
 
