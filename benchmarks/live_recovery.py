@@ -5,9 +5,10 @@ Four runs of `examples/recipe.py` under `python -m ftslurm.agent.launch` (one no
 `--nproc-per-node` ranks, gloo on CPU, the memory tier on), the same recipe and settings:
 
   today, clean   without --live
-  today, fault   without --live, rank `--fail-rank` exits at step `--fail-at-step`: the
-                 launcher restarts every rank, which load the newest checkpoint (memory
-                 tier, else disk) and redo the steps since it
+  today, fault   without --live, rank `--crash-rank` is killed `--crash-at` seconds after
+                 it started (the in-job injection `crash@T:R`, FTSLURM_INJECT, which fires
+                 once): the launcher restarts every rank, which load the newest checkpoint
+                 (memory tier, else disk) and redo the steps since it
   live, clean    --live
   live, fault    --live, the same fault: the launcher restarts that rank alone, the others
                  keep their processes and hand it the state; the interrupted step runs again
@@ -22,7 +23,7 @@ parameters of the clean run (digests compared). Targets: a crashed rank costs un
 the live path; the commit under 1% of a 100 ms step.
 
     python benchmarks/live_recovery.py [--steps 60] [--step-time 0.1] [--ckpt-every 20]
-        [--fail-at-step 35] [--fail-rank 1] [--nproc 3] [--repeat 1] [--commit-calls 300]
+        [--crash-at 6] [--crash-rank 1] [--nproc 3] [--repeat 1] [--commit-calls 300]
         [--json]
 """
 
@@ -37,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ftslurm.core.contract import EnvName
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recipe.py"
@@ -66,8 +69,9 @@ def run_once(args: argparse.Namespace, live: bool, fault: bool, work: Path) -> d
         "--checkpoint-dir",
         str(work / "ckpt"),
         *(["--live"] if live else []),
-        *(["--fail-at-step", str(args.fail_at_step), "--fail-rank", str(args.fail_rank)] * fault),
     ]
+    if fault:
+        env[EnvName.INJECT.value] = f"crash@{args.crash_at:g}:{args.crash_rank}"
     launcher = [
         sys.executable,
         "-m",
@@ -173,13 +177,12 @@ def measure(args: argparse.Namespace) -> dict:
     return {
         "settings": {
             k: getattr(args, k)
-            for k in ("steps", "step_time", "ckpt_every", "fail_at_step", "fail_rank", "nproc")
+            for k in ("steps", "step_time", "ckpt_every", "crash_at", "crash_rank", "nproc")
         },
         "wall_s": wall,
         "identical": len(digests) == 1,
         "fault_cost_s": {"today": today, "live": live},
         "live_over_today": live / today if today > 0 else None,
-        "steps_redone_today": args.fail_at_step % args.ckpt_every,
         "commit": commit,
         "commit_share_of_step": commit["cost_s"] / args.step_time if args.step_time else None,
         "world_restarts": {n: rs[0]["world_restarts"] for n, rs in runs.items()},
@@ -192,8 +195,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--step-time", type=float, default=0.1)
     parser.add_argument("--ckpt-every", type=int, default=20)
-    parser.add_argument("--fail-at-step", type=int, default=35)
-    parser.add_argument("--fail-rank", type=int, default=1)
+    parser.add_argument("--crash-at", type=float, default=6.0, help="seconds after the start")
+    parser.add_argument("--crash-rank", type=int, default=1)
     parser.add_argument("--nproc", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300)
@@ -210,14 +213,14 @@ def main() -> int:
     s = result["settings"]
     print(
         f"{s['nproc']} ranks, {s['steps']} steps of {s['step_time']} s, checkpoint every "
-        f"{s['ckpt_every']}, rank {s['fail_rank']} fails at step {s['fail_at_step']}"
+        f"{s['ckpt_every']}, rank {s['crash_rank']} killed {s['crash_at']:g} s after its start"
     )
     for name, wall in result["wall_s"].items():
         print(f"  {name:13s} {wall:7.2f} s")
     cost = result["fault_cost_s"]
     print(
-        f"the fault costs: today {cost['today']:.2f} s (every rank restarted, "
-        f"{result['steps_redone_today']} steps redone), live {cost['live']:.2f} s "
+        f"the fault costs: today {cost['today']:.2f} s (every rank restarted, the steps "
+        f"since the last checkpoint redone), live {cost['live']:.2f} s "
         f"(one rank restarted alone, at most 1 step redone); ratio "
         f"{result['live_over_today'] or float('nan'):.2f}"
     )

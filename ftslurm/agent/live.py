@@ -134,6 +134,7 @@ class LiveGroup:
         self._busy: tuple[int, float] | None = None  # (round, since): inside a step
         self._pending_record: tuple[Path, LiveRecovery] | None = None
         self._marker: Path | None = None  # HeartbeatDir.live: the launcher's sign
+        self._setup = False  # between `start` and the end of `attach`
         self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
 
     @property
@@ -163,6 +164,11 @@ class LiveGroup:
             if declare:
                 self._declare_failed(r - 1, f"{rules.BY_RESTART}rank {self.rank} restarted")
         self._form(r, None)
+        # Setting up (until `attach`): a fault now is not recovered live (the ranks hold no
+        # training state yet, and their setup's collectives are not steps).
+        self._setup = True
+        self._busy = (self.round, time.monotonic())
+        threading.Thread(target=self._watch, name="ftslurm-live-watch", daemon=True).start()
 
     def _form(self, r: int, step: int | None) -> None:
         """Form round `r` (or a later one when `r` fails while forming)."""
@@ -234,8 +240,10 @@ class LiveGroup:
         self._state, self._load, self._step = state, load, step
         self._hooks = list(on_regroup)
         if self.enabled:
-            self._handover()
-            threading.Thread(target=self._watch, name="ftslurm-live-watch", daemon=True).start()
+            plan = self._handover()
+            if self.rejoining and plan is None:  # nobody running holds a state to hand over
+                raise self._give_up(rules.Fallback.NO_STATE, f"round {self.round}")
+            self._setup, self._busy = False, None
 
     def _watch(self) -> None:
         """Leave when stuck in a step of a round a running rank declared failed
@@ -255,6 +263,15 @@ class LiveGroup:
                 return
             if declared is None:
                 continue
+            if self._setup:  # a fault while setting up: today's path, every rank again
+                log.warning(
+                    "rank %d: round %d failed while setting up (%s): live recovery given up",
+                    self.rank,
+                    r,
+                    declared,
+                )
+                self._give_up(rules.Fallback.IN_SETUP, declared)
+                os._exit(ExitCode.FAILED)
             first = seen.setdefault(r, time.monotonic())
             if self._busy == busy and rules.stuck(declared, time.monotonic() - first, STUCK_S):
                 log.warning(

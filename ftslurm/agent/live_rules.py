@@ -43,6 +43,7 @@ class Fallback(str, Enum):
     TOO_MANY_ROUNDS = "faults kept coming during the recovery"
     NO_STATE = "no member holds a training state"
     NO_COORDINATOR = "the coordinator store is gone (the batch host was lost)"
+    IN_SETUP = "a rank failed while the ranks were still setting up"
 
 
 def commit_decision(
