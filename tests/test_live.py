@@ -8,15 +8,18 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
+from ftslurm.agent import live
 from ftslurm.core.contract import EnvName, RunDir
 from ftslurm.core.contract.reports import Kind
 from ftslurm.runfiles import read_reports
@@ -30,7 +33,8 @@ STEPS = 40
 class Ranks:
     """`WORLD` ranks of the recipe around a coordinator store this process hosts."""
 
-    def __init__(self, tmp: Path, *extra: str) -> None:
+    def __init__(self, tmp: Path, *extra: str, pause: str | None = None) -> None:
+        self.pause = pause  # the live group's test hook (PAUSE_ENV), first processes only
         self.store = dist.TCPStore(
             "127.0.0.1",
             0,
@@ -70,6 +74,8 @@ class Ranks:
         env[EnvName.LIVE_STORE.value] = f"127.0.0.1:{self.store.port}"
         if rejoin:
             env[EnvName.LIVE_REJOIN.value] = "1"
+        elif self.pause:
+            env[live.PAUSE_ENV] = self.pause
         return env
 
     def start(self, rank: int, rejoin: bool = False) -> None:
@@ -81,14 +87,21 @@ class Ranks:
             stderr=subprocess.STDOUT,
         )
 
-    def run(self, restart_alone: bool = True, timeout: float = 180) -> dict[int, int]:
+    def run(
+        self,
+        restart_alone: bool = True,
+        timeout: float = 180,
+        on_tick: Callable[[Ranks], None] | None = None,
+    ) -> dict[int, int]:
         """Every rank to its end; a rank that fails is restarted alone (as the launcher
-        does). The ranks' exit codes."""
+        does). `on_tick(self)` between looks. The ranks' exit codes."""
         for r in range(WORLD):
             self.start(r)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
+                if on_tick is not None:
+                    on_tick(self)
                 codes = {r: p.poll() for r, p in self.procs.items()}
                 for r, code in codes.items():
                     if code not in (None, 0) and restart_alone:
@@ -115,6 +128,25 @@ class Ranks:
 
     def final(self) -> dict:
         return json.loads((self.ckpt / "final.json").read_text())
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process stopped itself (SIGSTOP: state T)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_when_paused(rank: int) -> Callable[[Ranks], None]:
+    """An `on_tick` that SIGKILLs `rank`'s first process once it stopped at its pause."""
+
+    def tick(ranks: Ranks) -> None:
+        proc = ranks.procs[rank]
+        if rank not in ranks.restarted and proc.poll() is None and stopped(proc.pid):
+            proc.send_signal(signal.SIGKILL)
+
+    return tick
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +264,25 @@ def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, referenc
     assert record.step == 25 and record.round == 1 and record.failed_round == 0, record
     assert record.detected_by in ("error", "restart") and record.why, record
     assert record.failed_at <= record.formed_at <= record.first_commit_at, record
+
+
+@pytest.mark.parametrize(
+    "point, victim",
+    [
+        pytest.param("reduced", 1, id="between-the-reduction-and-the-vote"),
+        pytest.param("committed", 1, id="between-the-commit-and-the-optimizer-step"),
+    ],
+)
+def test_a_rank_killed_at_the_worst_moment_of_a_step_leaves_every_rank_identical(
+    tmp_path, reference, point, victim
+):
+    """Forced timing: the victim stops itself at `point` of step 25 and is killed there.
+    Before its vote: nobody commits step 25, every rank runs it again. After the commit:
+    the others applied it, the restarted rank receives the state with it. Either way the
+    run ends as an uninterrupted one."""
+    ranks = Ranks(tmp_path, pause=f"{point}:{victim}:25")
+    codes = ranks.run(on_tick=kill_when_paused(victim))
+    logs = ranks.logs()
+    assert codes == dict.fromkeys(range(WORLD), 0), logs
+    assert victim in ranks.restarted, logs
+    assert ranks.final() == reference, logs

@@ -43,6 +43,7 @@ import datetime
 import gc
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -63,6 +64,10 @@ DECISION_POLL_S = 0.05  # how often a rank waiting for the votes looks for a fai
 WATCH_POLL_S = 0.2  # how often a rank inside a step looks whether its round failed
 STUCK_S = 2.0  # inside a step this long after a running rank declared the round failed
 log = logging.getLogger("ftslurm.live")
+# Test hook: a rank stops itself (SIGSTOP) at one point of one step, "<point>:<rank>:<step>"
+# (points: "reduced", after the step's work and before its vote; "committed", after the
+# decision to commit and before the optimizer step), so a test can kill it at that moment.
+PAUSE_ENV = "FTSLURM_TEST_PAUSE_LIVE"
 
 
 class LiveRecoveryFailed(RuntimeError):
@@ -206,7 +211,12 @@ class LiveGroup:
                     if not is_fault(exc):
                         raise
                     self._declare_failed(r, f"forming: {exc}")
+                    _drop_group()
             r = self._next_round(r)
+
+    def _pause(self, point: str) -> None:
+        if self.environ.get(PAUSE_ENV) == f"{point}:{self.rank}:{self._step()}":
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def _next_round(self, r: int) -> int:
         self.failed_in_a_row += 1
@@ -319,12 +329,15 @@ class LiveGroup:
             error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         finally:
             self._busy = None
+        if error is None:
+            self._pause("reduced")
         if error is None and self.store.add(self.keys.vote(r, seq), 1) >= self.world:
             self.store.compare_set(self.keys.decision(r, seq), "", rules.Decision.COMMIT.value)
         elif error is not None:
             self._declare_failed(r, f"{rules.BY_ERROR}rank {self.rank}: {error}")
             self.store.compare_set(self.keys.decision(r, seq), "", rules.Decision.ABORT.value)
         if self._decision(r, seq) is rules.Decision.COMMIT:
+            self._pause("committed")
             self.seq += 1
             self.failed_in_a_row = 0
             if self._pending_record is not None:
