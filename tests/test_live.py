@@ -24,6 +24,8 @@ from ftslurm.core.contract import EnvName, RunDir
 from ftslurm.core.contract.reports import Kind
 from ftslurm.runfiles import read_reports
 
+pytestmark = pytest.mark.slow  # real rank processes: about a minute in all
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "examples" / "recipe.py"
 WORLD = 3
