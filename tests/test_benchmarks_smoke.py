@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -50,3 +52,38 @@ def test_virtual_campaign_benchmark_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert [r["nodes"] for r in rows] == [8, 16] and all(r["simulated_days"] > 0 for r in rows)
+
+
+@pytest.mark.slow  # eight launcher runs and a commit measurement: about a minute
+def test_live_recovery_benchmark_runs(tmp_path):
+    """Today's path and the live path on one node, small: every run ends identical, the
+    crashed rank is restarted alone on the live path (when the crash lands before the ranks
+    finished setting up, the world follows: today's path), every rank on today's."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "live_recovery.py"),
+            "--steps",
+            "80",
+            "--step-time",
+            "0.05",
+            "--ckpt-every",
+            "20",
+            "--crash-at",
+            "5",
+            "--commit-calls",
+            "20",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["identical"], result
+    assert result["restarted_alone"]["live, fault"] >= 1, result
+    assert result["world_restarts"]["today, fault"] == 1, result
+    assert result["restarted_alone"]["today, fault"] == 0, result
+    assert result["commit"]["commit_s"] > 0, result

@@ -60,6 +60,7 @@ def test_exit_codes_have_their_documented_numbers() -> None:
         "FAILED_VALIDATION": 17,
         "RESTARTS_EXHAUSTED": 74,
         "CONTINUE": 75,
+        "REJOIN": 76,
         "DO_NOT_RETRY": 93,
         "CANNOT_EXECUTE": 126,
         "NOT_FOUND": 127,
@@ -67,7 +68,7 @@ def test_exit_codes_have_their_documented_numbers() -> None:
 
 
 def test_the_policy_refuses_the_reserved_exit_codes_as_user_errors() -> None:
-    for code in (0, 16, 17, 74, 75, 93):
+    for code in (0, 16, 17, 74, 75, 76, 93):
         with pytest.raises(ValueError, match="own meaning"):
             FtSettings(user_error_exit_codes=(code,))
     assert FtSettings(user_error_exit_codes=(3,)).user_error_exit_codes == (3,)

@@ -535,6 +535,47 @@ def test_a_loss_under_the_failure_swaps_with_no_restart_used():
     assert actions[-1] == core.Account(core.Budget.KEEP) and state.swaps == 1
 
 
+# ------------------------------------------------------------------ a rank restarted alone
+RUNNING = core.LauncherState(cfg=PLAIN, live=True)
+ALONE = ["Log", "Account", "RestartAlone"]
+
+
+@pytest.mark.parametrize(
+    "state, code, live, stopped, left, stop, expected",
+    [
+        pytest.param(RUNNING, 3, True, False, 2, None, ALONE, id="live-crash"),
+        pytest.param(RUNNING, -9, True, False, 1, None, ALONE, id="live-killed-last-restart"),
+        pytest.param(RUNNING, 3, False, False, 2, None, [], id="not-live: torch stops all"),
+        pytest.param(RUNNING, 0, True, False, 2, None, [], id="clean-exit"),
+        pytest.param(RUNNING, 3, True, True, 2, None, [], id="died-in-teardown-after-its-stop"),
+        pytest.param(RUNNING, 3, True, False, 2, TERM, [], id="a-stop-under-way"),
+        pytest.param(RUNNING, 3, True, False, 0, None, ["Log"], id="no-restart-left"),
+        pytest.param(
+            RUNNING, ExitCode.REJOIN, True, False, 0, None, ["Log", "RestartAlone"], id="rejoin"
+        ),
+        pytest.param(RUNNING, ExitCode.REJOIN, False, False, 2, None, [], id="rejoin-not-live"),
+        pytest.param(replace(RUNNING, live=False), 3, True, False, 2, None, [], id="between"),
+        pytest.param(replace(RUNNING, new_job=True), 3, True, False, 2, None, [], id="new-job"),
+        pytest.param(replace(RUNNING, benched="hang"), 3, True, False, 2, None, [], id="out"),
+    ],
+)
+def test_a_failed_rank_that_recovers_live_is_restarted_alone(
+    state, code, live, stopped, left, stop, expected
+):
+    signals = core.Signals(stop=stop)
+    after, actions = core.on_rank_exit(
+        state, 1, code, live=live, stopped=stopped, restarts_left=left, signals=signals
+    )
+    assert kinds(actions) == expected
+    if expected == ALONE:
+        assert actions[1:] == (core.Account(core.Budget.USE), core.RestartAlone(1))
+        assert after.alone == state.alone + 1
+    elif expected:
+        assert after.alone == state.alone + (expected[-1] == "RestartAlone")
+    else:
+        assert after == state
+
+
 # ------------------------------------------------------------------ restarts, outcome
 @pytest.mark.parametrize(
     "ranks_started,expected",

@@ -15,6 +15,7 @@ from ftslurm.agent.live_rules import (
     member_step,
     rejoin_round,
     sender,
+    stuck,
 )
 
 W = 4
@@ -86,3 +87,43 @@ def test_fallback_after_too_many_rounds_in_a_row():
 @pytest.mark.parametrize("raw, want", [(b"", None), (b"12", 12), ("0", 0), (b"-1", None)])
 def test_member_step(raw, want):
     assert member_step(raw) == want
+
+
+@pytest.mark.parametrize(
+    "declared, busy, want",
+    [
+        (None, 10.0, False),  # the round did not fail
+        ("error|rank 2: Connection closed", 0.5, False),  # its own error may yet come
+        ("error|rank 2: Connection closed", 2.0, True),  # rank 2 runs and holds the state
+        ("restart|rank 0 restarted", 30.0, False),  # maybe every rank is stuck: wait it out
+    ],
+)
+def test_a_rank_stuck_in_a_failed_round_leaves_only_when_a_running_rank_holds_the_state(
+    declared, busy, want
+):
+    assert stuck(declared, busy, 2.0) is want
+
+
+def test_status_notes_the_latest_live_recoveries_oldest_first():
+    from ftslurm.core.contract.reports import LiveRecovery
+    from ftslurm.report.notes import live_notes
+
+    def rec(at: float, **kw) -> LiveRecovery:
+        return LiveRecovery(failed_at=at, why="rank 2: Connection closed", **kw)
+
+    records = [
+        rec(
+            100.0, detected_by="error", first_commit_at=102.5, step=25, state_from=0, receivers=[1]
+        ),
+        rec(50.0, detected_by="restart", first_commit_at=51.0, step=10),
+        rec(190.0, detected_by="error", step=40),  # still recovering
+        rec(10.0),
+        LiveRecovery(why="no time: left out"),
+    ]
+    notes = live_notes(records, now=200.0)
+    assert len(notes) == 3
+    assert notes[0].startswith("live recovery 2 min ago: rank 2: Connection closed")
+    assert "(a rank came back)" in notes[0] and "step 10 run again" in notes[0]
+    assert "(a collective failed)" in notes[1] and "training again 2 s later" in notes[1]
+    assert "state from rank 0 to 1" in notes[1]
+    assert notes[2].endswith("→ recovering, step 40 run again")

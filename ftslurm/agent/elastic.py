@@ -38,7 +38,7 @@ from ftslurm.agent.heartbeat import (
 )
 from ftslurm.agent.launch_io import Stopped, cpu_seconds, kill_ranks, pause_for_tests
 from ftslurm.agent.peers import poll_interval
-from ftslurm.core.contract import RunDir
+from ftslurm.core.contract import EnvName, RunDir
 from ftslurm.core.contract.reports import HungNodeReport, HungRank, RoundRecord, StragglerReport
 from ftslurm.core.settings import DEFAULT_RUNNING_S
 from ftslurm.runfiles import read_report, write_report
@@ -72,7 +72,8 @@ class Agent(LocalElasticAgent):
         spares = node.cfg.spares and node.run is not None
         gone = sp.gone_reports(node.run, node.attempt) if spares else {}
         self.state = core.on_round_start(self.state, gone)
-        for old in [*node.hb.root.glob(node.hb.RECORDS), *node.hb.root.glob(node.hb.READY)]:
+        hb = node.hb
+        for old in [*hb.root.glob(hb.RECORDS), *hb.root.glob(hb.READY), *hb.root.glob(hb.LIVE)]:
             old.unlink(missing_ok=True)
         self.pace, self.cpu = {}, {}  # a new round learns its pace again
         if spares and node.watch is not None:
@@ -110,6 +111,7 @@ class Agent(LocalElasticAgent):
                 self.state = replace(self.state, joining=False)
 
     def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        self.restart_alone(worker_group)  # before torch sees a failed rank and stops them all
         result = self._judge_workers(worker_group)
         if result.state is not WorkerState.HEALTHY:
             self.last_result = result
@@ -138,6 +140,8 @@ class Agent(LocalElasticAgent):
             self._remaining_restarts += 1
         elif budget is core.Budget.SPENT:  # leave: no rejoining the rendezvous
             self._remaining_restarts = 0
+        elif budget is core.Budget.USE:
+            self._remaining_restarts -= 1
         elif budget is core.Budget.GIVE_BACK:
             self._remaining_restarts = min(self.node.cfg.max_restarts, self._remaining_restarts + 1)
 
@@ -157,6 +161,8 @@ class Agent(LocalElasticAgent):
                 kill_ranks(pids.values())
             elif isinstance(action, core.Account):
                 self.account(action.budget)
+            elif isinstance(action, core.RestartAlone):
+                self.respawn(action.local_rank, worker_group)
             elif isinstance(action, core.StepOut):
                 self.node.write_bench(action.why, action.reason)
             elif isinstance(action, core.LookAtStop):
@@ -177,6 +183,53 @@ class Agent(LocalElasticAgent):
         if any(isinstance(a, core.AwaitVerdict) for a in actions):
             actions = self.failure_verdict()
         return self.carry_out(actions, {})
+
+    def restart_alone(self, worker_group: Any) -> None:
+        """Ranks of this round that exited while the others run on: the ones that recover
+        live are started again alone (`core.on_rank_exit`)."""
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        workers = {w.local_rank: w.global_rank for w in worker_group.workers}
+        for local_rank, handler in list(handlers.items()):
+            code = handler.proc.poll()
+            if code is None or code == 0:
+                continue
+            rank = workers.get(local_rank)
+            stopped = rank is not None and bool(self.node.stopped_ranks([rank]))
+            self.state, actions = core.on_rank_exit(
+                self.state,
+                local_rank,
+                code,
+                live=self.node.hb.live(local_rank).exists(),
+                stopped=stopped,
+                restarts_left=self._remaining_restarts,
+                signals=self.node.signals,
+            )
+            self.carry_out(actions, {}, worker_group)
+
+    def respawn(self, local_rank: int, worker_group: Any) -> None:
+        """Start local rank `local_rank` again as torch started it, told to rejoin the
+        running ranks (`FTSLURM_LIVE_REJOIN`), with a fresh heartbeat record and pace."""
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+            get_subprocess_handler,
+        )
+
+        pc, hb = self._pcontext, self.node.hb
+        for path in (hb.live(local_rank), hb.record(local_rank), hb.ready(local_rank)):
+            path.unlink(missing_ok=True)
+        self.pace.pop(local_rank, None)
+        self.cpu.pop(local_rank, None)
+        pc.subprocess_handlers[local_rank] = get_subprocess_handler(
+            entrypoint=pc.entrypoint,
+            args=pc.args[local_rank],
+            env={**pc.envs[local_rank], EnvName.LIVE_REJOIN.value: "1"},
+            stdout=pc.stdouts[local_rank],
+            stderr=pc.stderrs[local_rank],
+            local_rank_id=local_rank,
+            numa_options=getattr(pc, "_numa_options", None),
+        )
+        for worker in worker_group.workers:  # torch checks its workers' pids every tick
+            if worker.local_rank == local_rank:
+                worker.id = pc.subprocess_handlers[local_rank].proc.pid
 
     def failure_verdict(self) -> tuple[core.Action, ...]:
         """Wait (at most the peer timeout and three polls) until every other active node is

@@ -337,6 +337,7 @@ def rendezvous_handler(
                 ),
             )
         log.info("rendezvous %s hosted at %s:%d", rdzv_id, host, store.port)
+        _coordinate_live(host, store.port)
         return handler
     assert run is not None
     host, port, rdzv_id = wait_published(
@@ -345,7 +346,15 @@ def rendezvous_handler(
     params = RendezvousParameters(
         endpoint=f"{host}:{port}", run_id=rdzv_id, is_host=False, **common
     )
+    _coordinate_live(host, port)
     return rdzv_registry.get_rendezvous_handler(params)
+
+
+def _coordinate_live(host: str, port: int) -> None:
+    """The ranks' coordinator for live recovery (`ftslurm.agent.live`): the rendezvous
+    store node rank 0's launcher hosts, which outlives every rank (torch's per-round store,
+    hosted by rank 0, dies with it)."""
+    os.environ[EnvName.LIVE_STORE.value] = f"{host}:{port}"
 
 
 def _heartbeat_dir(job: str, node_rank: int) -> HeartbeatDir:

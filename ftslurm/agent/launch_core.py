@@ -96,6 +96,7 @@ class LauncherState:
     new_job: bool = False  # no spare can help: the run goes on in a new job
     benched: str | None = None  # why this node stepped out
     benched_used: int = 0  # the in-job restarts it had used then
+    alone: int = 0  # ranks restarted alone (live recovery), each an in-job restart
     next_loss_check: float = 0.0
     next_collect: float = 0.0
     next_peer_check: float = 0.0
@@ -135,6 +136,7 @@ class Budget(str, Enum):
     KEEP = "keep"  # this restart uses no in-job restart (a swap)
     SPENT = "spent"  # no restart left: the launcher leaves (new job, stepped out, run over)
     GIVE_BACK = "give_back"  # the restart torch counted was never made (a stop came first)
+    USE = "use"  # one restart made outside torch: a rank restarted alone (live recovery)
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,13 @@ class KillRanks:
 @dataclass(frozen=True)
 class Account:
     budget: Budget
+
+
+@dataclass(frozen=True)
+class RestartAlone:
+    """Start this local rank again, alone: the others keep running (live recovery)."""
+
+    local_rank: int
 
 
 @dataclass(frozen=True)
@@ -186,7 +195,18 @@ class AwaitVerdict:
     """The ranks failed with spares: was a node lost under them? Poll `on_verdict_poll`."""
 
 
-Action = Log | KillRanks | Account | StepOut | EndRound | LookAtStop | Collect | Wait | AwaitVerdict
+Action = (
+    Log
+    | KillRanks
+    | Account
+    | RestartAlone
+    | StepOut
+    | EndRound
+    | LookAtStop
+    | Collect
+    | Wait
+    | AwaitVerdict
+)
 
 
 # ----------------------------------------------------------------------------- signals
@@ -500,6 +520,44 @@ def on_failed(
     if state.cfg.spares and not signalled:
         return state, (AwaitVerdict(),)
     return state, ()
+
+
+def on_rank_exit(
+    state: LauncherState,
+    local_rank: int,
+    code: int,
+    *,
+    live: bool,
+    stopped: bool,
+    restarts_left: int,
+    signals: Signals,
+) -> tuple[LauncherState, tuple[Action, ...]]:
+    """A rank of the running round exited with `code` while the others run on. A rank
+    whose process group recovers live (`live`: it said so) and failed is restarted alone,
+    using one in-job restart, and rejoins the others. Otherwise (a clean exit, a stop under
+    way, a rank that recorded its stop and died in teardown, no restart left, or a rank
+    that does not recover live) nothing here: torch ends the round as before. A rank that
+    left a failed round on purpose (`ExitCode.REJOIN`: stuck in a collective with a peer
+    that left it) is restarted alone without using a restart: the fault was another's."""
+    if code == 0 or not live or stopped or signals.stop is not None or not state.live:
+        return state, ()
+    if state.new_job or state.benched is not None:
+        return state, ()
+    if code == ExitCode.REJOIN:  # it left a round another rank's fault broke: no restart used
+        text = f"local rank {local_rank} left a failed live round: restarted alone to rejoin"
+        return replace(state, alone=state.alone + 1), (Log("info", text), RestartAlone(local_rank))
+    if restarts_left <= 0:
+        text = f"local rank {local_rank} exited {code}: no in-job restart left to restart it alone"
+        return state, (Log("warning", text),)
+    text = (
+        f"local rank {local_rank} exited {code}: restarted alone, the other ranks keep "
+        f"running (live recovery; {restarts_left - 1} in-job restarts left)"
+    )
+    return replace(state, alone=state.alone + 1), (
+        Log("warning", text),
+        Account(Budget.USE),
+        RestartAlone(local_rank),
+    )
 
 
 @dataclass(frozen=True)

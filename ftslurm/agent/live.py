@@ -43,20 +43,31 @@ import datetime
 import gc
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from ftslurm.agent import live_rules as rules
-from ftslurm.core.contract import EnvName
+from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir, JobEnv
+from ftslurm.core.contract.reports import LiveRecovery
+from ftslurm.runfiles import write_report
 
 COLLECTIVE_TIMEOUT_S = 60.0  # a live group's collectives (gloo waits this long on a silent peer)
 JOIN_TIMEOUT_S = 120.0  # how long a new round waits for every rank (a restarted one imports torch)
 MAX_ROUNDS = 3  # rounds failed one after the other before live recovery is given up
 DECISION_POLL_S = 0.05  # how often a rank waiting for the votes looks for a failed round
+WATCH_POLL_S = 0.2  # how often a rank inside a step looks whether its round failed
+STUCK_S = 2.0  # inside a step this long after a running rank declared the round failed
 log = logging.getLogger("ftslurm.live")
+# Test hook: a rank stops itself (SIGSTOP) at one point of one step, "<point>:<rank>:<step>"
+# (points: "reduced", after the step's work and before its vote; "committed", after the
+# decision to commit and before the optimizer step), so a test can kill it at that moment.
+PAUSE_ENV = "FTSLURM_TEST_PAUSE_LIVE"
 
 
 class LiveRecoveryFailed(RuntimeError):
@@ -106,6 +117,7 @@ class LiveGroup:
         live: bool = True,
     ) -> None:
         env = dict(os.environ if environ is None else environ)
+        self.environ = env
         self.backend = backend
         self.init_method = init_method  # a plain group's (without a coordinator store)
         self.rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
@@ -124,6 +136,10 @@ class LiveGroup:
         self._load: Callable[[Any], None] | None = None
         self._step: Callable[[], int] = lambda: -1
         self._hooks: list[Callable[[], None]] = []
+        self._busy: tuple[int, float] | None = None  # (round, since): inside a step
+        self._pending_record: tuple[Path, LiveRecovery] | None = None
+        self._marker: Path | None = None  # HeartbeatDir.live: the launcher's sign
+        self._setup = False  # between `start` and the end of `attach`
         self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
 
     @property
@@ -141,14 +157,23 @@ class LiveGroup:
                 timeout=self.timeout,
             )
             return
+        hb = self.environ.get(EnvName.HEARTBEAT_DIR.value)
+        if hb:  # tell the launcher: restart this rank alone when it fails
+            self._marker = HeartbeatDir(hb).live(self.environ.get("LOCAL_RANK", "0"))
+            self._marker.touch()
         r = int(self.store.add(self.keys.round(), 0))
         if self.rejoining:
             was = self.store.check([self.keys.member(r, self.rank)])
             failed = self.store.check([self.keys.failed(r)])
             r, declare = rules.rejoin_round(r, was_member=was, failed=failed)
             if declare:
-                self._declare_failed(r - 1, f"rank {self.rank} was restarted")
+                self._declare_failed(r - 1, f"{rules.BY_RESTART}rank {self.rank} restarted")
         self._form(r, None)
+        # Setting up (until `attach`): a fault now is not recovered live (the ranks hold no
+        # training state yet, and their setup's collectives are not steps).
+        self._setup = True
+        self._busy = (self.round, time.monotonic())
+        threading.Thread(target=self._watch, name="ftslurm-live-watch", daemon=True).start()
 
     def _form(self, r: int, step: int | None) -> None:
         """Form round `r` (or a later one when `r` fails while forming)."""
@@ -170,7 +195,7 @@ class LiveGroup:
                     break
                 time.sleep(DECISION_POLL_S / 5)
             if state is rules.Join.TIMED_OUT:
-                raise LiveRecoveryFailed(rules.Fallback.JOIN_TIMEOUT, f"round {r}")
+                raise self._give_up(rules.Fallback.JOIN_TIMEOUT, f"round {r}")
             if state is rules.Join.READY:
                 try:
                     dist.init_process_group(
@@ -186,14 +211,26 @@ class LiveGroup:
                     if not is_fault(exc):
                         raise
                     self._declare_failed(r, f"forming: {exc}")
+                    _drop_group()
             r = self._next_round(r)
+
+    def _pause(self, point: str) -> None:
+        if self.environ.get(PAUSE_ENV) == f"{point}:{self.rank}:{self._step()}":
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def _next_round(self, r: int) -> int:
         self.failed_in_a_row += 1
         why = rules.fallback(self.failed_in_a_row, self.max_rounds)
         if why is not None:
-            raise LiveRecoveryFailed(why, f"{self.failed_in_a_row} rounds up to round {r}")
+            raise self._give_up(why, f"{self.failed_in_a_row} rounds up to round {r}")
         return r + 1
+
+    def _give_up(self, why: rules.Fallback, detail: str) -> LiveRecoveryFailed:
+        """Live recovery ends here: without its mark the launcher no longer restarts this
+        rank alone, and takes today's path when it exits."""
+        if self._marker is not None:
+            self._marker.unlink(missing_ok=True)
+        return LiveRecoveryFailed(why, detail)
 
     def _declare_failed(self, r: int, why: str) -> None:
         self.store.compare_set(self.keys.failed(r), "", why)
@@ -213,9 +250,50 @@ class LiveGroup:
         self._state, self._load, self._step = state, load, step
         self._hooks = list(on_regroup)
         if self.enabled:
-            self._handover()
+            plan = self._handover()
+            if self.rejoining and plan is None:  # nobody running holds a state to hand over
+                raise self._give_up(rules.Fallback.NO_STATE, f"round {self.round}")
+            self._setup, self._busy = False, None
 
-    def _handover(self) -> None:
+    def _watch(self) -> None:
+        """Leave when stuck in a step of a round a running rank declared failed
+        (`rules.stuck`): exit REJOIN, and the launcher restarts this rank alone."""
+        client = coordinator(self.environ, self.timeout.total_seconds())
+        seen: dict[int, float] = {}  # round -> when its failure was first seen here
+        while client is not None:
+            time.sleep(WATCH_POLL_S)
+            busy = self._busy
+            if busy is None:
+                continue
+            r, _ = busy
+            try:
+                key = self.keys.failed(r)
+                declared = client.get(key).decode() if client.check([key]) else None
+            except Exception:  # noqa: BLE001 - the coordinator is gone: nothing to decide
+                return
+            if declared is None:
+                continue
+            if self._setup:  # a fault while setting up: today's path, every rank again
+                log.warning(
+                    "rank %d: round %d failed while setting up (%s): live recovery given up",
+                    self.rank,
+                    r,
+                    declared,
+                )
+                self._give_up(rules.Fallback.IN_SETUP, declared)
+                os._exit(ExitCode.FAILED)
+            first = seen.setdefault(r, time.monotonic())
+            if self._busy == busy and rules.stuck(declared, time.monotonic() - first, STUCK_S):
+                log.warning(
+                    "rank %d: stuck in a step of round %d, which failed (%s): leaving to be "
+                    "restarted alone",
+                    self.rank,
+                    r,
+                    declared,
+                )
+                os._exit(ExitCode.REJOIN)
+
+    def _handover(self) -> rules.Handover | None:
         members = {
             r: rules.member_step(v)
             for r, v in enumerate(
@@ -224,12 +302,13 @@ class LiveGroup:
         }
         plan = rules.sender(members)
         if plan is None or not plan.receivers:
-            return
+            return None
         box = [self._state() if self.rank == plan.sender else None]
         dist.broadcast_object_list(box, src=plan.sender)
         if self.rank in plan.receivers:
             self._load(box[0])
         log.info("round %d: state of step %d from rank %d", self.round, plan.step, plan.sender)
+        return plan
 
     # ------------------------------------------------------------------ stepping
     def commit(self, fn: Callable[[], Any]) -> bool:
@@ -241,20 +320,33 @@ class LiveGroup:
             return True
         r, seq = self.round, self.seq
         error: str | None = None  # not the exception: its frames would keep the group alive
+        self._busy = (r, time.monotonic())
         try:
             fn()
         except Exception as exc:
             if not is_fault(exc):
                 raise
             error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        finally:
+            self._busy = None
+        if error is None:
+            self._pause("reduced")
         if error is None and self.store.add(self.keys.vote(r, seq), 1) >= self.world:
             self.store.compare_set(self.keys.decision(r, seq), "", rules.Decision.COMMIT.value)
         elif error is not None:
-            self._declare_failed(r, f"rank {self.rank}: {error}")
+            self._declare_failed(r, f"{rules.BY_ERROR}rank {self.rank}: {error}")
             self.store.compare_set(self.keys.decision(r, seq), "", rules.Decision.ABORT.value)
         if self._decision(r, seq) is rules.Decision.COMMIT:
+            self._pause("committed")
             self.seq += 1
             self.failed_in_a_row = 0
+            if self._pending_record is not None:
+                path, record = self._pending_record
+                self._pending_record = None
+                write_report(path, record.committed(time.time()))
+            if self.rank == 0 and seq:  # every rank read the last step's decision before it
+                for key in (self.keys.vote(r, seq - 1), self.keys.decision(r, seq - 1)):
+                    self.store.delete_key(key)  # voted on this one: the store stays small
             return True
         self._recover(error or "a peer failed")
         return False
@@ -280,7 +372,7 @@ class LiveGroup:
                 self.store.compare_set(key, "", decision.value)
 
     def _recover(self, why: str) -> None:
-        started = time.monotonic()
+        started, failed_at = time.monotonic(), time.time()
         failed_round = self.round
         self._declare_failed(failed_round, why)
         _drop_group()
@@ -290,7 +382,7 @@ class LiveGroup:
                 self._form(r, self._step())
                 for hook in self._hooks:
                     hook()
-                self._handover()
+                plan = self._handover()
                 break
             except LiveRecoveryFailed:
                 raise
@@ -305,6 +397,35 @@ class LiveGroup:
             {"failed_round": failed_round, "round": self.round, "why": why, "seconds": took}
         )
         log.warning("live recovery: round %d after %s in %.2fs", self.round, why, took)
+        if self.rank == (plan.sender if plan is not None else 0):
+            self._record(failed_round, failed_at, plan)
+
+    def _record(self, failed_round: int, failed_at: float, plan: rules.Handover | None) -> None:
+        """The recovery's record in the run directory (one rank writes it), completed at
+        the first step committed after it."""
+        job = JobEnv.from_environ(self.environ)
+        if job.run is None:
+            return
+        declared = self.store.get(self.keys.failed(failed_round)).decode()
+        by, _, why = declared.partition("|")
+        record = LiveRecovery(
+            round=self.round,
+            failed_round=failed_round,
+            why=why or declared,
+            detected_by=by if why else None,
+            failed_at=failed_at,
+            formed_at=time.time(),
+            step=self._step(),
+            state_from=plan.sender if plan is not None else None,
+            receivers=sorted(plan.receivers) if plan is not None else [],
+            world_size=self.world,
+            job_id=self.environ.get("SLURM_JOB_ID"),
+            attempt=job.attempt,
+        )
+        group = self.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        path = job.run.live_record(job.attempt or 0, group, self.round)
+        write_report(path, record)
+        self._pending_record = (path, record)
 
 
 def _drop_group() -> None:

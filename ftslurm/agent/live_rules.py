@@ -43,6 +43,7 @@ class Fallback(str, Enum):
     TOO_MANY_ROUNDS = "faults kept coming during the recovery"
     NO_STATE = "no member holds a training state"
     NO_COORDINATOR = "the coordinator store is gone (the batch host was lost)"
+    IN_SETUP = "a rank failed while the ranks were still setting up"
 
 
 def commit_decision(
@@ -134,3 +135,18 @@ def member_step(value: bytes | str) -> int | None:
     """A member record's step ("" or "-": it holds no state)."""
     text = value.decode() if isinstance(value, bytes) else value
     return int(text) if text.lstrip("-").isdigit() and not text.startswith("-") else None
+
+
+# A round's `failed` record says who declared it: a rank whose collective raised (it is
+# running, holding the state of the last committed step) or a restarted rank (maybe every
+# other rank is stuck in a collective with a peer that left it).
+BY_ERROR = "error|"
+BY_RESTART = "restart|"
+
+
+def stuck(declared: str | None, busy_s: float, grace_s: float) -> bool:
+    """Whether a rank still inside its step `busy_s` after its round was declared failed
+    should leave (and be restarted alone): on gloo an operation posted on a connection a
+    dead peer already closed waits out the whole collective timeout. Only when the round
+    was declared failed by a running rank's error, so that the state stays with it."""
+    return bool(declared) and declared.startswith(BY_ERROR) and busy_s >= grace_s

@@ -45,7 +45,14 @@ from ftslurm.daemon.store import Store, marked_backends
 from ftslurm.daemon.submission import backend_key
 from ftslurm.errors import ConfigError, FtslurmError
 from ftslurm.paths import state_dir
-from ftslurm.report.notes import Col, fmt_time, lost_node_notes, recovery_notes, split_reason
+from ftslurm.report.notes import (
+    Col,
+    fmt_time,
+    live_notes,
+    lost_node_notes,
+    recovery_notes,
+    split_reason,
+)
 from ftslurm.runfiles import read_report, read_reports
 
 # How an attempt that left a checkpoint to be continued from reads in `status`: its job
@@ -289,6 +296,18 @@ def _recoveries(store: Store, runs: Sequence[Run], now: float) -> list[str]:
     return notes
 
 
+def _live_recoveries(store: Store, runs: Sequence[Run], now: float) -> list[str]:
+    """Notes on the live recoveries of the latest attempt of active runs (`live_notes`)."""
+    notes = []
+    for run in runs:
+        attempt = store.latest_attempt(run.run_id)
+        if run.state.is_terminal or attempt is None or not run.spec.get("run_dir"):
+            continue
+        records = read_reports(RunDir(run.spec["run_dir"]), Kind.LIVE, attempt.attempt)
+        notes += [f"run {run.run_id}: {n}" for n in live_notes(records, now)]
+    return notes
+
+
 def uses_checkpoints(summary: dict[str, Any], progress: Progress) -> bool:
     """Whether the run saves checkpoints where ftslurm put them: its script told of one, or
     its checkpoint folder holds something (a plain script may never write there)."""
@@ -334,7 +353,7 @@ def status(
     summaries = [run_summary(store, r) for r in runs]
     now = time.time()
     recoveries = _recoveries(store, runs, now)
-    notes = recoveries + _lost_nodes(store, runs, now)
+    notes = recoveries + _live_recoveries(store, runs, now) + _lost_nodes(store, runs, now)
     if as_json:
         if run_id:
             typer.echo(json.dumps({**summaries[0], "notes": notes}, indent=1))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ftslurm.core.contract.reports import RoundRecord
+from ftslurm.core.contract.reports import LiveRecovery, RoundRecord
 from ftslurm.core.recovery import Recovery
 from ftslurm.core.types import JobState, NodeInfo, NodeState
 from ftslurm.daemon.records import Attempt
@@ -161,5 +161,31 @@ def recovery_notes(
                     tail = f"{job} {state}"
                 else:
                     tail = job
+        notes.append(f"{head} → {tail}")
+    return notes
+
+
+_DETECTED = {"error": "a collective failed", "restart": "a rank came back"}
+
+
+def live_notes(records: Sequence[LiveRecovery], now: float, last: int = 3) -> list[str]:
+    """The latest `last` live recoveries of an attempt, oldest first: "live recovery 12 s
+    ago: rank 2: Connection closed (a collective failed) → training again 2.1 s later, step
+    25 run again, state from rank 0 to 1"."""
+    done = sorted((r for r in records if r.failed_at is not None), key=lambda r: r.failed_at)
+    notes = []
+    for r in done[-last:]:
+        assert r.failed_at is not None
+        how = _DETECTED.get(r.detected_by or "", "")
+        head = f"live recovery {fmt_age(max(0.0, now - r.failed_at))} ago: {r.why or 'a fault'}"
+        head += f" ({how})" if how else ""
+        if r.first_commit_at is not None:
+            tail = f"training again {fmt_age(r.first_commit_at - r.failed_at)} later"
+        else:
+            tail = "recovering"
+        if r.step is not None:
+            tail += f", step {r.step} run again"
+        if r.state_from is not None:
+            tail += f", state from rank {r.state_from} to {', '.join(map(str, r.receivers))}"
         notes.append(f"{head} → {tail}")
     return notes

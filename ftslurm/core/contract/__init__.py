@@ -47,6 +47,7 @@ class ExitCode(IntEnum):
     FAILED_VALIDATION = 17
     RESTARTS_EXHAUSTED = 74  # the launcher used up its in-job restarts: the daemon may retry
     CONTINUE = 75  # every rank checkpointed after the signal: continue me
+    REJOIN = 76  # a rank left a failed live round on purpose: restart it alone, no restart used
     DO_NOT_RETRY = 93
     CANNOT_EXECUTE = 126  # the task wrapper could not start the command
     NOT_FOUND = 127  # the command does not exist
@@ -68,6 +69,7 @@ RESERVED_EXITS = frozenset(
         ExitCode.DO_NOT_RETRY,
         ExitCode.RESTARTS_EXHAUSTED,
         ExitCode.CONTINUE,
+        ExitCode.REJOIN,
     }
 )
 
@@ -196,6 +198,7 @@ PEER_LOST_REPORTS = "lost-*.json"  # RunDir.peer_lost
 ROUND_RECORDS = "round-*.json"  # RunDir.round_record
 BENCHED_RECORDS = "benched-*.json"  # RunDir.benched
 LAUNCHER_FAILED_REPORTS = "launcher-failed-*.json"  # RunDir.launcher_failed
+LIVE_RECORDS = "live-*.json"  # RunDir.live_record
 CHECKPOINT_MANIFEST = re.compile(r"step-(\d+)\.json")  # ftslurm.checkpoint's manifests
 
 
@@ -299,6 +302,14 @@ class RunDir:
         (node names replaced by a spare in this round), job_id, attempt)."""
         return self.recovery(attempt) / f"round-{round_}.json"
 
+    def live_record(self, attempt: str | int, group: str, round_: int) -> Path:
+        """A live recovery (`ftslurm.agent.live`): round `round_` of live group `group`
+        (the in-job round it belongs to) formed after a fault, the running ranks kept;
+        written by the rank that handed the state over (the lowest one when none was
+        needed), and again at the first committed step after it (JSON: the
+        `LiveRecovery` model)."""
+        return self.recovery(attempt) / f"live-{group}-{round_}.json"
+
     def benched(self, attempt: str | int, node_rank: int) -> Path:
         """A node whose launcher took itself out of the training so that a spare replaces
         it (JSON: node_rank, node, why ("hang", "straggler"), reason (the launcher's words),
@@ -367,6 +378,13 @@ class HeartbeatDir:
     def ready(self, local_rank: int | str) -> Path:
         """Touched by the rank's wrapper once its signal handlers are in place."""
         return self.root / f"ready-{local_rank}"
+
+    LIVE = "live-*"
+
+    def live(self, local_rank: int | str) -> Path:
+        """Touched by a rank whose process group recovers live (`ftslurm.agent.live`): its
+        launcher restarts it alone when it fails."""
+        return self.root / f"live-{local_rank}"
 
     @property
     def sections(self) -> Path:

@@ -27,6 +27,7 @@ from ftslurm.core.contract import (
     BENCHED_RECORDS,
     HUNG_NODE_REPORTS,
     LAUNCHER_FAILED_REPORTS,
+    LIVE_RECORDS,
     NODE_REPORTS,
     PEER_LOST_REPORTS,
     RANK_REPORTS,
@@ -246,6 +247,29 @@ class RoundRecord(Report):
         return self.model_copy(update={"first_step_at": at, "step": step})
 
 
+class LiveRecovery(Report):
+    """`recovery/live-<group>-<r>.json`: a live recovery, the running ranks kept
+    (`RunDir.live_record`)."""
+
+    round: int | None = None  # the live group's round formed after the fault
+    failed_round: int | None = None
+    why: str | None = None  # what failed, as the rank that declared it said
+    detected_by: str | None = None  # "error": a collective raised; "restart": a rank came back
+    failed_at: float | None = None  # when this rank saw the step fail (epoch seconds)
+    formed_at: float | None = None  # the new group formed and the state handed over
+    first_commit_at: float | None = None  # the first step committed after it
+    step: int | None = None  # the step that runs again (one step redone)
+    state_from: int | None = None  # the rank that sent the state; None: every rank held it
+    receivers: list[int] = []
+    world_size: int | None = None
+    job_id: JobId = None
+    attempt: int | None = None
+
+    def committed(self, at: float) -> LiveRecovery:
+        """This record again, with the time of the first step committed after it."""
+        return self.model_copy(update={"first_commit_at": at})
+
+
 class Benched(Report):
     """`recovery/benched-<n>.json`: a node whose launcher stepped out so that a spare
     replaces it."""
@@ -363,6 +387,7 @@ class Kind(Enum):
     ROUND = ("recovery", ROUND_RECORDS, RoundRecord)
     BENCHED = ("recovery", BENCHED_RECORDS, Benched)
     LAUNCHER_FAILED = ("recovery", LAUNCHER_FAILED_REPORTS, LauncherFailed)
+    LIVE = ("recovery", LIVE_RECORDS, LiveRecovery)
     STRAGGLER_WINDOW = ("stragglers", RANK_REPORTS, StragglerWindow)
 
     @property
@@ -387,6 +412,8 @@ REPORT_ONLY_KEYS = frozenset(
         "lease_time",
         "reported_by_node_rank",
         "first_step_at",
+        "first_commit_at",
+        "state_from",
         "nnodes_active",
         "spares_left",
         "error_tail",
