@@ -32,6 +32,15 @@ WORLD = 3
 STEPS = 40
 
 
+def recipe_args(ckpt: Path) -> list[str]:
+    """The recipe's arguments in these tests (with live recovery)."""
+    return [
+        "--live",
+        *("--steps", str(STEPS), "--ckpt-every", "10", "--step-time", "0.02"),
+        *("--checkpoint-dir", str(ckpt)),
+    ]
+
+
 class Ranks:
     """`WORLD` ranks of the recipe around a coordinator store this process hosts."""
 
@@ -46,18 +55,7 @@ class Ranks:
         )
         self.tmp = tmp
         self.ckpt = tmp / "ckpt"
-        self.args = [
-            "--live",
-            "--steps",
-            str(STEPS),
-            "--ckpt-every",
-            "10",
-            "--step-time",
-            "0.02",
-            "--checkpoint-dir",
-            str(self.ckpt),
-            *extra,
-        ]
+        self.args = [*recipe_args(self.ckpt), *extra]
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarted: list[int] = []
 
@@ -232,15 +230,7 @@ def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, referenc
             "--",
             sys.executable,
             str(RECIPE),
-            "--live",
-            "--steps",
-            str(STEPS),
-            "--ckpt-every",
-            "10",
-            "--step-time",
-            "0.02",
-            "--checkpoint-dir",
-            str(tmp_path / "ckpt"),
+            *recipe_args(tmp_path / "ckpt"),
             "--fail-at-step",
             "25",
             "--fail-rank",
