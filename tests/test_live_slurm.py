@@ -23,7 +23,7 @@ from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-ARGS = ["--live", "--steps", "600", "--step-time", "0.05", "--ckpt-every", "50"]
+ARGS = ["--live", "--steps", "800", "--step-time", "0.05", "--ckpt-every", "50"]
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_a_crashed_rank_on_the_second_node_is_restarted_alone(cli, tmp_path):
     ckpt = tmp_path / "ckpt"
     out = cli.submit(
         *("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2"),
-        *("--inject", "crash@25:3"),
+        *("--inject", "crash@30:3"),
         str(RECIPE),
         "--",
         *ARGS,
