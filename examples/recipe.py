@@ -115,6 +115,7 @@ def main() -> int:
     # healthy ranks keep running and a restarted rank receives the state from them
     # (`ftslurm.agent.live`). Otherwise a plain process group.
     group = live.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", live=args.live)
+    rank, world = dist.get_rank(), dist.get_world_size()  # a warm spare's: the rank it took
     agent = fta.init()  # signal handlers (flag only), heartbeats, sections
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 1)
@@ -145,12 +146,21 @@ def main() -> int:
                 if latest is not None:
                     step, tier = restore_training_state(latest[1], model, optim), "disk"
 
+    saves, saved_at, stop = 0, -1, False
+
+    # A live recovery hands over what decides the ranks' next collectives too: the count
+    # of saves and the step saved last (a rank that lacked them would save alone).
     def load(state: dict) -> None:  # a live recovery's handover, on a rank that lacks it
-        nonlocal step
-        step = restore_training_state(state, model, optim)
+        nonlocal step, saves, saved_at
+        step = restore_training_state(state["training"], model, optim)
+        saves, saved_at = state["saves"], state["saved_at"]
 
     group.attach(
-        state=lambda: training_state(model, optim, step),
+        state=lambda: {
+            "training": training_state(model, optim, step),
+            "saves": saves,
+            "saved_at": saved_at,
+        },
         load=load,
         step=lambda: step,
         on_regroup=[memory.regroup] if memory is not None else [],
@@ -168,8 +178,6 @@ def main() -> int:
             f"{'its node memory' if tier == 'memory' else 'a peer replica'}",
             flush=True,
         )
-    saves, saved_at, stop = 0, -1, False
-
     def checkpoint(disk: bool = False) -> None:
         nonlocal saves, saved_at
         with agent.section("checkpointing"):

@@ -907,3 +907,76 @@ def test_how_a_launcher_leaves(state, error, leave, ending):
     assert core.after_error(state) is error
     assert core.how_to_leave(state) is leave
     assert isinstance(core.out_of_training(state, heartbeats=True), ending)
+
+
+# ------------------------------------------------------------------- live recovery: spares
+LIVE = core.Config(node_rank=0, nnodes=4, spares=2, max_restarts=2, live=True)
+
+
+def test_with_live_ranks_a_swap_keeps_them_running():
+    """A survivor whose ranks recover live kills nothing when a peer is lost: a warm
+    spare's ranks take the lost ones over; no swap is counted (nothing restarted here)."""
+    state, actions = tick(
+        core.LauncherState(cfg=LIVE), losses=losses({1: lost(1)}), live_ranks=True
+    )
+    assert kinds(actions) == ["Log"] and "keep running" in actions[0].text
+    assert state.lost == {1} and state.swaps == 0 and state.gone_order == ((1, sp.ACTIVE),)
+    # the same without live ranks (the script did not opt in): today's swap
+    _, actions = tick(core.LauncherState(cfg=LIVE), losses=losses({1: lost(1)}))
+    assert kinds(actions) == ["Log", "Account", "KillRanks", "EndRound"]
+
+
+@pytest.mark.parametrize(
+    "me,gone,expected",
+    [
+        pytest.param(2, {1: lost(1)}, 1, id="the-first-spare-takes-the-first-loss"),
+        pytest.param(3, {1: lost(1)}, None, id="the-second-waits"),
+        pytest.param(3, {2: lost(2), 1: lost(1)}, 1, id="a-spare-lost-while-waiting"),
+    ],
+)
+def test_a_warm_spare_takes_over_the_node_the_pairing_gives_it(me, gone, expected):
+    cfg = replace(LIVE, node_rank=me)
+    roles = {r: (sp.SPARE if r >= 2 else sp.ACTIVE) for r in gone}
+    gone = {r: rep.model_copy(update={"time": float(i)}) for i, (r, rep) in enumerate(gone.items())}
+    state, actions = tick(core.LauncherState(cfg=cfg, warm=True), losses=losses(gone, roles))
+    if expected is None:
+        assert actions == () and state.warm and not state.trained
+    else:
+        assert kinds(actions) == ["Log", "TakeOver"] and actions[1].node_rank == expected
+        assert not state.warm and state.trained and state.adopted == expected
+
+
+def test_a_warm_spare_whose_ranks_start_has_not_trained():
+    state = core.on_round_start(core.LauncherState(cfg=LIVE, warm=True), {})
+    assert not state.trained and core.never_trained(state)
+
+
+def test_a_warm_spare_leaves_when_no_spare_can_help_or_the_run_closed():
+    cfg = replace(LIVE, node_rank=2)
+    state, actions = tick(core.LauncherState(cfg=cfg, warm=True), losses=losses({0: lost(0)}))
+    assert state.new_job and kinds(actions)[-3:] == ["Account", "KillRanks", "EndRound"]
+    _, actions = tick(core.LauncherState(cfg=cfg, warm=True), closed=True)
+    assert kinds(actions)[-2:] == ["KillRanks", "EndRound"]
+
+
+def test_a_spare_that_took_over_lets_its_ranks_end_a_finished_run():
+    """It is in no exit barrier of the others: the rendezvous may close first."""
+    state = core.LauncherState(cfg=replace(LIVE, node_rank=2), adopted=1, trained=True)
+    assert tick(state, closed=True, finished=True)[1] == ()
+    assert kinds(tick(state, closed=True)[1])[-2:] == ["KillRanks", "EndRound"]
+
+
+@pytest.mark.parametrize(
+    "gone,expected",
+    [
+        pytest.param([(1, sp.ACTIVE)], {1: 2}, id="one-loss"),
+        pytest.param([(1, sp.ACTIVE), (0, sp.ACTIVE)], {1: 2, 0: 3}, id="in-the-order-they-went"),
+        pytest.param([(2, sp.SPARE), (1, sp.ACTIVE)], {1: 3}, id="a-lost-spare-takes-none"),
+        pytest.param(
+            [(1, sp.ACTIVE), (2, sp.ACTIVE)], {1: 2, 2: 3}, id="a-spare-that-took-over-lost"
+        ),
+        pytest.param([(1, sp.ACTIVE), (0, None), (3, sp.SPARE)], {1: 2}, id="none-left"),
+    ],
+)
+def test_the_pairing_of_lost_nodes_and_warm_spares(gone, expected):
+    assert sp.takeovers(gone, nnodes=4, spare_nodes=2) == expected

@@ -24,6 +24,8 @@ from ftslurm.core.contract import EnvName, RunDir
 from ftslurm.core.contract.reports import Kind
 from ftslurm.runfiles import read_reports
 
+from .conftest import wait_for
+
 pytestmark = pytest.mark.slow  # real rank processes: about a minute in all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,3 +280,54 @@ def test_a_rank_killed_at_the_worst_moment_of_a_step_leaves_every_rank_identical
     assert codes == dict.fromkeys(range(WORLD), 0), logs
     assert victim in ranks.restarted, logs
     assert ranks.final() == reference, logs
+
+
+def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_processes(tmp_path):
+    """2 active nodes + 1 spare with live recovery, one rank each: the spare's rank starts
+    ahead of time and waits. Node 1 is killed mid-training (its launcher and rank die
+    together): node 0's rank keeps its process, the spare's rank takes rank 1 over and
+    receives the state from rank 0, the step the loss interrupted runs again, and the run
+    ends bit-identical to an uninterrupted one of 2 ranks, with no rank started twice."""
+    from .daemon_scenarios import reference_digest
+    from .test_spares import Launchers, node_report
+
+    steps = 120
+    expected = reference_digest(tmp_path, steps)
+    nodes = Launchers(
+        tmp_path,
+        nnodes=3,
+        spare_nodes=1,
+        steps=steps,
+        extra_env={EnvName.LIVE_RECOVERY.value: "1", "PYTHONUNBUFFERED": "1"},
+        recipe_args=("--live",),
+        endpoint=False,
+    )
+    try:
+        progress = nodes.run.progress
+        wait_for(
+            lambda: (
+                (json.loads(progress.read_text()) if progress.exists() else {}).get(
+                    "checkpoint_step", 0
+                )
+                >= 20
+            ),
+            180,
+            "two checkpoints",
+        )
+        assert "wait warm" in nodes.log(2), nodes.logs()
+        nodes.kill(1)
+        codes = [nodes.procs[r].wait(timeout=180) for r in (0, 2)]
+        assert codes == [0, 0], nodes.logs()
+    finally:
+        nodes.close()
+    logs = nodes.logs()
+    final = json.loads((nodes.ckpt / "final.json").read_text())
+    assert final == {"step": steps, "digest": expected}, logs  # bit for bit
+    assert logs.count("rank 0 of 2 starts at step 0") == 1, logs  # never restarted
+    assert "took over from node rank 1" in nodes.log(2), logs
+    (record,) = read_reports(nodes.run, Kind.LIVE, 0)
+    assert record.took_over == 1 and record.receivers == [1] and record.state_from == 0, record
+    assert record.failed_at <= record.formed_at <= record.first_commit_at, record
+    survivor, took_over = node_report(nodes.run, 0), node_report(nodes.run, 2)
+    assert survivor["outcome"] == took_over["outcome"] == "finished", (survivor, took_over)
+    assert survivor["in_job_restarts"] == 0 and took_over["role"] == "active", took_over

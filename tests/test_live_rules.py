@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ftslurm.agent import live_rules as rules
 from ftslurm.agent.live_rules import (
     Decision,
     Fallback,
@@ -127,3 +128,11 @@ def test_status_notes_the_latest_live_recoveries_oldest_first():
     assert "(a collective failed)" in notes[1] and "training again 2 s later" in notes[1]
     assert "state from rank 0 to 1" in notes[1]
     assert notes[2].endswith("→ recovering, step 40 run again")
+
+
+def test_a_nodes_ranks_read_back_and_a_damaged_record_is_none():
+    record = rules.NodeRanks("ftslurm-live/r/0", 8, (2, 3))
+    assert rules.NodeRanks.decode(record.encode().encode()) == record
+    assert rules.NodeRanks.decode("x|y") is None
+    assert rules.node_key("r", 1) != rules.node_key("r", 2)
+    assert rules.exit_key(record.group).startswith(record.group)

@@ -10,15 +10,19 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ftslurm.agent import spares as sp
 from ftslurm.core.contract import RunDir
 from ftslurm.core.contract.reports import Kind
+from ftslurm.fsutil import read_json
 from ftslurm.runfiles import read_reports
 
+from .conftest import wait_for
 from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -69,3 +73,47 @@ def test_a_crashed_rank_on_the_second_node_is_restarted_alone(cli, tmp_path):
     (record,) = read_reports(RunDir(s["run_dir"]), Kind.LIVE, 0)
     assert 3 in record.receivers and record.state_from is not None, record
     assert json.loads((ckpt / "final.json").read_text()) == reference, log[-4000:]
+
+
+def test_a_killed_node_is_taken_over_by_a_warm_spare(cli, healthy_nodes, tmp_path):
+    """2 nodes x 2 ranks and a warm spare (`--live-recovery`), Slurm's default
+    SlurmdTimeout: node 1 is killed mid-training (its slurmd, launcher and ranks). The ranks
+    of node 0 keep their processes, the spare's waiting ranks take ranks 2 and 3 over and
+    receive the state from a running rank, and the run ends in its first job with the
+    parameters of an uninterrupted run of the same 4 ranks."""
+    reference = uninterrupted(tmp_path / "reference")
+    ckpt = tmp_path / "ckpt"
+    with healthy_nodes.slurmd_timeout(300):  # the spare, not Slurm, handles the loss
+        out = cli.submit(
+            *("-N", "2", "--spare-nodes", "1", "--live-recovery", "--ntasks-per-node", "2"),
+            str(RECIPE),
+            "--",
+            *ARGS,
+            *("--checkpoint-dir", str(ckpt)),
+        )
+        run_id = out["run_id"]
+        run_dir = RunDir(cli.status(run_id)["run_dir"])
+
+        def training() -> int | None:
+            step = (read_json(run_dir.progress) or {}).get("step")
+            return step if isinstance(step, int) and step >= 150 else None
+
+        wait_for(training, 240, "training past step 150")
+        leases = [sp.read_lease(run_dir, 0, r) for r in range(3)]
+        assert [x.role if x else None for x in leases] == [sp.ACTIVE, sp.ACTIVE, sp.SPARE]
+        killed_at = time.time()
+        healthy_nodes.fail_node(leases[1].node)  # type: ignore[union-attr]
+        s = cli.wait_for(run_id, ended, 300, "the run to end")
+    log = cli("logs", run_id, "--attempt", "0").stdout
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
+    assert log.count("rank 0 of 4 starts at step") == 1, log[-4000:]  # never every rank
+    assert "took over from node rank 1" in log, log[-4000:]
+    records = read_reports(run_dir, Kind.LIVE, 0)
+    assert [r.took_over for r in records] == [1], records
+    (record,) = records
+    assert sorted(record.receivers) == [2, 3] and record.state_from in (0, 1), record
+    assert json.loads((ckpt / "final.json").read_text()) == reference, log[-4000:]
+    print(
+        f"node killed -> first committed step with the spare: "
+        f"{record.first_commit_at - killed_at:.2f}s; step {record.step} run again"
+    )

@@ -182,7 +182,11 @@ class Launchers:
         max_restarts: int = 0,
         launch_args: tuple[str, ...] = (),
         extra_env: dict[str, str] | None = None,
+        recipe_args: tuple[str, ...] = (),
+        endpoint: bool = True,
     ) -> None:
+        """`endpoint`: every launcher is given the rendezvous endpoint (else node rank 0
+        binds one and publishes it in the run directory, as in a job)."""
         self.tmp, self.names = tmp_path, [f"n{r}" for r in range(nnodes)]
         self.run = RunDir(tmp_path / "run")
         self.ckpt = tmp_path / "ckpt"
@@ -211,7 +215,7 @@ class Launchers:
                         f"--node-rank={node_rank}",
                         f"--spare-nodes={spare_nodes}",
                         f"--max-restarts={max_restarts}",
-                        f"--rdzv-endpoint=127.0.0.1:{port}",
+                        *([f"--rdzv-endpoint=127.0.0.1:{port}"] if endpoint else []),
                         "--monitor-interval=0.2",
                         "--peer-timeout=3",
                         *launch_args,
@@ -224,6 +228,7 @@ class Launchers:
                         "10",
                         "--step-time",
                         "0.05",
+                        *recipe_args,
                     ],
                     env=env,
                     stdout=log,

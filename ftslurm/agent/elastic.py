@@ -22,6 +22,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
 from ftslurm.agent import launch_core as core
+from ftslurm.agent import live_rules
 from ftslurm.agent import spares as sp
 from ftslurm.agent.heartbeat import (
     Beat,
@@ -39,7 +40,13 @@ from ftslurm.agent.heartbeat import (
 from ftslurm.agent.launch_io import Stopped, cpu_seconds, kill_ranks, pause_for_tests
 from ftslurm.agent.peers import poll_interval
 from ftslurm.core.contract import EnvName, RunDir
-from ftslurm.core.contract.reports import HungNodeReport, HungRank, RoundRecord, StragglerReport
+from ftslurm.core.contract.reports import (
+    HungNodeReport,
+    HungRank,
+    RoundRecord,
+    StragglerReport,
+    TakeOver,
+)
 from ftslurm.core.settings import DEFAULT_RUNNING_S
 from ftslurm.runfiles import read_report, write_report
 
@@ -52,10 +59,14 @@ class Agent(LocalElasticAgent):
     """`node`: the launcher's shell (`ftslurm.agent.launch.Node`): its configuration,
     folders, signals, peer watch and report writers."""
 
-    def __init__(self, node: Any, **kwargs: Any) -> None:
+    def __init__(self, node: Any, *, warm: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.node = node
-        self.state = core.LauncherState(cfg=node.cfg)
+        self.state = core.LauncherState(cfg=node.cfg, warm=warm)
+        self.adopted: dict[int, int] = {}  # local rank -> the global rank it took over
+        self.adopted_group: str | None = None  # and the live group (`live_rules.Keys`)
+        self.adopted_world: int | None = None
+        self.live_group: str | None = None  # the live group this node's ranks are in
         self.last_result: RunResult | None = None  # the last round's ending (not HEALTHY)
         self.pace: dict[int, Pace] = {}
         self.cpu: dict[int, CpuWatch] = {}
@@ -76,7 +87,7 @@ class Agent(LocalElasticAgent):
         for old in [*hb.root.glob(hb.RECORDS), *hb.root.glob(hb.READY), *hb.root.glob(hb.LIVE)]:
             old.unlink(missing_ok=True)
         self.pace, self.cpu = {}, {}  # a new round learns its pace again
-        if spares and node.watch is not None:
+        if spares and node.watch is not None and not self.state.warm:
             node.watch.set_role(sp.ACTIVE)
         pause_for_tests("spawn")
         started = super()._start_workers(worker_group)
@@ -84,8 +95,12 @@ class Agent(LocalElasticAgent):
         came, node.early[:] = list(node.early), []  # what came before the ranks existed
         for sig in core.for_new_round(came, node.signals, node.cfg):
             self.deliver(sig)  # reaches them when ready (a stop while they started too)
+        if self.state.warm:  # a warm spare's own group of one node: nothing to record
+            return started
         if node.run is not None and worker_group.group_rank == 0:
             self.record_round(worker_group)
+        if node.cfg.live and node.cfg.spares:
+            self.publish_ranks()
         return started
 
     def _stop_workers(self, worker_group, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -110,6 +125,25 @@ class Agent(LocalElasticAgent):
             finally:
                 self.state = replace(self.state, joining=False)
 
+    def _exit_barrier(self):  # type: ignore[no-untyped-def]
+        """With live recovery and spares, the nodes wait for each other at the end on the
+        coordinator store, where a spare that took a lost node's ranks over counts for it
+        (torch's barrier counts the nodes of its rendezvous, which a warm spare is not in:
+        the lost node would be waited for until the timeout)."""
+        cfg = self.node.cfg
+        if not (cfg.live and cfg.spares and self.live_group):
+            return super()._exit_barrier()
+        key = live_rules.exit_key(self.live_group)
+        nodes = sp.active_nodes(cfg.nnodes, cfg.spares)
+        deadline = time.monotonic() + self._exit_barrier_timeout
+        try:
+            store = self.node.live_store()
+            store.add(key, 1)
+            while int(store.add(key, 0)) < nodes and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+        except Exception as exc:  # noqa: BLE001 - the store is gone: the others have left
+            log.info("exit barrier: %s", exc)
+
     def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
         self.restart_alone(worker_group)  # before torch sees a failed rank and stops them all
         result = self._judge_workers(worker_group)
@@ -119,7 +153,9 @@ class Agent(LocalElasticAgent):
 
     def _judge_workers(self, worker_group):  # type: ignore[no-untyped-def]
         result = super()._monitor_workers(worker_group)
-        ranks = frozenset(w.global_rank for w in worker_group.workers)
+        ranks = frozenset(
+            self.adopted.get(w.local_rank, w.global_rank) for w in worker_group.workers
+        )
         self.state = replace(self.state, ranks=ranks)
         if result.state is WorkerState.FAILED:
             return self.on_failed(result) or result
@@ -130,7 +166,9 @@ class Agent(LocalElasticAgent):
         self.deliver_held(pids)
         self.note_first_step()
         ended = self.tick(worker_group, pids, now)
-        return ended or self.judge_ranks(pids, now) or result
+        if ended or self.state.warm:  # a warm spare's ranks wait: no hang to judge
+            return ended or result
+        return self.judge_ranks(pids, now) or result
 
     # ---------------------------------------------------------------- the decisions
     def account(self, budget: core.Budget) -> None:
@@ -163,6 +201,8 @@ class Agent(LocalElasticAgent):
                 self.account(action.budget)
             elif isinstance(action, core.RestartAlone):
                 self.respawn(action.local_rank, worker_group)
+            elif isinstance(action, core.TakeOver):
+                self.take_over(action.node_rank)
             elif isinstance(action, core.StepOut):
                 self.node.write_bench(action.why, action.reason)
             elif isinstance(action, core.LookAtStop):
@@ -266,6 +306,8 @@ class Agent(LocalElasticAgent):
             losses=losses,
             straggler=straggler,
             closed=closed,
+            live_ranks=self.live_ranks(),
+            finished=closed and node.run is not None and node.run.finished.exists(),
         )
         self.state, actions = core.on_tick(self.state, tick)
         return self.carry_out(actions, pids, worker_group)
@@ -285,7 +327,9 @@ class Agent(LocalElasticAgent):
         while True:
             losses = self.read_losses() if spares else None
             left, now = self._remaining_restarts, time.monotonic()
-            self.state, actions = core.on_hang(self.state, hang, losses, left, now, deadline)
+            self.state, actions = core.on_hang(
+                self.state, hang, losses, left, now, deadline, live_ranks=self.live_ranks()
+            )
             ended = self.carry_out(actions, pids)
             if not any(isinstance(a, core.Wait) for a in actions):
                 return ended
@@ -303,9 +347,11 @@ class Agent(LocalElasticAgent):
         return core.Losses(gone=gone, roles=roles)
 
     def rendezvous_closed(self, worker_group: Any) -> bool:
-        """Did another node's launcher give up (close the rendezvous)?"""
+        """Did another node's launcher give up (close the rendezvous)? (A warm spare's own
+        group has a rendezvous of its own: the training's is the one asked.)"""
+        handler = self.node.main_handler or worker_group.spec.rdzv_handler
         try:
-            return bool(worker_group.spec.rdzv_handler.is_closed())
+            return bool(handler.is_closed())
         except Exception:  # the store is gone with node 0's launcher
             return True
 
@@ -369,6 +415,63 @@ class Agent(LocalElasticAgent):
             write_report(path, report)
         else:
             path.unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------- live recovery
+    def live_ranks(self) -> bool:
+        """Every rank of this node recovers live (each touched its `HeartbeatDir.live`)."""
+        hb = self.node.hb
+        return all(hb.live(lr).exists() for lr in range(self.node.args.nproc_per_node))
+
+    def publish_ranks(self) -> None:
+        """Tell a warm spare which ranks this node runs, in which live group
+        (`live_rules.node_key`), in the coordinator store."""
+        pc = self._pcontext
+        envs = [pc.envs[lr] for lr in sorted(pc.envs)] if pc is not None else []
+        if not envs:
+            return
+        ranks = tuple(self.adopted.get(lr, int(env["RANK"])) for lr, env in enumerate(envs))
+        group = self.adopted_group or live_rules.group_prefix(
+            envs[0]["TORCHELASTIC_RUN_ID"], envs[0]["TORCHELASTIC_RESTART_COUNT"]
+        )
+        world = self.adopted_world or int(envs[0]["WORLD_SIZE"])
+        record = live_rules.NodeRanks(group, world, ranks)
+        self.live_group = group
+        run_id = self.node.main_run_id()
+        try:
+            self.node.live_store().set(
+                live_rules.node_key(run_id, self.node.cfg.node_rank), record.encode()
+            )
+        except Exception as exc:  # noqa: BLE001 - no coordinator: no live takeover of us
+            log.warning("could not publish this node's ranks for a warm spare: %s", exc)
+
+    def take_over(self, node_rank: int) -> None:
+        """Hand each waiting rank its rank of node `node_rank` (`HeartbeatDir.takeover`):
+        they join the live group's next round and receive the state from a running rank."""
+        node = self.node
+        key = live_rules.node_key(node.main_run_id(), node_rank)
+        try:
+            record = live_rules.NodeRanks.decode(node.live_store().get(key))
+        except Exception as exc:  # noqa: BLE001 - the coordinator is gone or never heard of it
+            record = None
+            log.warning("node rank %d's ranks are not known (%s)", node_rank, exc)
+        if record is None or len(record.ranks) != node.args.nproc_per_node:
+            log.warning("cannot take node rank %d over live: its ranks are unknown", node_rank)
+            return
+        if node.watch is not None:
+            node.watch.set_role(sp.ACTIVE)
+        self.adopted = dict(enumerate(record.ranks))
+        self.adopted_group, self.adopted_world = record.group, record.world
+        now = time.time()
+        for local_rank, rank in self.adopted.items():
+            told = TakeOver(
+                node_rank=node_rank,
+                rank=rank,
+                world_size=record.world,
+                group=record.group,
+                time=now,
+            )
+            write_report(node.hb.takeover(local_rank), told)
+        self.publish_ranks()  # this node runs them now: a later loss of it is taken over too
 
     # ------------------------------------------------------------------ round records
     def record_round(self, worker_group: Any) -> None:
@@ -439,8 +542,9 @@ class Agent(LocalElasticAgent):
                     self.send(local_rank, pids[local_rank], sig)
 
 
-def make_agent(node: Any, handler: Any) -> Agent:
-    """The agent of this launcher's ranks, on the rendezvous `handler`."""
+def make_agent(node: Any, handler: Any, *, warm: bool = False) -> Agent:
+    """The agent of this launcher's ranks, on the rendezvous `handler` (`warm`: a warm
+    spare's, on a rendezvous of its own: its ranks wait to take a node over)."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
@@ -460,6 +564,7 @@ def make_agent(node: Any, handler: Any) -> Agent:
     )
     return Agent(
         node,
+        warm=warm,
         spec=spec,
         logs_specs=DefaultLogsSpecs(log_dir=str(node.hb.torch_logs)),
         start_method="spawn",

@@ -48,6 +48,7 @@ by its CPU time alone: idle for the running timeout counts as hung.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -350,6 +351,39 @@ def rendezvous_handler(
     return rdzv_registry.get_rendezvous_handler(params)
 
 
+def _closed(handler: Any) -> bool:
+    try:
+        return bool(handler.is_closed())
+    except Exception:  # noqa: BLE001 - its store is gone with node 0's launcher
+        return True
+
+
+def round_ending_of(result: Any) -> tuple[bool, dict[int, int]]:
+    from ftslurm.agent.elastic import round_ending
+
+    return round_ending(result)
+
+
+def own_rendezvous(args: argparse.Namespace) -> Any:
+    """A rendezvous of this node alone, on a port the system picks: a warm spare's ranks
+    start on it (torch's environment of a group of one node) and wait."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint="127.0.0.1:0",
+        run_id=f"ftslurm-warm-{secrets.token_hex(6)}",
+        min_nodes=1,
+        max_nodes=1,
+        is_host=True,
+        join_timeout=args.rdzv_timeout,
+    )
+    backend, store = create_backend(params)
+    return create_handler(store, backend, params)
+
+
 def _coordinate_live(host: str, port: int) -> None:
     """The ranks' coordinator for live recovery (`ftslurm.agent.live`): the rendezvous
     store node rank 0's launcher hosts, which outlives every rank (torch's per-round store,
@@ -415,6 +449,7 @@ class Node:
             has_run=self.run is not None,
             checkpoint_sig=env.checkpoint_signal_number,
             collect_every=env.straggler_interval_s / 2 if collect else None,
+            live=env.live_recovery,
         )
         self.collector = straggler_collector(self.run_dir, env) if collect else None  # type: ignore[arg-type]
         self.signals = core.Signals()
@@ -425,6 +460,8 @@ class Node:
         self.role = sp.SPARE if spare else None
         self.watch: PeerWatch | None = None
         self.agent: Any = None
+        self.main_handler: Any = None  # a warm spare's: the training's rendezvous
+        self._store: Any = None
         self.started = time.time()
 
     # ------------------------------------------------------------------------ signals
@@ -535,6 +572,74 @@ class Node:
                 return join
             time.sleep(0.25)
         return not self.signals.signalled
+
+    # ------------------------------------------------------------------ live recovery
+    def main_run_id(self) -> str:
+        """The training's rendezvous id (its live group's keys start with it)."""
+        handler = self.main_handler or self.agent._rdzv_handler
+        return str(handler.get_run_id())
+
+    def live_store(self) -> Any:
+        """A client of the coordinator store (node rank 0's rendezvous store)."""
+        if self._store is None:
+            import datetime
+
+            import torch.distributed as dist
+
+            host, _, port = os.environ[EnvName.LIVE_STORE.value].rpartition(":")
+            self._store = dist.TCPStore(
+                host,
+                int(port),
+                is_master=False,
+                timeout=datetime.timedelta(seconds=10),
+                wait_for_workers=False,
+            )
+        return self._store
+
+    def warm_spare(self) -> bool:
+        """Whether this launcher keeps its ranks warm as a spare (live recovery)."""
+        return self.cfg.live and self.role == sp.SPARE and self.run is not None
+
+    def run_warm(self, handler: Any) -> tuple[Any, Any, bool]:
+        """A warm spare: its ranks start now on a rendezvous of this node alone and wait in
+        `live.init_process_group` until they take a node over (`TakeOver`). The agent, its
+        last round's result, and whether to fall back to a spare without live recovery
+        (its warm ranks failed while the training may still need a spare)."""
+        from ftslurm.agent.elastic import make_agent
+
+        self.main_handler = handler
+        private = own_rendezvous(self.args)
+        agent = self.agent = make_agent(self, private, warm=True)
+        os.environ[EnvName.LIVE_SPARE.value] = "1"
+        log.info("spare: its ranks start now and wait warm to take a node over (live recovery)")
+        result, failed = None, False
+        try:
+            result = agent.run()
+        except Stopped:
+            pass  # told to stop before its warm ranks started: a spare never needed
+        except Exception as exc:  # noqa: BLE001 - the warm ranks' own failure
+            log.warning("warm spare: %s", error_line(exc))
+            failed = True
+        finally:
+            os.environ.pop(EnvName.LIVE_SPARE.value, None)
+            with contextlib.suppress(Exception):
+                private.shutdown()
+        succeeded, _ = round_ending_of(result)
+        if agent.state.trained:  # it took a node over: the others end the rendezvous
+            if not succeeded:
+                with contextlib.suppress(Exception):
+                    handler.shutdown()  # its ranks failed: the others stop too
+            return agent, result, False
+        over = (
+            self.signals.stop is not None
+            or agent.state.new_job
+            or self.run.finished.exists()
+            or _closed(handler)
+        )
+        if over or not (failed or not succeeded):
+            return agent, result, False
+        log.warning("the warm ranks failed: waiting as a spare without live recovery")
+        return agent, result, True
 
     def run_agent(self, agent: Any, handler: Any) -> tuple[int | None, Any]:
         """Run the ranks (a spare: once it may join): the exit code of a launcher that
@@ -762,6 +867,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         return node.launcher_failed(exc, "rendezvous")
     node.agent = agent = make_agent(node, handler)
+    if node.warm_spare():
+        warm, result, fall_back = node.run_warm(handler)
+        if not fall_back:
+            return node.finish(warm, *round_ending(result))
+        node.agent = agent  # its warm ranks failed: a spare as without live recovery
     failed, result = node.run_agent(agent, handler)
     if failed is not None:
         return failed

@@ -7,6 +7,9 @@
 - `due`/`on_tick`: every monitor tick: news of a lost or benched node (swap, new job), the
   straggler report (step out), the rendezvous closed by another node (stop), the stop's
   grace deadline (kill), a look at hung ranks when a signal came;
+- live recovery with warm spares: a survivor whose ranks recover live kills nothing on news
+  of a loss; a warm spare's ranks take the lost node's over (`take_over`, the pairing
+  `spare_rules.takeovers`);
 - `on_hang`: a rank hung: restart in place, or with spares step out, or a peer's loss or
   bench explains it (swap, new job), after waiting `BENCH_WAIT_S` for one;
 - `on_failed`/`on_verdict_poll`: the ranks failed: teardown only after every rank recorded
@@ -49,6 +52,7 @@ class Config:
     has_run: bool = True  # a run directory: the launchers meet and report in it
     checkpoint_sig: int = int(signal.SIGUSR2)
     collect_every: float | None = None  # the straggler collector's interval (node rank 0)
+    live: bool = False  # live recovery: spares wait warm, a lost node's ranks are taken over
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,10 @@ class LauncherState:
     benched: str | None = None  # why this node stepped out
     benched_used: int = 0  # the in-job restarts it had used then
     alone: int = 0  # ranks restarted alone (live recovery), each an in-job restart
+    warm: bool = False  # a spare whose ranks wait warm (live recovery), not yet needed
+    adopted: int | None = None  # the node rank whose ranks this spare's ranks took over
+    # the nodes lost or stepped out in the order they went, with their lease's role then
+    gone_order: tuple[tuple[int, str | None], ...] = ()
     next_loss_check: float = 0.0
     next_collect: float = 0.0
     next_peer_check: float = 0.0
@@ -129,6 +137,8 @@ class Tick:
     losses: Losses | None = None  # read when `Reads.losses`
     straggler: str | None = None  # the straggler report names this node: why
     closed: bool = False  # the rendezvous was closed (or its store is gone)
+    live_ranks: bool = False  # every rank of this node recovers live (`HeartbeatDir.live`)
+    finished: bool = False  # the run's FINISHED is there (read when `closed`)
 
 
 # ----------------------------------------------------------------------------- actions
@@ -160,6 +170,14 @@ class RestartAlone:
     """Start this local rank again, alone: the others keep running (live recovery)."""
 
     local_rank: int
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """This warm spare's ranks take over the ranks of node `node_rank` (live recovery):
+    hand each its rank (`HeartbeatDir.takeover`); this node trains from now on."""
+
+    node_rank: int
 
 
 @dataclass(frozen=True)
@@ -200,6 +218,7 @@ Action = (
     | KillRanks
     | Account
     | RestartAlone
+    | TakeOver
     | StepOut
     | EndRound
     | LookAtStop
@@ -260,6 +279,8 @@ def on_round_start(state: LauncherState, gone_before: Collection[int]) -> Launch
     """A round of ranks starts. With spares, the nodes reported lost before it formed are
     not in it: its ranks restart for news of a loss after it only."""
     state = replace(state, ranks_started=True, hung_round=False)
+    if state.warm:  # a warm spare's ranks wait: it trains once they take a node over
+        return state
     if state.cfg.spares and state.cfg.has_run:
         state = replace(state, trained=True, lost=state.lost | frozenset(gone_before))
     return state
@@ -371,23 +392,39 @@ def new_gone(state: LauncherState, gone: Collection[int]) -> set[int]:
 
 
 def on_losses(
-    state: LauncherState, losses: Losses
+    state: LauncherState, losses: Losses, *, live: bool = False
 ) -> tuple[LauncherState, sp.Action, tuple[Action, ...]]:
     """News of active nodes lost or stepped out: SWAP (a spare takes the place) or NEW_JOB
-    (no spare can); NONE when nothing new concerns the training."""
+    (no spare can); NONE when nothing new concerns the training. `live`: this node's ranks
+    recover live (a SWAP keeps them running; only the words differ here)."""
     new = new_gone(state, losses.gone)
     if not new:
         return state, sp.Action.NONE, ()
     lost = state.lost | new
-    state = replace(state, lost=frozenset(lost))
+    went = sorted(new, key=lambda r: (losses.gone[r].time or 0.0, r))
+    state = replace(
+        state,
+        lost=frozenset(lost),
+        gone_order=(*state.gone_order, *((r, losses.roles.get(r)) for r in went)),
+    )
     action = sp.loss_action(lost, {r: losses.roles.get(r) for r in new}, state.cfg.spares)
     names = ", ".join(sp.gone_name(r, losses.gone[r]) for r in sorted(new))
     if action is sp.Action.SWAP:
-        state = replace(
-            state, swaps=state.swaps + 1, swap_why=sp.swap_why({r: losses.gone[r] for r in new})
+        state = replace(  # (a live takeover restarts nothing here: no swap counted)
+            state,
+            swaps=state.swaps + (0 if live else 1),
+            swap_why=sp.swap_why({r: losses.gone[r] for r in new}),
         )
         left = sp.spares_left(lost, state.cfg.spares)
-        text = f"node {names} lost or stepped out: restarting the ranks with a spare ({left} left)"
+        if live:
+            text = (
+                f"node {names} lost or stepped out: the ranks keep running, a warm spare "
+                f"takes its ranks over live ({left} left)"
+            )
+        else:
+            text = (
+                f"node {names} lost or stepped out: restarting the ranks with a spare ({left} left)"
+            )
         return state, action, (Log("warning", text),)
     if action is sp.Action.NEW_JOB:
         state = replace(state, new_job=True)
@@ -438,7 +475,15 @@ def on_tick(state: LauncherState, tick: Tick) -> tuple[LauncherState, tuple[Acti
     round; without one, the shell judges the ranks (`on_hang` for the first hung one)."""
     said: tuple[Action, ...] = ()
     if tick.losses is not None:
-        state, action, said = on_losses(state, tick.losses)
+        live = state.cfg.live and (tick.live_ranks or state.warm or state.adopted is not None)
+        state, action, said = on_losses(state, tick.losses, live=live and not state.warm)
+        if state.warm and action is sp.Action.SWAP:  # a warm spare: none of its ranks train
+            state, out = take_over(state)
+            if out:
+                return state, out
+            said, action = (), sp.Action.NONE  # another spare takes that node over
+        elif action is sp.Action.SWAP and live:  # the ranks recover live: they keep running
+            return state, said
         if action is sp.Action.NONE and tick.straggler:
             gone = tick.losses.gone
             state, out = _step_out(state, sp.STRAGGLER, tick.straggler, gone, tick.restarts_left)
@@ -447,7 +492,9 @@ def on_tick(state: LauncherState, tick: Tick) -> tuple[LauncherState, tuple[Acti
         if action is not sp.Action.NONE:
             budget = Budget.KEEP if action is sp.Action.SWAP else Budget.SPENT
             return state, (*said, Account(budget), *_FAILED)
-    if tick.closed:
+    if tick.closed and state.adopted is not None and tick.finished:
+        pass  # its ranks end the finished run (it is in no exit barrier of the others)
+    elif tick.closed:
         text = "another node's launcher ended the run: stopping the ranks"
         return state, (*said, Log("warning", text), Account(Budget.SPENT), *_FAILED)
     stop_at = tick.signals.stop_at
@@ -457,6 +504,20 @@ def on_tick(state: LauncherState, tick: Tick) -> tuple[LauncherState, tuple[Acti
     if tick.signals.asked > state.looked:
         return replace(state, looked=tick.signals.asked), (*said, LookAtStop())
     return state, said
+
+
+def take_over(state: LauncherState) -> tuple[LauncherState, tuple[Action, ...]]:
+    """A warm spare after news of a loss: when the pairing (`sp.takeovers`) gives it a
+    node, its ranks take that node's ranks over (live recovery); else it waits on."""
+    cfg = state.cfg
+    pairing = sp.takeovers(state.gone_order, cfg.nnodes, cfg.spares)
+    mine = sorted(n for n, spare in pairing.items() if spare == cfg.node_rank)
+    if not state.warm or not mine:
+        return state, ()
+    node = mine[0]
+    state = replace(state, warm=False, trained=True, adopted=node, swap_why=None)
+    text = f"taking over the ranks of node rank {node} live: the other ranks keep running"
+    return state, (Log("warning", text), TakeOver(node))
 
 
 def hang_deadline(now: float) -> float:
@@ -471,6 +532,8 @@ def on_hang(
     restarts_left: int,
     now: float,
     deadline: float,
+    *,
+    live_ranks: bool = False,
 ) -> tuple[LauncherState, tuple[Action, ...]]:
     """A rank of this node hung. With spares (`losses` read): a peer that was lost or
     stepped out explains it (SWAP, or NEW_JOB when no spare is left); else this node steps
@@ -478,7 +541,10 @@ def on_hang(
     the ranks restart in place."""
     said: tuple[Action, ...] = ()
     if losses is not None and state.cfg.spares and state.cfg.has_run:
-        state, action, said = on_losses(state, losses)
+        live = state.cfg.live and live_ranks
+        state, action, said = on_losses(state, losses, live=live)
+        if action is sp.Action.SWAP and live:  # a peer's loss; a warm spare takes it over
+            return state, said
         if action is sp.Action.NONE:
             reason = f"local rank {hang.local_rank} hung: {hang.reason}"
             state, out = _step_out(state, sp.HANG, reason, losses.gone, restarts_left)

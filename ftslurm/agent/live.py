@@ -54,13 +54,14 @@ import torch.distributed as dist
 
 from ftslurm.agent import live_rules as rules
 from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir, JobEnv
-from ftslurm.core.contract.reports import LiveRecovery
-from ftslurm.runfiles import write_report
+from ftslurm.core.contract.reports import LiveRecovery, TakeOver
+from ftslurm.runfiles import read_report, write_report
 
 COLLECTIVE_TIMEOUT_S = 60.0  # a live group's collectives (gloo waits this long on a silent peer)
 JOIN_TIMEOUT_S = 120.0  # how long a new round waits for every rank (a restarted one imports torch)
 MAX_ROUNDS = 3  # rounds failed one after the other before live recovery is given up
 DECISION_POLL_S = 0.05  # how often a rank waiting for the votes looks for a failed round
+TAKEOVER_POLL_S = 0.02  # how often a warm spare's rank looks whether it takes a node over
 WATCH_POLL_S = 0.2  # how often a rank inside a step looks whether its round failed
 STUCK_S = 2.0  # inside a step this long after a running rank declared the round failed
 log = logging.getLogger("ftslurm.live")
@@ -127,8 +128,10 @@ class LiveGroup:
         self.max_rounds = max_rounds
         self.store = coordinator(env, collective_timeout_s) if live else None
         run = env.get("TORCHELASTIC_RUN_ID", "ftslurm")
-        self.keys = rules.Keys(f"ftslurm-live/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+        self.keys = rules.Keys(rules.group_prefix(run, env.get("TORCHELASTIC_RESTART_COUNT", "0")))
         self.rejoining = live and env.get(EnvName.LIVE_REJOIN.value) == "1"
+        self.spare = live and env.get(EnvName.LIVE_SPARE.value) == "1"  # a warm spare's rank
+        self.took_over: int | None = None  # the node rank whose rank this warm one took
         self.round = 0
         self.seq = 0  # commits of this round
         self.failed_in_a_row = 0
@@ -158,8 +161,11 @@ class LiveGroup:
             )
             return
         hb = self.environ.get(EnvName.HEARTBEAT_DIR.value)
+        local_rank = self.environ.get("LOCAL_RANK", "0")
+        if self.spare:  # warm: started up to here, waiting for a node to take over
+            self._take_over(HeartbeatDir(hb).takeover(local_rank) if hb else None)
         if hb:  # tell the launcher: restart this rank alone when it fails
-            self._marker = HeartbeatDir(hb).live(self.environ.get("LOCAL_RANK", "0"))
+            self._marker = HeartbeatDir(hb).live(local_rank)
             self._marker.touch()
         r = int(self.store.add(self.keys.round(), 0))
         if self.rejoining:
@@ -168,12 +174,33 @@ class LiveGroup:
             r, declare = rules.rejoin_round(r, was_member=was, failed=failed)
             if declare:
                 self._declare_failed(r - 1, f"{rules.BY_RESTART}rank {self.rank} restarted")
+        if self.took_over is not None:  # for the recovery's record
+            self.store.set(self.keys.took_over(r), str(self.took_over))
         self._form(r, None)
         # Setting up (until `attach`): a fault now is not recovered live (the ranks hold no
         # training state yet, and their setup's collectives are not steps).
         self._setup = True
         self._busy = (self.round, time.monotonic())
         threading.Thread(target=self._watch, name="ftslurm-live-watch", daemon=True).start()
+
+    def _take_over(self, path: Path | None) -> None:
+        """Wait until this warm spare's launcher hands it a rank (`TakeOver`), then become
+        that rank: a rejoining one, which receives the state from the running ranks."""
+        if path is None:
+            raise self._give_up(rules.Fallback.NO_STATE, "a warm spare without its launcher")
+        log.info("rank process %d waits warm to take a node over", os.getpid())
+        while (told := read_report(path, TakeOver)) is None or told.rank is None:
+            time.sleep(TAKEOVER_POLL_S)
+        assert told.world_size is not None and told.group is not None
+        self.rank, self.world = told.rank, told.world_size
+        self.keys = rules.Keys(told.group)
+        self.rejoining, self.took_over = True, told.node_rank
+        # What the rest of the process reads (the rank agent, the memory tier, ...).
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
+        self.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
+        log.warning(
+            "rank %d of %d: took over from node rank %s", self.rank, self.world, told.node_rank
+        )
 
     def _form(self, r: int, step: int | None) -> None:
         """Form round `r` (or a later one when `r` fails while forming)."""
@@ -407,6 +434,8 @@ class LiveGroup:
         if job.run is None:
             return
         declared = self.store.get(self.keys.failed(failed_round)).decode()
+        took = self.keys.took_over(self.round)
+        took_over = int(self.store.get(took)) if self.store.check([took]) else None
         by, _, why = declared.partition("|")
         record = LiveRecovery(
             round=self.round,
@@ -419,6 +448,7 @@ class LiveGroup:
             state_from=plan.sender if plan is not None else None,
             receivers=sorted(plan.receivers) if plan is not None else [],
             world_size=self.world,
+            took_over=took_over,
             job_id=self.environ.get("SLURM_JOB_ID"),
             attempt=job.attempt,
         )

@@ -93,10 +93,52 @@ def fallback(rounds_in_a_row: int, max_rounds: int) -> Fallback | None:
     return Fallback.TOO_MANY_ROUNDS if rounds_in_a_row > max_rounds else None
 
 
+ROOT = "ftslurm-live"
+
+
+def group_prefix(run_id: str, restart: int | str) -> str:
+    """The key prefix of the live group of a rendezvous `run_id` and its in-job restart."""
+    return f"{ROOT}/{run_id}/{restart}"
+
+
+def node_key(run_id: str, node_rank: int) -> str:
+    """Where a node's launcher publishes the ranks of the group its node runs
+    (`NodeRanks`), for a warm spare that takes them over."""
+    return f"{ROOT}/{run_id}/node/{node_rank}"
+
+
+def exit_key(group: str) -> str:
+    """The nodes of a live group that ended their ranks (the launchers' exit barrier)."""
+    return f"{group}/exited"
+
+
+@dataclass(frozen=True)
+class NodeRanks:
+    """The live group a node's ranks are in and their global ranks by local rank."""
+
+    group: str
+    world: int
+    ranks: tuple[int, ...]
+
+    def encode(self) -> str:
+        return f"{self.world}|{','.join(map(str, self.ranks))}|{self.group}"
+
+    @staticmethod
+    def decode(value: bytes | str) -> NodeRanks | None:
+        text = value.decode() if isinstance(value, bytes) else value
+        world, _, rest = text.partition("|")
+        ranks, _, group = rest.partition("|")
+        try:
+            return NodeRanks(group, int(world), tuple(int(r) for r in ranks.split(",") if r))
+        except ValueError:
+            return None
+
+
 @dataclass(frozen=True)
 class Keys:
     """The coordinator store's keys of one live group: `prefix` names the group (the
-    launcher's rendezvous and restart), `r` a round, `seq` the n-th commit of a round."""
+    launcher's rendezvous and restart: `group_prefix`), `r` a round, `seq` the n-th commit
+    of a round."""
 
     prefix: str
 
@@ -105,6 +147,10 @@ class Keys:
 
     def failed(self, r: int) -> str:
         return f"{self.prefix}/r{r}/failed"
+
+    def took_over(self, r: int) -> str:
+        """The node rank whose ranks a warm spare's ranks took over, joining round `r`."""
+        return f"{self.prefix}/r{r}/took-over"
 
     def joined(self, r: int) -> str:
         return f"{self.prefix}/r{r}/joined"

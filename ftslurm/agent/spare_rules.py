@@ -5,7 +5,7 @@ the launchers read ([agent.md](agent.md#hot-spares))."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -84,6 +84,30 @@ def alive_since(first: Mapping[int, int], leases: Mapping[int, Lease | None]) ->
         if lease is None or (lease.ended is None and lease.seq < seq + 2):
             return False
     return True
+
+
+def spare_ranks(nnodes: int, spare_nodes: int) -> range:
+    """The node ranks that start as spares."""
+    return range(active_nodes(nnodes, spare_nodes), nnodes)
+
+
+def takeovers(
+    gone: Sequence[tuple[int, str | None]], nnodes: int, spare_nodes: int
+) -> dict[int, int]:
+    """Which spare takes over which node with live recovery (pure): `gone`, the attempt's
+    lost or stepped-out nodes in the order they went (node rank, the role its lease said).
+    Each active node that went is taken over by the lowest-ranked spare still waiting; a
+    spare that went while waiting is no longer one; a spare that took over and went is an
+    active node like the others. Lost node rank -> the spare's node rank, for those a
+    spare was left for (every launcher reads the same records: they agree)."""
+    waiting = list(spare_ranks(nnodes, spare_nodes))
+    taken: dict[int, int] = {}
+    for node_rank, role in gone:
+        if node_rank in waiting:
+            waiting.remove(node_rank)
+        elif (role == ACTIVE or node_rank in taken.values()) and waiting:
+            taken[node_rank] = waiting.pop(0)
+    return taken
 
 
 def may_step_out(node_rank: int, gone: Collection[int], spare_nodes: int) -> bool:

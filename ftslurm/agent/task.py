@@ -66,11 +66,11 @@ from ftslurm.core.contract import (
     JobEnv,
     rendezvous_port,
 )
-from ftslurm.core.contract.reports import Outcome, RankReport, StopRecord, parse
+from ftslurm.core.contract.reports import Outcome, RankReport, StopRecord, TakeOver, parse
 from ftslurm.core.inject import Injection, InjectKind, parse_injection
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
-from ftslurm.runfiles import write_report
+from ftslurm.runfiles import read_report, write_report
 
 FORWARDED = (
     signals.SIGTERM,
@@ -263,6 +263,9 @@ class Task:
         self.job = JobEnv.from_environ(self.environ)
         self.env = {**self.environ, **torch_env(self.environ, self.job)}
         self.rank = _int(self.env["RANK"])
+        # A warm spare's rank (live recovery) has no rank of its own until its launcher
+        # hands it one (`HeartbeatDir.takeover`): no injection, no stop record, no report.
+        self.warm = self.environ.get(EnvName.LIVE_SPARE.value) == "1"
         self.node_id = _int(self.environ.get("SLURM_NODEID"))
         self.node = self.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.attempt = self.job.current_attempt(_int(self.environ.get("SLURM_RESTART_COUNT")))
@@ -452,7 +455,7 @@ class Task:
     def run(self) -> int:
         for sig in {*FORWARDED, self.checkpoint_signal}:
             signals.signal(sig, self._forward)
-        if self.rundir is not None:  # only this process of the rank may record its stop
+        if self.rundir is not None and not self.warm:  # only this process records its stop
             self.rundir.stop_record(self.attempt, self.rank).unlink(missing_ok=True)
         if self.job.heartbeat_dir:  # tell the launcher our handlers are in place
             HeartbeatDir(self.job.heartbeat_dir).ready(self.env.get("LOCAL_RANK", "0")).touch()
@@ -517,7 +520,10 @@ class Task:
 
     def _pending_injections(self) -> list[Injection]:
         """The in-job injections this rank carries out, by time: those that apply to it and
-        did not fire before (a straggler's on the node it slowed first)."""
+        did not fire before (a straggler's on the node it slowed first). None on a warm
+        spare's rank (live recovery): the rank it may take over carried out its own."""
+        if self.warm:
+            return []
         nnodes = _int(
             self.environ.get("SLURM_NNODES") or self.environ.get("SLURM_JOB_NUM_NODES"), 1
         )
@@ -539,9 +545,24 @@ class Task:
             key=lambda i: i.at_s,
         )
 
+    def _adopted(self) -> bool:
+        """A warm spare's rank: whether it took a rank over (and become that rank)."""
+        hb = self.job.heartbeat_dir
+        told = (
+            read_report(HeartbeatDir(hb).takeover(self.env.get("LOCAL_RANK", "0")), TakeOver)
+            if hb
+            else None
+        )
+        if told is None or told.rank is None:
+            return False
+        self.rank, self.warm = told.rank, False
+        return True
+
     def _ended(self, status: int, watch: PeerWatch | None) -> int:
         """The command ended with `status` (Popen's): classified, reported; the exit code."""
         code, sig = (status, None) if status >= 0 else (None, -status)
+        if self.warm and not self._adopted():  # never took a rank over: nothing to report
+            return code if code is not None else 128 + (sig or 0)
         with self.lock:
             tail = self.tail.decode(errors="replace")
         window = self.job.user_error_window_s

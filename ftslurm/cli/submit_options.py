@@ -26,7 +26,7 @@ _RECIPE = "(default: the recipe's, else Slurm's)"
 
 # The panels of `submit --help`, by option (the rest, --json and --help: Options).
 SUBMIT_PANELS = {
-    "Retries and recovery": ("--retries", "--in-job-restarts", "--spare-nodes"),
+    "Retries and recovery": ("--retries", "--in-job-restarts", "--spare-nodes", "--live-recovery"),
     "Checkpoints": ("--preempt-time", "--checkpoint-dir"),
     "The job (sbatch's flags)": (
         "--nodes",
@@ -83,6 +83,15 @@ SpareNodesOpt = Annotated[
         "beside --nodes (N+K nodes, --no-kill): a lost node is replaced by "
         "one inside the same job, from the last checkpoint. "
         f"{_default('spare_nodes')}",
+    ),
+]
+LiveRecoveryOpt = Annotated[
+    bool | None,
+    _opt(
+        "--live-recovery/--no-live-recovery",
+        help="Keep the spares' ranks started and waiting: a lost or stepped-out node's "
+        "ranks are taken over by them while the other ranks keep running (the script "
+        "uses ftslurm.agent.live). (default: the recipe's, else off)",
     ),
 ]
 PreemptTimeOpt = Annotated[
@@ -289,6 +298,7 @@ class SubmitOptions:
     retries: int | None
     in_job_restarts: int | None
     spare_nodes: int | None
+    live_recovery: bool | None
     preempt_time: str | None
     nodes: int | None
     ntasks_per_node: int | None

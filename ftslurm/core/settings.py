@@ -119,6 +119,10 @@ class FtSettings(BaseModel):
     # with --no-kill and trains on `nodes`; a lost, hung or straggling node is replaced by
     # a spare inside the same job (an in-job restart), until the spares are used up.
     spare_nodes: int = Field(0, ge=0)
+    # Live recovery (ftslurm.agent.live; the script opts in with `live.init_process_group`):
+    # the spares' launchers start their ranks ahead of time, and a lost or stepped-out
+    # node's ranks are taken over by them while the other ranks keep running.
+    live_recovery: bool = False
     # Straggler detection (ftslurm.agent.straggler): each rank's step times are published
     # every `straggler_report_interval_s`; a node whose ranks score below
     # `straggler_threshold` in `straggler_windows` consecutive windows is persistent: it is

@@ -93,6 +93,8 @@ _SETTING_TO_ENV = {
     "peer_timeout_s": "peer_timeout_s",
     # Hot spares: the launchers train on SLURM_NNODES - spare_nodes nodes, keep the rest idle.
     "spare_nodes": "spare_nodes",
+    # Live recovery: the spares keep their ranks warm (ftslurm.agent.live).
+    "live_recovery": "live_recovery",
     "checkpoint_sharing": "checkpoint_sharing",
 }
 
@@ -173,6 +175,8 @@ def _job_env(
         fields += ["in_job_restarts", "grace_s"]
     if spares:
         fields.append("spare_nodes")
+    if launcher and settings.get("live_recovery"):
+        fields.append("live_recovery")
     if settings.get("checkpoint_sharing", "private") != "private":
         fields.append("checkpoint_sharing")
     given: dict[str, Any] = {

@@ -386,6 +386,11 @@ class HeartbeatDir:
         launcher restarts it alone when it fails."""
         return self.root / f"live-{local_rank}"
 
+    def takeover(self, local_rank: int | str) -> Path:
+        """Written by a warm spare's launcher (one writer): the rank local rank `local_rank`
+        takes over (`TakeOver`); its rank process and wrapper read it."""
+        return self.root / f"takeover-{local_rank}.json"
+
     @property
     def sections(self) -> Path:
         """Names of the sections numbered from 16."""
@@ -441,6 +446,13 @@ class EnvName(str, Enum):
     # launcher hosts one (torch's agent store otherwise)
     LIVE_REJOIN = "FTSLURM_LIVE_REJOIN"
     LIVE_STORE = "FTSLURM_LIVE_STORE"
+    # "1": the run recovers live (the `live_recovery` setting): a spare node's launcher keeps
+    # its ranks warm, started up to the process group, and a lost or stepped-out node's ranks
+    # are taken over by them without stopping the others
+    LIVE_RECOVERY = "FTSLURM_LIVE_RECOVERY"
+    # "1" on a warm spare's rank (set by its launcher): it waits in `live.init_process_group`
+    # until its launcher hands it the ranks of a node to take over (`HeartbeatDir.takeover`)
+    LIVE_SPARE = "FTSLURM_LIVE_SPARE"
 
 
 def _alias(name: EnvName) -> Any:
@@ -492,6 +504,7 @@ class JobEnv(BaseModel):
     user_error_window_s: float = Field(60.0, ge=0, **_alias(EnvName.USER_ERROR_WINDOW_S))
     peer_timeout_s: float = Field(DEFAULT_PEER_TIMEOUT_S, gt=0, **_alias(EnvName.PEER_TIMEOUT_S))
     spare_nodes: int = Field(0, ge=0, **_alias(EnvName.SPARE_NODES))
+    live_recovery: bool = Field(False, **_alias(EnvName.LIVE_RECOVERY))
     memory_dir: str | None = Field(None, **_alias(EnvName.MEMORY_DIR))
     checkpoint_sharing: Literal["private", "group"] = Field(
         "private", **_alias(EnvName.CHECKPOINT_SHARING)

@@ -265,9 +265,22 @@ class LiveRecovery(Report):
     job_id: JobId = None
     attempt: int | None = None
 
+    took_over: int | None = None  # a warm spare's node took over this node rank's ranks
+
     def committed(self, at: float) -> LiveRecovery:
         """This record again, with the time of the first step committed after it."""
         return self.model_copy(update={"first_commit_at": at})
+
+
+class TakeOver(Report):
+    """`HeartbeatDir.takeover(local_rank)`, node-local: a warm spare's launcher hands one
+    of its waiting ranks the rank of a lost or stepped-out node (its one writer)."""
+
+    node_rank: int | None = None  # the node whose ranks are taken over
+    rank: int | None = None  # the global rank this process becomes
+    world_size: int | None = None
+    group: str | None = None  # the live group's key prefix (`live_rules.Keys`)
+    time: float | None = None
 
 
 class Benched(Report):
