@@ -178,6 +178,7 @@ def main() -> int:
             f"{'its node memory' if tier == 'memory' else 'a peer replica'}",
             flush=True,
         )
+
     def checkpoint(disk: bool = False) -> None:
         nonlocal saves, saved_at
         with agent.section("checkpointing"):
