@@ -44,8 +44,12 @@ Two measurements, each taken for ftslurm and for plain Slurm side by side in the
    - other-node: a 2-node run loses its other node; no spare;
    - spare: a 2-node run with `spare_nodes=1` (3 nodes) loses a node that trains, not the
      batch host;
+   - spare-live: as spare, with `live_recovery` and the same training through
+     `ftslurm.agent.live`: the spare's ranks wait warm and take the lost node's over, the
+     batch host's rank keeps its process; timed to the first step committed after the
+     recovery (its `LiveRecovery` record), with the steps redone;
    - one-node: a 1-node run loses its node.
-   Targets: under 30 s without a spare, under 15 s with one.
+   Targets: under 30 s without a spare, under 15 s with one, under 5 s live.
 
 Detection time depends on the cluster's SlurmdTimeout (and the kill on KillWait): the
 settings found are printed with the results. Needs a running cluster (`make slurm-up`) and
@@ -53,7 +57,7 @@ root (to kill a node's slurmd); every job is cancelled and every node revived, e
 
     python benchmarks/slurm_recovery.py [--repeat 3]
         [--only recovery|preempt|progress|defaults] [--timeouts 10,300]
-        [--paths slurm,today,peer,spare] [--cases batch-host,other-node,spare,one-node]
+        [--paths slurm,today,peer,spare] [--cases batch-host,other-node,spare,spare-live,one-node]
         [--settle 120] [--json]
 """
 
@@ -156,8 +160,40 @@ for step in range(start, steps):
     time.sleep(0.2)
 dist.destroy_process_group()
 """
+# The same training with live recovery (`ftslurm.agent.live`): the step's all-reduce inside
+# the commit, the state handed over to a rank that lacks it.
+DDP_LIVE = r"""
+import os, sys, time
+import torch
+import torch.distributed as dist
+from ftslurm.agent import live
+out, steps = sys.argv[1], int(sys.argv[2])
+group = live.init_process_group("gloo")
+rank = dist.get_rank()
+with open(os.path.join(out, f"rank-{rank}.node"), "w") as f:
+    f.write(os.environ.get("SLURMD_NODENAME", ""))
+ckpt = os.path.join(out, "ckpt.pt")
+s = {"w": torch.zeros(4), "step": 0}
+if os.path.exists(ckpt) and not group.rejoining:
+    s.update(torch.load(ckpt))
+group.attach(state=lambda: dict(s), load=s.update, step=lambda: s["step"])
+while s["step"] < steps:
+    g = torch.ones(4) * (rank + 1)
+    if not group.commit(lambda: dist.all_reduce(g)):
+        continue
+    s["w"] = s["w"] - 0.01 * g
+    s["step"] += 1
+    if rank == 0:
+        with open(os.path.join(out, "steps.log"), "a") as f:
+            f.write(f"{s['step'] - 1} {time.time()} {os.getpid()}\n")
+        if s["step"] % 10 == 0:
+            torch.save(dict(s), ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
+    time.sleep(0.2)
+dist.destroy_process_group()
+"""
 PROGRESS_PATHS = ("slurm", "today", "peer", "spare")
-DEFAULT_CASES = ("batch-host", "other-node", "spare", "one-node")
+DEFAULT_CASES = ("batch-host", "other-node", "spare", "spare-live", "one-node")
 DEFAULT_SLURMD_TIMEOUT_S = 300  # Slurm's default
 PROGRESS_DEADLINE_S = 900.0  # at SlurmdTimeout 300 s Slurm's own path needs ~7 min
 UNREACHABLE_PEER_TIMEOUT_S = 10**6  # "today": the launchers never report a lost node
@@ -189,6 +225,37 @@ def first_step_after(
         return wait(progressed, PROGRESS_DEADLINE_S, f"{what}: a step after the kill")
     except RuntimeError:
         return None
+
+
+def first_live_step_after(
+    cli: Any, run_id: str, out: Path, kill: float, what: str
+) -> tuple[tuple[int, float, str] | None, int | None]:
+    """With live recovery: the first step committed after the recovery the kill caused, as
+    its record says (`LiveRecovery.first_commit_at`), and the steps redone (the step that
+    ran again, and the steps rank 0 had logged beyond it)."""
+    from ftslurm.core.contract import RunDir
+    from ftslurm.core.contract.reports import Kind
+    from ftslurm.runfiles import read_reports
+
+    run = cli.store.get_run(run_id)
+    run_dir = RunDir(run.spec["run_dir"])
+
+    def committed() -> Any:
+        found = [
+            r
+            for a in range(3)
+            for r in read_reports(run_dir, Kind.LIVE, a)
+            if r.first_commit_at and r.first_commit_at > kill
+        ]
+        return found[0] if found else None
+
+    try:
+        record = wait(committed, PROGRESS_DEADLINE_S, f"{what}: a step committed after the kill")
+    except RuntimeError:
+        return None, None
+    logged = [row[0] for row in step_lines(out) if row[1] <= kill]
+    redone = (max(logged) + 1 - record.step) if logged else None
+    return (record.step, record.first_commit_at, "live"), redone
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 30) -> str:
@@ -348,6 +415,8 @@ class Bench:
         self.rank.write_text(RANK)
         self.ddp = tmp / "ddp.py"
         self.ddp.write_text(DDP)
+        self.ddp_live = tmp / "ddp_live.py"
+        self.ddp_live.write_text(DDP_LIVE)
         self.jobs: list[str] = []  # plain sbatch jobs to cancel
         self.clis: list[Ftslurm] = []
         self.killed: set[str] = set()
@@ -643,7 +712,8 @@ class Bench:
         folder = self.tmp / f"defaults-{case}"
         out = folder / "train"
         out.mkdir(parents=True)
-        command = [sys.executable, str(self.ddp), str(out), "1000000"]
+        script = self.ddp_live if case == "spare-live" else self.ddp
+        command = [sys.executable, str(script), str(out), "1000000"]
         cli = Ftslurm(folder / "home")
         self.clis.append(cli)
         settings: dict[str, Any] = {
@@ -652,8 +722,10 @@ class Bench:
             "time": "20",
             "num_job_retries_on_failure": 3,
         }
-        if case == "spare":
+        if case in ("spare", "spare-live"):
             settings["spare_nodes"] = 1
+        if case == "spare-live":
+            settings["live_recovery"] = True
         recipe = folder / "ddp_recipe.py"
         recipe.write_text(
             "import ftslurm\n"
@@ -685,7 +757,10 @@ class Bench:
         kill = time.time()
         log(f"defaults {case}: killed {victim} at step {before[-1][0]}, job {first_job}")
 
-        first = first_step_after(out, kill, before, case)
+        if case == "spare-live":  # rank 0 keeps its process: the recovery's own record
+            first, redone = first_live_step_after(cli, run_id, out, kill, case)
+        else:
+            first, redone = first_step_after(out, kill, before, case), None
         after_job = job_now()
         events = cli.store.events(run_id)
         lost = [e.data for e in events if e.kind == "node_lost"]
@@ -700,7 +775,8 @@ class Bench:
             "kill_to_progress_s": rounded(first[1] - kill if first else None),
             "detected_by": lost[0].get("source") if lost else None,
             "detection_s": lost[0].get("detection_s") if lost else None,
-            "target_s": 15 if case == "spare" else 30,
+            "target_s": {"spare": 15, "spare-live": 5}.get(case, 30),
+            "steps_redone": redone,
         }
         log(
             f"defaults {case}: {result['kill_to_progress_s']} s "
