@@ -169,6 +169,10 @@ class LiveGroup:
             if declare:
                 self._declare_failed(r - 1, f"{rules.BY_RESTART}rank {self.rank} restarted")
         self._form(r, None)
+        if self.rank == 0:  # the daemon spaces disk checkpoints for what this cannot serve
+            from ftslurm.agent import progress
+
+            progress.live_recovery(self.environ)
         # Setting up (until `attach`): a fault now is not recovered live (the ranks hold no
         # training state yet, and their setup's collectives are not steps).
         self._setup = True
