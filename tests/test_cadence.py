@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import signal
 from pathlib import Path
@@ -19,13 +20,18 @@ from ftslurm.core.cadence import (
     FailureHistory,
     cadence,
     daly,
+    live_coverage,
     node_failure_rate,
     young,
 )
-from ftslurm.core.contract import RunDir
+from ftslurm.core.contract import EnvName, RunDir
+from ftslurm.core.contract.reports import Progress
+from ftslurm.core.recovery import Recovery, recovery
 from ftslurm.core.settings import FtSettings
+from ftslurm.core.timefmt import format_duration
 from ftslurm.daemon import step as core
 from ftslurm.fsutil import write_json_atomic
+from ftslurm.runfiles import read_report
 
 from .daemon_scenarios import ended, example_recipe, on_a_fresh_mock, reference_digest
 from .test_launch import finish, start
@@ -159,6 +165,112 @@ def test_a_memory_tier_gets_its_own_short_interval_and_the_disk_a_longer_one():
         tuned(memory_save_s=1.0, memory_coverage=1.0)
 
 
+@pytest.mark.parametrize(
+    "nodes, spares, share",
+    [
+        (1, 4, 0.0),  # the one node is the batch host
+        (8, 0, 0.0),  # no spare: every loss ends the job
+        (2, 1, 0.5 / 1.5),  # S = 1 * (1 - 1/2)
+        (8, 1, 0.875 / 1.875),  # S = 7 * (1 - 7/8)
+        (16, 2, (15 * 31 / 256) / (1 + 15 * 31 / 256)),  # S = 15 * (1 - (15/16)^2)
+        (2048, 8, 0.8887),  # S = 2047 * (1 - (2047/2048)^8) = 7.986
+        (2048, 16, 0.9410),
+    ],
+)
+def test_the_share_of_node_failures_live_recovery_serves(nodes, spares, share):
+    assert live_coverage(nodes, spares) == pytest.approx(share, abs=1e-4)
+    # never more than the spares allow (K served per ending) nor than the batch host allows
+    assert live_coverage(nodes, spares) <= min(spares / (spares + 1), 1 - 1 / nodes) + 1e-12
+
+
+def test_the_live_share_grows_with_the_spares_up_to_all_but_the_batch_host():
+    shares = [live_coverage(64, k) for k in range(0, 40)]
+    assert shares == sorted(shares) and shares[0] == 0.0
+    assert live_coverage(64, 10_000) == pytest.approx(1 - 1 / 64)
+    for bad in ((0, 1), (4, -1)):
+        with pytest.raises(ValueError):
+            live_coverage(*bad)
+
+
+@pytest.mark.parametrize("nodes, spares", [(4, 1), (8, 2), (16, 3)])
+def test_the_live_share_is_what_the_recovery_rule_serves_over_many_losses(nodes, spares):
+    """Losses on random training nodes, each judged by `ftslurm.core.recovery` (the rule the
+    launchers and the daemon follow): the share served inside the allocation matches the
+    formula. A spare that takes a place trains from then on; a new job has its spares again."""
+    rng = random.Random(nodes * 100 + spares)
+    served = losses = 0
+    while losses < 40_000:
+        training, idle, lost = list(range(nodes)), list(range(nodes, nodes + spares)), set()
+        while True:
+            node = rng.choice(training)
+            lost.add(node)
+            losses += 1
+            if recovery(lost, spares) is Recovery.NEW_JOB:
+                break  # a checkpoint; the next job starts with fresh spares
+            served += 1
+            training[training.index(node)] = idle.pop()
+    assert served / losses == pytest.approx(live_coverage(nodes, spares), abs=0.01)
+
+
+def test_live_recovery_spaces_the_disk_for_the_failures_it_cannot_serve():
+    """One tier: the interval is Daly's for M / (1 - c_live). With a memory tier: the disk's
+    for M / (1 - max(c_mem, c_live)), the memory's unchanged. Off (None): today's result."""
+    m = 1.08e6
+    base = tuned(save_s=60.0)
+    assert tuned(save_s=60.0, live_coverage=None) == base and base.live_coverage is None
+    live = tuned(save_s=60.0, live_coverage=0.75)
+    assert live.interval_s == pytest.approx(daly(60, 4 * m), abs=1e-3)
+    assert live.interval_s > 1.9 * base.interval_s  # sqrt(4) = 2x, less a little
+    assert live.mtbf_s == base.mtbf_s and live.live_coverage == 0.75  # M is the job's
+    assert "live recovery serves ~75% of node failures" in live.describe()
+    assert "live recovery" not in base.describe()
+    assert base.describe() == (
+        "checkpoint every 3h09m04s (tuned: save 1m00s (measured), job MTBF 12d12h00m on 16"
+        " nodes at 5 node failures per 1000 node-days; 0 seen in 0.0 node-days)"
+    )
+    assert live.describe() == base.describe().replace(
+        "3h09m04s (tuned: save 1m00s (measured),",
+        f"{format_duration(live.interval_s)} (tuned: save 1m00s (measured); live recovery"
+        " serves ~75% of node failures,",
+    )
+    # no share served (one node, no spare): the same interval, but the file says why
+    none = tuned(save_s=60.0, live_coverage=0.0)
+    assert none.interval_s == base.interval_s and none.differs(base) and base.differs(none)
+    # the floor still holds
+    assert tuned(save_s=60.0, live_coverage=0.75, write_s=1e6).interval_s == 1e6
+    # two tiers: the larger share reaches the disk's M, memory's interval stays
+    two = tuned(save_s=60.0, memory_save_s=2.0)
+    both = tuned(save_s=60.0, memory_save_s=2.0, live_coverage=0.75)
+    assert both.interval_s == two.interval_s == pytest.approx(daly(2, m), abs=1e-3)
+    assert both.disk_interval_s == pytest.approx(daly(60, 4 * m), abs=1e-3)
+    assert two.disk_interval_s == pytest.approx(daly(60, 2 * m), abs=1e-3)  # c_mem = 0.5
+    less = tuned(save_s=60.0, memory_save_s=2.0, live_coverage=0.3)
+    assert less.disk_interval_s == two.disk_interval_s  # memory serves those already
+    assert "memory serves 50% of failures, a prior; live recovery serves ~75%" in (both.describe())
+    # pinned and off take no notice
+    for setting in (600.0, "off"):
+        fixed = cadence(
+            setting,
+            nodes=16,
+            save_s=None,
+            save_prior_s=60,
+            write_s=None,
+            history=FailureHistory(),
+            prior_per_1000=5,
+            prior_node_days=1000,
+            live_coverage=0.75,
+        )
+        assert fixed.live_coverage is None and fixed.interval_s in (600.0, None)
+        assert "live recovery" not in fixed.describe()
+    # JSON keeps it; a file of an older version has none
+    assert Cadence.from_json(json.loads(json.dumps(both.to_json()))) == both
+    old = {k: v for k, v in live.to_json().items() if k != "live_coverage"}
+    assert Cadence.from_json(old).live_coverage is None  # type: ignore[union-attr]
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError):
+            tuned(live_coverage=bad)
+
+
 # ------------------------------------------------------------------ the daemon's decision
 def cadence_run(**settings):  # type: ignore[no-untyped-def]
     return run(settings={"checkpoint_interval": "auto", **settings})
@@ -261,6 +373,58 @@ def test_spares_do_not_count_in_the_jobs_failure_rate_and_off_clears_a_written_i
         ),
         core.WriteCadence,
     )
+
+
+def live_run(nodes: int, spares: int, **settings):  # type: ignore[no-untyped-def]
+    r = cadence_run(spare_nodes=spares, **{"live_recovery": True, **settings})
+    r.spec["options"]["nodes"] = nodes + spares
+    return r
+
+
+def test_a_run_that_recovers_live_gets_a_disk_interval_for_what_its_spares_cannot_serve():
+    """16 training nodes and 2 spares at the prior rate: M = 1.08e6 s. A run whose rank 0
+    formed a live group says so in progress.json; its interval is Daly's for M / (1 - c),
+    c = live_coverage(16, 2) = 0.645; a run that does not keeps today's Daly(w, M)."""
+    observed = info(core.JobState.RUNNING, start_time=NOW - 10)
+    m = 1.08e6
+    c = live_coverage(16, 2)
+
+    def write(files: core.RunFiles, r=None):  # type: ignore[no-untyped-def]
+        out = core.step(
+            attempt(start=NOW - 10), observed, r or live_run(16, 2), known(files=files), NOW
+        )
+        return of(out, core.WriteCadence)
+
+    (today,) = write(core.RunFiles(progress={"step": 5}))
+    assert today.cadence.live_coverage is None and today.cadence.nodes == 16
+    assert today.cadence.interval_s == pytest.approx(daly(60, m), abs=1e-3)
+    (live,) = write(core.RunFiles(progress={"step": 5, "live_recovery": True}))
+    assert live.cadence.live_coverage == pytest.approx(c, abs=1e-4)
+    assert live.cadence.interval_s == pytest.approx(daly(60, m / (1 - c)), abs=0.1)
+    assert live.cadence.interval_s > 1.6 * today.cadence.interval_s  # sqrt(2.8) = 1.7x
+    assert "live recovery serves ~64% of node failures" in live.cadence.describe()
+    # today's interval written, then the run reports live recovery: written again, and the
+    # other way round; the same one written already: nothing
+    assert write(core.RunFiles(progress={"live_recovery": True}, cadence=today.cadence))
+    assert write(core.RunFiles(progress={"step": 5}, cadence=live.cadence))
+    assert not write(core.RunFiles(progress={"live_recovery": True}, cadence=live.cadence))
+    # with a memory tier (c_mem 0.5 < c): the disk's follows live recovery's share
+    files = core.RunFiles(
+        progress={"checkpoint_save_s": 30.0, "memory_save_s": 0.5, "live_recovery": True}
+    )
+    (two,) = write(files)
+    assert two.cadence.interval_s == pytest.approx(daly(0.5, m), abs=1e-3)
+    assert two.cadence.disk_interval_s == pytest.approx(daly(30, m / (1 - c)), abs=0.1)
+    # without spares a node loss always ends the job: no share served, today's interval
+    (spareless,) = write(core.RunFiles(progress={"live_recovery": True}), live_run(16, 0))
+    assert spareless.cadence.live_coverage == 0.0
+    assert spareless.cadence.interval_s == pytest.approx(daly(60, m), abs=1e-3)
+    # without the live_recovery setting the spares do not wait warm: a lost node restarts
+    # every rank from a checkpoint, today's interval
+    cold_run = live_run(16, 2, live_recovery=False)
+    (cold,) = write(core.RunFiles(progress={"step": 5, "live_recovery": True}), cold_run)
+    assert cold.cadence.live_coverage is None
+    assert cold.cadence.interval_s == pytest.approx(daly(60, m), abs=1e-3)
 
 
 def test_a_tuned_interval_needs_the_history_a_pinned_one_does_not():
@@ -470,6 +634,62 @@ def test_every_rank_takes_a_periodic_checkpoint_at_the_same_step(tmp_path):
     saved = {r: [int(s) for s in re.findall(rf"rank {r} saved at (\d+)", out)] for r in (0, 1)}
     assert saved[0] == saved[1] and len(saved[0]) >= 2, out
     assert 5 in saved[0], out  # rank 1 alone was due after its pause: both saved
+
+
+def test_rank_0_of_a_live_group_tells_the_daemon_that_the_run_recovers_live(tmp_path):
+    """progress.live_recovery: rank 0 of a job with a run directory writes it, any other
+    rank or a process outside a run does not; `LiveGroup.start` calls it once its group
+    formed over a coordinator store, a plain group (no store) does not."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from ftslurm.agent import live, progress
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    job = {EnvName.RUN_DIR.value: str(run.root), EnvName.ATTEMPT.value: "2"}
+    progress.live_recovery({**job, "RANK": "1"})
+    progress.live_recovery({"RANK": "0"})
+    assert not run.progress.exists()
+    progress.live_recovery({**job, "RANK": "0"})
+    told = read_report(run.progress, Progress)
+    assert told is not None and told.live_recovery is True and told.attempt == 2
+    assert not told.finished
+
+    plain_dir = RunDir(tmp_path / "plain")
+    plain_dir.root.mkdir()
+    env = {EnvName.RUN_DIR.value: str(plain_dir.root), "RANK": "0", "WORLD_SIZE": "1"}
+    plain = live.LiveGroup("gloo", environ=env, init_method=f"file://{tmp_path / 'init'}")
+    plain.start()
+    try:
+        assert not plain.enabled and not plain_dir.progress.exists()
+    finally:
+        dist.destroy_process_group()
+
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    live_dir = RunDir(tmp_path / "live")
+    live_dir.root.mkdir()
+    env = {
+        EnvName.RUN_DIR.value: str(live_dir.root),
+        EnvName.LIVE_STORE.value: f"127.0.0.1:{store.port}",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    group = live.LiveGroup("gloo", environ=env, join_timeout_s=30)
+    group.start()
+    try:
+        assert group.enabled
+        told = read_report(live_dir.progress, Progress)
+        assert told is not None and told.live_recovery is True
+    finally:
+        dist.destroy_process_group()
 
 
 # ------------------------------------------------------------- end to end, on the mock

@@ -264,7 +264,13 @@ def test_checkpoint_lines_only_for_runs_that_use_them(monkeypatch, capsys, home,
     run = add_run(home, "d779d72089", state=RunState.RUNNING, attempts=1, attempt_state="RUNNING")
     folder = tmp_path / "ckpt"
     cadence = Cadence(
-        interval_s=600.0, how="tuned", save_s=20.0, mtbf_s=86400.0, rate_per_1000=1.0, node_days=1.0
+        interval_s=600.0,
+        how="tuned",
+        save_s=20.0,
+        mtbf_s=86400.0,
+        rate_per_1000=1.0,
+        node_days=1.0,
+        live_coverage=0.87,
     )
     with Store(home) as store:
         stored = store.get_run(run.run_id)
@@ -286,6 +292,7 @@ def test_checkpoint_lines_only_for_runs_that_use_them(monkeypatch, capsys, home,
     )
     text = render(monkeypatch, capsys, 200, "status", "d77")  # the rank agent: both
     assert "checkpoints in: " in text and "checkpoints: checkpoint every" in text, text
+    assert "live recovery serves ~87% of node failures" in " ".join(text.split()), text
 
 
 def test_watch_fits_80x24_with_the_active_runs_first():

@@ -177,6 +177,10 @@ class LiveGroup:
         if self.took_over is not None:  # for the recovery's record
             self.store.set(self.keys.took_over(r), str(self.took_over))
         self._form(r, None)
+        if self.rank == 0:  # the daemon spaces disk checkpoints for what this cannot serve
+            from ftslurm.agent import progress
+
+            progress.live_recovery(self.environ)
         # Setting up (until `attach`): a fault now is not recovered live (the ranks hold no
         # training state yet, and their setup's collectives are not steps).
         self._setup = True

@@ -5,6 +5,7 @@
     progress.checkpoint_saved(step, seconds) # after a checkpoint is safely on disk
     progress.memory_saved(step, seconds)     # after a memory-tier save (not persistent)
     progress.finished(step)                  # training is complete: do not continue it
+    progress.live_recovery()                 # the ranks recover live (`ftslurm.agent.live`)
 
 Each call does nothing unless the script runs under ftslurm (FTSLURM_RUN_DIR set), and only
 rank 0 (RANK, default 0) writes. The file `$FTSLURM_RUN_DIR/progress.json` is rewritten
@@ -21,6 +22,8 @@ atomically (read, update, write) and holds:
     max_checkpoint_write_s float  the longest background write told of so far
     memory_step            int    the step of the last memory-tier save (absent before one)
     memory_save_s          float  how long the training stood still for it
+    live_recovery          bool   the ranks recover live: a live group formed (absent
+                                  before one did, and for a run that never opts in)
     attempt                int    FTSLURM_ATTEMPT of the writer
     finished               bool   whether `finished()` was called
     updated_at             float  unix time of the write
@@ -28,7 +31,8 @@ atomically (read, update, write) and holds:
 `finished()` also writes `$FTSLURM_RUN_DIR/FINISHED` (atomic JSON: {"step", "time"}). The
 daemon reads both: a checkpoint step that does not advance over continuations stops the
 run, save times stretch the checkpoint signal's lead and tune the checkpoint interval
-(`ftslurm.core.cadence`), and FINISHED means the run is done. The calls may come from
+(`ftslurm.core.cadence`; live recovery spaces the disk's checkpoints for the failures it
+cannot serve), and FINISHED means the run is done. The calls may come from
 several threads (an asynchronous save reports from its writer): each read-update-write of
 the file holds one lock, so no thread's update is lost to another's.
 """
@@ -38,6 +42,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ftslurm.core.contract import JobEnv, RunDir
@@ -56,12 +61,13 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def _target() -> tuple[RunDir, JobEnv] | None:
-    """Where to write and the job's environment, or None when this process should not
-    write."""
-    if _int(os.environ.get("RANK")) != 0:
+def _target(environ: Mapping[str, str] | None = None) -> tuple[RunDir, JobEnv] | None:
+    """Where to write and the job's environment (`environ`, default this process's), or
+    None when this process should not write."""
+    env = os.environ if environ is None else environ
+    if _int(env.get("RANK")) != 0:
         return None
-    job = JobEnv.from_environ(os.environ)
+    job = JobEnv.from_environ(env)
     return (job.run, job) if job.run is not None else None
 
 
@@ -131,6 +137,17 @@ def memory_saved(step: int, duration_s: float) -> None:
         return
     # not `step`: an asynchronous save reports from its writer, after the training moved on
     _update(where, Progress(memory_step=int(step), memory_save_s=float(duration_s)))
+
+
+def live_recovery(environ: Mapping[str, str] | None = None) -> None:
+    """The ranks recover live (`ftslurm.agent.live` formed its group over a coordinator
+    store; `environ`: the group's environment, default this process's): the daemon then
+    spaces disk checkpoints for the node failures live recovery cannot serve
+    (`ftslurm.core.cadence.live_coverage`). Kept for the rest of the run."""
+    where = _target(environ)
+    if where is None:
+        return
+    _update(where, Progress(live_recovery=True))
 
 
 def finished(step: int | None = None) -> None:

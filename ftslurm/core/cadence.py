@@ -27,6 +27,18 @@ and the disk tier's from the disk's w and the time between the failures memory c
 serve, M / (1 - c), c being the share of failures a memory restore serves
 (`memory_tier_coverage`, a prior). The disk interval is never shorter than the memory one:
 every disk checkpoint is also a memory one.
+
+Live recovery. A run whose ranks recover live (`ftslurm.agent.live`, reported in
+`progress.json`) reads no checkpoint when a node is lost inside its allocation and a spare
+takes its place: the healthy ranks keep their processes and the state comes from a live
+replica. Only the losses the live path cannot serve need a checkpoint, so the disk's
+interval is Daly's optimum for the time between those, M / (1 - c_live), with c_live the
+share of node failures live recovery serves (`live_coverage`, the rule below). With a
+memory tier as well, the disk's time between failures is M / (1 - max(c_mem, c_live)): both
+serve failures inside the allocation, and those that end it (the batch host, more losses
+than spares) leave neither the node memory nor a live replica behind, so what live recovery
+serves is among what memory serves, not independent of it ((1 - c_mem)(1 - c_live) would
+count the same failures twice). The memory tier's own interval stays Daly's for M.
 """
 
 from __future__ import annotations
@@ -80,6 +92,37 @@ def node_failure_rate(
     return (prior + history.failures) / (prior_node_days + history.node_days)
 
 
+def live_coverage(nodes: int, spares: int) -> float:
+    """The share of node failures live recovery serves without a checkpoint, for a job that
+    trains on `nodes` N nodes with `spares` K hot spares (`spare_nodes`):
+
+        c_live = S / (1 + S),    S = (N - 1) (1 - (1 - 1/N)^K)
+
+    The rule of `ftslurm.core.recovery`: a loss is served inside the allocation (a spare takes
+    the node's place, the ranks recover live) unless it is the batch host (node rank 0), or it
+    is one more loss than there are spares; either ends the job, and the run goes on from a
+    checkpoint in a new job, which has K spares again. Assumptions: each loss strikes one of
+    the N training nodes at random, independently (a spare that took a place trains, so the
+    batch host is always 1 of N: a loss is the batch host's with probability 1/N); an
+    allocation ends only by a loss it cannot serve. Then each allocation sees the G losses of
+    other nodes before the batch host's (geometric: P(G >= j) = (1 - 1/N)^j), serves
+    min(G, K) of them and ends with one that needs a checkpoint; by renewal-reward the share
+    served is E[min(G, K)] / (E[min(G, K)] + 1), and E[min(G, K)] = sum over j = 1..K of
+    (1 - 1/N)^j = S. It is 0 without spares or with one node, at most K / (K + 1) and
+    tends to 1 - 1/N with many spares.
+
+    Left out: allocations that end at their time limit (the next job has its K spares again,
+    so spares last longer than here); losses of idle spares (each uses one up without
+    stopping the training: spares last shorter, a small effect while K is small against N);
+    a live recovery given up (a fault during it, a rank that does not rejoin in time), which
+    falls back to a checkpoint. Rank crashes are served live too, but the failure history
+    behind M counts node failures (`node_lost` events) only, so they are not in this share."""
+    if nodes < 1 or spares < 0:
+        raise ValueError(f"need nodes >= 1 and spares >= 0, got {nodes!r}, {spares!r}")
+    served = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** spares)
+    return served / (1.0 + served)
+
+
 @dataclass(frozen=True)
 class Cadence:
     """The checkpoint interval of a run and what it came from (written into the run
@@ -101,6 +144,9 @@ class Cadence:
     disk_interval_s: float | None = None
     memory_save_s: float | None = None
     memory_coverage: float | None = None
+    # The share of node failures live recovery serves (`live_coverage`), for a run whose
+    # ranks recover live; None: the run does not, every failure is a restart from a checkpoint.
+    live_coverage: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,21 +191,31 @@ class Cadence:
             f"{'s' if self.nodes != 1 else ''} at {self.rate_per_1000:.3g} node failures per"
             f" 1000 node-days; {self.failures} seen in {self.node_days:.1f} node-days"
         )
+        live = (
+            f"; live recovery serves ~{self.live_coverage:.0%} of node failures"
+            if self.live_coverage is not None
+            else ""
+        )
         if self.disk_interval_s is None:
             return (
                 f"checkpoint every {_span(self.interval_s)} (tuned{floor}: {save} "
-                f"({measured}), {mtbf})"
+                f"({measured}){live}, {mtbf})"
             )
         return (
             f"checkpoint to memory every {_span(self.interval_s)} (save "
             f"{_span(self.memory_save_s)} measured), to disk every {_span(disk)} "
             f"(tuned{floor}: {save} ({measured}); memory serves "
-            f"{self.memory_coverage or 0:.0%} of failures, a prior), {mtbf})"
+            f"{self.memory_coverage or 0:.0%} of failures, a prior{live}), {mtbf})"
         )
 
     def differs(self, other: Cadence | None) -> bool:
         """Whether `other` (what was written) is stale enough to write this one instead."""
-        if other is None or other.how != self.how or other.save_measured != self.save_measured:
+        if (
+            other is None
+            or other.how != self.how
+            or other.save_measured != self.save_measured
+            or (other.live_coverage is None) != (self.live_coverage is None)
+        ):
             return True
         return any(
             _moved(getattr(self, k), getattr(other, k)) for k in ("interval_s", "disk_interval_s")
@@ -184,12 +240,16 @@ def cadence(
     prior_node_days: float,
     memory_save_s: float | None = None,
     memory_coverage: float = 0.5,
+    live_coverage: float | None = None,
 ) -> Cadence:
     """The run's interval: `setting` is the recipe's `checkpoint_interval` ("auto", seconds,
     or "off"/None); `save_s` the measured blocking disk save (None before the first),
     `write_s` the longest background write seen; `memory_save_s` the measured memory-tier
     save (None: the run keeps no memory tier), `memory_coverage` the share c of failures a
-    memory restore serves. A pinned interval is the same for both tiers."""
+    memory restore serves; `live_coverage` the share of node failures live recovery serves
+    (`live_coverage(nodes, spares)`; None: the run does not recover live, the result is the
+    same as without it), which spaces the disk's checkpoints for the failures left (see the
+    module doc). A pinned interval is the same for both tiers."""
     if setting is None or setting == "off":
         return Cadence(None, "off")
     if not isinstance(setting, str):
@@ -203,21 +263,27 @@ def cadence(
         )
     if not 0 <= memory_coverage < 1:
         raise ValueError(f"memory_coverage must be in [0, 1), got {memory_coverage!r}")
+    if live_coverage is not None and not 0 <= live_coverage < 1:
+        raise ValueError(f"live_coverage must be in [0, 1), got {live_coverage!r}")
+    live = live_coverage or 0.0
     w = save_s if save_s is not None and save_s > 0 else save_prior_s
     rate = node_failure_rate(history, prior_per_1000, prior_node_days)
     mtbf = DAY_S / (rate * max(1, nodes))
     tiers: dict[str, Any] = {}
+    if live_coverage is not None:
+        tiers["live_coverage"] = round(live_coverage, 4)
     if memory_save_s is not None and memory_save_s > 0:
         memory = daly(memory_save_s, mtbf)
-        disk = max(daly(w, mtbf / (1.0 - memory_coverage)), write_s or 0.0, memory)
+        served = max(memory_coverage, live)
+        disk = max(daly(w, mtbf / (1.0 - served)), write_s or 0.0, memory)
         interval = memory
-        tiers = {
+        tiers |= {
             "disk_interval_s": round(disk, 3),
             "memory_save_s": memory_save_s,
             "memory_coverage": memory_coverage,
         }
     else:
-        interval = max(daly(w, mtbf), write_s or 0.0)
+        interval = max(daly(w, mtbf / (1.0 - live)), write_s or 0.0)
     return Cadence(
         round(interval, 3),
         "tuned",

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ftslurm.core.cadence import Cadence, FailureHistory, cadence
+from ftslurm.core.cadence import Cadence, FailureHistory, cadence, live_coverage
 from ftslurm.core.contract.reports import (
     Benched,
     LauncherFailed,
@@ -642,15 +642,21 @@ def _watch_running(
 
 def _cadence(run: Run, facts: Facts, settings: FtSettings, files: RunFiles) -> list[Intent] | None:
     """The run's checkpoint interval (`ftslurm.core.cadence`) to write when it differs
-    from what its directory holds. None: the failure history is needed."""
+    from what its directory holds: for a run whose ranks recover live (`progress.json`'s
+    `live_recovery`) with warm spares (the `live_recovery` setting), the disk's spaced for
+    the node failures its spares cannot serve.
+    None: the failure history is needed."""
     setting = settings.checkpoint_interval
     if setting == "auto" and facts.history is None:
         return None
     progress = files.progress
-    nodes = int(run.spec.get("options", {}).get("nodes") or 1) - settings.spare_nodes
+    nodes = max(1, int(run.spec.get("options", {}).get("nodes") or 1) - settings.spare_nodes)
+    # node losses are served live when the ranks recover live and the spares wait warm
+    served = progress.live_recovery and settings.live_recovery
+    live = live_coverage(nodes, settings.spare_nodes) if served else None
     tuned = cadence(
         setting,
-        nodes=max(1, nodes),
+        nodes=nodes,
         save_s=_seconds(progress.checkpoint_save_s),
         save_prior_s=settings.checkpoint_save_prior_s,
         write_s=_seconds(progress.max_checkpoint_write_s),
@@ -659,6 +665,7 @@ def _cadence(run: Run, facts: Facts, settings: FtSettings, files: RunFiles) -> l
         prior_node_days=settings.failure_prior_node_days,
         memory_save_s=_seconds(progress.memory_save_s),
         memory_coverage=settings.memory_tier_coverage,
+        live_coverage=live,
     )
     if (tuned.how == "off" and files.cadence is None) or not tuned.differs(files.cadence):
         return []

@@ -323,6 +323,9 @@ class Progress(Report):
     max_checkpoint_write_s: float | None = None
     memory_step: int | None = None
     memory_save_s: float | None = None
+    # the run's ranks recover live (`ftslurm.agent.live`: rank 0 formed a live group): the
+    # daemon spaces disk checkpoints for the failures live recovery cannot serve
+    live_recovery: bool | None = None
     finished: bool = False
     attempt: int | None = None
     updated_at: float | None = None
