@@ -323,7 +323,7 @@ def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_process
     logs = nodes.logs()
     final = json.loads((nodes.ckpt / "final.json").read_text())
     assert final == {"step": steps, "digest": expected}, logs  # bit for bit
-    assert logs.count("rank 0 of 2 starts at step 0") == 1, logs  # never restarted
+    assert nodes.log(0).count("rank 0 of 2 starts at step 0") == 1, logs  # never restarted
     assert "took over from node rank 1" in nodes.log(2), logs
     (record,) = read_reports(nodes.run, Kind.LIVE, 0)
     assert record.took_over == 1 and record.receivers == [1] and record.state_from == 0, record
@@ -331,3 +331,66 @@ def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_process
     survivor, took_over = node_report(nodes.run, 0), node_report(nodes.run, 2)
     assert survivor["outcome"] == took_over["outcome"] == "finished", (survivor, took_over)
     assert survivor["in_job_restarts"] == 0 and took_over["role"] == "active", took_over
+
+
+@pytest.mark.parametrize("why", ["straggler", "hang"])
+def test_a_node_that_steps_out_is_taken_over_by_a_warm_spare(tmp_path, why):
+    """2 active nodes + 1 warm spare with live recovery. A persistent straggler (node 1
+    made 4x slower from the start, 1 s report windows, two of them) or a hung rank (node
+    1's training process stopped mid-training, short section timeouts) steps out: its
+    launcher writes its bench record and kills its ranks; rank 0 keeps its process, the
+    spare's rank takes rank 1 over with the state from rank 0, and the run ends
+    bit-identical to an uninterrupted one."""
+    from .daemon_scenarios import reference_digest
+    from .test_spares import Launchers, node_report
+    from .test_spares_bench import HANG_TIMEOUTS, training_process
+
+    steps = 120
+    expected = reference_digest(tmp_path, steps)
+    env = {EnvName.LIVE_RECOVERY.value: "1", "PYTHONUNBUFFERED": "1"}
+    if why == "straggler":
+        env.update(
+            FTSLURM_INJECT="straggler@0:n1*4",
+            FTSLURM_STRAGGLER_INTERVAL_S="1",
+            FTSLURM_STRAGGLER_WINDOWS="2",
+        )
+    nodes = Launchers(
+        tmp_path,
+        nnodes=3,
+        spare_nodes=1,
+        steps=steps,
+        launch_args=("--section-timeouts", HANG_TIMEOUTS) if why == "hang" else (),
+        extra_env=env,
+        recipe_args=("--live",),
+        endpoint=False,
+    )
+    try:
+        if why == "hang":
+            progress = nodes.run.progress
+            wait_for(
+                lambda: (
+                    (json.loads(progress.read_text()) if progress.exists() else {}).get(
+                        "checkpoint_step", 0
+                    )
+                    >= 20
+                ),
+                180,
+                "two checkpoints",
+            )
+            os.kill(training_process(nodes.procs[1].pid), signal.SIGSTOP)
+        codes = [p.wait(timeout=240) for p in nodes.procs]
+        assert codes == [0, 0, 0], nodes.logs()
+    finally:
+        nodes.close()
+    logs = nodes.logs()
+    final = json.loads((nodes.ckpt / "final.json").read_text())
+    assert final == {"step": steps, "digest": expected}, logs
+    assert nodes.log(0).count("rank 0 of 2 starts at step 0") == 1, logs  # never restarted
+    benched = json.loads(nodes.run.benched(0, 1).read_text())
+    assert benched["why"] == why, benched
+    (record,) = read_reports(nodes.run, Kind.LIVE, 0)
+    assert record.took_over == 1 and record.receivers == [1] and record.state_from == 0, record
+    assert node_report(nodes.run, 1)["outcome"] == "benched"
+    assert node_report(nodes.run, 2)["outcome"] == "finished"
+    took = record.first_commit_at - benched["time"]
+    print(f"{why}: stepped out -> first committed step {took:.2f}s")
