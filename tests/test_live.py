@@ -394,3 +394,17 @@ def test_a_node_that_steps_out_is_taken_over_by_a_warm_spare(tmp_path, why):
     assert node_report(nodes.run, 2)["outcome"] == "finished"
     took = record.first_commit_at - benched["time"]
     print(f"{why}: stepped out -> first committed step {took:.2f}s")
+
+
+def test_the_rank_sending_the_state_lost_mid_transfer_another_sends_it(tmp_path, reference):
+    """Forced timing: rank 1 fails at step 25 and is restarted alone; rank 0, which holds
+    the newest step and the lowest rank, is to send it the state and is killed just
+    before it sends (stopped at the live group's "sending" point). The receiver and rank 2
+    form the next round with rank 0 restarted too; rank 2 sends both the state, and the run
+    ends bit-identical to an uninterrupted one."""
+    ranks = Ranks(tmp_path, "--fail-at-step", "25", "--fail-rank", "1", pause="sending:0:25")
+    codes = ranks.run(on_tick=kill_when_paused(0))
+    logs = ranks.logs()
+    assert codes == dict.fromkeys(range(WORLD), 0), logs
+    assert 0 in ranks.restarted and 1 in ranks.restarted, (ranks.restarted, logs)
+    assert ranks.final() == reference, logs

@@ -67,7 +67,8 @@ STUCK_S = 2.0  # inside a step this long after a running rank declared the round
 log = logging.getLogger("ftslurm.live")
 # Test hook: a rank stops itself (SIGSTOP) at one point of one step, "<point>:<rank>:<step>"
 # (points: "reduced", after the step's work and before its vote; "committed", after the
-# decision to commit and before the optimizer step), so a test can kill it at that moment.
+# decision to commit and before the optimizer step; "sending", the rank that hands its state
+# over, before it sends), so a test can kill it at that moment.
 PAUSE_ENV = "FTSLURM_TEST_PAUSE_LIVE"
 
 
@@ -143,6 +144,7 @@ class LiveGroup:
         self._pending_record: tuple[Path, LiveRecovery] | None = None
         self._marker: Path | None = None  # HeartbeatDir.live: the launcher's sign
         self._setup = False  # between `start` and the end of `attach`
+        self._holds = True  # a training state to hand over (a rejoining rank: once received)
         self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
 
     @property
@@ -281,7 +283,15 @@ class LiveGroup:
         self._state, self._load, self._step = state, load, step
         self._hooks = list(on_regroup)
         if self.enabled:
-            plan = self._handover()
+            # Set up: a fault from now on is recovered live (a sender lost mid-transfer too).
+            self._setup, self._busy = False, None
+            self._holds = not self.rejoining  # a state of its own (until one is received)
+            try:
+                plan = self._handover()
+            except Exception as exc:  # the sender lost mid-transfer: the next round
+                if not is_fault(exc):
+                    raise
+                plan = self._recover(f"handing the state over: {_first_line(exc)}")
             if self.rejoining and plan is None:  # nobody running holds a state to hand over
                 raise self._give_up(rules.Fallback.NO_STATE, f"round {self.round}")
             self._setup, self._busy = False, None
@@ -335,9 +345,12 @@ class LiveGroup:
         if plan is None or not plan.receivers:
             return None
         box = [self._state() if self.rank == plan.sender else None]
+        if self.rank == plan.sender:
+            self._pause("sending")
         dist.broadcast_object_list(box, src=plan.sender)
         if self.rank in plan.receivers:
             self._load(box[0])
+            self._holds = True
         log.info("round %d: state of step %d from rank %d", self.round, plan.step, plan.sender)
         return plan
 
@@ -357,7 +370,7 @@ class LiveGroup:
         except Exception as exc:
             if not is_fault(exc):
                 raise
-            error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            error = _first_line(exc)
         finally:
             self._busy = None
         if error is None:
@@ -402,7 +415,7 @@ class LiveGroup:
             if decision is not rules.Decision.WAIT:
                 self.store.compare_set(key, "", decision.value)
 
-    def _recover(self, why: str) -> None:
+    def _recover(self, why: str) -> rules.Handover | None:
         started, failed_at = time.monotonic(), time.time()
         failed_round = self.round
         self._declare_failed(failed_round, why)
@@ -410,7 +423,7 @@ class LiveGroup:
         r = self._next_round(failed_round)
         while True:
             try:
-                self._form(r, self._step())
+                self._form(r, self._step() if self._holds else None)
                 for hook in self._hooks:
                     hook()
                 plan = self._handover()
@@ -430,6 +443,7 @@ class LiveGroup:
         log.warning("live recovery: round %d after %s in %.2fs", self.round, why, took)
         if self.rank == (plan.sender if plan is not None else 0):
             self._record(failed_round, failed_at, plan)
+        return plan
 
     def _record(self, failed_round: int, failed_at: float, plan: rules.Handover | None) -> None:
         """The recovery's record in the run directory (one rank writes it), completed at
@@ -460,6 +474,10 @@ class LiveGroup:
         path = job.run.live_record(job.attempt or 0, group, self.round)
         write_report(path, record)
         self._pending_record = (path, record)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _drop_group() -> None:
