@@ -408,3 +408,44 @@ def test_the_rank_sending_the_state_lost_mid_transfer_another_sends_it(tmp_path,
     assert codes == dict.fromkeys(range(WORLD), 0), logs
     assert 0 in ranks.restarted and 1 in ranks.restarted, (ranks.restarted, logs)
     assert ranks.final() == reference, logs
+
+
+def test_a_warm_spare_lost_while_waiting_leaves_no_spare_for_the_next_loss(tmp_path):
+    """2 active nodes + 1 warm spare: the spare is killed while its rank waits (nothing
+    changes for the training), then node 1: no spare is left, so node 0's launcher stops
+    its rank and reports that the run goes on in a new job (today's path)."""
+    from .test_spares import Launchers, node_report
+
+    nodes = Launchers(
+        tmp_path,
+        nnodes=3,
+        spare_nodes=1,
+        steps=2000,
+        extra_env={EnvName.LIVE_RECOVERY.value: "1", "PYTHONUNBUFFERED": "1"},
+        recipe_args=("--live",),
+        endpoint=False,
+    )
+    try:
+        progress = nodes.run.progress
+        wait_for(
+            lambda: (
+                (json.loads(progress.read_text()) if progress.exists() else {}).get(
+                    "checkpoint_step", 0
+                )
+                >= 10
+            ),
+            180,
+            "a checkpoint",
+        )
+        wait_for(lambda: "wait warm" in nodes.log(2), 60, "the spare's ranks to start")
+        nodes.kill(2)
+        wait_for(lambda: nodes.run.peer_lost(0, 2).exists(), 30, "the spare reported lost")
+        step = json.loads(progress.read_text())["step"]
+        wait_for(lambda: json.loads(progress.read_text())["step"] > step + 5, 60, "training on")
+        nodes.kill(1)
+        code = nodes.procs[0].wait(timeout=120)
+    finally:
+        nodes.close()
+    report = node_report(nodes.run, 0)
+    assert report["recovery"] == "new_job" and code != 0, (code, report, nodes.logs())
+    assert not read_reports(nodes.run, Kind.LIVE, 0), nodes.logs()  # nothing taken over
