@@ -114,7 +114,13 @@ def test_status_notes_the_latest_live_recoveries_oldest_first():
 
     records = [
         rec(
-            100.0, detected_by="error", first_commit_at=102.5, step=25, state_from=0, receivers=[1]
+            100.0,
+            detected_by="error",
+            first_commit_at=102.5,
+            step=25,
+            state_from=0,
+            receivers=[1],
+            took_over=1,
         ),
         rec(50.0, detected_by="restart", first_commit_at=51.0, step=10),
         rec(190.0, detected_by="error", step=40),  # still recovering
@@ -126,7 +132,7 @@ def test_status_notes_the_latest_live_recoveries_oldest_first():
     assert notes[0].startswith("live recovery 2 min ago: rank 2: Connection closed")
     assert "(a rank came back)" in notes[0] and "step 10 run again" in notes[0]
     assert "(a collective failed)" in notes[1] and "training again 2 s later" in notes[1]
-    assert "state from rank 0 to 1" in notes[1]
+    assert "state from rank 0 to 1 (a warm spare's, in node rank 1's place)" in notes[1]
     assert notes[2].endswith("→ recovering, step 40 run again")
 
 

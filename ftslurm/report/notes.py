@@ -187,5 +187,7 @@ def live_notes(records: Sequence[LiveRecovery], now: float, last: int = 3) -> li
             tail += f", step {r.step} run again"
         if r.state_from is not None:
             tail += f", state from rank {r.state_from} to {', '.join(map(str, r.receivers))}"
+        if r.took_over is not None:
+            tail += f" (a warm spare's, in node rank {r.took_over}'s place)"
         notes.append(f"{head} → {tail}")
     return notes
