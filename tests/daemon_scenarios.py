@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ftslurm.core.contract import LIVE_RECORDS
+
 # A training stand-in: steps of `step_s` with an all-reduce across ranks, a checkpoint (and
 # its report) every `every` steps and when the checkpoint signal or SIGTERM arrives, then
 # exit 0 (the ranks stop at the step where they see the signal; a real script would agree
@@ -308,14 +310,17 @@ def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
 
 
 def spare_takes_over_on_the_mock(
-    tmp_path: Path, inject: str, settings: str = ""
+    tmp_path: Path, inject: str, settings: str = "", live: bool = False
 ) -> tuple[Any, dict[str, Any]]:
     """`--dry-run -N 2 --spare-nodes 1 --inject INJECT` of examples/recipe.py (200 steps
     of 0.1 s: an injection 15 s after the start lands mid-training)
     on a fresh mock with its default SlurmdTimeout (300 s); `settings`: more Recipe
     arguments. Waits for the end of training and checks that it stayed in one job and ended
     bit-identical to an uninterrupted run, with round 1 (the spare's) in that job in a
-    world of 2. Returns the run directory (`RunDir`) and round 1's record."""
+    world of 2. Returns the run directory (`RunDir`) and round 1's record. `live`: with
+    live recovery (`--live-recovery`, the recipe's `--live`): no round 1 (no rank restarts),
+    the live recovery's record instead (`recovery/live-*.json`), which a warm spare's rank
+    joined."""
     from ftslurm.core.contract import RunDir
 
     steps = 200
@@ -330,8 +335,10 @@ def spare_takes_over_on_the_mock(
             "1",
             "--inject",
             inject,
+            *(["--live-recovery"] if live else []),
             str(recipe),
             "--",
+            *(["--live"] if live else []),
             "--steps",
             str(steps),
             "--step-time",
@@ -348,6 +355,9 @@ def spare_takes_over_on_the_mock(
         s = cli.summary(out["run_id"])
         assert [a["job_id"] for a in s["attempts"]] == [out["job_id"]], s
         assert json.loads(final.read_text())["digest"] == expected
+        if live:
+            (path,) = run.recovery(0).glob(LIVE_RECORDS)
+            return run, json.loads(path.read_text())
         record = json.loads(run.round_record(0, 1).read_text())
         assert record["job_id"] == out["job_id"] and record["world_size"] == 2, record
         return run, record

@@ -449,3 +449,16 @@ def test_a_warm_spare_lost_while_waiting_leaves_no_spare_for_the_next_loss(tmp_p
     report = node_report(nodes.run, 0)
     assert report["recovery"] == "new_job" and code != 0, (code, report, nodes.logs())
     assert not read_reports(nodes.run, Kind.LIVE, 0), nodes.logs()  # nothing taken over
+
+
+def test_on_the_mock_a_warm_spare_takes_over_a_failed_node_in_the_same_job(tmp_path):
+    """`--dry-run --spare-nodes 1 --live-recovery` with the mock's default SlurmdTimeout
+    (300 s): node index 1 fails 15 s in (its launcher and rank die with it); the spare's
+    waiting rank takes rank 1 over live, inside the same job, and training ends
+    bit-identical to an uninterrupted run."""
+    from .daemon_scenarios import spare_takes_over_on_the_mock
+
+    run, record = spare_takes_over_on_the_mock(tmp_path, "node_fail@15:1", live=True)
+    assert record["took_over"] == 1 and record["receivers"] == [1], record
+    assert record["first_commit_at"] is not None, record
+    assert not list(run.recovery(0).glob("round-*.json"))  # no rank restarted

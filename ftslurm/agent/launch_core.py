@@ -476,7 +476,7 @@ def on_tick(state: LauncherState, tick: Tick) -> tuple[LauncherState, tuple[Acti
     said: tuple[Action, ...] = ()
     if tick.losses is not None:
         live = state.cfg.live and (tick.live_ranks or state.warm or state.adopted is not None)
-        state, action, said = on_losses(state, tick.losses, live=live and not state.warm)
+        state, action, said = on_losses(state, tick.losses, live=live)
         if state.warm and action is sp.Action.SWAP:  # a warm spare: none of its ranks train
             state, out = take_over(state)
             if out:
