@@ -111,18 +111,20 @@ def main() -> int:
     args = parser.parse_args()
 
     rank, world, addr, port = dist_env()
+    # Built before the process group: a warm spare's rank (live recovery) waits in
+    # `init_process_group` with its model and optimizer built already.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     # With --live and a coordinator store (the launcher's), a fault costs one step: the
     # healthy ranks keep running and a restarted rank receives the state from them
     # (`ftslurm.agent.live`). Otherwise a plain process group.
     group = live.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", live=args.live)
     rank, world = dist.get_rank(), dist.get_world_size()  # a warm spare's: the rank it took
     agent = fta.init()  # signal handlers (flag only), heartbeats, sections
-    torch.manual_seed(0)
-    model = torch.nn.Linear(16, 1)
     if not group.rejoining:  # the same start on every rank, as DDP would broadcast
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
-    optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt_dir = Path(args.checkpoint_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     # Saves are asynchronous: the training stands still only for the snapshot, the file is

@@ -142,3 +142,32 @@ def test_a_nodes_ranks_read_back_and_a_damaged_record_is_none():
     assert rules.NodeRanks.decode("x|y") is None
     assert rules.node_key("r", 1) != rules.node_key("r", 2)
     assert rules.exit_key(record.group).startswith(record.group)
+
+
+def test_status_notes_a_fallback_once_per_round():
+    from ftslurm.core.contract.reports import LiveRecovery
+    from ftslurm.report.notes import live_notes
+
+    gave_up = [
+        LiveRecovery(round=2, rank=r, failed_at=150.0 + r, given_up=Fallback.JOIN_TIMEOUT.value)
+        for r in (0, 2)
+    ]
+    (note,) = live_notes(gave_up, now=200.0)
+    assert "given up" in note and "rank 0: a rank did not join the new round in time" in note
+    assert note.endswith("every rank restarted (memory tier or disk)")
+
+
+def test_a_rank_that_gives_up_records_why(tmp_path):
+    """The fallback's record, one file per rank, read back with the recoveries."""
+    from ftslurm.agent import live
+    from ftslurm.core.contract import RunDir
+    from ftslurm.core.contract.reports import Kind
+    from ftslurm.runfiles import read_reports
+
+    env = {"FTSLURM_RUN_DIR": str(tmp_path), "FTSLURM_ATTEMPT": "1", "RANK": "2"}
+    group = live.LiveGroup(environ=env, live=False)
+    err = group._give_up(Fallback.NO_STATE, "round 0")
+    assert isinstance(err, live.LiveRecoveryFailed) and err.reason is Fallback.NO_STATE
+    (record,) = read_reports(RunDir(tmp_path), Kind.LIVE, 1)
+    assert record.given_up == Fallback.NO_STATE.value and record.rank == 2, record
+    assert record.why == "round 0" and record.attempt == 1, record

@@ -263,6 +263,24 @@ class LiveGroup:
         rank alone, and takes today's path when it exits."""
         if self._marker is not None:
             self._marker.unlink(missing_ok=True)
+        job = JobEnv.from_environ(self.environ)
+        if job.run is not None:  # why, for `status` (one file per rank: one writer each)
+            group = self.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            path = job.run.live_given_up(job.attempt or 0, group, self.round, self.rank)
+            record = LiveRecovery(
+                round=self.round,
+                why=detail or None,
+                given_up=why.value,
+                rank=self.rank,
+                failed_at=time.time(),
+                world_size=self.world,
+                job_id=self.environ.get("SLURM_JOB_ID"),
+                attempt=job.attempt,
+            )
+            try:
+                write_report(path, record)
+            except OSError as exc:
+                log.warning("could not record the fallback in %s: %s", path, exc)
         return LiveRecoveryFailed(why, detail)
 
     def _declare_failed(self, r: int, why: str) -> None:

@@ -173,9 +173,24 @@ def live_notes(records: Sequence[LiveRecovery], now: float, last: int = 3) -> li
     ago: rank 2: Connection closed (a collective failed) → training again 2.1 s later, step
     25 run again, state from rank 0 to 1"."""
     done = sorted((r for r in records if r.failed_at is not None), key=lambda r: r.failed_at)
+    seen: set[tuple[int | None, str]] = set()  # each rank of a round that gave up says so
+    done = [
+        r
+        for r in done
+        if r.given_up is None
+        or ((r.round, r.given_up) not in seen and not seen.add((r.round, r.given_up)))
+    ]
     notes = []
     for r in done[-last:]:
         assert r.failed_at is not None
+        if r.given_up is not None:
+            said = f"rank {r.rank}: " if r.rank is not None else ""
+            detail = f" ({r.why})" if r.why else ""
+            notes.append(
+                f"live recovery given up {fmt_age(max(0.0, now - r.failed_at))} ago: "
+                f"{said}{r.given_up}{detail} → every rank restarted (memory tier or disk)"
+            )
+            continue
         how = _DETECTED.get(r.detected_by or "", "")
         head = f"live recovery {fmt_age(max(0.0, now - r.failed_at))} ago: {r.why or 'a fault'}"
         head += f" ({how})" if how else ""

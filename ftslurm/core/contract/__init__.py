@@ -310,6 +310,11 @@ class RunDir:
         `LiveRecovery` model)."""
         return self.recovery(attempt) / f"live-{group}-{round_}.json"
 
+    def live_given_up(self, attempt: str | int, group: str, round_: int, rank: int) -> Path:
+        """Rank `rank` gave live recovery up in round `round_` of live group `group`: why
+        (`given_up`, the fallback; JSON: the `LiveRecovery` model). Today's path follows."""
+        return self.recovery(attempt) / f"live-{group}-{round_}-given-up-{rank}.json"
+
     def benched(self, attempt: str | int, node_rank: int) -> Path:
         """A node whose launcher took itself out of the training so that a spare replaces
         it (JSON: node_rank, node, why ("hang", "straggler"), reason (the launcher's words),

@@ -266,6 +266,9 @@ class LiveRecovery(Report):
     attempt: int | None = None
 
     took_over: int | None = None  # a warm spare's node took over this node rank's ranks
+    # a rank gave live recovery up (`RunDir.live_given_up`): the fallback, today's path next
+    given_up: str | None = None
+    rank: int | None = None  # the rank that gave up
 
     def committed(self, at: float) -> LiveRecovery:
         """This record again, with the time of the first step committed after it."""
