@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -282,6 +283,25 @@ def test_a_rank_killed_at_the_worst_moment_of_a_step_leaves_every_rank_identical
     assert ranks.final() == reference, logs
 
 
+def live_launchers(tmp_path: Path, steps: int, **kw: Any) -> Any:
+    """Launchers of 2 active nodes and a warm spare (`test_spares.Launchers`), one rank each
+    of the recipe with --live, live recovery on, the rendezvous endpoint published as in a
+    job."""
+    from .test_spares import Launchers
+
+    env = {EnvName.LIVE_RECOVERY.value: "1", "PYTHONUNBUFFERED": "1", **kw.pop("extra_env", {})}
+    return Launchers(
+        tmp_path,
+        nnodes=3,
+        spare_nodes=1,
+        steps=steps,
+        extra_env=env,
+        recipe_args=("--live",),
+        endpoint=False,
+        **kw,
+    )
+
+
 def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_processes(tmp_path):
     """2 active nodes + 1 spare with live recovery, one rank each: the spare's rank starts
     ahead of time and waits. Node 1 is killed mid-training (its launcher and rank die
@@ -289,31 +309,13 @@ def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_process
     receives the state from rank 0, the step the loss interrupted runs again, and the run
     ends bit-identical to an uninterrupted one of 2 ranks, with no rank started twice."""
     from .daemon_scenarios import reference_digest
-    from .test_spares import Launchers, node_report
+    from .test_spares import node_report
 
     steps = 120
     expected = reference_digest(tmp_path, steps)
-    nodes = Launchers(
-        tmp_path,
-        nnodes=3,
-        spare_nodes=1,
-        steps=steps,
-        extra_env={EnvName.LIVE_RECOVERY.value: "1", "PYTHONUNBUFFERED": "1"},
-        recipe_args=("--live",),
-        endpoint=False,
-    )
+    nodes = live_launchers(tmp_path, steps)
     try:
-        progress = nodes.run.progress
-        wait_for(
-            lambda: (
-                (json.loads(progress.read_text()) if progress.exists() else {}).get(
-                    "checkpoint_step", 0
-                )
-                >= 20
-            ),
-            180,
-            "two checkpoints",
-        )
+        nodes.wait_checkpoint(20)
         assert "wait warm" in nodes.log(2), nodes.logs()
         nodes.kill(1)
         codes = [nodes.procs[r].wait(timeout=180) for r in (0, 2)]
@@ -342,41 +344,23 @@ def test_a_node_that_steps_out_is_taken_over_by_a_warm_spare(tmp_path, why):
     spare's rank takes rank 1 over with the state from rank 0, and the run ends
     bit-identical to an uninterrupted one."""
     from .daemon_scenarios import reference_digest
-    from .test_spares import Launchers, node_report
+    from .test_spares import node_report
     from .test_spares_bench import HANG_TIMEOUTS, training_process
 
     steps = 120
     expected = reference_digest(tmp_path, steps)
-    env = {EnvName.LIVE_RECOVERY.value: "1", "PYTHONUNBUFFERED": "1"}
+    env = {}
     if why == "straggler":
         env.update(
             FTSLURM_INJECT="straggler@0:n1*4",
             FTSLURM_STRAGGLER_INTERVAL_S="1",
             FTSLURM_STRAGGLER_WINDOWS="2",
         )
-    nodes = Launchers(
-        tmp_path,
-        nnodes=3,
-        spare_nodes=1,
-        steps=steps,
-        launch_args=("--section-timeouts", HANG_TIMEOUTS) if why == "hang" else (),
-        extra_env=env,
-        recipe_args=("--live",),
-        endpoint=False,
-    )
+    hang = ("--section-timeouts", HANG_TIMEOUTS) if why == "hang" else ()
+    nodes = live_launchers(tmp_path, steps, launch_args=hang, extra_env=env)
     try:
         if why == "hang":
-            progress = nodes.run.progress
-            wait_for(
-                lambda: (
-                    (json.loads(progress.read_text()) if progress.exists() else {}).get(
-                        "checkpoint_step", 0
-                    )
-                    >= 20
-                ),
-                180,
-                "two checkpoints",
-            )
+            nodes.wait_checkpoint(20)
             os.kill(training_process(nodes.procs[1].pid), signal.SIGSTOP)
         codes = [p.wait(timeout=240) for p in nodes.procs]
         assert codes == [0, 0, 0], nodes.logs()
@@ -414,34 +398,20 @@ def test_a_warm_spare_lost_while_waiting_leaves_no_spare_for_the_next_loss(tmp_p
     """2 active nodes + 1 warm spare: the spare is killed while its rank waits (nothing
     changes for the training), then node 1: no spare is left, so node 0's launcher stops
     its rank and reports that the run goes on in a new job (today's path)."""
-    from .test_spares import Launchers, node_report
+    from .test_spares import node_report
 
-    nodes = Launchers(
-        tmp_path,
-        nnodes=3,
-        spare_nodes=1,
-        steps=2000,
-        extra_env={EnvName.LIVE_RECOVERY.value: "1", "PYTHONUNBUFFERED": "1"},
-        recipe_args=("--live",),
-        endpoint=False,
-    )
+    nodes = live_launchers(tmp_path, 2000)
     try:
-        progress = nodes.run.progress
-        wait_for(
-            lambda: (
-                (json.loads(progress.read_text()) if progress.exists() else {}).get(
-                    "checkpoint_step", 0
-                )
-                >= 10
-            ),
-            180,
-            "a checkpoint",
-        )
+        nodes.wait_checkpoint(10)
         wait_for(lambda: "wait warm" in nodes.log(2), 60, "the spare's ranks to start")
         nodes.kill(2)
         wait_for(lambda: nodes.run.peer_lost(0, 2).exists(), 30, "the spare reported lost")
-        step = json.loads(progress.read_text())["step"]
-        wait_for(lambda: json.loads(progress.read_text())["step"] > step + 5, 60, "training on")
+
+        def step() -> int:
+            return int(json.loads(nodes.run.progress.read_text()).get("step") or 0)
+
+        before = step()
+        wait_for(lambda: step() > before + 5, 60, "training on")
         nodes.kill(1)
         code = nodes.procs[0].wait(timeout=120)
     finally:

@@ -198,6 +198,9 @@ class Launchers:
             env.update(
                 FTSLURM_RUN_DIR=str(self.run.root),
                 FTSLURM_CHECKPOINT_DIR=str(self.ckpt),
+                # the memory tier's own folder: another test's launchers may share this
+                # one's job id, and so its memory area under the default base
+                FTSLURM_MEMORY_DIR=str(tmp_path / "memory"),
                 MASTER_ADDR="127.0.0.1",
                 SLURM_JOB_ID=job,
                 SLURMD_NODENAME=name,
@@ -238,6 +241,16 @@ class Launchers:
             )
             log.close()
 
+    def wait_checkpoint(self, step: int, timeout: float = 180) -> None:
+        """Until the run's progress says a checkpoint of `step` or later."""
+        progress = self.run.progress
+
+        def saved() -> bool:
+            told = json.loads(progress.read_text()) if progress.exists() else {}
+            return int(told.get("checkpoint_step") or 0) >= step
+
+        wait_for(saved, timeout, f"a checkpoint of step {step}")
+
     def log(self, node_rank: int) -> str:
         return (self.tmp / f"{self.names[node_rank]}.log").read_text()
 
@@ -263,17 +276,7 @@ def test_a_spare_takes_over_a_killed_node_and_the_run_ends_as_if_never_interrupt
     expected = reference_digest(tmp_path, steps)
     nodes = Launchers(tmp_path, nnodes=3, spare_nodes=1, steps=steps)
     try:
-        progress = nodes.run.progress
-        wait_for(
-            lambda: (
-                (json.loads(progress.read_text()) if progress.exists() else {}).get(
-                    "checkpoint_step", 0
-                )
-                >= 20
-            ),
-            180,
-            "two checkpoints",
-        )
+        nodes.wait_checkpoint(20)
         spare = sp.read_lease(nodes.run, 0, 2)
         assert spare is not None and spare.role == sp.SPARE, nodes.logs()
         assert sp.read_lease(nodes.run, 0, 1).role == sp.ACTIVE

@@ -14,7 +14,6 @@ from ftslurm.agent import spares as sp
 from ftslurm.core.contract import PEER_LOST_REPORTS, ROUND_RECORDS, RunDir
 from ftslurm.core.contract.reports import Benched, PeerLost
 
-from .conftest import wait_for
 from .daemon_scenarios import RECIPE, reference_digest, spare_takes_over_on_the_mock
 from .test_spares import Launchers, node_report
 
@@ -172,17 +171,7 @@ def test_a_hung_node_steps_out_and_a_spare_replaces_it_in_the_same_run(tmp_path)
         launch_args=("--section-timeouts", HANG_TIMEOUTS),
     )
     try:
-        progress = nodes.run.progress
-        wait_for(
-            lambda: (
-                (json.loads(progress.read_text()) if progress.exists() else {}).get(
-                    "checkpoint_step", 0
-                )
-                >= 20
-            ),
-            180,
-            "two checkpoints",
-        )
+        nodes.wait_checkpoint(20)
         assert sp.read_lease(nodes.run, 0, 1).role == sp.ACTIVE, nodes.logs()
         os.kill(training_process(nodes.procs[1].pid), signal.SIGSTOP)
         codes = [p.wait(timeout=180) for p in nodes.procs]
