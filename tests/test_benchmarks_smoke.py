@@ -54,11 +54,12 @@ def test_virtual_campaign_benchmark_runs(tmp_path):
     assert [r["nodes"] for r in rows] == [8, 16] and all(r["simulated_days"] > 0 for r in rows)
 
 
-@pytest.mark.slow  # eight launcher runs and a commit measurement: about a minute
+@pytest.mark.slow  # launcher runs and a commit measurement: about two minutes
 def test_live_recovery_benchmark_runs(tmp_path):
     """Today's path and the live path on one node, small: every run ends identical, the
     crashed rank is restarted alone on the live path (when the crash lands before the ranks
-    finished setting up, the world follows: today's path), every rank on today's."""
+    finished setting up, the world follows: today's path), every rank on today's; a
+    straggler steps out to the spare on both paths."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -73,6 +74,7 @@ def test_live_recovery_benchmark_runs(tmp_path):
             "5",
             "--commit-calls",
             "20",
+            "--stepout",
             "--json",
         ],
         capture_output=True,
@@ -87,3 +89,5 @@ def test_live_recovery_benchmark_runs(tmp_path):
     assert result["world_restarts"]["today, fault"] == 1, result
     assert result["restarted_alone"]["today, fault"] == 0, result
     assert result["commit"]["commit_s"] > 0, result
+    took = result["stepout"]["stepout_to_training_s"]
+    assert result["stepout"]["identical"] and took["today"] > 0 and took["live"] > 0, result
