@@ -23,7 +23,7 @@ from ftslurm.fsutil import read_json
 from ftslurm.runfiles import read_reports
 
 from .conftest import wait_for
-from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended
+from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, recipe_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -117,3 +117,33 @@ def test_a_killed_node_is_taken_over_by_a_warm_spare(cli, healthy_nodes, tmp_pat
         f"node killed -> first committed step with the spare: "
         f"{record.first_commit_at - killed_at:.2f}s; step {record.step} run again"
     )
+
+
+def test_a_straggler_steps_out_to_a_warm_spare(cli, tmp_path):
+    """2 nodes x 2 ranks and a warm spare: the second node is slowed 4-fold from 2 s in and
+    judged a persistent straggler after two 3 s windows; its launcher steps out, the
+    spare's waiting ranks take ranks 2 and 3 over live, and the run ends in its first job
+    with the parameters of an uninterrupted run of the same 4 ranks."""
+    reference = uninterrupted(tmp_path / "reference")
+    ckpt = tmp_path / "ckpt"
+    recipe = recipe_file(
+        tmp_path,
+        "straggler-live",
+        args=[*ARGS, "--checkpoint-dir", str(ckpt)],
+        spare_nodes=1,
+        live_recovery=True,
+        straggler_report_interval_s=3.0,
+        straggler_windows=2,
+    )
+    out = cli.submit("--inject", "straggler@2:1*4", str(recipe))
+    s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
+    log = cli("logs", out["run_id"], "--attempt", "0").stdout
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
+    assert log.count("rank 0 of 4 starts at step") == 1, log[-4000:]  # never every rank
+    run_dir = RunDir(s["run_dir"])
+    (benched,) = read_reports(run_dir, Kind.BENCHED, 0)
+    assert benched.why == "straggler" and benched.node_rank == 1, benched
+    (record,) = read_reports(run_dir, Kind.LIVE, 0)
+    assert record.took_over == 1 and sorted(record.receivers) == [2, 3], record
+    assert json.loads((ckpt / "final.json").read_text()) == reference, log[-4000:]
+    print(f"stepped out -> first committed step: {record.first_commit_at - benched.time:.2f}s")
