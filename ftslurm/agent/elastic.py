@@ -141,6 +141,12 @@ class Agent(LocalElasticAgent):
             store.add(key, 1)
             while int(store.add(key, 0)) < nodes and time.monotonic() < deadline:
                 time.sleep(POLL_S)
+            # The store's host (node rank 0's launcher) leaves last: a node still looking
+            # at the count would lose its connection otherwise.
+            left = int(store.add(f"{key}/left", 1))
+            while cfg.node_rank == 0 and left < nodes and time.monotonic() < deadline:
+                time.sleep(POLL_S / 5)
+                left = int(store.add(f"{key}/left", 0))
         except Exception as exc:  # noqa: BLE001 - the store is gone: the others have left
             log.info("exit barrier: %s", exc)
 
