@@ -87,6 +87,12 @@ class Recipe(FtSettings):
                 "is the launchers that move the training onto a spare",
                 hint="drop --spare-nodes or turn use_launcher back on",
             )
+        if self.live_recovery and not self.use_launcher:
+            raise ConfigError(
+                "--live-recovery needs the launcher (use_launcher=True): it is the "
+                "launchers that keep the spares' ranks warm and restart a rank alone",
+                hint="drop --live-recovery or turn use_launcher back on",
+            )
         return self
 
     def settings(self) -> FtSettings:

@@ -93,6 +93,7 @@ def env(tmp_path, monkeypatch):
     [
         (["--spare-nodes", "-1", "train.sh"], "spare_nodes"),
         (["--spare-nodes", "1", "nolauncher.py"], "needs the launcher"),
+        (["--live-recovery", "nolauncher.py"], "--live-recovery needs the launcher"),
     ],
 )
 def test_bad_spare_values_are_one_line_and_submit_nothing(env, capsys, args, expected):
@@ -100,6 +101,15 @@ def test_bad_spare_values_are_one_line_and_submit_nothing(env, capsys, args, exp
     err = capsys.readouterr().err.strip()
     assert err.startswith("Error:") and expected in err and "\n" not in err, err
     assert not (env / "home" / "runs").exists() or not any((env / "home" / "runs").iterdir())
+
+
+def test_live_recovery_reaches_the_launchers_only_when_asked():
+    script, _ = attempt(spare_nodes=1, live_recovery=True)
+    plain, _ = attempt(spare_nodes=1)
+    assert f"{EnvName.LIVE_RECOVERY.value}=" in script
+    assert EnvName.LIVE_RECOVERY.value not in plain
+    job = JobEnv.from_environ({EnvName.LIVE_RECOVERY.value: "True"})
+    assert job.live_recovery is True
 
 
 def test_submit_option_reaches_the_script(env, capsys):
