@@ -432,3 +432,23 @@ def test_on_the_mock_a_warm_spare_takes_over_a_failed_node_in_the_same_job(tmp_p
     assert record["took_over"] == 1 and record["receivers"] == [1], record
     assert record["first_commit_at"] is not None, record
     assert not list(run.recovery(0).glob("round-*.json"))  # no rank restarted
+
+
+def test_the_batch_host_lost_with_live_recovery_moves_the_run_to_a_new_job(tmp_path):
+    """The batch host (node rank 0) hosts the coordinator store: when it is lost, no live
+    recovery is possible; the other node's launcher stops its rank and reports that the
+    run goes on in a new job, the warm spare leaves as a spare, nothing is taken over."""
+    from .test_spares import node_report
+
+    nodes = live_launchers(tmp_path, 2000)
+    try:
+        nodes.wait_checkpoint(10)
+        wait_for(lambda: "wait warm" in nodes.log(2), 60, "the spare's ranks to start")
+        nodes.kill(0)
+        codes = [nodes.procs[r].wait(timeout=120) for r in (1, 2)]
+    finally:
+        nodes.close()
+    report = node_report(nodes.run, 1)
+    assert report["recovery"] == "new_job" and codes[0] != 0, (codes, report, nodes.logs())
+    assert node_report(nodes.run, 2)["outcome"] == "spare" and codes[1] == 0, nodes.logs()
+    assert not [r for r in read_reports(nodes.run, Kind.LIVE, 0) if r.took_over is not None]
