@@ -452,26 +452,40 @@ DAEMON_POLL_S = 60.0  # the daemon looks at least this often (next_poll_interval
 DAEMON_FAST_POLL_S = 1.0  # ... and this soon after its own action (its floor)
 
 # ------------------------------------------- live recovery (ftslurm.agent.live), per fault
-# Measured on CPU (docs/agent.md, "Live recovery": 3 ranks, gloo, loopback): a crashed rank
-# is training again about 2 s after it died, mostly its new process's start (Python, the
-# torch import); every step pays one store add and one wait for its commit, 0.55 ms.
-LIVE_RANK_RESTART_S = 2.0
-LIVE_COMMIT_S = 0.55e-3
-LIVE_COMMIT_SHARE = LIVE_COMMIT_S / STEP_S  # of the compute time, 5.5e-5 at 10 s steps
-# What a CPU cannot show, assumed:
+# Measured (benchmarks/live_recovery.py, docs/performance.md section 4: one node, 3 ranks,
+# gloo on CPU, 0.1 s steps): a crashed rank costs 3.21 s on the live path (8.01 s on today's
+# in-job restart). That holds the launcher's detection (FTSLURM_MONITOR_S, charged apart
+# here), the new process's start (Python, the torch import), the group formed again over 3
+# ranks, a tiny state received, and the 0.1 s step run again (charged apart at STEP_S). The
+# commit costs 0.33 ms per step there.
+LIVE_CRASH_MEASURED_S = 3.21
+LIVE_BENCH_STEP_S = 0.1  # the measurement's step
+LIVE_RANK_RESTART_S = LIVE_CRASH_MEASURED_S - FTSLURM_MONITOR_S - LIVE_BENCH_STEP_S  # 2.61 s
+LIVE_COMMIT_S = 0.33e-3
+LIVE_COMMIT_SHARE = LIVE_COMMIT_S / STEP_S  # of the compute time, 3.3e-5 at 10 s steps
+# What a CPU cannot show, from published figures or assumed (each says which):
 # - the restarted rank's set-up on a GPU node (CUDA context, its model shard built, the data
-#   loader), none of which the CPU measurement has;
+#   loader), none of which the CPU measurement has: assumed;
 LIVE_RANK_SETUP_S = 30.0
-# - the process group re-formed over the whole job (every rank joins the next round and
-#   the NCCL communicators are built again). TorchFT's README gives no time for its quorum
-#   and re-configuration; its example lighthouse waits up to --join_timeout_ms 10000;
-LIVE_REFORM_S = 10.0
+# - the process group formed again over the whole job (every rank joins the next round, the
+#   NCCL communicators are built again). Published: TrainMover (arXiv 2412.12636) reports
+#   about 20 s of downtime per interruption at 1024 GPUs with standby machines and an
+#   incremental communicator set-up; TorchFT's README gives no time for its quorum and its
+#   example lighthouse waits up to --join_timeout_ms 10000. Taken: 20 s for the
+#   re-formation alone at 16k GPUs (an assumption: a full NCCL rebuild at that scale may
+#   take longer; the table in docs/performance.md gives the ETTR per 10 s more);
+LIVE_REFORM_S = 20.0
 # - the state handed over: the model is Llama 3 405B (arXiv 2407.21783), the 16k-GPU run
 #   whose failure rates the trace uses, at 16 bytes per parameter (mixed-precision Adam:
 #   bf16 weights and gradients, fp32 master weights and two moments; an upper bound, the
-#   gradients being computed again), one data-parallel replica spread over 16 nodes of 8
-#   GPUs (8-way tensor x 16-way pipeline parallel), received at 25 GB/s per node from the
-#   matching ranks of a healthy replica. A node's share: 405 GB in 16.2 s; a rank's: 2.0 s.
+#   gradients being computed again), one data-parallel replica over 16 nodes of 8 GPUs
+#   (8-way tensor x 16-way pipeline parallel, the paper's layout at 16k GPUs), received at
+#   25 GB/s per node from the matching ranks of a healthy replica (assumed: a fraction of a
+#   node's links; the paper's cluster has 400 Gb/s RoCE per GPU). A node's share: 405 GB
+#   in 16.2 s; a rank's: 2.0 s. Assumed too: every node's state has a copy on another node
+#   (replicated across data-parallel replicas, sharded only within one, as TorchFT's HSDP;
+#   with optimizer state sharded over every data-parallel rank a lost node's share would
+#   exist nowhere else and live recovery could not serve it).
 MODEL_PARAMS = 405e9
 STATE_BYTES_PER_PARAM = 16
 NODES_PER_REPLICA = 16
@@ -480,13 +494,16 @@ STATE_BANDWIDTH_BPS = 25e9
 LIVE_NODE_STATE_BYTES = MODEL_PARAMS * STATE_BYTES_PER_PARAM / NODES_PER_REPLICA  # 405 GB
 LIVE_NODE_TRANSFER_S = LIVE_NODE_STATE_BYTES / STATE_BANDWIDTH_BPS  # 16.2 s
 LIVE_RANK_TRANSFER_S = LIVE_NODE_TRANSFER_S / GPUS_PER_NODE
-# A crashed or hung rank: its launcher restarts it alone, the group is re-formed, the rank
-# receives its state (44 s). A warm spare taking a lost (or benched) node's place: its ranks
-# wait built, so only the re-formation and the transfer count (26.2 s).
+# A crashed or hung rank: its launcher restarts it alone, it sets up, the group is formed
+# again, the rank receives its state (54.6 s). A spare taking a lost (or benched) node's
+# place: its ranks are started then (cold: no rank process waits built on a spare yet), set
+# up, the group is formed again and the node's state received (68.8 s).
 LIVE_RANK_RECOVERY_S = (
     LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S + LIVE_RANK_TRANSFER_S
 )
-LIVE_SPARE_RECOVERY_S = LIVE_REFORM_S + LIVE_NODE_TRANSFER_S
+LIVE_SPARE_RECOVERY_S = (
+    LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S + LIVE_NODE_TRANSFER_S
+)
 # Then the step the fault interrupted runs again: at most one, charged in full (an upper
 # bound: on average half of it had been computed when the fault came).
 LIVE_REDONE_S = STEP_S
@@ -919,6 +936,14 @@ def live_uncovered_share(
     return min(1.0, 1 / n + beyond)
 
 
+def live_memory_tier_coverage(nodes: int, fm: FailureModel, wall_limit_s: float | None) -> float:
+    """The live policy's `memory_tier_coverage`, the share of node failures its disk
+    checkpoint need not serve: 1 - `live_uncovered_share` with the policy's spares. The one
+    place the live policy's cadence input is made, so that it can be switched to a cadence
+    rule in the product that follows only the failures the live path cannot serve."""
+    return 1 - live_uncovered_share(nodes, spares_for(nodes), fm, wall_limit_s)
+
+
 def policies(
     setup: JobSetup = JobSetup(), nodes: int = 0, fm: FailureModel = FailureModel()
 ) -> tuple[Policy, ...]:
@@ -926,11 +951,11 @@ def policies(
     daemon reads the save time the job reports); the spares policies ask for
     `spares_for(nodes)` spares. ftslurm's fixed-cadence policies pin the setup's interval
     (the daemon writes that); the tuned ones leave it "auto". Live recovery's disk
-    interval follows the failures that still need a checkpoint (`live_uncovered_share`,
-    from `fm`): its memory_tier_coverage is the share the rest of them."""
+    interval follows the failures that still need a checkpoint
+    (`live_memory_tier_coverage`, from `fm`)."""
     fixed = FTSLURM.model_copy(update={"checkpoint_interval": setup.checkpoint_interval_s})
     spares = {"spare_nodes": spares_for(nodes)}
-    uncovered = live_uncovered_share(nodes, spares_for(nodes), fm, setup.wall_limit_s)
+    coverage = live_memory_tier_coverage(nodes, fm, setup.wall_limit_s)
     ftslurm = Policy(
         "ftslurm",
         "ftslurm",
@@ -1020,7 +1045,7 @@ def policies(
             ftslurm,
             key="ftslurm_live",
             label="ftslurm, live recovery",
-            settings=FTSLURM.model_copy(update={**spares, "memory_tier_coverage": 1 - uncovered}),
+            settings=FTSLURM.model_copy(update={**spares, "memory_tier_coverage": coverage}),
             tuned=True,
             async_save=True,
             memory_tier=True,
@@ -1551,7 +1576,7 @@ class Campaign:
                 self.c.at(now + PEER_DETECT_S, lambda: self._peer_lost(f.node, alloc))
             if live:
                 self.live_nodes.add(f.node)
-                self._live(("detection", PEER_DETECT_S), ("startup", LIVE_SPARE_RECOVERY_S))
+                self._live("node", ("detection", PEER_DETECT_S), ("startup", LIVE_SPARE_RECOVERY_S))
             return
         if f.kind == "maintenance":
             if on_job and job is not None and job.state is JobState.RUNNING:
@@ -1563,13 +1588,17 @@ class Campaign:
         if not self._running(f.node) or self.stall is not None:
             return
         self.r.count(f"hit_{f.kind}")
-        if self._live_ready():  # the launcher restarts the rank alone, the others wait
+        if self._live_ready() and self.restarts_left > 0:
+            # the launcher restarts the rank alone, the others wait; like the product's
+            # restart alone, it uses one of the allocation's in-job restarts
+            self.restarts_left -= 1
+            self.restarts_used += 1
             seen = (
                 ("detection", self.pol.crash_detect_s)
                 if f.kind == "crash"
                 else ("hung", self.pol.hang_timeout_s)
             )
-            self._live(seen, ("startup", LIVE_RANK_RECOVERY_S))
+            self._live(f.kind, seen, ("startup", LIVE_RANK_RECOVERY_S))
             return
         if f.kind == "crash":
             if self.restarts_left > 0:
@@ -1667,9 +1696,10 @@ class Campaign:
             and self.c.now - self.run_start >= self.run_restart_s
         )
 
-    def _live(self, *phases: tuple[str, float]) -> None:
-        """A live recovery starts now: the run stands still for `phases` (cause, seconds),
-        then for the step the fault interrupted, which runs again, and trains on."""
+    def _live(self, kind: str, *phases: tuple[str, float]) -> None:
+        """A live recovery of a `kind` fault starts now: the run stands still for `phases`
+        (cause, seconds), then for the step the fault interrupted, which runs again, and
+        trains on."""
         now = self.c.now
         self._stall("live")
         t = now
@@ -1679,6 +1709,7 @@ class Campaign:
         self.live_serial += 1
         serial = self.live_serial
         self.r.count("live_recoveries")
+        self.r.count(f"live_{kind}")
         self._later(t - now, lambda: self._live_done(serial))
 
     def _live_done(self, serial: int) -> None:
@@ -1698,7 +1729,7 @@ class Campaign:
             return
         self._bench(node)
         self._take_spare(node)
-        self._live(("startup", LIVE_SPARE_RECOVERY_S))
+        self._live("straggler", ("startup", LIVE_SPARE_RECOVERY_S))
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         """Run `action` after `delay` if the current run is still the same then."""
