@@ -144,25 +144,30 @@ Policies
                 one step;
               a hang: the learned hang timeout (30.5 s) + the same;
               a lost node with a spare (not the batch host, no more out than spares):
-                PEER_DETECT_S + LIVE_SPARE_RECOVERY_S (a warm spare's ranks wait built:
-                only the re-formation and the node's state) + one step;
+                PEER_DETECT_S + LIVE_SPARE_RECOVERY_S (the spare's ranks started, set up,
+                the group formed again, the node's state received) + one step;
               a persistent straggler with a spare: its launcher steps out
                 LIVE_STEP_OUT_STEPS slow steps after the straggler report, then
                 LIVE_SPARE_RECOVERY_S + one step.
+            The product recovers a crashed rank live today; a hang, a lost node and a
+            straggler's step-out still restart every rank there (docs/agent.md, "Not
+            yet"): the policy models them as designed, and counts each kind apart
+            (live_crash, live_hang, live_node, live_straggler).
             Not covered, so as in "ftslurm, everything": the batch host lost (its node
             holds the coordinator: 1/N of the node failures, as the trace falls), more
             losses than spares, a fault during a start-up or during another recovery
-            (a crash or hang then is ignored, a node failure ends the run as before),
-            wall limits and preemptions. Every step pays the commit, LIVE_COMMIT_SHARE of
-            the compute time (charged to "checkpoint"). Live recoveries do not use the
-            launcher's in-job restart budget. The tuned cadence's disk interval follows
+            (a crash or hang then is ignored, as under any stall; a node failure takes
+            the old path), a crash or hang once the allocation's in-job restarts are
+            spent (a rank restarted alone uses one, as in the product), wall limits and
+            preemptions. Every step pays the commit, LIVE_COMMIT_SHARE of the compute
+            time (charged to "checkpoint"). The tuned cadence's disk interval follows
             only the node failures that still need a checkpoint: memory_tier_coverage (the
             share the disk need not serve; the daemon's disk interval is Daly's for
-            M / (1 - c)) is 1 - `live_uncovered_share`, the batch host's 1/N plus the
-            share beyond the spares in a Poisson model of one wall-limit allocation at the
-            fleet's node failure rate (a prior; the product does not derive it yet: the
-            benchmark sets the existing setting). The memory interval stays Daly's for the
-            job's M.
+            M / (1 - c)) is `live_memory_tier_coverage`, 1 minus the batch host's 1/N and
+            the share beyond the spares in a Poisson model of one wall-limit allocation at
+            the fleet's node failure rate (a prior; the product does not derive it yet:
+            the benchmark sets the existing setting). The memory interval stays Daly's for
+            the job's M.
   The fixed-cadence ftslurm policies pin checkpoint_interval to the setup's 30 min (what
   their daemon writes); the baselines have no cadence file.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
@@ -222,25 +227,33 @@ The job (the same for every policy):
   STEP_S = 10    training step time (assumed), from which ftslurm's hang timeout is learned.
   WALL_LIMIT_S = 20 h    typical HPC wall limit (Bekman, ml-engineering).
 Live recovery (the live policy only; docs/agent.md, "Live recovery"):
-  LIVE_RANK_RESTART_S = 2    measured on CPU (3 ranks, gloo, loopback): a crashed rank is
-      training again about 2 s after it died, mostly its new process's start (Python and
-      the torch import).
-  LIVE_COMMIT_S = 0.55 ms per step    measured the same way (one store add and one wait),
-      LIVE_COMMIT_SHARE = 0.55 ms / STEP_S = 5.5e-5 of the compute time.
+  LIVE_CRASH_MEASURED_S = 3.21    measured (benchmarks/live_recovery.py, docs/performance.md
+      section 4: one node, 3 ranks, gloo on CPU, 0.1 s steps): what a crashed rank costs on
+      the live path (8.01 s on today's in-job restart), mostly the new process's Python and
+      torch start-up. LIVE_RANK_RESTART_S = 3.21 - 0.5 (the launcher's detection, charged
+      apart) - 0.1 (the measurement's step, charged apart at STEP_S) = 2.61 s.
+  LIVE_COMMIT_S = 0.33 ms per step    measured there too (one store add and one wait),
+      LIVE_COMMIT_SHARE = 0.33 ms / STEP_S = 3.3e-5 of the compute time. With 3 ranks: at
+      16k ranks voting on one store it may cost more (each 10 ms is 0.1% of a 10 s step).
   LIVE_RANK_SETUP_S = 30    assumed: the restarted rank's set-up on a GPU node (CUDA
       context, its model shard, the data loader), which the CPU measurement lacks.
-  LIVE_REFORM_S = 10    assumed: the process group formed again over the whole job.
-      TorchFT's README (pytorch/torchft) gives no time for its quorum and re-configuration;
-      its example lighthouse waits up to --join_timeout_ms 10000 for replicas to join.
+  LIVE_REFORM_S = 20    the process group formed again over the whole job. Published:
+      TrainMover (arXiv 2412.12636) reports about 20 s of downtime per interruption at 1024
+      GPUs with standby machines; TorchFT's README (pytorch/torchft) gives no time for its
+      quorum and re-configuration, its example lighthouse waits up to --join_timeout_ms
+      10000 for replicas to join. Taken for the re-formation alone at 16k GPUs: assumed.
   LIVE_NODE_TRANSFER_S = 16.2    a node's share of the training state from a healthy
       replica: Llama 3 405B (arXiv 2407.21783, the 16k-GPU run whose rates the trace uses)
       at 16 bytes per parameter (assumed: bf16 weights and gradients, fp32 master weights
-      and two Adam moments), one data-parallel replica over 16 nodes of 8 GPUs (assumed:
-      8-way tensor x 16-way pipeline parallel): 405 GB per node, at 25 GB/s into a node
-      (assumed). LIVE_RANK_TRANSFER_S = 2.0: one rank's eighth of it.
-  LIVE_RANK_RECOVERY_S = 2 + 30 + 10 + 2.0 = 44    a crashed or hung rank back in.
-  LIVE_SPARE_RECOVERY_S = 10 + 16.2 = 26.2    a warm spare in a lost node's place (its
-      start-up paid before the fault: its ranks wait built).
+      and two Adam moments), one data-parallel replica over 16 nodes of 8 GPUs (8-way
+      tensor x 16-way pipeline parallel): 405 GB per node, at 25 GB/s into a node
+      (assumed). LIVE_RANK_TRANSFER_S = 2.0: one rank's eighth of it. Assumed as well:
+      the state is replicated across data-parallel replicas (sharded only within one, as
+      TorchFT's HSDP), so every node's share has a copy elsewhere.
+  LIVE_RANK_RECOVERY_S = 2.61 + 30 + 20 + 2.0 = 54.6    a crashed or hung rank back in.
+  LIVE_SPARE_RECOVERY_S = 2.61 + 30 + 20 + 16.2 = 68.8    a spare in a lost node's place,
+      its ranks started when the node is reported (no rank waits built on a spare yet;
+      warm standbys, as ByteRobust's, arXiv 2509.16293, would save the first 32.6 s).
   LIVE_REDONE_S = STEP_S    the interrupted step runs again: at most one, charged in full
       (an upper bound; on average half of it had been computed).
   LIVE_STEP_OUT_STEPS = 3    assumed: a benched straggler's launcher steps out at a step
@@ -308,8 +321,9 @@ Cost: the simulation is single-threaded and runs the daemon's real loop and SQLi
 (in a temporary folder, on /dev/shm where there is one): ftslurm's daemon looks about once
 a minute while a job runs (it reads the straggler report every report interval), about
 43,000 cycles a simulated month. The default three sizes under two queue waits and all
-ten policies (60 simulations) took about 50 min of wall time on a shared 2-core machine
-(`--policies` picks some), `--calibrate` under a minute.
+ten policies (60 simulations) took 58 min of wall time on a shared 2-core machine as two
+processes side by side (`--policies`: the nine others, 58 min; the live policy, 10 min),
+`--calibrate` under a minute.
 """
 
 from __future__ import annotations
@@ -2017,6 +2031,8 @@ def assumptions() -> dict[str, Any]:
         "FTSLURM_SETUP_TIMEOUT_S",
         "FTSLURM_SIGNAL_LEAD_S",
         "DAEMON_POLL_S",
+        "LIVE_CRASH_MEASURED_S",
+        "LIVE_BENCH_STEP_S",
         "LIVE_RANK_RESTART_S",
         "LIVE_COMMIT_S",
         "LIVE_COMMIT_SHARE",
