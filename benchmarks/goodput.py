@@ -149,10 +149,10 @@ Policies
               a persistent straggler with a spare: its launcher steps out
                 LIVE_STEP_OUT_STEPS slow steps after the straggler report, then
                 LIVE_SPARE_RECOVERY_S + one step.
-            The product recovers a crashed rank live today; a hang, a lost node and a
-            straggler's step-out still restart every rank there (docs/agent.md, "Not
-            yet"): the policy models them as designed, and counts each kind apart
-            (live_crash, live_hang, live_node, live_straggler).
+            The product recovers a crashed rank live, and with the `live_recovery`
+            setting and a warm spare a lost node and a node stepping out (docs/agent.md);
+            a hang is modelled as the hung rank restarted alone. The script counts each
+            kind apart (live_crash, live_hang, live_node, live_straggler).
             Not covered, so as in "ftslurm, everything": the batch host lost (its node
             holds the coordinator: 1/N of the node failures, as the trace falls), more
             losses than spares, a fault during a start-up or during another recovery
@@ -252,8 +252,9 @@ Live recovery (the live policy only; docs/agent.md, "Live recovery"):
       TorchFT's HSDP), so every node's share has a copy elsewhere.
   LIVE_RANK_RECOVERY_S = 2.61 + 30 + 20 + 2.0 = 54.6    a crashed or hung rank back in.
   LIVE_SPARE_RECOVERY_S = 2.61 + 30 + 20 + 16.2 = 68.8    a spare in a lost node's place,
-      its ranks started when the node is reported (no rank waits built on a spare yet;
-      warm standbys, as ByteRobust's, arXiv 2509.16293, would save the first 32.6 s).
+      its ranks started when the node is reported: charged cold, conservatively (warm
+      spares, `live_recovery`, and ByteRobust's warm standbys, arXiv 2509.16293, wait with
+      their ranks built and would save the first 32.6 s).
   LIVE_REDONE_S = STEP_S    the interrupted step runs again: at most one, charged in full
       (an upper bound; on average half of it had been computed).
   LIVE_STEP_OUT_STEPS = 3    assumed: a benched straggler's launcher steps out at a step
@@ -510,8 +511,8 @@ LIVE_NODE_TRANSFER_S = LIVE_NODE_STATE_BYTES / STATE_BANDWIDTH_BPS  # 16.2 s
 LIVE_RANK_TRANSFER_S = LIVE_NODE_TRANSFER_S / GPUS_PER_NODE
 # A crashed or hung rank: its launcher restarts it alone, it sets up, the group is formed
 # again, the rank receives its state (54.6 s). A spare taking a lost (or benched) node's
-# place: its ranks are started then (cold: no rank process waits built on a spare yet), set
-# up, the group is formed again and the node's state received (68.8 s).
+# place: its ranks are started then (charged cold, conservatively: warm spares wait
+# built), set up, the group is formed again and the node's state received (68.8 s).
 LIVE_RANK_RECOVERY_S = (
     LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S + LIVE_RANK_TRANSFER_S
 )
