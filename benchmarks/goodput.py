@@ -131,6 +131,43 @@ Policies
             at MEMORY_RESTART_COST_S; a new allocation from the newest disk checkpoint.
   ftslurm, everything
             ftslurm + spares, async saves, the memory tier and the tuned cadence together.
+  ftslurm, live recovery
+            ftslurm, everything, with live recovery (`ftslurm.agent.live`, opt-in on the rank
+            side): the healthy ranks keep their processes, the process group is formed
+            again over a coordinator store (hosted by the launcher of node rank 0), the
+            ranks that lack the state receive it from a healthy data-parallel replica, and
+            the step the fault interrupted runs again (a step commits only when every rank
+            finished it). What a fault costs (the LIVE_* constants below), the job
+            standing still meanwhile:
+              a crash: the launcher's detection (0.5 s) + LIVE_RANK_RECOVERY_S (the rank
+                restarted alone, set up, the group formed again, its state received) +
+                one step;
+              a hang: the learned hang timeout (30.5 s) + the same;
+              a lost node with a spare (not the batch host, no more out than spares):
+                PEER_DETECT_S + LIVE_SPARE_RECOVERY_S (the spare's ranks started, set up,
+                the group formed again, the node's state received) + one step;
+              a persistent straggler with a spare: its launcher steps out
+                LIVE_STEP_OUT_STEPS slow steps after the straggler report, then
+                LIVE_SPARE_RECOVERY_S + one step.
+            The product recovers a crashed rank live, and with the `live_recovery`
+            setting and a warm spare a lost node and a node stepping out (docs/agent.md);
+            a hang is modelled as the hung rank restarted alone. The script counts each
+            kind apart (live_crash, live_hang, live_node, live_straggler).
+            Not covered, so as in "ftslurm, everything": the batch host lost (its node
+            holds the coordinator: 1/N of the node failures, as the trace falls), more
+            losses than spares, a fault during a start-up or during another recovery
+            (a crash or hang then is ignored, as under any stall; a node failure takes
+            the old path), a crash or hang once the allocation's in-job restarts are
+            spent (a rank restarted alone uses one, as in the product), wall limits and
+            preemptions. Every step pays the commit, LIVE_COMMIT_SHARE of the compute
+            time (charged to "checkpoint"). The tuned cadence's disk interval follows
+            only the node failures that still need a checkpoint: memory_tier_coverage (the
+            share the disk need not serve; the daemon's disk interval is Daly's for
+            M / (1 - c)) is `live_memory_tier_coverage`, 1 minus the batch host's 1/N and
+            the share beyond the spares in a Poisson model of one wall-limit allocation at
+            the fleet's node failure rate (a prior; the product does not derive it yet:
+            the benchmark sets the existing setting). The memory interval stays Daly's for
+            the job's M.
   The fixed-cadence ftslurm policies pin checkpoint_interval to the setup's 30 min (what
   their daemon writes); the baselines have no cadence file.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
@@ -189,6 +226,39 @@ The job (the same for every policy):
       and swaps the load from storage (assumed as long as the write) for a memory copy.
   STEP_S = 10    training step time (assumed), from which ftslurm's hang timeout is learned.
   WALL_LIMIT_S = 20 h    typical HPC wall limit (Bekman, ml-engineering).
+Live recovery (the live policy only; docs/agent.md, "Live recovery"):
+  LIVE_CRASH_MEASURED_S = 3.21    measured (benchmarks/live_recovery.py, docs/performance.md
+      section 4: one node, 3 ranks, gloo on CPU, 0.1 s steps): what a crashed rank costs on
+      the live path (8.01 s on today's in-job restart), mostly the new process's Python and
+      torch start-up. LIVE_RANK_RESTART_S = 3.21 - 0.5 (the launcher's detection, charged
+      apart) - 0.1 (the measurement's step, charged apart at STEP_S) = 2.61 s.
+  LIVE_COMMIT_S = 0.33 ms per step    measured there too (one store add and one wait),
+      LIVE_COMMIT_SHARE = 0.33 ms / STEP_S = 3.3e-5 of the compute time. With 3 ranks: at
+      16k ranks voting on one store it may cost more (each 10 ms is 0.1% of a 10 s step).
+  LIVE_RANK_SETUP_S = 30    assumed: the restarted rank's set-up on a GPU node (CUDA
+      context, its model shard, the data loader), which the CPU measurement lacks.
+  LIVE_REFORM_S = 20    the process group formed again over the whole job. Published:
+      TrainMover (arXiv 2412.12636) reports about 20 s of downtime per interruption at 1024
+      GPUs with standby machines; TorchFT's README (pytorch/torchft) gives no time for its
+      quorum and re-configuration, its example lighthouse waits up to --join_timeout_ms
+      10000 for replicas to join. Taken for the re-formation alone at 16k GPUs: assumed.
+  LIVE_NODE_TRANSFER_S = 16.2    a node's share of the training state from a healthy
+      replica: Llama 3 405B (arXiv 2407.21783, the 16k-GPU run whose rates the trace uses)
+      at 16 bytes per parameter (assumed: bf16 weights and gradients, fp32 master weights
+      and two Adam moments), one data-parallel replica over 16 nodes of 8 GPUs (8-way
+      tensor x 16-way pipeline parallel): 405 GB per node, at 25 GB/s into a node
+      (assumed). LIVE_RANK_TRANSFER_S = 2.0: one rank's eighth of it. Assumed as well:
+      the state is replicated across data-parallel replicas (sharded only within one, as
+      TorchFT's HSDP), so every node's share has a copy elsewhere.
+  LIVE_RANK_RECOVERY_S = 2.61 + 30 + 20 + 2.0 = 54.6    a crashed or hung rank back in.
+  LIVE_SPARE_RECOVERY_S = 2.61 + 30 + 20 + 16.2 = 68.8    a spare in a lost node's place,
+      its ranks started when the node is reported: charged cold, conservatively (warm
+      spares, `live_recovery`, and ByteRobust's warm standbys, arXiv 2509.16293, wait with
+      their ranks built and would save the first 32.6 s).
+  LIVE_REDONE_S = STEP_S    the interrupted step runs again: at most one, charged in full
+      (an upper bound; on average half of it had been computed).
+  LIVE_STEP_OUT_STEPS = 3    assumed: a benched straggler's launcher steps out at a step
+      boundary within a few steps.
 Slurm (mock defaults): SlurmdTimeout 300 s, requeue delay 120 s (cred_expire; BeginTime is
 +121 s), KillWait 30 s, MinJobAge 300 s. PyTorch's NCCL watchdog: 600 s (10 min default).
 
@@ -196,7 +266,8 @@ Where the wall time goes (the categories add up to the wall time):
   productive  work computed and kept (the run in flight at the end counts in full)
   lost work   work computed, then lost to an interruption (redone later)
   startup     start-up and checkpoint loading, at every start and in-job restart
-  checkpoint  blocking checkpoint writes, periodic and on a signal
+  checkpoint  blocking checkpoint writes, periodic and on a signal (and live recovery's
+              per-step commit)
   detection   nobody has acted yet: a dead node until Slurm or the launchers notice it, a
               crashed rank until the launcher sees it, an ended job until the daemon's next
               look
@@ -251,8 +322,9 @@ Cost: the simulation is single-threaded and runs the daemon's real loop and SQLi
 (in a temporary folder, on /dev/shm where there is one): ftslurm's daemon looks about once
 a minute while a job runs (it reads the straggler report every report interval), about
 43,000 cycles a simulated month. The default three sizes under two queue waits and all
-nine policies (54 simulations) took 45 min of wall time on a shared 2-core machine
-(`--policies` picks some), `--calibrate` under a minute.
+ten policies (60 simulations) took 58 min of wall time on a shared 2-core machine as two
+processes side by side (`--policies`: the nine others, 58 min; the live policy, 10 min),
+`--calibrate` under a minute.
 """
 
 from __future__ import annotations
@@ -393,6 +465,66 @@ PEER_DETECT_S = FTSLURM.peer_timeout_s + poll_interval(FTSLURM.peer_timeout_s)
 SPARE_SHARE = 0.0025
 DAEMON_POLL_S = 60.0  # the daemon looks at least this often (next_poll_interval's ceiling)
 DAEMON_FAST_POLL_S = 1.0  # ... and this soon after its own action (its floor)
+
+# ------------------------------------------- live recovery (ftslurm.agent.live), per fault
+# Measured (benchmarks/live_recovery.py, docs/performance.md section 4: one node, 3 ranks,
+# gloo on CPU, 0.1 s steps): a crashed rank costs 3.21 s on the live path (8.01 s on today's
+# in-job restart). That holds the launcher's detection (FTSLURM_MONITOR_S, charged apart
+# here), the new process's start (Python, the torch import), the group formed again over 3
+# ranks, a tiny state received, and the 0.1 s step run again (charged apart at STEP_S). The
+# commit costs 0.33 ms per step there.
+LIVE_CRASH_MEASURED_S = 3.21
+LIVE_BENCH_STEP_S = 0.1  # the measurement's step
+LIVE_RANK_RESTART_S = LIVE_CRASH_MEASURED_S - FTSLURM_MONITOR_S - LIVE_BENCH_STEP_S  # 2.61 s
+LIVE_COMMIT_S = 0.33e-3
+LIVE_COMMIT_SHARE = LIVE_COMMIT_S / STEP_S  # of the compute time, 3.3e-5 at 10 s steps
+# What a CPU cannot show, from published figures or assumed (each says which):
+# - the restarted rank's set-up on a GPU node (CUDA context, its model shard built, the data
+#   loader), none of which the CPU measurement has: assumed;
+LIVE_RANK_SETUP_S = 30.0
+# - the process group formed again over the whole job (every rank joins the next round, the
+#   NCCL communicators are built again). Published: TrainMover (arXiv 2412.12636) reports
+#   about 20 s of downtime per interruption at 1024 GPUs with standby machines and an
+#   incremental communicator set-up; TorchFT's README gives no time for its quorum and its
+#   example lighthouse waits up to --join_timeout_ms 10000. Taken: 20 s for the
+#   re-formation alone at 16k GPUs (an assumption: a full NCCL rebuild at that scale may
+#   take longer; the table in docs/performance.md gives the ETTR per 10 s more);
+LIVE_REFORM_S = 20.0
+# - the state handed over: the model is Llama 3 405B (arXiv 2407.21783), the 16k-GPU run
+#   whose failure rates the trace uses, at 16 bytes per parameter (mixed-precision Adam:
+#   bf16 weights and gradients, fp32 master weights and two moments; an upper bound, the
+#   gradients being computed again), one data-parallel replica over 16 nodes of 8 GPUs
+#   (8-way tensor x 16-way pipeline parallel, the paper's layout at 16k GPUs), received at
+#   25 GB/s per node from the matching ranks of a healthy replica (assumed: a fraction of a
+#   node's links; the paper's cluster has 400 Gb/s RoCE per GPU). A node's share: 405 GB
+#   in 16.2 s; a rank's: 2.0 s. Assumed too: every node's state has a copy on another node
+#   (replicated across data-parallel replicas, sharded only within one, as TorchFT's HSDP;
+#   with optimizer state sharded over every data-parallel rank a lost node's share would
+#   exist nowhere else and live recovery could not serve it).
+MODEL_PARAMS = 405e9
+STATE_BYTES_PER_PARAM = 16
+NODES_PER_REPLICA = 16
+GPUS_PER_NODE = 8  # Kokolis' RSC-1: 16k GPUs on 2048 nodes
+STATE_BANDWIDTH_BPS = 25e9
+LIVE_NODE_STATE_BYTES = MODEL_PARAMS * STATE_BYTES_PER_PARAM / NODES_PER_REPLICA  # 405 GB
+LIVE_NODE_TRANSFER_S = LIVE_NODE_STATE_BYTES / STATE_BANDWIDTH_BPS  # 16.2 s
+LIVE_RANK_TRANSFER_S = LIVE_NODE_TRANSFER_S / GPUS_PER_NODE
+# A crashed or hung rank: its launcher restarts it alone, it sets up, the group is formed
+# again, the rank receives its state (54.6 s). A spare taking a lost (or benched) node's
+# place: its ranks are started then (charged cold, conservatively: warm spares wait
+# built), set up, the group is formed again and the node's state received (68.8 s).
+LIVE_RANK_RECOVERY_S = (
+    LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S + LIVE_RANK_TRANSFER_S
+)
+LIVE_SPARE_RECOVERY_S = (
+    LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S + LIVE_NODE_TRANSFER_S
+)
+# Then the step the fault interrupted runs again: at most one, charged in full (an upper
+# bound: on average half of it had been computed when the fault came).
+LIVE_REDONE_S = STEP_S
+# A persistent straggler's launcher steps out at a step boundary within a few steps of the
+# straggler report (assumed 3, at the straggler's slow pace).
+LIVE_STEP_OUT_STEPS = 3
 
 CAUSES = (
     "lost_work",
@@ -762,6 +894,12 @@ class Policy:
     tuned: bool = False
     async_save: bool = False
     memory_tier: bool = False
+    # Live recovery (`ftslurm.agent.live`): a crashed or hung rank is restarted alone and a
+    # lost or benched node's place taken by a warm spare while the other ranks keep their
+    # processes; the interrupted step runs again (the LIVE_* costs). Not covered, and so
+    # as before: a fault during the start-up or during another recovery, the batch host's
+    # loss, more losses than spares, whole-job endings.
+    live: bool = False
 
     @property
     def in_job_restarts(self) -> int:
@@ -788,13 +926,51 @@ def spares_for(nodes: int) -> int:
     return max(1, round(SPARE_SHARE * nodes))
 
 
-def policies(setup: JobSetup = JobSetup(), nodes: int = 0) -> tuple[Policy, ...]:
+def live_uncovered_share(
+    nodes: int, spares: int, fm: FailureModel = FailureModel(), wall_limit_s: float | None = None
+) -> float:
+    """The share of node failures that live recovery leaves to a checkpoint, a prior from
+    the failure model: the batch host's (1 / N: its launcher hosts the coordinator store),
+    and those beyond the spares. Node failures strike the N + K nodes of an allocation as
+    a Poisson process at the fleet's node failure rate (lemons included: nobody knows them
+    in advance) for a wall limit, and the (K+1)-th ends the allocation; so of E[min(X, K+1)]
+    losses per allocation, P(X > K) are beyond the spares. Wall limits and preemptions are
+    not counted: the job saves on their signal and loses nothing since its last checkpoint.
+    Crashes and hangs are not either: the daemon's failure rate counts node failures."""
+    n = max(1, nodes)
+    if wall_limit_s is None:
+        beyond = 1 / (spares + 1)  # every allocation lasts until its (K+1)-th loss
+    else:
+        m = fm.failures_per_node_day * fm.share_node * (n + spares) * wall_limit_s / DAY
+        cdf, pmf, losses = 0.0, math.exp(-m), 0.0
+        for j in range(spares + 1):
+            cdf += pmf
+            losses += 1 - cdf  # P(X > j)
+            pmf *= m / (j + 1)
+        beyond = (1 - cdf) / losses if losses > 0 else 0.0
+    return min(1.0, 1 / n + beyond)
+
+
+def live_memory_tier_coverage(nodes: int, fm: FailureModel, wall_limit_s: float | None) -> float:
+    """The live policy's `memory_tier_coverage`, the share of node failures its disk
+    checkpoint need not serve: 1 - `live_uncovered_share` with the policy's spares. The one
+    place the live policy's cadence input is made, so that it can be switched to a cadence
+    rule in the product that follows only the failures the live path cannot serve."""
+    return 1 - live_uncovered_share(nodes, spares_for(nodes), fm, wall_limit_s)
+
+
+def policies(
+    setup: JobSetup = JobSetup(), nodes: int = 0, fm: FailureModel = FailureModel()
+) -> tuple[Policy, ...]:
     """The policies (ftslurm's checkpoint signal lead follows w through the core: the
     daemon reads the save time the job reports); the spares policies ask for
     `spares_for(nodes)` spares. ftslurm's fixed-cadence policies pin the setup's interval
-    (the daemon writes that); the tuned ones leave it "auto"."""
+    (the daemon writes that); the tuned ones leave it "auto". Live recovery's disk
+    interval follows the failures that still need a checkpoint
+    (`live_memory_tier_coverage`, from `fm`)."""
     fixed = FTSLURM.model_copy(update={"checkpoint_interval": setup.checkpoint_interval_s})
     spares = {"spare_nodes": spares_for(nodes)}
+    coverage = live_memory_tier_coverage(nodes, fm, setup.wall_limit_s)
     ftslurm = Policy(
         "ftslurm",
         "ftslurm",
@@ -879,6 +1055,16 @@ def policies(setup: JobSetup = JobSetup(), nodes: int = 0) -> tuple[Policy, ...]
             tuned=True,
             async_save=True,
             memory_tier=True,
+        ),
+        replace(
+            ftslurm,
+            key="ftslurm_live",
+            label="ftslurm, live recovery",
+            settings=FTSLURM.model_copy(update={**spares, "memory_tier_coverage": coverage}),
+            tuned=True,
+            async_save=True,
+            memory_tier=True,
+            live=True,
         ),
     )
 
@@ -995,6 +1181,12 @@ class Campaign:
         # node state seen by the compute side
         self.slow: dict[str, list[float]] = {}  # node -> slowdowns of its current episodes
         self.persistent: dict[int, list[str]] = {}  # attempt -> its persistent stragglers
+        # live recovery: the current run's recoveries as (start, cause, seconds) phases,
+        # charged when the run is accounted; the nodes lost under one, not reported yet;
+        # the newest recovery (an older one's end is no longer the run's)
+        self.live_log: list[tuple[float, str, float]] = []
+        self.live_nodes: set[str] = set()
+        self.live_serial = 0
         self.c.on_start = self._on_start
         self.c.on_run_end = self._on_run_end
         self.c.on_end = self._on_end
@@ -1087,6 +1279,8 @@ class Campaign:
                     look = self._next_look(interval)
             self.c.now = horizon
             self._finish(horizon)
+            if self.pol.live:
+                self._commit_overhead()
             self.r.wall_s = horizon
             self._tally()
         finally:
@@ -1201,7 +1395,30 @@ class Campaign:
         self._add("startup", b.startup_s)
         self._add("checkpoint", b.checkpoint_s)
         self._add("stragglers", b.slow_s)
-        self._add(self.stall or "hung", b.stalled_s)
+        # the run stood still for its live recoveries (each phase to its cause, as far as
+        # the run got) and otherwise for what stalled it last (a hang, a dead peer)
+        live = self._live_charged(b.ended)
+        self._add(self.stall if self.stall in CAUSES else "hung", b.stalled_s - sum(live.values()))
+        for cause, seconds in live.items():
+            self._add(cause, seconds)
+        self.live_log = []
+
+    def _live_charged(self, until: float) -> dict[str, float]:
+        """The current run's live recoveries up to `until`, per cause."""
+        out: dict[str, float] = {}
+        for start, cause, seconds in self.live_log:
+            out[cause] = out.get(cause, 0.0) + max(0.0, min(start + seconds, until) - start)
+        return out
+
+    def _commit_overhead(self) -> None:
+        """Live recovery's commit, one store add and wait per step (LIVE_COMMIT_SHARE of the
+        compute time): of the time spent computing, kept or lost, that share went to it.
+        Charged to "checkpoint", the cost of keeping a state to recover from."""
+        f = LIVE_COMMIT_SHARE / (1 + LIVE_COMMIT_SHARE)
+        kept, lost = f * self.r.productive_s, f * self.r.lost_s["lost_work"]
+        self.r.productive_s -= kept
+        self.r.lost_s["lost_work"] -= lost
+        self.r.lost_s["checkpoint"] += kept + lost
 
     # ---------------------------------------------------- what the job writes
     def _attempt(self) -> int:
@@ -1285,6 +1502,7 @@ class Campaign:
                 self.alloc[len(self.alloc) - extra :],
             )
             self.lost, self.alloc_since = set(), now
+            self.live_nodes = set()
             self.alloc_serial += 1
             self.restarts_left = self.pol.in_job_restarts
             self.restarts_used = 0
@@ -1361,11 +1579,19 @@ class Campaign:
             active = on_job and f.node in self.active
             if active and self.jid in self.c.runs:
                 self.r.count("hit_lemon" if f.lemon else "hit_node_failure")
-            self.c.fail_node(f.node, idle=on_job and not active)  # a spare runs no rank
+            # live recovery: the survivors keep their processes (they wait in a collective
+            # until the launchers report the node lost), a warm spare takes its place
+            live = (
+                active and self.pol.peer_detect and self._live_ready() and self._spare_helps(f.node)
+            )
+            self.c.fail_node(f.node, idle=(on_job and not active) or live)  # a spare runs no rank
             self.c.at(now + REPAIR_S, lambda: model.revive_node(st, f.node))
             if on_job and self.pol.peer_detect:
                 alloc = self.alloc_serial
                 self.c.at(now + PEER_DETECT_S, lambda: self._peer_lost(f.node, alloc))
+            if live:
+                self.live_nodes.add(f.node)
+                self._live("node", ("detection", PEER_DETECT_S), ("startup", LIVE_SPARE_RECOVERY_S))
             return
         if f.kind == "maintenance":
             if on_job and job is not None and job.state is JobState.RUNNING:
@@ -1377,6 +1603,18 @@ class Campaign:
         if not self._running(f.node) or self.stall is not None:
             return
         self.r.count(f"hit_{f.kind}")
+        if self._live_ready() and self.restarts_left > 0:
+            # the launcher restarts the rank alone, the others wait; like the product's
+            # restart alone, it uses one of the allocation's in-job restarts
+            self.restarts_left -= 1
+            self.restarts_used += 1
+            seen = (
+                ("detection", self.pol.crash_detect_s)
+                if f.kind == "crash"
+                else ("hung", self.pol.hang_timeout_s)
+            )
+            self._live(f.kind, seen, ("startup", LIVE_RANK_RECOVERY_S))
+            return
         if f.kind == "crash":
             if self.restarts_left > 0:
                 self._stall("detection")
@@ -1418,8 +1656,15 @@ class Campaign:
             ),
         )
         self.r.count("peer_reports")
+        live = node in self.live_nodes and self.jid in self.c.runs
+        self.live_nodes.discard(node)
         if node in self.spares:  # an idle spare: one fewer to take over
             self.spares.remove(node)
+        elif live and self._spare_helps(node):
+            self._take_spare(node)  # live recovery: the ranks that wait take a spare in
+        elif live:  # the spare went meanwhile: the round cannot form, the daemon ends the job
+            self.live_serial += 1
+            self._stall("detection")
         elif self._spare_helps(node):
             self._swap(node)
         # else the daemon ends the job: a new one runs without the node
@@ -1438,18 +1683,68 @@ class Campaign:
         """The launchers restart the ranks inside the allocation with a spare in `node`'s
         place, from the last checkpoint (the restart cost u0; no requeue, no queue)."""
         now = self.c.now
-        self.lost.add(self.alloc.index(node))
-        self.active[self.active.index(node)] = self.spares.pop(0)
-        self.r.count("spare_swaps")
+        self._take_spare(node)
         self.r.count("in_job_restarts")
         if self.jid not in self.c.runs:  # its ranks died with the node: nobody trained since
             self._add("detection", now - self.last_end)
         self.in_job = True
         self.c.restart_in_job(self.jid or "")  # from memory with a memory tier
 
+    def _take_spare(self, node: str) -> None:
+        """The next idle spare takes `node`'s place among the active nodes."""
+        self.lost.add(self.alloc.index(node))
+        self.active[self.active.index(node)] = self.spares.pop(0)
+        self.r.count("spare_swaps")
+
     def _stall(self, why: str) -> None:
         self.stall = why
         self.c.set_speed(self.jid or "", 0.0)
+
+    # ----------------------------------------------------------- live recovery
+    def _live_ready(self) -> bool:
+        """Whether live recovery serves a fault now: the policy has it, the run trains
+        (past its start-up, not saving on a signal) and no other recovery is under way."""
+        return (
+            self.pol.live
+            and self._running()
+            and self.stall is None
+            and self.c.now - self.run_start >= self.run_restart_s
+        )
+
+    def _live(self, kind: str, *phases: tuple[str, float]) -> None:
+        """A live recovery of a `kind` fault starts now: the run stands still for `phases`
+        (cause, seconds), then for the step the fault interrupted, which runs again, and
+        trains on."""
+        now = self.c.now
+        self._stall("live")
+        t = now
+        for cause, seconds in (*phases, ("lost_work", LIVE_REDONE_S)):
+            self.live_log.append((t, cause, seconds))
+            t += seconds
+        self.live_serial += 1
+        serial = self.live_serial
+        self.r.count("live_recoveries")
+        self.r.count(f"live_{kind}")
+        self._later(t - now, lambda: self._live_done(serial))
+
+    def _live_done(self, serial: int) -> None:
+        if serial != self.live_serial or self.stall != "live":
+            return
+        self.stall = None
+        self._speed()
+
+    def _step_out(self, node: str, alloc: int) -> None:
+        """A persistent straggler's launcher steps out at a step boundary (live recovery):
+        a warm spare takes its place, the ranks keep their processes. Under another
+        recovery (or a start-up) it waits a step more."""
+        if alloc != self.alloc_serial or not self._running(node) or not self._spare_helps(node):
+            return
+        if not self._live_ready():
+            self.c.at(self.c.now + STEP_S, lambda: self._step_out(node, alloc))
+            return
+        self._bench(node)
+        self._take_spare(node)
+        self._live("straggler", ("startup", LIVE_SPARE_RECOVERY_S))
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         """Run `action` after `delay` if the current run is still the same then."""
@@ -1526,19 +1821,28 @@ class Campaign:
         )
         rank = self.alloc.index(node)
         if rank != 0 and self._spare_helps(node):  # its launcher steps out for a spare
-            write_report(
-                self.paths.benched(attempt, rank),
-                Benched(
-                    node_rank=rank,
-                    node=node,
-                    why="straggler",
-                    time=self.c.now,
-                    job_id=self.jid,
-                    attempt=attempt,
-                ),
-            )
-            self.r.count("straggler_swaps")
+            if self.pol.live:  # at a step boundary, a few (slow) steps on
+                out = self.c.now + LIVE_STEP_OUT_STEPS * STEP_S * max(slow)
+                self.c.at(out, lambda: self._step_out(node, alloc))
+                return
+            self._bench(node)
             self._swap(node)
+
+    def _bench(self, node: str) -> None:
+        """The straggler's launcher steps out: its report for the daemon."""
+        attempt, rank = self._attempt(), self.alloc.index(node)
+        write_report(
+            self.paths.benched(attempt, rank),
+            Benched(
+                node_rank=rank,
+                node=node,
+                why="straggler",
+                time=self.c.now,
+                job_id=self.jid,
+                attempt=attempt,
+            ),
+        )
+        self.r.count("straggler_swaps")
 
 
 # ----------------------------------------------------------------------- reporting
@@ -1562,7 +1866,7 @@ def simulate(
             s = replace(setup, queue_wait_s=q)
             bnd = bounds(trace, s)
             per: dict[str, Any] = {}
-            for pol in policies(s, size):
+            for pol in policies(s, size, fm):
                 if keys is not None and pol.key not in keys:
                     continue
                 started = time.perf_counter()
@@ -1728,6 +2032,24 @@ def assumptions() -> dict[str, Any]:
         "FTSLURM_SETUP_TIMEOUT_S",
         "FTSLURM_SIGNAL_LEAD_S",
         "DAEMON_POLL_S",
+        "LIVE_CRASH_MEASURED_S",
+        "LIVE_BENCH_STEP_S",
+        "LIVE_RANK_RESTART_S",
+        "LIVE_COMMIT_S",
+        "LIVE_COMMIT_SHARE",
+        "LIVE_RANK_SETUP_S",
+        "LIVE_REFORM_S",
+        "MODEL_PARAMS",
+        "STATE_BYTES_PER_PARAM",
+        "NODES_PER_REPLICA",
+        "GPUS_PER_NODE",
+        "STATE_BANDWIDTH_BPS",
+        "LIVE_NODE_TRANSFER_S",
+        "LIVE_RANK_TRANSFER_S",
+        "LIVE_RANK_RECOVERY_S",
+        "LIVE_SPARE_RECOVERY_S",
+        "LIVE_REDONE_S",
+        "LIVE_STEP_OUT_STEPS",
     )
     g = globals()
     out: dict[str, Any] = {n: g[n] for n in names}
@@ -1759,6 +2081,7 @@ EVENT_COLUMNS = (
     ("wall_limits", "wall limit"),
     ("in_job_restarts", "in-job restart"),
     ("spare_swaps", "spare swap"),
+    ("live_recoveries", "live recovery"),
     ("peer_reports", "peer report"),
     ("straggler_moves", "straggler move"),
     ("nodes_excluded", "excluded"),

@@ -325,6 +325,7 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
         "ftslurm_async",
         "ftslurm_memory",
         "ftslurm_all",
+        "ftslurm_live",
     }
     assert set(out["results"]) == {"32", "128"}
     for entry in out["results"].values():
@@ -646,3 +647,144 @@ def test_each_mechanism_moves_ettr_the_expected_way():
         assert e[name, "ftslurm_all"] >= max(
             e[name, k] for k in ("ftslurm", "ftslurm_spares", "ftslurm_async", "ftslurm_memory")
         )
+
+
+# ------------------------------------------------------------------- live recovery
+def test_live_recovery_is_everything_with_live_ranks_and_a_longer_disk_interval():
+    live, everything = POLICY["ftslurm_live"], POLICY["ftslurm_all"]
+    assert live.label == "ftslurm, live recovery" and live.live and not everything.live
+    assert (live.tuned, live.async_save, live.memory_tier, live.peer_detect) == (
+        True,
+        True,
+        True,
+        True,
+    )
+    big = {p.key: p for p in gp.policies(gp.JobSetup(), 2048)}
+    assert big["ftslurm_live"].settings.spare_nodes == big["ftslurm_all"].settings.spare_nodes
+    # the disk serves only the node failures live recovery leaves: the batch host's 1/N
+    # and those beyond the spares of an allocation
+    u = gp.live_uncovered_share(2048, 5, gp.FailureModel(), gp.WALL_LIMIT_S)
+    assert 1 / 2048 < u < 0.5
+    coverage = big["ftslurm_live"].settings.memory_tier_coverage
+    assert coverage == pytest.approx(1 - u)
+    assert coverage > big["ftslurm_all"].settings.memory_tier_coverage
+    assert gp.live_uncovered_share(2048, 10, gp.FailureModel(), gp.WALL_LIMIT_S) < u
+    # no wall limit: every allocation runs to its (K+1)-th loss
+    assert gp.live_uncovered_share(100, 3, gp.FailureModel(), None) == pytest.approx(0.26)
+    # the per-fault costs add up from their parts
+    assert gp.LIVE_RANK_RECOVERY_S == pytest.approx(
+        gp.LIVE_RANK_RESTART_S + gp.LIVE_RANK_SETUP_S + gp.LIVE_REFORM_S + gp.LIVE_RANK_TRANSFER_S
+    )
+    assert gp.LIVE_SPARE_RECOVERY_S == pytest.approx(
+        gp.LIVE_RANK_RESTART_S + gp.LIVE_RANK_SETUP_S + gp.LIVE_REFORM_S + gp.LIVE_NODE_TRANSFER_S
+    )
+    assert gp.LIVE_NODE_TRANSFER_S == pytest.approx(405e9 * 16 / 16 / 25e9)
+    # the measured crash (3.21 s on CPU) less what is charged apart: the launcher's
+    # detection and the measurement's own 0.1 s step; the commit as measured, 0.33 ms
+    assert gp.LIVE_RANK_RESTART_S + gp.FTSLURM_MONITOR_S + gp.LIVE_BENCH_STEP_S == (
+        pytest.approx(3.21)
+    )
+    assert gp.LIVE_COMMIT_SHARE == pytest.approx(0.33e-3 / gp.STEP_S)
+    # the coverage is made in one place
+    assert coverage == pytest.approx(
+        gp.live_memory_tier_coverage(2048, gp.FailureModel(), gp.WALL_LIMIT_S)
+    )
+
+
+def _commit(seconds: float) -> float:
+    """`seconds` of compute as the live policy reports it (the commit's share taken)."""
+    return seconds / (1 + gp.LIVE_COMMIT_SHARE)
+
+
+def test_without_faults_live_recovery_costs_its_commit_per_step():
+    quiet = trace()
+    live, everything = run("ftslurm_live", quiet)[1], run("ftslurm_all", quiet)[1]
+    assert live.productive_s == pytest.approx(_commit(everything.productive_s))
+    assert live.lost_s["checkpoint"] - everything.lost_s["checkpoint"] == pytest.approx(
+        everything.productive_s - _commit(everything.productive_s)
+    )
+    assert live.counts.get("live_recoveries", 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("kind", "node", "seen", "recovery"),
+    [
+        ("crash", "n3", ("detection", 0.5), gp.LIVE_RANK_RECOVERY_S),
+        ("hang", "n3", ("hung", 30.5), gp.LIVE_RANK_RECOVERY_S),
+        ("node", "n2", ("detection", gp.PEER_DETECT_S), gp.LIVE_SPARE_RECOVERY_S),
+    ],
+)
+def test_a_live_recovery_costs_one_step_not_a_restart(kind, node, seen, recovery):
+    """The healthy ranks keep their processes: no in-job restart from a checkpoint, no new
+    allocation; the job stands still for the detection and the recovery, then redoes one
+    step."""
+    tr = trace(gp.Fault(3600.0, kind, node))
+    camp, r = run("ftslurm_live", tr)
+    assert r.counts["live_recoveries"] == 1 and r.counts["allocations"] == 1
+    assert r.counts.get("in_job_restarts", 0) == 0
+    assert r.lost_s[seen[0]] == pytest.approx(seen[1])
+    assert r.lost_s["startup"] == pytest.approx(gp.RESTART_COST_S + recovery)
+    assert r.lost_s["lost_work"] == pytest.approx(_commit(gp.LIVE_REDONE_S))
+    assert r.lost_s["requeue"] == 0
+    if kind == "node":  # a warm spare took the lost node's place, in the same allocation
+        assert r.counts["spare_swaps"] == 1 and r.counts["peer_reports"] == 1
+        assert node in camp.alloc and node not in camp.active
+    _, everything = run("ftslurm_all", tr)
+    assert r.ettr > everything.ettr
+
+
+def test_live_recovery_loses_less_to_restarts_and_lost_work_than_everything():
+    """The same trace, faults of every kind it covers: it loses less wall time to
+    start-ups, lost work, detection and hangs than "ftslurm, everything"."""
+    tr = trace(
+        gp.Fault(2 * 3600.0, "crash", "n3"),
+        gp.Fault(4 * 3600.0, "hang", "n4"),
+        gp.Fault(6 * 3600.0, "node", "n2"),
+        gp.Fault(8 * 3600.0, "crash", "n1"),  # a rank of the batch host: its launcher lives
+        days=0.75,
+    )
+    _, live = run("ftslurm_live", tr)
+    _, everything = run("ftslurm_all", tr)
+    assert live.counts["live_recoveries"] == 4 and everything.counts["in_job_restarts"] == 4
+
+    def restarts(r):
+        return sum(r.lost_s[k] for k in ("startup", "lost_work", "detection", "hung"))
+
+    assert restarts(live) < restarts(everything) / 2
+    assert live.ettr > everything.ettr
+
+
+def test_live_recovery_leaves_the_batch_host_a_start_up_and_spare_shortage_to_the_old_path():
+    host = trace(gp.Fault(3600.0, "node", "n1"))  # node rank 0 hosts the coordinator store
+    _, r = run("ftslurm_live", host)
+    assert r.counts.get("live_recoveries", 0) == 0 and r.counts["allocations"] == 2
+    early = trace(gp.Fault(100.0, "crash", "n3"))  # during the start-up: as before
+    _, r = run("ftslurm_live", early)
+    assert r.counts.get("live_recoveries", 0) == 0 and r.counts["in_job_restarts"] == 1
+    # two nodes lost with one spare: the first live, the second ends the allocation
+    two = trace(gp.Fault(3600.0, "node", "n2"), gp.Fault(7200.0, "node", "n3"))
+    _, r = run("ftslurm_live", two)
+    assert r.counts["live_recoveries"] == 1 and r.counts["allocations"] == 2
+
+
+def test_a_rank_restarted_alone_uses_one_of_the_allocations_in_job_restarts():
+    """As the launcher's restart alone does: with the 3 in-job restarts spent, the fourth
+    crash of the allocation ends it as before, and the run goes on in a new one."""
+    crashes = [gp.Fault(h * 3600.0, "crash", "n3") for h in (2, 3, 4, 5)]
+    _, r = run("ftslurm_live", trace(*crashes))
+    assert gp.FTSLURM.num_in_job_restarts == 3
+    assert r.counts["live_recoveries"] == 3 and r.counts["live_crash"] == 3
+    assert r.counts["allocations"] == 2
+
+
+def test_with_live_recovery_a_persistent_straggler_steps_out_for_a_warm_spare():
+    tr = trace(gp.Fault(3600.0, "straggler", "n2", duration_s=6 * 3600.0, slowdown=1.5))
+    camp, r = run("ftslurm_live", tr)
+    assert r.counts["straggler_swaps"] == 1 and r.counts["live_recoveries"] == 1
+    assert r.counts["allocations"] == 1 and r.counts.get("in_job_restarts", 0) == 0
+    assert "n2" in camp.alloc and "n2" not in camp.active
+    assert r.lost_s["startup"] == pytest.approx(gp.RESTART_COST_S + gp.LIVE_SPARE_RECOVERY_S)
+    # about 4 report windows, then 3 steps, at 2/3 speed
+    assert r.lost_s["stragglers"] < 300 + gp.LIVE_STEP_OUT_STEPS * gp.STEP_S
+    _, spares = run("ftslurm_all", tr)
+    assert r.lost_s["startup"] < spares.lost_s["startup"]
