@@ -251,10 +251,9 @@ Live recovery (the live policy only; docs/agent.md, "Live recovery"):
       the state is replicated across data-parallel replicas (sharded only within one, as
       TorchFT's HSDP), so every node's share has a copy elsewhere.
   LIVE_RANK_RECOVERY_S = 2.61 + 30 + 20 + 2.0 = 54.6    a crashed or hung rank back in.
-  LIVE_SPARE_RECOVERY_S = 2.61 + 30 + 20 + 16.2 = 68.8    a spare in a lost node's place,
-      its ranks started when the node is reported: charged cold, conservatively (warm
-      spares, `live_recovery`, and ByteRobust's warm standbys, arXiv 2509.16293, wait with
-      their ranks built and would save the first 32.6 s).
+  LIVE_SPARE_RECOVERY_S = 20 + 16.2 = 36.2    a spare in a lost node's place: its ranks
+      wait warm, started and set up ahead of time (`live_recovery`, as ByteRobust's warm
+      standbys, arXiv 2509.16293), so only the re-formation and the node's state count.
   LIVE_REDONE_S = STEP_S    the interrupted step runs again: at most one, charged in full
       (an upper bound; on average half of it had been computed).
   LIVE_STEP_OUT_STEPS = 3    assumed: a benched straggler's launcher steps out at a step
@@ -511,14 +510,12 @@ LIVE_NODE_TRANSFER_S = LIVE_NODE_STATE_BYTES / STATE_BANDWIDTH_BPS  # 16.2 s
 LIVE_RANK_TRANSFER_S = LIVE_NODE_TRANSFER_S / GPUS_PER_NODE
 # A crashed or hung rank: its launcher restarts it alone, it sets up, the group is formed
 # again, the rank receives its state (54.6 s). A spare taking a lost (or benched) node's
-# place: its ranks are started then (charged cold, conservatively: warm spares wait
-# built), set up, the group is formed again and the node's state received (68.8 s).
+# place: its ranks waited warm (started and set up ahead of time, `live_recovery`), the
+# group is formed again and the node's state received (36.2 s).
 LIVE_RANK_RECOVERY_S = (
     LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S + LIVE_RANK_TRANSFER_S
 )
-LIVE_SPARE_RECOVERY_S = (
-    LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S + LIVE_NODE_TRANSFER_S
-)
+LIVE_SPARE_RECOVERY_S = LIVE_REFORM_S + LIVE_NODE_TRANSFER_S
 # Then the step the fault interrupted runs again: at most one, charged in full (an upper
 # bound: on average half of it had been computed when the fault came).
 LIVE_REDONE_S = STEP_S
