@@ -980,3 +980,13 @@ def test_a_spare_that_took_over_lets_its_ranks_end_a_finished_run():
 )
 def test_the_pairing_of_lost_nodes_and_warm_spares(gone, expected):
     assert sp.takeovers(gone, nnodes=4, spare_nodes=2) == expected
+
+
+def test_a_takeover_that_cannot_be_handed_over_ends_the_warm_ranks():
+    """The coordinator does not know the lost node's ranks: the warm ranks end and the
+    launcher waits as a spare without live recovery (it has not trained)."""
+    state = core.LauncherState(cfg=replace(LIVE, node_rank=2), adopted=1, trained=True)
+    state, actions = core.take_over_failed(state)
+    assert kinds(actions) == ["Log", "Account", "KillRanks", "EndRound"]
+    assert actions[1].budget is core.Budget.SPENT and not actions[3].succeeded
+    assert not state.trained and state.adopted is None and core.never_trained(state)

@@ -207,8 +207,9 @@ class Agent(LocalElasticAgent):
                 self.account(action.budget)
             elif isinstance(action, core.RestartAlone):
                 self.respawn(action.local_rank, worker_group)
-            elif isinstance(action, core.TakeOver):
-                self.take_over(action.node_rank)
+            elif isinstance(action, core.TakeOver) and not self.take_over(action.node_rank):
+                self.state, more = core.take_over_failed(self.state)
+                ended = self.carry_out(more, pids, worker_group) or ended
             elif isinstance(action, core.StepOut):
                 self.node.write_bench(action.why, action.reason)
             elif isinstance(action, core.LookAtStop):
@@ -450,9 +451,10 @@ class Agent(LocalElasticAgent):
         except Exception as exc:  # noqa: BLE001 - no coordinator: no live takeover of us
             log.warning("could not publish this node's ranks for a warm spare: %s", exc)
 
-    def take_over(self, node_rank: int) -> None:
+    def take_over(self, node_rank: int) -> bool:
         """Hand each waiting rank its rank of node `node_rank` (`HeartbeatDir.takeover`):
-        they join the live group's next round and receive the state from a running rank."""
+        they join the live group's next round and receive the state from a running rank.
+        False: that node's ranks are not known (nothing handed over)."""
         node = self.node
         key = live_rules.node_key(node.main_run_id(), node_rank)
         try:
@@ -462,7 +464,7 @@ class Agent(LocalElasticAgent):
             log.warning("node rank %d's ranks are not known (%s)", node_rank, exc)
         if record is None or len(record.ranks) != node.args.nproc_per_node:
             log.warning("cannot take node rank %d over live: its ranks are unknown", node_rank)
-            return
+            return False
         if node.watch is not None:
             node.watch.set_role(sp.ACTIVE)
         self.adopted = dict(enumerate(record.ranks))
@@ -478,6 +480,7 @@ class Agent(LocalElasticAgent):
             )
             write_report(node.hb.takeover(local_rank), told)
         self.publish_ranks()  # this node runs them now: a later loss of it is taken over too
+        return True
 
     # ------------------------------------------------------------------ round records
     def record_round(self, worker_group: Any) -> None:

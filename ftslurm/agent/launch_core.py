@@ -520,6 +520,19 @@ def take_over(state: LauncherState) -> tuple[LauncherState, tuple[Action, ...]]:
     return state, (Log("warning", text), TakeOver(node))
 
 
+def take_over_failed(state: LauncherState) -> tuple[LauncherState, tuple[Action, ...]]:
+    """The node's ranks could not be handed over (the coordinator does not know them, or is
+    gone): the warm ranks end, and the launcher waits as a spare without live recovery
+    (the survivors, whose new round no one joins, give up and take today's path)."""
+    node = state.adopted
+    state = replace(state, warm=False, trained=False, adopted=None)
+    text = (
+        f"could not take node rank {node} over live: stopping the warm ranks, waiting as a "
+        "spare without live recovery"
+    )
+    return state, (Log("warning", text), Account(Budget.SPENT), *_FAILED)
+
+
 def hang_deadline(now: float) -> float:
     """Until when a node with spares waits for a peer to step out or be lost."""
     return now + sp.BENCH_WAIT_S
