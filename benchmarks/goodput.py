@@ -160,14 +160,12 @@ Policies
             the old path), a crash or hang once the allocation's in-job restarts are
             spent (a rank restarted alone uses one, as in the product), wall limits and
             preemptions. Every step pays the commit, LIVE_COMMIT_SHARE of the compute
-            time (charged to "checkpoint"). The tuned cadence's disk interval follows
-            only the node failures that still need a checkpoint: memory_tier_coverage (the
-            share the disk need not serve; the daemon's disk interval is Daly's for
-            M / (1 - c)) is `live_memory_tier_coverage`, 1 minus the batch host's 1/N and
-            the share beyond the spares in a Poisson model of one wall-limit allocation at
-            the fleet's node failure rate (a prior; the product does not derive it yet:
-            the benchmark sets the existing setting). The memory interval stays Daly's for
-            the job's M.
+            time (charged to "checkpoint"). The tuned cadence is the product's for a run
+            that recovers live (the `live_recovery` setting, and `live_recovery` in the
+            job's progress.json): both tiers' intervals are Daly's for the time between
+            the node failures live recovery cannot serve, M / (1 - c), c =
+            `ftslurm.core.cadence.live_coverage(N, K)` (the batch host's loss and losses
+            beyond the spares end the job).
   The fixed-cadence ftslurm policies pin checkpoint_interval to the setup's 30 min (what
   their daemon writes); the baselines have no cadence file.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
@@ -923,51 +921,17 @@ def spares_for(nodes: int) -> int:
     return max(1, round(SPARE_SHARE * nodes))
 
 
-def live_uncovered_share(
-    nodes: int, spares: int, fm: FailureModel = FailureModel(), wall_limit_s: float | None = None
-) -> float:
-    """The share of node failures that live recovery leaves to a checkpoint, a prior from
-    the failure model: the batch host's (1 / N: its launcher hosts the coordinator store),
-    and those beyond the spares. Node failures strike the N + K nodes of an allocation as
-    a Poisson process at the fleet's node failure rate (lemons included: nobody knows them
-    in advance) for a wall limit, and the (K+1)-th ends the allocation; so of E[min(X, K+1)]
-    losses per allocation, P(X > K) are beyond the spares. Wall limits and preemptions are
-    not counted: the job saves on their signal and loses nothing since its last checkpoint.
-    Crashes and hangs are not either: the daemon's failure rate counts node failures."""
-    n = max(1, nodes)
-    if wall_limit_s is None:
-        beyond = 1 / (spares + 1)  # every allocation lasts until its (K+1)-th loss
-    else:
-        m = fm.failures_per_node_day * fm.share_node * (n + spares) * wall_limit_s / DAY
-        cdf, pmf, losses = 0.0, math.exp(-m), 0.0
-        for j in range(spares + 1):
-            cdf += pmf
-            losses += 1 - cdf  # P(X > j)
-            pmf *= m / (j + 1)
-        beyond = (1 - cdf) / losses if losses > 0 else 0.0
-    return min(1.0, 1 / n + beyond)
-
-
-def live_memory_tier_coverage(nodes: int, fm: FailureModel, wall_limit_s: float | None) -> float:
-    """The live policy's `memory_tier_coverage`, the share of node failures its disk
-    checkpoint need not serve: 1 - `live_uncovered_share` with the policy's spares. The one
-    place the live policy's cadence input is made, so that it can be switched to a cadence
-    rule in the product that follows only the failures the live path cannot serve."""
-    return 1 - live_uncovered_share(nodes, spares_for(nodes), fm, wall_limit_s)
-
-
 def policies(
     setup: JobSetup = JobSetup(), nodes: int = 0, fm: FailureModel = FailureModel()
 ) -> tuple[Policy, ...]:
     """The policies (ftslurm's checkpoint signal lead follows w through the core: the
     daemon reads the save time the job reports); the spares policies ask for
     `spares_for(nodes)` spares. ftslurm's fixed-cadence policies pin the setup's interval
-    (the daemon writes that); the tuned ones leave it "auto". Live recovery's disk
-    interval follows the failures that still need a checkpoint
-    (`live_memory_tier_coverage`, from `fm`)."""
+    (the daemon writes that); the tuned ones leave it "auto". Live recovery's intervals
+    follow the failures that still need a checkpoint: the product's rule under the
+    `live_recovery` setting."""
     fixed = FTSLURM.model_copy(update={"checkpoint_interval": setup.checkpoint_interval_s})
     spares = {"spare_nodes": spares_for(nodes)}
-    coverage = live_memory_tier_coverage(nodes, fm, setup.wall_limit_s)
     ftslurm = Policy(
         "ftslurm",
         "ftslurm",
@@ -1057,7 +1021,7 @@ def policies(
             ftslurm,
             key="ftslurm_live",
             label="ftslurm, live recovery",
-            settings=FTSLURM.model_copy(update={**spares, "memory_tier_coverage": coverage}),
+            settings=FTSLURM.model_copy(update={**spares, "live_recovery": True}),
             tuned=True,
             async_save=True,
             memory_tier=True,
@@ -1445,6 +1409,8 @@ class Campaign:
             data.update(checkpoint_write_s=job.write_s, max_checkpoint_write_s=job.write_s)
         if job.memory_interval_s is not None and job.memory_cost_s > 0:  # the memory tier
             data.update(memory_step=int(saved), memory_save_s=job.memory_cost_s)
+        if self.pol.live:  # rank 0 formed a live group (`progress.live_recovery`)
+            data.update(live_recovery=True)
         self.paths.root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.paths.progress, data)
 

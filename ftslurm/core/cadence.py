@@ -38,7 +38,11 @@ memory tier as well, the disk's time between failures is M / (1 - max(c_mem, c_l
 serve failures inside the allocation, and those that end it (the batch host, more losses
 than spares) leave neither the node memory nor a live replica behind, so what live recovery
 serves is among what memory serves, not independent of it ((1 - c_mem)(1 - c_live) would
-count the same failures twice). The memory tier's own interval stays Daly's for M.
+count the same failures twice). The memory tier's own interval is Daly's for
+M / (1 - c_live) too: the failures inside the allocation that a memory restore served
+before (a spare taking a lost node's place) are served live now, so what is left for
+either tier is what the live path cannot serve; the memory tier, being cheaper, saves more
+often than the disk for those.
 """
 
 from __future__ import annotations
@@ -273,7 +277,7 @@ def cadence(
     if live_coverage is not None:
         tiers["live_coverage"] = round(live_coverage, 4)
     if memory_save_s is not None and memory_save_s > 0:
-        memory = daly(memory_save_s, mtbf)
+        memory = daly(memory_save_s, mtbf / (1.0 - live))
         served = max(memory_coverage, live)
         disk = max(daly(w, mtbf / (1.0 - served)), write_s or 0.0, memory)
         interval = memory
