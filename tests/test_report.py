@@ -679,3 +679,42 @@ def test_the_lost_nodes_table_and_the_timeline_agree_on_a_requeue(home, capsys, 
     assert "n2 lost (seen by Slurm): the job is requeued" in out
     code, out, _ = run_cli(capsys, "report", "r", "--json")
     assert json.loads(out)["node_losses"][0]["how"] == "requeue"
+
+
+def test_timeline_shows_each_live_recovery_and_a_fallback_once():
+    """The live recoveries the ranks recorded (and a fallback, once per round) are in the
+    timeline at the time the step failed, in the words `status` uses."""
+    from dataclasses import replace
+
+    from ftslurm.core.contract.reports import LiveRecovery
+
+    case = CASES["in-job restart"]
+    live = (
+        LiveRecovery(
+            failed_at=800.0,
+            first_commit_at=801.5,
+            why="rank 3: Connection closed",
+            detected_by="error",
+            step=40,
+            state_from=0,
+            receivers=[2, 3],
+            took_over=1,
+        ),
+        *(LiveRecovery(round=2, rank=r, failed_at=900.0 + r, given_up="x") for r in (0, 1)),
+    )
+    facts = replace(case.facts, live={0: live})
+    rep = goodput(case.run, case.attempts, case.events, facts, case.now)
+    said = [(e.time, e.text) for e in rep.timeline if e.kind == "live"]
+    assert said == [
+        (
+            800.0,
+            "attempt 0: live recovery: rank 3: Connection closed (a collective failed) → "
+            "training again 2 s later, step 40 run again, state from rank 0 to 2, 3 (a warm "
+            "spare's, in node rank 1's place)",
+        ),
+        (
+            900.0,
+            "attempt 0: live recovery given up: rank 0: x → every rank restarted "
+            "(memory tier or disk)",
+        ),
+    ]

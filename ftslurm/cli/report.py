@@ -146,7 +146,8 @@ def read_compute_facts(run: Run, attempts: Sequence[Attempt]) -> ComputeFacts:
     records, complete_from = _checkpoints(run.spec, read_report(run_dir.progress, Progress))
     facts = {a.attempt: _attempt_facts(run_dir, a.attempt, a.in_job_restarts) for a in attempts}
     rounds = {a.attempt: round_records(run_dir, a.attempt) for a in attempts}
-    return ComputeFacts(tuple(records), complete_from, facts, rounds)
+    live = {a.attempt: tuple(read_reports(run_dir, Kind.LIVE, a.attempt)) for a in attempts}
+    return ComputeFacts(tuple(records), complete_from, facts, rounds, live)
 
 
 def round_records(run_dir: RunDir, attempt: int) -> tuple[RoundRecord, ...]:

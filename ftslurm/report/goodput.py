@@ -71,11 +71,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftslurm.core.cadence import Cadence
-from ftslurm.core.contract.reports import RoundRecord
+from ftslurm.core.contract.reports import LiveRecovery, RoundRecord
 from ftslurm.core.recovery import Recovery
 from ftslurm.core.settings import Cause
 from ftslurm.core.timefmt import format_duration
 from ftslurm.daemon.records import Attempt, Event, Run
+from ftslurm.report.notes import distinct_live, live_note
 
 QUEUEING = "queueing"
 DETECTION = "detection"
@@ -121,6 +122,8 @@ class ComputeFacts:
     attempts: Mapping[int, AttemptFacts] = field(default_factory=dict)
     # attempt -> its in-job round records (RunDir.round_record): when ranks ran again
     rounds: Mapping[int, tuple[RoundRecord, ...]] = field(default_factory=dict)
+    # attempt -> its live recoveries (RunDir.live_record, live_given_up)
+    live: Mapping[int, tuple[LiveRecovery, ...]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -562,6 +565,10 @@ def _timeline(
     for a in attempts:
         entries += _attempt_entries(a, verdicts.get(a.attempt))
         entries += _restart_entries(a, facts.attempts.get(a.attempt, AttemptFacts()), finish)
+        for r in distinct_live(facts.live.get(a.attempt, ())):
+            assert r.failed_at is not None
+            said = f"attempt {a.attempt}: {live_note(r)}"
+            entries.append(TimelineEntry(r.failed_at, "live", said, a.attempt))
     entries += _checkpoint_entries(attempts, facts.checkpoints, finish)
     if run.state.is_terminal:
         why = f": {run.reason}" if run.reason else ""

@@ -168,41 +168,49 @@ def recovery_notes(
 _DETECTED = {"error": "a collective failed", "restart": "a rank came back"}
 
 
-def live_notes(records: Sequence[LiveRecovery], now: float, last: int = 3) -> list[str]:
-    """The latest `last` live recoveries of an attempt, oldest first: "live recovery 12 s
-    ago: rank 2: Connection closed (a collective failed) → training again 2.1 s later, step
-    25 run again, state from rank 0 to 1"."""
+def distinct_live(records: Sequence[LiveRecovery]) -> list[LiveRecovery]:
+    """The live recoveries with a time, oldest first; a fallback once per round (each rank
+    that gave up records it)."""
     done = sorted((r for r in records if r.failed_at is not None), key=lambda r: r.failed_at)
-    seen: set[tuple[int | None, str]] = set()  # each rank of a round that gave up says so
-    done = [
+    seen: set[tuple[int | None, str]] = set()
+    return [
         r
         for r in done
         if r.given_up is None
         or ((r.round, r.given_up) not in seen and not seen.add((r.round, r.given_up)))
     ]
-    notes = []
-    for r in done[-last:]:
-        assert r.failed_at is not None
-        if r.given_up is not None:
-            said = f"rank {r.rank}: " if r.rank is not None else ""
-            detail = f" ({r.why})" if r.why else ""
-            notes.append(
-                f"live recovery given up {fmt_age(max(0.0, now - r.failed_at))} ago: "
-                f"{said}{r.given_up}{detail} → every rank restarted (memory tier or disk)"
-            )
-            continue
-        how = _DETECTED.get(r.detected_by or "", "")
-        head = f"live recovery {fmt_age(max(0.0, now - r.failed_at))} ago: {r.why or 'a fault'}"
-        head += f" ({how})" if how else ""
-        if r.first_commit_at is not None:
-            tail = f"training again {fmt_age(r.first_commit_at - r.failed_at)} later"
-        else:
-            tail = "recovering"
-        if r.step is not None:
-            tail += f", step {r.step} run again"
-        if r.state_from is not None:
-            tail += f", state from rank {r.state_from} to {', '.join(map(str, r.receivers))}"
-        if r.took_over is not None:
-            tail += f" (a warm spare's, in node rank {r.took_over}'s place)"
-        notes.append(f"{head} → {tail}")
-    return notes
+
+
+def live_note(r: LiveRecovery, ago: str | None = None) -> str:
+    """One live recovery in words ("live recovery 12 s ago: rank 2: Connection closed (a
+    collective failed) → training again 2.1 s later, step 25 run again, state from rank 0
+    to 1"); `ago`: how long ago, left out when None."""
+    when = f" {ago} ago" if ago else ""
+    if r.given_up is not None:
+        said = f"rank {r.rank}: " if r.rank is not None else ""
+        detail = f" ({r.why})" if r.why else ""
+        return (
+            f"live recovery given up{when}: {said}{r.given_up}{detail} → every rank "
+            "restarted (memory tier or disk)"
+        )
+    how = _DETECTED.get(r.detected_by or "", "")
+    head = f"live recovery{when}: {r.why or 'a fault'}" + (f" ({how})" if how else "")
+    if r.first_commit_at is not None and r.failed_at is not None:
+        tail = f"training again {fmt_age(r.first_commit_at - r.failed_at)} later"
+    else:
+        tail = "recovering"
+    if r.step is not None:
+        tail += f", step {r.step} run again"
+    if r.state_from is not None:
+        tail += f", state from rank {r.state_from} to {', '.join(map(str, r.receivers))}"
+    if r.took_over is not None:
+        tail += f" (a warm spare's, in node rank {r.took_over}'s place)"
+    return f"{head} → {tail}"
+
+
+def live_notes(records: Sequence[LiveRecovery], now: float, last: int = 3) -> list[str]:
+    """The latest `last` live recoveries of an attempt, oldest first (`live_note`)."""
+    return [
+        live_note(r, fmt_age(max(0.0, now - (r.failed_at or now))))
+        for r in distinct_live(records)[-last:]
+    ]
