@@ -62,7 +62,7 @@ def submit(
     retries: opts.RetriesOpt = None,
     in_job_restarts: opts.InJobRestartsOpt = None,
     spare_nodes: opts.SpareNodesOpt = None,
-    live_recovery: opts.LiveRecoveryOpt = None,
+    live_recovery: opts.LiveRecoveryOpt = False,
     preempt_time: opts.PreemptTimeOpt = None,
     nodes: opts.NodesOpt = None,
     ntasks_per_node: opts.NtasksPerNodeOpt = None,
@@ -204,7 +204,7 @@ def _recipe_with_options(o: SubmitOptions) -> Recipe:
         num_job_retries_on_failure=o.retries,
         num_in_job_restarts=o.in_job_restarts,
         spare_nodes=o.spare_nodes,
-        live_recovery=o.live_recovery,
+        live_recovery=True if o.live_recovery else None,  # else the recipe's
         preempt_time=preempt_s,
         nodes=o.nodes,
         ntasks_per_node=o.ntasks_per_node,

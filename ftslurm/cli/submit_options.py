@@ -86,9 +86,9 @@ SpareNodesOpt = Annotated[
     ),
 ]
 LiveRecoveryOpt = Annotated[
-    bool | None,
+    bool,
     _opt(
-        "--live-recovery/--no-live-recovery",
+        "--live-recovery",
         help="Keep the spares' ranks started and waiting: a lost or stepped-out node's "
         "ranks are taken over by them while the other ranks keep running (the script "
         "uses ftslurm.agent.live). (default: the recipe's, else off)",
@@ -298,7 +298,7 @@ class SubmitOptions:
     retries: int | None
     in_job_restarts: int | None
     spare_nodes: int | None
-    live_recovery: bool | None
+    live_recovery: bool
     preempt_time: str | None
     nodes: int | None
     ntasks_per_node: int | None
