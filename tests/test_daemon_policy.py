@@ -1530,6 +1530,7 @@ def test_settings_defaults():
         "stop_if_straggler": False,
         "peer_timeout_s": 20,
         "spare_nodes": 0,
+        "live_recovery": False,
         "checkpoint_interval": "auto",
         "checkpoint_save_prior_s": 60,
         "failure_rate_prior": 5,
