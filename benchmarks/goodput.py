@@ -921,9 +921,7 @@ def spares_for(nodes: int) -> int:
     return max(1, round(SPARE_SHARE * nodes))
 
 
-def policies(
-    setup: JobSetup = JobSetup(), nodes: int = 0, fm: FailureModel = FailureModel()
-) -> tuple[Policy, ...]:
+def policies(setup: JobSetup = JobSetup(), nodes: int = 0) -> tuple[Policy, ...]:
     """The policies (ftslurm's checkpoint signal lead follows w through the core: the
     daemon reads the save time the job reports); the spares policies ask for
     `spares_for(nodes)` spares. ftslurm's fixed-cadence policies pin the setup's interval
@@ -1829,7 +1827,7 @@ def simulate(
             s = replace(setup, queue_wait_s=q)
             bnd = bounds(trace, s)
             per: dict[str, Any] = {}
-            for pol in policies(s, size, fm):
+            for pol in policies(s, size):
                 if keys is not None and pol.key not in keys:
                     continue
                 started = time.perf_counter()

@@ -241,9 +241,10 @@ def first_live_step_after(
     run_dir = RunDir(run.spec["run_dir"])
 
     def committed() -> Any:
+        latest = cli.store.latest_attempt(run_id)
         found = [
             r
-            for a in range(3)
+            for a in range(latest.attempt + 1 if latest else 1)
             for r in read_reports(run_dir, Kind.LIVE, a)
             if r.first_commit_at and r.first_commit_at > kill
         ]

@@ -335,36 +335,26 @@ def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_process
     assert survivor["in_job_restarts"] == 0 and took_over["role"] == "active", took_over
 
 
-# A hung node stepping out ("hang") is left out: with the 3 s section timeouts it needs,
-# the survivor's launcher can judge its own rank hung too (its step stalled on the hung
-# peer, and again while the group re-forms) and restart every rank; seen in one run of two.
-@pytest.mark.parametrize("why", ["straggler"])
-def test_a_node_that_steps_out_is_taken_over_by_a_warm_spare(tmp_path, why):
+def test_a_straggler_that_steps_out_is_taken_over_by_a_warm_spare(tmp_path):
     """2 active nodes + 1 warm spare with live recovery. A persistent straggler (node 1
-    made 4x slower from the start, 1 s report windows, two of them) or a hung rank (node
-    1's training process stopped mid-training, short section timeouts) steps out: its
-    launcher writes its bench record and kills its ranks; rank 0 keeps its process, the
-    spare's rank takes rank 1 over with the state from rank 0, and the run ends
-    bit-identical to an uninterrupted one."""
+    made 4x slower from the start, 1 s report windows, two of them) steps out: its launcher
+    writes its bench record and kills its ranks; rank 0 keeps its process, the spare's rank
+    takes rank 1 over with the state from rank 0, and the run ends bit-identical to an
+    uninterrupted one. (A hung node stepping out is not here yet: with the 3 s section
+    timeouts it needs, the survivor's launcher can judge its own rank hung too, its step
+    stalled on the hung peer and then on the re-formation, and restart every rank.)"""
     from .daemon_scenarios import reference_digest
     from .test_spares import node_report
-    from .test_spares_bench import HANG_TIMEOUTS, training_process
 
     steps = 120
     expected = reference_digest(tmp_path, steps)
-    env = {}
-    if why == "straggler":
-        env.update(
-            FTSLURM_INJECT="straggler@0:n1*4",
-            FTSLURM_STRAGGLER_INTERVAL_S="1",
-            FTSLURM_STRAGGLER_WINDOWS="2",
-        )
-    hang = ("--section-timeouts", HANG_TIMEOUTS) if why == "hang" else ()
-    nodes = live_launchers(tmp_path, steps, launch_args=hang, extra_env=env)
+    slow = {
+        "FTSLURM_INJECT": "straggler@0:n1*4",
+        "FTSLURM_STRAGGLER_INTERVAL_S": "1",
+        "FTSLURM_STRAGGLER_WINDOWS": "2",
+    }
+    nodes = live_launchers(tmp_path, steps, extra_env=slow)
     try:
-        if why == "hang":
-            nodes.wait_checkpoint(20)
-            os.kill(training_process(nodes.procs[1].pid), signal.SIGSTOP)
         codes = [p.wait(timeout=240) for p in nodes.procs]
         assert codes == [0, 0, 0], nodes.logs()
     finally:
@@ -374,13 +364,13 @@ def test_a_node_that_steps_out_is_taken_over_by_a_warm_spare(tmp_path, why):
     assert final == {"step": steps, "digest": expected}, logs
     assert nodes.log(0).count("rank 0 of 2 starts at step 0") == 1, logs  # never restarted
     benched = json.loads(nodes.run.benched(0, 1).read_text())
-    assert benched["why"] == why, benched
+    assert benched["why"] == "straggler", benched
     (record,) = read_reports(nodes.run, Kind.LIVE, 0)
     assert record.took_over == 1 and record.receivers == [1] and record.state_from == 0, record
     assert node_report(nodes.run, 1)["outcome"] == "benched"
     assert node_report(nodes.run, 2)["outcome"] == "finished"
     took = record.first_commit_at - benched["time"]
-    print(f"{why}: stepped out -> first committed step {took:.2f}s")
+    print(f"stepped out -> first committed step {took:.2f}s")
 
 
 def test_the_rank_sending_the_state_lost_mid_transfer_another_sends_it(tmp_path, reference):

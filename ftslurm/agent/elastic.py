@@ -37,7 +37,13 @@ from ftslurm.agent.heartbeat import (
     silence,
     watch_cpu,
 )
-from ftslurm.agent.launch_io import Stopped, cpu_seconds, kill_ranks, pause_for_tests
+from ftslurm.agent.launch_io import (
+    Stopped,
+    cpu_seconds,
+    kill_ranks,
+    pause_for_tests,
+    rendezvous_closed,
+)
 from ftslurm.agent.peers import poll_interval
 from ftslurm.core.contract import EnvName, RunDir
 from ftslurm.core.contract.reports import (
@@ -356,11 +362,7 @@ class Agent(LocalElasticAgent):
     def rendezvous_closed(self, worker_group: Any) -> bool:
         """Did another node's launcher give up (close the rendezvous)? (A warm spare's own
         group has a rendezvous of its own: the training's is the one asked.)"""
-        handler = self.node.main_handler or worker_group.spec.rdzv_handler
-        try:
-            return bool(handler.is_closed())
-        except Exception:  # the store is gone with node 0's launcher
-            return True
+        return rendezvous_closed(self.node.main_handler or worker_group.spec.rdzv_handler)
 
     def judge(
         self, local_rank: int, pid: int | None, now: float, limits: Timeouts | None = None

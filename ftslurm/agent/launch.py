@@ -70,7 +70,13 @@ from ftslurm.agent import spares as sp
 from ftslurm.agent.boot import STOPS
 from ftslurm.agent.heartbeat import FLOOR_S, SAFETY_FACTOR, Timeouts
 from ftslurm.agent.launch_core import NodeOutcome, decide_outcome  # noqa: F401 (re-exported)
-from ftslurm.agent.launch_io import PAUSE_ENV, Abandoned, Stopped, pause_for_tests  # noqa: F401
+from ftslurm.agent.launch_io import (  # noqa: F401 (PAUSE_ENV re-exported)
+    PAUSE_ENV,
+    Abandoned,
+    Stopped,
+    pause_for_tests,
+    rendezvous_closed,
+)
 from ftslurm.agent.peers import PeerWatch
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.straggler import collect_report
@@ -351,19 +357,6 @@ def rendezvous_handler(
     return rdzv_registry.get_rendezvous_handler(params)
 
 
-def _closed(handler: Any) -> bool:
-    try:
-        return bool(handler.is_closed())
-    except Exception:  # noqa: BLE001 - its store is gone with node 0's launcher
-        return True
-
-
-def round_ending_of(result: Any) -> tuple[bool, dict[int, int]]:
-    from ftslurm.agent.elastic import round_ending
-
-    return round_ending(result)
-
-
 def own_rendezvous(args: argparse.Namespace) -> Any:
     """A rendezvous of this node alone, on a port the system picks: a warm spare's ranks
     start on it (torch's environment of a group of one node) and wait."""
@@ -605,7 +598,7 @@ class Node:
         `live.init_process_group` until they take a node over (`TakeOver`). The agent, its
         last round's result, and whether to fall back to a spare without live recovery
         (its warm ranks failed while the training may still need a spare)."""
-        from ftslurm.agent.elastic import make_agent
+        from ftslurm.agent.elastic import make_agent, round_ending
 
         self.main_handler = handler
         private = own_rendezvous(self.args)
@@ -624,7 +617,7 @@ class Node:
             os.environ.pop(EnvName.LIVE_SPARE.value, None)
             with contextlib.suppress(Exception):
                 private.shutdown()
-        succeeded, _ = round_ending_of(result)
+        succeeded, _ = round_ending(result)
         if agent.state.trained:  # it took a node over: the others end the rendezvous
             if not succeeded:
                 with contextlib.suppress(Exception):
@@ -634,7 +627,7 @@ class Node:
             self.signals.stop is not None
             or agent.state.new_job
             or self.run.finished.exists()
-            or _closed(handler)
+            or rendezvous_closed(handler)
         )
         if over or not (failed or not succeeded):
             return agent, result, False

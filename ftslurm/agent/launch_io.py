@@ -91,3 +91,12 @@ def kill_ranks(pids: Any, wait_s: float = 10.0) -> None:
             if not pid_alive(pid):  # gone, or a zombie: dead
                 break
             time.sleep(0.02)
+
+
+def rendezvous_closed(handler: Any) -> bool:
+    """Whether torch's rendezvous `handler` was closed (a launcher ended the run); its store
+    gone with node rank 0's launcher counts as closed."""
+    try:
+        return bool(handler.is_closed())
+    except Exception:  # noqa: BLE001 - the store is gone with node 0's launcher
+        return True

@@ -263,9 +263,8 @@ class LiveGroup:
         rank alone, and takes today's path when it exits."""
         if self._marker is not None:
             self._marker.unlink(missing_ok=True)
-        job = JobEnv.from_environ(self.environ)
+        job, group = self._job()
         if job.run is not None:  # why, for `status` (one file per rank: one writer each)
-            group = self.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             path = job.run.live_given_up(job.attempt or 0, group, self.round, self.rank)
             record = LiveRecovery(
                 round=self.round,
@@ -282,6 +281,12 @@ class LiveGroup:
             except OSError as exc:
                 log.warning("could not record the fallback in %s: %s", path, exc)
         return LiveRecoveryFailed(why, detail)
+
+    def _job(self) -> tuple[JobEnv, str]:
+        """The job's environment, and the name of this live group in the run directory's
+        records (the in-job restart its keys belong to; a warm spare's, the group it took
+        a rank in)."""
+        return JobEnv.from_environ(self.environ), self.keys.prefix.rsplit("/", 1)[-1]
 
     def _declare_failed(self, r: int, why: str) -> None:
         self.store.compare_set(self.keys.failed(r), "", why)
@@ -466,7 +471,7 @@ class LiveGroup:
     def _record(self, failed_round: int, failed_at: float, plan: rules.Handover | None) -> None:
         """The recovery's record in the run directory (one rank writes it), completed at
         the first step committed after it."""
-        job = JobEnv.from_environ(self.environ)
+        job, group = self._job()
         if job.run is None:
             return
         declared = self.store.get(self.keys.failed(failed_round)).decode()
@@ -488,7 +493,6 @@ class LiveGroup:
             job_id=self.environ.get("SLURM_JOB_ID"),
             attempt=job.attempt,
         )
-        group = self.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         path = job.run.live_record(job.attempt or 0, group, self.round)
         write_report(path, record)
         self._pending_record = (path, record)
