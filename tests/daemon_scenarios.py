@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ftslurm.agent.task import free_port
 from ftslurm.core.contract import LIVE_RECORDS
 
 # A training stand-in: steps of `step_s` with an all-reduce across ranks, a checkpoint (and
@@ -284,7 +285,7 @@ def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
     (no ftslurm around it), for comparing with a run that was interrupted and resumed."""
     folder = tmp_path / "reference"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM_"))}
-    port = str(20000 + os.getpid() % 20000)
+    port = str(free_port())
     procs = [
         subprocess.Popen(
             [sys.executable, str(RECIPE), "--steps", str(steps), "--checkpoint-dir", str(folder)],

@@ -9,7 +9,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 import torch.distributed as dist
 
 from ftslurm.agent import live
+from ftslurm.agent.task import free_port
 from ftslurm.core.contract import EnvName, RunDir
 from ftslurm.core.contract.reports import Kind
 from ftslurm.runfiles import read_reports
@@ -184,7 +184,7 @@ def test_a_crashed_rank_restarted_alone_rejoins_the_survivors_bit_identically(
 def test_without_a_coordinator_the_recipe_trains_as_a_plain_group(tmp_path, reference):
     """--live with no store to coordinate: a plain process group, the same result."""
     ranks = Ranks(tmp_path)
-    port = _free_port()
+    port = free_port()
     coordinated = ranks.env
 
     def plain(rank: int, rejoin: bool) -> dict[str, str]:
@@ -197,12 +197,6 @@ def test_without_a_coordinator_the_recipe_trains_as_a_plain_group(tmp_path, refe
     codes = ranks.run(restart_alone=False)
     assert codes == dict.fromkeys(range(WORLD), 0), ranks.logs()
     assert ranks.final() == reference
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, reference):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ftslurm.agent.task import free_port
 from ftslurm.memory_checkpoint import holders, partners
 
 from .conftest import wait_for
@@ -148,7 +149,7 @@ def test_a_save_returns_after_its_snapshot_and_the_replica_follows_in_the_backgr
     be received; rank 0's save returns all the same (the step stood still only for the
     snapshot), its own state is in node a's memory, and the replica reaches node b once
     rank 1 runs again. The state kept is the snapshot, not what the training did after."""
-    port = str(23000 + os.getpid() % 20000)
+    port = str(free_port())
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM"))}
     env.update(
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
