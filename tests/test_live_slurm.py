@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -54,6 +55,14 @@ def uninterrupted(tmp: Path) -> dict:
     return json.loads((tmp / "ckpt" / "final.json").read_text())
 
 
+def started_once(log: str) -> bool:
+    """The world started once, from nothing; every later start is a rank that received the
+    state live. (Which node holds rank 0 is torch's rendezvous's choice: a stepped-out or
+    killed node may hold it, and the rank that takes it over prints its start too.)"""
+    sources = re.findall(r"rank \d+ of \d+ starts at step \d+ \(.*?\) from (.+)", log)
+    return sources[:1] == ["nothing"] and set(sources[1:]) <= {"a live peer"}
+
+
 def test_a_crashed_rank_on_the_second_node_is_restarted_alone(cli, tmp_path):
     reference = uninterrupted(tmp_path / "reference")
     ckpt = tmp_path / "ckpt"
@@ -69,7 +78,7 @@ def test_a_crashed_rank_on_the_second_node_is_restarted_alone(cli, tmp_path):
     log = cli("logs", out["run_id"], "--attempt", "0").stdout
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
     assert "restarted alone" in log, log[-4000:]
-    assert log.count("rank 0 of 4 starts at step") == 1, log[-4000:]  # never every rank
+    assert started_once(log), log[-4000:]  # never every rank
     (record,) = read_reports(RunDir(s["run_dir"]), Kind.LIVE, 0)
     assert 3 in record.receivers and record.state_from is not None, record
     assert json.loads((ckpt / "final.json").read_text()) == reference, log[-4000:]
@@ -106,7 +115,7 @@ def test_a_killed_node_is_taken_over_by_a_warm_spare(cli, healthy_nodes, tmp_pat
         s = cli.wait_for(run_id, ended, 300, "the run to end")
     log = cli("logs", run_id, "--attempt", "0").stdout
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
-    assert log.count("rank 0 of 4 starts at step") == 1, log[-4000:]  # never every rank
+    assert started_once(log), log[-4000:]  # never every rank
     assert "took over from node rank 1" in log, log[-4000:]
     records = read_reports(run_dir, Kind.LIVE, 0)
     assert [r.took_over for r in records] == [1], records
@@ -139,7 +148,7 @@ def test_a_straggler_steps_out_to_a_warm_spare(cli, tmp_path):
     s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
     log = cli("logs", out["run_id"], "--attempt", "0").stdout
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
-    assert log.count("rank 0 of 4 starts at step") == 1, log[-4000:]  # never every rank
+    assert started_once(log), log[-4000:]  # never every rank
     run_dir = RunDir(s["run_dir"])
     (benched,) = read_reports(run_dir, Kind.BENCHED, 0)
     assert benched.why == "straggler" and benched.node_rank == 1, benched
