@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -378,6 +379,26 @@ def test_the_rank_sending_the_state_lost_mid_transfer_another_sends_it(tmp_path,
     logs = ranks.logs()
     assert codes == dict.fromkeys(range(WORLD), 0), logs
     assert 0 in ranks.restarted and 1 in ranks.restarted, (ranks.restarted, logs)
+    assert ranks.final() == reference, logs
+
+
+def test_a_second_fault_while_the_round_forms_costs_no_backend_timeout(tmp_path, reference):
+    """Forced timing: rank 1 fails at step 25; while the next round forms, rank 2 stops
+    itself after every rank joined and before it connects to the others (the live group's
+    "forming" point) and is killed there. The others, waiting in gloo's set-up for its
+    address, leave that wait when its restarted process declares the round failed, not at
+    gloo's timeout; a further round forms and the run ends bit-identical."""
+    ranks = Ranks(tmp_path, "--fail-at-step", "25", "--fail-rank", "1", pause="forming:2:25")
+    codes = ranks.run(on_tick=kill_when_paused(2))
+    logs = ranks.logs()
+    assert codes == dict.fromkeys(range(WORLD), 0), logs
+    assert {1, 2} <= set(ranks.restarted) and 0 not in ranks.restarted, (ranks.restarted, logs)
+    kept = (tmp_path / "rank-0-0.log").read_text()
+    assert "live recovery: round 2 after" in kept, logs  # round 1 failed while forming
+    seconds = [
+        float(t) for t in re.findall(r"live recovery: round \d+ after .* in ([\d.]+)s", kept)
+    ]
+    assert seconds and max(seconds) < live.COLLECTIVE_TIMEOUT_S, logs
     assert ranks.final() == reference, logs
 
 

@@ -68,7 +68,8 @@ log = logging.getLogger("ftslurm.live")
 # Test hook: a rank stops itself (SIGSTOP) at one point of one step, "<point>:<rank>:<step>"
 # (points: "reduced", after the step's work and before its vote; "committed", after the
 # decision to commit and before the optimizer step; "sending", the rank that hands its state
-# over, before it sends), so a test can kill it at that moment.
+# over, before it sends; "forming", every rank in a round before it connects to the others),
+# so a test can kill it at that moment.
 PAUSE_ENV = "FTSLURM_TEST_PAUSE_LIVE"
 
 
@@ -104,6 +105,56 @@ def coordinator(environ: Mapping[str, str], timeout_s: float) -> Any | None:
         timeout=datetime.timedelta(seconds=timeout_s),
         wait_for_workers=False,
     )
+
+
+class RoundStore(dist.Store):
+    """The store a round's process group forms over: its keys, whose waits end as soon as
+    the round is declared failed. A rank lost while the others connect (a second fault
+    during a recovery) then costs the time until its restarted process or a peer declares
+    the round failed, not the backend's whole timeout: gloo waits for each peer's address
+    in the store, a wait that nothing else can interrupt."""
+
+    def __init__(
+        self, keys: Any, coordinator: Any, failed_key: str, timeout: datetime.timedelta
+    ) -> None:
+        super().__init__()
+        self.keys, self.coordinator, self.failed_key = keys, coordinator, failed_key
+        self.set_timeout(timeout)
+
+    def _wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        limit = (timeout or self.timeout).total_seconds()
+        started = time.monotonic()
+        while not self.keys.check(keys):
+            if self.coordinator.check([self.failed_key]):
+                raise dist.DistStoreError("the round failed while forming")
+            if time.monotonic() - started > limit:
+                raise dist.DistStoreError(f"waited {limit:.0f}s for {keys} while forming")
+            time.sleep(DECISION_POLL_S / 5)
+
+    def get(self, key: str) -> bytes:
+        self._wait([key])
+        return self.keys.get(key)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        self._wait(keys, timeout)
+
+    def set(self, key: str, value: Any) -> None:
+        self.keys.set(key, value)
+
+    def add(self, key: str, value: int) -> int:
+        return self.keys.add(key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.keys.check(keys)
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return self.keys.compare_set(key, expected, desired)
+
+    def delete_key(self, key: str) -> bool:
+        return self.keys.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.keys.num_keys()
 
 
 class LiveGroup:
@@ -146,6 +197,7 @@ class LiveGroup:
         self._setup = False  # between `start` and the end of `attach`
         self._holds = True  # a training state to hand over (a rejoining rank: once received)
         self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
+        self._store_of_round: RoundStore | None = None
 
     @property
     def enabled(self) -> bool:
@@ -230,10 +282,11 @@ class LiveGroup:
             if state is rules.Join.TIMED_OUT:
                 raise self._give_up(rules.Fallback.JOIN_TIMEOUT, f"round {r}")
             if state is rules.Join.READY:
+                self._pause("forming")
                 try:
                     dist.init_process_group(
                         self.backend,
-                        store=dist.PrefixStore(self.keys.group(r), self.store),
+                        store=self._round_store(r),
                         rank=self.rank,
                         world_size=self.world,
                         timeout=self.timeout,
@@ -246,6 +299,17 @@ class LiveGroup:
                     self._declare_failed(r, f"forming: {exc}")
                     _drop_group()
             r = self._next_round(r)
+
+    def _round_store(self, r: int) -> RoundStore:
+        """Round r's store, kept while its group lives: the group calls the Python object
+        behind it, which must outlive the call that created it."""
+        self._store_of_round = RoundStore(
+            dist.PrefixStore(self.keys.group(r), self.store),
+            self.store,
+            self.keys.failed(r),
+            self.timeout,
+        )
+        return self._store_of_round
 
     def _pause(self, point: str) -> None:
         if self.environ.get(PAUSE_ENV) == f"{point}:{self.rank}:{self._step()}":
@@ -504,16 +568,20 @@ def _first_line(exc: BaseException) -> str:
 
 def _drop_group() -> None:
     """Abort and destroy the default process group, whatever state it is in."""
-    if not dist.is_initialized():
-        return
-    try:
-        dist.group.WORLD.abort()  # type: ignore[union-attr]
-    except Exception:  # noqa: BLE001 - a broken group may refuse; destroying is what counts
-        pass
-    try:
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
+    if dist.is_initialized():
+        try:
+            dist.group.WORLD.abort()  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - a broken group may refuse; destroying is what counts
+            pass
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+    # torch names a default group by a count of the groups made, which destroying the
+    # default group sets back to 0; a set-up that failed counted one without a group to
+    # destroy. Every rank forms the next round's group under the same name (the keys it
+    # meets the others at) only with the count back at 0.
+    dist.distributed_c10d._world.group_count = 0
     # The group's sockets close when the last reference goes: a peer still blocked in a
     # collective with this rank then gets its error at once instead of at its timeout.
     gc.collect()
