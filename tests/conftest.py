@@ -360,6 +360,25 @@ def _ancestors() -> set[int]:
     return pids
 
 
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (children, their children, ...)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, todo = [pid], [pid]
+    while todo:
+        up = todo.pop()
+        below = [p for p, pp in parent.items() if pp == up]
+        found += below
+        todo += below
+    return found
+
+
 def left_behind(base: Path) -> list[tuple[int, str, str]]:
     """The live ftslurm processes of the session whose base temporary folder is `base`:
     (pid, what it is, the test's folder), this process and its ancestors left out."""

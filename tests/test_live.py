@@ -5,6 +5,7 @@ fault interrupted runs again, and the run ends bit-identical to an uninterrupted
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -328,6 +329,45 @@ def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_process
     survivor, took_over = node_report(nodes.run, 0), node_report(nodes.run, 2)
     assert survivor["outcome"] == took_over["outcome"] == "finished", (survivor, took_over)
     assert survivor["in_job_restarts"] == 0 and took_over["role"] == "active", took_over
+
+
+def test_a_silently_lost_node_costs_no_collective_timeout(tmp_path):
+    """2 active nodes + 1 warm spare with live recovery: node 1's launcher and rank are
+    stopped (SIGSTOP), not killed: their sockets stay open, as on a power loss or a cut
+    network, and rank 0's collective gets no error. Its launcher reports node 1 lost, the
+    spare takes rank 1 over and declares the round failed; rank 0, stuck in its step, ends
+    the round's own connections, its collective raises, and it recovers with its state:
+    the spare receives it, the run ends bit-identical, well before gloo's timeout."""
+    from .conftest import descendants
+    from .daemon_scenarios import reference_digest
+
+    steps = 120
+    expected = reference_digest(tmp_path, steps)
+    nodes = live_launchers(tmp_path, steps)
+    node: list[int] = []
+    try:
+        nodes.wait_checkpoint(20)
+        node = descendants(nodes.procs[1].pid)
+        stopped_at = time.time()
+        for pid in node:
+            os.kill(pid, signal.SIGSTOP)
+        codes = [nodes.procs[r].wait(timeout=180) for r in (0, 2)]
+        assert codes == [0, 0], nodes.logs()
+    finally:
+        for pid in node:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        nodes.close()
+    logs = nodes.logs()
+    final = json.loads((nodes.ckpt / "final.json").read_text())
+    assert final == {"step": steps, "digest": expected}, logs  # bit for bit
+    assert nodes.log(0).count("rank 0 of 2 starts at step 0") == 1, logs  # never restarted
+    assert "ending the round's" in nodes.log(0), logs
+    (record,) = read_reports(nodes.run, Kind.LIVE, 0)
+    assert record.took_over == 1 and record.state_from == 0, record
+    took = record.first_commit_at - stopped_at
+    assert took < live.COLLECTIVE_TIMEOUT_S, (took, logs)
+    print(f"node stopped -> first committed step with the spare: {took:.2f}s")
 
 
 def test_a_straggler_that_steps_out_is_taken_over_by_a_warm_spare(tmp_path):

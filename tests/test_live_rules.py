@@ -10,6 +10,7 @@ from ftslurm.agent.live_rules import (
     Fallback,
     Handover,
     Join,
+    Stuck,
     commit_decision,
     fallback,
     join_state,
@@ -91,18 +92,20 @@ def test_member_step(raw, want):
 
 
 @pytest.mark.parametrize(
-    "declared, busy, want",
+    "declared, busy, interrupt, want",
     [
-        (None, 10.0, False),  # the round did not fail
-        ("error|rank 2: Connection closed", 0.5, False),  # its own error may yet come
-        ("error|rank 2: Connection closed", 2.0, True),  # rank 2 runs and holds the state
-        ("restart|rank 0 restarted", 30.0, False),  # maybe every rank is stuck: wait it out
+        (None, 10.0, True, Stuck.WAIT),  # the round did not fail
+        ("error|rank 2: Connection closed", 0.5, True, Stuck.WAIT),  # its own error may come
+        ("error|rank 2: Connection closed", 2.0, True, Stuck.INTERRUPT),  # keeps its state
+        ("restart|rank 0 restarted", 2.0, True, Stuck.INTERRUPT),  # a peer went silent
+        ("error|rank 2: Connection closed", 2.0, False, Stuck.LEAVE),  # rank 2 holds the state
+        ("restart|rank 0 restarted", 30.0, False, Stuck.WAIT),  # maybe every rank is stuck
     ],
 )
-def test_a_rank_stuck_in_a_failed_round_leaves_only_when_a_running_rank_holds_the_state(
-    declared, busy, want
+def test_a_rank_stuck_in_a_failed_round_ends_its_connections_or_leaves_if_another_holds_state(
+    declared, busy, interrupt, want
 ):
-    assert stuck(declared, busy, 2.0) is want
+    assert stuck(declared, busy, 2.0, interrupt) is want
 
 
 def test_status_notes_the_latest_live_recoveries_oldest_first():
@@ -171,3 +174,21 @@ def test_a_rank_that_gives_up_records_why(tmp_path):
     (record,) = read_reports(RunDir(tmp_path), Kind.LIVE, 1)
     assert record.given_up == Fallback.NO_STATE.value and record.rank == 2, record
     assert record.why == "round 0" and record.attempt == 1, record
+
+
+LISTENERS = [("127.0.0.1", 40001), ("10.0.0.2", 40002), ("0.0.0.0", 40003)]
+
+
+@pytest.mark.parametrize(
+    "local, peer, want",
+    [
+        (("127.0.0.1", 40001), ("127.0.0.1", 51234), True),  # accepted by this rank's listener
+        (("127.0.0.1", 51000), ("::ffff:127.0.0.1", 40001), True),  # to a peer's listener
+        (("10.0.0.1", 51000), ("10.0.0.2", 40002), True),
+        (("10.0.0.1", 51000), ("10.0.0.9", 40002), False),  # that port on another host
+        (("10.0.0.1", 51000), ("10.0.0.9", 40003), True),  # a wildcard listener: the port
+        (("127.0.0.1", 51000), ("127.0.0.1", 29500), False),  # the coordinator store
+    ],
+)
+def test_a_rounds_connections_are_told_from_the_processs_others(local, peer, want):
+    assert rules.round_connection(local, peer, LISTENERS, own={40001}) is want

@@ -44,6 +44,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -198,6 +199,7 @@ class LiveGroup:
         self._holds = True  # a training state to hand over (a rejoining rank: once received)
         self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
         self._store_of_round: RoundStore | None = None
+        self._round_listeners: tuple[int, set[int]] = (-1, set())  # (round, local ports)
 
     @property
     def enabled(self) -> bool:
@@ -283,6 +285,7 @@ class LiveGroup:
                 raise self._give_up(rules.Fallback.JOIN_TIMEOUT, f"round {r}")
             if state is rules.Join.READY:
                 self._pause("forming")
+                before = _socket_fds()
                 try:
                     dist.init_process_group(
                         self.backend,
@@ -292,6 +295,11 @@ class LiveGroup:
                         timeout=self.timeout,
                     )
                     self.round, self.seq = r, 0
+                    # Where this round's group accepts connections: how a rank stuck in
+                    # one of its collectives finds the group's connections (`_watch`).
+                    own = _listeners(_socket_fds() - before)
+                    self._round_listeners = (r, {port for _, port in own})
+                    self.store.set(self.keys.listener(r, self.rank), _addresses(own))
                     return
                 except Exception as exc:  # a fault while forming: the next round
                     if not is_fault(exc):
@@ -384,10 +392,13 @@ class LiveGroup:
             self._setup, self._busy = False, None
 
     def _watch(self) -> None:
-        """Leave when stuck in a step of a round a running rank declared failed
-        (`rules.stuck`): exit REJOIN, and the launcher restarts this rank alone."""
+        """Stuck in a step of a round that was declared failed (`rules.stuck`): end the
+        round's connections, so that the step's collective raises and this rank recovers
+        with its state; where they are unknown and a running rank declared the round failed,
+        exit REJOIN, and the launcher restarts this rank alone."""
         client = coordinator(self.environ, self.timeout.total_seconds())
         seen: dict[int, float] = {}  # round -> when its failure was first seen here
+        interrupted: set[int] = set()
         while client is not None:
             time.sleep(WATCH_POLL_S)
             busy = self._busy
@@ -411,7 +422,22 @@ class LiveGroup:
                 self._give_up(rules.Fallback.IN_SETUP, declared)
                 os._exit(ExitCode.FAILED)
             first = seen.setdefault(r, time.monotonic())
-            if self._busy == busy and rules.stuck(declared, time.monotonic() - first, STUCK_S):
+            listening_round, own = self._round_listeners
+            can_interrupt = listening_round == r and bool(own) and r not in interrupted
+            what = rules.stuck(declared, time.monotonic() - first, STUCK_S, can_interrupt)
+            if self._busy != busy or what is rules.Stuck.WAIT:
+                continue
+            if what is rules.Stuck.INTERRUPT:
+                interrupted.add(r)
+                log.warning(
+                    "rank %d: stuck in a step of round %d, which failed (%s): ending the "
+                    "round's %d connections",
+                    self.rank,
+                    r,
+                    declared,
+                    _shut_down(self._round_sockets(client, r, own)),
+                )
+            else:
                 log.warning(
                     "rank %d: stuck in a step of round %d, which failed (%s): leaving to be "
                     "restarted alone",
@@ -420,6 +446,20 @@ class LiveGroup:
                     declared,
                 )
                 os._exit(ExitCode.REJOIN)
+
+    def _round_sockets(self, client: Any, r: int, own: set[int]) -> set[int]:
+        """This process's connections of round r's group (not its listener: gloo cannot
+        survive a listener shut down; not the coordinator's, nor the user's own)."""
+        try:
+            published = client.multi_get([self.keys.listener(r, q) for q in range(self.world)])
+        except Exception:  # noqa: BLE001 - a rank that never formed the round: its own alone
+            published = []
+        listeners = [a for v in published for a in _parse_addresses(v)]
+        found = set()
+        for fd, local, peer in _connections():
+            if rules.round_connection(local, peer, listeners, own):
+                found.add(fd)
+        return found
 
     def _handover(self) -> rules.Handover | None:
         members = {
@@ -560,6 +600,101 @@ class LiveGroup:
         path = job.run.live_record(job.attempt or 0, group, self.round)
         write_report(path, record)
         self._pending_record = (path, record)
+
+
+def _socket_fds() -> set[int]:
+    """This process's open sockets (Linux; elsewhere none are known)."""
+    found: set[int] = set()
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                found.add(int(name))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _inspect(fd: int) -> tuple[bool, tuple[str, int], tuple[str, int] | None] | None:
+    """A TCP socket's (listening, local address, peer address or None), or None for any
+    other file."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        if sock.type != socket.SOCK_STREAM:
+            return None
+        listening = bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+        local = sock.getsockname()[:2]
+        try:
+            peer = sock.getpeername()[:2]
+        except OSError:
+            peer = None
+        return listening, local, peer
+    except OSError:
+        return None
+    finally:
+        sock.detach()
+
+
+def _listeners(fds: set[int]) -> list[tuple[str, int]]:
+    """The listening TCP sockets among `fds`: their addresses."""
+    found = []
+    for fd in fds:
+        seen = _inspect(fd)
+        if seen is not None and seen[0]:
+            found.append(seen[1])
+    return found
+
+
+def _connections() -> list[tuple[int, tuple[str, int], tuple[str, int]]]:
+    """This process's connected TCP sockets: (fd, local address, peer address)."""
+    found = []
+    for fd in _socket_fds():
+        seen = _inspect(fd)
+        if seen is not None and not seen[0] and seen[2] is not None:
+            found.append((fd, seen[1], seen[2]))
+    return found
+
+
+def _addresses(addresses: list[tuple[str, int]]) -> str:
+    return ",".join(f"{host}|{port}" for host, port in addresses)
+
+
+def _parse_addresses(value: bytes | str) -> list[tuple[str, int]]:
+    text = value.decode() if isinstance(value, bytes) else value
+    found = []
+    for item in filter(None, text.split(",")):
+        host, _, port = item.rpartition("|")
+        if port.isdigit():
+            found.append((host, int(port)))
+    return found
+
+
+def _shut_down(fds: set[int]) -> int:
+    """Shut the sockets `fds` down (not closed: their owner, the process group, closes
+    them when it is destroyed): a read or write waiting on one ends with an error at once.
+    How many were still open."""
+    done = 0
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError:
+            pass
+        finally:
+            sock.detach()
+    return done
 
 
 def _first_line(exc: BaseException) -> str:

@@ -17,7 +17,7 @@ I/O or reads a clock: the time waited is passed in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -161,6 +161,10 @@ class Keys:
     def group(self, r: int) -> str:
         return f"{self.prefix}/r{r}/pg/"
 
+    def listener(self, r: int, rank: int) -> str:
+        """Where rank `rank`'s group of round r accepts its peers' connections."""
+        return f"{self.prefix}/r{r}/listener/{rank}"
+
     def vote(self, r: int, seq: int) -> str:
         return f"{self.prefix}/r{r}/s{seq}/votes"
 
@@ -190,9 +194,48 @@ BY_ERROR = "error|"
 BY_RESTART = "restart|"
 
 
-def stuck(declared: str | None, busy_s: float, grace_s: float) -> bool:
-    """Whether a rank still inside its step `busy_s` after its round was declared failed
-    should leave (and be restarted alone): on gloo an operation posted on a connection a
-    dead peer already closed waits out the whole collective timeout. Only when the round
-    was declared failed by a running rank's error, so that the state stays with it."""
-    return bool(declared) and declared.startswith(BY_ERROR) and busy_s >= grace_s
+class Stuck(Enum):
+    """What a rank does when still inside its step after its round was declared failed."""
+
+    WAIT = "wait"  # its own error may yet come
+    INTERRUPT = "interrupt"  # end the round's connections: its collective raises, the
+    # process and its state stay and it recovers as from any fault
+    LEAVE = "leave"  # exit to be restarted alone (the state stays with a running rank)
+
+
+def round_connection(
+    local: tuple[str, int],
+    peer: tuple[str, int],
+    listeners: Iterable[tuple[str, int]],
+    own: set[int],
+) -> bool:
+    """Whether a connected socket (its local and peer address) belongs to a round's group:
+    it was accepted by this rank's listener (local port in `own`), or it reaches a peer's
+    listener (an address in `listeners`; a wildcard host matches the port alone)."""
+    if local[1] in own:
+        return True
+    host = _plain(peer[0])
+    return any(
+        port == peer[1] and (_plain(h) in WILDCARD_HOSTS or _plain(h) == host)
+        for h, port in listeners
+    )
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def _plain(host: str) -> str:
+    return host.removeprefix("::ffff:")
+
+
+def stuck(declared: str | None, busy_s: float, grace_s: float, can_interrupt: bool) -> Stuck:
+    """A rank inside its step `busy_s` after its round was declared failed: on gloo an
+    operation posted on a connection a peer closed, or on one to a peer that went silent (a
+    node lost without its sockets closing), waits out the whole collective timeout. After
+    `grace_s` it ends the round's own connections where it knows them; otherwise it leaves,
+    only when a running rank declared the round failed (that rank holds the state)."""
+    if not declared or busy_s < grace_s:
+        return Stuck.WAIT
+    if can_interrupt:
+        return Stuck.INTERRUPT
+    return Stuck.LEAVE if declared.startswith(BY_ERROR) else Stuck.WAIT
