@@ -832,6 +832,39 @@ def test_straggler_slows_the_child(tmp_path: Path) -> None:
     assert report(tmp_path / "run-slow")["injected"] == ["straggler@0:4"]
 
 
+# A rank whose step is a sleep of the straggler's period (0.1 s), as the example recipe's
+# `--step-time 0.1`: it records how long each step took.
+SLEEPING_CHILD = r"""
+import json, sys, time
+took = []
+for _ in range(40):
+    start = time.monotonic()
+    time.sleep(0.1)
+    took.append(time.monotonic() - start)
+open(sys.argv[1], "w").write(json.dumps(took))
+"""
+
+
+def test_a_straggler_slows_a_rank_whose_step_sleeps_its_period(tmp_path: Path) -> None:
+    """A 4-fold straggler stops the node for 3/4 of periods of varying length: a rank whose
+    steps sleep 0.1 s wakes inside a stop in about 3 steps of 4 and waits for its end. (With
+    a fixed 0.1 s period, it woke in its run slice every time and was not slowed at all.)
+    Counted per step (a step that woke inside a stop mostly took 20 ms more), not by the work
+    done."""
+    out = tmp_path / "took.json"
+    env = clean_env(
+        FTSLURM_RUN_DIR=str(tmp_path / "run"),
+        FTSLURM_INJECT="straggler@0:4",
+        SLURM_NODEID="1",
+        SLURM_NNODES="2",
+    )  # the last node: the default target
+    done = run([sys.executable, "-c", SLEEPING_CHILD, str(out)], env)
+    assert done.returncode == 0, done.stderr
+    took = json.loads(out.read_text())
+    slowed = sum(t > 0.12 for t in took) / len(took)  # about half of them; none before
+    assert slowed > 0.2, sorted(round(t, 3) for t in took)
+
+
 def test_a_straggler_stays_on_the_node_it_first_slowed(tmp_path: Path) -> None:
     """Like a bad node: in a later attempt the same rank on another node runs at full speed,
     and any rank that lands on the slowed node is slow again."""

@@ -28,6 +28,7 @@ from ftslurm.core.contract.reports import Kind
 from ftslurm.runfiles import read_reports
 
 from .conftest import wait_for
+from .daemon_scenarios import ended
 
 pytestmark = pytest.mark.slow  # real rank processes: about a minute in all
 
@@ -500,3 +501,83 @@ def test_the_batch_host_lost_with_live_recovery_moves_the_run_to_a_new_job(tmp_p
     assert report["recovery"] == "new_job" and codes[0] != 0, (codes, report, nodes.logs())
     assert node_report(nodes.run, 2)["outcome"] == "spare" and codes[1] == 0, nodes.logs()
     assert not [r for r in read_reports(nodes.run, Kind.LIVE, 0) if r.took_over is not None]
+
+
+# The mock's scenarios of tests/test_live_slurm.py: 2 nodes x 2 ranks of the recipe, steps
+# of 0.05 s (a straggler slows a step that sleeps by its wait for the node's next running
+# slice: about 1.7-fold at 0.05 s, barely at 0.1 s; docs/fault-injection.md).
+MOCK_STEPS = 400
+MOCK_ARGS = ["--live", "--steps", str(MOCK_STEPS), "--step-time", "0.05", "--ckpt-every", "50"]
+
+
+def test_on_the_mock_a_crashed_rank_on_the_second_node_is_restarted_alone(tmp_path):
+    """`--dry-run`, 2 nodes x 2 ranks of the recipe with --live, rank 3 (on the second
+    node) crashed 15 s in: its launcher restarts it alone, the other ranks (on both nodes)
+    keep their processes, and the run ends in its first job with the parameters of an
+    uninterrupted run of the same 4 ranks (test_live_slurm's scenario)."""
+    from .daemon_scenarios import on_a_fresh_mock, reference_digest
+
+    expected = reference_digest(tmp_path, MOCK_STEPS, world=4)
+    ckpt = tmp_path / "ckpt"
+    with on_a_fresh_mock(tmp_path) as cli:
+        out = cli.submit(
+            *("--dry-run", "-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2"),
+            *("--inject", "crash@15:3"),
+            str(RECIPE),
+            "--",
+            *MOCK_ARGS,
+            *("--checkpoint-dir", str(ckpt)),
+        )
+        s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
+        log = cli("logs", out["run_id"], "--attempt", "0").stdout
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
+    assert "restarted alone" in log, log[-4000:]
+    assert log.count("rank 0 of 4 starts at step") == 1, log[-4000:]  # never every rank
+    (record,) = read_reports(RunDir(s["run_dir"]), Kind.LIVE, 0)
+    assert 3 in record.receivers and record.state_from is not None, record
+    final = json.loads((ckpt / "final.json").read_text())
+    assert final == {"step": MOCK_STEPS, "digest": expected}, log[-4000:]
+
+
+def test_on_the_mock_a_straggler_steps_out_to_a_warm_spare(tmp_path):
+    """`--dry-run`, 2 nodes x 2 ranks and a warm spare with live recovery: the second node
+    is slowed 4-fold from 2 s in and judged a persistent straggler after two 2 s windows;
+    its launcher steps out, the spare's waiting ranks take ranks 2 and 3 over live, and the
+    run ends in its first job with the parameters of an uninterrupted run of the same 4
+    ranks (test_live_slurm's scenario)."""
+    from ftslurm.daemon.store import Store
+
+    from .daemon_scenarios import on_a_fresh_mock, recipe_file, reference_digest
+
+    expected = reference_digest(tmp_path, MOCK_STEPS, world=4)
+    ckpt = tmp_path / "ckpt"
+    recipe = recipe_file(
+        tmp_path,
+        "straggler-live",
+        args=[*MOCK_ARGS, "--checkpoint-dir", str(ckpt)],
+        spare_nodes=1,
+        live_recovery=True,
+        straggler_report_interval_s=2.0,
+        straggler_windows=2,
+        straggler_threshold=0.75,  # the slowed ranks score about 0.6
+    )
+    with on_a_fresh_mock(tmp_path) as cli:
+        out = cli.submit("--dry-run", "--inject", "straggler@2:1*4", str(recipe))
+        s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
+        log = cli("logs", out["run_id"], "--attempt", "0").stdout
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
+    assert log.count("rank 0 of 4 starts at step") == 1, log[-4000:]  # never every rank
+    run_dir = RunDir(s["run_dir"])
+    (benched,) = read_reports(run_dir, Kind.BENCHED, 0)
+    assert benched.why == "straggler" and benched.node_rank == 1, benched
+    store = Store(cli.home)
+    try:  # the daemon flagged that node (and no other) and left it to the spare
+        flagged = [e.data for e in store.events(out["run_id"]) if e.kind == "straggler"]
+    finally:
+        store.close()
+    assert [(f["nodes"], f["recovery"]) for f in flagged] == [([benched.node], "spare")], flagged
+    (record,) = read_reports(run_dir, Kind.LIVE, 0)
+    assert record.took_over == 1 and sorted(record.receivers) == [2, 3], record
+    final = json.loads((ckpt / "final.json").read_text())
+    assert final == {"step": MOCK_STEPS, "digest": expected}, log[-4000:]
+    print(f"stepped out -> first committed step: {record.first_commit_at - benched.time:.2f}s")

@@ -42,6 +42,7 @@ For every task (rank) of an attempt it
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal as signals
 import socket
@@ -85,6 +86,10 @@ FORWARDED = (
 STOPPED = Outcome.STOPPED.value
 TAIL_BYTES = 16 * 1024
 TAIL_LINES = 40
+# A straggler's node runs for 1/FACTOR of each period and is stopped for the rest; each
+# period is drawn from STRAGGLER_PERIOD_S x [0.5, 1.5): a fixed one kept in step with a rank
+# whose step sleeps a multiple of it (0.1 s), which then always woke in its run slice and
+# was not slowed at all.
 STRAGGLER_PERIOD_S = 0.1
 HOLD_SIGNALS_MAX_S = 120.0  # without a readable signal mask: how long USR1/USR2 wait for
 # the rank agent to attach
@@ -439,13 +444,14 @@ class Task:
                     self._record_straggler_node(inj.spec())
                     slow = inj
             if slow is not None and not self.hung:
-                run_s = STRAGGLER_PERIOD_S / (slow.factor or 2.0)
+                period = STRAGGLER_PERIOD_S * random.uniform(0.5, 1.5)
+                run_s = period / (slow.factor or 2.0)
                 self._signal_group(signals.SIGCONT)
                 if done.wait(run_s):
                     break
                 if not self.hung:
                     self._signal_group(signals.SIGSTOP)
-                done.wait(STRAGGLER_PERIOD_S - run_s)
+                done.wait(period - run_s)
                 if not self.hung:
                     self._signal_group(signals.SIGCONT)
             else:
