@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -504,3 +505,11 @@ def straggler_is_not_taken_for_hung(cli: Cli, tmp_path: Path, *submit_args: str)
     assert len(s["attempts"]) == 1 and s["in_job_restarts_total"] == 0, s
     assert node_hangs(Path(s["run_dir"])) == []
     assert json.loads((ckpt / "final.json").read_text())["step"] == 150
+
+
+def started_once(log: str) -> bool:
+    """The world started once, from nothing; every later start is a rank that received the
+    state live. (Which node holds rank 0 is torch's rendezvous's choice: a stepped-out or
+    killed node may hold it, and the rank that takes it over prints its start too.)"""
+    sources = re.findall(r"rank \d+ of \d+ starts at step \d+ \(.*?\) from (.+)", log)
+    return sources[:1] == ["nothing"] and set(sources[1:]) <= {"a live peer"}

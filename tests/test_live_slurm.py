@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from ftslurm.fsutil import read_json
 from ftslurm.runfiles import read_reports
 
 from .conftest import wait_for
-from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, recipe_file
+from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, recipe_file, started_once
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -53,14 +52,6 @@ def uninterrupted(tmp: Path) -> dict:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((tmp / "ckpt" / "final.json").read_text())
-
-
-def started_once(log: str) -> bool:
-    """The world started once, from nothing; every later start is a rank that received the
-    state live. (Which node holds rank 0 is torch's rendezvous's choice: a stepped-out or
-    killed node may hold it, and the rank that takes it over prints its start too.)"""
-    sources = re.findall(r"rank \d+ of \d+ starts at step \d+ \(.*?\) from (.+)", log)
-    return sources[:1] == ["nothing"] and set(sources[1:]) <= {"a live peer"}
 
 
 def test_a_crashed_rank_on_the_second_node_is_restarted_alone(cli, tmp_path):
