@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from ftslurm.core.settings import RECOVERY_SECTION
 from ftslurm.core.types import JobState
 from ftslurm.daemon.policy import (
     RETRYABLE,
@@ -1136,9 +1137,10 @@ def test_the_reason_says_the_script_does_not_handle_the_checkpoint_signal():
     assert "not acted on" not in d.reason  # it never reached the script
 
 
-def test_hang_defaults_are_on_and_setup_and_checkpointing_keep_their_own_limits():
+def test_hang_defaults_are_on_and_setup_checkpointing_and_recovery_keep_their_own_limits():
     s = FtSettings(section_timeouts={"step": 60, "setup": None})
-    assert s.section_timeouts == {"setup": None, "checkpointing": 1800, "step": 60}
+    want = {"setup": None, "checkpointing": 1800, RECOVERY_SECTION: 1800, "step": 60}
+    assert s.section_timeouts == want
     assert (
         FtSettings(
             out_of_section_timeout=None, initial_timeout=None, hang_warmup_steps=None

@@ -774,7 +774,7 @@ def test_a_rank_without_heartbeats_is_hung_when_its_cpu_time_stands_still():
 def test_timeouts_left_out_get_the_defaults_and_null_is_off():
     t = launch.parse_timeouts(None)
     assert t == Timeouts(
-        sections={"setup": 1800.0, "checkpointing": 1800.0},
+        sections={"setup": 1800.0, "checkpointing": 1800.0, "recovery": 1800.0},
         out_of_section=300.0,
         initial=1800.0,
         warmup_steps=20,
@@ -782,7 +782,7 @@ def test_timeouts_left_out_get_the_defaults_and_null_is_off():
     t = launch.parse_timeouts(
         '{"step": 8, "out_of_section": null, "warmup_steps": null, "setup": null}'
     )
-    assert t.sections == {"setup": None, "checkpointing": 1800.0, "step": 8.0}
+    assert t.sections == {"setup": None, "checkpointing": 1800.0, "recovery": 1800.0, "step": 8.0}
     assert t.out_of_section is None and t.warmup_steps is None and t.initial == 1800.0
 
 

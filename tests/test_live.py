@@ -202,7 +202,11 @@ def test_without_a_coordinator_the_recipe_trains_as_a_plain_group(tmp_path, refe
     assert ranks.final() == reference
 
 
-def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, reference):
+# A running limit (1 s) shorter than the restarted rank's start (a Python process importing
+# torch): the others wait for it in the live group's recovery section, whose own limit
+# applies; they are not judged hung.
+@pytest.mark.parametrize("timeouts", [None, '{"out_of_section": 1}'], ids=["defaults", "tight"])
+def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, reference, timeouts):
     """The launcher (one node, 3 ranks) restarts the rank that failed and only it: the
     others keep their processes, torch's agent store coordinates, one in-job restart is
     used, and the run ends bit-identical to an uninterrupted one."""
@@ -227,6 +231,7 @@ def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, referenc
             "2",
             "--monitor-interval",
             "0.2",
+            *(("--section-timeouts", timeouts) if timeouts else ()),
             "--",
             sys.executable,
             str(RECIPE),

@@ -23,12 +23,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ftslurm.core.contract import HeartbeatDir
+from ftslurm.core.settings import RECOVERY_SECTION
 from ftslurm.fsutil import read_json, write_json_atomic
 
 SIZE = 64
 _F64, _I64 = struct.Struct("<d"), struct.Struct("<q")
 # Well-known sections have fixed ids; others are numbered from 16 in order of first use.
-KNOWN_SECTIONS = {"setup": 0, "step": 1, "checkpointing": 2, "compute": 3}
+KNOWN_SECTIONS = {"setup": 0, "step": 1, "checkpointing": 2, "compute": 3, RECOVERY_SECTION: 4}
 
 # Hang detection defaults (DEFAULT_*) live with the run's settings (ftslurm.core.settings).
 # After DEFAULT_WARMUP_STEPS steps of a round the running limit is tightened to

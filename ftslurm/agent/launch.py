@@ -107,6 +107,7 @@ from ftslurm.core.settings import (
     DEFAULT_RUNNING_S,
     DEFAULT_SECTION_S,
     DEFAULT_WARMUP_STEPS,
+    RECOVERY_SECTION,
 )
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
@@ -116,7 +117,7 @@ log = logging.getLogger("ftslurm.launch")
 
 
 # "setup" is never tightened: the first attempt's setup usually loaded no checkpoint.
-NOT_TIGHTENED = frozenset({"setup"})
+NOT_TIGHTENED = frozenset({"setup", RECOVERY_SECTION})  # not a pace: what it met
 
 
 def tightened(

@@ -39,6 +39,7 @@ survivors keep their own.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import logging
@@ -54,8 +55,10 @@ from typing import Any
 import torch.distributed as dist
 
 from ftslurm.agent import live_rules as rules
+from ftslurm.agent import rank as rank_agent
 from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir, JobEnv
 from ftslurm.core.contract.reports import LiveRecovery, TakeOver
+from ftslurm.core.settings import RECOVERY_SECTION
 from ftslurm.runfiles import read_report, write_report
 
 COLLECTIVE_TIMEOUT_S = 60.0  # a live group's collectives (gloo waits this long on a silent peer)
@@ -523,15 +526,23 @@ class LiveGroup:
         return False
 
     def _decision(self, r: int, seq: int) -> rules.Decision:
+        with contextlib.ExitStack() as waiting:
+            return self._wait_decision(r, seq, waiting)
+
+    def _wait_decision(self, r: int, seq: int, waiting: contextlib.ExitStack) -> rules.Decision:
         key = self.keys.decision(r, seq)
         started = time.monotonic()
         poll = datetime.timedelta(seconds=DECISION_POLL_S)
+        in_section = False
         while True:
             try:
                 self.store.wait([key], poll)
                 return rules.Decision(self.store.get(key).decode())
             except dist.DistStoreError:
                 pass  # not decided yet
+            if not in_section:  # waiting for a peer's vote: not a hang of this rank
+                waiting.enter_context(_recovery_section())
+                in_section = True
             decision = rules.commit_decision(
                 int(self.store.add(self.keys.vote(r, seq), 0)),
                 self.world,
@@ -543,6 +554,10 @@ class LiveGroup:
                 self.store.compare_set(key, "", decision.value)
 
     def _recover(self, why: str) -> rules.Handover | None:
+        with _recovery_section():
+            return self._recover_in_section(why)
+
+    def _recover_in_section(self, why: str) -> rules.Handover | None:
         started, failed_at = time.monotonic(), time.time()
         failed_round = self.round
         self._declare_failed(failed_round, why)
@@ -600,6 +615,13 @@ class LiveGroup:
         path = job.run.live_record(job.attempt or 0, group, self.round)
         write_report(path, record)
         self._pending_record = (path, record)
+
+
+def _recovery_section() -> contextlib.AbstractContextManager[None]:
+    """The rank agent's recovery section (its own, loose limit in the launcher's hang
+    detection: no step advances while the group re-forms), where the script has an agent."""
+    agent = rank_agent.current()
+    return agent.section(RECOVERY_SECTION) if agent is not None else contextlib.nullcontext()
 
 
 def _socket_fds() -> set[int]:

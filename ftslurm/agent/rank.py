@@ -423,6 +423,11 @@ def leave(
 _AGENT: RankAgent | None = None
 
 
+def current() -> RankAgent | None:
+    """The process's rank agent, if `init` created one."""
+    return _AGENT
+
+
 def init(*, heartbeats: bool = True) -> RankAgent:
     """The process's rank agent (created on first call). `heartbeats=False` for code that
     never calls `heartbeat()` or `section()` (a submitit callable, say): the launcher then

@@ -28,12 +28,20 @@ from ftslurm.core.contract import (
 
 # Hang detection is on by default (seconds): a rank gets DEFAULT_INITIAL_S from its start to
 # its first heartbeat or section, then at most DEFAULT_RUNNING_S without a sign of life (a
-# heartbeat, a section entered or left) unless the open section has its own limit; "setup"
-# and "checkpointing" keep their own, looser ones. After DEFAULT_WARMUP_STEPS steps of a
+# heartbeat, a section entered or left) unless the open section has its own limit; "setup",
+# "checkpointing" and "recovery" keep their own, looser ones. After DEFAULT_WARMUP_STEPS steps of a
 # round the running limit is tightened (ftslurm.agent.heartbeat `learned`).
 DEFAULT_INITIAL_S = 1800.0
 DEFAULT_RUNNING_S = 300.0
-DEFAULT_SECTION_S: dict[str, float | None] = {"setup": 1800.0, "checkpointing": 1800.0}
+# A live recovery (ftslurm.agent.live) runs in this section: the group re-forms and the state
+# is handed over while no step can advance (a rank restarted alone may take minutes to
+# start); the live group bounds it itself, this is a backstop.
+RECOVERY_SECTION = "recovery"
+DEFAULT_SECTION_S: dict[str, float | None] = {
+    "setup": 1800.0,
+    "checkpointing": 1800.0,
+    RECOVERY_SECTION: 1800.0,
+}
 DEFAULT_WARMUP_STEPS = 20
 
 
