@@ -90,7 +90,11 @@ Policies
             before the wall limit; a straggler node below the 0.75 score threshold for 3
             report windows of 60 s moves the job off it (requeue held, exclude, release: the
             work since the last checkpoint is lost, as a requeue's SIGTERM + KillWait 30 s
-            leaves no time to save). In the core: the `Reconciler` itself, unchanged,
+            leaves no time to save). The straggler settings are left at their defaults:
+            the threshold, the interval and the windows the simulated launcher scores with
+            are those the daemon rendered into the job's batch script (the rule
+            `ftslurm.core.settings.straggler_threshold`: 0.75, or 0.9 under live recovery
+            with spares). In the core: the `Reconciler` itself, unchanged,
             with FTSLURM's settings; its signal lead comes from the save time the job
             reports in progress.json. A dead node is reported by the survivors'
             launchers PEER_DETECT_S (peer_timeout_s 20 s + one 3.3 s poll;
@@ -148,7 +152,13 @@ Policies
                 the group formed again, the node's state received) + one step;
               a persistent straggler with a spare: its launcher steps out
                 LIVE_STEP_OUT_STEPS slow steps after the straggler report, then
-                LIVE_SPARE_RECOVERY_S + one step.
+                LIVE_SPARE_RECOVERY_S + one step. With the `live_recovery` setting and
+                spares the product's default threshold is 0.9 (a node 1.11x slower),
+                not 0.75 (1.33x): stepping out to a warm spare costs about a second; a
+                node it flags with no spare left moves the job only below 0.75
+                (`straggler_move_threshold`). The trace's healthy nodes have identical
+                speeds, so no healthy node is ever flagged: the sensitive threshold's
+                false step-outs on a noisy cluster are not in these figures.
             The product recovers a crashed rank live, and with the `live_recovery`
             setting and a warm spare a lost node and a node stepping out (docs/agent.md);
             a hang is modelled as the hung rank restarted alone. The script counts each
@@ -331,6 +341,7 @@ import json
 import math
 import os
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -348,7 +359,7 @@ from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, NodeStatus
 from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualBackend, VirtualCluster
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.core.cadence import Cadence, young
-from ftslurm.core.contract import ExitCode, RunDir
+from ftslurm.core.contract import ExitCode, JobEnv, RunDir
 from ftslurm.core.contract.reports import (
     Benched,
     NodeReport,
@@ -1140,6 +1151,7 @@ class Campaign:
         # node state seen by the compute side
         self.slow: dict[str, list[float]] = {}  # node -> slowdowns of its current episodes
         self.persistent: dict[int, list[str]] = {}  # attempt -> its persistent stragglers
+        self.env_cache: dict[str, JobEnv] = {}  # a batch script -> its job's environment
         # live recovery: the current run's recoveries as (start, cause, seconds) phases,
         # charged when the run is accounted; the nodes lost under one, not reported yet;
         # the newest recovery (an older one's end is no longer the run's)
@@ -1385,6 +1397,22 @@ class Campaign:
         Slurm's restart count, as its batch script computes it."""
         job = self.c.st.jobs[self.jid or ""]
         return int((job.comment or "::0").rsplit(":", 1)[1]) + job.restart_count
+
+    def _job_env(self) -> JobEnv:
+        """The compute side's settings as the daemon gave them to the current job: the
+        exports of its batch script (`ftslurm.daemon.submission`), read as the launcher
+        reads its environment (the straggler report's interval, threshold and windows;
+        what the shell computes at run time, as the attempt, is left out)."""
+        job = self.c.st.jobs.get(self.jid or "")
+        script = job.script if job is not None else ""
+        if script not in self.env_cache:
+            env = {}
+            for line in script.splitlines():
+                if line.startswith("export ") and "=" in line and "$" not in line:
+                    key, _, value = line.removeprefix("export ").partition("=")
+                    env[key] = " ".join(shlex.split(value))
+            self.env_cache[script] = JobEnv.from_environ(env)
+        return self.env_cache[script]
 
     def _write_progress(self) -> None:
         """progress.json as `ftslurm.agent.progress` keeps it: the work saved so far is the
@@ -1748,8 +1776,9 @@ class Campaign:
         s = self.pol.settings
         if not (self.pol.launcher and (s.exclude_stragglers or s.stop_if_straggler)):
             return  # nothing scores the ranks
-        interval = s.straggler_report_interval_s
-        due = (math.floor(since / interval) + 1 + s.straggler_windows) * interval
+        env = self._job_env()  # what the daemon gave the launchers
+        interval = env.straggler_interval_s
+        due = (math.floor(since / interval) + 1 + env.straggler_windows) * interval
         alloc = self.alloc_serial
         self.c.at(due, lambda: self._straggler_due(node, alloc))
 
@@ -1758,7 +1787,8 @@ class Campaign:
         if alloc != self.alloc_serial or not slow or not self._running(node):
             return
         score = 1.0 / max(slow)
-        if score >= self.pol.settings.straggler_threshold:
+        threshold = self._job_env().straggler_threshold  # the rule's, through the daemon
+        if score >= threshold:
             return  # not slow enough to score below the threshold
         attempt = self._attempt()
         nodes = self.persistent.setdefault(attempt, [])
@@ -1769,7 +1799,7 @@ class Campaign:
             self.paths.straggler_report,
             StragglerReport(
                 attempt=attempt,
-                threshold=self.pol.settings.straggler_threshold,
+                threshold=threshold,
                 persistent_nodes=list(nodes),
                 updated_at=self.c.now,
                 scores=[
@@ -2019,7 +2049,12 @@ def assumptions() -> dict[str, Any]:
     out["FTSLURM_STRAGGLER"] = {
         "interval_s": FTSLURM.straggler_report_interval_s,
         "windows": FTSLURM.straggler_windows,
-        "threshold": FTSLURM.straggler_threshold,
+        # the product's rule (`ftslurm.core.settings.straggler_threshold`): the setting is
+        # left at its default (None); live recovery with spares gets the sensitive one
+        "threshold": FTSLURM.effective_straggler_threshold(),
+        "threshold_live": FTSLURM.model_copy(
+            update={"spare_nodes": 1, "live_recovery": True}
+        ).effective_straggler_threshold(),
     }
     return out
 

@@ -778,3 +778,39 @@ def test_with_live_recovery_a_persistent_straggler_steps_out_for_a_warm_spare():
     assert r.lost_s["stragglers"] < 300 + gp.LIVE_STEP_OUT_STEPS * gp.STEP_S
     _, spares = run("ftslurm_all", tr)
     assert r.lost_s["startup"] < spares.lost_s["startup"]
+
+
+def test_with_live_recovery_a_mild_straggler_steps_out_too_by_default():
+    """A node 1.2x slower scores 0.83: above today's threshold 0.75, below the live one 0.9
+    (`ftslurm.core.settings.straggler_threshold`). The live policy sets no threshold: the
+    daemon renders the rule's into the job, and the simulated launcher scores with what the
+    job was given."""
+    assert gp.FTSLURM.straggler_threshold is None  # the benchmark sets none
+    mild = trace(gp.Fault(3600.0, "straggler", "n2", duration_s=6 * 3600.0, slowdown=1.2))
+    camp, r = run("ftslurm_live", mild)
+    assert camp._job_env().straggler_threshold == 0.9
+    assert r.counts["straggler_swaps"] == 1 and r.counts["live_straggler"] == 1
+    assert "n2" not in camp.active and r.counts["allocations"] == 1
+    assert r.lost_s["stragglers"] < 300 + gp.LIVE_STEP_OUT_STEPS * gp.STEP_S
+    # with cold spares (no live recovery) acting costs a restart of every rank: 0.75 holds
+    spares, r = run("ftslurm_all", mild)
+    assert spares._job_env().straggler_threshold == 0.75
+    assert r.counts.get("straggler_swaps", 0) == 0 and "n2" in spares.active
+    assert r.lost_s["stragglers"] == pytest.approx(6 * 3600 * (1 - 1 / 1.2))
+
+
+@pytest.mark.parametrize(("slowdown", "moved"), [(1.2, 0), (1.5, 1)])
+def test_with_no_spare_left_only_a_severe_straggler_moves_the_job(slowdown, moved):
+    """The live threshold flags a node 1.2x slower (score 0.83); with the one spare taken by
+    a lost node it cannot step out, and moving the whole job needs a score below 0.75
+    (`ftslurm.core.settings.straggler_move_threshold`): flagged, not moved. A node 1.5x
+    slower (0.67) still moves it."""
+    faults = (
+        gp.Fault(1800.0, "node", "n3"),
+        gp.Fault(3600.0, "straggler", "n2", duration_s=6 * 3600.0, slowdown=slowdown),
+    )
+    pool = tuple(f"n{i}" for i in range(1, 9))  # room to place the job without n2 and n3
+    _, r = run("ftslurm_live", gp.Trace(4, 0.5, pool, frozenset(), faults, (1800.0,) * 8))
+    assert r.counts["live_node"] == 1 and r.counts.get("straggler_swaps", 0) == 0
+    assert r.counts["stragglers_flagged"] == 1
+    assert r.counts.get("straggler_moves", 0) == moved

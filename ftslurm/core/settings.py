@@ -135,9 +135,11 @@ class FtSettings(BaseModel):
     # every `straggler_report_interval_s`; a node whose ranks score below
     # `straggler_threshold` in `straggler_windows` consecutive windows is persistent: it is
     # kept out of later attempts (`exclude_stragglers`), and with `stop_if_straggler` the
-    # running job is moved off it at once (requeue held, exclude, release).
+    # running job is moved off it at once (requeue held, exclude, release). With hot spares
+    # its launcher steps out and a spare takes its place inside the job. The threshold's
+    # default (None) depends on that: `straggler_threshold(...)` below, the one rule.
     straggler_report_interval_s: float = Field(DEFAULT_STRAGGLER_INTERVAL_S, gt=0)
-    straggler_threshold: float = Field(DEFAULT_STRAGGLER_THRESHOLD, gt=0, le=1)
+    straggler_threshold: float | None = Field(None, gt=0, le=1)
     straggler_windows: int = Field(DEFAULT_STRAGGLER_WINDOWS, ge=1)
     straggler_reference: Literal["best", "median"] = DEFAULT_STRAGGLER_REFERENCE
     exclude_stragglers: bool = True
@@ -159,6 +161,14 @@ class FtSettings(BaseModel):
     # files 0600: weights are the owner's alone) or "group" (0750 / 0640, for a folder a
     # team shares). Folders that exist already keep their mode.
     checkpoint_sharing: Literal["private", "group"] = "private"
+
+    def effective_straggler_threshold(self) -> float:
+        """The score threshold this run's launchers use (`straggler_threshold`, the rule)."""
+        return straggler_threshold(
+            self.straggler_threshold,
+            live_recovery=self.use_launcher and self.live_recovery,
+            spare_nodes=self.spare_nodes if self.use_launcher else 0,
+        )
 
     @field_validator("checkpoint_signal")
     @classmethod
@@ -197,3 +207,45 @@ class FtSettings(BaseModel):
             if n < 0:
                 raise ValueError(f"budget for {cause.value} must be >= 0")
         return value
+
+
+# The straggler threshold a run gets when it sets none follows what acting on a straggler
+# costs. Without live recovery, a restart of every rank from the last checkpoint (a spare
+# taking its place in the job, or with `stop_if_straggler` a move of the whole job):
+# minutes of the whole job, so only a clear slowdown counts, a score below 0.75 (a node
+# about 33% slower than the best). With live recovery and a hot spare waiting warm, the
+# straggler's launcher steps out and the spare's ranks take its place while the other
+# ranks keep their processes: about a second on a real cluster (1.16 s measured,
+# tests/test_live_slurm.py; docs/policy.md) plus the node's state received, against
+# (1 - score) of the whole job's speed for as long as the slowdown lasts (fail-slow
+# episodes last minutes to hours). So a milder slowdown is worth acting on: a score below
+# 0.9 (a node about 11% slower). The price: a node that is only noisy, its window medians
+# 10% or more behind the best rank's for `straggler_windows` windows in a row, steps out
+# too (one spare used, the node kept out of later attempts for `node_exclusion_ttl_s`); on
+# a cluster whose healthy nodes spread that much, set `straggler_threshold` (0.75 is the
+# old default).
+LIVE_STRAGGLER_THRESHOLD = 0.9
+
+
+def straggler_threshold(threshold: float | None, *, live_recovery: bool, spare_nodes: int) -> float:
+    """The straggler score threshold a run's launchers use: the run's `straggler_threshold`
+    when it sets one; otherwise LIVE_STRAGGLER_THRESHOLD (0.9) for a run that recovers live
+    (`live_recovery`) with hot spares (`spare_nodes` > 0): a straggler then steps out to a
+    warm spare for about a second; DEFAULT_STRAGGLER_THRESHOLD (0.75) for any other run
+    (acting costs a restart of every rank or a move of the job). Pure; the daemon passes
+    the result to the job (`FTSLURM_STRAGGLER_THRESHOLD`) at every submission."""
+    if threshold is not None:
+        return threshold
+    if live_recovery and spare_nodes > 0:
+        return LIVE_STRAGGLER_THRESHOLD
+    return DEFAULT_STRAGGLER_THRESHOLD
+
+
+def straggler_move_threshold(threshold: float | None) -> float:
+    """The score a flagged straggler must be below for `stop_if_straggler` to move the
+    whole job off it (no spare can take its place): the run's `straggler_threshold` when it
+    sets one, else DEFAULT_STRAGGLER_THRESHOLD (0.75), also where live recovery's default
+    flags milder slowdowns: a move restarts every rank from the last checkpoint in a new
+    allocation, the cost the 0.75 default is set for. A milder straggler is still flagged:
+    the job's next allocation leaves it out."""
+    return DEFAULT_STRAGGLER_THRESHOLD if threshold is None else threshold

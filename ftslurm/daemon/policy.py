@@ -29,6 +29,7 @@ from ftslurm.core.settings import (
     RETRYABLE,
     Cause,
     FtSettings,
+    straggler_move_threshold,
 )
 from ftslurm.core.types import JobState
 
@@ -349,11 +350,7 @@ def straggler_flags(
     if report.attempt != attempt:
         return ()
     flagged = set(already_flagged)
-    worst: dict[str, float] = {}
-    for s in report.scores:
-        if s.node is not None:
-            score = min(s.relative, s.individual)
-            worst[s.node] = min(score, worst.get(s.node, 1.0))
+    worst = straggler_scores(report)
     found = []
     for node in report.persistent_nodes:
         if node not in flagged:
@@ -366,6 +363,18 @@ def straggler_flags(
                 )
             )
     return tuple(found)
+
+
+def straggler_scores(report: StragglerReport | Mapping[str, Any] | None) -> dict[str, float]:
+    """Each node's worst score (the lower of relative and individual, over its ranks) in
+    the straggler report's latest window; a node the report does not score is absent."""
+    report = parse(StragglerReport, report)
+    worst: dict[str, float] = {}
+    for s in report.scores if report is not None else ():
+        if s.node is not None:
+            score = min(s.relative, s.individual)
+            worst[s.node] = min(score, worst.get(s.node, 1.0))
+    return worst
 
 
 def spares_take_stragglers(
@@ -389,14 +398,22 @@ def straggler_move(
     exclusions: Iterable[str],
     budget: Budget,
     settings: FtSettings,
+    scores: Mapping[str, float] | None = None,
 ) -> Decision | None:
     """Whether to move a running attempt off straggler nodes just flagged: only with
     `stop_if_straggler`, when one of them is in the allocation AND will be excluded (never
     when the job could not be placed without it), and while the straggler budget lasts.
-    The move spends no failure budget; each one excludes a node more, so they are few."""
+    The move spends no failure budget; each one excludes a node more, so they are few.
+    `scores` (`straggler_scores`): a node the report scores at or above the move's bar
+    (`straggler_move_threshold`: 0.75 unless the run sets a threshold) is flagged but not
+    moved off: the milder slowdowns live recovery's threshold flags are worth a second's
+    step-out to a warm spare, not a restart of the whole job; a node without a score is
+    moved off as before."""
     if not settings.stop_if_straggler:
         return None
-    moving = sorted(set(new_flags) & set(allocation) & set(exclusions))
+    bar = straggler_move_threshold(settings.straggler_threshold)
+    slow = {n for n in new_flags if (scores or {}).get(n, 0.0) < bar}
+    moving = sorted(slow & set(allocation) & set(exclusions))
     if not moving:
         return None
     spent = budget.cause_counts.get(Cause.STRAGGLER.value, 0)

@@ -911,7 +911,9 @@ def _straggler(
     places (`policy.spares_take_stragglers`), that is all: their launchers step out and a
     spare replaces each inside the job. Otherwise, with `stop_if_straggler`, move the
     running job off them at once: the attempt ends here and a requeue intent (held,
-    exclusions updated, released) begins the next one. None: list the nodes first."""
+    exclusions updated, released) begins the next one, for the nodes that score below the
+    move's bar (`policy.straggler_move`: 0.75 unless the run sets a threshold; a milder
+    straggler is only flagged). None: list the nodes first."""
     new = [node for node, _ in flags]
     allocation = list(a.nodes or info.nodes)
     gone = [g.node_rank for g in losses(a.attempt, files, allocation) if g.node_rank is not None]
@@ -935,7 +937,10 @@ def _straggler(
         return None
     flagged = new + [n for n in active_flags(facts, now) if n not in new]
     exclusions = _exclusions(run, flagged, facts.usable)
-    d = policy.straggler_move(new, info.nodes or a.nodes, exclusions, _budget(run), settings)
+    scores = policy.straggler_scores(files.straggler_report)
+    d = policy.straggler_move(
+        new, info.nodes or a.nodes, exclusions, _budget(run), settings, scores
+    )
     if d is None:
         return out
     moved = replace(

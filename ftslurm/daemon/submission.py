@@ -22,6 +22,7 @@ from ftslurm.core.contract import (
     default_checkpoint_dir,
 )
 from ftslurm.core.inject import Injection, env_value, parse_injections, still_to_fire
+from ftslurm.core.settings import straggler_threshold
 from ftslurm.core.timefmt import parse_time_limit
 from ftslurm.core.types import JobOptions
 from ftslurm.daemon.records import tag
@@ -201,6 +202,13 @@ def _job_env(
         }
     if any(i.kind.in_job for i in injections):
         given["inject"] = env_value(injections)
+    # None (the default): the threshold follows whether a straggler can step out to a warm
+    # spare (`ftslurm.core.settings.straggler_threshold`, the one rule)
+    given["straggler_threshold"] = straggler_threshold(
+        settings.get("straggler_threshold"),
+        live_recovery=launcher and bool(settings.get("live_recovery")),
+        spare_nodes=spares,
+    )
     return JobEnv(
         run_id=run_id,
         run_dir=spec["run_dir"],
