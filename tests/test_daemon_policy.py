@@ -1519,7 +1519,7 @@ def test_settings_defaults():
         "node_exclusion_ttl_s": 86400,
         "node_exclusion_max_ttl_s": 604800,
         "use_launcher": True,
-        "section_timeouts": {"setup": 1800, "checkpointing": 1800},
+        "section_timeouts": {"setup": 1800, "checkpointing": 1800, "recovery": 1800},
         "out_of_section_timeout": 300,
         "initial_timeout": 1800,
         "hang_warmup_steps": 20,
