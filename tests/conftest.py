@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import pwd
+import shlex
 import signal
 import tempfile
 import time
@@ -459,3 +460,42 @@ def _report_left_behind(terminalreporter) -> None:
         "FAILED: every test that starts a daemon, mock controller or "
         "launcher must stop it, also when it fails"
     )
+
+
+def job_spec(
+    *, inject: tuple[str, ...] | list[str] = (), run_dir: str = "/runs/r1", **options: Any
+) -> dict[str, Any]:
+    """A run's stored job spec (what `build_attempt` renders), `options` over typical ones."""
+    return {
+        "options": {
+            "name": None,
+            "nodes": 2,
+            "ntasks_per_node": 1,
+            "cpus_per_task": 1,
+            "gpus_per_node": None,
+            "time_limit": "1:00:00",
+            "partition": None,
+            "account": None,
+            "exclude": [],
+            "extra": {},
+            **options,
+        },
+        "run_dir": run_dir,
+        "checkpoint_dir": "/ck",
+        "workdir": "/w",
+        "setup": [],
+        "env": {},
+        "inject": list(inject),
+        "python": "/usr/bin/python3",
+        "command": ["train.py"],
+    }
+
+
+def script_exports(script: str) -> dict[str, str]:
+    """The FTSLURM_* variables a batch script exports (the computed ones left out)."""
+    out = {}
+    for line in script.splitlines():
+        if line.startswith("export FTSLURM_") and "$((" not in line:
+            key, _, value = line.removeprefix("export ").partition("=")
+            out[key] = shlex.split(value)[0] if value else ""
+    return out

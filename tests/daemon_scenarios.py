@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ftslurm.agent.task import free_port
-from ftslurm.core.contract import LIVE_RECORDS
+from ftslurm.core.contract import LIVE_RECORDS, RunDir
+from ftslurm.core.contract.reports import Kind
+from ftslurm.runfiles import read_reports
 
 # A training stand-in: steps of `step_s` with an all-reduce across ranks, a checkpoint (and
 # its report) every `every` steps and when the checkpoint signal or SIGTERM arrives, then
@@ -323,7 +325,6 @@ def spare_takes_over_on_the_mock(
     live recovery (`--live-recovery`, the recipe's `--live`): no round 1 (no rank restarts),
     the live recovery's record instead (`recovery/live-*.json`), which a warm spare's rank
     joined."""
-    from ftslurm.core.contract import RunDir
 
     steps = 200
     expected = reference_digest(tmp_path, steps)
@@ -513,3 +514,73 @@ def started_once(log: str) -> bool:
     killed node may hold it, and the rank that takes it over prints its start too.)"""
     sources = re.findall(r"rank \d+ of \d+ starts at step \d+ \(.*?\) from (.+)", log)
     return sources[:1] == ["nothing"] and set(sources[1:]) <= {"a live peer"}
+
+
+def rank_crash_restarted_alone(
+    cli: Cli, recipe: Path, ckpt: Path, args: list[str], *, at_s: int, dry_run: bool
+) -> dict:
+    """2 nodes x 2 ranks of the recipe with --live; rank 3 (on the second node) crashes
+    `at_s` into the run: its launcher restarts it alone, the others keep their processes,
+    and the run ends in its first job. The scenario's final parameters (final.json), for
+    the caller to compare with an uninterrupted run's. The same on the mock and Slurm."""
+    out = cli.submit(
+        *(("--dry-run",) if dry_run else ()),
+        *("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2"),
+        *("--inject", f"crash@{at_s}:3"),
+        str(recipe),
+        "--",
+        *args,
+        *("--checkpoint-dir", str(ckpt)),
+    )
+    s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
+    log = cli("logs", out["run_id"], "--attempt", "0").stdout
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
+    assert "restarted alone" in log, log[-4000:]
+    assert started_once(log), log[-4000:]  # never every rank
+    (record,) = read_reports(RunDir(s["run_dir"]), Kind.LIVE, 0)
+    assert 3 in record.receivers and record.state_from is not None, record
+    return json.loads((ckpt / "final.json").read_text())
+
+
+def straggler_steps_out_live(
+    cli: Cli, tmp: Path, args: list[str], *, interval_s: float, dry_run: bool, **settings: Any
+) -> dict:
+    """2 nodes x 2 ranks of the recipe with --live and a warm spare: the second node is
+    slowed 4-fold from 2 s in and judged a persistent straggler after two `interval_s`
+    windows; its launcher steps out, the spare's waiting ranks take ranks 2 and 3 over
+    live, the daemon flags that node alone and leaves it to the spare, and the run ends in
+    its first job. The scenario's final parameters (final.json). The same on the mock and
+    Slurm."""
+    from ftslurm.daemon.store import Store
+
+    ckpt = tmp / "ckpt"
+    recipe = recipe_file(
+        tmp,
+        "straggler-live",
+        args=[*args, "--checkpoint-dir", str(ckpt)],
+        spare_nodes=1,
+        live_recovery=True,
+        straggler_report_interval_s=interval_s,
+        straggler_windows=2,
+        **settings,
+    )
+    out = cli.submit(
+        *(("--dry-run",) if dry_run else ()), "--inject", "straggler@2:1*4", str(recipe)
+    )
+    s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
+    log = cli("logs", out["run_id"], "--attempt", "0").stdout
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
+    assert started_once(log), log[-4000:]  # never every rank
+    run_dir = RunDir(s["run_dir"])
+    (benched,) = read_reports(run_dir, Kind.BENCHED, 0)
+    assert benched.why == "straggler" and benched.node_rank == 1, benched
+    store = Store(cli.home)
+    try:  # the daemon flagged that node (and no other) and left it to the spare
+        flagged = [e.data for e in store.events(out["run_id"]) if e.kind == "straggler"]
+    finally:
+        store.close()
+    assert [(f["nodes"], f["recovery"]) for f in flagged] == [([benched.node], "spare")], flagged
+    (record,) = read_reports(run_dir, Kind.LIVE, 0)
+    assert record.took_over == 1 and sorted(record.receivers) == [2, 3], record
+    print(f"stepped out -> first committed step: {record.first_commit_at - benched.time:.2f}s")
+    return json.loads((ckpt / "final.json").read_text())

@@ -3,7 +3,6 @@ environment, the signal parser and the port rule, and that both sides use the sa
 
 from __future__ import annotations
 
-import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from ftslurm.core.contract import (
 from ftslurm.daemon.policy import FtSettings
 from ftslurm.daemon.submission import build_attempt
 from ftslurm.errors import ConfigError
+
+from .conftest import job_spec, script_exports
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,38 +129,8 @@ def test_a_bad_job_variable_is_a_one_line_error_naming_it(key: str, value: str) 
     assert "\n" not in err.value.message and err.value.message.startswith(f"{key}=")
 
 
-def _exports(script: str) -> dict[str, str]:
-    out = {}
-    for line in script.splitlines():
-        if line.startswith("export FTSLURM_") and "$((" not in line:
-            key, _, value = line.removeprefix("export ").partition("=")
-            out[key] = shlex.split(value)[0] if value else ""
-    return out
-
-
 def test_what_the_daemon_renders_the_job_parses_back() -> None:
-    spec = {
-        "options": {
-            "name": None,
-            "nodes": 2,
-            "ntasks_per_node": 2,
-            "cpus_per_task": 1,
-            "gpus_per_node": None,
-            "time_limit": "1:00:00",
-            "partition": None,
-            "account": None,
-            "exclude": [],
-            "extra": {},
-        },
-        "run_dir": "/runs/r 1",
-        "checkpoint_dir": "/ck",
-        "workdir": "/w",
-        "setup": [],
-        "env": {},
-        "inject": ["hang@5:0"],
-        "python": "/usr/bin/python3",
-        "command": ["train.py"],
-    }
+    spec = job_spec(ntasks_per_node=2, run_dir="/runs/r 1", inject=["hang@5:0"])
     settings = FtSettings(
         checkpoint_signal="10",
         num_in_job_restarts=2,
@@ -168,7 +139,7 @@ def test_what_the_daemon_renders_the_job_parses_back() -> None:
         out_of_section_timeout=None,
     ).model_dump(mode="json")
     script, _ = build_attempt("r1", spec, settings, 3, ())
-    job = JobEnv.from_environ(_exports(script))
+    job = JobEnv.from_environ(script_exports(script))
     assert (job.run_id, job.run_dir, job.checkpoint_dir, job.attempt_base) == (
         "r1",
         "/runs/r 1",
@@ -186,7 +157,7 @@ def test_what_the_daemon_renders_the_job_parses_back() -> None:
     assert "export FTSLURM_ATTEMPT=$((FTSLURM_ATTEMPT_BASE + ${SLURM_RESTART_COUNT:-0}))" in script
     # Without the launcher its settings do not travel; the rest does, with the defaults.
     script, _ = build_attempt("r1", spec, {"use_launcher": False}, 0, ())
-    plain = _exports(script)
+    plain = script_exports(script)
     assert "FTSLURM_IN_JOB_RESTARTS" not in plain and "FTSLURM_GRACE_S" not in plain
     assert JobEnv.from_environ(plain).straggler_interval_s == JobEnv().straggler_interval_s
 
@@ -195,34 +166,13 @@ def test_a_new_job_of_a_run_leaves_out_the_injections_that_fired() -> None:
     """Each injection fires once per run (issue 25): the fault the scheduler carries out and
     the crash the ranks carried out in an earlier job are not in a fresh job's script or
     options; the straggler stays (its node stays slow)."""
-    spec = {
-        "options": {
-            "name": None,
-            "nodes": 2,
-            "ntasks_per_node": 1,
-            "cpus_per_task": 1,
-            "gpus_per_node": None,
-            "time_limit": "10",
-            "partition": None,
-            "account": None,
-            "exclude": [],
-            "extra": {},
-        },
-        "run_dir": "/runs/r1",
-        "checkpoint_dir": "/ck",
-        "workdir": "/w",
-        "setup": [],
-        "env": {},
-        "inject": ["node_fail@10", "crash@5:1", "straggler@2:0*3"],
-        "python": "/usr/bin/python3",
-        "command": ["train.py"],
-    }
+    spec = job_spec(time_limit="10", inject=["node_fail@10", "crash@5:1", "straggler@2:0*3"])
     script, options = build_attempt("r1", spec, {}, 0, ())
     assert options.inject == ("node_fail@10",)
-    assert JobEnv.from_environ(_exports(script)).inject == "crash@5:1,straggler@2:0*3"
+    assert JobEnv.from_environ(script_exports(script)).inject == "crash@5:1,straggler@2:0*3"
     script, options = build_attempt("r1", spec, {}, 1, (), ["node_fail@10", "crash@5:1"])
     assert options.inject == ()
-    assert JobEnv.from_environ(_exports(script)).inject == "straggler@2:0*3"
+    assert JobEnv.from_environ(script_exports(script)).inject == "straggler@2:0*3"
 
 
 @pytest.mark.parametrize(

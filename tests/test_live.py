@@ -28,7 +28,6 @@ from ftslurm.core.contract.reports import Kind
 from ftslurm.runfiles import read_reports
 
 from .conftest import wait_for
-from .daemon_scenarios import ended, started_once
 
 pytestmark = pytest.mark.slow  # real rank processes: about a minute in all
 
@@ -520,28 +519,14 @@ def test_on_the_mock_a_crashed_rank_on_the_second_node_is_restarted_alone(tmp_pa
     node) crashed 15 s in: its launcher restarts it alone, the other ranks (on both nodes)
     keep their processes, and the run ends in its first job with the parameters of an
     uninterrupted run of the same 4 ranks (test_live_slurm's scenario)."""
-    from .daemon_scenarios import on_a_fresh_mock, reference_digest
+    from .daemon_scenarios import on_a_fresh_mock, rank_crash_restarted_alone, reference_digest
 
     expected = reference_digest(tmp_path, MOCK_STEPS, world=4)
-    ckpt = tmp_path / "ckpt"
     with on_a_fresh_mock(tmp_path) as cli:
-        out = cli.submit(
-            *("--dry-run", "-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2"),
-            *("--inject", "crash@15:3"),
-            str(RECIPE),
-            "--",
-            *MOCK_ARGS,
-            *("--checkpoint-dir", str(ckpt)),
+        final = rank_crash_restarted_alone(
+            cli, RECIPE, tmp_path / "ckpt", MOCK_ARGS, at_s=15, dry_run=True
         )
-        s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
-        log = cli("logs", out["run_id"], "--attempt", "0").stdout
-    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
-    assert "restarted alone" in log, log[-4000:]
-    assert started_once(log), log[-4000:]  # never every rank
-    (record,) = read_reports(RunDir(s["run_dir"]), Kind.LIVE, 0)
-    assert 3 in record.receivers and record.state_from is not None, record
-    final = json.loads((ckpt / "final.json").read_text())
-    assert final == {"step": MOCK_STEPS, "digest": expected}, log[-4000:]
+    assert final == {"step": MOCK_STEPS, "digest": expected}
 
 
 def test_on_the_mock_a_straggler_steps_out_to_a_warm_spare(tmp_path):
@@ -550,39 +535,16 @@ def test_on_the_mock_a_straggler_steps_out_to_a_warm_spare(tmp_path):
     its launcher steps out, the spare's waiting ranks take ranks 2 and 3 over live, and the
     run ends in its first job with the parameters of an uninterrupted run of the same 4
     ranks (test_live_slurm's scenario)."""
-    from ftslurm.daemon.store import Store
-
-    from .daemon_scenarios import on_a_fresh_mock, recipe_file, reference_digest
+    from .daemon_scenarios import on_a_fresh_mock, reference_digest, straggler_steps_out_live
 
     expected = reference_digest(tmp_path, MOCK_STEPS, world=4)
-    ckpt = tmp_path / "ckpt"
-    recipe = recipe_file(
-        tmp_path,
-        "straggler-live",
-        args=[*MOCK_ARGS, "--checkpoint-dir", str(ckpt)],
-        spare_nodes=1,
-        live_recovery=True,
-        straggler_report_interval_s=2.0,
-        straggler_windows=2,
-        straggler_threshold=0.75,  # the slowed ranks score about 0.6
-    )
     with on_a_fresh_mock(tmp_path) as cli:
-        out = cli.submit("--dry-run", "--inject", "straggler@2:1*4", str(recipe))
-        s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
-        log = cli("logs", out["run_id"], "--attempt", "0").stdout
-    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
-    assert started_once(log), log[-4000:]  # never every rank
-    run_dir = RunDir(s["run_dir"])
-    (benched,) = read_reports(run_dir, Kind.BENCHED, 0)
-    assert benched.why == "straggler" and benched.node_rank == 1, benched
-    store = Store(cli.home)
-    try:  # the daemon flagged that node (and no other) and left it to the spare
-        flagged = [e.data for e in store.events(out["run_id"]) if e.kind == "straggler"]
-    finally:
-        store.close()
-    assert [(f["nodes"], f["recovery"]) for f in flagged] == [([benched.node], "spare")], flagged
-    (record,) = read_reports(run_dir, Kind.LIVE, 0)
-    assert record.took_over == 1 and sorted(record.receivers) == [2, 3], record
-    final = json.loads((ckpt / "final.json").read_text())
-    assert final == {"step": MOCK_STEPS, "digest": expected}, log[-4000:]
-    print(f"stepped out -> first committed step: {record.first_commit_at - benched.time:.2f}s")
+        final = straggler_steps_out_live(
+            cli,
+            tmp_path,
+            MOCK_ARGS,
+            interval_s=2.0,
+            dry_run=True,
+            straggler_threshold=0.75,  # the slowed ranks score about 0.6
+        )
+    assert final == {"step": MOCK_STEPS, "digest": expected}

@@ -23,7 +23,15 @@ from ftslurm.fsutil import read_json
 from ftslurm.runfiles import read_reports
 
 from .conftest import wait_for
-from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, recipe_file, started_once
+from .daemon_scenarios import (
+    RECIPE,
+    Cli,
+    daemon_cli,
+    ended,
+    rank_crash_restarted_alone,
+    started_once,
+    straggler_steps_out_live,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -56,23 +64,8 @@ def uninterrupted(tmp: Path) -> dict:
 
 def test_a_crashed_rank_on_the_second_node_is_restarted_alone(cli, tmp_path):
     reference = uninterrupted(tmp_path / "reference")
-    ckpt = tmp_path / "ckpt"
-    out = cli.submit(
-        *("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2"),
-        *("--inject", "crash@30:3"),
-        str(RECIPE),
-        "--",
-        *ARGS,
-        *("--checkpoint-dir", str(ckpt)),
-    )
-    s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
-    log = cli("logs", out["run_id"], "--attempt", "0").stdout
-    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
-    assert "restarted alone" in log, log[-4000:]
-    assert started_once(log), log[-4000:]  # never every rank
-    (record,) = read_reports(RunDir(s["run_dir"]), Kind.LIVE, 0)
-    assert 3 in record.receivers and record.state_from is not None, record
-    assert json.loads((ckpt / "final.json").read_text()) == reference, log[-4000:]
+    final = rank_crash_restarted_alone(cli, RECIPE, tmp_path / "ckpt", ARGS, at_s=30, dry_run=False)
+    assert final == reference
 
 
 def test_a_killed_node_is_taken_over_by_a_warm_spare(cli, healthy_nodes, tmp_path):
@@ -125,25 +118,5 @@ def test_a_straggler_steps_out_to_a_warm_spare(cli, tmp_path):
     spare's waiting ranks take ranks 2 and 3 over live, and the run ends in its first job
     with the parameters of an uninterrupted run of the same 4 ranks."""
     reference = uninterrupted(tmp_path / "reference")
-    ckpt = tmp_path / "ckpt"
-    recipe = recipe_file(
-        tmp_path,
-        "straggler-live",
-        args=[*ARGS, "--checkpoint-dir", str(ckpt)],
-        spare_nodes=1,
-        live_recovery=True,
-        straggler_report_interval_s=3.0,
-        straggler_windows=2,
-    )
-    out = cli.submit("--inject", "straggler@2:1*4", str(recipe))
-    s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
-    log = cli("logs", out["run_id"], "--attempt", "0").stdout
-    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
-    assert started_once(log), log[-4000:]  # never every rank
-    run_dir = RunDir(s["run_dir"])
-    (benched,) = read_reports(run_dir, Kind.BENCHED, 0)
-    assert benched.why == "straggler" and benched.node_rank == 1, benched
-    (record,) = read_reports(run_dir, Kind.LIVE, 0)
-    assert record.took_over == 1 and sorted(record.receivers) == [2, 3], record
-    assert json.loads((ckpt / "final.json").read_text()) == reference, log[-4000:]
-    print(f"stepped out -> first committed step: {record.first_commit_at - benched.time:.2f}s")
+    final = straggler_steps_out_live(cli, tmp_path, ARGS, interval_s=3.0, dry_run=False)
+    assert final == reference

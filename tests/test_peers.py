@@ -31,7 +31,7 @@ from ftslurm.core.settings import FtSettings
 from ftslurm.daemon.submission import build_attempt
 from ftslurm.errors import ConfigError
 
-from .conftest import wait_for
+from .conftest import job_spec, wait_for
 from .daemon_scenarios import kill_groups
 
 T = 10.0  # peer timeout of the unit tests
@@ -292,28 +292,7 @@ def test_a_watcher_being_ended_reports_no_one(pair):
 
 # ---------------------------------------------------------------- the setting reaches the job
 def test_the_run_setting_travels_to_the_launchers_and_a_bad_value_is_one_line():
-    spec = {
-        "options": {
-            "name": None,
-            "nodes": 2,
-            "ntasks_per_node": 1,
-            "cpus_per_task": 1,
-            "gpus_per_node": None,
-            "time_limit": "1:00:00",
-            "partition": None,
-            "account": None,
-            "exclude": [],
-            "extra": {},
-        },
-        "run_dir": "/runs/r1",
-        "checkpoint_dir": "/ck",
-        "workdir": "/w",
-        "setup": [],
-        "env": {},
-        "inject": [],
-        "python": "/usr/bin/python3",
-        "command": ["train.py"],
-    }
+    spec = job_spec()
     settings = FtSettings(peer_timeout_s=7).model_dump(mode="json")
     script, _ = build_attempt("r1", spec, settings, 0, ())
     exported = dict(

@@ -5,7 +5,6 @@ to every job it submits, and the launchers score with what the job was given."""
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import pytest
@@ -19,6 +18,8 @@ from ftslurm.core.settings import (
 )
 from ftslurm.daemon.policy import Budget, straggler_move, straggler_scores
 from ftslurm.daemon.submission import build_attempt
+
+from .conftest import job_spec, script_exports
 
 
 @pytest.mark.parametrize(
@@ -79,37 +80,10 @@ def test_a_runs_settings_resolve_through_the_rule(
 
 
 def _job_env(script: str) -> JobEnv:
-    out = {}
-    for line in script.splitlines():
-        if line.startswith("export FTSLURM_") and "$((" not in line:
-            key, _, value = line.removeprefix("export ").partition("=")
-            out[key] = shlex.split(value)[0] if value else ""
-    return JobEnv.from_environ(out)
+    return JobEnv.from_environ(script_exports(script))
 
 
-_SPEC = {
-    "options": {
-        "name": None,
-        "nodes": 3,
-        "spare_nodes": 1,
-        "ntasks_per_node": 1,
-        "cpus_per_task": 1,
-        "gpus_per_node": None,
-        "time_limit": "1:00:00",
-        "partition": None,
-        "account": None,
-        "exclude": [],
-        "extra": {},
-    },
-    "run_dir": "/runs/r1",
-    "checkpoint_dir": "/ck",
-    "workdir": "/w",
-    "setup": [],
-    "env": {},
-    "inject": [],
-    "python": "/usr/bin/python3",
-    "command": ["train.py"],
-}
+_SPEC = job_spec(nodes=3, spare_nodes=1)
 
 
 @pytest.mark.parametrize(
