@@ -25,7 +25,8 @@ run ends with exactly the parameters of an uninterrupted one.
   a memory save it tunes two intervals, and `agent.checkpoint_tier` says whether a periodic
   checkpoint stays in memory or also goes to disk; of the `--ckpt-every` ones, every
   `--disk-every`'th goes to disk.
-- `--fail-at-step N --fail-rank R` makes rank R exit 3 whenever it reaches step N (to try
+- `--fail-at-step N --fail-rank R` makes rank R exit 3 whenever it reaches step N (with
+  `--fail-once`, only before the launcher's first in-job restart; to try
   in-job restarts and retries).
 - When the last step is done it writes `final.json` (step and a parameter digest).
 
@@ -108,6 +109,17 @@ def main() -> int:
     )
     parser.add_argument("--fail-at-step", type=int, default=-1)
     parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument(
+        "--fail-once",
+        action="store_true",
+        help="with --fail-at-step: only before the launcher's first in-job restart",
+    )
+    parser.add_argument(
+        "--sharded",
+        action="store_true",
+        help="with --live: treat the state as sharded (as FSDP's): a rank that lost its part "
+        "is not given it by a peer; every rank restores from the memory tier or disk",
+    )
     args = parser.parse_args()
 
     rank, world, addr, port = dist_env()
@@ -149,6 +161,8 @@ def main() -> int:
                     step, tier = restore_training_state(latest[1], model, optim), "disk"
 
     saves, saved_at, stop = 0, -1, False
+    # --fail-once: a restarted process (torch's restart count above 0) does not fail again
+    once_failed = args.fail_once and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
 
     # A live recovery hands over what decides the ranks' next collectives too: the count
     # of saves and the step saved last (a rank that lacked them would save alone).
@@ -166,6 +180,7 @@ def main() -> int:
         load=load,
         step=lambda: step,
         on_regroup=[memory.regroup] if memory is not None else [],
+        replicated=not args.sharded,
     )
     if rank == 0 or group.rejoining:
         print(
@@ -238,7 +253,7 @@ def main() -> int:
         optim.step()
         step += 1
         agent.heartbeat(step)
-        if step == args.fail_at_step and rank == args.fail_rank:
+        if step == args.fail_at_step and rank == args.fail_rank and not once_failed:
             print(f"rank {rank} fails at step {step} (--fail-at-step)", flush=True)
             os._exit(3)
     if step % args.ckpt_every == 0 and saved_at != step:

@@ -209,6 +209,42 @@ def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, referenc
     """The launcher (one node, 3 ranks) restarts the rank that failed and only it: the
     others keep their processes, torch's agent store coordinates, one in-job restart is
     used, and the run ends bit-identical to an uninterrupted one."""
+    out = crash_under_the_launcher(tmp_path, timeouts=timeouts)
+    assert "restarted alone" in out, out[-6000:]
+    assert out.count("rank 0 of 3 starts at step 0") == 1, out[-6000:]  # no world restart
+    assert "rank 1 of 3 starts at step 25" in out and "from a live peer" in out, out[-6000:]
+    final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
+    assert final == reference, out[-6000:]
+    report = json.loads((tmp_path / "run" / "attempts" / "0" / "node-0.json").read_text())
+    assert report["in_job_restarts"] == 1 and report["outcome"] == "finished", report
+    # the recovery's record: who sent the state to whom, the step run again, the times
+    (record,) = read_reports(RunDir(tmp_path / "run"), Kind.LIVE, 0)
+    assert record.receivers == [1] and record.state_from in (0, 2), record
+    assert record.step == 25 and record.round == 1 and record.failed_round == 0, record
+    assert record.detected_by in ("error", "restart") and record.why, record
+    assert record.failed_at <= record.formed_at <= record.first_commit_at, record
+
+
+def test_a_sharded_state_falls_back_to_restoring_every_rank(tmp_path, reference):
+    """The same crash with a state the script declares sharded (`attach(replicated=False)`,
+    the recipe's --sharded): the restarted rank's part is held by no peer, so every rank
+    gives up the live recovery (`SHARDED`, recorded) and the launcher restarts every rank
+    from the last checkpoint (the memory tier); the run ends bit-identical all the same."""
+    out = crash_under_the_launcher(tmp_path, "--sharded", "--fail-once")
+    assert "a rank lacks its shard of a sharded state" in out, out[-6000:]
+    starts = re.findall(r"rank 0 of 3 starts at step (\d+) .* from (.+)", out)
+    assert starts[0] == ("0", "nothing") and starts[1][1] != "a live peer", out[-6000:]
+    final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
+    assert final == reference, out[-6000:]
+    given_up = sorted(RunDir(tmp_path / "run").attempt(0).glob("recovery/live-*-given-up-*"))
+    assert given_up, out[-6000:]
+
+
+def crash_under_the_launcher(
+    tmp_path: Path, *recipe_extra: str, timeouts: str | None = None
+) -> str:
+    """The launcher (one node, 3 ranks, 2 in-job restarts) runs the recipe with --live;
+    rank 1 fails at step 25. Its output; the run must end well."""
     for name in ("run", "ckpt"):
         (tmp_path / name).mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
@@ -239,6 +275,7 @@ def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, referenc
             "25",
             "--fail-rank",
             "1",
+            *recipe_extra,
         ],
         env=env,
         capture_output=True,
@@ -247,19 +284,7 @@ def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, referenc
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    assert "restarted alone" in out, out[-6000:]
-    assert out.count("rank 0 of 3 starts at step 0") == 1, out[-6000:]  # no world restart
-    assert "rank 1 of 3 starts at step 25" in out and "from a live peer" in out, out[-6000:]
-    final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
-    assert final == reference, out[-6000:]
-    report = json.loads((tmp_path / "run" / "attempts" / "0" / "node-0.json").read_text())
-    assert report["in_job_restarts"] == 1 and report["outcome"] == "finished", report
-    # the recovery's record: who sent the state to whom, the step run again, the times
-    (record,) = read_reports(RunDir(tmp_path / "run"), Kind.LIVE, 0)
-    assert record.receivers == [1] and record.state_from in (0, 2), record
-    assert record.step == 25 and record.round == 1 and record.failed_round == 0, record
-    assert record.detected_by in ("error", "restart") and record.why, record
-    assert record.failed_at <= record.formed_at <= record.first_commit_at, record
+    return out
 
 
 @pytest.mark.parametrize(

@@ -192,3 +192,16 @@ LISTENERS = [("127.0.0.1", 40001), ("10.0.0.2", 40002), ("0.0.0.0", 40003)]
 )
 def test_a_rounds_connections_are_told_from_the_processs_others(local, peer, want):
     assert rules.round_connection(local, peer, LISTENERS, own={40001}) is want
+
+
+@pytest.mark.parametrize(
+    "plan, replicated, want",
+    [
+        (None, False, None),  # nobody holds a state: not this rule's case
+        (Handover(0, 25, frozenset()), False, None),  # nobody lacks it: live all the same
+        (Handover(0, 25, frozenset({1})), True, None),  # a replica: copied from rank 0
+        (Handover(0, 25, frozenset({1})), False, Fallback.SHARDED),  # rank 1's part is lost
+    ],
+)
+def test_a_sharded_state_is_never_handed_to_a_rank_that_lost_its_part(plan, replicated, want):
+    assert rules.handover_fallback(plan, replicated) is want

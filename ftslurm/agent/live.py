@@ -195,6 +195,7 @@ class LiveGroup:
         self._load: Callable[[Any], None] | None = None
         self._step: Callable[[], int] = lambda: -1
         self._hooks: list[Callable[[], None]] = []
+        self._replicated = True  # every rank holds the whole state (`attach`)
         self._busy: tuple[int, float] | None = None  # (round, since): inside a step
         self._pending_record: tuple[Path, LiveRecovery] | None = None
         self._marker: Path | None = None  # HeartbeatDir.live: the launcher's sign
@@ -374,11 +375,16 @@ class LiveGroup:
         load: Callable[[Any], None],
         step: Callable[[], int],
         on_regroup: Iterable[Callable[[], None]] = (),
+        replicated: bool = True,
     ) -> None:
         """What a recovery hands over (`state()`, applied with `load(state)` on a rank that
         lacks it) and the step it holds. A collective: every rank calls it once, after
-        building its model (a restarted rank receives the state here)."""
+        building its model (a restarted rank receives the state here). `replicated=False`
+        for a state each rank holds a different part of (FSDP, ZeRO): a rank that lost its
+        part cannot receive it from a peer, so that recovery is given up (`SHARDED`) and the
+        launcher restores every rank from the memory tier's peer replica or the disk."""
         self._state, self._load, self._step = state, load, step
+        self._replicated = replicated
         self._hooks = list(on_regroup)
         if self.enabled:
             # Set up: a fault from now on is recovered live (a sender lost mid-transfer too).
@@ -472,6 +478,10 @@ class LiveGroup:
             )
         }
         plan = rules.sender(members)
+        why = rules.handover_fallback(plan, self._replicated)
+        if why is not None:
+            assert plan is not None
+            raise self._give_up(why, f"ranks {sorted(plan.receivers)} in round {self.round}")
         if plan is None or not plan.receivers:
             return None
         box = [self._state() if self.rank == plan.sender else None]

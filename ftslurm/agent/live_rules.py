@@ -44,6 +44,7 @@ class Fallback(str, Enum):
     NO_STATE = "no member holds a training state"
     NO_COORDINATOR = "the coordinator store is gone (the batch host was lost)"
     IN_SETUP = "a rank failed while the ranks were still setting up"
+    SHARDED = "a rank lacks its shard of a sharded state, which no peer holds"
 
 
 def commit_decision(
@@ -85,6 +86,15 @@ def sender(members: Mapping[int, int | None]) -> Handover | None:
     step = max(holding.values())
     src = min(r for r, s in holding.items() if s == step)
     return Handover(src, step, frozenset(r for r, s in members.items() if s != step))
+
+
+def handover_fallback(plan: Handover | None, replicated: bool) -> Fallback | None:
+    """A handover that cannot be made: a sharded state (each rank holds its own part, as
+    under FSDP without a replica dimension) cannot be copied from a peer to a rank that
+    lacks it. Without receivers a sharded state recovers live all the same."""
+    if plan is not None and plan.receivers and not replicated:
+        return Fallback.SHARDED
+    return None
 
 
 def fallback(rounds_in_a_row: int, max_rounds: int) -> Fallback | None:
