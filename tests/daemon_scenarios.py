@@ -512,7 +512,11 @@ def started_once(log: str) -> bool:
     """The world started once, from nothing; every later start is a rank that received the
     state live. (Which node holds rank 0 is torch's rendezvous's choice: a stepped-out or
     killed node may hold it, and the rank that takes it over prints its start too.)"""
-    sources = re.findall(r"rank \d+ of \d+ starts at step \d+ \(.*?\) from (.+)", log)
+    # Two ranks' lines may interleave (a print is two writes): the source is one of the
+    # recipe's words, not the rest of the line.
+    sources = re.findall(
+        r"rank \d+ of \d+ starts at step \d+ \(.*?\) from (a live peer|nothing|\w+)", log
+    )
     return sources[:1] == ["nothing"] and set(sources[1:]) <= {"a live peer"}
 
 

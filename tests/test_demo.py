@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,11 @@ def test_mock_demo_survives_node_failure_preemption_and_a_spare_swap_identically
     assert "demo passed" in out
     flat = " ".join(out.split())
     summary = flat[flat.find("with faults:") :][:300]
-    assert "(node_fail, checkpointed, finished), excluded n2" in flat, summary
+    # The preemption's ending: the ranks saved at its signal ("checkpointed"), or, on a
+    # loaded machine where the signal came before the ranks could save, a retry from the
+    # checkpoint they had ("preempted"); the demo accepts both, and so does this test.
+    assert re.search(r"\(node_fail, (checkpointed|preempted), finished\), excluded n2", flat), (
+        summary
+    )
     spare = flat[flat.find("with a spare:") :][:300]
     assert "with a spare: COMPLETED in 1 attempt" in flat and "replaced by a spare" in spare, spare
