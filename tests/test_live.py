@@ -328,25 +328,29 @@ def live_launchers(tmp_path: Path, steps: int, **kw: Any) -> Any:
     )
 
 
-def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_processes(tmp_path):
-    """2 active nodes + 1 spare with live recovery, one rank each: the spare's rank starts
-    ahead of time and waits. Node 1 is killed mid-training (its launcher and rank die
-    together): node 0's rank keeps its process, the spare's rank takes rank 1 over and
-    receives the state from rank 0, the step the loss interrupted runs again, and the run
-    ends bit-identical to an uninterrupted one of 2 ranks, with no rank started twice."""
+def node_1_lost(tmp_path: Path, lose: Callable[[Any], list[int]]) -> tuple[Any, Any, float]:
+    """2 active nodes + 1 warm spare with live recovery, one rank each, 120 steps: once step
+    20 is saved, `lose(nodes)` takes node 1 away (the pids it returns are killed at the
+    end). The run must end bit-identical to an uninterrupted one of 2 ranks, with node 0's
+    rank never restarted and node 1's rank taken over by the spare. The launchers, the live
+    recovery's record and when node 1 was lost."""
     from .daemon_scenarios import reference_digest
-    from .test_spares import node_report
 
     steps = 120
     expected = reference_digest(tmp_path, steps)
     nodes = live_launchers(tmp_path, steps)
+    left: list[int] = []
     try:
         nodes.wait_checkpoint(20)
         assert "wait warm" in nodes.log(2), nodes.logs()
-        nodes.kill(1)
+        lost_at = time.time()
+        left = lose(nodes)
         codes = [nodes.procs[r].wait(timeout=180) for r in (0, 2)]
         assert codes == [0, 0], nodes.logs()
     finally:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         nodes.close()
     logs = nodes.logs()
     final = json.loads((nodes.ckpt / "final.json").read_text())
@@ -355,6 +359,21 @@ def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_process
     assert "took over from node rank 1" in nodes.log(2), logs
     (record,) = read_reports(nodes.run, Kind.LIVE, 0)
     assert record.took_over == 1 and record.receivers == [1] and record.state_from == 0, record
+    return nodes, record, lost_at
+
+
+def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_processes(tmp_path):
+    """Node 1 is killed mid-training (its launcher and rank die together): node 0's rank
+    keeps its process, the spare's rank takes rank 1 over and receives the state from rank
+    0, the step the loss interrupted runs again, and the run ends bit-identical to an
+    uninterrupted one of 2 ranks, with no rank started twice."""
+    from .test_spares import node_report
+
+    def kill(nodes: Any) -> list[int]:
+        nodes.kill(1)
+        return []
+
+    nodes, record, _ = node_1_lost(tmp_path, kill)
     assert record.failed_at <= record.formed_at <= record.first_commit_at, record
     survivor, took_over = node_report(nodes.run, 0), node_report(nodes.run, 2)
     assert survivor["outcome"] == took_over["outcome"] == "finished", (survivor, took_over)
@@ -362,41 +381,24 @@ def test_a_warm_spare_takes_over_a_killed_node_and_the_others_keep_their_process
 
 
 def test_a_silently_lost_node_costs_no_collective_timeout(tmp_path):
-    """2 active nodes + 1 warm spare with live recovery: node 1's launcher and rank are
-    stopped (SIGSTOP), not killed: their sockets stay open, as on a power loss or a cut
-    network, and rank 0's collective gets no error. Its launcher reports node 1 lost, the
-    spare takes rank 1 over and declares the round failed; rank 0, stuck in its step, ends
-    the round's own connections, its collective raises, and it recovers with its state:
-    the spare receives it, the run ends bit-identical, well before gloo's timeout."""
+    """Node 1's launcher and rank are stopped (SIGSTOP), not killed: their sockets stay
+    open, as on a power loss or a cut network, and rank 0's collective gets no error. Its
+    launcher reports node 1 lost, the spare takes rank 1 over and declares the round
+    failed; rank 0, stuck in its step, ends the round's own connections, its collective
+    raises, and it recovers with its state: the spare receives it, the run ends
+    bit-identical, well before gloo's timeout."""
     from .conftest import descendants
-    from .daemon_scenarios import reference_digest
 
-    steps = 120
-    expected = reference_digest(tmp_path, steps)
-    nodes = live_launchers(tmp_path, steps)
-    node: list[int] = []
-    try:
-        nodes.wait_checkpoint(20)
+    def stop(nodes: Any) -> list[int]:
         node = descendants(nodes.procs[1].pid)
-        stopped_at = time.time()
         for pid in node:
             os.kill(pid, signal.SIGSTOP)
-        codes = [nodes.procs[r].wait(timeout=180) for r in (0, 2)]
-        assert codes == [0, 0], nodes.logs()
-    finally:
-        for pid in node:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        nodes.close()
-    logs = nodes.logs()
-    final = json.loads((nodes.ckpt / "final.json").read_text())
-    assert final == {"step": steps, "digest": expected}, logs  # bit for bit
-    assert nodes.log(0).count("rank 0 of 2 starts at step 0") == 1, logs  # never restarted
-    assert "ending the round's" in nodes.log(0), logs
-    (record,) = read_reports(nodes.run, Kind.LIVE, 0)
-    assert record.took_over == 1 and record.state_from == 0, record
+        return node
+
+    nodes, record, stopped_at = node_1_lost(tmp_path, stop)
+    assert "ending the round's" in nodes.log(0), nodes.logs()
     took = record.first_commit_at - stopped_at
-    assert took < live.COLLECTIVE_TIMEOUT_S, (took, logs)
+    assert took < live.COLLECTIVE_TIMEOUT_S, (took, nodes.logs())
     print(f"node stopped -> first committed step with the spare: {took:.2f}s")
 
 

@@ -50,35 +50,6 @@ def test_the_live_threshold_is_the_more_sensitive_one() -> None:
     assert DEFAULT_STRAGGLER_THRESHOLD < LIVE_STRAGGLER_THRESHOLD < 1
 
 
-@pytest.mark.parametrize(
-    ("settings", "expected"),
-    [
-        pytest.param({}, DEFAULT_STRAGGLER_THRESHOLD, id="defaults"),
-        pytest.param(
-            {"live_recovery": True, "spare_nodes": 2}, LIVE_STRAGGLER_THRESHOLD, id="live"
-        ),
-        pytest.param(
-            {"live_recovery": True, "spare_nodes": 2, "straggler_threshold": 0.8},
-            0.8,
-            id="live-set",
-        ),
-        pytest.param(
-            {"live_recovery": True, "spare_nodes": 2, "use_launcher": False},
-            DEFAULT_STRAGGLER_THRESHOLD,
-            id="no-launcher",
-        ),
-    ],
-)
-def test_a_runs_settings_resolve_through_the_rule(
-    settings: dict[str, Any], expected: float
-) -> None:
-    s = FtSettings(**settings)
-    assert s.effective_straggler_threshold() == expected
-    # a stored run is its settings' JSON: the unset threshold stays unset there
-    again = FtSettings(**s.model_dump(mode="json"))
-    assert again.effective_straggler_threshold() == expected
-
-
 def _job_env(script: str) -> JobEnv:
     return JobEnv.from_environ(script_exports(script))
 
@@ -97,6 +68,16 @@ _SPEC = job_spec(nodes=3, spare_nodes=1)
             {"spare_nodes": 1, "live_recovery": True, "straggler_threshold": 0.75},
             0.75,
             id="live-set-back",
+        ),
+        pytest.param(
+            {"spare_nodes": 2, "live_recovery": True, "straggler_threshold": 0.8},
+            0.8,
+            id="live-set",
+        ),
+        pytest.param(
+            {"spare_nodes": 2, "live_recovery": True, "use_launcher": False},
+            DEFAULT_STRAGGLER_THRESHOLD,
+            id="no-launcher",
         ),
     ],
 )

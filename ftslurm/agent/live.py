@@ -536,32 +536,32 @@ class LiveGroup:
         return False
 
     def _decision(self, r: int, seq: int) -> rules.Decision:
-        with contextlib.ExitStack() as waiting:
-            return self._wait_decision(r, seq, waiting)
-
-    def _wait_decision(self, r: int, seq: int, waiting: contextlib.ExitStack) -> rules.Decision:
         key = self.keys.decision(r, seq)
         started = time.monotonic()
         poll = datetime.timedelta(seconds=DECISION_POLL_S)
-        in_section = False
-        while True:
-            try:
-                self.store.wait([key], poll)
-                return rules.Decision(self.store.get(key).decode())
-            except dist.DistStoreError:
-                pass  # not decided yet
-            if not in_section:  # waiting for a peer's vote: not a hang of this rank
-                waiting.enter_context(_recovery_section())
-                in_section = True
-            decision = rules.commit_decision(
-                int(self.store.add(self.keys.vote(r, seq), 0)),
-                self.world,
-                failed=self.store.check([self.keys.failed(r)]),
-                waited_s=time.monotonic() - started,
-                timeout_s=self.timeout.total_seconds(),
-            )
-            if decision is not rules.Decision.WAIT:
-                self.store.compare_set(key, "", decision.value)
+        if (decided := self._decided(key, poll)) is not None:
+            return decided
+        with _recovery_section():  # waiting for a peer's vote: not a hang of this rank
+            while True:
+                decision = rules.commit_decision(
+                    int(self.store.add(self.keys.vote(r, seq), 0)),
+                    self.world,
+                    failed=self.store.check([self.keys.failed(r)]),
+                    waited_s=time.monotonic() - started,
+                    timeout_s=self.timeout.total_seconds(),
+                )
+                if decision is not rules.Decision.WAIT:
+                    self.store.compare_set(key, "", decision.value)
+                if (decided := self._decided(key, poll)) is not None:
+                    return decided
+
+    def _decided(self, key: str, poll: datetime.timedelta) -> rules.Decision | None:
+        """The step's decision, once written within `poll`; None until then."""
+        try:
+            self.store.wait([key], poll)
+        except dist.DistStoreError:
+            return None  # not decided yet
+        return rules.Decision(self.store.get(key).decode())
 
     def _recover(self, why: str) -> rules.Handover | None:
         with _recovery_section():

@@ -162,14 +162,6 @@ class FtSettings(BaseModel):
     # team shares). Folders that exist already keep their mode.
     checkpoint_sharing: Literal["private", "group"] = "private"
 
-    def effective_straggler_threshold(self) -> float:
-        """The score threshold this run's launchers use (`straggler_threshold`, the rule)."""
-        return straggler_threshold(
-            self.straggler_threshold,
-            live_recovery=self.use_launcher and self.live_recovery,
-            spare_nodes=self.spare_nodes if self.use_launcher else 0,
-        )
-
     @field_validator("checkpoint_signal")
     @classmethod
     def _signal_name(cls, value: str) -> str:
