@@ -368,7 +368,7 @@ from ftslurm.core.contract.reports import (
     StragglerScore,
 )
 from ftslurm.core.recovery import Recovery, recovery
-from ftslurm.core.settings import Cause, FtSettings
+from ftslurm.core.settings import Cause, FtSettings, straggler_threshold
 from ftslurm.core.timefmt import format_limit_exact
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy as ftpolicy
@@ -2051,10 +2051,14 @@ def assumptions() -> dict[str, Any]:
         "windows": FTSLURM.straggler_windows,
         # the product's rule (`ftslurm.core.settings.straggler_threshold`): the setting is
         # left at its default (None); live recovery with spares gets the sensitive one
-        "threshold": FTSLURM.effective_straggler_threshold(),
-        "threshold_live": FTSLURM.model_copy(
-            update={"spare_nodes": 1, "live_recovery": True}
-        ).effective_straggler_threshold(),
+        "threshold": straggler_threshold(
+            FTSLURM.straggler_threshold,
+            live_recovery=FTSLURM.use_launcher and FTSLURM.live_recovery,
+            spare_nodes=FTSLURM.spare_nodes if FTSLURM.use_launcher else 0,
+        ),
+        "threshold_live": straggler_threshold(
+            FTSLURM.straggler_threshold, live_recovery=True, spare_nodes=1
+        ),
     }
     return out
 
