@@ -277,6 +277,8 @@ def test_cancel_ends_the_run_cancelled_on_the_mock(plugin, mock_cli, by_value, t
     executor = FtslurmExecutor(tmp_path / "jobs", dry_run=True, timeout_min=10)
     job = executor.submit(callables.Counter(), 10**6, 0.1)
     wait_until(lambda: job.state == "RUNNING", 120, "the job to run", job)
+    started = f"job {job.job_id} rank 0/1 starting at step 0"
+    wait_until(lambda: started in (job.stdout() or ""), 120, "the call to start", job)
     job.cancel()
     wait_until(lambda: job.done(force_check=True), 90, "the run to end", job)
     assert job.state == "CANCELLED", callables.describe(job)
