@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Recipe", "__version__"]
+__all__ = ["Recipe", "SubmititExecutor", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -13,4 +13,8 @@ def __getattr__(name: str) -> Any:
         from ftslurm.recipe import Recipe
 
         return Recipe
+    if name == "SubmititExecutor":  # submitit's executor plugin (submitit is imported on use)
+        from ftslurm.integrations.submitit import FtslurmExecutor
+
+        return FtslurmExecutor
     raise AttributeError(f"module 'ftslurm' has no attribute {name!r}")

@@ -135,9 +135,21 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+def _lazy_attribute_imports(tree: ast.Module) -> set[int]:
+    """ids of the nodes inside a module-level `__getattr__` (PEP 562): it runs when code
+    asks the module for a name it lacks (`ftslurm.SubmititExecutor`), never on import."""
+    return {
+        id(inner)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+        for inner in ast.walk(node)
+    }
+
+
 def ftslurm_modules_loaded(name: str) -> set[str]:
     """The ftslurm modules that importing `name` can load: followed through every import
-    (also those inside functions), with the packages each one sits in."""
+    (also those inside functions, but not those of a module's `__getattr__`), with the
+    packages each one sits in."""
     seen: set[str] = set()
     todo = [name]
     while todo:
@@ -148,7 +160,10 @@ def ftslurm_modules_loaded(name: str) -> set[str]:
         parts = module.split(".")
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]
         tree = ast.parse(_module_file(module).read_text())  # type: ignore[union-attr]
+        lazy = _lazy_attribute_imports(tree)
         for node in ast.walk(tree):
+            if id(node) in lazy:
+                continue
             if isinstance(node, ast.Import):
                 todo += [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
