@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from ftslurm.cli.main import main
 from ftslurm.core.torchrun import Mode, Torchrun, parse_torchrun, torchrun_args
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.errors import ConfigError
@@ -212,7 +213,7 @@ def test_the_job_runs_torchruns_script_under_ftslurms_launcher(tmp_path):
     assert (options.nodes, options.ntasks_per_node) == (2, 2)
     step = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "-m ftslurm.agent.launch --nproc-per-node=2 -- " in step
-    assert step.endswith(f"-- {PY} -u t.py x &") and "torchrun" not in step
+    assert step.endswith(f"-- {PY} -u t.py x &") and "torchrun" not in step.split()
     assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"' in script.splitlines()
     # without the launcher, srun starts each rank under the task wrapper alike
     plain = Recipe(command=["torchrun", "--nproc-per-node=2", "t.py"], use_launcher=False)
@@ -242,38 +243,38 @@ def test_submit_torchrun_reads_the_script_header_and_snapshots_the_script(tmp_pa
         load_recipe("torchrun", ["--nnodes", "1", "train.py"])
 
 
-def test_submit_torchrun_prints_the_launcher_job_in_torchruns_place(tmp_path):
+@pytest.fixture
+def folder(tmp_path, monkeypatch) -> Path:
+    """A submit folder with a training script and a recipe whose torchrun command is bad."""
+    monkeypatch.setenv("FTSLURM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FTSLURM_MOCK_HOME", str(tmp_path / "mock"))
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("print('hi')\n")
-    cli = Cli(tmp_path / "home", cwd=tmp_path)
-    proc = cli(
-        "submit",
-        "--print-script",
-        "-N",
-        "2",
-        "torchrun",
-        "--",
-        "--standalone",
-        "--nnodes=2",
-        "--nproc-per-node=2",
-        "train.py",
-        "--x",
-        "1",
+    (tmp_path / "recipe.py").write_text(
+        "import ftslurm\nrecipe = ftslurm.Recipe(command=['torchrun', '--nproc_per_node=2', "
+        "'--tee', '3', '--bad', 't.py'])\n"
     )
-    lines = proc.stdout.splitlines()
+    return tmp_path
+
+
+def test_submit_torchrun_prints_the_launcher_job_in_torchruns_place(folder, capsys):
+    argv = ["--standalone", "--nnodes=2", "--nproc-per-node=2", "train.py", "--x", "1"]
+    code = main(["submit", "--print-script", "-t", "10", "-N", "2", "torchrun", "--", *argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = out.splitlines()
     assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=2" in lines
     step = next(line for line in lines if line.startswith("srun "))
-    assert "-m ftslurm.agent.launch --nproc-per-node=2 -- " in step and "torchrun" not in step
+    assert (
+        "-m ftslurm.agent.launch --nproc-per-node=2 -- " in step and "torchrun" not in step.split()
+    )
     assert step.endswith("/code/train.py --x 1 &"), step  # the snapshot of the script
-    assert proc.stderr.startswith("Warning: torchrun --standalone: ignored;"), proc.stderr
-
-
-BAD_TORCHRUN_RECIPE = """import ftslurm
-recipe = ftslurm.Recipe(command=["torchrun", "--nproc_per_node=2", "--tee", "3", "--bad", "t.py"])
-"""
+    assert err.startswith("Warning: torchrun --standalone: ignored;"), err
+    assert not (folder / "home").exists()
 
 
 @pytest.mark.parametrize(
-    "args,message",
+    "argv,message",
     [
         (["torchrun", "--", "--nproc", "2", "train.py"], "'--nproc' is not one ftslurm knows"),
         (["torchrun", "--", "--nnodes", "1:4", "train.py"], "--nnodes 1:4: an elastic range"),
@@ -282,26 +283,28 @@ recipe = ftslurm.Recipe(command=["torchrun", "--nproc_per_node=2", "--tee", "3",
         (["torchrun", "--", "missing.py"], "training script missing.py not found"),
         (["recipe.py"], "'--bad' is not one ftslurm knows"),
     ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
-def test_a_bad_torchrun_command_is_one_line_and_submits_nothing(tmp_path, args, message):
-    from ftslurm.daemon.store import Store
-
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    (tmp_path / "recipe.py").write_text(BAD_TORCHRUN_RECIPE)
-    cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
-    proc = cli("submit", "--dry-run", *args, check=False)
-    store = Store(cli.home)
-    try:
-        recorded = store.list_runs()
-    finally:
-        store.close()
-    if recorded:  # (old code) a daemon took it: stop it
-        cli("cancel", recorded[0].run_id, check=False)
-        cli.stop_daemon()
-    assert proc.returncode != 0 and recorded == []
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error:"), proc.stderr
+def test_a_bad_torchrun_command_is_one_line_and_submits_nothing(folder, capsys, argv, message):
+    code = main(["submit", "--dry-run", "-t", "10", *argv])
+    out, err = capsys.readouterr()
+    assert code != 0 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
     assert message in lines[0]
+    # nothing recorded (no state folder at all), nothing reached the mock scheduler
+    assert not (folder / "home").exists() and not (folder / "mock").exists()
+
+
+def test_torchrun_options_given_without_the_separator_get_the_hint(folder, capsys):
+    code = main(["submit", "torchrun", "--nproc-per-node", "2", "train.py"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    first, hint = err.splitlines()
+    assert first.startswith("Error: No such option: --nproc-per-node"), err
+    assert hint == "Hint: put torchrun's arguments after `--`: ftslurm submit torchrun -- " + (
+        "--nproc-per-node 2 train.py"
+    )
 
 
 # ---------------------------------------------------------------------- end to end
