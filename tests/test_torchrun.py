@@ -116,6 +116,9 @@ def test_the_command_each_rank_runs_is_the_one_torchrun_would_start():
         "1",
     ]
     assert parse_torchrun(["torchrun", "--no-python", "./a", "1"]).command("/py") == ["./a", "1"]
+    # `PYTHON -m torch.distributed.run`: torchrun would start its workers with that PYTHON
+    module = parse_torchrun(["/venv/python3", "-u", "-m", "torch.distributed.run", "t.py"])
+    assert module.command("/py") == ["/venv/python3", "-u", "t.py"]
 
 
 @pytest.mark.parametrize(

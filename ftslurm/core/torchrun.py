@@ -89,9 +89,14 @@ class Torchrun:
     nproc_per_node: int | str | None = None
     max_restarts: int | None = None
     ignored: tuple[str, ...] = ()  # the options given that ftslurm does its own way
+    # The interpreter of `PYTHON -m torch.distributed.run`, which torchrun would start its
+    # workers with; None for `torchrun` (the caller's).
+    python: str | None = None
 
     def command(self, python: str) -> list[str]:
-        """What each rank runs, as torchrun would start it (`python -u`: unbuffered)."""
+        """What each rank runs, as torchrun would start it (`python -u`: unbuffered), with
+        the command's own interpreter, else `python`."""
+        python = self.python or python
         if self.mode is Mode.PROGRAM:
             return list(self.script)
         if self.mode is Mode.MODULE:
@@ -114,7 +119,7 @@ def torchrun_args(command: list[str] | tuple[str, ...] | None) -> list[str] | No
     it, or `python [-u ...] -m torch.distributed.run ...`), else None."""
     if not command:
         return None
-    first = command[0].rsplit("/", 1)[-1]
+    first = _program(command)
     if first == TORCHRUN:
         return list(command[1:])
     if not _PYTHON.match(first):
@@ -128,6 +133,10 @@ def torchrun_args(command: list[str] | tuple[str, ...] | None) -> list[str] | No
     if rest[:1] == [f"-m{RUN_MODULE}"]:
         return rest[1:]
     return None
+
+
+def _program(command: list[str] | tuple[str, ...]) -> str:
+    return command[0].rsplit("/", 1)[-1]
 
 
 def parse_torchrun(command: list[str] | tuple[str, ...] | None) -> Torchrun | None:
@@ -188,6 +197,7 @@ def parse_torchrun(command: list[str] | tuple[str, ...] | None) -> Torchrun | No
         if "--max-restarts" in values
         else None,
         ignored=tuple(dict.fromkeys(ignored)),
+        python=None if _program(command) == TORCHRUN else command[0],  # type: ignore[index]
     )
 
 
