@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.timefmt import parse_time_limit
+from ftslurm.core.torchrun import TORCHRUN, Mode, Torchrun, parse_torchrun
 from ftslurm.core.validate import (
     OWNED_SBATCH_FLAGS,
     SBATCH_SHORT,
@@ -54,6 +55,28 @@ class Recipe(FtSettings):
     env: dict[str, str] = Field(default_factory=dict)
     sbatch_extra: dict[str, str | None] = Field(default_factory=dict)  # other sbatch flags
 
+    @model_validator(mode="before")
+    @classmethod
+    def _torchrun_shape(cls, data: Any) -> Any:
+        """A `torchrun ...` command gives the job its shape where the recipe does not:
+        `--nnodes` its nodes, a number of `--nproc-per-node` its ranks per node,
+        `--max-restarts` its in-job restarts (`ftslurm.core.torchrun`). Where both give
+        one, they must agree (`_safe_and_consistent`)."""
+        command = data.get("command") if isinstance(data, dict) else None
+        if not isinstance(command, list | tuple) or not all(isinstance(w, str) for w in command):
+            return data  # no command, or not one: pydantic says so
+        torchrun = parse_torchrun(command)
+        if torchrun is None:
+            return data
+        given = {
+            "nodes": torchrun.nnodes,
+            "ntasks_per_node": torchrun.nproc_per_node
+            if isinstance(torchrun.nproc_per_node, int)
+            else None,
+            "num_in_job_restarts": torchrun.max_restarts,
+        }
+        return {**{k: v for k, v in given.items() if v is not None}, **data}
+
     @model_validator(mode="after")
     def _safe_and_consistent(self) -> Recipe:
         """Every value that reaches the batch script, and the settings that would silently
@@ -81,6 +104,7 @@ class Recipe(FtSettings):
                 hint="shorten --preempt-time or lengthen -t",
             )
         self.ranks_per_node()
+        self._check_torchrun()
         if self.spare_nodes and not self.use_launcher:
             raise ConfigError(
                 f"--spare-nodes {self.spare_nodes} needs the launcher (use_launcher=True): it "
@@ -94,6 +118,54 @@ class Recipe(FtSettings):
                 hint="drop --live-recovery or turn use_launcher back on",
             )
         return self
+
+    def torchrun(self) -> Torchrun | None:
+        """The torchrun command this recipe runs, if it runs torchrun."""
+        return parse_torchrun(self.command)
+
+    def job_command(self) -> list[str]:
+        """What each rank runs: the command, or for a `torchrun ...` command the script as
+        torchrun would start it on each of its workers (ftslurm's launcher takes
+        torchrun's place)."""
+        torchrun = self.torchrun()
+        if torchrun is None:
+            return list(self.command or [])
+        return torchrun.command(sys.executable)
+
+    def _check_torchrun(self) -> None:
+        """A torchrun command and the recipe or command line say the same of the job."""
+        torchrun = self.torchrun()
+        if torchrun is None:
+            return
+        if torchrun.nnodes is not None and torchrun.nnodes != self.nodes:
+            raise ConfigError(
+                f"torchrun --nnodes {torchrun.nnodes}, but the job has {self.nodes} "
+                "node(s) (--nodes): ftslurm runs torchrun's script on the job's nodes",
+                hint="give the same number to both, or drop one",
+            )
+        per_node = self.ranks_per_node()
+        if torchrun.nproc_per_node == "gpu":
+            if not self.gpus_per_node:
+                raise ConfigError(
+                    "torchrun --nproc-per-node gpu/auto: ftslurm starts one rank per GPU "
+                    "of the job, and the job asks for none",
+                    hint="give --gpus-per-node N, or a number to --nproc-per-node",
+                )
+            wanted = self.gpus_per_node
+        else:
+            wanted = torchrun.nproc_per_node
+        if wanted is not None and wanted != per_node:
+            raise ConfigError(
+                f"torchrun starts {wanted} rank(s) per node (--nproc-per-node), but the job "
+                f"has {per_node} (--ntasks-per-node, --ntasks or --gpus-per-node)",
+                hint="give the same number to both, or drop one",
+            )
+        if torchrun.max_restarts is not None and torchrun.max_restarts != self.num_in_job_restarts:
+            raise ConfigError(
+                f"torchrun --max-restarts {torchrun.max_restarts}, but the run has "
+                f"{self.num_in_job_restarts} in-job restart(s) (--in-job-restarts)",
+                hint="give the same number to both, or drop one",
+            )
 
     def settings(self) -> FtSettings:
         return FtSettings(**{k: getattr(self, k) for k in FtSettings.model_fields})
@@ -219,8 +291,55 @@ def check_script(path: Path, source: str) -> None:
         )
 
 
+# `ftslurm submit torchrun -- [TORCHRUN OPTIONS] SCRIPT [ARGS]`: the word `torchrun` in the
+# place of the recipe file (when no file has that name) runs the torchrun command that follows.
+
+
+def is_torchrun(path: str | Path) -> bool:
+    """Whether `submit`'s recipe is the word `torchrun` rather than a file."""
+    return str(path) == TORCHRUN and not Path(path).exists()
+
+
+def torchrun_recipe(args: list[str] | tuple[str, ...]) -> Recipe:
+    """The recipe of `torchrun ARGS`: its command, with the training script's path made
+    absolute (the code snapshot copies that file) and its `#SBATCH` header, if it has one,
+    for the resources (torchrun's own options give the job's shape, `Recipe`)."""
+    command = [TORCHRUN, *args]
+    torchrun = parse_torchrun(command)
+    assert torchrun is not None  # the command starts with the word torchrun
+    script = Path(torchrun.script[0])
+    data: dict[str, Any] = {}
+    if torchrun.mode is Mode.PYTHON and not script.is_file():
+        raise ConfigError(f"torchrun's training script {script} not found")
+    if torchrun.mode is not Mode.MODULE and script.is_file():
+        try:
+            source = _read_source(script)
+        except ConfigError:
+            if torchrun.mode is Mode.PYTHON:
+                raise
+            source = ""  # a program (--no-python) may be a binary: no #SBATCH lines
+        data = sbatch_header(source, where=f"{script} #SBATCH lines")
+        command[len(command) - len(torchrun.script)] = str(script.resolve())
+    data["command"] = command
+    return _validated(data, f"torchrun {script}")
+
+
+def code_file(path: Path, recipe: Recipe) -> Path:
+    """The file `submit` snapshots for a run: the recipe file, or for the word `torchrun`
+    the training script (a module or a missing file: nothing to copy)."""
+    if not is_torchrun(path):
+        return path
+    torchrun = recipe.torchrun()
+    if torchrun is None or torchrun.mode is Mode.MODULE:
+        return path
+    return Path(torchrun.script[0])
+
+
 def load_recipe(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Read a recipe file of either form; the result always has a command."""
+    """Read a recipe file of either form, or the word `torchrun` and torchrun's arguments;
+    the result always has a command."""
+    if is_torchrun(path):
+        return torchrun_recipe(args)
     path = Path(path)
     source = _read_source(path)
     check_script(path, source)

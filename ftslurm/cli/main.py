@@ -25,6 +25,7 @@ from ftslurm import __version__
 from ftslurm.cli import daemon_cmds, nodes, report, status, submit, submit_options
 from ftslurm.cli.mock import app as mock_app
 from ftslurm.cli.scheduler import app as scheduler_app
+from ftslurm.core.torchrun import TORCHRUN
 from ftslurm.errors import FtslurmError
 
 app = typer.Typer(
@@ -83,6 +84,9 @@ def version() -> None:
 
 
 SCRIPT_ARGS_HINT = "put the script's own arguments after `--`: ftslurm submit train.py -- --lr 3e-4"
+TORCHRUN_ARGS_HINT = (
+    "put torchrun's arguments after `--`: ftslurm submit torchrun -- --nproc-per-node 2 train.py"
+)
 
 
 def _click_exceptions() -> list[Any]:
@@ -124,7 +128,8 @@ def _usage_hint(exc: Exception, argv: list[str] | None) -> str | None:
         and command.name == "submit"
         and _follows_an_argument(command, argv, getattr(exc, "option_name", None))
     ):
-        return SCRIPT_ARGS_HINT
+        words = sys.argv[1:] if argv is None else argv
+        return TORCHRUN_ARGS_HINT if TORCHRUN in words else SCRIPT_ARGS_HINT
     return None
 
 

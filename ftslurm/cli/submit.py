@@ -53,7 +53,13 @@ from ftslurm.errors import (
 )
 from ftslurm.fsutil import private_dir
 from ftslurm.paths import state_dir
-from ftslurm.recipe import Recipe, load_recipe, no_limit_warning, sbatch_flags
+from ftslurm.recipe import (
+    Recipe,
+    code_file,
+    load_recipe,
+    no_limit_warning,
+    sbatch_flags,
+)
 
 
 def submit(
@@ -129,11 +135,19 @@ def _submit(o: SubmitOptions) -> None:
         mock_home=mock_home() if o.dry_run else None,
         environ=os.environ,
     )
-    snapshot = RunDir(run_dir).root / CODE_DIR / o.recipe.name if o.snapshot_code else None
+    code = code_file(o.recipe, loaded)  # the recipe file, or torchrun's script
+    snapshot = RunDir(run_dir).root / CODE_DIR / code.name if o.snapshot_code else None
     if snapshot is not None:
-        spec = snapshot_spec(spec, o.recipe.resolve(), snapshot)
+        spec = snapshot_spec(spec, code.resolve(), snapshot)
+    torchrun = loaded.torchrun()
     warnings = [
-        w for w in (warning if settings.preempt_time else None, _checkpoints_at_home(spec)) if w
+        w
+        for w in (
+            warning if settings.preempt_time else None,
+            _checkpoints_at_home(spec),
+            torchrun.ignored_note() if torchrun else None,
+        )
+        if w
     ]
     script, _ = build_attempt(run_id, spec, settings.model_dump(mode="json"), 0, ())
     if o.print_script:
@@ -142,7 +156,7 @@ def _submit(o: SubmitOptions) -> None:
         return
     store = Store(home)
     store.check_integrity()  # a damaged database is refused before anything is submitted
-    run_name = loaded.name or o.recipe.name
+    run_name = loaded.name or code.name
     name_warning = _name_in_use(store, run_name, chosen=o.name is not None)
     _say_warnings([*warnings, *([name_warning] if name_warning else [])])
     _record(o, store, home, run_id, run_name, spec, settings, snapshot)
@@ -170,10 +184,17 @@ def _recipe_with_options(o: SubmitOptions) -> Recipe:
         except ConfigError as exc:
             raise ConfigError(f"--preempt-time: {exc.user_message()}") from None
     loaded = load_recipe(o.recipe, list(o.args or ()))
-    if not o.snapshot_code and o.recipe.suffix != ".py" and not os.access(o.recipe, os.X_OK):
+    code = code_file(o.recipe, loaded)  # the recipe file, or torchrun's script
+    runs_itself = loaded.job_command()[:1] == [str(code.resolve())]
+    if (
+        not o.snapshot_code
+        and runs_itself
+        and code.suffix != ".py"
+        and not os.access(code, os.X_OK)
+    ):
         raise ConfigError(
-            f"recipe {o.recipe} is not executable and not a Python file (.py): "
-            f"`chmod +x {o.recipe}`, or keep --snapshot-code (the copy is made "
+            f"recipe {code} is not executable and not a Python file (.py): "
+            f"`chmod +x {code}`, or keep --snapshot-code (the copy is made "
             "executable)"
         )
     # Each --sbatch-arg is one word of sbatch's command line: `--k=v`, `--k`, `-kv`, or
@@ -239,7 +260,7 @@ def _record(
     private_dir(run_dir)
     RunDir(run_dir).logs.mkdir(exist_ok=True)
     if spec.get("code_snapshot"):
-        take_snapshot(o.recipe, snapshot)  # type: ignore[arg-type]
+        take_snapshot(Path(spec["code_snapshot"]["from"]), snapshot)  # type: ignore[arg-type]
     run, attempt = new_run_record(run_id, run_name, spec, settings, time.time())
     with store.transaction():
         _name_in_use(store, run_name, chosen=o.name is not None)  # again, with the write lock

@@ -58,7 +58,13 @@ SUBMIT_PANELS = {
 }
 
 
-RecipeArg = Annotated[Path, typer.Argument(help="A training script or a recipe file.")]
+RecipeArg = Annotated[
+    Path,
+    typer.Argument(
+        help="A training script or a recipe file; or `torchrun`, with torchrun's "
+        "arguments after `--` (ftslurm's launcher runs the script in its place)."
+    ),
+]
 ArgsArg = Annotated[list[str] | None, typer.Argument(help="Arguments after `--`.")]
 RetriesOpt = Annotated[
     int | None,

@@ -54,12 +54,14 @@ def make_spec(
     return {
         "backend": backend,
         "mock_home": str(mock_home) if mock_home is not None else None,
-        "command": list(recipe.command or []),
+        # A `torchrun ...` command runs its script under ftslurm's launcher instead
+        # (`ftslurm.core.torchrun`), with torchrun's one thread per rank by default.
+        "command": recipe.job_command(),
         "run_dir": str(run_dir),
         "checkpoint_dir": str(Path(workdir, checkpoint_dir)),
         "checkpoint_dir_from": source,
         "workdir": workdir,
-        "setup": list(recipe.setup),
+        "setup": [*_torchrun_setup(recipe), *recipe.setup],
         "env": dict(recipe.env),
         "inject": list(inject),
         "python": sys.executable,
@@ -77,6 +79,14 @@ def make_spec(
             "extra": dict(recipe.sbatch_extra),
         },
     }
+
+
+def _torchrun_setup(recipe: Recipe) -> list[str]:
+    """What torchrun does to the ranks' environment that ftslurm's launcher does not: with
+    several ranks per node, OMP_NUM_THREADS=1 unless the job has it already."""
+    if recipe.torchrun() is None or recipe.ranks_per_node() < 2:
+        return []
+    return ['export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"']
 
 
 BACKSTOP_MIN_SPARE_S = 300
