@@ -25,7 +25,7 @@ from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.errors import ConfigError
 from ftslurm.recipe import Recipe, code_file, load_recipe
 
-from .daemon_scenarios import Cli, ended
+from .daemon_scenarios import Cli, daemon_cli, ended
 
 PY = sys.executable
 
@@ -394,12 +394,16 @@ def cli(tmp_path) -> Iterator[Cli]:
 
 def _uninterrupted(tmp_path: Path, script: Path) -> str:
     """The digest of the same script run to the end by torchrun itself, with no ftslurm."""
+    return _uninterrupted_steps(tmp_path, script, STEPS)
+
+
+def _uninterrupted_steps(tmp_path: Path, script: Path, steps: int) -> str:
     out = tmp_path / "reference"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM_"))}
     proc = subprocess.run(
         [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        + [str(script), str(STEPS), "0", str(out)],
+        + [str(script), str(steps), "0", str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -407,7 +411,7 @@ def _uninterrupted(tmp_path: Path, script: Path) -> str:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = json.loads((out / "final.json").read_text())
-    assert final["step"] == STEPS
+    assert final["step"] == steps
     return final["digest"]
 
 
@@ -446,3 +450,41 @@ def test_a_plain_torchrun_script_gets_the_checkpoint_signal_and_continues(cli, t
     final = json.loads((out / "final.json").read_text())
     assert final["step"] == STEPS
     assert final["digest"] == _uninterrupted(tmp_path, script)  # bit-identical
+
+
+# ---------------------------------------------------------------------- real cluster
+@pytest.fixture
+def slurm_cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
+    yield from daemon_cli(tmp_path)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_a_plain_torchrun_script_gets_the_checkpoint_signal_on_slurm(slurm_cli, tmp_path):
+    """The same plain script on the real cluster: a one-minute wall limit, the checkpoint
+    signal 30 s before it; both ranks of `torchrun --nproc-per-node 2` stop at one step, the
+    continuation resumes there, and the run ends with the uninterrupted run's parameters."""
+    steps = 500  # 50 s of steps of 0.1 s: beyond the first attempt's 30 s
+    script = tmp_path / "train_ddp.py"
+    script.write_text(PLAIN_DDP)
+    out = tmp_path / "out"
+    out.mkdir()
+    recipe = tmp_path / "recipe.py"
+    command = ["torchrun", "--nproc-per-node", "2", str(script), str(steps), "0.1", str(out)]
+    recipe.write_text(f"import ftslurm\nrecipe = ftslurm.Recipe(command={command!r})\n")
+    run_id = slurm_cli.submit("-t", "1", "--preempt-time", "30", "--retries", "0", str(recipe))[
+        "run_id"
+    ]
+    s = slurm_cli.wait_for(run_id, ended, 480, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert s["attempts"][0]["cause"] == "checkpointed", s
+    assert s["continuations"] >= 1 and s["job_retries_used"] == 0, s
+    log = slurm_cli("logs", run_id, "--attempt", "0").stdout
+    stopped = [line for line in log.splitlines() if "checkpointed at step" in line]
+    assert len(stopped) == 2 and len({line.split()[-3] for line in stopped}) == 1, log
+    at = int(stopped[0].split()[-3])
+    second = slurm_cli("logs", run_id, "--attempt", "1").stdout
+    assert f"rank 0 of 2 starts at step {at}" in second, second
+    final = json.loads((out / "final.json").read_text())
+    assert final["step"] == steps
+    assert final["digest"] == _uninterrupted_steps(tmp_path, script, steps)
