@@ -2,10 +2,11 @@
 runs its script under ftslurm's launcher, with torchrun's shape, so the script gets the
 checkpoint signal (torchrun would not forward it: PyTorch #154849).
 
-The table tests read torchrun's options (pure); the end-to-end test runs a plain torch
-script, written for `torchrun --nproc-per-node 2`, through the daemon on the mock: the
+The table tests read torchrun's options (pure); the end-to-end tests run a plain torch
+script written for `torchrun --nproc-per-node 2` (examples/torchrun_ddp.py) through the
+daemon, on the mock with a preemption and a lost node, and on the real cluster: the
 checkpoint signal before the wall limit reaches both ranks, they save at one step, the
-continuation resumes there and ends with the parameters of an uninterrupted torchrun run.
+continuations resume there and end with the parameters of an uninterrupted torchrun run.
 """
 
 from __future__ import annotations
@@ -311,66 +312,16 @@ def test_torchrun_options_given_without_the_separator_get_the_hint(folder, capsy
 
 
 # ---------------------------------------------------------------------- end to end
-# A plain script for `torchrun --nproc-per-node 2`: no ftslurm in it. It catches SIGUSR2
-# (ftslurm's default checkpoint signal); every step all-reduces its gradients together with
-# a "stop" flag, so both ranks stop at the same step; rank 0 saves the model, optimizer and
-# step, and a later start resumes from them. At the end rank 0 writes a digest of the
-# parameters. Deterministic: the data of a step comes from a seed of the step and rank.
-PLAIN_DDP = r"""
-import hashlib, json, os, signal, sys, time
-import torch, torch.distributed as dist
+# examples/torchrun_ddp.py: a plain script for `torchrun --nproc-per-node 2`, no ftslurm in
+# it. It catches SIGUSR2 (ftslurm's default checkpoint signal); every step all-reduces its
+# gradients together with a "stop" flag, so both ranks stop at the same step; rank 0 saves
+# the model, optimizer and step, and a later start resumes from them. At the end rank 0
+# writes a digest of the parameters.
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torchrun_ddp.py"
 
-steps, step_s, out = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-stop = []
-signal.signal(signal.SIGUSR2, lambda *_: stop.append(1))
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-ckpt = os.path.join(out, "ckpt.pt")
-step = 0
-if os.path.exists(ckpt):
-    state = torch.load(ckpt)
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["opt"])
-    step = state["step"]
-print(f"rank {rank} of {world} starts at step {step}", flush=True)
-params = list(model.parameters())
-while step < steps:
-    g = torch.Generator().manual_seed(step * world + rank)
-    x = torch.randn(16, 8, generator=g)
-    opt.zero_grad()
-    loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
-    loss.backward()
-    flat = torch.cat([p.grad.flatten() for p in params] + [torch.tensor([float(bool(stop))])])
-    dist.all_reduce(flat)
-    offset = 0
-    for p in params:
-        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p) / world)
-        offset += p.numel()
-    opt.step()
-    step += 1
-    time.sleep(step_s)
-    if flat[-1] > 0:  # a rank was asked to checkpoint: all stop at this step
-        if rank == 0:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
-                       ckpt + ".tmp")
-            os.replace(ckpt + ".tmp", ckpt)
-        print(f"rank {rank} checkpointed at step {step} on request", flush=True)
-        dist.destroy_process_group()
-        sys.exit(0)
-if rank == 0:
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in params))
-    with open(os.path.join(out, "final.json"), "w") as f:
-        json.dump({"step": step, "digest": digest.hexdigest()}, f)
-print(f"rank {rank} finished at step {step}", flush=True)
-dist.destroy_process_group()
-"""
-
-# 25 s of steps: more than the 20 s before the checkpoint signal (30 s limit, 10 s lead),
-# so the first attempt stops on the signal and a continuation finishes.
-STEPS, STEP_S = 250, 0.1
+# 50 s of steps: more than the first attempt's 20 s before the checkpoint signal (an
+# injected 30 s wall limit, 10 s lead) and the second attempt's 28 s before it loses its node.
+STEPS, STEP_S = 500, 0.1
 
 
 @pytest.fixture
@@ -385,19 +336,15 @@ def cli(tmp_path) -> Iterator[Cli]:
     config = tmp_path / "mock.json"
     config.write_text('{"kill_wait_s": 5}')
     try:
-        c("mock", "up", "--config", str(config), "--min-job-age", "60")
+        c("mock", "up", "--config", str(config), "--slurmd-timeout", "2", "--min-job-age", "60")
         yield c
     finally:
         c.stop_daemon()
         c("mock", "destroy", check=False)
 
 
-def _uninterrupted(tmp_path: Path, script: Path) -> str:
+def _uninterrupted(tmp_path: Path, script: Path, steps: int = STEPS) -> str:
     """The digest of the same script run to the end by torchrun itself, with no ftslurm."""
-    return _uninterrupted_steps(tmp_path, script, STEPS)
-
-
-def _uninterrupted_steps(tmp_path: Path, script: Path, steps: int) -> str:
     out = tmp_path / "reference"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM_"))}
@@ -415,41 +362,45 @@ def _uninterrupted_steps(tmp_path: Path, script: Path, steps: int) -> str:
     return final["digest"]
 
 
+def _stopped_at(log: str) -> int:
+    """The step both ranks checkpointed at, from their lines in an attempt's log."""
+    stopped = [line for line in log.splitlines() if "checkpointed at step" in line]
+    # both ranks of torchrun's --nproc-per-node 2 caught the signal and stopped at one step
+    assert len(stopped) == 2 and len({line.split()[-3] for line in stopped}) == 1, log
+    return int(stopped[0].split()[-3])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_plain_torchrun_script_gets_the_checkpoint_signal_and_continues(cli, tmp_path):
-    script = tmp_path / "train_ddp.py"
-    script.write_text(PLAIN_DDP)
+def test_a_plain_torchrun_script_survives_a_preemption_and_a_lost_node(cli, tmp_path):
+    """Attempt 1's wall limit is 30 s (an injected timeout): the checkpoint signal at 20 s
+    reaches both ranks, which save at one step; attempt 2 resumes there and loses its node
+    at 28 s (no checkpoint since the resume); attempt 3 resumes from the same checkpoint on
+    another node and ends with the parameters of an uninterrupted torchrun run."""
     out = tmp_path / "out"
     out.mkdir()
     recipe = tmp_path / "recipe.py"
-    command = ["torchrun", "--standalone", "--nproc-per-node", "2", str(script)]
+    command = ["torchrun", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)]
     recipe.write_text(
         "import ftslurm\n"
         f"recipe = ftslurm.Recipe(command={[*command, str(STEPS), str(STEP_S), str(out)]!r})\n"
     )
     run = cli.submit(
-        "--dry-run", "-t", "0:30", "--preempt-time", "10", "--retries", "0", str(recipe)
-    )
+        "--dry-run", "-t", "5", "--preempt-time", "10", "--retries", "1",
+        "--inject", "timeout@30", "--inject", "node_fail@28", str(recipe),
+    )  # fmt: skip
     run_id = run["run_id"]
-    s = cli.wait_for(
-        run_id, lambda s: len(s["attempts"]) > 1 or ended(s), 240, "the first attempt to end"
-    )
-    first = s["attempts"][0]
-    assert first["cause"] == "checkpointed", s
-    log = cli("logs", run_id, "--attempt", "0").stdout
-    stopped = [line for line in log.splitlines() if "checkpointed at step" in line]
-    # both ranks of torchrun's --nproc-per-node 2 caught the signal and stopped at one step
-    assert len(stopped) == 2 and len({line.split()[-3] for line in stopped}) == 1, log
-    at = int(stopped[0].split()[-3])
-    s = cli.wait_for(run_id, ended, 420, "the run to end")
+    s = cli.wait_for(run_id, ended, 480, "the run to end")
     assert s["state"] == "COMPLETED", s
-    assert s["continuations"] >= 1 and s["job_retries_used"] == 0, s
-    second = cli("logs", run_id, "--attempt", "1").stdout
-    assert f"rank 0 of 2 starts at step {at}" in second, second  # resumed where it stopped
+    assert [a["cause"] for a in s["attempts"]] == ["checkpointed", "node_fail", "finished"], s
+    assert s["continuations"] >= 1 and s["job_retries_used"] == 1, s
+    at = _stopped_at(cli("logs", run_id, "--attempt", "0").stdout)
+    for attempt in ("1", "2"):  # both resumed the one checkpoint
+        log = cli("logs", run_id, "--attempt", attempt).stdout
+        assert f"rank 0 of 2 starts at step {at}" in log, log
     final = json.loads((out / "final.json").read_text())
     assert final["step"] == STEPS
-    assert final["digest"] == _uninterrupted(tmp_path, script)  # bit-identical
+    assert final["digest"] == _uninterrupted(tmp_path, EXAMPLE)  # bit-identical
 
 
 # ---------------------------------------------------------------------- real cluster
@@ -465,12 +416,10 @@ def test_a_plain_torchrun_script_gets_the_checkpoint_signal_on_slurm(slurm_cli, 
     signal 30 s before it; both ranks of `torchrun --nproc-per-node 2` stop at one step, the
     continuation resumes there, and the run ends with the uninterrupted run's parameters."""
     steps = 500  # 50 s of steps of 0.1 s: beyond the first attempt's 30 s
-    script = tmp_path / "train_ddp.py"
-    script.write_text(PLAIN_DDP)
     out = tmp_path / "out"
     out.mkdir()
     recipe = tmp_path / "recipe.py"
-    command = ["torchrun", "--nproc-per-node", "2", str(script), str(steps), "0.1", str(out)]
+    command = ["torchrun", "--nproc-per-node", "2", str(EXAMPLE), str(steps), "0.1", str(out)]
     recipe.write_text(f"import ftslurm\nrecipe = ftslurm.Recipe(command={command!r})\n")
     run_id = slurm_cli.submit("-t", "1", "--preempt-time", "30", "--retries", "0", str(recipe))[
         "run_id"
@@ -479,12 +428,9 @@ def test_a_plain_torchrun_script_gets_the_checkpoint_signal_on_slurm(slurm_cli, 
     assert s["state"] == "COMPLETED", s
     assert s["attempts"][0]["cause"] == "checkpointed", s
     assert s["continuations"] >= 1 and s["job_retries_used"] == 0, s
-    log = slurm_cli("logs", run_id, "--attempt", "0").stdout
-    stopped = [line for line in log.splitlines() if "checkpointed at step" in line]
-    assert len(stopped) == 2 and len({line.split()[-3] for line in stopped}) == 1, log
-    at = int(stopped[0].split()[-3])
+    at = _stopped_at(slurm_cli("logs", run_id, "--attempt", "0").stdout)
     second = slurm_cli("logs", run_id, "--attempt", "1").stdout
     assert f"rank 0 of 2 starts at step {at}" in second, second
     final = json.loads((out / "final.json").read_text())
     assert final["step"] == steps
-    assert final["digest"] == _uninterrupted_steps(tmp_path, script, steps)
+    assert final["digest"] == _uninterrupted(tmp_path, EXAMPLE, steps)
