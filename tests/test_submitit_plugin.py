@@ -12,6 +12,8 @@ which submitit's discovery (importlib.metadata) then reads as it would an instal
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import subprocess
 import sys
 import time
 import uuid
@@ -31,7 +33,9 @@ from ftslurm.integrations.submitit import FtslurmExecutor, FtslurmJob, submitit_
 from ftslurm.paths import HOME_ENV
 
 from . import submitit_callables as callables
-from .daemon_scenarios import Cli, daemon_cli
+from .daemon_scenarios import Cli, daemon_cli, ended
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -327,3 +331,39 @@ def test_a_checkpointable_survives_a_wall_limit_and_a_node_failure_on_slurm(
     assert causes[:2] == ["checkpointed", "node_fail"] and causes[-1] == "finished", s
     assert victim in s["excluded_nodes"], s
     assert all(victim not in a["nodes"] for a in s["attempts"][2:]), s
+
+
+def _example_digest(steps: int, out: Path) -> str:
+    """examples/submitit_recipe.py's Trainer, called here to the end: the uninterrupted run."""
+    spec = importlib.util.spec_from_file_location(
+        "submitit_recipe", EXAMPLES / "submitit_recipe.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Trainer()(steps, output_dir=str(out))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_the_executor_example_survives_a_preemption_and_a_lost_node(plugin, mock_cli, tmp_path):
+    """examples/submitit_executor.py, as a user runs it, on the mock: a preemption (an
+    injected 30 s wall limit, the signal at 20 s) and a lost node in the continuation; the
+    result is the digest of an uninterrupted run."""
+    steps = 500
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "submitit_executor.py"), "--dry-run"]
+        + ["--folder", str(tmp_path / "jobs" / "%j"), "--steps", str(steps)]
+        + ["--step-time", "0.1", "--timeout-min", "5", "--preempt-time", "10"]
+        + ["--inject", "timeout@30", "--inject", "node_fail@28"],
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_id = proc.stdout.split("submitted run ")[1].split()[0]
+    # the result is stored before the daemon reads the attempt's end
+    s = mock_cli.wait_for(run_id, ended, 60, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert [a["cause"] for a in s["attempts"]] == ["checkpointed", "node_fail", "finished"], s
+    result = proc.stdout.split("result ")[1].split()[0]
+    assert result == _example_digest(steps, tmp_path / "reference")  # bit-identical
