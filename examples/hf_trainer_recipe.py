@@ -28,6 +28,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -68,7 +69,7 @@ class Pace(TrainerCallback):
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         time.sleep(self.seconds)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,6 +135,7 @@ print(json.dumps({"stopped": callback.stopped, "step": trainer.state.global_step
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_without_exit_on_stop_the_trainer_returns_after_the_stops_save(tmp_path):
     out = tmp_path / "out"
@@ -165,6 +167,7 @@ def _ranks(launcher: subprocess.Popen) -> list[int]:
     return [int(pid) for pid in kids.read_text().split()] if kids.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_checkpoint_signal_on_one_rank_saves_both_at_one_step_and_resumes_bit_identical(
     tmp_path,
@@ -200,6 +203,13 @@ def test_the_checkpoint_signal_on_one_rank_saves_both_at_one_step_and_resumes_bi
         record = json.loads(rd.stop_record(0, rank).read_text())
         assert (record["step"], record["outcome"]) == (step, "checkpointed"), record
     assert json.loads(rd.progress.read_text())["checkpoint_step"] == step
+    # A newer save cut short (a lost node): its files half there, no marker. The Trainer's
+    # get_last_checkpoint would resume from it; the continuation must not.
+    torn = out / f"checkpoint-{step + 3}"
+    shutil.copytree(out / f"checkpoint-{step}", torn)
+    (torn / COMPLETE_MARKER).unlink()
+    model = torn / "model.safetensors"
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
 
     proc = _torchrun(out, "--steps", str(steps), "--save-steps", str(save_steps))
     log, _ = proc.communicate(timeout=300)
