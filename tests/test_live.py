@@ -328,17 +328,19 @@ def live_launchers(tmp_path: Path, steps: int, **kw: Any) -> Any:
     )
 
 
-def node_1_lost(tmp_path: Path, lose: Callable[[Any], list[int]]) -> tuple[Any, Any, float]:
+def node_1_lost(
+    tmp_path: Path, lose: Callable[[Any], list[int]], **launchers: Any
+) -> tuple[Any, Any, float]:
     """2 active nodes + 1 warm spare with live recovery, one rank each, 120 steps: once step
     20 is saved, `lose(nodes)` takes node 1 away (the pids it returns are killed at the
     end). The run must end bit-identical to an uninterrupted one of 2 ranks, with node 0's
     rank never restarted and node 1's rank taken over by the spare. The launchers, the live
-    recovery's record and when node 1 was lost."""
+    recovery's record and when node 1 was lost. `launchers`: more for `live_launchers`."""
     from .daemon_scenarios import reference_digest
 
     steps = 120
     expected = reference_digest(tmp_path, steps)
-    nodes = live_launchers(tmp_path, steps)
+    nodes = live_launchers(tmp_path, steps, **launchers)
     left: list[int] = []
     try:
         nodes.wait_checkpoint(20)
@@ -402,14 +404,43 @@ def test_a_silently_lost_node_costs_no_collective_timeout(tmp_path):
     print(f"node stopped -> first committed step with the spare: {took:.2f}s")
 
 
+def test_a_hung_node_steps_out_and_a_warm_spare_takes_its_ranks_over_live(tmp_path):
+    """Node 1's rank is stopped (SIGSTOP) mid-training, a hang; short section timeouts (3 s)
+    as in the in-job hang tests. Node 1's launcher finds its rank hung and steps out (its
+    bench record, its rank killed); node 0's rank, blocked in the step's all-reduce on the
+    hung peer, is judged hung by its own launcher too, which may not step out (the batch
+    host) and waits for a peer to: the bench record explains the hang, and its rank keeps
+    its process. The spare takes rank 1 over with the state from rank 0, and the run ends
+    bit-identical to an uninterrupted one."""
+    from .test_spares import node_report
+    from .test_spares_bench import HANG_TIMEOUTS, training_process
+
+    def hang(nodes: Any) -> list[int]:
+        rank = training_process(nodes.procs[1].pid)
+        os.kill(rank, signal.SIGSTOP)
+        return [rank]
+
+    nodes, record, hung_at = node_1_lost(
+        tmp_path, hang, launch_args=("--section-timeouts", HANG_TIMEOUTS)
+    )
+    benched = json.loads(nodes.run.benched(0, 1).read_text())
+    assert benched["why"] == "hang", benched
+    assert node_report(nodes.run, 1)["outcome"] == "benched"
+    survivor = node_report(nodes.run, 0)
+    assert survivor["outcome"] == "finished" and survivor["in_job_restarts"] == 0, survivor
+    took = record.first_commit_at - benched["time"]
+    print(
+        f"hung at +0, stepped out at +{benched['time'] - hung_at:.2f}s, first committed step "
+        f"{took:.2f}s later"
+    )
+
+
 def test_a_straggler_that_steps_out_is_taken_over_by_a_warm_spare(tmp_path):
     """2 active nodes + 1 warm spare with live recovery. A persistent straggler (node 1
     made 4x slower from the start, 1 s report windows, two of them) steps out: its launcher
     writes its bench record and kills its ranks; rank 0 keeps its process, the spare's rank
     takes rank 1 over with the state from rank 0, and the run ends bit-identical to an
-    uninterrupted one. (A hung node stepping out is not here yet: with the 3 s section
-    timeouts it needs, the survivor's launcher can judge its own rank hung too, its step
-    stalled on the hung peer and then on the re-formation, and restart every rank.)"""
+    uninterrupted one."""
     from .daemon_scenarios import reference_digest
     from .test_spares import node_report
 
