@@ -26,9 +26,10 @@ What it changes, and why:
   True)` (what Lightning picks by itself inside a Slurm job) Lightning saves and runs
   `scontrol requeue` on SIGUSR1, from inside the job: a second requeue mechanism beside the
   daemon's, and one that fails in containers without `scontrol` (Lightning #21404); on
-  SIGTERM it raises at the next batch and ends the rank without a checkpoint (#20542). The
-  callback keeps the agent's handlers in place for the whole fit, and sets `auto_requeue` to
-  False (saying so in one line) when it finds it on.
+  SIGTERM it broadcasts inside the handler and raises at the next batch: the rank leaves
+  `fit` with exit 0 and no checkpoint (#20542). The callback keeps the agent's handlers in
+  place for the whole fit, and sets `auto_requeue` to False (saying so in one line) when it
+  finds it on.
 * **The ranks as ftslurm's launcher started them.** The launcher is a torch elastic agent:
   every rank has `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, ...; the
   Slurm variables it also sees (`SLURM_NTASKS`, `SLURM_PROCID`) describe the launchers, one
