@@ -55,6 +55,7 @@ import torch.distributed as dist
 from ftslurm.agent import live
 from ftslurm.agent import rank as fta
 from ftslurm.checkpoint import CheckpointManager, restore_training_state, training_state
+from ftslurm.core.contract import EnvName
 from ftslurm.memory_checkpoint import MemoryTier
 
 
@@ -170,7 +171,7 @@ class Training:
         if self.rank == 0 or self.rejoining:
             self._say(
                 f"rank {self.rank} of {self.world} starts at step {self.steps_done} "
-                f"(attempt {os.environ.get('FTSLURM_ATTEMPT', '0')}, in-job restart "
+                f"(attempt {os.environ.get(EnvName.ATTEMPT.value, '0')}, in-job restart "
                 f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}) from {tier}"
             )
         if tier in ("memory", "peer"):  # which tier each rank's state came from
