@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Recipe", "SubmititExecutor", "__version__"]
+__all__ = ["Recipe", "SubmititExecutor", "Training", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +17,8 @@ def __getattr__(name: str) -> Any:
         from ftslurm.integrations.submitit import FtslurmExecutor
 
         return FtslurmExecutor
+    if name == "Training":  # the rank's training loop (torch is imported on use)
+        from ftslurm.agent.loop import Training
+
+        return Training
     raise AttributeError(f"module 'ftslurm' has no attribute {name!r}")

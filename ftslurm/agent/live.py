@@ -204,6 +204,7 @@ class LiveGroup:
         self.recoveries: list[dict[str, Any]] = []  # what each live recovery took
         self._store_of_round: RoundStore | None = None
         self._round_listeners: tuple[int, set[int]] = (-1, set())  # (round, local ports)
+        self._voting: tuple[int, int] = (0, 0)  # (round, seq) of the step begun last
 
     @property
     def enabled(self) -> bool:
@@ -502,17 +503,37 @@ class LiveGroup:
         if not self.enabled:
             fn()
             return True
-        r, seq = self.round, self.seq
+        self.begin_step()
         error: str | None = None  # not the exception: its frames would keep the group alive
-        self._busy = (r, time.monotonic())
         try:
             fn()
         except Exception as exc:
             if not is_fault(exc):
+                self.cancel_step()
                 raise
             error = _first_line(exc)
-        finally:
-            self._busy = None
+        return self.end_step(error)
+
+    def begin_step(self) -> None:
+        """`commit` in two halves, for a loop that runs the step's work itself (the rank
+        agent's `Training`): the step's work begins (inside a step: the watch may end its
+        connections). Then `end_step`."""
+        self._voting = (self.round, self.seq)
+        self._busy = (self.round, time.monotonic())
+
+    def cancel_step(self) -> None:
+        """The step's work raised what is not a fault (`fault_text`): no vote, the
+        exception propagates."""
+        self._busy = None
+
+    def end_step(self, error: str | None) -> bool:
+        """The step's work ended, with `error` (`fault_text`) when a collective of it failed
+        because a peer did: the vote, as `commit`'s. True: apply the step; False: run it
+        again (the group was formed again)."""
+        self._busy = None
+        if not self.enabled:
+            return error is None
+        r, seq = self._voting
         if error is None:
             self._pause("reduced")
         if error is None and self.store.add(self.keys.vote(r, seq), 1) >= self.world:
@@ -727,6 +748,12 @@ def _shut_down(fds: set[int]) -> int:
         finally:
             sock.detach()
     return done
+
+
+def fault_text(exc: BaseException) -> str | None:
+    """What `end_step` takes for an exception of a step's work: its first line when it is a
+    fault (`is_fault`), None for any other (a bug of the training code: let it propagate)."""
+    return _first_line(exc) if is_fault(exc) else None
 
 
 def _first_line(exc: BaseException) -> str:
