@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ftslurm.core.contract import JobEnv
+from ftslurm.core.contract import SHARING_MODES, JobEnv
 from ftslurm.errors import ConfigError
 
 
@@ -129,12 +129,6 @@ def restrict(folder: Path | str, dir_mode: int, file_mode: int) -> None:
         os.chmod(root, dir_mode)
         for name in files:
             os.chmod(os.path.join(root, name), file_mode)
-
-
-# What the files of a training's state may show to others: `private` (the default: model
-# weights and optimizer state are the owner's alone) or `group` (readable by the group,
-# for a folder a team shares); folder mode, file mode.
-SHARING_MODES = {"private": (0o700, 0o600), "group": (0o750, 0o640)}
 
 
 def sharing_modes(sharing: str | None = None) -> tuple[int, int]:

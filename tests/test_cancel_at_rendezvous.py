@@ -1,5 +1,6 @@
 """A run cancelled while its launchers are still at the rendezvous: no rank ever starts
-(issue: ranks started, and trained, after `cancel` had replied).
+(issue: ranks started, and trained, after `cancel` had replied). And the checkpoint signal
+at the rendezvous: remembered, it reaches the ranks once they start (`CHECKPOINT_AT_...`).
 
 Forced timing, end to end (CLI, daemon, scheduler, launchers): both launchers of a
 2-node run are stopped (SIGSTOP) as soon as their first handlers are in place, before node
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from ftslurm.agent.launch_io import PAUSE_ENV
 from ftslurm.agent.sigmask import caught_signals
 from ftslurm.core.contract import EnvName, RunDir
 
@@ -150,3 +153,87 @@ def test_a_run_cancelled_at_the_rendezvous_starts_no_rank_on_the_mock(mock, tmp_
 @pytest.mark.slurm
 def test_a_run_cancelled_at_the_rendezvous_starts_no_rank_on_slurm(cluster_cli, tmp_path):
     cancel_at_the_rendezvous(cluster_cli, tmp_path)
+
+
+# The checkpoint signal at the rendezvous, end to end on the mock. The first attempt's
+# launchers stop themselves (`launch_io.pause_for_tests`) with their handlers and leases in
+# place, before node rank 0 publishes its endpoint; the job's setup line sets the pause
+# for attempt 0 only, so the continuation runs freely.
+RECIPE = Path(__file__).resolve().parent.parent / "examples" / "recipe.py"
+PAUSE_THE_FIRST_ATTEMPT = (
+    f'if [ "${EnvName.ATTEMPT.value}" = 0 ]; then export {PAUSE_ENV}=rendezvous; fi'
+)
+
+
+def signal_pending(pid: int, sig: int) -> bool:
+    """Whether `sig` waits in `pid`'s pending set (process-wide or its main thread's)."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+    except OSError:
+        return False
+    bit = 1 << (sig - 1)
+    return any(int(fields[k].strip(), 16) & bit for k in ("ShdPnd", "SigPnd"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # two attempts of a 2-node run, each importing torch
+def test_a_checkpoint_signal_at_the_rendezvous_is_delivered_once_the_ranks_start_on_the_mock(
+    mock, tmp_path
+):
+    """The scheduler sends the checkpoint signal (SIGUSR2, as `scancel -s USR2` would) to
+    the job's tasks while both launchers of a 2-node run are at the rendezvous, no rank
+    existing: the signal waits, pending, in both. Continued, they remember it, start the
+    ranks and hand it to them: the ranks agree on a step, checkpoint and ask to continue,
+    and the next attempt resumes from that step to the end: a continuation, not a lost
+    signal (the old launcher dropped it and the ranks trained on) nor a failure."""
+    steps = 60
+    recipe = tmp_path / "rdv_recipe.py"
+    recipe.write_text(
+        "import sys\nimport ftslurm\n"
+        f"recipe = ftslurm.Recipe(command=[sys.executable, {str(RECIPE)!r}, '--steps', "
+        f"'{steps}', '--step-time', '0.1', '--ckpt-every', '1000', '--no-memory-tier'], "
+        f"nodes=2, ntasks_per_node=1, setup=({PAUSE_THE_FIRST_ATTEMPT!r},))\n"
+    )
+    ckpt = tmp_path / "ckpt"
+    out = mock.submit(
+        "--dry-run", "--retries", "0", "-t", "10", "--checkpoint-dir", str(ckpt), str(recipe)
+    )
+    run_id = out["run_id"]
+    run_dir = mock.status(run_id)["run_dir"]
+    run = RunDir(run_dir)
+    deadline = time.monotonic() + 180
+    held: dict[int, int] = {}
+    try:
+        while len(held) < 2:  # both launchers stopped themselves at the rendezvous
+            assert time.monotonic() < deadline, f"launchers paused: {held}"
+            held = {n: p for n, p in launcher_pids(run_dir).items() if proc_state(p) == "T"}
+            time.sleep(0.05)
+        assert not run.rendezvous(0, 0).exists(), "node 0's launcher published already"
+        assert not list(run.attempt(0).glob("rank-*.json")), "a rank started"
+        job = mock.status(run_id)["attempts"][0]["job_id"]
+        mock("scheduler", "signal", job, "USR2", "--backend", "mock")
+        while not all(signal_pending(pid, signal.SIGUSR2) for pid in held.values()):
+            assert time.monotonic() < deadline, "the signal did not reach the launchers"
+            time.sleep(0.05)
+        assert all(proc_state(pid) == "T" for pid in held.values())  # still at the rendezvous
+    finally:
+        for pid in held.values():  # never left stopped, whatever failed
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    s = mock.wait_for(run_id, ended, 240, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    first = s["attempts"][0]
+    assert first["cause"] == "checkpointed", s
+    assert s["continuations"] == 1 and s["job_retries_used"] == 0, s
+    for node_rank in (0, 1):
+        report = json.loads(run.node_report(0, node_rank).read_text())
+        assert report["outcome"] == "checkpointed", report
+    log = "".join(p.read_text() for p in sorted(run.logs.glob("job-*.out")))  # both attempts
+    saved = re.findall(r"checkpointed at step (\d+) on request", log)
+    resumed = re.findall(r"starts at step (\d+) \(attempt 1,", log)
+    assert len(saved) == 1 and resumed == saved, log  # (rank 0 says it) from that step
+    assert json.loads((ckpt / "final.json").read_text())["step"] == steps

@@ -3,14 +3,19 @@ And the sbatch flags it takes reach the batch script, each exactly once."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockState
+from ftslurm.cli.common import console
 from ftslurm.cli.main import main
+from ftslurm.daemon.records import NodeFlag
+from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.recipe import load_recipe
 
@@ -313,3 +318,22 @@ def test_a_node_reason_with_control_characters_is_refused(env, capsys):
     assert code != 0 and out == ""
     assert err.count("\n") == 1 and err.startswith("Error: --reason ") and "control" in err
     assert not (env / "home").exists()
+
+
+def test_nodes_list_escapes_a_reason_stored_before_control_characters_were_refused(
+    env, capsys, monkeypatch
+):
+    """A reason stored before `nodes add` refused control characters (written into the
+    store directly here) is shown escaped, never as a raw terminal sequence."""
+    monkeypatch.setattr(console, "_width", 200)  # the reason on one line of the table
+    with Store(env / "home") as store:
+        store.flag_node(NodeFlag("n1", "bad\x1b[2J\nsecond line\x07", time.time(), None))
+    code = main(["nodes", "list"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert not any(c in out for c in "\x1b\x07"), repr(out)
+    assert "bad\\x1b[2J\\nsecond line\\x07" in out, out
+    code = main(["nodes", "list", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "\x1b" not in out
+    assert json.loads(out)[0]["reason"] == "bad\x1b[2J\nsecond line\x07"

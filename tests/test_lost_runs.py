@@ -29,6 +29,7 @@ from ftslurm.daemon.records import AttemptState, RunState, tag
 from ftslurm.daemon.store import (
     BACKUP_NAME,
     DB_NAME,
+    MARK_NAME,
     RUN_MIRROR,
     Store,
     mirror_run,
@@ -39,6 +40,7 @@ from ftslurm.daemon.store import (
 
 from .conftest import wait_for
 from .test_daemon_store import make_run
+from .test_state_guard import damage_a_middle_page_of_runs, fill_runs
 
 SLEEPER = "#!/bin/bash\n#SBATCH -N 1\nsleep 600\n"
 
@@ -256,3 +258,115 @@ def test_submit_mirrors_the_run_and_the_daemon_notes_its_job(home, capsys):
         "the job noted in the mirror",
     )
     assert oct((home / "runs" / run_id / RUN_MIRROR).stat().st_mode & 0o777) == "0o600"
+
+
+def served(home: Path, tmp_path: Path, run: str) -> Store:
+    """The daemon's first cycle with `run` (mirrored) recorded: the mark (naming the mock
+    as a backend used) and the backup, as `service.Keeper` leaves them."""
+    store = mirrored(home, run)
+    store.append_event(run, "created", {}, 1.0)
+    service.Keeper(store, backup_interval_s=3600).after_cycle([f"mock:{tmp_path / 'mock'}"])
+    assert (home / BACKUP_NAME).exists() and (home / MARK_NAME).exists()
+    return store
+
+
+def submitted_after_the_backup(store: Store, mock: MockScheduler, run: str) -> str:
+    """A run `submit` records and the daemon submits, both after the last backup: only the
+    run's folder and the scheduler's job (by its tag) know it besides the database."""
+    store.add_run(
+        make_run(
+            run,
+            spec={"run_dir": str(store.home / "runs" / run), "backend": "mock"},
+            state=RunState.PENDING,
+            cancel_requested=False,
+        )
+    )
+    (store.home / "runs" / run).mkdir(parents=True)
+    mirror_run(store.get_run(run))
+    job = mock.submit(SLEEPER, JobOptions(comment=tag(run, 0)))
+    update_mirror(store.get_run(run), attempt=0, job_id=job)
+    store.append_event(run, "submitted", {"job_id": job}, 2.0)
+    store.checkpoint()  # the WAL is in the main file: the damage below hits it all
+    store.close()
+    assert not (store.home / f"{DB_NAME}-wal").exists()
+    return job
+
+
+def assert_one_line_error(code: int, out: str, err: str, *fragments: str) -> None:
+    assert code != 0 and out == "", (out, err)
+    assert err.startswith("Error: ") and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+@pytest.mark.parametrize("size", ["empty", "half"])
+def test_a_database_truncated_after_a_submit_is_one_line_and_recover_brings_every_run_back(
+    home, tmp_path, capsys, size
+):
+    """The issue's truncation: state.db cut to 0 bytes or to half after a run was submitted
+    (and before a backup held it). Every command says so in one line; `recover` puts the
+    backup back (the run it holds) and rebuilds the newer run from its folder, adopting
+    its job."""
+    mock = MockScheduler(tmp_path / "mock")
+    job = submitted_after_the_backup(served(home, tmp_path, "early"), mock, "late")
+    db = home / DB_NAME
+    with open(db, "r+b") as f:
+        f.truncate(0 if size == "empty" else db.stat().st_size // 2)
+    for argv in (["status"], ["status", "--json"], ["daemon", "start"]):
+        code, out, err = cli(capsys, *argv)
+        assert_one_line_error(code, out, err, "daemon recover")
+    assert service.running_pid(home) is None
+
+    code, out, err = cli(capsys, "daemon", "recover")
+    assert code == 0, err
+    assert "restored 1 run(s)" in out
+    assert f"run late: rebuilt from its folder; its job {job} (attempt 0) is still" in out
+    code, out, err = cli(capsys, "status", "--json")
+    assert code == 0, err
+    assert sorted(s["run_id"] for s in json.loads(out)) == ["early", "late"]
+    with Store(home) as store:
+        late = store.latest_attempt("late")
+    assert (late.state, late.tag) == (AttemptState.SUBMITTING, tag("late", 0))  # adopted
+
+
+def test_a_middle_page_damaged_loses_no_run_the_backup_lacks(home, tmp_path, capsys):
+    """A page of the runs table zeroed in the middle of the file, with a run submitted
+    after the last backup: the backup's runs come back, and the newer one from its folder."""
+    fill_runs(home, 120)
+    mock = MockScheduler(tmp_path / "mock")
+    job = submitted_after_the_backup(served(home, tmp_path, "early"), mock, "late")
+    damage_a_middle_page_of_runs(home / DB_NAME)
+    code, out, err = cli(capsys, "status")
+    assert_one_line_error(code, out, err, "is damaged", "daemon recover")
+
+    code, out, err = cli(capsys, "daemon", "recover")
+    assert code == 0, err
+    assert "restored 121 run(s)" in out
+    assert f"run late: rebuilt from its folder; its job {job} (attempt 0) is still" in out
+    code, out, err = cli(capsys, "status", "--json")
+    assert code == 0, err
+    ids = {s["run_id"] for s in json.loads(out)}
+    assert len(ids) == 122 and {"early", "late", "run060"} <= ids
+
+
+def test_status_after_recover_still_warns_about_a_tagged_job_no_run_claims(
+    home, tmp_path, capsys, monkeypatch
+):
+    """Only the mark names the mock the daemon used (no run left uses it, and
+    FTSLURM_MOCK_HOME is not set): `recover` moves the damaged mark aside but carries its
+    backends over, so `status` still asks that scheduler and warns about the job."""
+    mock = MockScheduler(tmp_path / "mock")
+    served(home, tmp_path, "early").close()
+    job = mock.submit(SLEEPER, JobOptions(comment=tag("nofolder", 1)))
+    with open(home / DB_NAME, "r+b") as f:  # damage the header
+        f.write(b"\0" * 100)
+    monkeypatch.delenv("FTSLURM_MOCK_HOME")
+    code, out, err = cli(capsys, "daemon", "recover")
+    assert code == 0, err
+    assert f"job {job} carries the tag of run nofolder" in out
+    code, out, err = cli(capsys, "status")
+    assert code == 0, err
+    warning = [line for line in err.splitlines() if "carry ftslurm tags" in line]
+    assert len(warning) == 1 and f"job(s) {job} " in warning[0], err
+    assert "run(s) nofolder " in warning[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,64 @@ def test_the_group_setting_travels_to_the_job_and_private_adds_nothing(tmp_path)
 
     assert f"export {EnvName.CHECKPOINT_SHARING.value}=group" in script(checkpoint_sharing="group")
     assert EnvName.CHECKPOINT_SHARING.value not in script()
+
+
+def job_prologue(tmp_path: Path, **settings) -> tuple[str, Path]:
+    """The batch script's part before the step of a run whose checkpoints go under
+    `$SCRATCH` (tmp_path/scratch), and its checkpoint folder."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    os.chmod(scratch, 0o755)
+    recipe = Recipe(command=["python", "train.py"], time="10", **settings)
+    spec = make_spec(
+        recipe,
+        run_dir=tmp_path / "home" / "runs" / "r1",
+        backend="slurm",
+        workdir=str(tmp_path),
+        environ={"SCRATCH": str(scratch)},
+    )
+    script = build_attempt("r1", spec, recipe.settings().model_dump(mode="json"), 1, ())[0]
+    checkpoints = Path(spec["checkpoint_dir"])
+    assert checkpoints == scratch / "ftslurm" / "r1" / "checkpoints"
+    return script.split("\nsrun ")[0], checkpoints
+
+
+def run_prologue(prologue: str, umask: int) -> None:
+    """Run it with bash, as the job's shell does, at `umask`."""
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"}
+    subprocess.run(
+        ["bash", "-c", f"umask {umask:03o}\n{prologue}"], env=env, check=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("sharing", "folder_mode"), [("private", 0o700), ("group", 0o750)], ids=["private", "group"]
+)
+def test_the_job_creates_the_checkpoint_folders_under_scratch_with_the_runs_modes(
+    tmp_path, sharing, folder_mode
+):
+    """The batch script creates `$SCRATCH/ftslurm/<run>/checkpoints` before any rank runs,
+    and `ftslurm.checkpoint` then leaves it as it is: the script itself must make it (and
+    every parent it creates) private, or the group's under "group", at any umask."""
+    (tmp_path / "home").mkdir(mode=0o700)
+    prologue, checkpoints = job_prologue(tmp_path, checkpoint_sharing=sharing)
+    run_prologue(prologue, 0o022)
+    for folder in (checkpoints, checkpoints.parent, checkpoints.parent.parent):
+        assert mode(folder) == folder_mode, folder
+    logs = tmp_path / "home" / "runs" / "r1" / "logs"
+    for folder in (logs, logs.parent, logs.parent.parent):
+        assert mode(folder) == 0o700, folder
+    assert mode(tmp_path / "scratch") == 0o755  # the user's own, as it was
+    CheckpointManager(checkpoints).save(1, {"w": torch.zeros(1)})
+    assert mode(checkpoints) == folder_mode
+
+
+def test_the_job_leaves_the_checkpoint_folders_the_user_has_as_they_are(tmp_path):
+    """A scratch folder the user made for ftslurm (here group-writable for a team) keeps
+    its mode; only what the script creates below it is private."""
+    prologue, checkpoints = job_prologue(tmp_path)
+    checkpoints.parent.parent.mkdir()
+    os.chmod(checkpoints.parent.parent, 0o775)
+    run_prologue(prologue, 0o002)
+    assert mode(checkpoints.parent.parent) == 0o775
+    assert mode(checkpoints.parent) == mode(checkpoints) == 0o700

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ftslurm.core.contract import (
+    SHARING_MODES,
     EnvName,
     JobEnv,
     RunDir,
@@ -150,7 +151,7 @@ def build_attempt(
     setup = [
         attempt_setup_line(),
         'export MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
-        f'mkdir -p {shlex.quote(str(RunDir(run_dir).logs))} "${EnvName.CHECKPOINT_DIR.value}"',
+        *make_folders_lines(RunDir(run_dir).logs, settings.get("checkpoint_sharing", "private")),
         f'echo "=== ftslurm run ${EnvName.RUN_ID.value} attempt ${EnvName.ATTEMPT.value}: '
         'job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ==="',
         *spec["setup"],
@@ -160,6 +161,27 @@ def build_attempt(
         command, options, run_id=run_id, attempt=attempt, env=env, setup=setup, srun_args=srun_args
     )
     return script, options
+
+
+def make_folders_lines(logs: Path, sharing: str) -> list[str]:
+    """The batch script's lines that create the run's log folder and its checkpoint folder
+    with every parent missing (`<scratch>/ftslurm/<run>/checkpoints`): the logs private, the
+    checkpoints as `sharing` says (`SHARING_MODES`), whatever the job's umask is. A plain
+    `mkdir -p` at the job's umask made them 0755 (0775 under umask 002), and
+    `ftslurm.checkpoint` leaves a folder that exists as it is. Folders that exist already
+    keep their mode: `mkdir -p` does not touch them."""
+    folders = {
+        _umask(SHARING_MODES["private"][0]): [shlex.quote(str(logs))],
+    }
+    folders.setdefault(_umask(SHARING_MODES[sharing][0]), []).append(
+        f'"${EnvName.CHECKPOINT_DIR.value}"'
+    )
+    return [f"(umask {mask}; mkdir -p {' '.join(paths)})" for mask, paths in folders.items()]
+
+
+def _umask(folder_mode: int) -> str:
+    """The umask under which `mkdir` creates folders (and their parents) `folder_mode`."""
+    return f"{0o777 & ~folder_mode:03o}"
 
 
 def _job_env(

@@ -190,6 +190,11 @@ DEFAULT_CHECKPOINT_DIR = "checkpoints"  # relative to the working directory, wit
 # state directory, which is usually a quota'd home directory (`default_checkpoint_dir`).
 SCRATCH_ENVS = ("FTSLURM_SCRATCH", "SCRATCH")
 SCRATCH_SUBDIR = "ftslurm"  # <scratch>/ftslurm/<run id>/checkpoints
+# What the files of a training's state may show to others: `private` (the default: model
+# weights and optimizer state are the owner's alone) or `group` (readable by the group,
+# for a folder a team shares); folder mode, file mode. The job's batch script creates the
+# checkpoint folder with these modes too (`ftslurm.daemon.submission`).
+SHARING_MODES = {"private": (0o700, 0o600), "group": (0o750, 0o640)}
 RANK_REPORTS = "rank-*.json"  # in an attempt's folder (RunDir.attempt) or stragglers/
 NODE_REPORTS = "node-*.json"
 HUNG_NODE_REPORTS = "hung-node-*.json"
