@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ftslurm.core.contract import rendezvous_port
+from ftslurm.core.contract import RunDir, rendezvous_port
+from ftslurm.daemon.store import Store
 
 from .daemon_scenarios import Cli
 
@@ -107,7 +108,6 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
            '"$FTSLURM_RUN_DIR/attempts/0/rendezvous-${{SLURM_RESTART_COUNT:-0}}.json"'])
 """)
     out = first.submit("--dry-run", "--retries", "1", str(recipe))
-    # well before the other launcher's rendezvous timeout (300 s) and srun --wait (180 s)
     s = first.wait_for(
         out["run_id"],
         lambda s: s["attempts"][0]["state"] not in ("PENDING", "SUBMITTING", "RUNNING"),
@@ -119,5 +119,17 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
     assert "a launcher failed before its ranks started" in failed["reason"], failed
     assert "node rank 0, in the rendezvous" in failed["reason"], failed
     assert "IsADirectoryError" in failed["reason"], failed
+    # The daemon ended the attempt within seconds of the failure's record (its 1 s look at
+    # the recovery folder), not when the other launcher's rendezvous (300 s), srun --wait
+    # (180 s) or the daemon's next cycle (backed off up to 60 s) would have.
+    record = json.loads(RunDir(s["run_dir"]).launcher_failed(0, 0).read_text())
+    store = Store(first.home)
+    try:
+        (ending,) = [
+            e for e in store.events(out["run_id"]) if e.kind == "ended" and e.data["attempt"] == 0
+        ]
+    finally:
+        store.close()
+    assert ending.time - record["time"] < 20, (ending, record)
     s = first.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s
