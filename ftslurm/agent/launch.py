@@ -437,6 +437,8 @@ class Node:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        # first: a bad --section-timeouts fails the setup before any folder is made
+        self.timeouts = _timeouts(args, args.env.checkpoint_dir)
         self.job = os.environ.get("SLURM_JOB_ID", "local")
         self.restarts = _env_int("SLURM_RESTART_COUNT", 0)
         env: JobEnv = args.env
@@ -453,7 +455,6 @@ class Node:
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         # Our own handlers for TERM, INT and the checkpoint signals stay in place.
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"
-        self.timeouts = _timeouts(args, env.checkpoint_dir)
         collect = args.node_rank == 0 and self.run_dir is not None
         self.cfg = core.Config(
             node_rank=args.node_rank,
