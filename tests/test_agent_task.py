@@ -149,7 +149,8 @@ def test_torch_env_defaults_and_kept_values() -> None:
 
 
 def test_master_port_is_shared_by_ranks_and_moves_with_restarts() -> None:
-    """Ranks of one step started without the launcher (a rank alone gets a free port)."""
+    """Ranks of one step started without the launcher and without a run directory (a rank
+    alone gets a free port; with a run directory, the port rank 0 published)."""
     ranks = [
         torch_env(
             {
@@ -403,10 +404,26 @@ def test_child_gets_torch_env_and_report_goes_to_the_attempt(tmp_path: Path) -> 
         SLURM_JOB_NODELIST="n[3-4]",
         KEEP_ME="yes",
     )
+    from ftslurm.core.contract import RunDir, rendezvous_record
+
+    published = RunDir(tmp_path).rendezvous(3, 1)  # by rank 0's wrapper: the port it bound
+    published.parent.mkdir(parents=True)
+    record = rendezvous_record(
+        host="n3",
+        port=23456,
+        rdzv_id="r",
+        job_id="4242",
+        step_id="",
+        restart_count=1,
+        pid=1,
+        time=1,
+    )
+    published.write_text(json.dumps(record))
     assert run(py(child), env).returncode == 0
     seen = json.loads(out.read_text())
     assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"]) == ("1", "1", "2")
     assert (seen["LOCAL_WORLD_SIZE"], seen["MASTER_ADDR"]) == ("2", "n3")
+    assert seen["MASTER_PORT"] == "23456"
     assert seen["FTSLURM_ATTEMPT"] == "3" and seen["KEEP_ME"] == "yes"
     r = report(tmp_path, attempt=3, rank=1)
     assert (r["attempt"], r["restart_count"], r["outcome"]) == (3, 1, "finished")
@@ -971,3 +988,39 @@ def test_the_command_dies_with_a_sigkilled_wrapper(tmp_path):
     ):
         assert time.monotonic() < deadline, "the child outlived its wrapper"
         time.sleep(0.02)
+
+
+def test_ranks_without_the_launcher_take_the_port_rank_0_bound_and_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the job's derived port, which any process (another mock cluster's job of the
+    same id) may hold: rank 0's wrapper publishes a free port in the run directory, the
+    others wait for the record of their own job's step and restart."""
+    from ftslurm.agent import task
+    from ftslurm.core.contract import RunDir
+
+    run = RunDir(tmp_path / "run")
+    base = {
+        "FTSLURM_RUN_DIR": str(run.root),
+        "FTSLURM_ATTEMPT": "0",
+        "SLURM_JOB_ID": "777000",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_NODELIST": "127.0.0.1",
+    }
+    other = task.Task(["true"], {**base, "SLURM_PROCID": "1"})
+    run.rendezvous(0, 0).parent.mkdir(parents=True)
+    record = {**json.loads(json.dumps(base)), "port": 4321}  # not a record of this job's
+    run.rendezvous(0, 0).write_text(json.dumps({"job_id": "776000", **record}))
+    monkeypatch.setattr(task, "PORT_WAIT_S", 0.5)
+    assert other.agree_port() == 1  # another job's record is never taken: no port in time
+    said = json.loads(run.rank_report(0, 1).read_text())
+    assert said["outcome"] == "failed" and "rank 0 published no port" in said["error_line"]
+    first = task.Task(["true"], {**base, "SLURM_PROCID": "0"})
+    assert first.agree_port() is None
+    other = task.Task(["true"], {**base, "SLURM_PROCID": "1"})
+    assert other.agree_port() is None
+    assert other.env["MASTER_PORT"] == first.env["MASTER_PORT"], (first.env, other.env)
+    published = json.loads(run.rendezvous(0, 0).read_text())
+    assert str(published["port"]) == first.env["MASTER_PORT"]
+    assert published["job_id"] == "777000" and published["step_id"] == "0", published

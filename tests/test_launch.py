@@ -959,3 +959,32 @@ def test_a_launcher_failing_at_the_rendezvous_is_reported_and_its_peer_gives_up(
     assert not run.launcher_failed(0, 1).exists()  # news of a peer: not its own failure
     # the launchers watched each other from before the rendezvous
     assert run.peer_lease(0, 1).exists() and run.peer_lease(0, 0).exists()
+
+
+@pytest.mark.parametrize(
+    "bad, said",
+    [
+        ('--section-timeouts={"step": "soon"}', "ValueError"),  # fails in the launcher's setup
+        ("--peer-timeout=0", "UsageError: --peer-timeout must be > 0"),  # a bad argument
+    ],
+    ids=["setup", "argument"],
+)
+def test_a_launcher_failing_before_the_rendezvous_is_reported_and_its_peer_gives_up(
+    tmp_path, bad, said
+):
+    from ftslurm.core.contract import RunDir
+
+    run = RunDir(tmp_path / "run")
+    procs = launchers(tmp_path, (0,), bad) + launchers(tmp_path, (1,))
+    # the peer gives up on news of the host's failure, not after its 300 s rendezvous timeout
+    (host, peer) = ended(procs, timeout=60)
+    assert host[0] == peer[0] == ExitCode.FAILED, (host, peer)
+    failed = json.loads(run.launcher_failed(0, 0).read_text())
+    assert failed["phase"] == "setup" and said in failed["error"], failed
+    assert failed["job_id"] == "4242" and failed["attempt"] == 0, failed
+    report = json.loads(run.node_report(0, 0).read_text())
+    assert report["outcome"] == "launcher_failed" and report["error"] == failed["error"], report
+    assert "Error: the launcher failed before its ranks started (setup)" in host[1], host
+    assert "Traceback" not in host[1], host
+    gave_up = json.loads(run.node_report(0, 1).read_text())
+    assert "the rendezvous host's launcher (node rank 0) failed" in gave_up["error"], gave_up

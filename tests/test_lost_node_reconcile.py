@@ -316,6 +316,41 @@ def test_between_cycles_the_look_sees_a_report_and_a_silent_batch_host_without_a
     assert store.latest_attempt("r0").attempt == 1  # type: ignore[union-attr]
 
 
+def test_once_every_launcher_left_the_look_wakes_a_cycle_each_time_until_the_job_ended(
+    tmp_path, monkeypatch
+):
+    """The scheduler's end of a job can lag its launchers' node reports (the batch
+    script's last lines, an epilog): once every launcher left its report, every look wakes
+    a cycle (for `ENDING_LOOK_S` at most), not only the first, so that the ending is seen
+    within a second or two of the job's, not at the backed-off cycle a minute later."""
+    backend, store, rec = two_nodes(tmp_path, monkeypatch)
+    nodes = store.latest_attempt("r0").nodes  # type: ignore[union-attr]
+    write_lease(tmp_path, 0, nodes[0], 1)
+    rec.cycle()
+    mark = len(backend.log)
+    folder = RunDir(tmp_path / "run").attempt(0)
+    assert not rec.look()
+    (folder / "node-1.json").write_text("{}")
+    assert rec.look()
+    assert not rec.look()  # one of two launchers left: once
+    write_lease(tmp_path, 0, nodes[0], 2, ended="finished")
+    (folder / "node-0.json").write_text("{}")
+    for _ in range(5):  # both left, the job still runs: every look
+        assert rec.look()
+        backend.now += 1
+    assert backend.log[mark:] == []  # looks, not one scheduler command
+    rec.cycle()  # the scheduler still runs the job
+    assert store.attempts("r0")[0].state is AttemptState.RUNNING
+    assert rec.look()
+    backend.now += reconcile.ENDING_LOOK_S
+    assert not rec.look()  # at most ENDING_LOOK_S: then the cycles' own pace
+    (job,) = backend.running()
+    backend.exited[job] = (0, None)  # the job ends
+    rec.cycle()
+    assert store.attempts("r0")[0].state is AttemptState.COMPLETED
+    assert not rec.look()
+
+
 # ------------------------------------------------------ a job of one node keeps a lease
 def test_a_one_node_jobs_silent_lease_ends_it_within_the_peer_timeout(tmp_path, monkeypatch):
     """A job of one node has no peer to report it: the daemon judges its lease itself,

@@ -1,7 +1,7 @@
 """The rendezvous on the mock scheduler, end to end (daemon, mock jobs, launchers): runs of
 two mock clusters on one machine at once, a run whose job's derived port another process
-holds, and a launcher that fails at the rendezvous (the attempt ends at once, its error in
-the reason)."""
+holds (with the launcher and without), and a launcher that fails at the rendezvous (the
+attempt ends at once, its error in the reason)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ftslurm.core.contract import rendezvous_port
+from ftslurm.core.contract import RunDir, rendezvous_port
+from ftslurm.daemon.store import Store
 
 from .daemon_scenarios import Cli
 
@@ -97,6 +98,35 @@ def test_a_run_completes_while_another_process_listens_on_its_jobs_port(tmp_path
         assert s["attempts"][0]["job_id"] == "777000", s
 
 
+def test_ranks_without_the_launcher_complete_while_another_process_listens_on_its_jobs_port(
+    tmp_path, train
+):
+    recipe = tmp_path / "plain_ranks.py"
+    recipe.write_text(f"""import ftslurm
+recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(train)!r}],
+    use_launcher=False)
+""")
+    for c in mock_cli(tmp_path, "plain", first_job_id=778000):
+        held = socket.socket()
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:  # the port the job id gives (or it is taken already, which is the same)
+            held.bind(("", rendezvous_port("778000", 0)))
+            held.listen()
+        except OSError:
+            pass
+        try:
+            out = c.submit("--dry-run", "--retries", "0", str(recipe))
+            s = c.wait_for(out["run_id"], ended, 240, "the run to end")
+        finally:
+            held.close()
+        assert s["state"] == "COMPLETED", s
+        assert s["attempts"][0]["job_id"] == "778000", s
+        # rank 0's wrapper bound a port and published it; the other rank took it from there
+        record = json.loads(RunDir(s["run_dir"]).rendezvous(0, 0).read_text())
+        assert record["port"] != rendezvous_port("778000", 0), record
+        assert record["job_id"] == "778000" and "-task-" in record["id"], record
+
+
 def test_a_launcher_failing_at_the_rendezvous_ends_the_attempt_at_once(first, tmp_path, train):
     recipe = tmp_path / "failing_recipe.py"
     # In attempt 0 a folder takes the place of the rendezvous record: node 0's launcher
@@ -107,7 +137,6 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
            '"$FTSLURM_RUN_DIR/attempts/0/rendezvous-${{SLURM_RESTART_COUNT:-0}}.json"'])
 """)
     out = first.submit("--dry-run", "--retries", "1", str(recipe))
-    # well before the other launcher's rendezvous timeout (300 s) and srun --wait (180 s)
     s = first.wait_for(
         out["run_id"],
         lambda s: s["attempts"][0]["state"] not in ("PENDING", "SUBMITTING", "RUNNING"),
@@ -119,5 +148,17 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
     assert "a launcher failed before its ranks started" in failed["reason"], failed
     assert "node rank 0, in the rendezvous" in failed["reason"], failed
     assert "IsADirectoryError" in failed["reason"], failed
+    # The daemon ended the attempt within seconds of the failure's record (its 1 s look at
+    # the recovery folder), not when the other launcher's rendezvous (300 s), srun --wait
+    # (180 s) or the daemon's next cycle (backed off up to 60 s) would have.
+    record = json.loads(RunDir(s["run_dir"]).launcher_failed(0, 0).read_text())
+    store = Store(first.home)
+    try:
+        (ending,) = [
+            e for e in store.events(out["run_id"]) if e.kind == "ended" and e.data["attempt"] == 0
+        ]
+    finally:
+        store.close()
+    assert ending.time - record["time"] < 20, (ending, record)
     s = first.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s

@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ftslurm.agent import boot  # first: it records the signals that come meanwhile
 from ftslurm.agent import launch_core as core
@@ -168,8 +168,29 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+class UsageError(SystemExit):
+    """A bad argument or FTSLURM_* setting of the launcher: argparse's usage and error line
+    are printed (`parse_args` exits 2, as any command's); `main` reports it as the
+    launcher's failure in its setup and exits 1."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        try:
+            super().error(message)
+        except SystemExit:
+            raise UsageError(message) from None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="ftslurm launch", description=__doc__.splitlines()[0])
+    p = _Parser(prog="ftslurm launch", description=__doc__.splitlines()[0])
     try:
         env = JobEnv.from_environ(os.environ)
     except ConfigError as exc:
@@ -416,6 +437,8 @@ class Node:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        # first: a bad --section-timeouts fails the setup before any folder is made
+        self.timeouts = _timeouts(args, args.env.checkpoint_dir)
         self.job = os.environ.get("SLURM_JOB_ID", "local")
         self.restarts = _env_int("SLURM_RESTART_COUNT", 0)
         env: JobEnv = args.env
@@ -432,7 +455,6 @@ class Node:
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         # Our own handlers for TERM, INT and the checkpoint signals stay in place.
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"
-        self.timeouts = _timeouts(args, env.checkpoint_dir)
         collect = args.node_rank == 0 and self.run_dir is not None
         self.cfg = core.Config(
             node_rank=args.node_rank,
@@ -734,16 +756,8 @@ class Node:
         shutil.rmtree(self.hb.root, ignore_errors=True)
         own = not isinstance(exc, Abandoned)
         end = core.LauncherFailed(error_line(exc) if own else str(exc), phase, time.time())
-        if self.run is not None:
-            try:
-                if own:
-                    record = core.launcher_failed_record(self.who(), end)
-                    _write(self.run.launcher_failed(self.attempt, self.args.node_rank), record)
-                _write(self.run.node_report(self.attempt, self.args.node_rank), self.report(end))
-            except OSError as io:
-                log.error("could not report the failure in %s: %s", self.run.root, io)
-        log.error("Error: the launcher failed before its ranks started (%s): %s", phase, end.error)
-        return int(ExitCode.FAILED)
+        peers_lost = list(self.watch.lost) if self.watch is not None else []
+        return report_failed(self.run, self.who(), end, own=own, peers_lost=peers_lost)
 
     def stopped_before_ranks(self) -> int:
         """Told to stop (TERM, INT) before the ranks started: they never do. The node
@@ -837,6 +851,92 @@ class Node:
         )
 
 
+def report_failed(
+    run: RunDir | None,
+    who: core.NodeId,
+    end: core.LauncherFailed,
+    *,
+    own: bool = True,
+    peers_lost: list[int] | None = None,
+) -> int:
+    """A launcher failed before its ranks started: its node report says why (the error's
+    last line) and, when the failure is its own (not news of a peer), the recovery folder
+    too (`recovery/launcher-failed-<n>.json`), where the daemon sees it at its next look
+    (within a second or two) and ends the attempt at once. Exit 1."""
+    if run is not None:
+        try:
+            if own:
+                record = core.launcher_failed_record(who, end)
+                _write(run.launcher_failed(who.attempt, who.node_rank), record)
+            report = core.node_report(end, who, ended_at=time.time(), peers_lost=peers_lost or [])
+            _write(run.node_report(who.attempt, who.node_rank), report)
+        except OSError as io:
+            log.error("could not report the failure in %s: %s", run.root, io)
+    log.error("Error: the launcher failed before its ranks started (%s): %s", end.phase, end.error)
+    return int(ExitCode.FAILED)
+
+
+def _early_identity(argv: list[str]) -> tuple[RunDir | None, core.NodeId]:
+    """Who this launcher is, read leniently when its setup failed before it knew (a bad
+    argument or setting, torch's import): the run directory and attempt from the job's
+    environment as the batch script sets them (FTSLURM_RUN_DIR, FTSLURM_ATTEMPT, else
+    FTSLURM_ATTEMPT_BASE + SLURM_RESTART_COUNT), the node rank from `--node-rank` or
+    SLURM_NODEID. No run directory or no readable attempt: nothing can be reported there."""
+    p = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    p.add_argument("--node-rank", type=int, default=None)
+    p.add_argument("--max-restarts", type=int, default=0)
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    try:
+        known, _ = p.parse_known_args(own)
+    except (SystemExit, argparse.ArgumentError):
+        known = argparse.Namespace(node_rank=None, max_restarts=0)
+    node_rank = known.node_rank if known.node_rank is not None else _env_int("SLURM_NODEID", 0)
+
+    def number(name: str) -> int | None:
+        try:
+            value = int(os.environ.get(name, ""))
+        except ValueError:
+            return None
+        return value if value >= 0 else None
+
+    # as `JobEnv.current_attempt`: the base plus the restart count, else FTSLURM_ATTEMPT
+    base, said = (os.environ.get(n.value, "") for n in (EnvName.ATTEMPT_BASE, EnvName.ATTEMPT))
+    if base:
+        b = number(EnvName.ATTEMPT_BASE.value)
+        attempt = None if b is None else b + _env_int("SLURM_RESTART_COUNT", 0)
+    else:
+        attempt = number(EnvName.ATTEMPT.value) if said else 0
+    run_dir = os.environ.get(EnvName.RUN_DIR.value, "")
+    who = core.NodeId(
+        node_rank=node_rank,
+        node=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        job_id=os.environ.get("SLURM_JOB_ID", "local"),
+        attempt=attempt or 0,
+        max_restarts=known.max_restarts,
+        started_at=time.time(),
+    )
+    return (RunDir(run_dir) if run_dir and attempt is not None else None), who
+
+
+def setup(argv: list[str]) -> tuple[Node | None, BaseException | None, Any]:
+    """The launcher's setup up to the rendezvous: its arguments and settings, torch's
+    import, its `Node`, its signal handlers and the peer watch. Returns the node (None if
+    the failure came before it), the error that ended the setup (None: none) and
+    `ftslurm.agent.elastic` (None on a failure)."""
+    node = None
+    try:
+        args = parse_args(argv)
+        # Imported here: the rest of ftslurm does not need torch.
+        from ftslurm.agent import elastic
+
+        node = Node(args)
+        node.take_signals()
+        node.start_watch()
+        return node, None, elastic
+    except (UsageError, Exception) as exc:
+        return node, exc, None
+
+
 def main(argv: list[str] | None = None) -> int:
     # One signal state from the launcher's first lines on (`ftslurm.agent.boot`), so
     # that no signal is lost in any phase: `boot.EARLY`, the signals for ranks that do not
@@ -846,13 +946,18 @@ def main(argv: list[str] | None = None) -> int:
     boot.record(*[s for s in [_checkpoint_signal()] if s is not None])
     pause_for_tests("start")
     logging.basicConfig(level=logging.INFO, format="ftslurm launch: %(message)s")
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    # Imported here: the rest of ftslurm does not need torch.
-    from ftslurm.agent.elastic import make_agent, round_ending
-
-    node = Node(args)
-    node.take_signals()
-    node.start_watch()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A failure anywhere before the ranks start (here the setup, below the rendezvous) is
+    # reported where the daemon sees it, so that the attempt ends at once (`report_failed`).
+    node, failed, elastic = setup(argv)
+    if failed is not None:
+        if node is not None:
+            return node.launcher_failed(failed, "setup")
+        run, who = _early_identity(argv)
+        end = core.LauncherFailed(error_line(failed), "setup", time.time())
+        return report_failed(run, who, end)
+    assert node is not None and elastic is not None
+    make_agent, round_ending = elastic.make_agent, elastic.round_ending
     pause_for_tests("rendezvous")
     if node.signals.stop is not None and node.role != sp.SPARE:
         return node.stopped_before_ranks()  # told to stop already: no rendezvous, no ranks

@@ -2,8 +2,9 @@
 
 For every task (rank) of an attempt it
 - gives the command torch's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-  NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT: a free port for a rank alone, else
-  `rendezvous_port` of the job) computed from Slurm's, and
+  NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT: a free port for a rank alone; for
+  several, one rank 0 found free and published in the run directory, the others waiting
+  for it, or without a run directory `rendezvous_port` of the job) computed from Slurm's, and
   FTSLURM_ATTEMPT (FTSLURM_ATTEMPT_BASE + SLURM_RESTART_COUNT when the base is set);
 - runs it in its own process group, copying its stderr through (and keeping the tail);
 - forwards TERM, INT, HUP and CONT to that group (the handler only records and forwards),
@@ -65,7 +66,9 @@ from ftslurm.core.contract import (
     ExitCode,
     HeartbeatDir,
     JobEnv,
+    published_rendezvous,
     rendezvous_port,
+    rendezvous_record,
 )
 from ftslurm.core.contract.reports import Outcome, RankReport, StopRecord, TakeOver, parse
 from ftslurm.core.inject import Injection, InjectKind, parse_injection
@@ -94,6 +97,10 @@ STRAGGLER_PERIOD_S = 0.1
 HOLD_SIGNALS_MAX_S = 120.0  # without a readable signal mask: how long USR1/USR2 wait for
 # the rank agent to attach
 HELD_LOOK_S = 0.5  # how often a held signal looks again for a process that catches it
+# Ranks started without the launcher: how long the others wait for the port rank 0 bound
+# and published (`Task.agree_port`), and how often they look
+PORT_WAIT_S = 300.0
+PORT_LOOK_S = 0.1
 _USER_ERROR = re.compile(
     r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError)(:|$)"
     r"|can't open file"
@@ -152,7 +159,8 @@ def torch_env(environ: Mapping[str, str], job: JobEnv | None = None) -> dict[str
     )
     # One rank alone needs no agreement: a port free now, not one derived from the job id,
     # which another job's (another mock cluster's) or any process may hold. Ranks of one
-    # step started without the launcher have nowhere to agree but the job: derived.
+    # step started without the launcher agree on one through the run directory
+    # (`Task.agree_port`); without a run directory the job's derived port is all they share.
     env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(
         free_port()
         if env["WORLD_SIZE"] == "1"
@@ -465,6 +473,9 @@ class Task:
             self.rundir.stop_record(self.attempt, self.rank).unlink(missing_ok=True)
         if self.job.heartbeat_dir:  # tell the launcher our handlers are in place
             HeartbeatDir(self.job.heartbeat_dir).ready(self.env.get("LOCAL_RANK", "0")).touch()
+        failed = self.agree_port()
+        if failed is not None:
+            return failed
         stop = next((s for s in self.early if s in STOPS), None)
         if stop is not None:  # told to stop before the command started: it never does
             message = (
@@ -497,6 +508,62 @@ class Task:
             self._signal_group(signals.SIGCONT)  # leave nothing of the group stopped
         copier.join(timeout=5)
         return self._ended(status, watch)
+
+    def agree_port(self) -> int | None:
+        """Ranks of a step started without the launcher (several, with a run directory and
+        no MASTER_PORT of the user's): rank 0 takes a port free on its host now and
+        publishes it (`RunDir.rendezvous`, the launcher's record: this job's step and
+        restart), and the others take it from there, waiting up to PORT_WAIT_S (less when
+        told to stop meanwhile). A port derived from the job id alone could be held by any
+        process, or by another job of the same id (another mock cluster). The exit code
+        when no port came in time (reported), else None."""
+        if (
+            self.rundir is None
+            or self.warm
+            or self.environ.get("TORCHELASTIC_RUN_ID")
+            or self.environ.get("MASTER_PORT")
+            or _int(self.env.get("WORLD_SIZE"), 1) <= 1
+        ):
+            return None
+        restarts = _int(self.environ.get("SLURM_RESTART_COUNT"))
+        job = self.environ.get("SLURM_JOB_ID", "local")
+        step = self.environ.get("SLURM_STEP_ID", "")
+        path = self.rundir.rendezvous(self.attempt, restarts)
+        if self.rank == 0:
+            port = free_port()
+            record = rendezvous_record(
+                host=self.env["MASTER_ADDR"],
+                port=port,
+                rdzv_id=f"ftslurm-{job}-{self.attempt}-{restarts}-task-{os.getpid()}",
+                job_id=job,
+                step_id=step,
+                restart_count=restarts,
+                pid=os.getpid(),
+                time=time.time(),
+            )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, record)
+            self.env["MASTER_PORT"] = str(port)
+            return None
+        deadline = time.monotonic() + PORT_WAIT_S
+        while not any(s in STOPS for s in self.early):
+            found = published_rendezvous(
+                read_json(path), job_id=job, step_id=step, restart_count=restarts
+            )
+            if found is not None:
+                self.env["MASTER_PORT"] = str(found[1])
+                return None
+            if time.monotonic() > deadline:
+                message = (
+                    f"ftslurm: rank {self.rank}: rank 0 published no port within "
+                    f"{PORT_WAIT_S:.0f}s ({path})"
+                )
+                print(message, file=sys.stderr, flush=True)
+                code = int(ExitCode.FAILED)
+                self._report(code, None, Outcome.FAILED.value, message, error=message)
+                return code
+            time.sleep(PORT_LOOK_S)
+        return None  # told to stop: the command never starts (`run`)
 
     def _start(self) -> int | None:
         """Start the command in a session of its own and hand it the signals that came

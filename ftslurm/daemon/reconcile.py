@@ -224,6 +224,11 @@ def submit_attempt(
 
 _BATCHED = (core.Requeue, core.SetExclusions, core.Release, core.StartNow)
 _LOOKED = (AttemptState.RUNNING, AttemptState.COMPLETING)  # the attempts `look` looks at
+# Once every launcher of an attempt left its node report (a job of one node: its batch
+# host's lease ended), `look` wakes a cycle at every look for this long, or until a cycle
+# saw the job end: the scheduler's end can lag the reports (the batch script's last lines,
+# an epilog, KillWait), and a daemon backed off to a minute would see it a minute late.
+ENDING_LOOK_S = 60.0
 
 
 @dataclass(eq=False)
@@ -304,6 +309,8 @@ class Reconciler:
         self._paths: dict[str, tuple[int, tuple[str, ...]]] = {}
         # (run id, attempt) -> its node reports as last counted by `look`
         self._reports_seen: dict[tuple[str, int], int] = {}
+        # (run id, attempt) -> when `look` first saw its launchers all gone (ENDING_LOOK_S)
+        self._ending_since: dict[tuple[str, int], float] = {}
 
     # ----------------------------------------------------------------- the cycle
     def cycle(self) -> float:
@@ -692,6 +699,9 @@ class Reconciler:
             if reports > self._reports_seen.get(key, reports):
                 wake = True
             self._reports_seen[key] = reports
+            nnodes = _nodes(run, a)
+            if nnodes and reports >= nnodes:
+                wake = self._ending(key, now) or wake
             lease = self._batch_seen.get(key)
             if lease is None or a.state is not AttemptState.RUNNING:
                 continue
@@ -701,6 +711,8 @@ class Reconciler:
                 now,
                 now,
             )
+            if nnodes == 1 and isinstance(lease.lease, Lease) and lease.lease.ended:
+                wake = self._ending(key, now) or wake  # (a job without the launcher)
             settings = self._parsed_settings(run)
             if (
                 settings is not None
@@ -717,7 +729,14 @@ class Reconciler:
         if len(self._reports_seen) > 2 * len(self._pairs) + 16:  # of attempts gone by
             live = {(r.run_id, a.attempt) for r, a in self._pairs}
             self._reports_seen = {k: v for k, v in self._reports_seen.items() if k in live}
+            self._ending_since = {k: v for k, v in self._ending_since.items() if k in live}
         return wake
+
+    def _ending(self, key: tuple[str, int], now: float) -> bool:
+        """Whether `look` wakes a cycle for an attempt whose launchers are all gone while
+        the scheduler, at the last cycle, still ran its job (`ENDING_LOOK_S`)."""
+        since = self._ending_since.setdefault(key, now)
+        return now - since < ENDING_LOOK_S
 
     def _gather(
         self,

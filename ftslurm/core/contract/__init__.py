@@ -281,7 +281,8 @@ class RunDir:
     def rendezvous(self, attempt: str | int, restart_count: int) -> Path:
         """Where the launcher of node rank 0 publishes the rendezvous endpoint it bound (a
         free port) for restart `restart_count` of the job (JSON: `rendezvous_record`); the
-        other launchers wait for it (`published_rendezvous`)."""
+        other launchers wait for it (`published_rendezvous`). Without the launcher, rank
+        0's task wrapper publishes its ranks' MASTER_PORT there the same way."""
         return self.attempt(attempt) / f"rendezvous-{restart_count}.json"
 
     def recovery(self, attempt: str | int) -> Path:
