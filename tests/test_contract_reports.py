@@ -233,3 +233,29 @@ def test_only_runfiles_lists_a_kind_of_report():
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{n.lineno}")
     assert PATTERN_NAMES >= {"RANK_REPORTS", "NODE_REPORTS", "ROUND_RECORDS"}
     assert not found, "read these with ftslurm.runfiles.read_reports:\n" + "\n".join(found)
+
+
+def test_every_report_model_is_read_or_written_outside_its_definition():
+    """A model no module builds or reads is dead: the file it describes is read as a dict
+    somewhere (the rendezvous record once was)."""
+    from ftslurm.core.contract import reports
+
+    models = {
+        name
+        for name, value in vars(reports).items()
+        if isinstance(value, type)
+        and issubclass(value, reports.Report)
+        and value.__module__ == reports.__name__
+        and value is not reports.Report
+    }
+    used: set[str] = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Name) and path.name != "reports.py":
+                used.add(n.id)
+            elif isinstance(n, ast.alias):
+                used.add(n.asname or n.name)
+            elif isinstance(n, ast.ClassDef) and path.name == "reports.py":
+                # a model another model of the contract holds (a list of them) counts
+                used.update(s.id for s in ast.walk(n) if isinstance(s, ast.Name) and s.id != n.name)
+    assert models - used == set(), "no module builds or reads these models"

@@ -388,7 +388,7 @@ class Rendezvous(Report):
     host: str | None = None
     port: int | None = None
     id: str | None = None
-    job_id: JobId = None
+    job_id: str | None = None  # as written: a number is another launch's
     step_id: str | None = None
     restart_count: int | None = None
     pid: int | None = None
