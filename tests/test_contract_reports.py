@@ -259,3 +259,44 @@ def test_every_report_model_is_read_or_written_outside_its_definition():
                 # a model another model of the contract holds (a list of them) counts
                 used.update(s.id for s in ast.walk(n) if isinstance(s, ast.Name) and s.id != n.name)
     assert models - used == set(), "no module builds or reads these models"
+
+
+# Reading or writing a file as bytes or JSON rather than as its model.
+RAW_IO = {"read_json", "write_json_atomic", "write_bytes_atomic", "open", "loads", "load"}
+RAW_METHODS = {"read_text", "write_text", "read_bytes", "write_bytes", "open"}
+
+
+def _raw_progress(tree: ast.AST) -> list[ast.AST]:
+    """progress.json read or written as a dict: `read_json(x.progress)`,
+    `x.progress.read_text()`, `write_json_atomic(x.progress, ...)`, or the name spelled."""
+    skip = _docstrings(tree)
+    found: list[ast.AST] = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and n.value == "progress.json" and id(n) not in skip:
+            found.append(n)
+        if not isinstance(n, ast.Call):
+            continue
+        func = n.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        progress = [a for a in n.args if isinstance(a, ast.Attribute) and a.attr == "progress"]
+        if name in RAW_IO and progress:
+            found.append(n)
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in RAW_METHODS
+            and isinstance(func.value, ast.Attribute)
+            and func.value.attr == "progress"
+        ):
+            found.append(n)
+    return found
+
+
+def test_progress_json_is_read_and_written_as_its_model():
+    """`Progress` through `runfiles.read_report` and `write_report`, never a dict."""
+    found = []
+    for path in _checked():
+        for n in _raw_progress(ast.parse(path.read_text())):
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{n.lineno}")
+    assert not found, "read or write these as ftslurm.core.contract.reports.Progress:\n" + (
+        "\n".join(found)
+    )
