@@ -5,7 +5,9 @@ left out, and no module outside the contract spells an outcome or a report's key
 from __future__ import annotations
 
 import ast
+import inspect
 import json
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -202,22 +204,72 @@ PATTERN_NAMES = {
 }
 
 
+def _report_methods() -> set[str]:
+    """The methods of `RunDir` that give a report's path (its name matches a pattern)."""
+    found = set()
+    for name, method in vars(RunDir).items():
+        if name.startswith("_") or not inspect.isfunction(method):
+            continue
+        args = [0] * (len(inspect.signature(method).parameters) - 1)
+        if any(fnmatch(method(RunDir("/run"), *args).name, p) for p in PATTERNS):
+            found.add(name)
+    return found
+
+
+REPORT_METHODS = _report_methods()
+
+
+def _names_a_report(node: ast.AST) -> bool:
+    """A glob's pattern that finds reports alone: a pattern of the contract by name, or a
+    string (an f-string's values read as "*") whose last part a report pattern matches,
+    or an f-string made of a report's path (`f"*/{run.rank_report(0, r).name}"`)."""
+    if isinstance(node, ast.Name) and node.id in PATTERN_NAMES:
+        return True
+    if isinstance(node, ast.Attribute) and node.attr in PATTERN_NAMES:
+        return True
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        text = node.value
+    elif isinstance(node, ast.JoinedStr):
+        for value in node.values:
+            if isinstance(value, ast.FormattedValue) and any(
+                _names_a_report(n)
+                or (isinstance(n, ast.Attribute) and n.attr in REPORT_METHODS)
+                or (isinstance(n, ast.Name) and n.id in REPORT_METHODS)
+                for n in ast.walk(value.value)
+            ):
+                return True
+        text = "".join(v.value if isinstance(v, ast.Constant) else "*" for v in node.values)
+    else:
+        return False
+    last = text.rsplit("/", 1)[-1]
+    return any(fnmatch(last, p) for p in PATTERNS)
+
+
 def _globs_a_report(node: ast.AST) -> bool:
-    """`x.glob(P)` (rglob, iglob, glob.glob) of a report pattern `P`, by name or spelled."""
+    """`x.glob(P)` (rglob, iglob, glob.glob) of a report pattern `P`: by name, spelled, or
+    built in an f-string."""
     if not (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr in ("glob", "rglob", "iglob")
     ):
         return False
-    for arg in node.args:
-        if isinstance(arg, ast.Name) and arg.id in PATTERN_NAMES:
-            return True
-        if isinstance(arg, ast.Attribute) and arg.attr in PATTERN_NAMES:
-            return True
-        if isinstance(arg, ast.Constant) and arg.value in PATTERNS:
-            return True
-    return False
+    return any(_names_a_report(arg) for arg in node.args)
+
+
+def test_the_glob_check_sees_every_way_to_spell_a_report_pattern():
+    """It missed an f-string once (the task wrapper's rank reports of every attempt)."""
+    assert {"rank_report", "node_report", "peer_lost", "round_record"} <= REPORT_METHODS
+    globs = [
+        "run.attempts.glob(f'*/{run.rank_report(0, rank).name}')",
+        "folder.glob(f'rank-{rank}.json')",
+        "folder.glob('*/node-*.json')",
+        "folder.glob(contract.NODE_REPORTS)",
+        "folder.glob(ROUND_RECORDS)",
+    ]
+    others = ["area.glob(f'*/{node}')", "steps.glob('*.json')", "out.glob('rank-*.node')"]
+    assert all(_globs_a_report(ast.parse(g).body[0].value) for g in globs)
+    assert not any(_globs_a_report(ast.parse(g).body[0].value) for g in others)
 
 
 def test_only_runfiles_lists_a_kind_of_report():
@@ -300,3 +352,17 @@ def test_progress_json_is_read_and_written_as_its_model():
     assert not found, "read or write these as ftslurm.core.contract.reports.Progress:\n" + (
         "\n".join(found)
     )
+
+
+def test_a_ranks_reports_of_every_attempt(tmp_path):
+    """What the task wrapper reads to know the faults a rank already carried out."""
+    from ftslurm.runfiles import rank_reports
+
+    run = RunDir(tmp_path)
+    assert rank_reports(run, 1) == []  # no attempt yet
+    write_report(run.rank_report(0, 1), RankReport(rank=1, injected=["crash@5s"]))
+    write_report(run.rank_report(2, 1), RankReport(rank=1, injected=["hang@9s"]))
+    write_report(run.rank_report(2, 0), RankReport(rank=0, injected=["crash@1s"]))
+    run.attempt(1).mkdir()
+    run.rank_report(1, 1).write_text('{"rank": 1, "inj')  # torn
+    assert [r.injected for r in rank_reports(run, 1)] == [["crash@5s"], ["hang@9s"]]
