@@ -366,3 +366,10 @@ def test_a_ranks_reports_of_every_attempt(tmp_path):
     run.attempt(1).mkdir()
     run.rank_report(1, 1).write_text('{"rank": 1, "inj')  # torn
     assert [r.injected for r in rank_reports(run, 1)] == [["crash@5s"], ["hang@9s"]]
+
+
+def test_a_node_reports_hangs_are_models_and_a_damaged_one_is_left_out():
+    data = {**LAUNCH_NODE_REPORT, "hangs": [*LAUNCH_NODE_REPORT["hangs"], "junk", {"time": []}]}
+    report = NodeReport.model_validate(data)
+    assert [(h.local_rank, h.reason, h.time) for h in report.hangs] == [(0, "silent", 5.0)]
+    assert NodeReport.model_validate(LAUNCH_NODE_REPORT).to_json() == LAUNCH_NODE_REPORT

@@ -808,7 +808,7 @@ TAIL = ["started_at", "ended_at", "peers_lost"]
                 "role": "active",
                 "outcome": "benched",
                 "in_job_restarts": 2,
-                "hangs": [HANG.as_dict()],
+                "hangs": [HANG.report().to_json()],
             },
             id="benched",
         ),
