@@ -55,6 +55,8 @@ from ftslurm.agent.heartbeat import HeartbeatWriter, read_beat
 from ftslurm.agent.rank import RankAgent
 from ftslurm.agent.straggler import StepTimer
 from ftslurm.core.contract import RunDir
+from ftslurm.core.contract.reports import Progress
+from ftslurm.runfiles import read_report
 
 ENV_KEYS = (
     "FTSLURM_HEARTBEAT_DIR",
@@ -251,8 +253,11 @@ def measure_rare(root: Path, calls: int) -> tuple[list[dict[str, Any]], dict[str
                 **summary(s, 0),
             }
         )
-    saved = json.loads(RunDir(root / "rare").progress.read_text())
-    checks = {"progress_file_step": saved.get("step"), "windows_published": timer.window_index}
+    saved = read_report(RunDir(root / "rare").progress, Progress)
+    checks = {
+        "progress_file_step": saved.step if saved is not None else None,
+        "windows_published": timer.window_index,
+    }
     return rows, checks
 
 

@@ -90,6 +90,8 @@ from typing import Any
 
 from ftslurm.backends import batch
 from ftslurm.backends.protocol import SchedulerBackend
+from ftslurm.core.contract import RunDir
+from ftslurm.core.contract.reports import Progress
 from ftslurm.core.types import (
     ClusterFacts,
     JobInfo,
@@ -105,6 +107,7 @@ from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import backend_key, build_attempt, make_spec, tag
 from ftslurm.errors import InvalidJobId
 from ftslurm.recipe import Recipe
+from ftslurm.runfiles import write_report
 
 BACKENDS = ("mock", "memory")
 PROTOCOL_METHODS = tuple(
@@ -361,9 +364,8 @@ def build(root: Path, n: int, kind: str) -> tuple[Store, CountingBackend, Any, l
             if state is JobState.RUNNING:
                 run_dir = Path(specs[i]["run_dir"])
                 run_dir.mkdir(parents=True)
-                (run_dir / "progress.json").write_text(
-                    json.dumps({"step": 100, "checkpoint_step": 100, "max_checkpoint_save_s": 5.0})
-                )
+                saved = Progress(step=100, checkpoint_step=100, max_checkpoint_save_s=5.0)
+                write_report(RunDir(run_dir).progress, saved)
     return store, CountingBackend(inner), inner, running
 
 

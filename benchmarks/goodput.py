@@ -364,6 +364,7 @@ from ftslurm.core.contract.reports import (
     Benched,
     NodeReport,
     PeerLost,
+    Progress,
     StragglerReport,
     StragglerScore,
 )
@@ -377,7 +378,7 @@ from ftslurm.daemon.reconcile import Reconciler
 from ftslurm.daemon.records import Attempt, Run, RunState, new_run_record
 from ftslurm.daemon.store import Store
 from ftslurm.daemon.submission import make_spec
-from ftslurm.fsutil import read_json, write_json_atomic
+from ftslurm.fsutil import read_json
 from ftslurm.recipe import Recipe
 from ftslurm.runfiles import write_report
 
@@ -1418,27 +1419,23 @@ class Campaign:
         """progress.json as `ftslurm.agent.progress` keeps it: the work saved so far is the
         checkpoint step; the blocking save time is reported with every checkpoint."""
         saved = self.job.work_s - self.c.remaining.get(WORKLOAD, self.job.work_s)
-        data: dict[str, Any] = {
-            "step": int(saved),
-            "finished": False,
-            "attempt": self._attempt(),
-            "updated_at": self.c.now,
-        }
+        told: dict[str, Any] = dict(
+            step=int(saved), finished=False, attempt=self._attempt(), updated_at=self.c.now
+        )
         if saved > 0:
-            data.update(checkpoint_step=int(saved), checkpoint_at=self.c.now)
+            told.update(checkpoint_step=int(saved), checkpoint_at=self.c.now)
         job = self.job
         if job.checkpoint_cost_s > 0:  # the disk save: what it blocked (async: the snapshot)
-            data.update(
+            told.update(
                 checkpoint_save_s=job.checkpoint_cost_s, max_checkpoint_save_s=job.checkpoint_cost_s
             )
         if job.write_s > 0:  # ... and its background write
-            data.update(checkpoint_write_s=job.write_s, max_checkpoint_write_s=job.write_s)
+            told.update(checkpoint_write_s=job.write_s, max_checkpoint_write_s=job.write_s)
         if job.memory_interval_s is not None and job.memory_cost_s > 0:  # the memory tier
-            data.update(memory_step=int(saved), memory_save_s=job.memory_cost_s)
+            told.update(memory_step=int(saved), memory_save_s=job.memory_cost_s)
         if self.pol.live:  # rank 0 formed a live group (`progress.live_recovery`)
-            data.update(live_recovery=True)
-        self.paths.root.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.paths.progress, data)
+            told.update(live_recovery=True)
+        write_report(self.paths.progress, Progress(**told))
 
     def _node_report(self, signalled: bool, hung: bool = False) -> int:
         """The launcher's report and exit code when it ends the job (`decide_outcome`, as

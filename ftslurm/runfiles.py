@@ -1,10 +1,10 @@
 """Reading and writing the reports a run's directory holds (`ftslurm.core.contract.reports`).
 
-`read_reports` is the one place that lists a kind of report: a torn, damaged or foreign
-file is left out (read again when it changes), never fatal, so a daemon reading a file a
-launcher is still writing, or one an older or newer ftslurm wrote, goes on. `read_report`
-reads one file the same way. `write_report` writes a model atomically, with the keys its
-writer gave.
+`read_reports` is the one place that lists a kind of report (and `rank_reports` one rank's
+reports across the attempts): a torn, damaged or foreign file is left out (read again when
+it changes), never fatal, so a daemon reading a file a launcher is still writing, or one an
+older or newer ftslurm wrote, goes on. `read_report` reads one file the same way.
+`write_report` writes a model atomically, with the keys its writer gave.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ftslurm.core.contract import RANK_REPORTS, RunDir, observed_record
-from ftslurm.core.contract.reports import Kind, M, Report, parse
+from ftslurm.core.contract.reports import Kind, M, RankReport, Report, parse
 from ftslurm.fsutil import read_json, write_json_atomic
 
 
@@ -39,6 +39,15 @@ def read_reports(
     rd = run if isinstance(run, RunDir) else RunDir(run)
     folder = report_folder(rd, kind, attempt)
     found = (read_report(p, kind.model) for p in sorted(folder.glob(kind.pattern)))
+    return [r for r in found if r is not None]
+
+
+def rank_reports(run: RunDir | Path | str, rank: int) -> list[RankReport]:
+    """Rank `rank`'s report of every attempt of `run` that has one (in the order of the
+    attempts' folder names); a torn, damaged or invalid one is left out."""
+    rd = run if isinstance(run, RunDir) else RunDir(run)
+    name = rd.rank_report(0, rank).name
+    found = (read_report(p, RankReport) for p in sorted(rd.attempts.glob(f"*/{name}")))
     return [r for r in found if r is not None]
 
 

@@ -276,6 +276,7 @@ CONTRACT_IMPORTS = {
     "pydantic",
     "ftslurm.errors",
     "ftslurm.core.contract",
+    "ftslurm.core.contract.reports",  # the rendezvous record's model (its own modules)
 }
 # FTSLURM_* variables that are not the job's: the login node's state folder, the mock
 # scheduler's own plumbing and the local test cluster's markers. Each is named by the module

@@ -335,3 +335,53 @@ def test_wait_prints_its_result_on_stdout(capsys, home):
     add_run(home, "d779d72089")
     code, out, err = cli(capsys, "wait", "d77")
     assert (code, out, err) == (0, "run d779d72089 COMPLETED\n", "")
+
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ({"backend": "slurm"}, ("slurm", None)),
+        ({"backend": "auto", "mock_home": None}, ("auto", None)),
+        ({"backend": "mock", "mock_home": "/clusters/m1"}, ("mock", "/clusters/m1")),
+        ({"backend": "mock", "mock_home": None}, ("mock", None)),  # the default mock
+    ],
+)
+def test_a_runs_backend_key_reads_back_as_create_backends_kind_and_home(spec, expected):
+    from ftslurm.backends import split_backend_key
+    from ftslurm.daemon.submission import backend_key
+
+    assert split_backend_key(backend_key(spec)) == expected
+
+
+def test_one_module_parses_a_backend_key():
+    """The commands and the daemon read a run's backend through `split_backend_key`: the
+    CLI once parsed it three ways."""
+    import ast
+
+    package = Path(status_cli.__file__).resolve().parent.parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "backends" / "__init__.py":
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr in ("partition", "split")
+                and isinstance(n.func.value, ast.Name)
+                and "key" in n.func.value.id
+                and [getattr(a, "value", None) for a in n.args] == [":"]
+            ):
+                found.append(f"{path.relative_to(package.parent)}:{n.lineno}")
+            if (
+                isinstance(n, ast.Call)
+                and getattr(n.func, "id", None) == "create_backend"
+                and any(
+                    isinstance(s, ast.Constant) and s.value in ("backend", "mock_home")
+                    for a in n.args
+                    for s in ast.walk(a)
+                )
+                and not any(isinstance(a, ast.Constant) and a.value == "mock" for a in n.args)
+            ):
+                found.append(f"{path.relative_to(package.parent)}:{n.lineno}")
+    assert not found, "use ftslurm.backends.split_backend_key:\n" + "\n".join(found)

@@ -5,7 +5,9 @@ left out, and no module outside the contract spells an outcome or a report's key
 from __future__ import annotations
 
 import ast
+import inspect
 import json
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -112,12 +114,20 @@ OTHER_VOCABULARY = {
     ("daemon/service.py", "stopped"),  # the daemon lease's state
     ("report/goodput.py", "finished"),  # how a span of compute ended
     ("report/goodput.py", "failed"),
+    ("benchmarks/goodput.py", "hung"),  # a category of lost time
+    ("benchmarks/slurm_recovery.py", "spare"),  # a case's name, a recovery path
+    ("benchmarks/slurm_recovery.py", "killed"),  # a result's key: the node it killed
 }
 OUTCOMES = {o.value for o in Outcome}
 
 
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
 def _checked() -> list[Path]:
-    return [p for p in sorted(PACKAGE.rglob("*.py")) if CONTRACT not in p.parents]
+    """The modules outside the contract, the benchmarks' too (they write reports)."""
+    package = [p for p in sorted(PACKAGE.rglob("*.py")) if CONTRACT not in p.parents]
+    return [*package, *sorted(BENCHMARKS.rglob("*.py"))]
 
 
 def _enum_members(tree: ast.AST) -> set[int]:
@@ -171,7 +181,7 @@ def test_no_module_outside_the_contract_spells_an_outcome():
     for path in _checked():
         tree = ast.parse(path.read_text())
         skip = _enum_members(tree) | _in_messages(tree) | _docstrings(tree)
-        rel = str(path.relative_to(PACKAGE))
+        rel = str(path.relative_to(PACKAGE if PACKAGE in path.parents else PACKAGE.parent))
         for n in ast.walk(tree):
             if (
                 isinstance(n, ast.Constant)
@@ -186,7 +196,7 @@ def test_no_module_outside_the_contract_spells_an_outcome():
 def test_no_module_outside_the_contract_reads_a_report_as_a_dict():
     found = []
     for path in _checked():
-        rel = str(path.relative_to(PACKAGE))
+        rel = str(path.relative_to(PACKAGE.parent))
         for n in _key_uses(ast.parse(path.read_text())):
             if n.value in REPORT_ONLY_KEYS:
                 found.append(f"{rel}:{n.lineno}: {n.value!r}")
@@ -202,30 +212,79 @@ PATTERN_NAMES = {
 }
 
 
+def _report_methods() -> set[str]:
+    """The methods of `RunDir` that give a report's path (its name matches a pattern)."""
+    found = set()
+    for name, method in vars(RunDir).items():
+        if name.startswith("_") or not inspect.isfunction(method):
+            continue
+        args = [0] * (len(inspect.signature(method).parameters) - 1)
+        if any(fnmatch(method(RunDir("/run"), *args).name, p) for p in PATTERNS):
+            found.add(name)
+    return found
+
+
+REPORT_METHODS = _report_methods()
+
+
+def _names_a_report(node: ast.AST) -> bool:
+    """A glob's pattern that finds reports alone: a pattern of the contract by name, or a
+    string (an f-string's values read as "*") whose last part a report pattern matches,
+    or an f-string made of a report's path (`f"*/{run.rank_report(0, r).name}"`)."""
+    if isinstance(node, ast.Name) and node.id in PATTERN_NAMES:
+        return True
+    if isinstance(node, ast.Attribute) and node.attr in PATTERN_NAMES:
+        return True
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        text = node.value
+    elif isinstance(node, ast.JoinedStr):
+        for value in node.values:
+            if isinstance(value, ast.FormattedValue) and any(
+                _names_a_report(n)
+                or (isinstance(n, ast.Attribute) and n.attr in REPORT_METHODS)
+                or (isinstance(n, ast.Name) and n.id in REPORT_METHODS)
+                for n in ast.walk(value.value)
+            ):
+                return True
+        text = "".join(v.value if isinstance(v, ast.Constant) else "*" for v in node.values)
+    else:
+        return False
+    last = text.rsplit("/", 1)[-1]
+    return any(fnmatch(last, p) for p in PATTERNS)
+
+
 def _globs_a_report(node: ast.AST) -> bool:
-    """`x.glob(P)` (rglob, iglob, glob.glob) of a report pattern `P`, by name or spelled."""
+    """`x.glob(P)` (rglob, iglob, glob.glob) of a report pattern `P`: by name, spelled, or
+    built in an f-string."""
     if not (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr in ("glob", "rglob", "iglob")
     ):
         return False
-    for arg in node.args:
-        if isinstance(arg, ast.Name) and arg.id in PATTERN_NAMES:
-            return True
-        if isinstance(arg, ast.Attribute) and arg.attr in PATTERN_NAMES:
-            return True
-        if isinstance(arg, ast.Constant) and arg.value in PATTERNS:
-            return True
-    return False
+    return any(_names_a_report(arg) for arg in node.args)
+
+
+def test_the_glob_check_sees_every_way_to_spell_a_report_pattern():
+    """It missed an f-string once (the task wrapper's rank reports of every attempt)."""
+    assert {"rank_report", "node_report", "peer_lost", "round_record"} <= REPORT_METHODS
+    globs = [
+        "run.attempts.glob(f'*/{run.rank_report(0, rank).name}')",
+        "folder.glob(f'rank-{rank}.json')",
+        "folder.glob('*/node-*.json')",
+        "folder.glob(contract.NODE_REPORTS)",
+        "folder.glob(ROUND_RECORDS)",
+    ]
+    others = ["area.glob(f'*/{node}')", "steps.glob('*.json')", "out.glob('rank-*.node')"]
+    assert all(_globs_a_report(ast.parse(g).body[0].value) for g in globs)
+    assert not any(_globs_a_report(ast.parse(g).body[0].value) for g in others)
 
 
 def test_only_runfiles_lists_a_kind_of_report():
     """A report pattern is globbed in `ftslurm.runfiles` alone: a reader elsewhere gets the
     models through it."""
-    benchmarks = sorted((PACKAGE.parent / "benchmarks").rglob("*.py"))
     found = []
-    for path in [*_checked(), *benchmarks]:
+    for path in _checked():
         if path == PACKAGE / "runfiles.py":
             continue
         for n in ast.walk(ast.parse(path.read_text())):
@@ -233,3 +292,91 @@ def test_only_runfiles_lists_a_kind_of_report():
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{n.lineno}")
     assert PATTERN_NAMES >= {"RANK_REPORTS", "NODE_REPORTS", "ROUND_RECORDS"}
     assert not found, "read these with ftslurm.runfiles.read_reports:\n" + "\n".join(found)
+
+
+def test_every_report_model_is_read_or_written_outside_its_definition():
+    """A model no module builds or reads is dead: the file it describes is read as a dict
+    somewhere (the rendezvous record once was)."""
+    from ftslurm.core.contract import reports
+
+    models = {
+        name
+        for name, value in vars(reports).items()
+        if isinstance(value, type)
+        and issubclass(value, reports.Report)
+        and value.__module__ == reports.__name__
+        and value is not reports.Report
+    }
+    used: set[str] = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Name) and path.name != "reports.py":
+                used.add(n.id)
+            elif isinstance(n, ast.alias):
+                used.add(n.asname or n.name)
+            elif isinstance(n, ast.ClassDef) and path.name == "reports.py":
+                # a model another model of the contract holds (a list of them) counts
+                used.update(s.id for s in ast.walk(n) if isinstance(s, ast.Name) and s.id != n.name)
+    assert models - used == set(), "no module builds or reads these models"
+
+
+# Reading or writing a file as bytes or JSON rather than as its model.
+RAW_IO = {"read_json", "write_json_atomic", "write_bytes_atomic", "open", "loads", "load"}
+RAW_METHODS = {"read_text", "write_text", "read_bytes", "write_bytes", "open"}
+
+
+def _raw_progress(tree: ast.AST) -> list[ast.AST]:
+    """progress.json read or written as a dict: `read_json(x.progress)`,
+    `x.progress.read_text()`, `write_json_atomic(x.progress, ...)`, or the name spelled."""
+    skip = _docstrings(tree)
+    found: list[ast.AST] = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and n.value == "progress.json" and id(n) not in skip:
+            found.append(n)
+        if not isinstance(n, ast.Call):
+            continue
+        func = n.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        progress = [a for a in n.args if isinstance(a, ast.Attribute) and a.attr == "progress"]
+        if name in RAW_IO and progress:
+            found.append(n)
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in RAW_METHODS
+            and isinstance(func.value, ast.Attribute)
+            and func.value.attr == "progress"
+        ):
+            found.append(n)
+    return found
+
+
+def test_progress_json_is_read_and_written_as_its_model():
+    """`Progress` through `runfiles.read_report` and `write_report`, never a dict."""
+    found = []
+    for path in _checked():
+        for n in _raw_progress(ast.parse(path.read_text())):
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{n.lineno}")
+    assert not found, "read or write these as ftslurm.core.contract.reports.Progress:\n" + (
+        "\n".join(found)
+    )
+
+
+def test_a_ranks_reports_of_every_attempt(tmp_path):
+    """What the task wrapper reads to know the faults a rank already carried out."""
+    from ftslurm.runfiles import rank_reports
+
+    run = RunDir(tmp_path)
+    assert rank_reports(run, 1) == []  # no attempt yet
+    write_report(run.rank_report(0, 1), RankReport(rank=1, injected=["crash@5s"]))
+    write_report(run.rank_report(2, 1), RankReport(rank=1, injected=["hang@9s"]))
+    write_report(run.rank_report(2, 0), RankReport(rank=0, injected=["crash@1s"]))
+    run.attempt(1).mkdir()
+    run.rank_report(1, 1).write_text('{"rank": 1, "inj')  # torn
+    assert [r.injected for r in rank_reports(run, 1)] == [["crash@5s"], ["hang@9s"]]
+
+
+def test_a_node_reports_hangs_are_models_and_a_damaged_one_is_left_out():
+    data = {**LAUNCH_NODE_REPORT, "hangs": [*LAUNCH_NODE_REPORT["hangs"], "junk", {"time": []}]}
+    report = NodeReport.model_validate(data)
+    assert [(h.local_rank, h.reason, h.time) for h in report.hangs] == [(0, "silent", 5.0)]
+    assert NodeReport.model_validate(LAUNCH_NODE_REPORT).to_json() == LAUNCH_NODE_REPORT

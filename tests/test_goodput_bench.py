@@ -577,12 +577,17 @@ def test_the_tuned_interval_is_the_daemons_and_follows_the_failure_history(tmp_p
     """The campaign reads the interval the daemon wrote (checkpoint-cadence.json) at every
     start; node failures the daemon records (node_lost) shorten it."""
     from ftslurm.core.cadence import Cadence
+    from ftslurm.core.contract import RunDir
+    from ftslurm.core.contract.reports import Progress
     from ftslurm.fsutil import read_json
+    from ftslurm.runfiles import read_report
 
     two = trace(gp.Fault(3600.0, "node", "n2"), gp.Fault(3 * 3600.0, "node", "n3"), days=1.0)
     camp = gp.Campaign(two, POLICY["ftslurm_async"], workdir=tmp_path)
     r = camp.run()
     written = Cadence.from_json(read_json(tmp_path / "run" / "checkpoint-cadence.json"))
+    progress = read_report(RunDir(tmp_path / "run").progress, Progress)  # as the agent's
+    assert progress is not None and progress.model_extra == {} and progress.checkpoint_step
     assert written is not None and written.how == "tuned" and written.failures == 2
     assert written.save_s == gp.ASYNC_SNAPSHOT_S and written.write_s == gp.CHECKPOINT_COST_S
     assert r.intervals[0][2] == gp.CHECKPOINT_INTERVAL_S  # before the daemon wrote one

@@ -18,6 +18,12 @@ from ftslurm.agent.heartbeat import Beat, Timeouts, hang_reason
 from ftslurm.core.contract import WITHHELD_RANKS, ExitCode
 from ftslurm.core.contract.reports import Benched, PeerLost
 from ftslurm.core.leases import Lease
+from ftslurm.core.settings import (
+    DEFAULT_INITIAL_S,
+    DEFAULT_RUNNING_S,
+    DEFAULT_SECTION_S,
+    RECOVERY_SECTION,
+)
 
 TERM, INT, USR1, USR2 = signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2
 PLAIN = core.Config(node_rank=1, nnodes=2, max_restarts=3, grace=30.0)
@@ -431,6 +437,87 @@ def test_a_hang_with_spares(cfg, known, gone, now, expected, recorded):
         assert budget == [core.Budget.SPENT if state.new_job else core.Budget.KEEP]
 
 
+# The default sections with their own limit (`DEFAULT_SECTION_S`): a rank in one is judged by
+# that limit, never by the running one. "recovery" (a live recovery: the group re-forms, a
+# restarted peer starts) is also never tightened from what earlier attempts saw.
+DEFAULTS = Timeouts(
+    sections=dict(DEFAULT_SECTION_S), out_of_section=DEFAULT_RUNNING_S, initial=DEFAULT_INITIAL_S
+)
+
+
+@pytest.mark.parametrize("section", ["setup", "checkpointing", RECOVERY_SECTION])
+def test_a_hang_in_each_default_section_is_judged_by_its_own_limit(section):
+    assert section in DEFAULT_SECTION_S
+    beat = Beat(100.0, section, 100.0, 5, 90.0, 1)
+    limit = DEFAULT_SECTION_S[section]
+    assert limit is not None and limit > DEFAULT_RUNNING_S
+    assert hang_reason(beat, DEFAULTS, 100.0 + DEFAULT_RUNNING_S + 1) is None  # not the running
+    now = 100.0 + limit + 1
+    why = hang_reason(beat, DEFAULTS, now)
+    assert why == f"section {section!r} open for {limit + 1:.1f}s (timeout {limit:g}s)"
+    hang = core.Hang(0, why, beat.step, 1e9)
+    state, actions = core.on_hang(core.LauncherState(cfg=PLAIN), hang, None, 2, now, now + 5)
+    text = f"local rank 0 hung: {why}; restarting the ranks"
+    assert list(actions) == [core.Log("warning", text), *FAILED]
+    assert state.hangs == (hang,) and state.hung_round
+
+
+def test_the_recovery_section_keeps_its_limit_after_a_short_recovery_was_seen():
+    """Setup and recovery are what an attempt met, not a pace: never tightened (the others
+    are, from what earlier attempts observed)."""
+    from ftslurm.agent.launch import tightened
+
+    seen = [{section: 2.0 for section in DEFAULT_SECTION_S}]
+    got = tightened(DEFAULTS, seen, factor=3.0, floor_s=5.0).sections
+    assert got["setup"] == got[RECOVERY_SECTION] == 1800.0
+    assert got["checkpointing"] == 6.0
+
+
+# A hang on a node whose ranks recover live (`live_ranks`), with warm spares.
+LIVE_HOST = core.Config(node_rank=0, nnodes=4, spares=2, max_restarts=2, live=True)
+
+
+@pytest.mark.parametrize(
+    "cfg,gone,live_ranks,expected,recorded",
+    [
+        pytest.param(
+            LIVE_HOST,
+            {1: lost(1)},
+            True,
+            ["Log"],
+            False,
+            id="peer-lost-live: a warm spare takes it over, only the words",
+        ),
+        pytest.param(
+            LIVE_HOST,
+            {1: lost(1)},
+            False,
+            ["Log", "Account", "KillRanks", "EndRound"],
+            False,
+            id="peer-lost-not-live: swap, the hang was the peer's",
+        ),
+        pytest.param(
+            replace(LIVE_HOST, node_rank=1),
+            {},
+            True,
+            ["Log", "StepOut", "Account", "KillRanks", "EndRound"],
+            True,
+            id="nobody-lost-live: this node steps out",
+        ),
+    ],
+)
+def test_a_hang_with_live_ranks(cfg, gone, live_ranks, expected, recorded):
+    state = core.LauncherState(cfg=cfg)
+    state, actions = core.on_hang(state, HANG, losses(gone), 2, 100.0, 105.0, live_ranks=live_ranks)
+    assert kinds(actions) == expected
+    assert (state.hangs == (HANG,)) is recorded
+    if expected == ["Log"]:
+        assert "keep running" in actions[0].text
+        assert state.lost == {1} and state.swaps == 0 and not state.hung_round
+    if "StepOut" in expected:
+        assert state.benched == sp.HANG
+
+
 # ---------------------------------------------------------------------------- failures
 @pytest.mark.parametrize(
     "failures,stopped,signalled,cfg,expected,teardown",
@@ -721,7 +808,7 @@ TAIL = ["started_at", "ended_at", "peers_lost"]
                 "role": "active",
                 "outcome": "benched",
                 "in_job_restarts": 2,
-                "hangs": [HANG.as_dict()],
+                "hangs": [HANG.report().to_json()],
             },
             id="benched",
         ),

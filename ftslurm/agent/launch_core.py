@@ -32,7 +32,7 @@ from ftslurm.agent import spare_rules as sp
 from ftslurm.agent.boot import STOPS
 from ftslurm.core.contract import NAMED_EXITS, ExitCode
 from ftslurm.core.contract.reports import LauncherFailed as FailedLauncher
-from ftslurm.core.contract.reports import NodeReport, Outcome, PeerLost, parse
+from ftslurm.core.contract.reports import NodeHang, NodeReport, Outcome, PeerLost, parse
 from ftslurm.core.leases import Lease
 
 LOSS_CHECK_S = 1.0  # how often a launcher with spares reads the loss reports
@@ -73,13 +73,11 @@ class Hang:
     step: int | None
     time: float
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "local_rank": self.local_rank,
-            "reason": self.reason,
-            "step": self.step,
-            "time": self.time,
-        }
+    def report(self) -> NodeHang:
+        """This hang as its node report gives it (`NodeReport.hangs`)."""
+        return NodeHang(
+            local_rank=self.local_rank, reason=self.reason, step=self.step, time=self.time
+        )
 
 
 @dataclass(frozen=True)
@@ -869,7 +867,7 @@ def node_report(end: Ending, who: NodeId, *, ended_at: float, peers_lost: list[i
             in_job_restarts=s.benched_used + s.swaps,
             max_restarts=who.max_restarts,
             spare_swaps=s.swaps,
-            hangs=[h.as_dict() for h in s.hangs],
+            hangs=[h.report() for h in s.hangs],
             heartbeats=end.heartbeats,
             **times,
         )
@@ -880,7 +878,7 @@ def node_report(end: Ending, who: NodeId, *, ended_at: float, peers_lost: list[i
         spare_swaps=s.swaps,
         role=sp.ACTIVE if s.cfg.spares else None,
         recovery=sp.Action.NEW_JOB.value if s.new_job else None,
-        hangs=[h.as_dict() for h in s.hangs],
+        hangs=[h.report() for h in s.hangs],
         outcome=end.decided.outcome,
         exit_code=end.decided.code,
         teardown_failures=list(end.decided.warnings),

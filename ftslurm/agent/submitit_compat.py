@@ -106,6 +106,7 @@ from submitit.helpers import DelayedSubmission
 
 from ftslurm.agent import rank as fta
 from ftslurm.core.contract import ExitCode, JobEnv
+from ftslurm.core.contract.reports import Progress
 from ftslurm.fsutil import (
     make_dirs,
     read_json,
@@ -113,6 +114,7 @@ from ftslurm.fsutil import (
     write_bytes_atomic,
     write_json_atomic,
 )
+from ftslurm.runfiles import read_report
 
 FOLDER = "submitit"
 MANIFEST = "continuation.json"
@@ -363,13 +365,13 @@ class _Runner:
         if self.agent.step is not None:
             return self.agent.step
         run = JobEnv.from_environ(os.environ).run
-        data = read_json(run.progress) if run is not None else None
+        progress = read_report(run.progress, Progress) if run is not None else None
         if (
-            isinstance(data, dict)
-            and isinstance(data.get("step"), int)
-            and float(data.get("updated_at") or 0) >= self.started_at
+            progress is not None
+            and progress.step is not None
+            and (progress.updated_at or 0.0) >= self.started_at
         ):
-            return data["step"]  # progress.report_step() from the callable, this attempt
+            return progress.step  # progress.report_step() from the callable, this attempt
         if self.resumed and isinstance(self.resumed.get("training_step"), int):
             return int(self.resumed["training_step"])
         return None

@@ -74,7 +74,7 @@ from ftslurm.core.contract.reports import Outcome, RankReport, StopRecord, TakeO
 from ftslurm.core.inject import Injection, InjectKind, parse_injection
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
-from ftslurm.runfiles import read_report, write_report
+from ftslurm.runfiles import rank_reports, read_report, write_report
 
 FORWARDED = (
     signals.SIGTERM,
@@ -426,8 +426,8 @@ class Task:
         if self.rundir is None:
             return set()
         fired: set[str] = set(read_json(self.rundir.fired(self.rank)) or [])
-        for path in self.rundir.attempts.glob(f"*/{self.rundir.rank_report(0, self.rank).name}"):
-            fired.update((read_json(path) or {}).get("injected") or [])
+        for report in rank_reports(self.rundir, self.rank):
+            fired.update(report.injected)
         return fired
 
     def _inject(self, pending: list[Injection], done: threading.Event) -> None:

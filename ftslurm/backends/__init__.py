@@ -1,6 +1,7 @@
 """Scheduler backends behind one protocol: the Slurm CLI (default), pyslurm (optional).
 
-`create_backend(kind)` returns a `SchedulerBackend`:
+`create_backend(kind)` returns a `SchedulerBackend` (`split_backend_key`: the kind and mock
+home of a run's backend key):
 - "slurm": the Slurm command-line clients (always available where Slurm is);
 - "pyslurm": only when a pyslurm matching the controller's version imports;
 - "auto": pyslurm when it can be used, otherwise the Slurm CLI;
@@ -24,6 +25,14 @@ MOCK_HOME_ENV = "FTSLURM_MOCK_HOME"
 
 def mock_home() -> Path:
     return Path(os.environ.get(MOCK_HOME_ENV) or state_dir() / "mock")
+
+
+def split_backend_key(key: str) -> tuple[str, str | None]:
+    """A run's backend key (`ftslurm.daemon.submission.backend_key`: "slurm", "auto",
+    "pyslurm", "mock:<its mock cluster's folder>") as `create_backend`'s kind and home (None:
+    the default mock cluster, or not a mock)."""
+    kind, _, where = key.partition(":")
+    return kind, where or None
 
 
 def create_backend(
@@ -57,4 +66,11 @@ def create_backend(
     return cli
 
 
-__all__ = ["BACKENDS", "MOCK_HOME_ENV", "SchedulerBackend", "create_backend", "mock_home"]
+__all__ = [
+    "BACKENDS",
+    "MOCK_HOME_ENV",
+    "SchedulerBackend",
+    "create_backend",
+    "mock_home",
+    "split_backend_key",
+]

@@ -118,11 +118,13 @@ def _attempt_facts(run: RunDir, attempt: int, recorded_restarts: int) -> Attempt
     hangs = []
     for d in nodes:
         for h in d.hangs:
-            if isinstance(h, dict) and _number(h.get("time")) is not None:
-                what = f"{'?' if d.node is None else d.node} local rank {h.get('local_rank', '?')}"
-                if h.get("reason"):
-                    what += f": {h['reason']}"
-                hangs.append((float(h["time"]), what))
+            at = _number(h.time)
+            if at is not None:
+                rank = "?" if h.local_rank is None else h.local_rank
+                what = f"{'?' if d.node is None else d.node} local rank {rank}"
+                if h.reason:
+                    what += f": {h.reason}"
+                hangs.append((at, what))
     starts: tuple[float | None, ...] = ()
     # A rank's report is rewritten by every round of ranks: when every launcher and rank
     # ended on its own, the reports are the last round's, and it started with the first.

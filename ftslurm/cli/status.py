@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home
+from ftslurm.backends import MOCK_HOME_ENV, create_backend, mock_home, split_backend_key
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.backends.slurm_cli.parse import compress_nodes
 from ftslurm.cli.common import (
@@ -251,17 +251,18 @@ _HOLDING = (JobState.RUNNING.value, JobState.COMPLETING.value)
 def _lost_nodes(store: Store, runs: Sequence[Run], now: float) -> list[str]:
     """Notes on the nodes of running attempts that stopped answering: one `nodes()` call per
     backend, and none when no attempt runs."""
-    groups: dict[tuple[str, str | None], list[tuple[Run, Attempt]]] = {}
+    groups: dict[str, list[tuple[Run, Attempt]]] = {}
     for run in runs:
         if run.state.is_terminal:
             continue
         attempt = store.latest_attempt(run.run_id)
         if attempt is None or not attempt.nodes or attempt.state not in _HOLDING:
             continue
-        key = (run.spec.get("backend") or "slurm", run.spec.get("mock_home"))
+        key = backend_key(run.spec) if run.spec.get("backend") else "slurm"
         groups.setdefault(key, []).append((run, attempt))
     notes = []
-    for (kind, home), items in groups.items():
+    for key, items in groups.items():
+        kind, home = split_backend_key(key)
         try:
             backend = create_backend(kind, home)
             infos = backend.nodes()
@@ -424,9 +425,10 @@ def _cheap_backends(store: Store, runs: list[Run]) -> list[SchedulerBackend]:
         keys.add(f"mock:{mock_home()}")
     found: list[SchedulerBackend] = []
     for key in sorted(keys):
-        kind, _, where = key.partition(":")
-        if kind == "mock" and (Path(where or mock_home()) / DB_FILE).exists():
-            found.append(MockScheduler(Path(where or mock_home())))
+        kind, where = split_backend_key(key)
+        home = Path(where) if where else mock_home()
+        if kind == "mock" and (home / DB_FILE).exists():
+            found.append(MockScheduler(home))
         elif kind == "slurm" and shutil.which("squeue"):
             found.append(SlurmCliBackend(CommandRunner(timeout_s=5.0), query_budget_s=0.0))
     return found

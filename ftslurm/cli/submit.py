@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 
-from ftslurm.backends import create_backend, mock_home
+from ftslurm.backends import create_backend, mock_home, split_backend_key
 from ftslurm.backends.mock.model import MockConfig
 from ftslurm.backends.mock.store import DB_FILE as MOCK_DB_FILE
 from ftslurm.backends.mock.store import MockStore
@@ -526,7 +526,7 @@ def cancel(run_id: RunArg) -> None:
         latest = store.latest_attempt(run_id)
     if latest is not None and latest.job_id:
         try:
-            create_backend(run.spec["backend"], run.spec.get("mock_home")).cancel(latest.job_id)
+            create_backend(*split_backend_key(backend_key(run.spec))).cancel(latest.job_id)
         except (SchedulerUnavailable, JobStateConflict, InvalidJobId):
             pass  # ended already, or the daemon cancels it when the scheduler answers
     typer.echo(f"run {run_id}: cancel requested")

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ftslurm.backends import create_backend
+from ftslurm.backends import create_backend, split_backend_key
 from ftslurm.backends.protocol import SchedulerBackend
 from ftslurm.core.leases import (
     DAEMON_LEASE_TIMEOUT_S,
@@ -272,8 +272,7 @@ def serve(
 
     def backends(key: str) -> SchedulerBackend:
         if key not in cache:
-            kind, _, where = key.partition(":")
-            cache[key] = create_backend(kind, where or None, abort=stop)
+            cache[key] = create_backend(*split_backend_key(key), abort=stop)
         return cache[key]
 
     handover = as_job.Handover(home, lambda: backends("slurm")) if job else None
@@ -611,9 +610,8 @@ def tagged_jobs(home: Path) -> dict[str, tuple[str, int]]:
     }
     found: dict[str, tuple[str, int]] = {}
     for key in sorted(keys):
-        kind, _, where = key.partition(":")
         try:
-            jobs = create_backend(kind, where or None).active_jobs()
+            jobs = create_backend(*split_backend_key(key)).active_jobs()
         except FtslurmError as exc:
             raise TransientError(
                 f"cannot ask the scheduler ({key}) which jobs are active: {exc.user_message()}",

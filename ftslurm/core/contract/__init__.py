@@ -142,45 +142,48 @@ def rendezvous_record(
     pid: int,
     time: float,
 ) -> dict[str, Any]:
-    """What the rendezvous host publishes in `RunDir.rendezvous` (JSON): the address it
-    bound, the rendezvous id (unique per run, attempt, restart and launch), and the job,
-    step and restart it serves, so a reader never takes another launch's endpoint."""
-    return {
-        "host": host,
-        "port": int(port),
-        "id": rdzv_id,
-        "job_id": str(job_id),
-        "step_id": str(step_id),
-        "restart_count": int(restart_count),
-        "pid": pid,
-        "time": time,
-    }
+    """What the rendezvous host publishes in `RunDir.rendezvous` (the JSON of a
+    `Rendezvous`): the address it bound, the rendezvous id (unique per run, attempt, restart
+    and launch), and the job, step and restart it serves, so a reader never takes another
+    launch's endpoint."""
+    from ftslurm.core.contract.reports import Rendezvous  # (it imports this module)
+
+    record = Rendezvous(
+        host=host,
+        port=int(port),
+        id=rdzv_id,
+        job_id=str(job_id),
+        step_id=str(step_id),
+        restart_count=int(restart_count),
+        pid=pid,
+        time=time,
+    )
+    return record.to_json()
 
 
 def published_rendezvous(
     record: Any, *, job_id: str, step_id: str, restart_count: int
 ) -> tuple[str, int, str] | None:
-    """(host, port, rendezvous id) from a published record when it is one of this job's
-    step and restart, else None (not written yet, torn, or left by another launch)."""
+    """(host, port, rendezvous id) from a published record (a `Rendezvous`'s JSON) when it
+    is one of this job's step and restart, else None (not written yet, torn, or left by
+    another launch)."""
+    from ftslurm.core.contract.reports import Rendezvous  # (it imports this module)
+
+    try:  # strict: a port or a restart count spelled as a string is not this launch's
+        found = Rendezvous.model_validate(record, strict=True)
+    except ValidationError:
+        return None
     if (
-        not isinstance(record, dict)
-        or record.get("job_id") != str(job_id)
-        or record.get("step_id") != str(step_id)
-        or record.get("restart_count") != restart_count
+        found.job_id != str(job_id)
+        or found.step_id != str(step_id)
+        or found.restart_count != restart_count
+        or not found.host
+        or not found.id
+        or found.port is None
+        or not 0 < found.port < 65536
     ):
         return None
-    host, port, rdzv_id = record.get("host"), record.get("port"), record.get("id")
-    if not (
-        isinstance(host, str)
-        and host
-        and isinstance(rdzv_id, str)
-        and rdzv_id
-        and isinstance(port, int)
-        and not isinstance(port, bool)
-        and 0 < port < 65536
-    ):
-        return None
-    return host, port, rdzv_id
+    return found.host, found.port, found.id
 
 
 # ----------------------------------------------------------------------------- paths

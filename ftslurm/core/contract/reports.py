@@ -154,6 +154,16 @@ class RankReport(Report):
     checkpoint_signal_withheld: str | None = None
 
 
+class NodeHang(Report):
+    """One hang a node's launcher restarted its ranks from (or stepped out for): an entry
+    of `NodeReport.hangs`."""
+
+    local_rank: int | None = None
+    reason: str | None = None
+    step: int | None = None  # the rank's last step when it hung
+    time: float | None = None  # when it was found hung (epoch seconds)
+
+
 class NodeReport(Report):
     """`attempts/<k>/node-<n>.json`: what a node's launcher reports when its ranks end (or
     when it failed or was stopped before they started; `ftslurm.agent.launch`)."""
@@ -171,7 +181,7 @@ class NodeReport(Report):
     in_job_restarts: int = 0
     max_restarts: int | None = None
     spare_swaps: int | None = None
-    hangs: list[Any] = []  # {time, local_rank, reason, ...} per hang it restarted from
+    hangs: Annotated[list[NodeHang], _items(NodeHang)] = []  # per hang it restarted from
     teardown_failures: Strs = []
     started_at: float | None = None
     ended_at: float | None = None
@@ -388,7 +398,7 @@ class Rendezvous(Report):
     host: str | None = None
     port: int | None = None
     id: str | None = None
-    job_id: JobId = None
+    job_id: str | None = None  # as written: a number is another launch's
     step_id: str | None = None
     restart_count: int | None = None
     pid: int | None = None
