@@ -565,6 +565,19 @@ def test_the_batch_host_lost_with_live_recovery_moves_the_run_to_a_new_job(tmp_p
     assert not [r for r in read_reports(nodes.run, Kind.LIVE, 0) if r.took_over is not None]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_on_the_mock_the_batch_host_lost_with_live_recovery_goes_on_in_a_new_job(tmp_path):
+    """The fallback end to end: the batch host (node index 0, the coordinator store's host)
+    fails 40 s in; nothing can be recovered live, the daemon moves the run to a new job,
+    which resumes from the last checkpoint and ends bit-identical."""
+    from .daemon_scenarios import live_falls_back_to_a_new_job_on_the_mock
+
+    s = live_falls_back_to_a_new_job_on_the_mock(tmp_path, "node_fail@40:0")
+    assert [a["cause"] for a in s["attempts"]] == ["node_fail", "finished"], s
+    assert len({a["job_id"] for a in s["attempts"]}) == 2, s  # a new job
+
+
 # The mock's scenarios of tests/test_live_slurm.py: 2 nodes x 2 ranks of the recipe, steps
 # of 0.05 s (a straggler slows a step that sleeps by its wait for the node's next running
 # slice: about 1.7-fold at 0.05 s, barely at 0.1 s; docs/fault-injection.md).
