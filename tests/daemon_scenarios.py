@@ -181,6 +181,24 @@ def daemon_cli(tmp_path: Path, **env: str) -> Iterator[Cli]:
         end_jobs(c.home, tmp_path)
 
 
+def daemon_cli_on_a_mock(tmp_path: Path, **env: str) -> Iterator[Cli]:
+    """`daemon_cli` on a mock cluster of its own (a fixture's body: `yield from`): KillWait
+    5 s, a failed node noticed in 2 s (SlurmdTimeout), ended jobs kept 60 s (MinJobAge);
+    after the test the runs are cancelled, the daemon stopped and the mock destroyed."""
+    gen = daemon_cli(tmp_path, FTSLURM_MOCK_HOME=str(tmp_path / "mock"), **env)
+    c = next(gen)
+    try:
+        config = tmp_path / "mock.json"
+        config.write_text('{"kill_wait_s": 5}')
+        c("mock", "up", "--config", str(config), "--slurmd-timeout", "2", "--min-job-age", "60")
+        yield c
+    finally:
+        try:
+            next(gen, None)
+        finally:
+            c("mock", "destroy", check=False)
+
+
 JOB_END_WAIT_S = 90.0  # KillWait (30 s on the local cluster) and a margin
 
 

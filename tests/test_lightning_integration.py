@@ -31,7 +31,7 @@ from ftslurm.agent.rank import read_stop_record  # noqa: E402
 from ftslurm.core.contract import EnvName, RunDir  # noqa: E402
 from ftslurm.integrations import lightning as ftl  # noqa: E402
 
-from .daemon_scenarios import Cli, daemon_cli, ended  # noqa: E402
+from .daemon_scenarios import Cli, daemon_cli_on_a_mock, ended  # noqa: E402
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,16 +263,7 @@ def cli(tmp_path) -> Iterator[Cli]:
     fake.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol-calls"}\n')
     fake.chmod(0o755)
     path = os.pathsep.join([str(bin_dir), str(Path(PY).parent), os.environ.get("PATH", "")])
-    gen = daemon_cli(tmp_path, FTSLURM_MOCK_HOME=str(tmp_path / "mock"), PATH=path)
-    c = next(gen)
-    config = tmp_path / "mock.json"
-    config.write_text('{"kill_wait_s": 5}')
-    c("mock", "up", "--config", str(config), "--slurmd-timeout", "2", "--min-job-age", "60")
-    try:
-        yield c
-    finally:
-        next(gen, None)
-        c("mock", "destroy", check=False)
+    yield from daemon_cli_on_a_mock(tmp_path, PATH=path)
 
 
 def _uninterrupted(tmp_path: Path, steps: int) -> dict:

@@ -33,7 +33,7 @@ from ftslurm.integrations.submitit import FtslurmExecutor, FtslurmJob, submitit_
 from ftslurm.paths import HOME_ENV
 
 from . import submitit_callables as callables
-from .daemon_scenarios import Cli, daemon_cli, ended
+from .daemon_scenarios import Cli, daemon_cli, daemon_cli_on_a_mock, ended
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -209,16 +209,7 @@ def mock_cli(tmp_path, monkeypatch) -> Iterator[Cli]:
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     monkeypatch.setenv("FTSLURM_MOCK_HOME", str(tmp_path / "mock"))
     monkeypatch.chdir(tmp_path)
-    gen = daemon_cli(tmp_path, FTSLURM_MOCK_HOME=str(tmp_path / "mock"))
-    c = next(gen)
-    config = tmp_path / "mock.json"
-    config.write_text('{"kill_wait_s": 5}')
-    c("mock", "up", "--config", str(config), "--slurmd-timeout", "2", "--min-job-age", "60")
-    try:
-        yield c
-    finally:
-        next(gen, None)
-        c("mock", "destroy", check=False)
+    yield from daemon_cli_on_a_mock(tmp_path)
 
 
 @pytest.fixture

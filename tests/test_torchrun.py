@@ -26,7 +26,7 @@ from ftslurm.daemon.submission import build_attempt, make_spec
 from ftslurm.errors import ConfigError
 from ftslurm.recipe import Recipe, code_file, load_recipe
 
-from .daemon_scenarios import Cli, daemon_cli, ended
+from .daemon_scenarios import Cli, daemon_cli, daemon_cli_on_a_mock, ended
 
 PY = sys.executable
 
@@ -328,19 +328,7 @@ STEPS, STEP_S = 500, 0.1
 def cli(tmp_path) -> Iterator[Cli]:
     # torchrun itself on PATH, as in a user's environment: the command must not need it
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    c = Cli(
-        tmp_path / "home",
-        env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock"), "PATH": path},
-        cwd=tmp_path,
-    )
-    config = tmp_path / "mock.json"
-    config.write_text('{"kill_wait_s": 5}')
-    try:
-        c("mock", "up", "--config", str(config), "--slurmd-timeout", "2", "--min-job-age", "60")
-        yield c
-    finally:
-        c.stop_daemon()
-        c("mock", "destroy", check=False)
+    yield from daemon_cli_on_a_mock(tmp_path, PATH=path)
 
 
 def _uninterrupted(tmp_path: Path, script: Path, steps: int = STEPS) -> str:

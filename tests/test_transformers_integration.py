@@ -36,7 +36,7 @@ from ftslurm.integrations.transformers import (  # noqa: E402
     last_complete_checkpoint,
 )
 
-from .daemon_scenarios import Cli, ended  # noqa: E402
+from .daemon_scenarios import Cli, daemon_cli_on_a_mock, ended  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "hf_trainer_recipe.py"
@@ -222,19 +222,7 @@ def test_the_checkpoint_signal_on_one_rank_saves_both_at_one_step_and_resumes_bi
 # ---------------------------------------------------------------------- end to end on the mock
 @pytest.fixture
 def cli(tmp_path) -> Iterator[Cli]:
-    c = Cli(
-        tmp_path / "home",
-        env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock"), **_env()},
-        cwd=tmp_path,
-    )
-    config = tmp_path / "mock.json"
-    config.write_text('{"kill_wait_s": 5}')
-    try:
-        c("mock", "up", "--config", str(config), "--slurmd-timeout", "2", "--min-job-age", "60")
-        yield c
-    finally:
-        c.stop_daemon()
-        c("mock", "destroy", check=False)
+    yield from daemon_cli_on_a_mock(tmp_path, **_env())
 
 
 # 0.1 s steps, periodic saves every 100 steps: longer than two attempts of the tests below.
