@@ -38,9 +38,9 @@ directory; it needs about 8 x `--size-mb` MB free), each with a state of `--size
 Each rank times each call from a barrier; a repeat counts the slower rank, and MB/s is one
 rank's state size over that time. The raw reference of these tiers, "raw copy": os.write
 of the same size into a new file under the memory dir (on a RAM file system, a memory copy
-into fresh pages). The memory part always runs on CPU tensors (`memory_device` in the
-JSON), also with `--device cuda`: the tier keeps CPU copies, and a training's save of GPU
-tensors would first copy them to the host, as the `save_async` blocking row measures.
+into fresh pages). With `--device cuda` (`memory_device` in the JSON) both ranks' states
+live on the GPU: a save's blocking part copies them to the host (the tier keeps host
+copies), and each restore ends with the state back on the GPU (the copy counted).
 
     python benchmarks/checkpoint_throughput.py [--size-mb 512] [--dir DIR] [--repeat 3]
                                                [--memory-dir DIR] [--device cpu|cuda] [--json]
@@ -201,7 +201,7 @@ def disk_tier(work: Path, size_mb: int, repeat: int, device: str) -> dict[str, A
 
 
 # --------------------------------------------------------------------------- memory tiers
-def memory_rank(rank: int, port: int, work: str, size_mb: int, repeat: int) -> None:
+def memory_rank(rank: int, port: int, work: str, size_mb: int, repeat: int, device: str) -> None:
     """One rank of the memory part, in a process of its own: measures (`measure_memory`),
     writes its result (or its error) to `<work>/rank-<rank>.json` and leaves the way a
     training rank does (a bounded teardown of the process group, then os._exit)."""
@@ -209,7 +209,7 @@ def memory_rank(rank: int, port: int, work: str, size_mb: int, repeat: int) -> N
 
     code = 0
     try:
-        result = measure_memory(rank, port, Path(work), size_mb, repeat)
+        result = measure_memory(rank, port, Path(work), size_mb, repeat, device)
     except Exception as exc:
         traceback.print_exc()
         # a failed check says more than the error of a rank whose partner went away
@@ -219,7 +219,9 @@ def memory_rank(rank: int, port: int, work: str, size_mb: int, repeat: int) -> N
     leave(code)
 
 
-def measure_memory(rank: int, port: int, work: Path, size_mb: int, repeat: int) -> dict[str, Any]:
+def measure_memory(
+    rank: int, port: int, work: Path, size_mb: int, repeat: int, device: str
+) -> dict[str, Any]:
     """What `memory_rank` measures: per repeat, the seconds of save, of the restore from
     memory and of the restore from the peer, and the tiers load_latest returned."""
     timeout = timedelta(seconds=GROUP_TIMEOUT_S)
@@ -228,7 +230,7 @@ def measure_memory(rank: int, port: int, work: Path, size_mb: int, repeat: int) 
         "gloo", store=store, rank=rank, world_size=MEMORY_RANKS, timeout=timeout
     )
     tier = MemoryTier(base=work / "areas", run="bench", node=f"node-{rank}")
-    state = make_state(size_mb, "cpu")
+    state = make_state(size_mb, device)
     out: dict[str, Any] = {
         "rank": rank,
         "node": tier.node,
@@ -248,6 +250,15 @@ def measure_memory(rank: int, port: int, work: Path, size_mb: int, repeat: int) 
         blocking = time.perf_counter() - start
         tier.wait()
         return blocking
+
+    def restore(step: int) -> tuple[int, dict[str, Any], str] | None:
+        """load_latest, with the state back on the training's device."""
+        got = tier.load_latest(step)
+        if got is None or device == "cpu":
+            return got
+        moved = {k: v.to(device) for k, v in got[1].items()}
+        torch.cuda.synchronize()
+        return got[0], moved, got[2]
 
     def timed(call: Callable[..., Any], *args: Any) -> tuple[Any, float]:
         dist.barrier()  # every rank starts the collective together
@@ -270,7 +281,7 @@ def measure_memory(rank: int, port: int, work: Path, size_mb: int, repeat: int) 
                     )
                 for path in own:
                     path.unlink()
-            got, seconds = timed(tier.load_latest, step)
+            got, seconds = timed(restore, step)
             if got is None:
                 raise BenchmarkError(
                     f"rank {rank}: {phase} restore of step {step}: load_latest returned None"
@@ -292,7 +303,7 @@ def measure_memory(rank: int, port: int, work: Path, size_mb: int, repeat: int) 
     return out
 
 
-def memory_tiers(work: Path, size_mb: int, repeat: int) -> list[dict[str, Any]]:
+def memory_tiers(work: Path, size_mb: int, repeat: int, device: str) -> list[dict[str, Any]]:
     """Run the memory part's ranks (spawned processes; a TCP store of this process on a free
     loopback port) and return each rank's result; BenchmarkError if any rank failed."""
     store = dist.TCPStore(
@@ -307,7 +318,7 @@ def memory_tiers(work: Path, size_mb: int, repeat: int) -> list[dict[str, Any]]:
         ctx.Process(
             target=memory_rank,
             name=f"memory-rank-{rank}",
-            args=(rank, store.port, str(work), size_mb, repeat),
+            args=(rank, store.port, str(work), size_mb, repeat, device),
         )
         for rank in range(MEMORY_RANKS)
     ]
@@ -416,7 +427,7 @@ def main() -> int:
     try:
         disk = disk_tier(work, args.size_mb, args.repeat, args.device)
         copy = [raw_copy_s(memory_work, args.size_mb) for _ in range(args.repeat)]
-        ranks = memory_tiers(memory_work, args.size_mb, args.repeat)
+        ranks = memory_tiers(memory_work, args.size_mb, args.repeat, args.device)
     except BenchmarkError as exc:
         print(f"checkpoint_throughput: {exc}", file=sys.stderr)
         return 1
@@ -447,7 +458,7 @@ def main() -> int:
             "page_cache_dropped": disk["dropped"],
             "raw_copy_s": copy_s,
             "raw_copy_mb_s": size / copy_s,
-            "memory_device": "cpu",
+            "memory_device": args.device,
             "memory_ranks": MEMORY_RANKS,
             "memory_restore_tiers": [r["memory_tiers"][0] for r in ranks],
             "peer_restore_tiers": [r["peer_tiers"][0] for r in ranks],

@@ -23,13 +23,16 @@ rank's own and one replica of a rank on the previous node (for a moment, while a
 is written, the previous pair too); with fewer ranks on a node than on the one before, some
 of its ranks keep more than one replica. With one node there are no replicas.
 
-Restoring (`load_latest`): every rank verifies what its node's area holds (size and sha256)
-and all of them exchange the lists; the step restored is the newest (not older than
-`min_step`) at which every rank's state has a holder. A rank whose state is on its own node
-reads it; any other receives it from a holder (point to point, over a gloo group of its
-own). The answer is the same on every rank; None when memory cannot serve the whole world
-(a replica lost with its node, corrupt, or the world changed size): the caller loads the
-persistent tier (`ftslurm.checkpoint`), which is saved less often.
+Restoring (`load_latest`): every rank lists what its node's area holds (a state whose
+manifest gives its size) and all of them exchange the lists; the step restored is the newest
+(not older than `min_step`) at which every rank's state has a holder. A rank whose state is
+on its own node reads it; any other receives it from a holder (point to point, over a gloo
+group of its own). Each state is verified (size and sha256) when it is read to be served,
+so a restore reads and hashes only the states it uses, once; one that does not verify is
+left out and the choice is made again without it (the other copy of that state, or an
+older step). The answer is the same on every rank; None when memory cannot serve the whole
+world (a replica lost with its node, corrupt, or the world changed size): the caller loads
+the persistent tier (`ftslurm.checkpoint`), which is saved less often.
 
 Saving is asynchronous by default, as on disk: the step stands still only for the snapshot
 (a CPU copy of the state); serialising, keeping it in this node's area and exchanging the
@@ -170,7 +173,7 @@ class MemoryTier:
         holds are dropped once the new ones are written."""
         started = time.monotonic()
         self.wait()  # the previous save's replicas go out first, in the same order on all
-        snapshot = _snapshot(state, pin_memory=False)
+        snapshot = _snapshot(state)  # from a GPU: into page-locked memory, reused
         if not self.asynchronous:
             self._write(step, snapshot, started)
             return
@@ -259,23 +262,29 @@ class MemoryTier:
         return got
 
     def _send(self, data: bytes, to: int) -> list[Any]:
-        """Start sending `data` to rank `to` (its size, then its bytes); the works to wait."""
-        return [
-            dist.isend(torch.tensor([len(data)], dtype=torch.int64), to, group=self.group),
-            dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8), to, group=self.group),
-        ]
+        """Start sending `data` to rank `to` (its size, then its bytes unless there are
+        none); the works to wait."""
+        works = [dist.isend(torch.tensor([len(data)], dtype=torch.int64), to, group=self.group)]
+        if data:
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            works.append(dist.isend(payload, to, group=self.group))
+        return works
 
     def _receive(self, source: int) -> bytes:
         """What rank `source` sends this one with `_send`."""
         size = torch.zeros(1, dtype=torch.int64)
         dist.irecv(size, source, group=self.group).wait()
+        if not size.item():  # the holder's copy did not verify (`_serve`)
+            return b""
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.irecv(payload, source, group=self.group).wait()
         return payload.numpy().tobytes()
 
     # ------------------------------------------------------------------ restoring
-    def listing(self) -> dict[int, list[int]]:
-        """What this node's area holds and verifies: shard -> steps."""
+    def listing(self, leave_out: frozenset[tuple[int, int]] = frozenset()) -> dict[int, list[int]]:
+        """What this node's area holds: shard -> steps whose state has a manifest giving its
+        size (a torn write has none), but for the (shard, step) pairs in `leave_out`. The
+        contents are verified when read (`_read`), not here."""
         found: dict[int, list[int]] = {}
         try:
             names = os.listdir(self.area)
@@ -283,9 +292,40 @@ class MemoryTier:
             return found
         for name in names:
             m = _FILE.fullmatch(name)
-            if m and self._read(int(m.group(1)), int(m.group(2))) is not None:
+            if not m or (int(m.group(1)), int(m.group(2))) in leave_out:
+                continue
+            meta = read_json((self.area / name).with_suffix(".json"))
+            try:
+                size = (self.area / name).stat().st_size
+            except OSError:
+                continue
+            if isinstance(meta, dict) and meta.get("size") == size:
                 found.setdefault(int(m.group(1)), []).append(int(m.group(2)))
         return found
+
+    def _serve(self, step: int, serve: dict[int, int], bad: set[tuple[int, int]]) -> bytes | None:
+        """This rank's part of one round of a restore: read the states it serves (sending
+        those of other ranks) and return its own, read or received; None or empty when a
+        copy did not verify (the reader adds it to `bad`: the next round leaves it out)."""
+        mine: bytes | None = None
+        works = []
+        for shard, holder in sorted(serve.items()):
+            if holder == shard:
+                if shard == self.rank:
+                    mine = self._read(shard, step)
+                    if mine is None:
+                        bad.add((shard, step))
+                continue
+            if holder == self.rank:
+                data = self._read(shard, step)
+                if data is None:
+                    bad.add((shard, step))
+                works += self._send(data or b"", shard)  # empty: the receiver's round fails
+            elif shard == self.rank:
+                mine = self._receive(holder)
+        for work in works:
+            work.wait()
+        return mine
 
     def _read(self, shard: int, step: int) -> bytes | None:
         """The verified bytes of a shard's state, or None (missing, torn or corrupt)."""
@@ -309,31 +349,21 @@ class MemoryTier:
         `min_step`, that memory holds for every rank; None on every rank otherwise (a
         collective)."""
         self.wait()
-        listings: list[Any] = [None] * self.world
-        dist.all_gather_object(listings, self.listing(), group=self.group)
-        chosen = holders(
-            [{int(k): v for k, v in x.items()} for x in listings], self.nodes, min_step
-        )
-        if chosen is None:
-            return None
-        step, serve = chosen
-        mine: bytes | None = None
-        works = []
-        for shard, holder in sorted(serve.items()):
-            if holder == shard:
-                if shard == self.rank:
-                    mine = self._read(shard, step)
-                continue
-            if holder == self.rank:  # empty if it went bad since it was listed
-                works += self._send(self._read(shard, step) or b"", shard)
-            elif shard == self.rank:
-                mine = self._receive(holder)
-        for work in works:
-            work.wait()
-        ok = torch.tensor([1 if mine else 0], dtype=torch.int32)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.group)
-        if not ok.item() or mine is None:  # a holder's copy went bad since it was listed
-            return None
+        bad: set[tuple[int, int]] = set()  # read here and found not to verify
+        while True:  # each round that fails leaves out one more state on some rank
+            listings: list[Any] = [None] * self.world
+            dist.all_gather_object(listings, self.listing(frozenset(bad)), group=self.group)
+            chosen = holders(
+                [{int(k): v for k, v in x.items()} for x in listings], self.nodes, min_step
+            )
+            if chosen is None:
+                return None
+            step, serve = chosen
+            mine = self._serve(step, serve, bad)
+            ok = torch.tensor([1 if mine else 0], dtype=torch.int32)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.group)
+            if ok.item() and mine:
+                break
         tier = "memory" if serve[self.rank] == self.rank else "peer"
         state = torch.load(io.BytesIO(mine), weights_only=True)
         log.info(

@@ -217,3 +217,17 @@ def test_uneven_nodes_replicate_every_rank_without_hanging(tmp_path):
         (30, "memory", 230.0),
         (30, "peer", 330.0),
     ]
+
+
+@pytest.mark.slow
+def test_a_corrupt_own_copy_is_left_out_and_the_replica_on_the_next_node_serves_it(tmp_path):
+    """States are verified when read to be served, not all of them up front: the own copy
+    of rank 2 fails its check when read, so the restore chooses again without it and rank 2
+    receives its state from its replica on node a (the other ranks read their own)."""
+    run_world(tmp_path, ["a", "a", "b", "b"], "save")
+    own = area(tmp_path, "b") / "shard-2-step-30.pt"
+    own.write_bytes(b"x" + own.read_bytes()[1:])  # one byte changed, the size kept
+    got = [o["got"] for o in run_world(tmp_path, ["a", "a", "b", "b"], "load")]
+    assert [g["step"] for g in got] == [30] * 4
+    assert [g["w"] for g in got] == [r * 100 + 30.0 for r in range(4)]
+    assert [g["tier"] for g in got] == ["memory", "memory", "peer", "memory"]
