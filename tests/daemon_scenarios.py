@@ -392,7 +392,7 @@ def live_falls_back_to_a_new_job_on_the_mock(
     which leave live recovery nothing to serve: the run must go on in a new job, from the
     last checkpoint, and end bit-identical to an uninterrupted run. Returns the run's
     summary (`status --json`), what `status` said while the new job ran and what `report`
-    says at the end (whitespace collapsed). The injections must come after every launcher
+    says at the end (`plain`). The injections must come after every launcher
     started (a node lost before its first lease is judged lost only after the rendezvous
     timeout)."""
     steps = 500
@@ -407,12 +407,19 @@ def live_falls_back_to_a_new_job_on_the_mock(
         )  # fmt: skip
         run_id = out["run_id"]
         cli.wait_for(run_id, lambda s: len(s["attempts"]) > 1 or ended(s), 240, "a new job")
-        said = " ".join(cli("status").stdout.split())
+        said = plain(cli("status").stdout)
         s = cli.wait_for(run_id, ended, 360, "the run to end")
         assert s["state"] == "COMPLETED", s
         final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
         assert final == {"step": steps, "digest": expected}, s  # bit for bit
-        return s, said, " ".join(cli("report", run_id).stdout.split())
+        return s, said, plain(cli("report", run_id).stdout)
+
+
+def plain(text: str) -> str:
+    """A command's output as one line of words: a table's rules and borders left out, so
+    that a cell's text wrapped over several rows reads as it was written (the table's other
+    cells are empty on those rows)."""
+    return " ".join(re.sub(r"[\u2500-\u257f]", " ", text).split())
 
 
 @contextmanager

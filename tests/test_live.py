@@ -595,7 +595,12 @@ def test_a_warm_spare_lost_while_waiting_leaves_no_spare_for_the_next_loss(tmp_p
         nodes.close()
     report = node_report(nodes.run, 0)
     assert report["recovery"] == "new_job" and code != 0, (code, report, nodes.logs())
-    assert not read_reports(nodes.run, Kind.LIVE, 0), nodes.logs()  # nothing taken over
+    records = read_reports(nodes.run, Kind.LIVE, 0)
+    assert not [r for r in records if r.node_rank is None], nodes.logs()  # nothing taken over
+    # node 0's launcher says why it fell back: no warm spare left for node 1
+    (fell_back,) = [r for r in records if r.node_rank == 0]
+    assert fell_back.given_up == Fallback.NO_SPARE.value, fell_back
+    assert fell_back.recovery == "new_job" and fell_back.why.endswith(" lost"), fell_back
 
 
 def test_on_the_mock_a_warm_spare_takes_over_a_failed_node_in_the_same_job(tmp_path):
