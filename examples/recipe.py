@@ -107,6 +107,13 @@ def main() -> int:
         action="store_true",
         help="live recovery: a fault costs one step, the healthy ranks keep running",
     )
+    parser.add_argument(
+        "--handover-timeout",
+        type=float,
+        default=live.HANDOVER_TIMEOUT_S,
+        help="with --live: seconds a replica handing the state over may not answer before "
+        "live recovery is given up (today's path then)",
+    )
     parser.add_argument("--fail-at-step", type=int, default=-1)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument(
@@ -131,7 +138,12 @@ def main() -> int:
     # With --live and a coordinator store (the launcher's), a fault costs one step: the
     # healthy ranks keep running and a restarted rank receives the state from them
     # (`ftslurm.agent.live`). Otherwise a plain process group.
-    group = live.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", live=args.live)
+    group = live.init_process_group(
+        "gloo",
+        init_method=f"tcp://{addr}:{port}",
+        live=args.live,
+        handover_timeout_s=args.handover_timeout,
+    )
     rank, world = dist.get_rank(), dist.get_world_size()  # a warm spare's: the rank it took
     train = Training(
         model,

@@ -384,13 +384,17 @@ def spare_takes_over_on_the_mock(
         return run, record
 
 
-def live_falls_back_to_a_new_job_on_the_mock(tmp_path: Path, *injects: str) -> dict[str, Any]:
+def live_falls_back_to_a_new_job_on_the_mock(
+    tmp_path: Path, *injects: str
+) -> tuple[dict[str, Any], str, str]:
     """`--dry-run -N 2 --spare-nodes 1 --live-recovery --retries 1` of examples/recipe.py
     with --live (500 steps of 0.1 s, a checkpoint every 20) and the injections `injects`,
     which leave live recovery nothing to serve: the run must go on in a new job, from the
     last checkpoint, and end bit-identical to an uninterrupted run. Returns the run's
-    summary (`status --json`). The injections must come after every launcher started (a
-    node lost before its first lease is judged lost only after the rendezvous timeout)."""
+    summary (`status --json`), what `status` said while the new job ran and what `report`
+    says at the end (`plain`). The injections must come after every launcher
+    started (a node lost before its first lease is judged lost only after the rendezvous
+    timeout)."""
     steps = 500
     expected = reference_digest(tmp_path, steps)
     with on_a_fresh_mock(tmp_path) as cli:
@@ -401,11 +405,21 @@ def live_falls_back_to_a_new_job_on_the_mock(tmp_path: Path, *injects: str) -> d
             *inject, str(recipe), "--", "--live", "--steps", str(steps), "--step-time", "0.1",
             "--checkpoint-dir", str(tmp_path / "ckpt"),
         )  # fmt: skip
-        s = cli.wait_for(out["run_id"], ended, 360, "the run to end")
+        run_id = out["run_id"]
+        cli.wait_for(run_id, lambda s: len(s["attempts"]) > 1 or ended(s), 240, "a new job")
+        said = plain(cli("status").stdout)
+        s = cli.wait_for(run_id, ended, 360, "the run to end")
         assert s["state"] == "COMPLETED", s
         final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
         assert final == {"step": steps, "digest": expected}, s  # bit for bit
-        return s
+        return s, said, plain(cli("report", run_id).stdout)
+
+
+def plain(text: str) -> str:
+    """A command's output as one line of words: a table's rules and borders left out, so
+    that a cell's text wrapped over several rows reads as it was written (the table's other
+    cells are empty on those rows)."""
+    return " ".join(re.sub(r"[\u2500-\u257f]", " ", text).split())
 
 
 @contextmanager

@@ -13,8 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from ftslurm.agent import launch_core as core
+from ftslurm.agent import live_rules
 from ftslurm.agent import spare_rules as sp
 from ftslurm.agent.heartbeat import Beat, Timeouts, hang_reason
+from ftslurm.agent.live_rules import Fallback
 from ftslurm.core.contract import WITHHELD_RANKS, ExitCode
 from ftslurm.core.contract.reports import Benched, PeerLost
 from ftslurm.core.leases import Lease
@@ -1074,6 +1076,114 @@ def test_a_takeover_that_cannot_be_handed_over_ends_the_warm_ranks():
     launcher waits as a spare without live recovery (it has not trained)."""
     state = core.LauncherState(cfg=replace(LIVE, node_rank=2), adopted=1, trained=True)
     state, actions = core.take_over_failed(state)
-    assert kinds(actions) == ["Log", "Account", "KillRanks", "EndRound"]
-    assert actions[1].budget is core.Budget.SPENT and not actions[3].succeeded
+    assert kinds(actions) == ["Log", "RecordFallback", "Account", "KillRanks", "EndRound"]
+    assert actions[1].why is Fallback.TAKEOVER_FAILED and "node rank 1" in actions[1].detail
+    assert actions[2].budget is core.Budget.SPENT and not actions[4].succeeded
     assert not state.trained and state.adopted is None and core.never_trained(state)
+
+
+# Three nodes, one a spare, with live recovery: which losses the launchers fall back on, and
+# why (the record `status` and `report` show).
+LIVE_ONE_SPARE = core.Config(node_rank=1, nnodes=3, spares=1, max_restarts=2, live=True)
+
+
+@pytest.mark.parametrize(
+    "cfg,known,gone,live_ranks,warm,why",
+    [
+        pytest.param(
+            LIVE_ONE_SPARE,
+            set(),
+            {0: lost(0)},
+            True,
+            False,
+            Fallback.NO_COORDINATOR,
+            id="the-batch-host-lost",
+        ),
+        pytest.param(
+            replace(LIVE_ONE_SPARE, node_rank=2),
+            set(),
+            {0: lost(0)},
+            False,
+            True,
+            Fallback.NO_COORDINATOR,
+            id="the-batch-host-lost-seen-by-the-warm-spare",
+        ),
+        pytest.param(
+            replace(LIVE_ONE_SPARE, node_rank=0),
+            {2},
+            {2: lost(2), 1: lost(1)},
+            True,
+            False,
+            Fallback.NO_SPARE,
+            id="the-spare-lost-while-waiting-then-a-node",
+        ),
+        pytest.param(
+            replace(LIVE, node_rank=0),
+            set(),
+            {1: lost(1), 2: lost(2), 3: lost(3)},
+            True,
+            False,
+            Fallback.NO_SPARE,
+            id="more-losses-than-spares-at-once",
+        ),
+        pytest.param(
+            replace(LIVE_ONE_SPARE, node_rank=0),
+            set(),
+            {1: benched(1)},
+            True,
+            False,
+            None,
+            id="a-node-stepped-out-with-a-spare-left: served live",
+        ),
+        pytest.param(
+            replace(LIVE_ONE_SPARE, node_rank=0),
+            set(),
+            {1: lost(1)},
+            True,
+            False,
+            None,
+            id="a-node-lost-with-a-spare-left: served live",
+        ),
+        pytest.param(
+            replace(SPARES, node_rank=1),
+            set(),
+            {0: lost(0)},
+            False,
+            False,
+            None,
+            id="without-live-recovery: today's path, nothing to fall back from",
+        ),
+    ],
+)
+def test_a_loss_live_recovery_cannot_serve_records_why(cfg, known, gone, live_ranks, warm, why):
+    roles = {r: sp.SPARE for r in known}
+    state = core.LauncherState(cfg=cfg, warm=warm, lost=frozenset(known))
+    state, actions = tick(state, losses=losses(gone, roles), live_ranks=live_ranks)
+    fell_back = [a for a in actions if isinstance(a, core.RecordFallback)]
+    if why is None:
+        assert not fell_back, actions
+        return
+    (record,) = fell_back
+    assert record.why is why and record.recovery == "new_job" and state.new_job, actions
+    assert record.detail.startswith("node ") and record.detail.endswith(" lost"), record
+    assert kinds(actions)[-3:] == ["Account", "KillRanks", "EndRound"], actions
+    # Said once: the same news again (a later tick, the verdict after the ranks failed)
+    # records nothing more.
+    more = losses({**gone, 9: lost(9)}, roles)
+    _, again = core.on_verdict_poll(state, core.Verdict(deadline=0.0), more, {}, 200.0)[::2]
+    assert not [a for a in again if isinstance(a, core.RecordFallback)], again
+
+
+@pytest.mark.parametrize(
+    "lost_nodes,spares,why",
+    [
+        ({1}, 1, None),
+        ({0}, 1, Fallback.NO_COORDINATOR),  # the batch host hosts the coordinator store
+        ({0, 1}, 2, Fallback.NO_COORDINATOR),
+        ({1, 2}, 1, Fallback.NO_SPARE),
+        ({1, 2}, 2, None),
+        ({1}, 0, Fallback.NO_SPARE),
+    ],
+)
+def test_the_launchers_fallback_from_live_recovery(lost_nodes, spares, why):
+    assert live_rules.loss_fallback(lost_nodes, spares) is why

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +23,11 @@ import pytest
 import torch.distributed as dist
 
 from ftslurm.agent import live
+from ftslurm.agent.live_rules import Fallback
 from ftslurm.agent.task import free_port
 from ftslurm.core.contract import EnvName, RunDir
 from ftslurm.core.contract.reports import Kind
+from ftslurm.report.notes import live_notes
 from ftslurm.runfiles import read_reports
 
 from .conftest import wait_for
@@ -240,11 +243,43 @@ def test_a_sharded_state_falls_back_to_restoring_every_rank(tmp_path, reference)
     assert given_up, out[-6000:]
 
 
+def test_a_replica_that_does_not_answer_in_time_falls_back_to_restarting_every_rank(
+    tmp_path, reference
+):
+    """Forced timing: rank 1 fails at step 25 and is restarted alone; rank 0, which sends it
+    the state, stops itself (SIGSTOP) after the state's size went out and before its bytes
+    (the live group's "transfer" point): a replica that does not answer, not a lost one
+    (its sockets stay open). After the handover timeout (3 s here) the receiver and rank 2
+    give live recovery up (`NO_ANSWER`, recorded with the reason), and the launcher takes
+    today's path: every rank restarted from the last checkpoint (the memory tier), the
+    stopped process with them. The run ends bit-identical to an uninterrupted one."""
+    out = crash_under_the_launcher(
+        tmp_path,
+        *("--fail-once", "--handover-timeout", "3"),
+        extra_env={live.PAUSE_ENV: "transfer:0:25"},
+    )
+    assert "a replica did not answer in time" in out, out[-6000:]
+    starts = re.findall(r"rank 0 of 3 starts at step (\d+) .* from (.+)", out)
+    assert len(starts) == 2 and starts[1][1] != "a live peer", out[-6000:]  # every rank again
+    final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
+    assert final == reference, out[-6000:]
+    given_up = [r for r in read_reports(RunDir(tmp_path / "run"), Kind.LIVE, 0) if r.given_up]
+    assert {r.given_up for r in given_up} == {Fallback.NO_ANSWER.value}, given_up
+    assert {r.rank for r in given_up} == {1, 2}, given_up  # the receiver and the survivor
+    assert all("rank 0 sending the state" in (r.why or "") for r in given_up), given_up
+    (note,) = live_notes(given_up, now=time.time())  # as `status` and `report` say it
+    assert "a replica did not answer in time" in note and "every rank restarted" in note
+
+
 def crash_under_the_launcher(
-    tmp_path: Path, *recipe_extra: str, timeouts: str | None = None
+    tmp_path: Path,
+    *recipe_extra: str,
+    timeouts: str | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> str:
     """The launcher (one node, 3 ranks, 2 in-job restarts) runs the recipe with --live;
-    rank 1 fails at step 25. Its output; the run must end well."""
+    rank 1 fails at step 25. Its output; the run must end well. Every process it started
+    is killed at the end (a stopped one too)."""
     for name in ("run", "ckpt"):
         (tmp_path / name).mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
@@ -254,8 +289,9 @@ def crash_under_the_launcher(
         FTSLURM_MEMORY_DIR=str(tmp_path / "memory"),
         MASTER_ADDR="127.0.0.1",
         PYTHONUNBUFFERED="1",
+        **(extra_env or {}),
     )
-    proc = subprocess.run(
+    proc = run_all_killed(
         [
             sys.executable,
             "-m",
@@ -278,13 +314,43 @@ def crash_under_the_launcher(
             *recipe_extra,
         ],
         env=env,
-        capture_output=True,
-        text=True,
         timeout=240,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     return out
+
+
+def run_all_killed(cmd: list[str], env: dict[str, str], timeout: float) -> Any:
+    """`subprocess.run(cmd)` with its output; every process below it (seen while it ran,
+    told by its pid and start time) killed at the end, whatever happened."""
+    from .conftest import descendants
+
+    def started(pid: int) -> str | None:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            return None
+
+    seen: dict[int, str | None] = {}
+    with tempfile.TemporaryFile("w+") as output:
+        proc = subprocess.Popen(cmd, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None and time.monotonic() < deadline:
+                for pid in descendants(proc.pid)[1:]:
+                    seen.setdefault(pid, started(pid))
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for pid, at in seen.items():
+                if at is not None and started(pid) == at:  # the same process still
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        output.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, output.read(), "")
 
 
 @pytest.mark.parametrize(
@@ -529,7 +595,12 @@ def test_a_warm_spare_lost_while_waiting_leaves_no_spare_for_the_next_loss(tmp_p
         nodes.close()
     report = node_report(nodes.run, 0)
     assert report["recovery"] == "new_job" and code != 0, (code, report, nodes.logs())
-    assert not read_reports(nodes.run, Kind.LIVE, 0), nodes.logs()  # nothing taken over
+    records = read_reports(nodes.run, Kind.LIVE, 0)
+    assert not [r for r in records if r.node_rank is None], nodes.logs()  # nothing taken over
+    # node 0's launcher says why it fell back: no warm spare left for node 1
+    (fell_back,) = [r for r in records if r.node_rank == 0]
+    assert fell_back.given_up == Fallback.NO_SPARE.value, fell_back
+    assert fell_back.recovery == "new_job" and fell_back.why.endswith(" lost"), fell_back
 
 
 def test_on_the_mock_a_warm_spare_takes_over_a_failed_node_in_the_same_job(tmp_path):
@@ -562,7 +633,15 @@ def test_the_batch_host_lost_with_live_recovery_moves_the_run_to_a_new_job(tmp_p
     report = node_report(nodes.run, 1)
     assert report["recovery"] == "new_job" and codes[0] != 0, (codes, report, nodes.logs())
     assert node_report(nodes.run, 2)["outcome"] == "spare" and codes[1] == 0, nodes.logs()
-    assert not [r for r in read_reports(nodes.run, Kind.LIVE, 0) if r.took_over is not None]
+    records = read_reports(nodes.run, Kind.LIVE, 0)
+    assert not [r for r in records if r.took_over is not None]
+    # each launcher that fell back says why (`RunDir.live_fallback`): the surviving active
+    # node's (and the warm spare's, when it read the loss before it saw the run closed)
+    fell_back = {r.node_rank: r for r in records if r.node_rank is not None}
+    assert 1 in fell_back and set(fell_back) <= {1, 2}, (records, nodes.logs())
+    for r in fell_back.values():
+        assert r.given_up == Fallback.NO_COORDINATOR.value and r.recovery == "new_job", r
+        assert r.why is not None and r.why.endswith(" lost"), r
 
 
 @pytest.mark.slow
@@ -573,9 +652,19 @@ def test_on_the_mock_the_batch_host_lost_with_live_recovery_goes_on_in_a_new_job
     which resumes from the last checkpoint and ends bit-identical."""
     from .daemon_scenarios import live_falls_back_to_a_new_job_on_the_mock
 
-    s = live_falls_back_to_a_new_job_on_the_mock(tmp_path, "node_fail@40:0")
+    s, status, report = live_falls_back_to_a_new_job_on_the_mock(tmp_path, "node_fail@40:0")
     assert [a["cause"] for a in s["attempts"]] == ["node_fail", "finished"], s
     assert len({a["job_id"] for a in s["attempts"]}) == 2, s  # a new job
+    # The fallback says why in the live records, and `status` (while the new job ran) and
+    # `report` show it.
+    records = read_reports(RunDir(s["run_dir"]), Kind.LIVE, 0)
+    fell_back = [r for r in records if r.node_rank is not None]
+    assert fell_back, records
+    assert {r.given_up for r in fell_back} == {Fallback.NO_COORDINATOR.value}, fell_back
+    assert all(r.recovery == "new_job" for r in fell_back), fell_back
+    said = f"{Fallback.NO_COORDINATOR.value} (node "
+    assert said in status and "the run goes on in a new job" in status, status
+    assert said in report and "the run goes on in a new job" in report, report
 
 
 # The mock's scenarios of tests/test_live_slurm.py: 2 nodes x 2 ranks of the recipe, steps

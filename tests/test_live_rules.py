@@ -205,3 +205,45 @@ def test_a_rounds_connections_are_told_from_the_processs_others(local, peer, wan
 )
 def test_a_sharded_state_is_never_handed_to_a_rank_that_lost_its_part(plan, replicated, want):
     assert rules.handover_fallback(plan, replicated) is want
+
+
+@pytest.mark.parametrize(
+    "waited, want",
+    [
+        (0.01, None),  # a lost peer's closed sockets fail the piece at once: the next round
+        (2.9, None),
+        (3.0, Fallback.NO_ANSWER),  # waited the whole timeout: a replica that does not answer
+        (3.5, Fallback.NO_ANSWER),
+    ],
+)
+def test_a_handover_piece_that_waited_out_its_timeout_gives_live_recovery_up(waited, want):
+    assert rules.handover_timed_out(waited, 3.0) is want
+
+
+def test_the_handover_timeout_is_well_under_the_collective_timeout():
+    from ftslurm.agent import live
+
+    assert live.HANDOVER_TIMEOUT_S <= live.COLLECTIVE_TIMEOUT_S / 2
+
+
+def test_status_notes_a_launchers_fallback_and_where_the_run_goes_on():
+    """A launcher's fallback (`RunDir.live_fallback`): which node's launcher, why, and that
+    the run goes on in a new job; once, however many launchers recorded it."""
+    from ftslurm.core.contract.reports import LiveRecovery
+    from ftslurm.report.notes import live_notes, moved_to_a_new_job
+
+    fell_back = [
+        LiveRecovery(
+            node_rank=n,
+            failed_at=150.0 + n,
+            given_up=Fallback.NO_COORDINATOR.value,
+            why="node n0 lost",
+            recovery="new_job",
+        )
+        for n in (1, 2)
+    ]
+    other = LiveRecovery(rank=0, failed_at=100.0, given_up=Fallback.JOIN_TIMEOUT.value)
+    assert moved_to_a_new_job([other, *fell_back]) == fell_back
+    (note,) = live_notes(fell_back, now=200.0)
+    assert "node rank 1's launcher: the coordinator store is gone" in note, note
+    assert "(node n0 lost)" in note and note.endswith("→ the run goes on in a new job"), note

@@ -218,6 +218,8 @@ class Agent(LocalElasticAgent):
                 ended = self.carry_out(more, pids, worker_group) or ended
             elif isinstance(action, core.StepOut):
                 self.node.write_bench(action.why, action.reason)
+            elif isinstance(action, core.RecordFallback):
+                self.node.write_live_fallback(action)
             elif isinstance(action, core.LookAtStop):
                 self.hung_at_stop(worker_group, pids, time.monotonic())
             elif isinstance(action, core.EndRound) and action.succeeded:

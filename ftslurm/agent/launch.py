@@ -94,6 +94,7 @@ from ftslurm.core.contract import (
     rendezvous_record,
 )
 from ftslurm.core.contract.reports import (
+    LiveRecovery,
     NodeReport,
     Outcome,
     RankReport,
@@ -726,6 +727,24 @@ class Node:
             attempt=self.attempt,
         )
         _write(self.run.benched(self.attempt, self.args.node_rank), record)
+
+    def write_live_fallback(self, fell_back: core.RecordFallback) -> None:
+        """Live recovery cannot serve what happened: why, for `status` and `report`."""
+        if self.run is None:
+            return
+        record = LiveRecovery(
+            given_up=fell_back.why.value,
+            why=fell_back.detail,
+            node_rank=self.args.node_rank,
+            recovery=fell_back.recovery,
+            failed_at=time.time(),
+            job_id=self.job,
+            attempt=self.attempt,
+        )
+        try:
+            _write(self.run.live_fallback(self.attempt, self.args.node_rank), record)
+        except OSError as exc:
+            log.warning("could not record the live recovery's fallback: %s", exc)
 
     # ------------------------------------------------------------------------ endings
     def who(self) -> core.NodeId:

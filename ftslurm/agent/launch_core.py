@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from ftslurm.agent import live_rules
 from ftslurm.agent import spare_rules as sp
 from ftslurm.agent.boot import STOPS
 from ftslurm.core.contract import NAMED_EXITS, ExitCode
@@ -179,6 +180,17 @@ class TakeOver:
 
 
 @dataclass(frozen=True)
+class RecordFallback:
+    """Live recovery cannot serve what happened: record why (`RunDir.live_fallback`, shown
+    by `status` and `report`) before today's path (`recovery`: "new_job", the run goes on
+    in a new job; None, every rank restarted in this one)."""
+
+    why: live_rules.Fallback
+    detail: str
+    recovery: str | None = None
+
+
+@dataclass(frozen=True)
 class StepOut:
     """Write this node's bench record (`RunDir.benched`): a spare takes its place."""
 
@@ -217,6 +229,7 @@ Action = (
     | Account
     | RestartAlone
     | TakeOver
+    | RecordFallback
     | StepOut
     | EndRound
     | LookAtStop
@@ -425,12 +438,17 @@ def on_losses(
             )
         return state, action, (Log("warning", text),)
     if action is sp.Action.NEW_JOB:
+        first = not state.new_job
         state = replace(state, new_job=True)
         text = (
             f"node {names} lost and no spare can take its place: stopping (the run goes on "
             "in a new job)"
         )
-        return state, action, (Log("warning", text),)
+        said: tuple[Action, ...] = (Log("warning", text),)
+        why = live_rules.loss_fallback(lost, state.cfg.spares) if state.cfg.live else None
+        if why is not None and first:  # live recovery asked for, and it cannot serve this
+            said += (RecordFallback(why, f"node {names} lost", sp.Action.NEW_JOB.value),)
+        return state, action, said
     return state, action, ()
 
 
@@ -528,7 +546,8 @@ def take_over_failed(state: LauncherState) -> tuple[LauncherState, tuple[Action,
         f"could not take node rank {node} over live: stopping the warm ranks, waiting as a "
         "spare without live recovery"
     )
-    return state, (Log("warning", text), Account(Budget.SPENT), *_FAILED)
+    why = RecordFallback(live_rules.Fallback.TAKEOVER_FAILED, f"node rank {node}")
+    return state, (Log("warning", text), why, Account(Budget.SPENT), *_FAILED)
 
 
 def hang_deadline(now: float) -> float:

@@ -29,9 +29,11 @@ How it works (the decisions are `ftslurm.agent.live_rules`, pure):
 - A crashed rank is restarted alone by its launcher with `FTSLURM_LIVE_REJOIN=1`: it finds
   its former process's record in the current round, declares that round failed (which ends
   a survivor's wait for its vote at once), joins the next one and receives the state.
-- Given up (`LiveRecoveryFailed`, the reason in `reason`) when a rank does not join in time or
-  faults keep coming during the recovery: the process then ends non-zero and the launcher
-  takes today's path (an in-job restart of every rank from the memory tier or disk).
+- Given up (`LiveRecoveryFailed`, the reason in `reason`) when a rank does not join in time,
+  faults keep coming during the recovery, or the replica handing the state over does not
+  answer within `handover_timeout_s` (`HANDOVER_TIMEOUT_S`): the process then ends non-zero
+  and the launcher takes today's path (an in-job restart of every rank from the memory
+  tier or disk).
 
 Random number generators: a rank that receives the state gets the sender's RNG state; the
 survivors keep their own.
@@ -44,6 +46,7 @@ import datetime
 import gc
 import logging
 import os
+import pickle
 import signal
 import socket
 import threading
@@ -52,6 +55,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ftslurm.agent import live_rules as rules
@@ -68,11 +72,18 @@ DECISION_POLL_S = 0.05  # how often a rank waiting for the votes looks for a fai
 TAKEOVER_POLL_S = 0.02  # how often a warm spare's rank looks whether it takes a node over
 WATCH_POLL_S = 0.2  # how often a rank inside a step looks whether its round failed
 STUCK_S = 2.0  # inside a step this long after a running rank declared the round failed
+# How long each piece of a handover (the state's size, then each chunk of it) may wait for
+# the replica at its other end; the first piece also waits for the sender to serialize its
+# state. A replica that does not answer in time makes every member give live recovery up
+# (`Fallback.NO_ANSWER`): today's path, rather than gloo's whole collective timeout.
+HANDOVER_TIMEOUT_S = 20.0
+HANDOVER_CHUNK_BYTES = 64 << 20  # the state is sent in chunks of this many bytes
 log = logging.getLogger("ftslurm.live")
 # Test hook: a rank stops itself (SIGSTOP) at one point of one step, "<point>:<rank>:<step>"
 # (points: "reduced", after the step's work and before its vote; "committed", after the
 # decision to commit and before the optimizer step; "sending", the rank that hands its state
-# over, before it sends; "forming", every rank in a round before it connects to the others),
+# over, before it sends; "transfer", that rank after the state's size went out and before
+# its bytes; "forming", every rank in a round before it connects to the others),
 # so a test can kill it at that moment.
 PAUSE_ENV = "FTSLURM_TEST_PAUSE_LIVE"
 
@@ -170,6 +181,7 @@ class LiveGroup:
         collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
         join_timeout_s: float = JOIN_TIMEOUT_S,
         max_rounds: int = MAX_ROUNDS,
+        handover_timeout_s: float = HANDOVER_TIMEOUT_S,
         init_method: str | None = None,
         live: bool = True,
     ) -> None:
@@ -182,6 +194,7 @@ class LiveGroup:
         self.timeout = datetime.timedelta(seconds=collective_timeout_s)
         self.join_timeout_s = join_timeout_s
         self.max_rounds = max_rounds
+        self.handover_timeout_s = handover_timeout_s
         self.store = coordinator(env, collective_timeout_s) if live else None
         run = env.get("TORCHELASTIC_RUN_ID", "ftslurm")
         self.keys = rules.Keys(rules.group_prefix(run, env.get("TORCHELASTIC_RESTART_COUNT", "0")))
@@ -485,15 +498,52 @@ class LiveGroup:
             raise self._give_up(why, f"ranks {sorted(plan.receivers)} in round {self.round}")
         if plan is None or not plan.receivers:
             return None
-        box = [self._state() if self.rank == plan.sender else None]
+        state = self._state() if self.rank == plan.sender else None
         if self.rank == plan.sender:
             self._pause("sending")
-        dist.broadcast_object_list(box, src=plan.sender)
+        received = self._transfer(state, plan.sender)
         if self.rank in plan.receivers:
-            self._load(box[0])
+            self._load(received)
             self._holds = True
         log.info("round %d: state of step %d from rank %d", self.round, plan.step, plan.sender)
         return plan
+
+    def _transfer(self, state: Any, src: int) -> Any:
+        """Broadcast `state` from rank `src` (pickled, as `broadcast_object_list` does):
+        its size, then its bytes in chunks, each piece under the handover timeout. A piece
+        that waited it out (`rules.handover_timed_out`): the replica at its other end did
+        not answer; the round is declared failed and live recovery given up (the next round
+        would wait for that replica too)."""
+        timeout = datetime.timedelta(seconds=self.handover_timeout_s)
+        sending = self.rank == src
+        payload = pickle.dumps(state) if sending else b""
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        started = time.monotonic()
+        try:
+            _broadcast(size, src, timeout)
+            if sending:
+                self._pause("transfer")
+            data = (
+                torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+                if sending
+                else torch.empty(int(size.item()), dtype=torch.uint8)
+            )
+            for at in range(0, data.numel(), HANDOVER_CHUNK_BYTES):
+                started = time.monotonic()
+                _broadcast(data[at : at + HANDOVER_CHUNK_BYTES], src, timeout)
+        except Exception as exc:
+            waited = time.monotonic() - started
+            why = rules.handover_timed_out(waited, self.handover_timeout_s)
+            if why is None or not is_fault(exc):
+                raise
+            detail = (
+                f"rank {src} sending the state of round {self.round}, no answer in "
+                f"{waited:.1f}s (handover timeout {self.handover_timeout_s:.0f}s)"
+            )
+            log.warning("rank %d: %s: %s", self.rank, why.value, detail)
+            self._declare_failed(self.round, f"{rules.BY_ERROR}rank {self.rank}: {why.value}")
+            raise self._give_up(why, detail) from None
+        return state if sending else pickle.loads(data.numpy().tobytes())
 
     # ------------------------------------------------------------------ stepping
     def commit(self, fn: Callable[[], Any]) -> bool:
@@ -646,6 +696,14 @@ class LiveGroup:
         path = job.run.live_record(job.attempt or 0, group, self.round)
         write_report(path, record)
         self._pending_record = (path, record)
+
+
+def _broadcast(tensor: torch.Tensor, src: int, timeout: datetime.timedelta) -> None:
+    """`dist.broadcast` on the default group, with its own `timeout` (the group's own is
+    the collective timeout)."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor, opts.timeout = src, 0, timeout
+    dist.distributed_c10d._get_default_group().broadcast([tensor], opts).wait()
 
 
 def _recovery_section() -> contextlib.AbstractContextManager[None]:

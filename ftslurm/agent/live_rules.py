@@ -12,14 +12,18 @@ I/O or reads a clock: the time waited is passed in.
   when the wait ran out or the round itself was declared failed.
 - `sender`: who hands the state to the members that lack it (the member holding the newest
   step; the lowest rank among equals), and which members must load it.
-- `fallback`: whether to give live recovery up (too many faults in a row), and why.
+- `fallback`: whether to give live recovery up (too many faults in a row), and why;
+  `handover_fallback` (a sharded state), `handover_timed_out` (a replica that does not
+  answer in time), `loss_fallback` (the launcher's: the batch host lost, no spare left).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+
+from ftslurm.core.recovery import BATCH_NODE_RANK
 
 
 class Decision(str, Enum):
@@ -45,6 +49,10 @@ class Fallback(str, Enum):
     NO_COORDINATOR = "the coordinator store is gone (the batch host was lost)"
     IN_SETUP = "a rank failed while the ranks were still setting up"
     SHARDED = "a rank lacks its shard of a sharded state, which no peer holds"
+    NO_ANSWER = "a replica did not answer in time"  # the handover's timeout
+    # The launcher's (`launch_core`): a loss that live recovery cannot serve.
+    NO_SPARE = "more nodes lost than there are spares: no warm spare left to take over"
+    TAKEOVER_FAILED = "a warm spare could not take the lost node's ranks over"
 
 
 def commit_decision(
@@ -94,6 +102,28 @@ def handover_fallback(plan: Handover | None, replicated: bool) -> Fallback | Non
     lacks it. Without receivers a sharded state recovers live all the same."""
     if plan is not None and plan.receivers and not replicated:
         return Fallback.SHARDED
+    return None
+
+
+def handover_timed_out(waited_s: float, timeout_s: float) -> Fallback | None:
+    """A piece of the handover (the state's size, or a chunk of it) that failed after
+    waiting the whole handover timeout: the replica at the other end did not answer (a
+    stalled process, not a lost one: a lost peer's closed sockets fail it at once). The
+    next round would wait for that replica too: give live recovery up. One that failed
+    sooner is a lost peer: the next round."""
+    return Fallback.NO_ANSWER if waited_s >= timeout_s else None
+
+
+def loss_fallback(lost: Collection[int], spare_nodes: int) -> Fallback | None:
+    """Why a launcher with live recovery falls back to a new job on losing these node
+    ranks (every node lost or stepped out in the attempt so far), or None while a warm
+    spare can take each over: the batch host hosts the coordinator store; a loss beyond
+    the spares leaves a node nobody takes over."""
+    lost = set(lost)
+    if BATCH_NODE_RANK in lost:
+        return Fallback.NO_COORDINATOR
+    if len(lost) > spare_nodes:
+        return Fallback.NO_SPARE
     return None
 
 

@@ -50,6 +50,7 @@ from ftslurm.report.notes import (
     fmt_time,
     live_notes,
     lost_node_notes,
+    moved_to_a_new_job,
     recovery_notes,
     split_reason,
 )
@@ -298,13 +299,21 @@ def _recoveries(store: Store, runs: Sequence[Run], now: float) -> list[str]:
 
 
 def _live_recoveries(store: Store, runs: Sequence[Run], now: float) -> list[str]:
-    """Notes on the live recoveries of the latest attempt of active runs (`live_notes`)."""
+    """Notes on the live recoveries of the latest attempt of active runs (`live_notes`),
+    after the launchers' fallback that ended the attempt before it, if one did."""
     notes = []
     for run in runs:
         attempt = store.latest_attempt(run.run_id)
         if run.state.is_terminal or attempt is None or not run.spec.get("run_dir"):
             continue
-        records = read_reports(RunDir(run.spec["run_dir"]), Kind.LIVE, attempt.attempt)
+        folder = RunDir(run.spec["run_dir"])
+        if attempt.attempt > 0:  # why live recovery could not keep the run in that job
+            before = read_reports(folder, Kind.LIVE, attempt.attempt - 1)
+            notes += [
+                f"run {run.run_id}: attempt {attempt.attempt - 1}: {n}"
+                for n in live_notes(moved_to_a_new_job(before), now, last=1)
+            ]
+        records = read_reports(folder, Kind.LIVE, attempt.attempt)
         notes += [f"run {run.run_id}: {n}" for n in live_notes(records, now)]
     return notes
 

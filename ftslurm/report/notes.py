@@ -187,12 +187,16 @@ def live_note(r: LiveRecovery, ago: str | None = None) -> str:
     to 1"); `ago`: how long ago, left out when None."""
     when = f" {ago} ago" if ago else ""
     if r.given_up is not None:
-        said = f"rank {r.rank}: " if r.rank is not None else ""
+        if r.node_rank is not None:  # a launcher's fallback
+            said = f"node rank {r.node_rank}'s launcher: "
+        else:
+            said = f"rank {r.rank}: " if r.rank is not None else ""
         detail = f" ({r.why})" if r.why else ""
-        return (
-            f"live recovery given up{when}: {said}{r.given_up}{detail} → every rank "
-            "restarted (memory tier or disk)"
-        )
+        if r.recovery == Recovery.NEW_JOB.value:
+            then = "the run goes on in a new job"
+        else:
+            then = "every rank restarted (memory tier or disk)"
+        return f"live recovery given up{when}: {said}{r.given_up}{detail} → {then}"
     how = _DETECTED.get(r.detected_by or "", "")
     head = f"live recovery{when}: {r.why or 'a fault'}" + (f" ({how})" if how else "")
     if r.first_commit_at is not None and r.failed_at is not None:
@@ -206,6 +210,12 @@ def live_note(r: LiveRecovery, ago: str | None = None) -> str:
     if r.took_over is not None:
         tail += f" (a warm spare's, in node rank {r.took_over}'s place)"
     return f"{head} → {tail}"
+
+
+def moved_to_a_new_job(records: Sequence[LiveRecovery]) -> list[LiveRecovery]:
+    """The launchers' fallbacks among an attempt's live records that moved the run to a
+    new job (`RunDir.live_fallback`)."""
+    return [r for r in records if r.recovery == Recovery.NEW_JOB.value]
 
 
 def live_notes(records: Sequence[LiveRecovery], now: float, last: int = 3) -> list[str]:

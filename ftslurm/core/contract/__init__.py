@@ -324,6 +324,13 @@ class RunDir:
         (`given_up`, the fallback; JSON: the `LiveRecovery` model). Today's path follows."""
         return self.recovery(attempt) / f"live-{group}-{round_}-given-up-{rank}.json"
 
+    def live_fallback(self, attempt: str | int, node_rank: int) -> Path:
+        """The launcher of node `node_rank` fell back from live recovery to today's path
+        (the batch host lost, no spare left, a warm spare that could not take over): why
+        (`given_up`, the fallback; `recovery`: "new_job" when the run goes on in a new job;
+        JSON: the `LiveRecovery` model). One file per launcher: one writer each."""
+        return self.recovery(attempt) / f"live-fallback-node-{node_rank}.json"
+
     def benched(self, attempt: str | int, node_rank: int) -> Path:
         """A node whose launcher took itself out of the training so that a spare replaces
         it (JSON: node_rank, node, why ("hang", "straggler"), reason (the launcher's words),

@@ -279,6 +279,10 @@ class LiveRecovery(Report):
     # a rank gave live recovery up (`RunDir.live_given_up`): the fallback, today's path next
     given_up: str | None = None
     rank: int | None = None  # the rank that gave up
+    # a launcher's fallback (`RunDir.live_fallback`): its node rank, and where the run goes
+    # on ("new_job"; None: every rank restarted in the job)
+    node_rank: int | None = None
+    recovery: str | None = None
 
     def committed(self, at: float) -> LiveRecovery:
         """This record again, with the time of the first step committed after it."""
