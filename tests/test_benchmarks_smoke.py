@@ -91,3 +91,18 @@ def test_live_recovery_benchmark_runs(tmp_path):
     assert result["commit"]["commit_s"] > 0, result
     took = result["stepout"]["stepout_to_training_s"]
     assert result["stepout"]["identical"] and took["today"] > 0 and took["live"] > 0, result
+
+
+def test_rank_setup_benchmark_runs():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "rank_setup.py"), "--device", "cpu"]
+        + ["--layers", "1", "--dim", "16"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["params"] == 12 * 16 * 16 + (3 + 1 + 4 + 1) * 16  # weights and biases
+    phases = ("import_s", "context_s", "model_build_s", "first_step_s")
+    assert result["total_s"] >= sum(result[p] for p in phases) - 0.01
