@@ -127,6 +127,35 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
         assert record["job_id"] == "778000" and "-task-" in record["id"], record
 
 
+def test_each_node_of_a_job_without_the_launcher_leaves_a_node_report(first, tmp_path):
+    """Without the launcher, each node's first task writes the node's report (what a
+    launcher writes, `RunDir.node_report`) from its node's rank reports: two nodes of two
+    tasks, the second task of each ending later than the first, which waits for it."""
+    recipe = tmp_path / "plain_nodes.py"
+    late = "import os, time; time.sleep(0.5 * int(os.environ['SLURM_LOCALID']))"
+    recipe.write_text(f"""import ftslurm
+recipe = ftslurm.Recipe(nodes=2, ntasks_per_node=2, time="5",
+    command=[{sys.executable!r}, "-c", {late!r}], use_launcher=False)
+""")
+    out = first.submit("--dry-run", "--retries", "0", str(recipe))
+    s = first.wait_for(out["run_id"], ended, 240, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    run = RunDir(s["run_dir"])
+    ranks = {
+        r["rank"]: r
+        for r in map(json.loads, map(Path.read_text, run.attempt(0).glob("rank-*.json")))
+    }
+    assert sorted(ranks) == [0, 1, 2, 3], ranks
+    for node_rank in (0, 1):
+        report = json.loads(run.node_report(0, node_rank).read_text())
+        assert report["node_rank"] == node_rank and report["attempt"] == 0, report
+        assert report["job_id"] == s["attempts"][0]["job_id"], report
+        assert report["node"] == ranks[2 * node_rank]["node"], (report, ranks)
+        assert report["outcome"] == "finished" and report["exit_code"] == 0, report
+        # written once the node's later task had reported too
+        assert report["ended_at"] >= ranks[2 * node_rank + 1]["ended_at"], (report, ranks)
+
+
 def test_a_launcher_failing_at_the_rendezvous_ends_the_attempt_at_once(first, tmp_path, train):
     recipe = tmp_path / "failing_recipe.py"
     # In attempt 0 a folder takes the place of the rendezvous record: node 0's launcher
