@@ -191,3 +191,55 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
     assert ending.time - record["time"] < 20, (ending, record)
     s = first.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s
+
+
+def test_a_launcher_whose_python_never_starts_ends_the_attempt_after_the_start_timeout(
+    first, tmp_path, train
+):
+    """In attempt 0 the Python of node rank 0's launcher dies before it runs a line of
+    ftslurm (a `sitecustomize` the setup lines put on its path exits at once): no lease, no
+    report, nothing written. The other node's launcher waits at the rendezvous, and srun's
+    --wait (grace + 60 s = 180 s) or that rendezvous's timeout (300 s) were the old bounds.
+    The daemon ends the attempt once `launcher_start_timeout_s` (5 s here) passed after
+    the batch script started the step, saying the launcher never started on that node;
+    the retry completes."""
+    dies = tmp_path / "dies"
+    dies.mkdir()
+    (dies / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('SLURM_STEP_ID') is not None "
+        "and os.environ.get('SLURM_NODEID') == '0':\n"
+        "    os._exit(1)\n"
+    )
+    recipe = tmp_path / "never_starts.py"
+    line = f'[ "$FTSLURM_ATTEMPT" != 0 ] || export PYTHONPATH="{dies}${{PYTHONPATH:+:$PYTHONPATH}}"'
+    recipe.write_text(f"""import ftslurm
+recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(train)!r}],
+    launcher_start_timeout_s=5, setup=[{line!r}])
+""")
+    out = first.submit("--dry-run", "--retries", "1", str(recipe))
+    s = first.wait_for(
+        out["run_id"],
+        lambda s: s["attempts"][0]["state"] not in ("PENDING", "SUBMITTING", "RUNNING"),
+        170,  # under srun's --wait (180 s), the old bound
+        "attempt 0 to end",
+    )
+    failed = s["attempts"][0]
+    assert failed["state"] == "FAILED", s
+    assert "the launcher never started on node" in failed["reason"], failed
+    assert "(node rank 0): no sign of it 5 s after the job's step started" in failed["reason"]
+    run = RunDir(s["run_dir"])
+    assert not run.peer_lease(0, 0).exists() and not run.node_report(0, 0).exists()
+    assert run.launched(0).exists()
+    store = Store(first.home)
+    try:
+        (ending,) = [
+            e for e in store.events(out["run_id"]) if e.kind == "ended" and e.data["attempt"] == 0
+        ]
+    finally:
+        store.close()
+    assert ending.data["launcher_failed"]["phase"] == "start", ending
+    # ended a few seconds after the start timeout, far under the old bounds (180 s, 300 s)
+    assert ending.time - failed["start"] < 60, (ending, failed)
+    s = first.wait_for(out["run_id"], ended, 240, "the run to end")
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s
