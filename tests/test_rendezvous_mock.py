@@ -200,9 +200,9 @@ def test_a_launcher_whose_python_never_starts_ends_the_attempt_after_the_start_t
     ftslurm (a `sitecustomize` the setup lines put on its path exits at once): no lease, no
     report, nothing written. The other node's launcher waits at the rendezvous, and srun's
     --wait (grace + 60 s = 180 s) or that rendezvous's timeout (300 s) were the old bounds.
-    The daemon ends the attempt once `launcher_start_timeout_s` (5 s here) passed after
-    the batch script started the step, saying the launcher never started on that node;
-    the retry completes."""
+    The daemon ends the attempt once `launcher_start_timeout_s` (30 s here: the retry's
+    launchers import torch on a loaded machine within it) passed after the batch script
+    started the step, saying the launcher never started on that node; the retry completes."""
     dies = tmp_path / "dies"
     dies.mkdir()
     (dies / "sitecustomize.py").write_text(
@@ -215,7 +215,7 @@ def test_a_launcher_whose_python_never_starts_ends_the_attempt_after_the_start_t
     line = f'[ "$FTSLURM_ATTEMPT" != 0 ] || export PYTHONPATH="{dies}${{PYTHONPATH:+:$PYTHONPATH}}"'
     recipe.write_text(f"""import ftslurm
 recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(train)!r}],
-    launcher_start_timeout_s=5, setup=[{line!r}])
+    launcher_start_timeout_s=30, setup=[{line!r}])
 """)
     out = first.submit("--dry-run", "--retries", "1", str(recipe))
     s = first.wait_for(
@@ -227,7 +227,7 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
     failed = s["attempts"][0]
     assert failed["state"] == "FAILED", s
     assert "the launcher never started on node" in failed["reason"], failed
-    assert "(node rank 0): no sign of it 5 s after the job's step started" in failed["reason"]
+    assert "(node rank 0): no sign of it 30 s after the job's step started" in failed["reason"]
     run = RunDir(s["run_dir"])
     assert not run.peer_lease(0, 0).exists() and not run.node_report(0, 0).exists()
     assert run.launched(0).exists()
@@ -240,6 +240,6 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
         store.close()
     assert ending.data["launcher_failed"]["phase"] == "start", ending
     # ended a few seconds after the start timeout, far under the old bounds (180 s, 300 s)
-    assert ending.time - failed["start"] < 60, (ending, failed)
+    assert ending.time - failed["start"] < 100, (ending, failed)
     s = first.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s
