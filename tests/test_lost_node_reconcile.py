@@ -381,3 +381,51 @@ def test_a_one_node_jobs_silent_lease_ends_it_within_the_peer_timeout(tmp_path, 
     first, second = store.attempts("r0")
     assert first.cause == "node_fail" and first.lost_nodes == [node], first
     assert node in backend.st.jobs[second.job_id or ""].exclude
+
+
+def test_a_batch_host_launcher_that_never_started_is_judged_by_the_look_and_a_cycle(
+    tmp_path, monkeypatch
+):
+    """No lease of node rank 0 ever comes: nothing is judged before the batch script marks
+    the step's start (the setup lines may run long), then `launcher_start_timeout_s` after
+    the daemon first saw the mark its look wakes a cycle (no scheduler command before),
+    which ends the attempt saying the launcher never started, and a fresh job follows."""
+    backend, store, rec = two_nodes(tmp_path, monkeypatch)
+    nodes = store.latest_attempt("r0").nodes  # type: ignore[union-attr]
+    rec.cycle()
+    mark = len(backend.log)
+    for _ in range(10):  # no mark: the setup lines still run, however long
+        backend.now += 10
+        assert not rec.look()
+    run = RunDir(tmp_path / "run")
+    run.attempt(0).mkdir(parents=True, exist_ok=True)
+    run.launched(0).touch()
+    timeout = FtSettings().launcher_start_timeout_s
+    assert not rec.look()  # seen now: the timer starts
+    backend.now += timeout - 1
+    assert not rec.look()  # a slow import of torch: not yet
+    backend.now += 2
+    assert rec.look()
+    assert backend.log[mark:] == []  # looks, not one scheduler command
+    rec.cycle()
+    (first, second) = store.attempts("r0")
+    assert first.state is AttemptState.FAILED, first
+    assert first.reason.startswith(
+        f"the launcher never started on node {nodes[0]} (node rank 0): no sign of it"
+    ), first.reason
+    assert second.attempt == 1
+
+
+def test_a_batch_host_lease_once_read_is_a_start(tmp_path, monkeypatch):
+    backend, store, rec = two_nodes(tmp_path, monkeypatch)
+    nodes = store.latest_attempt("r0").nodes  # type: ignore[union-attr]
+    run = RunDir(tmp_path / "run")
+    run.attempt(0).mkdir(parents=True, exist_ok=True)
+    run.launched(0).touch()
+    rec.cycle()
+    for seq in range(1, 100):  # alive long past the start timeout
+        write_lease(tmp_path, 0, nodes[0], seq)
+        backend.now += 3
+        assert not rec.look()
+    rec.cycle()
+    assert store.latest_attempt("r0").state is AttemptState.RUNNING  # type: ignore[union-attr]

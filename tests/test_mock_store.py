@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from ftslurm.backends.mock import MockConfig, MockNodeSpec, MockScheduler, model, procs
+from ftslurm.backends.mock import store as mock_store
 from ftslurm.backends.mock.model import MockState
 from ftslurm.backends.mock.store import DB_FILE, MockStore
 from ftslurm.core.types import JobInfo, JobOptions, JobState
@@ -109,13 +110,66 @@ def test_a_cluster_destroyed_and_created_again_is_not_taken_for_the_cached_one(t
     assert [j.comment for j in first.active_jobs()] == ["new"]
 
 
-def test_each_mock_cluster_numbers_its_jobs_from_an_id_of_its_own(tmp_path):
-    """Two mock clusters on one machine: their job ids differ (each starts at a random
-    multiple of 1000 from 100000), unless a config names Slurm's FirstJobId."""
+def test_each_mock_cluster_numbers_its_jobs_from_an_id_of_its_own(tmp_path, monkeypatch):
+    """Two mock clusters on one machine: their job ids differ (each starts at a block of
+    1000 ids of its own, from 100000), unless a config names Slurm's FirstJobId."""
+    monkeypatch.setattr(mock_store, "id_counter_dir", lambda: tmp_path / "ids", raising=False)
     firsts = {held(scheduler(tmp_path / f"c{k}")) for k in range(3)}
     assert len(firsts) == 3 and all(int(j) >= 100000 and int(j) % 1000 == 0 for j in firsts)
     fixed = scheduler(tmp_path / "fixed", MockConfig(first_job_id=1))
     assert [held(fixed) for _ in range(3)] == ["1", "2", "3"]
+
+
+def test_two_mock_clusters_get_disjoint_ids_though_both_would_start_at_one_point(
+    tmp_path, monkeypatch
+):
+    """Chance forced to pick the same starting point for both: the machine-wide counter
+    still gives each cluster a block of its own, taken under a lock (several processes)."""
+    monkeypatch.setattr(mock_store, "id_counter_dir", lambda: tmp_path / "ids", raising=False)
+    monkeypatch.setattr(mock_store.secrets, "randbelow", lambda n: 0)
+    a, b = scheduler(tmp_path / "a"), scheduler(tmp_path / "b")
+    ids_a = {held(a) for _ in range(5)}
+    ids_b = {held(b) for _ in range(5)}
+    assert not ids_a & ids_b
+    assert min(map(int, ids_a)) == 100000 and min(map(int, ids_b)) == 101000
+    # other processes take the next blocks from the same counter, none twice
+    code = (
+        "import sys; from pathlib import Path; from ftslurm.backends.mock import store; "
+        "print(store.first_job_id(Path(sys.argv[1])))"
+    )
+    procs_ = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / "ids")], stdout=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
+    try:
+        got = [int(p.communicate(timeout=60)[0]) for p in procs_]
+    finally:
+        for p in procs_:
+            p.kill()
+            p.wait()
+    assert sorted(got) == [102000, 103000, 104000, 105000]
+
+
+def test_a_damaged_or_unusable_id_counter_still_gives_a_first_id(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(mock_store.secrets, "randbelow", lambda n: 7)
+    ids = tmp_path / "ids"
+    assert mock_store.first_job_id(ids) == 107000  # a new counter starts at random
+    (ids / "next.json").write_text("{not json")
+    with caplog.at_level("WARNING", logger=mock_store.__name__):
+        again = mock_store.first_job_id(ids)
+    assert "damaged" in caplog.text and again == 107000  # started again, at random
+    assert mock_store.first_job_id(ids) == 108000  # the counter was written again, whole
+    assert json.loads((ids / "next.json").read_text()) == {"next_block": 109}
+    (ids / "next.json").write_text('{"next_block": 99999999}')  # out of range: damaged
+    assert mock_store.first_job_id(ids) == 107000
+    caplog.clear()
+    (tmp_path / "a-file").write_text("")
+    with caplog.at_level("WARNING", logger=mock_store.__name__):
+        fallback = mock_store.first_job_id(tmp_path / "a-file" / "ids")  # cannot be made
+    assert fallback % 1000 == 0 and 100000 <= fallback <= 60000000
+    assert len(caplog.records) == 1 and "no machine-wide counter" in caplog.text
 
 
 def test_scripts_and_environments_are_kept_apart_from_the_state(tmp_path):

@@ -127,6 +127,35 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
         assert record["job_id"] == "778000" and "-task-" in record["id"], record
 
 
+def test_each_node_of_a_job_without_the_launcher_leaves_a_node_report(first, tmp_path):
+    """Without the launcher, each node's first task writes the node's report (what a
+    launcher writes, `RunDir.node_report`) from its node's rank reports: two nodes of two
+    tasks, the second task of each ending later than the first, which waits for it."""
+    recipe = tmp_path / "plain_nodes.py"
+    late = "import os, time; time.sleep(0.5 * int(os.environ['SLURM_LOCALID']))"
+    recipe.write_text(f"""import ftslurm
+recipe = ftslurm.Recipe(nodes=2, ntasks_per_node=2, time="5",
+    command=[{sys.executable!r}, "-c", {late!r}], use_launcher=False)
+""")
+    out = first.submit("--dry-run", "--retries", "0", str(recipe))
+    s = first.wait_for(out["run_id"], ended, 240, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    run = RunDir(s["run_dir"])
+    ranks = {
+        r["rank"]: r
+        for r in map(json.loads, map(Path.read_text, run.attempt(0).glob("rank-*.json")))
+    }
+    assert sorted(ranks) == [0, 1, 2, 3], ranks
+    for node_rank in (0, 1):
+        report = json.loads(run.node_report(0, node_rank).read_text())
+        assert report["node_rank"] == node_rank and report["attempt"] == 0, report
+        assert report["job_id"] == s["attempts"][0]["job_id"], report
+        assert report["node"] == ranks[2 * node_rank]["node"], (report, ranks)
+        assert report["outcome"] == "finished" and report["exit_code"] == 0, report
+        # written once the node's later task had reported too
+        assert report["ended_at"] >= ranks[2 * node_rank + 1]["ended_at"], (report, ranks)
+
+
 def test_a_launcher_failing_at_the_rendezvous_ends_the_attempt_at_once(first, tmp_path, train):
     recipe = tmp_path / "failing_recipe.py"
     # In attempt 0 a folder takes the place of the rendezvous record: node 0's launcher
@@ -160,5 +189,57 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
     finally:
         store.close()
     assert ending.time - record["time"] < 20, (ending, record)
+    s = first.wait_for(out["run_id"], ended, 240, "the run to end")
+    assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s
+
+
+def test_a_launcher_whose_python_never_starts_ends_the_attempt_after_the_start_timeout(
+    first, tmp_path, train
+):
+    """In attempt 0 the Python of node rank 0's launcher dies before it runs a line of
+    ftslurm (a `sitecustomize` the setup lines put on its path exits at once): no lease, no
+    report, nothing written. The other node's launcher waits at the rendezvous, and srun's
+    --wait (grace + 60 s = 180 s) or that rendezvous's timeout (300 s) were the old bounds.
+    The daemon ends the attempt once `launcher_start_timeout_s` (30 s here: the retry's
+    launchers import torch on a loaded machine within it) passed after the batch script
+    started the step, saying the launcher never started on that node; the retry completes."""
+    dies = tmp_path / "dies"
+    dies.mkdir()
+    (dies / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('SLURM_STEP_ID') is not None "
+        "and os.environ.get('SLURM_NODEID') == '0':\n"
+        "    os._exit(1)\n"
+    )
+    recipe = tmp_path / "never_starts.py"
+    line = f'[ "$FTSLURM_ATTEMPT" != 0 ] || export PYTHONPATH="{dies}${{PYTHONPATH:+:$PYTHONPATH}}"'
+    recipe.write_text(f"""import ftslurm
+recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(train)!r}],
+    launcher_start_timeout_s=30, setup=[{line!r}])
+""")
+    out = first.submit("--dry-run", "--retries", "1", str(recipe))
+    s = first.wait_for(
+        out["run_id"],
+        lambda s: s["attempts"][0]["state"] not in ("PENDING", "SUBMITTING", "RUNNING"),
+        170,  # under srun's --wait (180 s), the old bound
+        "attempt 0 to end",
+    )
+    failed = s["attempts"][0]
+    assert failed["state"] == "FAILED", s
+    assert "the launcher never started on node" in failed["reason"], failed
+    assert "(node rank 0): no sign of it 30 s after the job's step started" in failed["reason"]
+    run = RunDir(s["run_dir"])
+    assert not run.peer_lease(0, 0).exists() and not run.node_report(0, 0).exists()
+    assert run.launched(0).exists()
+    store = Store(first.home)
+    try:
+        (ending,) = [
+            e for e in store.events(out["run_id"]) if e.kind == "ended" and e.data["attempt"] == 0
+        ]
+    finally:
+        store.close()
+    assert ending.data["launcher_failed"]["phase"] == "start", ending
+    # ended a few seconds after the start timeout, far under the old bounds (180 s, 300 s)
+    assert ending.time - failed["start"] < 100, (ending, failed)
     s = first.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s

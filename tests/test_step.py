@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from ftslurm.core.cadence import FailureHistory
+from ftslurm.core.leases import Lease, Seen, never_started, never_started_at, observe
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import step as core
@@ -719,6 +720,90 @@ def test_an_ending_after_a_launcher_failed_says_so_first_in_its_reason():
         "(node n2, node rank 1, in the rendezvous): "
         "RendezvousTimeoutError"
     ), ended.attempt.reason
+
+
+def _batch(lease: bool) -> Seen:
+    """The batch host's lease as the daemon watches it: read a second ago, or never since
+    the watch began 1000 s ago."""
+    seen = Seen(0, NOW - 1000)
+    return observe(seen, Lease(0, "n1", 1, 1, NOW - 1), NOW - 1, NOW - 1) if lease else seen
+
+
+@pytest.mark.parametrize(
+    "lease, launched_at, state, lost, ends",
+    [
+        # the step started 181 s ago, no lease ever: its Python never ran
+        (False, NOW - 181, JobState.RUNNING, [], True),
+        (False, NOW - 179, JobState.RUNNING, [], False),  # not yet: a slow import of torch
+        (True, NOW - 181, JobState.RUNNING, [], False),  # a lease was read: it started
+        (False, None, JobState.RUNNING, [], False),  # no mark: the setup lines still run
+        (False, NOW - 181, JobState.PENDING, [], False),  # not running
+        (False, NOW - 181, JobState.RUNNING, ["n2"], False),  # a loss explains it
+    ],
+)
+def test_a_launcher_that_never_started_ends_the_attempt_after_the_start_timeout(
+    lease, launched_at, state, lost, ends
+):
+    """Node rank 0's launcher never wrote its lease within `launcher_start_timeout_s`
+    (180 s by default) of the batch script's start of the step: the attempt ends now, its
+    reason says the launcher never started on that node, the next attempt is a fresh job
+    and the old one is cancelled; until then, a wake at the time it falls due."""
+    files = core.RunFiles(batch_lease=_batch(lease), launched_at=launched_at)
+    a = attempt(lost_nodes=lost) if lost else attempt()
+    out = core.step(a, info(state), run(), known(files=files), NOW)
+    if not ends:
+        assert not of(out, core.NewAttempt) and not of(out, core.Cancel), out
+        wakes = [w.at for w in of(out, core.Wake) if not w.look]
+        due = launched_at + 180 if launched_at is not None else None
+        if state is JobState.RUNNING and not lost and not lease and due is not None:
+            assert due in wakes, out
+        else:
+            assert due not in wakes, out
+        return
+    (ended,) = of(out, core.Record)
+    assert ended.attempt.state is AttemptState.FAILED, ended
+    assert ended.attempt.reason.startswith(
+        "the launcher never started on node n1 (node rank 0): no sign of it 180 s after "
+        "the job's step started (launcher_start_timeout_s)"
+    ), ended.attempt.reason
+    (event,) = [e for e in of(out, core.Event) if e.kind == "ended"]
+    assert event.data["launcher_failed"]["phase"] == "start"
+    (nxt,) = of(out, core.NewAttempt)
+    assert (nxt.attempt.state, nxt.attempt.job_id) == (AttemptState.SUBMITTING, None)
+    assert of(out, core.Cancel) == [core.Cancel("7")]
+
+
+def test_the_start_timeout_is_a_run_setting():
+    files = core.RunFiles(batch_lease=_batch(False), launched_at=NOW - 31)
+    r = run(settings={"launcher_start_timeout_s": 30})
+    out = core.step(attempt(), info(JobState.RUNNING), r, known(files=files), NOW)
+    assert of(out, core.Cancel) == [core.Cancel("7")]
+    assert FtSettings().launcher_start_timeout_s == 180
+
+
+@pytest.mark.parametrize(
+    "seen, launched_at, now, verdict",
+    [
+        (Seen(0, 0.0), 100.0, 281.0, True),
+        (Seen(0, 0.0), 100.0, 280.0, False),
+        (
+            observe(Seen(0, 0.0), Lease(0, "n1", 1, 1, 5.0, ended="failed"), 5.0, 5.0),
+            0.0,
+            1e9,
+            False,
+        ),
+        (Seen(0, 0.0), None, 1e9, False),
+        (None, 0.0, 1e9, False),
+    ],
+)
+def test_never_started_is_a_pure_rule_of_the_lease_and_the_mark(seen, launched_at, now, verdict):
+    assert never_started(seen, launched_at, now, 180.0) is verdict
+    due = never_started_at(seen, launched_at, 180.0)
+    assert due == (
+        launched_at + 180.0
+        if seen is not None and seen.lease is None and launched_at is not None
+        else None
+    )
 
 
 def test_an_ending_records_the_injections_that_fired_so_no_later_job_repeats_them():

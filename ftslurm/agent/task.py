@@ -70,11 +70,20 @@ from ftslurm.core.contract import (
     rendezvous_port,
     rendezvous_record,
 )
-from ftslurm.core.contract.reports import Outcome, RankReport, StopRecord, TakeOver, parse
+from ftslurm.core.contract.reports import (
+    CLEAN,
+    Kind,
+    NodeReport,
+    Outcome,
+    RankReport,
+    StopRecord,
+    TakeOver,
+    parse,
+)
 from ftslurm.core.inject import Injection, InjectKind, parse_injection
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
-from ftslurm.runfiles import rank_reports, read_report, write_report
+from ftslurm.runfiles import rank_reports, read_report, read_reports, write_report
 
 FORWARDED = (
     signals.SIGTERM,
@@ -101,6 +110,9 @@ HELD_LOOK_S = 0.5  # how often a held signal looks again for a process that catc
 # and published (`Task.agree_port`), and how often they look
 PORT_WAIT_S = 300.0
 PORT_LOOK_S = 0.1
+# Without the launcher, how long a node's first task waits for the node's other tasks' rank
+# reports before it writes the node's report with those it has (they end together).
+NODE_REPORT_WAIT_S = 5.0
 _USER_ERROR = re.compile(
     r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError)(:|$)"
     r"|can't open file"
@@ -705,6 +717,69 @@ class Task:
                 saved_step=saved_step,
                 disk_full_path=disk_full_path,
                 checkpoint_signal_withheld=withheld,
+            ),
+        )
+        self._node_report()
+
+    def _keeps_node(self) -> bool:
+        """Without the launcher, the node's first task writes the node's report (as it
+        keeps the node's lease, `peers.task_watch`)."""
+        return (
+            self.rundir is not None
+            and not self.job.heartbeat_dir
+            and not self.warm
+            and (self.environ.get("SLURM_LOCALID") or "0") == "0"
+        )
+
+    def _node_report(self) -> None:
+        """The node's report (`RunDir.node_report`, what a launcher writes) from its ranks'
+        reports, once this task's own is written: the node's other tasks' are waited for
+        up to NODE_REPORT_WAIT_S. Its outcome and exit code are the first failed rank's
+        (by rank), else this rank's; so the daemon, `status` and `report` see every node of
+        a job without the launcher as of one with it."""
+        if not self._keeps_node():
+            return
+        assert self.rundir is not None
+        job = self.environ.get("SLURM_JOB_ID")
+        restarts = _int(self.environ.get("SLURM_RESTART_COUNT"))
+        expected = max(1, _int(self.env.get("LOCAL_WORLD_SIZE"), 1))
+        deadline = time.monotonic() + NODE_REPORT_WAIT_S
+        while True:
+            ours = sorted(
+                (
+                    r
+                    for r in read_reports(self.rundir, Kind.RANK, self.attempt)
+                    if r.node == self.node
+                    and str(r.job_id) == str(job)
+                    and r.restart_count in (None, restarts)
+                ),
+                key=lambda r: r.rank if r.rank is not None else -1,
+            )
+            if len(ours) >= expected or time.monotonic() > deadline:
+                break
+            time.sleep(PORT_LOOK_S)
+        own = next((r for r in ours if r.rank == self.rank), None)
+        failed = [r for r in ours if r.outcome not in CLEAN]
+        pick = failed[0] if failed else own or (ours[0] if ours else None)
+        code = pick.exit_code if pick is not None else None
+        if pick is not None and code is None and pick.signal:
+            code = 128 + pick.signal
+        stop = pick.signal if pick is not None and pick.outcome == STOPPED else None
+        write_report(
+            self.rundir.node_report(self.attempt, self.node_id),
+            NodeReport(
+                node_rank=self.node_id,
+                node=self.node,
+                job_id=job,
+                attempt=self.attempt,
+                outcome=pick.outcome if pick is not None else None,
+                exit_code=code,
+                signal=signals.Signals(stop).name if stop else None,
+                started_at=self.started_wall,
+                ended_at=time.time(),
+                checkpoint_signal_withheld_ranks=[
+                    r.rank for r in ours if r.checkpoint_signal_withheld and r.rank is not None
+                ],
             ),
         )
 

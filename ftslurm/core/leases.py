@@ -128,6 +128,31 @@ def is_lost(seen: Seen, now: float, timeout: float, start_timeout: float) -> boo
     return seen.lease.ended is None and now - seen.changed_at > timeout
 
 
+def never_started(
+    seen: Seen | None, launched_at: float | None, now: float, start_timeout: float
+) -> bool:
+    """Whether the batch host's launcher never started: its job's step started at
+    `launched_at` (the watcher's clock, when it first saw the batch script's mark) and no
+    lease of it was read within `start_timeout` since. A lease read once, ended or not, is
+    a start; no mark seen (the setup lines still run, an older batch script) or no watch
+    (`seen` None), no verdict."""
+    return (
+        launched_at is not None
+        and seen is not None
+        and seen.lease is None
+        and now - launched_at > start_timeout
+    )
+
+
+def never_started_at(
+    seen: Seen | None, launched_at: float | None, start_timeout: float
+) -> float | None:
+    """When `never_started` would say so if nothing changes; None: no verdict to come."""
+    if launched_at is None or seen is None or seen.lease is not None:
+        return None
+    return launched_at + start_timeout
+
+
 def poll_interval(timeout: float) -> float:
     """How often a launcher rewrites its lease and reads its peers'."""
     return min(5.0, max(0.5, timeout / 6))

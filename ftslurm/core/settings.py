@@ -82,6 +82,9 @@ RETRYABLE = frozenset(
 BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER})  # causes `cause_budgets` may cap
 
 
+DEFAULT_LAUNCHER_START_TIMEOUT_S = 180.0  # `FtSettings.launcher_start_timeout_s`
+
+
 class FtSettings(BaseModel):
     """A run's fault-tolerance settings (from the recipe, overridden by the command line)."""
 
@@ -123,6 +126,13 @@ class FtSettings(BaseModel):
     # each other's leases in the run directory; a node silent this long is reported lost
     # (`attempts/<k>/recovery/lost-<n>.json`), well before Slurm's SlurmdTimeout.
     peer_timeout_s: float = Field(DEFAULT_PEER_TIMEOUT_S, gt=0)
+    # A launcher that never started: from when the daemon sees the batch script start the
+    # job's step (after the setup lines: `RunDir.launched`), node rank 0's launcher (or, without
+    # the launcher, its first task wrapper) has this long to write its lease; silent, the
+    # attempt ends at once ("the launcher never started on node X") and is retried, rather
+    # than waiting for the other nodes' rendezvous timeout or srun's --wait. Generous: a
+    # cold `import torch` from a busy shared filesystem on a loaded node takes a minute or two.
+    launcher_start_timeout_s: float = Field(DEFAULT_LAUNCHER_START_TIMEOUT_S, gt=0)
     # Hot spares (ftslurm.core.recovery): the job asks for `nodes` + `spare_nodes` nodes
     # with --no-kill and trains on `nodes`; a lost, hung or straggling node is replaced by
     # a spare inside the same job (an in-job restart), until the spares are used up.

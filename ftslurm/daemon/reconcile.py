@@ -84,7 +84,7 @@ from ftslurm.core.contract import (
     RunDir,
 )
 from ftslurm.core.contract.reports import HungNodeReport, Kind, Progress, StragglerReport
-from ftslurm.core.leases import Lease, Seen, daemon_timeout, is_lost, observe
+from ftslurm.core.leases import Lease, Seen, daemon_timeout, is_lost, never_started, observe
 from ftslurm.core.recovery import BATCH_NODE_RANK
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
@@ -311,6 +311,9 @@ class Reconciler:
         self._reports_seen: dict[tuple[str, int], int] = {}
         # (run id, attempt) -> when `look` first saw its launchers all gone (ENDING_LOOK_S)
         self._ending_since: dict[tuple[str, int], float] = {}
+        # (run id, attempt) -> when the daemon first saw its batch script start the step
+        # (`RunDir.launched`), on its clock: node rank 0's launcher is timed from there
+        self._launched_seen: dict[tuple[str, int], float] = {}
 
     # ----------------------------------------------------------------- the cycle
     def cycle(self) -> float:
@@ -619,13 +622,27 @@ class Reconciler:
         changes (it is one of the watched paths) or its `Wake` (`step.batch_lease_wake`:
         the lease, unchanged, would be judged silent) falls due."""
         lease = self._batch_lease(run, a)
-        if lease == files.batch_lease:
+        launched = self._launched(run, a)
+        if lease == files.batch_lease and launched == files.launched_at:
             return files
-        files = replace(files, batch_lease=lease)
+        files = replace(files, batch_lease=lease, launched_at=launched)
         watched = self._watched.get(run.run_id)
         if watched is not None:
             self._watched[run.run_id] = replace(watched, files=files)
         return files
+
+    def _launched(self, run: Run, a: Attempt) -> float | None:
+        """When the daemon first saw the attempt's batch script start the job's step (its
+        mark, `RunDir.launched`), on its own clock; None: not seen yet."""
+        key = (run.run_id, a.attempt)
+        if key not in self._launched_seen:
+            if not RunDir(Path(run.spec["run_dir"])).launched(a.attempt).exists():
+                return None
+            if len(self._launched_seen) > 2 * len(self._pairs) + 16:  # of attempts gone by
+                live = {(r.run_id, x.attempt) for r, x in self._pairs}
+                self._launched_seen = {k: v for k, v in self._launched_seen.items() if k in live}
+            self._launched_seen[key] = self.clock()
+        return self._launched_seen[key]
 
     def _batch_lease(self, run: Run, a: Attempt) -> Seen | None:
         """The batch host's lease of an attempt, read now (one small file) and timed on the
@@ -654,6 +671,7 @@ class Reconciler:
                 str(rd.straggler_report),
                 str(rd.recovery(a.attempt)),
                 str(rd.cadence),
+                str(rd.launched(a.attempt)),  # the step started: the launcher is timed
                 str(rd.peer_lease(a.attempt, BATCH_NODE_RANK)),
             ]
             known = self._paths[run.run_id] = (a.attempt, tuple(watched))
@@ -714,6 +732,13 @@ class Reconciler:
             if nnodes == 1 and isinstance(lease.lease, Lease) and lease.lease.ended:
                 wake = self._ending(key, now) or wake  # (a job without the launcher)
             settings = self._parsed_settings(run)
+            launched = self._launched(run, a) if lease.lease is None else None
+            if (
+                settings is not None
+                and not a.lost_nodes
+                and never_started(lease, launched, now, settings.launcher_start_timeout_s)
+            ):
+                wake = True  # node rank 0's launcher never started: the cycle ends it
             if (
                 settings is not None
                 and isinstance(lease.lease, Lease)
@@ -767,6 +792,12 @@ class Reconciler:
             got["files"] = read_run_files(
                 Path(run.spec["run_dir"]), a.attempt, ending=True, nnodes=_nodes(run, a)
             )
+            if facts.files is not None:  # what the daemon watched itself stands
+                got["files"] = replace(
+                    got["files"],
+                    batch_lease=facts.files.batch_lease,
+                    launched_at=facts.files.launched_at,
+                )
         elif "node_reports" in what:  # the attempt lost a node: are its launchers done?
             rd = RunDir(Path(run.spec["run_dir"]))
             got["files"] = replace(

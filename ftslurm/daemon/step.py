@@ -54,7 +54,14 @@ from ftslurm.core.contract.reports import (
     parse_all,
 )
 from ftslurm.core.inject import InjectKind, parse_injections, reached
-from ftslurm.core.leases import Lease, Seen, daemon_timeout, is_lost
+from ftslurm.core.leases import (
+    Lease,
+    Seen,
+    daemon_timeout,
+    is_lost,
+    never_started,
+    never_started_at,
+)
 from ftslurm.core.recovery import BATCH_NODE_RANK, Recovery, Source, recovery
 from ftslurm.core.settings import Cause, FtSettings
 from ftslurm.core.types import JobInfo, JobState
@@ -117,6 +124,9 @@ class RunFiles:
     # timed on the daemon's clock, read just before the step); None: not watched (a job of
     # one node)
     batch_lease: Seen | None = None
+    # when the daemon first saw the batch script start the job's step (`RunDir.launched`),
+    # on its clock; None: not seen (the setup lines still run, an older batch script)
+    launched_at: float | None = None
     # the checkpoint interval the run directory holds (RunDir.cadence); None: none written
     cadence: Cadence | None = None
 
@@ -635,6 +645,11 @@ def _watch_running(
     silent_at = batch_lease_wake(a, info, files, settings)
     if silent_at is not None:
         out.append(Wake(silent_at))
+    start_due = never_started_at(
+        files.batch_lease, files.launched_at, settings.launcher_start_timeout_s
+    )
+    if start_due is not None and not a.lost_nodes:
+        out.append(Wake(start_due))
     if look is not None:
         out.append(Wake(look, look=True))
     return out
@@ -1025,7 +1040,9 @@ def _launcher_failed(
     job with the launcher's error first in the reason (`_launcher_noted`); the next attempt
     is a fresh job and the old one is cancelled once this is recorded. None: no such report
     (or a node of the attempt was lost, which explains it and is acted on as a loss)."""
-    first = _launcher_failure(a, files)
+    first = _launcher_failure(a, files) or _never_started(
+        a, info, files, _settings(run, facts), now
+    )
     if first is None:
         return None
     code = first.exit_code
@@ -1036,7 +1053,42 @@ def _launcher_failed(
         exit_code=code if code is not None and code > 0 else 1,
         end_time=first.time or now,
     )
-    return _launcher_noted(a, facts, _ended(a, done, run, facts, now, stuck=True))
+    return _launcher_noted(a, facts, _ended(a, done, run, facts, now, stuck=True), first)
+
+
+NEVER_STARTED = "start"  # the phase of a launcher that never started (`_never_started`)
+
+
+def _never_started(
+    a: Attempt, info: JobInfo, files: RunFiles, settings: FtSettings, now: float
+) -> LauncherFailed | None:
+    """Node rank 0's launcher (or first task wrapper) that never started: the batch script
+    started the job's step `launcher_start_timeout_s` ago (on the daemon's clock) and no
+    lease of it was ever read (`leases.never_started`): its Python never ran, or died
+    before it wrote anything, so no report of it will ever come. Taken as a launcher that
+    failed (`_launcher_failed`), with the words to say so. None: no such verdict (not
+    running, a lease seen, a node of the attempt lost, or not yet due)."""
+    timeout = settings.launcher_start_timeout_s
+    if (
+        info.state is not JobState.RUNNING
+        or a.lost_nodes
+        or not never_started(files.batch_lease, files.launched_at, now, timeout)
+    ):
+        return None
+    nodes = a.nodes or list(info.nodes)
+    return LauncherFailed(
+        node_rank=BATCH_NODE_RANK,
+        node=nodes[BATCH_NODE_RANK] if nodes else None,
+        job_id=a.job_id,
+        attempt=a.attempt,
+        error=(
+            f"no sign of it {timeout:.0f} s after the job's step started "
+            f"(launcher_start_timeout_s): its Python never ran, or died before it wrote "
+            f"anything"
+        ),
+        phase=NEVER_STARTED,
+        time=now,
+    )
 
 
 def _launcher_failure(a: Attempt, files: RunFiles) -> LauncherFailed | None:
@@ -1053,18 +1105,28 @@ def _launcher_failure(a: Attempt, files: RunFiles) -> LauncherFailed | None:
     return failed[0] if failed and not a.lost_nodes else None
 
 
-def _launcher_noted(a: Attempt, facts: Facts, ended: list[Intent]) -> list[Intent]:
+def _launcher_noted(
+    a: Attempt, facts: Facts, ended: list[Intent], first: LauncherFailed | None = None
+) -> list[Intent]:
     """An attempt's ending with the error of a launcher that failed before its ranks
-    started put first in its reason (and the report in the "ended" event), so that "a
-    launcher never started the ranks" is told from a failure of the training."""
-    first = None if _asks(ended) or facts.files is None else _launcher_failure(a, facts.files)
+    started (`first`, else its report in the recovery folder) put first in its reason (and
+    the report in the "ended" event), so that "a launcher never started the ranks" is told
+    from a failure of the training."""
     if first is None:
+        first = None if _asks(ended) or facts.files is None else _launcher_failure(a, facts.files)
+    if first is None or _asks(ended):
         return ended
-    note = (
-        f"a launcher failed before its ranks started (node {first.node}, node "
-        f"rank {first.node_rank}, in the {first.phase or 'rendezvous'}): "
-        f"{first.error or 'no error recorded'}"
-    )
+    if first.phase == NEVER_STARTED:
+        note = (
+            f"the launcher never started on node {first.node or '?'} (node rank "
+            f"{first.node_rank}): {first.error}"
+        )
+    else:
+        note = (
+            f"a launcher failed before its ranks started (node {first.node}, node "
+            f"rank {first.node_rank}, in the {first.phase or 'rendezvous'}): "
+            f"{first.error or 'no error recorded'}"
+        )
     said = next(
         (i.data.get("reason") for i in ended if isinstance(i, Event) and i.kind == "ended"), None
     )

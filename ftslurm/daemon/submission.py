@@ -21,6 +21,7 @@ from ftslurm.core.contract import (
     RunDir,
     attempt_setup_line,
     default_checkpoint_dir,
+    launched_line,
 )
 from ftslurm.core.inject import Injection, env_value, parse_injections, still_to_fire
 from ftslurm.core.settings import straggler_threshold
@@ -155,6 +156,7 @@ def build_attempt(
         f'echo "=== ftslurm run ${EnvName.RUN_ID.value} attempt ${EnvName.ATTEMPT.value}: '
         'job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ==="',
         *spec["setup"],
+        launched_line(),  # the step starts now: the batch host's launcher is timed from here
     ]
     command, srun_args = _step(spec, job, launcher, spares)
     script = render_job_script(

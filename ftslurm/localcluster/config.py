@@ -27,7 +27,7 @@ class ClusterLayout:
     min_job_age: int = 60  # Slurm's default is 300; shorter keeps the MinJobAge test short
     kill_wait: int = 30
     # Job ids from 20001, where a fresh Slurm starts at 1: apart from the mock's (from a
-    # random multiple of 1000 from 100000), so a job id in a log names one job. No
+    # block of 1000 from 100000), so a job id in a log names one job. No
     # rendezvous port depends on it where a run directory exists (the launchers publish
     # the port they bound); ranks of several tasks without the launcher still derive one
     # (`ftslurm.core.contract.rendezvous_port`).

@@ -108,8 +108,9 @@ class MockConfig(_Counted):
     preempt_requeue: bool = True  # PreemptMode=REQUEUE (else CANCEL: the job ends PREEMPTED)
     accounting: bool = True
     cluster_name: str = "mock"
-    # Slurm's FirstJobId. None: the store picks a random one (`store.first_job_id`), so the
-    # job ids of two mock clusters on one machine (two users', a test suite's) differ.
+    # Slurm's FirstJobId. None: the store takes the next block of 1000 from the machine's
+    # counter (`store.first_job_id`), so two mock clusters on one machine (two users', a
+    # test suite's) share no job id.
     first_job_id: int | None = Field(None, ge=1, le=MAX_JOB_ID)
 
     def partition_map(self) -> dict[str, list[str]]:

@@ -19,11 +19,16 @@ What keeps an operation cheap on a cluster with many jobs:
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import secrets
 import sqlite3
+import stat
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +36,14 @@ from pathlib import Path
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockJob, MockState
 from ftslurm.errors import ConfigError
-from ftslurm.fsutil import shared_between_hosts, sqlite_journal_mode
+from ftslurm.fsutil import (
+    replace_durably,
+    shared_between_hosts,
+    sqlite_journal_mode,
+    temp_path,
+)
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2  # 2: scripts and environments in `launch`, `generation` on the state
 DB_FILE = "mock.sqlite"  # the mock cluster's state, in its folder
@@ -44,16 +56,107 @@ def _new_generation() -> int:
 
 
 FIRST_JOB_IDS = (100, 60000)  # a new cluster's first job id: 1000 x a number in this range
+ID_BLOCK = 1000  # the job ids a new cluster has to itself before another's block
+ID_COUNTER = "ftslurm-mock-job-ids"  # the machine's counter folder, in the system temp dir
+_COUNTER_FILE, _LOCK_FILE = "next.json", "lock"
+_LOCK_WAIT_S = 5.0  # a counter locked longer (a stuck process, a hostile user): random
 
 
-def first_job_id() -> int:
-    """A new mock cluster's first job id when its config names none: random, a multiple of
-    1000 from 100000 to 60000000 (under Slurm's MaxJobId), so two mock clusters on one
-    machine (two users' homes, a dry run beside the test suite) hardly ever share an id.
-    Nothing depends on ids being unique across clusters (a launcher publishes the port it
-    bound); an id shared with another cluster's job only makes logs ambiguous."""
+def id_counter_dir() -> Path:
+    """The folder of the machine-wide counter that numbers the mock clusters' blocks."""
+    return Path(tempfile.gettempdir()) / ID_COUNTER
+
+
+def _random_block() -> int:
     low, high = FIRST_JOB_IDS
-    return 1000 * (low + secrets.randbelow(high - low + 1))
+    return low + secrets.randbelow(high - low + 1)
+
+
+def _counter_folder(folder: Path) -> Path:
+    """The counter's folder, made writable by every user of the machine (not sticky, so
+    that each can replace the counter another wrote); OSError when it cannot be used."""
+    try:
+        folder.mkdir(mode=0o777)
+        os.chmod(folder, 0o777)  # mkdir's mode went through the umask
+    except FileExistsError:
+        pass
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"{folder} is not a folder this user can write in")
+    return folder
+
+
+def _readable_by_all(fd: int) -> None:
+    """Every user reads the counter and locks its lock file, whatever this one's umask."""
+    if os.fstat(fd).st_uid == os.getuid():
+        os.fchmod(fd, 0o644)
+
+
+def _claim_block(folder: Path) -> int:
+    """The next block of job ids, taken from the counter under its lock; the counter moves
+    on by one, written atomically. A missing or damaged counter starts at a random block."""
+    folder = _counter_folder(folder)
+    # no link followed: anyone may put one in the folder
+    fd = os.open(folder / _LOCK_FILE, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        _readable_by_all(fd)
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{folder / _LOCK_FILE} stayed locked") from None
+                time.sleep(0.01)
+        low, high = FIRST_JOB_IDS
+        path = folder / _COUNTER_FILE
+        try:
+            block = json.loads(path.read_text())["next_block"]
+            if not isinstance(block, int) or not low <= block <= high:
+                raise ValueError(f"block {block!r} out of range")
+        except FileNotFoundError:
+            block = _random_block()
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("mock job id counter %s damaged (%s): started again", path, exc)
+            block = _random_block()
+        following = block + 1 if block < high else low
+        tmp = temp_path(path)
+        tmp.unlink(missing_ok=True)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            try:
+                _readable_by_all(out)
+                os.write(out, json.dumps({"next_block": following}).encode())
+            finally:
+                os.close(out)
+            replace_durably(tmp, path)  # readers see the old counter or the new one
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return block
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def first_job_id(counter: Path | None = None) -> int:
+    """A new mock cluster's first job id when its config names none: the next block of
+    1000 ids (from 100000, under Slurm's MaxJobId) from a machine-wide counter in the system
+    temp dir, shared by every user, so two mock clusters on one machine (two users' homes,
+    a dry run beside the test suite) never start in one block. Where the counter cannot be
+    used (a temp dir not writable), one log line and a random block, as Slurm's clusters
+    each number their own jobs. A cluster's ids after its first 1000 run into the next
+    block; nothing depends on ids being unique across clusters (a launcher publishes the
+    port it bound), an id shared with another cluster's job only makes logs ambiguous."""
+    folder = counter if counter is not None else id_counter_dir()
+    try:
+        block = _claim_block(folder)
+    except OSError as exc:
+        log.warning(
+            "mock job ids: no machine-wide counter in %s (%s): a random first id", folder, exc
+        )
+        block = _random_block()
+    return ID_BLOCK * block
 
 
 def new_state(config: MockConfig | None) -> MockState:

@@ -337,6 +337,13 @@ class RunDir:
         time, job_id, attempt): the daemon flags it for later attempts like a lost node."""
         return self.recovery(attempt) / f"benched-{node_rank}.json"
 
+    def launched(self, attempt: str | int) -> Path:
+        """Touched by the batch script just before it starts the job's step (srun), after
+        the recipe's setup lines (`launched_line`): from when the daemon first sees it,
+        node rank 0's launcher (or task wrapper) has `launcher_start_timeout_s` to write
+        its lease, or the attempt ends as one whose launcher never started."""
+        return self.attempt(attempt) / "launched"
+
     def launcher_failed(self, attempt: str | int, node_rank: int) -> Path:
         """A launcher that failed before its ranks started (in its setup or the rendezvous:
         a port it could not bind, a host it could not reach, a rendezvous that timed out):
@@ -602,6 +609,14 @@ def attempt_setup_line() -> str:
         f"export {EnvName.ATTEMPT.value}="
         f"$(({EnvName.ATTEMPT_BASE.value} + ${{SLURM_RESTART_COUNT:-0}}))"
     )
+
+
+def launched_line() -> str:
+    """The batch script's line, after the setup lines and just before the step, that marks
+    the step's start for the daemon (`RunDir.launched`); never fatal."""
+    rd, attempt = RunDir(f"${EnvName.RUN_DIR.value}"), f"${EnvName.ATTEMPT.value}"
+    folder, mark = rd.attempt(attempt), rd.launched(attempt)
+    return f'{{ mkdir -p "{folder}" && : > "{mark}"; }} 2>/dev/null || true'
 
 
 def default_checkpoint_dir(run_dir: Path, environ: Mapping[str, str]) -> tuple[Path, str]:
