@@ -10,6 +10,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,18 @@ assert t.item() == dist.get_world_size()
 print(f"rank {dist.get_rank()} done", flush=True)
 dist.destroy_process_group()
 """
+
+
+def ended_event(home: Path, run_id: str, attempt: int) -> Any:
+    """The daemon's "ended" event of one attempt of a run (exactly one)."""
+    store = Store(home)
+    try:
+        (ending,) = [
+            e for e in store.events(run_id) if e.kind == "ended" and e.data["attempt"] == attempt
+        ]
+    finally:
+        store.close()
+    return ending
 
 
 def ended(s: dict) -> bool:
@@ -181,13 +194,7 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
     # the recovery folder), not when the other launcher's rendezvous (300 s), srun --wait
     # (180 s) or the daemon's next cycle (backed off up to 60 s) would have.
     record = json.loads(RunDir(s["run_dir"]).launcher_failed(0, 0).read_text())
-    store = Store(first.home)
-    try:
-        (ending,) = [
-            e for e in store.events(out["run_id"]) if e.kind == "ended" and e.data["attempt"] == 0
-        ]
-    finally:
-        store.close()
+    ending = ended_event(first.home, out["run_id"], 0)
     assert ending.time - record["time"] < 20, (ending, record)
     s = first.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 2, s
@@ -231,13 +238,7 @@ recipe = ftslurm.Recipe(nodes=2, time="5", command=[{sys.executable!r}, {str(tra
     run = RunDir(s["run_dir"])
     assert not run.peer_lease(0, 0).exists() and not run.node_report(0, 0).exists()
     assert run.launched(0).exists()
-    store = Store(first.home)
-    try:
-        (ending,) = [
-            e for e in store.events(out["run_id"]) if e.kind == "ended" and e.data["attempt"] == 0
-        ]
-    finally:
-        store.close()
+    ending = ended_event(first.home, out["run_id"], 0)
     assert ending.data["launcher_failed"]["phase"] == "start", ending
     # ended a few seconds after the start timeout, far under the old bounds (180 s, 300 s)
     assert ending.time - failed["start"] < 100, (ending, failed)
