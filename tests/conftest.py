@@ -72,10 +72,52 @@ CLUSTER_PARAMS = [pytest.param("slurm", marks=pytest.mark.slurm)] + (
 )
 
 
+# `make test` runs the tests without a cluster in two pytests: most in the foreground, and
+# these slow end-to-end scenarios (they mostly wait on the clock, not on a CPU) after the
+# 24.11 tests, in their lane, so that no lane takes much longer than the 22.05 one. They
+# get the marker `lane2` here, by file and test function (every parameter of it); the
+# marker only splits `make test`: `pytest -m "not slurm"` still runs them. The names are
+# checked to exist (tests/test_lanes.py).
+LANE2 = {
+    "test_benchmarks_smoke.py": ("test_live_recovery_benchmark_runs",),
+    "test_demo.py": (
+        "test_mock_demo_survives_node_failure_preemption_and_a_spare_swap_identically",
+    ),
+    "test_goodput_bench.py": (
+        "test_script_smoke_json_plot_and_determinism",
+        "test_calibration_reproduces_kokolis_for_plain_requeue",
+    ),
+    "test_lightning_integration.py": (
+        "test_the_lightning_example_survives_a_preemption_and_a_lost_node_on_the_mock",
+        "test_two_ranks_on_one_node_checkpoint_on_the_signal_and_continue_on_the_mock",
+    ),
+    "test_live.py": (
+        "test_on_the_mock_the_batch_host_lost_with_live_recovery_goes_on_in_a_new_job",
+        "test_on_the_mock_a_straggler_steps_out_to_a_warm_spare",
+        "test_on_the_mock_a_crashed_rank_on_the_second_node_is_restarted_alone",
+    ),
+    "test_peers.py": ("test_no_node_is_reported_lost_with_every_cpu_saturated_for_two_minutes",),
+    "test_submitit_plugin.py": (
+        "test_the_executor_example_survives_a_preemption_and_a_lost_node",
+        "test_a_checkpointable_survives_a_wall_limit_and_a_node_failure_on_the_mock",
+    ),
+    "test_torchrun.py": ("test_a_plain_torchrun_script_survives_a_preemption_and_a_lost_node",),
+    "test_transformers_integration.py": (
+        "test_the_example_survives_a_wall_limit_and_a_node_failure_on_the_mock",
+        "test_a_preempted_run_saves_at_one_step_and_continues_bit_identical_on_the_mock",
+    ),
+    "test_wait_mock.py": (
+        "test_wait_returns_within_seconds_of_the_end_though_the_daemon_backed_off",
+    ),
+}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+        elif getattr(item, "originalname", None) in LANE2.get(item.path.name, ()):
+            item.add_marker(pytest.mark.lane2)
 
 
 LOG_SUFFIXES = (".log", ".out", ".err")

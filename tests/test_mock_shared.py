@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 from ftslurm.backends.mock import MockConfig, MockScheduler, procs
 from ftslurm.backends.mock.controller import controller_pid
 from ftslurm.core.types import JobOptions, JobState
+from ftslurm.procutil import NOT_RUNNING, stat_fields
 
 from .conftest import wait_job
 
@@ -157,3 +159,46 @@ def test_a_relaunched_job_is_not_ended_by_the_wrapper_of_its_previous_run(tmp_pa
     )
     wait_until(lambda: procs.exit_status(job_dir) is not None, 15, "the second run's end")
     assert procs.exit_status(job_dir) == (7, None)
+
+
+def _group_members(pgid: int) -> list[str]:
+    """The live processes of process group `pgid` (pid and command line)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        fields = stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[2]) == pgid and fields[0] not in NOT_RUNNING:
+            with contextlib.suppress(OSError):
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+                members.append(f"{entry} {cmd.decode(errors='replace')}")
+    return members
+
+
+def test_a_cancelled_job_that_lost_a_node_leaves_no_srun_behind(tmp_path):
+    """A 2-node step loses a node, then the job is cancelled (SIGTERM to everything, as the
+    model's cancel does): the batch shell dies at once, while its srun, which forwards the
+    SIGTERM, still waits for the lost node's verdict. As Slurm kills every process of a job
+    whose batch script ended, jobwrap kills that srun too (it used to wait forever, until
+    something reaped the job's folder)."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    env = dict(os.environ, SLURM_JOB_NODELIST="n[1-2]", SLURM_NNODES="2")
+    out = str(tmp_path / "out.txt")
+    script = "#!/bin/bash\nsrun -N 2 sleep 600\n"
+    procs.launch_batch(job_dir, script, env, str(tmp_path), out, out, kill_wait_s=0.5)
+    try:
+        step = job_dir / "steps" / "0.json"
+        wait_until(lambda: len((procs.read_json(step) or {}).get("tasks", [])) == 2, 20, "the step")
+        pgid = procs.read_json(job_dir / "shell.json")["pgid"]
+        assert any("mock.srun" in m for m in _group_members(pgid)), _group_members(pgid)
+        procs.kill_node(job_dir, "n2", batch_host="n1")
+        procs.signal_steps(job_dir, signal.SIGTERM)
+        procs.signal_batch(job_dir, signal.SIGTERM)
+        wait_until(lambda: procs.exit_status(job_dir) is not None, 20, "the batch's end")
+        assert procs.exit_status(job_dir) == (0, signal.SIGTERM)
+        # killed before exit.json was written; a moment for the killed srun to be reaped
+        deadline = time.monotonic() + 5
+        while _group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _group_members(pgid)
+    finally:
+        procs.reap(job_dir)

@@ -2,13 +2,16 @@
 
 It starts `bash script.sh` in a process group of its own (signals for the batch shell go
 to that group, never to jobwrap), waits for it, gives the job's steps KillWait seconds to
-end and kills what is left (as Slurm does when the batch script ends), then writes
-exit.json atomically. SIGKILLed, as on a
-dead host, it writes nothing.
+end and kills what is left, the steps' tasks and whatever the script left in its group (an
+`srun` still waiting on a lost node's tasks, a background process), as Slurm kills every
+process of a job when its batch script ends; then it writes exit.json atomically.
+SIGKILLed, as on a dead host, it writes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -49,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     while procs.steps_alive(job_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
     procs.signal_steps(job_dir, signal.SIGKILL)
+    # The batch shell's group outlives it when, e.g., it died of a cancel's SIGTERM while
+    # its srun (which forwards SIGTERM) still waits on a lost node; nothing ends it later.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(shell.pid, signal.SIGKILL)
     procs.write_json_atomic(
         job_dir / "exit.json",
         {
