@@ -19,6 +19,8 @@ Forced timing: the first attempt's launchers are held at a phase and the signal 
   handlers and leases in place, before node rank 0 publishes its endpoint; and in
   `ftslurm.agent.elastic.Agent._start_workers`: the rendezvous done, before the last look
   for a stop; after it, while the ranks are being started;
+- "join": node rank 1's launcher stopped by the test as "imports", node rank 0's publishes
+  its endpoint and waits for it in torch's rendezvous join;
 - "running": not held; the signal comes once rank 0 trains.
 A 2-node run, but for "ranks" and "spawn": a launcher held after the rendezvous holds the
 other's too (node rank 0's hosts its store), so one node there. On the mock scheduler, and
@@ -52,8 +54,14 @@ sys.argv[0] = {str(RECIPE)!r}
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
-PHASES = ["imports", "start", "rendezvous", "ranks", "spawn", "running"]
-NO_RANK_YET = ("imports", "start", "rendezvous", "ranks")  # a stop there: no rank ever starts
+PHASES = ["imports", "start", "rendezvous", "join", "ranks", "spawn", "running"]
+NO_RANK_YET = (
+    "imports",
+    "start",
+    "rendezvous",
+    "join",
+    "ranks",
+)  # a stop there: no rank ever starts
 KILL_WAIT_S = 60  # the mock's: a launcher killed at KillWait writes no node report
 
 
@@ -102,16 +110,16 @@ def signal_pending(pid: int, sig: int) -> bool:
     return any(int(fields[k].strip(), 16) & bit for k in ("ShdPnd", "SigPnd"))
 
 
-def hold(run_dir: str, phase: str, nodes: int, deadline: float) -> dict[int, int]:
-    """The launchers of attempt 0, stopped at `phase`: by the test as soon as they catch
-    SIGTERM ("imports"), or by themselves."""
+def hold(run_dir: str, phase: str, nodes: list[int], deadline: float) -> dict[int, int]:
+    """The launchers of attempt 0 with these node ranks, stopped at `phase`: by the test as
+    soon as they catch SIGTERM ("imports", "join"), or by themselves."""
     held: dict[int, int] = {}
-    while len(held) < nodes:
+    while len(held) < len(nodes):
         assert time.monotonic() < deadline, f"launchers held at {phase}: {held}"
         for node_rank, pid in launcher_pids(run_dir).items():
-            if node_rank in held:
+            if node_rank in held or node_rank not in nodes:
                 continue
-            if phase != "imports":
+            if phase not in ("imports", "join"):
                 if proc_state(pid) == "T":
                     held[node_rank] = pid
             elif signal.SIGTERM in (caught_signals(pid) or ()):
@@ -138,7 +146,7 @@ def signal_at(cli: Cli, tmp_path: Path, phase: str, sig: int, backend: str, *arg
     train.write_text(TRAIN)
     steps = 100000 if sig == signal.SIGTERM else 200 if phase == "running" else 20
     nodes = 1 if phase in ("ranks", "spawn") else 2
-    pause = "" if phase in ("imports", "running") else phase
+    pause = phase if phase in ("start", "rendezvous", "ranks", "spawn") else ""
     setup = f'if [ "${EnvName.ATTEMPT.value}" = 0 ]; then export {PAUSE_ENV}={pause}; fi'
     ckpt = tmp_path / "ckpt"
     recipe = tmp_path / "recipe.py"
@@ -163,10 +171,15 @@ def signal_at(cli: Cli, tmp_path: Path, phase: str, sig: int, backend: str, *arg
                 time.sleep(0.05)
             launchers = launcher_pids(run_dir)
         else:
-            launchers = held = hold(run_dir, phase, nodes, deadline)
-            assert not list(marks.iterdir()), "a rank started"
-            if phase in ("imports", "start", "rendezvous"):
+            held = hold(run_dir, phase, [1] if phase == "join" else list(range(nodes)), deadline)
+            if phase == "join":  # node rank 0's launcher published its endpoint and waits
+                while not run.rendezvous(0, 0).exists():
+                    assert time.monotonic() < deadline, "node 0's launcher did not publish"
+                    time.sleep(0.05)
+            elif phase in ("imports", "start", "rendezvous"):
                 assert not run.rendezvous(0, 0).exists(), "node 0's launcher published already"
+            assert not list(marks.iterdir()), "a rank started"
+            launchers = launcher_pids(run_dir)
         assert len(launchers) == nodes, launchers
         job = cli.status(run_id)["attempts"][0]["job_id"]
         if sig == signal.SIGTERM:
@@ -244,14 +257,10 @@ def cluster_cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
 
 
 SIGNALS = {"cancel": signal.SIGTERM, "checkpoint": signal.SIGUSR2}
-# On the mock, the checkpoint signal at the phases the launcher tests cover too is slow
-# (each takes two attempts, 30-50 s); at "ranks" and "spawn" it runs by default.
-SLOW = {
-    ("imports", "checkpoint"),
-    ("start", "checkpoint"),
-    ("rendezvous", "checkpoint"),
-    ("running", "checkpoint"),
-}
+# On the mock, the checkpoint signal takes two attempts (30-50 s): by default only in torch's
+# join and while the ranks are being started; at the other phases (also covered on one
+# launcher, tests/test_launch.py) it is slow.
+SLOW = {(p, "checkpoint") for p in ("imports", "start", "rendezvous", "ranks", "running")}
 
 
 @pytest.mark.timeout(600)  # a checkpoint: two attempts, each importing torch
