@@ -1,12 +1,29 @@
-"""A run cancelled while its launchers are still at the rendezvous: no rank ever starts
-(issue: ranks started, and trained, after `cancel` had replied). And the checkpoint signal
-at the rendezvous: remembered, it reaches the ranks once they start (`CHECKPOINT_AT_...`).
+"""No signal is lost in any phase of the per-node launcher, end to end (CLI, daemon,
+scheduler, launchers; the issue: ranks started, and trained, after `cancel` had replied; a
+signal that came during the rendezvous was dropped).
 
-Forced timing, end to end (CLI, daemon, scheduler, launchers): both launchers of a
-2-node run are stopped (SIGSTOP) as soon as their first handlers are in place, before node
-rank 0's launcher published its rendezvous endpoint, so no rank can start anywhere; then
-the run is cancelled. The scheduler continues every task and sends it SIGTERM, as Slurm does: the
-launchers must end on their own, stopped, and start no rank. On the mock scheduler, and
+- A stop (`cancel`: the scheduler continues every task and sends it SIGTERM, as Slurm
+  does) that comes before the ranks exist means they never start: the launchers end on
+  their own (none killed at KillWait), stopped. One that comes while the ranks are being
+  started, or while they run, reaches every rank that started, which ends on it.
+- The checkpoint signal (SIGUSR2, as `scancel -s USR2` sends it) is remembered until the
+  ranks exist and delivered to them then: they agree on a step, checkpoint and ask to
+  continue, and the next attempt resumes from that step to the end.
+
+Forced timing: the first attempt's launchers are held at a phase and the signal comes there:
+- "imports": stopped (SIGSTOP) by the test as soon as their first handlers are in place
+  (`ftslurm.agent.boot`, while the launcher module still imports);
+- "start", "rendezvous", "ranks", "spawn": they stop themselves there
+  (`launch_io.pause_for_tests`, set for attempt 0 only by the job's setup line), in
+  `ftslurm.agent.launch.main`: before their own handlers (signals only recorded); with
+  handlers and leases in place, before node rank 0 publishes its endpoint; and in
+  `ftslurm.agent.elastic.Agent._start_workers`: the rendezvous done, before the last look
+  for a stop; after it, while the ranks are being started;
+- "join": node rank 1's launcher stopped by the test as "imports", node rank 0's publishes
+  its endpoint and waits for it in torch's rendezvous join;
+- "running": not held; the signal comes once rank 0 trains.
+A 2-node run, but for "ranks" and "spawn": a launcher held after the rendezvous holds the
+other's too (node rank 0's hosts its store), so one node there. On the mock scheduler, and
 on the real cluster (`slurm`).
 """
 
@@ -26,17 +43,26 @@ from ftslurm.agent.launch_io import PAUSE_ENV
 from ftslurm.agent.sigmask import caught_signals
 from ftslurm.core.contract import EnvName, RunDir
 
-from .daemon_scenarios import Cli, daemon_cli, ended
+from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended
 
-# The training: leaves a mark as its first act (a rank started), then trains for long.
-TRAIN = r"""
-import os, sys, time
-open(os.path.join(sys.argv[1], f"rank-{os.environ['RANK']}-{os.getpid()}"), "w").close()
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-for _ in range(3000):
-    dist.all_reduce(torch.ones(1)); time.sleep(0.1)
+# Each rank leaves a mark as its first act (it started), then trains (examples/recipe.py).
+TRAIN = f"""
+import os, runpy, sys
+marks = sys.argv.pop(1)
+open(os.path.join(marks, f"rank-{{os.environ['RANK']}}-{{os.getpid()}}"), "w").close()
+sys.argv[0] = {str(RECIPE)!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
 """
+
+PHASES = ["imports", "start", "rendezvous", "join", "ranks", "spawn", "running"]
+NO_RANK_YET = (
+    "imports",
+    "start",
+    "rendezvous",
+    "join",
+    "ranks",
+)  # a stop there: no rank ever starts
+KILL_WAIT_S = 60  # the mock's: a launcher killed at KillWait writes no node report
 
 
 def launcher_pids(run_dir: str) -> dict[int, int]:
@@ -68,18 +94,38 @@ def proc_state(pid: int) -> str:
         return "?"
 
 
-def hold_launchers(run_dir: str, nodes: int, timeout: float) -> dict[int, int]:
-    """SIGSTOP each launcher of the run as soon as its first handlers are in place (it
-    catches SIGTERM: `ftslurm.agent.boot`), until all `nodes` are held."""
-    deadline = time.monotonic() + timeout
+def gone(pid: int) -> bool:
+    return proc_state(pid) in ("?", "Z")
+
+
+def signal_pending(pid: int, sig: int) -> bool:
+    """Whether `sig` waits in `pid`'s pending set (process-wide or its main thread's)."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+    except OSError:
+        return False
+    bit = 1 << (sig - 1)
+    return any(int(fields[k].strip(), 16) & bit for k in ("ShdPnd", "SigPnd"))
+
+
+def hold(run_dir: str, phase: str, nodes: list[int], deadline: float) -> dict[int, int]:
+    """The launchers of attempt 0 with these node ranks, stopped at `phase`: by the test as
+    soon as they catch SIGTERM ("imports", "join"), or by themselves."""
     held: dict[int, int] = {}
-    while len(held) < nodes:
-        assert time.monotonic() < deadline, f"launchers held: {held}"
+    while len(held) < len(nodes):
+        assert time.monotonic() < deadline, f"launchers held at {phase}: {held}"
         for node_rank, pid in launcher_pids(run_dir).items():
-            if node_rank not in held and signal.SIGTERM in (caught_signals(pid) or ()):
+            if node_rank in held or node_rank not in nodes:
+                continue
+            if phase not in ("imports", "join"):
+                if proc_state(pid) == "T":
+                    held[node_rank] = pid
+            elif signal.SIGTERM in (caught_signals(pid) or ()):
                 os.kill(pid, signal.SIGSTOP)
                 held[node_rank] = pid
-        time.sleep(0.01)
+        time.sleep(0.02)
     for pid in held.values():  # stopped: a stop takes effect asynchronously
         while proc_state(pid) not in ("T", "?"):
             assert time.monotonic() < deadline, "a launcher did not stop"
@@ -87,40 +133,104 @@ def hold_launchers(run_dir: str, nodes: int, timeout: float) -> dict[int, int]:
     return held
 
 
-def cancel_at_the_rendezvous(cli: Cli, tmp_path: Path, *submit_args: str) -> None:
+def job_log(run: RunDir) -> str:
+    return "".join(p.read_text() for p in sorted(run.logs.glob("job-*.out")))
+
+
+def signal_at(cli: Cli, tmp_path: Path, phase: str, sig: int, backend: str, *args: str) -> None:
+    """The signal (`sig`: SIGTERM by `cancel`, or SIGUSR2 through the scheduler) comes while
+    the launchers of the run's first attempt are at `phase`; the run ends as it must."""
     marks = tmp_path / "marks"
     marks.mkdir()
     train = tmp_path / "train.py"
     train.write_text(TRAIN)
-    out = cli.submit(
-        *submit_args, "--retries", "0", "-N", "2", "-t", "10", str(train), "--", str(marks)
+    steps = 100000 if sig == signal.SIGTERM else 200 if phase == "running" else 20
+    nodes = 1 if phase in ("ranks", "spawn") else 2
+    pause = phase if phase in ("start", "rendezvous", "ranks", "spawn") else ""
+    setup = f'if [ "${EnvName.ATTEMPT.value}" = 0 ]; then export {PAUSE_ENV}={pause}; fi'
+    ckpt = tmp_path / "ckpt"
+    recipe = tmp_path / "recipe.py"
+    recipe.write_text(
+        "import sys\nimport ftslurm\n"
+        f"recipe = ftslurm.Recipe(command=[sys.executable, {str(train)!r}, {str(marks)!r}, "
+        f"'--steps', '{steps}', '--step-time', '0.05', '--ckpt-every', '100000', "
+        f"'--no-memory-tier'], nodes={nodes}, ntasks_per_node=1, setup=({setup!r},))\n"
     )
-    run_dir = cli.status(out["run_id"])["run_dir"]
+    out = cli.submit(
+        *args, "--retries", "0", "-t", "10", "--checkpoint-dir", str(ckpt), str(recipe)
+    )
+    run_id = out["run_id"]
+    run_dir = cli.status(run_id)["run_dir"]
     run = RunDir(run_dir)
-    held = hold_launchers(run_dir, 2, 180)
+    deadline = time.monotonic() + 180
+    held: dict[int, int] = {}
     try:
-        # Node rank 0's launcher has not published its endpoint: no rank can start yet.
-        assert not run.rendezvous(0, 0).exists(), "node 0's launcher published already"
-        assert not list(marks.iterdir())
-        done = cli("cancel", out["run_id"])  # the scheduler continues them with SIGTERM
-        assert "cancel requested" in done.stdout, done.stdout
-        s = cli.wait_for(out["run_id"], ended, 120, "the run to end")
-        assert s["state"] == "CANCELLED", s
-        deadline = time.monotonic() + 120
-        while any(proc_state(pid) != "?" and proc_state(pid) != "Z" for pid in held.values()):
-            assert time.monotonic() < deadline, "the launchers did not end"
-            time.sleep(0.1)
+        if phase == "running":  # rank 0 trains (after the process group formed)
+            while "starts at step 0" not in job_log(run):
+                assert time.monotonic() < deadline, "the training did not start"
+                time.sleep(0.05)
+            launchers = launcher_pids(run_dir)
+        else:
+            held = hold(run_dir, phase, [1] if phase == "join" else list(range(nodes)), deadline)
+            if phase == "join":  # node rank 0's launcher published its endpoint and waits
+                while not run.rendezvous(0, 0).exists():
+                    assert time.monotonic() < deadline, "node 0's launcher did not publish"
+                    time.sleep(0.05)
+            elif phase in ("imports", "start", "rendezvous"):
+                assert not run.rendezvous(0, 0).exists(), "node 0's launcher published already"
+            assert not list(marks.iterdir()), "a rank started"
+            launchers = launcher_pids(run_dir)
+        assert len(launchers) == nodes, launchers
+        job = cli.status(run_id)["attempts"][0]["job_id"]
+        if sig == signal.SIGTERM:
+            done = cli("cancel", run_id)  # the scheduler continues the tasks, with SIGTERM
+            assert "cancel requested" in done.stdout, done.stdout
+        else:
+            cli("scheduler", "signal", job, signal.Signals(sig).name[3:], "--backend", backend)
+            while held and not all(signal_pending(pid, sig) for pid in held.values()):
+                assert time.monotonic() < deadline, "the signal did not reach the launchers"
+                time.sleep(0.05)
+            assert all(proc_state(pid) == "T" for pid in held.values())  # still held there
     finally:
         for pid in held.values():  # never left stopped, whatever failed
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-    assert not list(marks.iterdir()), "ranks started after the cancel"
-    for node_rank in (0, 1):  # each ended on its own (none was killed at KillWait), stopped
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    if sig == signal.SIGTERM:
+        s = cli.wait_for(run_id, ended, 120, "the run to end")
+        assert s["state"] == "CANCELLED", s
+        deadline = time.monotonic() + 120
+        while not all(gone(pid) for pid in launchers.values()):
+            assert time.monotonic() < deadline, "the launchers did not end"
+            time.sleep(0.1)
+        # each launcher ended on its own (one killed at KillWait writes no node report)
+        reports = [json.loads(run.node_report(0, n).read_text()) for n in range(nodes)]
+        if phase in NO_RANK_YET:
+            assert not list(marks.iterdir()), "ranks started after the cancel"
+            for report in reports:
+                assert (report["outcome"], report["signal"]) == ("stopped", "SIGTERM"), report
+            return
+        for rank in range(nodes):  # the stop reached every rank that started: it ended on it
+            path = run.rank_report(0, rank)  # (a rank killed at the grace deadline has none)
+            if not path.exists():  # its wrapper ended before its handlers: no rank started
+                assert not list(marks.glob(f"rank-{rank}-*")), f"rank {rank} started"
+                continue
+            report = json.loads(path.read_text())
+            assert report["checkpoint_signal_at"] is not None, report
+        return
+    s = cli.wait_for(run_id, ended, 240, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert s["attempts"][0]["cause"] == "checkpointed", s
+    assert s["continuations"] == 1 and s["job_retries_used"] == 0, s
+    for node_rank in range(nodes):
         report = json.loads(run.node_report(0, node_rank).read_text())
-        assert (report["outcome"], report["signal"]) == ("stopped", "SIGTERM"), report
+        assert report["outcome"] == "checkpointed", report
+    log = job_log(run)  # both attempts
+    saved = re.findall(r"checkpointed at step (\d+) on request", log)
+    resumed = re.findall(r"starts at step (\d+) \(attempt 1,", log)
+    assert len(saved) == 1 and resumed == saved, log  # (rank 0 says it) from that step
+    assert json.loads((ckpt / "final.json").read_text())["step"] == steps
 
 
 @pytest.fixture
@@ -128,7 +238,7 @@ def mock(tmp_path) -> Iterator[Cli]:
     """A state directory and a mock cluster of their own; KillWait 60 s: a launcher that
     ended before it ended on its own."""
     config = tmp_path / "mock.json"
-    config.write_text(json.dumps({"kill_wait_s": 60}))
+    config.write_text(json.dumps({"kill_wait_s": KILL_WAIT_S}))
     cli = daemon_cli(tmp_path, FTSLURM_MOCK_HOME=str(tmp_path / "mock"))
     c = next(cli)
     c("mock", "up", "--config", str(config))
@@ -146,94 +256,29 @@ def cluster_cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
     yield from daemon_cli(tmp_path, PYTHONWARNINGS="ignore")
 
 
-def test_a_run_cancelled_at_the_rendezvous_starts_no_rank_on_the_mock(mock, tmp_path):
-    cancel_at_the_rendezvous(mock, tmp_path, "--dry-run")
+SIGNALS = {"cancel": signal.SIGTERM, "checkpoint": signal.SIGUSR2}
+# On the mock, the checkpoint signal takes two attempts (30-50 s): by default only in torch's
+# join and while the ranks are being started; at the other phases (also covered on one
+# launcher, tests/test_launch.py) it is slow.
+SLOW = {(p, "checkpoint") for p in ("imports", "start", "rendezvous", "ranks", "running")}
+
+
+@pytest.mark.timeout(600)  # a checkpoint: two attempts, each importing torch
+@pytest.mark.parametrize(
+    "phase, what",
+    [
+        pytest.param(p, w, marks=[pytest.mark.slow] if (p, w) in SLOW else [])
+        for p in PHASES
+        for w in SIGNALS
+    ],
+)
+def test_a_signal_at_each_launcher_phase_is_never_lost_on_the_mock(mock, tmp_path, phase, what):
+    signal_at(mock, tmp_path, phase, SIGNALS[what], "mock", "--dry-run")
 
 
 @pytest.mark.slurm
-def test_a_run_cancelled_at_the_rendezvous_starts_no_rank_on_slurm(cluster_cli, tmp_path):
-    cancel_at_the_rendezvous(cluster_cli, tmp_path)
-
-
-# The checkpoint signal at the rendezvous, end to end on the mock. The first attempt's
-# launchers stop themselves (`launch_io.pause_for_tests`) with their handlers and leases in
-# place, before node rank 0 publishes its endpoint; the job's setup line sets the pause
-# for attempt 0 only, so the continuation runs freely.
-RECIPE = Path(__file__).resolve().parent.parent / "examples" / "recipe.py"
-PAUSE_THE_FIRST_ATTEMPT = (
-    f'if [ "${EnvName.ATTEMPT.value}" = 0 ]; then export {PAUSE_ENV}=rendezvous; fi'
-)
-
-
-def signal_pending(pid: int, sig: int) -> bool:
-    """Whether `sig` waits in `pid`'s pending set (process-wide or its main thread's)."""
-    try:
-        fields = dict(
-            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        )
-    except OSError:
-        return False
-    bit = 1 << (sig - 1)
-    return any(int(fields[k].strip(), 16) & bit for k in ("ShdPnd", "SigPnd"))
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)  # two attempts of a 2-node run, each importing torch
-def test_a_checkpoint_signal_at_the_rendezvous_is_delivered_once_the_ranks_start_on_the_mock(
-    mock, tmp_path
-):
-    """The scheduler sends the checkpoint signal (SIGUSR2, as `scancel -s USR2` would) to
-    the job's tasks while both launchers of a 2-node run are at the rendezvous, no rank
-    existing: the signal waits, pending, in both. Continued, they remember it, start the
-    ranks and hand it to them: the ranks agree on a step, checkpoint and ask to continue,
-    and the next attempt resumes from that step to the end: a continuation, not a lost
-    signal (the old launcher dropped it and the ranks trained on) nor a failure."""
-    steps = 60
-    recipe = tmp_path / "rdv_recipe.py"
-    recipe.write_text(
-        "import sys\nimport ftslurm\n"
-        f"recipe = ftslurm.Recipe(command=[sys.executable, {str(RECIPE)!r}, '--steps', "
-        f"'{steps}', '--step-time', '0.1', '--ckpt-every', '1000', '--no-memory-tier'], "
-        f"nodes=2, ntasks_per_node=1, setup=({PAUSE_THE_FIRST_ATTEMPT!r},))\n"
-    )
-    ckpt = tmp_path / "ckpt"
-    out = mock.submit(
-        "--dry-run", "--retries", "0", "-t", "10", "--checkpoint-dir", str(ckpt), str(recipe)
-    )
-    run_id = out["run_id"]
-    run_dir = mock.status(run_id)["run_dir"]
-    run = RunDir(run_dir)
-    deadline = time.monotonic() + 180
-    held: dict[int, int] = {}
-    try:
-        while len(held) < 2:  # both launchers stopped themselves at the rendezvous
-            assert time.monotonic() < deadline, f"launchers paused: {held}"
-            held = {n: p for n, p in launcher_pids(run_dir).items() if proc_state(p) == "T"}
-            time.sleep(0.05)
-        assert not run.rendezvous(0, 0).exists(), "node 0's launcher published already"
-        assert not list(run.attempt(0).glob("rank-*.json")), "a rank started"
-        job = mock.status(run_id)["attempts"][0]["job_id"]
-        mock("scheduler", "signal", job, "USR2", "--backend", "mock")
-        while not all(signal_pending(pid, signal.SIGUSR2) for pid in held.values()):
-            assert time.monotonic() < deadline, "the signal did not reach the launchers"
-            time.sleep(0.05)
-        assert all(proc_state(pid) == "T" for pid in held.values())  # still at the rendezvous
-    finally:
-        for pid in held.values():  # never left stopped, whatever failed
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-    s = mock.wait_for(run_id, ended, 240, "the run to end")
-    assert s["state"] == "COMPLETED", s
-    first = s["attempts"][0]
-    assert first["cause"] == "checkpointed", s
-    assert s["continuations"] == 1 and s["job_retries_used"] == 0, s
-    for node_rank in (0, 1):
-        report = json.loads(run.node_report(0, node_rank).read_text())
-        assert report["outcome"] == "checkpointed", report
-    log = "".join(p.read_text() for p in sorted(run.logs.glob("job-*.out")))  # both attempts
-    saved = re.findall(r"checkpointed at step (\d+) on request", log)
-    resumed = re.findall(r"starts at step (\d+) \(attempt 1,", log)
-    assert len(saved) == 1 and resumed == saved, log  # (rank 0 says it) from that step
-    assert json.loads((ckpt / "final.json").read_text())["step"] == steps
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("what", SIGNALS)
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_signal_at_each_launcher_phase_is_never_lost_on_slurm(cluster_cli, tmp_path, phase, what):
+    signal_at(cluster_cli, tmp_path, phase, SIGNALS[what], "slurm")

@@ -5,6 +5,7 @@ that needs no torch: its exceptions, the test pause, and what it does to rank pr
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 from typing import Any
@@ -29,13 +30,32 @@ class Stopped(Exception):
 
 # Test hook: the launcher stops itself (SIGSTOP) at each phase named here (comma-separated:
 # "start", "rendezvous", "ranks", "spawn"; see `ftslurm.agent.launch.main`), so a test can
-# send a signal at exactly that point and then continue it.
+# send a signal at exactly that point and then continue it. Continued before any signal
+# came (a scheduler continues a job's tasks before it signals them: `scancel` sends SIGCONT,
+# then SIGTERM), it stays there until one comes (at most PAUSE_HOLD_S): the signal comes at
+# that phase, not a little later.
 PAUSE_ENV = "FTSLURM_TEST_PAUSE_LAUNCH"
+PAUSE_HOLD_S = 10.0
 
 
 def pause_for_tests(phase: str) -> None:
-    if phase in os.environ.get(PAUSE_ENV, "").split(","):
+    if phase not in os.environ.get(PAUSE_ENV, "").split(","):
+        return
+    came, wake = os.pipe()  # Python's signal handling writes each handled signal here
+    os.set_blocking(wake, False)
+    try:
+        before = signal.set_wakeup_fd(wake)
+    except ValueError:  # not the main thread: no waiting for the signal
+        before = None
+    try:
         os.kill(os.getpid(), signal.SIGSTOP)
+        if before is not None:
+            select.select([came], [], [], PAUSE_HOLD_S)
+    finally:
+        if before is not None:
+            signal.set_wakeup_fd(before)
+        os.close(came)
+        os.close(wake)
 
 
 def cpu_seconds(pid: int) -> float | None:
