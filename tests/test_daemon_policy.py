@@ -1531,6 +1531,7 @@ def test_settings_defaults():
         "exclude_stragglers": True,
         "stop_if_straggler": False,
         "peer_timeout_s": 20,
+        "launcher_start_timeout_s": 180.0,
         "spare_nodes": 0,
         "live_recovery": False,
         "checkpoint_interval": "auto",
