@@ -414,7 +414,7 @@ def status(
         for v in s["validation"]:
             console.print(f"validation: {v['text']}", markup=False, highlight=False, soft_wrap=True)
         if s["validation"]:
-            flagged = ", ".join(f"{n} ({why})" for n, why in sorted(s["flagged_nodes"].items()))
+            flagged = "; ".join(f"{n}: {why}" for n, why in sorted(s["flagged_nodes"].items()))
             console.print(
                 f"nodes flagged by this run: {flagged or 'none'}",
                 markup=False,
