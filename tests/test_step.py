@@ -920,6 +920,7 @@ def test_the_next_submission_carries_the_disambiguation_context_and_excludes_the
     a = Attempt("r", 1, AttemptState.SUBMITTING, tag=tag("r", 1))
     r = run(last_checkpoint_step=40)
     out = core.step(a, None, r, known(trusted=True, previous=prev, flags=flags), NOW)
+    assert kinds(out) == ["Cancel", "Submit"]  # the old job first: harmless when it ended
     (submit,) = of(out, core.Submit)
     assert submit.exclude == ("n1", "n2")
     assert submit.disambiguate == Disambiguation(attempt=0, nodes=("n1", "n2"), step=40)
@@ -999,3 +1000,13 @@ def test_exit_0_after_a_disambiguation_run_completes_and_the_flags_stay():
     assert [u.run.state for u in of(out, core.UpdateRun)][-1] is RunState.COMPLETED
     assert not of(out, core.UnflagNode)
     assert not [e for e in of(out, core.Event) if e.kind == "validation"]
+
+
+def test_a_16_in_a_job_slurm_requeued_itself_cancels_it_for_the_fresh_one():
+    """A preempted job that exited 16 and that Slurm requeued: the disambiguation run is a
+    fresh job, so the requeued one is cancelled once the ending is recorded."""
+    files = core.RunFiles(rank_reports=(_rank_report("resume_elsewhere", "n1", 16),))
+    observed = info(JobState.PENDING, exit_code=16, restart_count=1)
+    out = core.step(attempt(start=NOW - 50), observed, run(), known(files=files), NOW)
+    assert of(out, core.NewAttempt)[0].attempt.state is AttemptState.SUBMITTING
+    assert out[-1] == core.Cancel("7")

@@ -424,8 +424,12 @@ def _submitting(a: Attempt, run: Run, facts: Facts, now: float) -> list[Intent]:
 def _lost_job(prev: Attempt | None) -> list[Intent]:
     """Cancel the job of a previous attempt that lost a node (`lost_nodes`): ended for it,
     or ended when its live launchers were done while Slurm still waited on the dead node
-    (`_done_but_for_lost`). Harmless when it has ended since."""
-    if prev is None or not prev.lost_nodes or not prev.job_id:
+    (`_done_but_for_lost`); or that ended with exit 16, whose disambiguation run is a fresh
+    job (Slurm may have requeued the old one itself, a preemption's exit 16). Harmless when
+    it has ended since."""
+    if prev is None or not prev.job_id:
+        return []
+    if not prev.lost_nodes and prev.cause != Cause.RESUME_ELSEWHERE.value:
         return []
     return [Cancel(prev.job_id)]
 
@@ -1269,8 +1273,8 @@ def _ended(
     # does not carry the context (`Submit.disambiguate`)
     fresh = bool(peer_lost) or stuck or (again and d.disambiguate)
     out += _after_ending(run, finished, info, d.verdict, fresh=fresh, now=now)
-    if stuck:  # recorded first; the job no longer trains, it only waits on a dead node
-        out.append(Cancel(a.job_id or ""))
+    if stuck or (fresh and requeued):  # recorded first; the job no longer trains (it waits on
+        out.append(Cancel(a.job_id or ""))  # a dead node, or Slurm requeued it after exit 16)
     return out
 
 
