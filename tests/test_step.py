@@ -1010,3 +1010,14 @@ def test_a_16_in_a_job_slurm_requeued_itself_cancels_it_for_the_fresh_one():
     out = core.step(attempt(start=NOW - 50), observed, run(), known(files=files), NOW)
     assert of(out, core.NewAttempt)[0].attempt.state is AttemptState.SUBMITTING
     assert out[-1] == core.Cancel("7")
+
+
+def test_a_cancelled_run_that_exited_16_records_no_validation():
+    files = core.RunFiles(rank_reports=(_rank_report("resume_elsewhere", "n1", 16),))
+    r = run(cancel_requested=True)
+    out = core.step(
+        attempt(start=NOW - 50), info(JobState.FAILED, exit_code=16), r, known(files=files), NOW
+    )
+    assert [u.run.state for u in of(out, core.UpdateRun)][-1] is RunState.CANCELLED
+    assert not of(out, core.FlagNode) and not of(out, core.NewAttempt)
+    assert not [e for e in of(out, core.Event) if e.kind == "validation"]

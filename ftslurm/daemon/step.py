@@ -1284,7 +1284,9 @@ def _validation(
     """Result validation's intents at an ending: exit 16's event (the nodes flagged, the
     disambiguation run or why there is none), and exit 17's after a disambiguation run
     (the verdict; the run's result-validation flags removed, those nodes were not at
-    fault). Nothing for other endings."""
+    fault). Nothing for other endings, nor for a cancelled run."""
+    if d.verdict is Verdict.CANCEL:
+        return []
     if cause is Cause.RESUME_ELSEWHERE:
         return [
             Event(
