@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ftslurm.agent import launch
+from ftslurm.agent import launch, rank
 from ftslurm.agent.task import torch_env
 from ftslurm.core.contract import (
+    Disambiguation,
     EnvName,
     ExitCode,
     HeartbeatDir,
@@ -121,6 +122,9 @@ def test_job_env_round_trip_and_defaults() -> None:
         ("FTSLURM_CHECKPOINT_SIGNAL", "KILL"),
         ("FTSLURM_SECTION_TIMEOUTS", "{not json"),
         ("FTSLURM_SECTION_TIMEOUTS", "[1]"),
+        ("FTSLURM_DISAMBIGUATE", "{not json"),
+        ("FTSLURM_DISAMBIGUATE", '{"attempt": -1}'),
+        ("FTSLURM_DISAMBIGUATE", '{"nodes": ["n1"]}'),
     ],
 )
 def test_a_bad_job_variable_is_a_one_line_error_naming_it(key: str, value: str) -> None:
@@ -160,6 +164,23 @@ def test_what_the_daemon_renders_the_job_parses_back() -> None:
     plain = script_exports(script)
     assert "FTSLURM_IN_JOB_RESTARTS" not in plain and "FTSLURM_GRACE_S" not in plain
     assert JobEnv.from_environ(plain).straggler_interval_s == JobEnv().straggler_interval_s
+
+
+def test_a_disambiguation_run_carries_its_context_to_the_rank_agent() -> None:
+    """After exit 16 the daemon submits the next attempt with FTSLURM_DISAMBIGUATE (issue
+    30): the batch script exports it, and the rank agent's `disambiguation()` reads it
+    back; an ordinary attempt has none."""
+    spec = job_spec(run_dir="/runs/r1")
+    context = Disambiguation(attempt=2, nodes=("n1", "n2"), step=40)
+    script, _ = build_attempt("r1", spec, {}, 3, ("n1", "n2"), (), context)
+    exported = script_exports(script)
+    assert EnvName.DISAMBIGUATE.value in exported
+    assert JobEnv.from_environ(exported).disambiguate == context
+    assert rank.disambiguation(exported) == context
+    script, _ = build_attempt("r1", spec, {}, 3, ())
+    assert EnvName.DISAMBIGUATE.value not in script_exports(script)
+    assert rank.disambiguation(script_exports(script)) is None
+    assert rank.disambiguation({}) is None
 
 
 def test_a_new_job_of_a_run_leaves_out_the_injections_that_fired() -> None:

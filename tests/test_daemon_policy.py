@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from ftslurm.core.contract import Disambiguation
 from ftslurm.core.settings import RECOVERY_SECTION
 from ftslurm.core.types import JobState
 from ftslurm.daemon.policy import (
@@ -25,9 +26,11 @@ from ftslurm.daemon.policy import (
     checkpoint_lead,
     classify,
     decide,
+    disambiguation,
     flag_ttl,
     next_poll_interval,
     plan_exclusions,
+    room_elsewhere,
     signal_due,
     spares_take_stragglers,
     straggler_flags,
@@ -995,29 +998,29 @@ DECIDE_ROWS = [
         B(1, {"boot_fail": 1}),
         (("n1", "boot_fail under the run"),),
     ),
-    (
-        "exclude/resume-elsewhere-suspect",
+    (  # exit 16: every node of the attempt, not only the one that asked (issue 30)
+        "exclude/resume-elsewhere-every-node",
         C.RESUME_ELSEWHERE,
         E(J.FAILED, 16, nodes=("n1", "n3"), suspect_node="n3"),
         B(),
         {},
         False,
-        V.RETRY,
-        ["resume_elsewhere: retry 1/2"],
-        B(1, {"resume_elsewhere": 1}),
-        (("n3", "named by the job (exit 16)"),),
+        V.CONTINUE,
+        ["exit 16", "disambiguation run on other nodes", "no retry spent"],
+        B(0, {"resume_elsewhere": 1}),
+        (("n1", "result validation (exit 16)"), ("n3", "result validation (exit 16)")),
     ),
     (
-        "exclude/resume-elsewhere-no-suspect",
+        "exclude/resume-elsewhere-second",
         C.RESUME_ELSEWHERE,
         E(J.FAILED, 16, nodes=("n1",)),
-        B(),
+        B(0, {"resume_elsewhere": 1}),
         {},
         False,
         V.RETRY,
-        ["resume_elsewhere"],
-        B(1, {"resume_elsewhere": 1}),
-        (),
+        ["resume_elsewhere: retry 1/2", "disambiguation run on other nodes"],
+        B(1, {"resume_elsewhere": 2}),
+        (("n1", "result validation (exit 16)"),),
     ),
     (
         "exclude/crash-never",
@@ -1101,6 +1104,195 @@ def test_decide(cause, ending, budget, overrides, cancel, verdict, words, after,
     assert d.budget == after
     assert d.exclude == exclude
     assert budget == before  # the budget passed in is never changed in place
+
+
+# ------------------------------------------------------------------- result validation
+VALIDATION = "result validation (exit 16)"
+SIXTEEN = E(J.FAILED, 16, nodes=("n1", "n2"), rank_outcomes=("resume_elsewhere",))
+SEVENTEEN = E(J.FAILED, 17, nodes=("n3", "n4"), rank_outcomes=("failed_validation",))
+FLAGGED = (("n1", VALIDATION), ("n2", VALIDATION))
+# (id, cause, ending, budget, settings, verdict, words, budget after, flagged, disambiguate,
+#  clear the validation flags)
+VALIDATION_ROWS = [
+    (
+        "first-16-is-free",
+        C.RESUME_ELSEWHERE,
+        SIXTEEN,
+        B(),
+        {},
+        V.CONTINUE,
+        ["exit 16", "result validation", "disambiguation run on other nodes", "no retry spent"],
+        B(0, {"resume_elsewhere": 1}),
+        FLAGGED,
+        True,
+        False,
+    ),
+    (
+        "first-16-free-even-with-the-budget-spent",
+        C.RESUME_ELSEWHERE,
+        SIXTEEN,
+        B(2, {"crash": 2}),
+        {},
+        V.CONTINUE,
+        ["no retry spent"],
+        B(2, {"crash": 2, "resume_elsewhere": 1}),
+        FLAGGED,
+        True,
+        False,
+    ),
+    (
+        "second-16-spends-the-budget",
+        C.RESUME_ELSEWHERE,
+        SIXTEEN,
+        B(0, {"resume_elsewhere": 1}),
+        {},
+        V.RETRY,
+        ["resume_elsewhere: retry 1/2", "disambiguation run on other nodes"],
+        B(1, {"resume_elsewhere": 2}),
+        FLAGGED,
+        True,
+        False,
+    ),
+    (
+        "second-16-budget-exhausted",
+        C.RESUME_ELSEWHERE,
+        SIXTEEN,
+        B(2, {"crash": 1, "resume_elsewhere": 2}),
+        {},
+        V.FAIL,
+        ["retry budget exhausted (2/2)", "resume_elsewhere"],
+        B(2, {"crash": 1, "resume_elsewhere": 2}),
+        FLAGGED,
+        False,
+        False,
+    ),
+    (  # the free one is outside the per-cause cap: a cap of 1 allows one paid re-run
+        "second-16-cause-cap-counts-paid-ones",
+        C.RESUME_ELSEWHERE,
+        SIXTEEN,
+        B(0, {"resume_elsewhere": 1}),
+        {"cause_budgets": {"resume_elsewhere": 1}},
+        V.RETRY,
+        ["retry 1/2"],
+        B(1, {"resume_elsewhere": 2}),
+        FLAGGED,
+        True,
+        False,
+    ),
+    (
+        "third-16-cause-cap-reached",
+        C.RESUME_ELSEWHERE,
+        SIXTEEN,
+        B(1, {"resume_elsewhere": 2}),
+        {"cause_budgets": {"resume_elsewhere": 1}},
+        V.FAIL,
+        ["retry budget for resume_elsewhere exhausted (1/1)"],
+        B(1, {"resume_elsewhere": 2}),
+        FLAGGED,
+        False,
+        False,
+    ),
+    (
+        "16-with-no-other-nodes",
+        C.RESUME_ELSEWHERE,
+        dataclasses.replace(SIXTEEN, elsewhere=False),
+        B(),
+        {},
+        V.FAIL,
+        ["no other nodes to re-run on", "not retried"],
+        B(),
+        FLAGGED,
+        False,
+        False,
+    ),
+    (  # a site that never flags nodes: exit 16 is an ordinary retry, no context
+        "16-without-node-exclusion",
+        C.RESUME_ELSEWHERE,
+        SIXTEEN,
+        B(),
+        {"exclude_failed_nodes": False},
+        V.RETRY,
+        ["resume_elsewhere: retry 1/2"],
+        B(1, {"resume_elsewhere": 1}),
+        (),
+        False,
+        False,
+    ),
+    (
+        "17-after-a-disambiguation-run",
+        C.FAILED_VALIDATION,
+        SEVENTEEN,
+        B(0, {"resume_elsewhere": 1}),
+        {},
+        V.FAIL,
+        ["the result reproduced on different hardware", "the model's, not the machine's"],
+        B(0, {"resume_elsewhere": 1}),
+        (),
+        False,
+        True,
+    ),
+    (
+        "17-without-a-disambiguation-run",
+        C.FAILED_VALIDATION,
+        SEVENTEEN,
+        B(),
+        {},
+        V.FAIL,
+        ["result validation failed (exit 17): not retried"],
+        B(),
+        (),
+        False,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "cause,ending,budget,overrides,verdict,words,after,flagged,again,clear",
+    [pytest.param(*row[1:], id=row[0]) for row in VALIDATION_ROWS],
+)
+def test_result_validation_policy(
+    cause, ending, budget, overrides, verdict, words, after, flagged, again, clear
+):
+    s = FtSettings(**overrides)
+    assert classify(ending, s) is cause
+    d = decide(cause, ending, budget, s)
+    assert (d.verdict, d.cause) == (verdict, cause)
+    for word in words:
+        assert word in d.reason, d.reason
+    assert d.budget == after
+    assert d.exclude == flagged
+    assert (d.disambiguate, d.clear_validation_flags) == (again, clear)
+
+
+def test_a_cancel_wins_over_result_validation():
+    for cause, ending in ((C.RESUME_ELSEWHERE, SIXTEEN), (C.FAILED_VALIDATION, SEVENTEEN)):
+        d = decide(cause, ending, B(0, {"resume_elsewhere": 1}), DEFAULT, cancel_requested=True)
+        assert d.verdict is V.CANCEL and not d.exclude and not d.clear_validation_flags
+
+
+@pytest.mark.parametrize(
+    "nodes,usable,needed,room",
+    [
+        (("n1", "n2"), ("n1", "n2", "n3", "n4"), 2, True),
+        (("n1", "n2"), ("n1", "n2", "n3"), 2, False),  # n1 or n2 would come back
+        (("n1",), ("n1",), 1, False),  # one node in all
+        (("n1", "n2"), ("n3",), 1, True),  # the attempt's nodes are down: elsewhere anyway
+    ],
+)
+def test_room_elsewhere(nodes, usable, needed, room):
+    assert room_elsewhere(nodes, usable, needed) is room
+    if room:  # then flagging the attempt's nodes keeps every one of them out
+        assert set(nodes) & set(usable) <= set(plan_exclusions(list(nodes), usable, needed))
+
+
+def test_the_disambiguation_context_follows_an_exit_16():
+    ctx = disambiguation("resume_elsewhere", 3, ["n1", "n2"], 40, DEFAULT)
+    assert ctx == Disambiguation(attempt=3, nodes=("n1", "n2"), step=40)
+    assert disambiguation("crash", 3, ["n1"], 40, DEFAULT) is None
+    assert disambiguation(None, 0, [], None, DEFAULT) is None
+    off = FtSettings(exclude_failed_nodes=False)
+    assert disambiguation("resume_elsewhere", 3, ["n1"], 40, off) is None
 
 
 def test_no_note_when_the_signal_was_acted_on_or_the_ranks_beat():
@@ -1227,6 +1419,7 @@ def endings(draw) -> Ending:
         finished_marker=draw(rarely(10)),
         suspect_node=draw(st.none() | st.sampled_from(NODES)),
         signal_withheld=draw(st.sampled_from((None, None, "USR2"))),
+        elsewhere=draw(st.booleans()),
     )
 
 
@@ -1268,11 +1461,19 @@ def test_simulated_runs_keep_their_budgets(endings_, s, cancel_from):
     for i, d in enumerate(decisions):
         b = d.budget
         assert b.job_retries_used <= cap  # (a)
+        # the first disambiguation run after exit 16 is counted, not charged (issue 30)
+        free = int(s.exclude_failed_nodes and b.cause_counts.get(C.RESUME_ELSEWHERE.value, 0) > 0)
         for cause, cause_cap in s.cause_budgets.items():  # (b)
-            assert b.cause_counts.get(cause.value, 0) <= cause_cap
-        assert sum(b.cause_counts.values()) == b.job_retries_used  # (c)
+            charged = b.cause_counts.get(cause.value, 0)
+            assert charged - (free if cause is C.RESUME_ELSEWHERE else 0) <= cause_cap
+        assert sum(b.cause_counts.values()) == b.job_retries_used + free  # (c)
         assert set(b.cause_counts) <= {c.value for c in RETRYABLE}
-        if d.verdict is V.CONTINUE:  # (d)
+        if d.verdict is V.CONTINUE and d.cause is C.RESUME_ELSEWHERE:  # (d) the free one
+            assert b.job_retries_used == previous.job_retries_used
+            assert b.continuations == previous.continuations
+            assert previous.cause_counts.get(C.RESUME_ELSEWHERE.value, 0) == 0
+            assert b.cause_counts[C.RESUME_ELSEWHERE.value] == 1 and d.disambiguate
+        elif d.verdict is V.CONTINUE:  # (d)
             assert b.job_retries_used == previous.job_retries_used
             assert b.continuations == previous.continuations + 1
             assert b.stalled_continuations < s.max_stalled_continuations

@@ -296,6 +296,19 @@ def test_node_flags(store: Store) -> None:
     assert [f.node for f in store.node_flags()] == ["n1", "n3"]
 
 
+def test_a_flag_is_removed_by_its_reason_only_while_it_is_still_that_one(store: Store) -> None:
+    """What exit 17 asks (issue 30): remove the run's result-validation flags, not a flag
+    that replaced one since or another run's."""
+    store.flag_node(NodeFlag("n1", "result validation (exit 16)", 10.0, 99.0, "r1"))
+    store.flag_node(NodeFlag("n2", "node_fail under the run", 11.0, 99.0, "r1"))
+    store.flag_node(NodeFlag("n3", "result validation (exit 16)", 12.0, 99.0, "r2"))
+    reason = "result validation (exit 16)"
+    assert store.unflag_node("n2", reason, "r1") is False
+    assert store.unflag_node("n3", reason, "r1") is False
+    assert store.unflag_node("n1", reason, "r1") is True
+    assert [f.node for f in store.node_flags()] == ["n2", "n3"]
+
+
 # ---------------------------------------------------------------------- database file
 def test_permissions_and_pragmas(tmp_path: Path) -> None:
     home = tmp_path / "deep" / "home"

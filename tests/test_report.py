@@ -302,6 +302,27 @@ def test_timeline_from_events():
     assert "attempt 0 ended after 25m00s: NODE_FAIL, node_fail -> retry" in texts
 
 
+def test_timeline_shows_the_result_validation_events():
+    """Exit 16 (the nodes flagged, the disambiguation run) and exit 17's verdict (the nodes
+    unflagged), as the daemon's step records them (issue 30)."""
+    case = CASES["node failure then retry"]
+    flagged = {"attempt": 0, "job_id": "100", "exit_code": 16, "verdict": "disambiguate"}
+    reproduced = {"attempt": 1, "job_id": "101", "exit_code": 17, "verdict": "reproduced"}
+    events = [
+        *case.events,
+        Event(3, 1600.0, "r1", "validation", {**flagged, "flagged": ["n1", "n2"]}),
+        Event(4, 1900.0, "r1", "validation", {**reproduced, "unflagged": ["n1", "n2"]}),
+    ]
+    rep = goodput(case.run, case.attempts, events, case.facts, case.now)
+    texts = [e.text for e in rep.timeline if e.kind == "validation"]
+    assert texts == [
+        "attempt 0 exited 16 (a result it could not trust): nodes flagged (result "
+        "validation): n1, n2; disambiguation run on other nodes",
+        "attempt 1 exited 17: the result reproduced on different hardware, the model's "
+        "fault, not the machine's; nodes unflagged: n1, n2",
+    ]
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(

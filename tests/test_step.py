@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from ftslurm.core.cadence import FailureHistory
+from ftslurm.core.contract import Disambiguation
 from ftslurm.core.leases import Lease, Seen, never_started, never_started_at, observe
 from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
@@ -879,3 +880,144 @@ def test_the_reason_says_what_the_first_failed_rank_said():
         "ModuleNotFoundError: No module named 'foo'"
     )
     assert of(out, core.UpdateRun)[-1].run.reason == rec.attempt.reason
+
+
+# ------------------------------------------------------------ result validation (16, 17)
+def _rank_report(outcome: str, node: str, code: int) -> dict:
+    return {"rank": 0, "node": node, "outcome": outcome, "exit_code": code}
+
+
+def test_exit_16_flags_the_attempts_nodes_and_a_fresh_job_re_runs_elsewhere():
+    """The first 16 of a run: both nodes flagged (result validation, the usual TTL), no
+    failure budget spent, a `validation` event, and the next attempt is a fresh submission
+    (a requeued job would run the old script, without the disambiguation context)."""
+    files = core.RunFiles(
+        rank_reports=(_rank_report("resume_elsewhere", "n1", 16),), progress={"checkpoint_step": 40}
+    )
+    out = core.step(
+        attempt(start=NOW - 50), info(JobState.FAILED, exit_code=16), run(), known(files=files), NOW
+    )
+    flags = of(out, core.FlagNode)
+    assert [(f.node, f.reason, f.ttl_s) for f in flags] == [
+        (n, "result validation (exit 16)", FtSettings().node_exclusion_ttl_s) for n in ("n1", "n2")
+    ]
+    (updated,) = [r for r in of(out, core.UpdateRun) if r.run.cause_counts]
+    assert updated.run.job_retries_used == 0 and updated.run.cause_counts == {"resume_elsewhere": 1}
+    (nxt,) = of(out, core.NewAttempt)
+    assert nxt.attempt.state is AttemptState.SUBMITTING and nxt.attempt.job_id is None
+    (event,) = [e for e in of(out, core.Event) if e.kind == "validation"]
+    assert event.data["verdict"] == "disambiguate" and event.data["flagged"] == ["n1", "n2"]
+    assert event.data["exit_code"] == 16
+
+
+def test_the_next_submission_carries_the_disambiguation_context_and_excludes_the_nodes():
+    prev = replace(
+        attempt(AttemptState.FAILED, exit_code=16), cause="resume_elsewhere", nodes=["n1", "n2"]
+    )
+    flags = tuple(
+        NodeFlag(n, "result validation (exit 16)", NOW - 5, NOW + 86400, "r") for n in ("n1", "n2")
+    )
+    a = Attempt("r", 1, AttemptState.SUBMITTING, tag=tag("r", 1))
+    r = run(last_checkpoint_step=40)
+    out = core.step(a, None, r, known(trusted=True, previous=prev, flags=flags), NOW)
+    assert kinds(out) == ["Cancel", "Submit"]  # the old job first: harmless when it ended
+    (submit,) = of(out, core.Submit)
+    assert submit.exclude == ("n1", "n2")
+    assert submit.disambiguate == Disambiguation(attempt=0, nodes=("n1", "n2"), step=40)
+    # an ordinary retry carries none
+    crashed = replace(prev, cause="crash")
+    out = core.step(a, None, r, known(trusted=True, previous=crashed, flags=flags), NOW)
+    assert of(out, core.Submit)[0].disambiguate is None
+
+
+def test_a_second_16_spends_the_budget_and_re_runs_elsewhere_again():
+    files = core.RunFiles(rank_reports=(_rank_report("resume_elsewhere", "n3", 16),))
+    r = run(cause_counts={"resume_elsewhere": 1})
+    a = replace(attempt(start=NOW - 50, n=1), nodes=["n3", "n4"])
+    observed = info(JobState.FAILED, exit_code=16, nodes=("n3", "n4"))
+    usable = {**NODES, "n5": True, "n6": True}
+    out = core.step(a, observed, r, known(files=files, usable=usable), NOW)
+    (updated,) = [u for u in of(out, core.UpdateRun) if u.run.job_retries_used]
+    assert updated.run.job_retries_used == 1
+    assert updated.run.cause_counts == {"resume_elsewhere": 2}
+    assert [f.node for f in of(out, core.FlagNode)] == ["n3", "n4"]
+    assert of(out, core.NewAttempt)[0].attempt.state is AttemptState.SUBMITTING
+
+
+def test_a_16_with_no_other_nodes_fails_the_run_with_the_reason():
+    files = core.RunFiles(rank_reports=(_rank_report("resume_elsewhere", "n1", 16),))
+    usable = {"n1": True, "n2": True, "n3": True}  # the job needs 2: one of n1, n2 again
+    out = core.step(
+        attempt(start=NOW - 50),
+        info(JobState.FAILED, exit_code=16),
+        run(),
+        known(files=files, usable=usable),
+        NOW,
+    )
+    (ended,) = [u.run for u in of(out, core.UpdateRun) if u.run.state is RunState.FAILED]
+    assert "no other nodes to re-run on" in (ended.reason or "")
+    assert not of(out, core.NewAttempt)
+    (event,) = [e for e in of(out, core.Event) if e.kind == "validation"]
+    assert event.data["verdict"] == "fail"
+
+
+def test_exit_17_after_a_disambiguation_run_fails_the_run_and_unflags_the_runs_nodes():
+    """Only the run's own result-validation flags are removed: another run's, or a node
+    flagged since for another reason, stay."""
+    flags = (
+        NodeFlag("n1", "result validation (exit 16)", NOW - 60, NOW + 86400, "r"),
+        NodeFlag("n2", "result validation (exit 16)", NOW - 60, NOW + 86400, "r"),
+        NodeFlag("n5", "result validation (exit 16)", NOW - 60, NOW + 86400, "other"),
+        NodeFlag("n6", "node_fail under the run", NOW - 60, NOW + 86400, "r"),
+    )
+    files = core.RunFiles(rank_reports=(_rank_report("failed_validation", "n3", 17),))
+    r = run(cause_counts={"resume_elsewhere": 1})
+    a = replace(attempt(start=NOW - 50, n=1), nodes=["n3", "n4"])
+    observed = info(JobState.FAILED, exit_code=17, nodes=("n3", "n4"))
+    out = core.step(a, observed, r, known(files=files, flags=flags), NOW)
+    assert of(out, core.UnflagNode) == [
+        core.UnflagNode("n1", "result validation (exit 16)", "r"),
+        core.UnflagNode("n2", "result validation (exit 16)", "r"),
+    ]
+    (ended,) = [u.run for u in of(out, core.UpdateRun) if u.run.state is RunState.FAILED]
+    assert ended.reason is not None
+    assert "the result reproduced on different hardware: the model's, not the machine's" in (
+        ended.reason
+    )
+    assert not of(out, core.NewAttempt) and not of(out, core.FlagNode)
+    (event,) = [e for e in of(out, core.Event) if e.kind == "validation"]
+    assert event.data["verdict"] == "reproduced" and event.data["unflagged"] == ["n1", "n2"]
+
+
+def test_exit_0_after_a_disambiguation_run_completes_and_the_flags_stay():
+    flags = tuple(
+        NodeFlag(n, "result validation (exit 16)", NOW - 60, NOW + 86400, "r") for n in ("n1", "n2")
+    )
+    r = run(cause_counts={"resume_elsewhere": 1})
+    a = replace(attempt(start=NOW - 50, n=1), nodes=["n3", "n4"])
+    observed = info(JobState.COMPLETED, exit_code=0, nodes=("n3", "n4"))
+    out = core.step(a, observed, r, known(flags=flags), NOW)
+    assert [u.run.state for u in of(out, core.UpdateRun)][-1] is RunState.COMPLETED
+    assert not of(out, core.UnflagNode)
+    assert not [e for e in of(out, core.Event) if e.kind == "validation"]
+
+
+def test_a_16_in_a_job_slurm_requeued_itself_cancels_it_for_the_fresh_one():
+    """A preempted job that exited 16 and that Slurm requeued: the disambiguation run is a
+    fresh job, so the requeued one is cancelled once the ending is recorded."""
+    files = core.RunFiles(rank_reports=(_rank_report("resume_elsewhere", "n1", 16),))
+    observed = info(JobState.PENDING, exit_code=16, restart_count=1)
+    out = core.step(attempt(start=NOW - 50), observed, run(), known(files=files), NOW)
+    assert of(out, core.NewAttempt)[0].attempt.state is AttemptState.SUBMITTING
+    assert out[-1] == core.Cancel("7")
+
+
+def test_a_cancelled_run_that_exited_16_records_no_validation():
+    files = core.RunFiles(rank_reports=(_rank_report("resume_elsewhere", "n1", 16),))
+    r = run(cancel_requested=True)
+    out = core.step(
+        attempt(start=NOW - 50), info(JobState.FAILED, exit_code=16), r, known(files=files), NOW
+    )
+    assert [u.run.state for u in of(out, core.UpdateRun)][-1] is RunState.CANCELLED
+    assert not of(out, core.FlagNode) and not of(out, core.NewAttempt)
+    assert not [e for e in of(out, core.Event) if e.kind == "validation"]

@@ -61,7 +61,7 @@ from ftslurm.agent import progress
 from ftslurm.agent.heartbeat import HeartbeatWriter
 from ftslurm.agent.straggler import StepTimer
 from ftslurm.core.cadence import Cadence
-from ftslurm.core.contract import JobEnv, RunDir, observed_record
+from ftslurm.core.contract import Disambiguation, JobEnv, RunDir, observed_record
 from ftslurm.core.contract.reports import Outcome, StopRecord
 from ftslurm.fsutil import read_json, write_json_atomic
 from ftslurm.runfiles import write_report
@@ -418,6 +418,18 @@ def leave(
             pass
     logging.shutdown()
     os._exit(code)
+
+
+def disambiguation(environ: dict[str, str] | None = None) -> Disambiguation | None:
+    """The context of a disambiguation run, or None in an ordinary attempt: the attempt
+    before this one ended with exit 16 (a rank could not trust a result and asked to resume
+    on other hardware) on nodes the daemon then flagged, and this attempt runs elsewhere
+    (`attempt`: the one that exited 16, `nodes`: its nodes, `step`: the checkpoint step
+    this attempt starts from). A script re-runs the suspicious step: when the result
+    reproduces, the fault is the model's, not the machine's, and it exits 17 (the run ends
+    FAILED with that reason); when it does not, it goes on. Reads `FTSLURM_DISAMBIGUATE`
+    (a bad value: a one-line `ConfigError`); needs no `init`."""
+    return JobEnv.from_environ(dict(os.environ if environ is None else environ)).disambiguate
 
 
 _AGENT: RankAgent | None = None

@@ -53,6 +53,7 @@ from ftslurm.report.notes import (
     moved_to_a_new_job,
     recovery_notes,
     split_reason,
+    validation_text,
 )
 from ftslurm.runfiles import read_report, read_reports
 
@@ -69,11 +70,13 @@ def continued(attempt: Attempt, verdicts: dict[int, str]) -> bool:
 
 def run_summary(store: Store, run: Run) -> dict[str, Any]:
     attempts = store.attempts(run.run_id)
+    events = store.events(run.run_id)
     verdicts = {
         e.data["attempt"]: str(e.data.get("verdict"))
-        for e in store.events(run.run_id)
+        for e in events
         if e.kind == "ended" and isinstance(e.data.get("attempt"), int)
     }
+    flags = store.node_flags(time.time())
     return {
         "run_id": run.run_id,
         "name": run.name,
@@ -99,7 +102,15 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         "job_retries_max": run.settings.get("num_job_retries_on_failure"),
         "in_job_restarts_total": sum(a.in_job_restarts for a in attempts),
         "continuations": run.continuations,
-        "excluded_nodes": sorted(f.node for f in store.node_flags(time.time())),
+        "excluded_nodes": sorted(f.node for f in flags),
+        # the nodes this run flagged that are still flagged, with why
+        "flagged_nodes": {f.node: f.reason for f in flags if f.run_id == run.run_id},
+        # result validation (exit 16 and 17): what happened, in the daemon's words
+        "validation": [
+            {**e.data, "time": e.time, "text": validation_text(e.data)}
+            for e in events
+            if e.kind == "validation"
+        ],
         "last_checkpoint_step": checkpoint_step(run),
         "reason": run.reason,
         "backend": run.spec.get("backend"),
@@ -399,6 +410,16 @@ def status(
         if cadence is not None and uses_cadence(s, progress):
             console.print(
                 f"checkpoints: {cadence.describe()}", markup=False, highlight=False, soft_wrap=True
+            )
+        for v in s["validation"]:
+            console.print(f"validation: {v['text']}", markup=False, highlight=False, soft_wrap=True)
+        if s["validation"]:
+            flagged = "; ".join(f"{n}: {why}" for n, why in sorted(s["flagged_nodes"].items()))
+            console.print(
+                f"nodes flagged by this run: {flagged or 'none'}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
             )
     for note in said_once:
         console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)

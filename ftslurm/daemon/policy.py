@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-from ftslurm.core.contract import NAMED_EXITS, ExitCode
+from ftslurm.core.contract import NAMED_EXITS, Disambiguation, ExitCode
 from ftslurm.core.contract.reports import (
     CLEAN,
     OUT_OF_TRAINING,
@@ -49,6 +49,9 @@ class Ending:
     checkpoint_advanced: bool = False  # the run's checkpoint step moved during this attempt
     finished_marker: bool = False  # the training wrote FINISHED
     suspect_node: str | None = None  # named with exit 16
+    # Enough usable nodes outside the attempt's allocation to place the job again
+    # (`room_elsewhere`): a re-run on other hardware after exit 16 is possible.
+    elsewhere: bool = True
     # A rank the launchers found hung when the job was told to stop ("rank 1 (node n2) hung
     # in section 'step': ..."), empty when none was.
     hung: str = ""
@@ -176,6 +179,12 @@ class Decision:
     reason: str
     budget: Budget
     exclude: tuple[tuple[str, str], ...] = ()  # (node, why) to flag for later attempts
+    # exit 16: the next attempt is a disambiguation run, on other nodes (a fresh job that
+    # carries `Disambiguation`)
+    disambiguate: bool = False
+    # exit 17 after a disambiguation run: the result reproduced on other hardware, so the
+    # nodes the run flagged for result validation were not at fault: unflag them
+    clear_validation_flags: bool = False
 
 
 def decide(
@@ -256,9 +265,18 @@ def _decide(
         )
     if cause is Cause.USER_ERROR:
         return Decision(Verdict.FAIL, cause, user_error_reason(e), budget)
+    if cause is Cause.FAILED_VALIDATION and disambiguated(budget):
+        return Decision(Verdict.FAIL, cause, REPRODUCED, budget, clear_validation_flags=True)
     if cause not in RETRYABLE:
         return Decision(Verdict.FAIL, cause, _NO_RETRY[cause], budget)
     exclude = _exclusions(cause, e, settings)
+    validating = cause is Cause.RESUME_ELSEWHERE and settings.exclude_failed_nodes
+    if validating and not e.elsewhere:
+        return Decision(Verdict.FAIL, cause, NOWHERE_ELSE, budget, exclude)
+    if validating and not disambiguated(budget):  # the first one is free
+        counts = {**budget.cause_counts, cause.value: 1}
+        new = replace(budget, cause_counts=counts)
+        return Decision(Verdict.CONTINUE, cause, FIRST_DISAMBIGUATION, new, exclude, True)
     used, cap = budget.job_retries_used, settings.num_job_retries_on_failure
     if used >= cap:
         return Decision(
@@ -269,12 +287,13 @@ def _decide(
             exclude,
         )
     spent = budget.cause_counts.get(cause.value, 0)
+    free = 1 if validating else 0  # the first disambiguation is counted, not charged
     cause_cap = settings.cause_budgets.get(cause)
-    if cause_cap is not None and spent >= cause_cap:
+    if cause_cap is not None and spent - free >= cause_cap:
         return Decision(
             Verdict.FAIL,
             cause,
-            f"retry budget for {cause.value} exhausted ({spent}/{cause_cap})",
+            f"retry budget for {cause.value} exhausted ({spent - free}/{cause_cap})",
             budget,
             exclude,
         )
@@ -282,7 +301,55 @@ def _decide(
     counts[cause.value] = spent + 1
     stalled = 0 if e.checkpoint_advanced else budget.stalled_continuations
     new = Budget(used + 1, counts, budget.continuations, stalled)
-    return Decision(Verdict.RETRY, cause, f"{cause.value}: retry {used + 1}/{cap}", new, exclude)
+    reason = f"{cause.value}: retry {used + 1}/{cap}"
+    if validating:
+        reason += f"; {DISAMBIGUATION_RUN}"
+    return Decision(Verdict.RETRY, cause, reason, new, exclude, validating)
+
+
+# Result validation (exit 16, then 17): the one place of its words and its flag's reason.
+VALIDATION_FLAG = "result validation"  # the reason of a node flagged for exit 16 (a prefix)
+DISAMBIGUATION_RUN = "disambiguation run on other nodes"
+FIRST_DISAMBIGUATION = (
+    f"resume_elsewhere (exit 16): the nodes flagged ({VALIDATION_FLAG}), a {DISAMBIGUATION_RUN}; "
+    "no retry spent"
+)
+NOWHERE_ELSE = (
+    "resume_elsewhere (exit 16): no other nodes to re-run on (too few usable nodes outside "
+    "the attempt's), so the model's fault cannot be told from the machine's: not retried"
+)
+REPRODUCED = (
+    "the result reproduced on different hardware: the model's, not the machine's (exit 17); "
+    "not retried"
+)
+
+
+def disambiguated(budget: Budget) -> bool:
+    """Whether the run already had a disambiguation run (an exit 16 acted on)."""
+    return budget.cause_counts.get(Cause.RESUME_ELSEWHERE.value, 0) > 0
+
+
+def room_elsewhere(nodes: Iterable[str], usable_nodes: Iterable[str], nodes_needed: int) -> bool:
+    """Whether the job can be placed again without any node of the attempt (`nodes`): at
+    least `nodes_needed` usable nodes outside it. The attempt's nodes are flagged newest,
+    so `plan_exclusions` keeps every one of them out exactly then."""
+    return len(set(usable_nodes) - set(nodes)) >= nodes_needed
+
+
+def disambiguation(
+    previous_cause: str | None,
+    previous_attempt: int,
+    previous_nodes: Sequence[str],
+    checkpoint_step: int | None,
+    settings: FtSettings,
+) -> Disambiguation | None:
+    """The context the next attempt's job carries (`FTSLURM_DISAMBIGUATE`) when the attempt
+    before it ended with exit 16 and the run re-runs elsewhere; else None."""
+    if previous_cause != Cause.RESUME_ELSEWHERE.value or not settings.exclude_failed_nodes:
+        return None
+    return Disambiguation(
+        attempt=previous_attempt, nodes=tuple(previous_nodes), step=checkpoint_step
+    )
 
 
 _NO_RETRY = {
@@ -330,8 +397,9 @@ def _exclusions(cause: Cause, e: Ending, settings: FtSettings) -> tuple[tuple[st
     if cause in (Cause.NODE_FAIL, Cause.BOOT_FAIL):
         nodes = e.down_nodes or (e.nodes if cause is Cause.BOOT_FAIL else ())
         return tuple((n, f"{cause.value} under the run") for n in nodes)
-    if cause is Cause.RESUME_ELSEWHERE and e.suspect_node:
-        return ((e.suspect_node, "named by the job (exit 16)"),)
+    if cause is Cause.RESUME_ELSEWHERE:  # every node of the attempt: a re-run elsewhere
+        nodes = e.nodes or ((e.suspect_node,) if e.suspect_node else ())
+        return tuple((n, f"{VALIDATION_FLAG} (exit 16)") for n in nodes)
     return ()
 
 

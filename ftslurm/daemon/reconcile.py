@@ -200,7 +200,13 @@ def submit_attempt(
         event = ("adopted", {"attempt": a.attempt, "job_id": job.job_id})
     else:
         script, options = build_attempt(
-            run.run_id, run.spec, run.settings, a.attempt, intent.exclude, run.injected
+            run.run_id,
+            run.spec,
+            run.settings,
+            a.attempt,
+            intent.exclude,
+            run.injected,
+            intent.disambiguate,
         )
         job_id = backend.submit(script, options)
         a = replace(a, job_id=job_id, state=AttemptState.PENDING, submitted_at=clock())
@@ -1082,6 +1088,10 @@ class Reconciler:
                     current = None
                 elif isinstance(r, core.FlagNode):
                     self._write_flag(r, now, run.run_id)
+                elif isinstance(r, core.UnflagNode):
+                    self._flags_stale = True  # read again before the next step
+                    self._flags_epoch += 1
+                    self.store.unflag_node(r.node, r.reason, r.run_id)
                 elif isinstance(r, core.Event):
                     self.store.append_event(run.run_id, r.kind, r.data, now)
                 elif isinstance(r, core.Trust):
@@ -1094,6 +1104,8 @@ class Reconciler:
         for r in records:
             if isinstance(r, core.FlagNode) and r.reason.startswith("straggler"):
                 log.info("run %s: straggler node %s flagged", run.run_id, r.node)
+            if isinstance(r, core.UnflagNode):
+                log.info("run %s: node %s unflagged (%s)", run.run_id, r.node, r.reason)
         if (
             current is not None
             and current.state is SUBMITTING

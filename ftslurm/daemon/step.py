@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ftslurm.core.cadence import Cadence, FailureHistory, cadence, live_coverage
+from ftslurm.core.contract import Disambiguation
 from ftslurm.core.contract.reports import (
     Benched,
     LauncherFailed,
@@ -226,6 +227,15 @@ class FlagNode:
 
 
 @dataclass(frozen=True)
+class UnflagNode:
+    """Remove the node's flag if it is still the one given (`reason`, set by `run_id`)."""
+
+    node: str
+    reason: str
+    run_id: str
+
+
+@dataclass(frozen=True)
 class Event:
     kind: str
     data: dict[str, Any]
@@ -247,9 +257,11 @@ class Adopt:
 
 @dataclass(frozen=True)
 class Submit:
-    """Submit the attempt's job with these exclusions."""
+    """Submit the attempt's job with these exclusions (and, after exit 16, the context of
+    its disambiguation run)."""
 
     exclude: tuple[str, ...]
+    disambiguate: Disambiguation | None = None
 
 
 @dataclass(frozen=True)
@@ -325,6 +337,7 @@ Intent = (
     | UpdateRun
     | Finish
     | FlagNode
+    | UnflagNode
     | Event
     | Trust
     | Adopt
@@ -340,7 +353,7 @@ Intent = (
     | Wake
     | Changed
 )
-RECORDS = (Record, NewAttempt, UpdateRun, Finish, FlagNode, Event, Trust, Changed)
+RECORDS = (Record, NewAttempt, UpdateRun, Finish, FlagNode, UnflagNode, Event, Trust, Changed)
 
 
 def _need(*what: str) -> list[Intent]:
@@ -392,19 +405,31 @@ def _submitting(a: Attempt, run: Run, facts: Facts, now: float) -> list[Intent]:
             return _need("found")
         if facts.found:  # submitted already: the old job was cancelled before
             return [Adopt(max(facts.found, key=lambda j: int(j.job_id.split("_")[0])))]
+    prev = facts.previous
+    context = (
+        None
+        if prev is None
+        else policy.disambiguation(
+            prev.cause, prev.attempt, prev.nodes, run.last_checkpoint_step, _settings(run, facts)
+        )
+    )
     flagged = active_flags(facts, now)
     if not flagged:
-        return [*lost_job, Submit(())]
+        return [*lost_job, Submit((), context)]
     if facts.usable is None:
         return _need("nodes")
-    return [*lost_job, Submit(_exclusions(run, flagged, facts.usable))]
+    return [*lost_job, Submit(_exclusions(run, flagged, facts.usable), context)]
 
 
 def _lost_job(prev: Attempt | None) -> list[Intent]:
     """Cancel the job of a previous attempt that lost a node (`lost_nodes`): ended for it,
     or ended when its live launchers were done while Slurm still waited on the dead node
-    (`_done_but_for_lost`). Harmless when it has ended since."""
-    if prev is None or not prev.lost_nodes or not prev.job_id:
+    (`_done_but_for_lost`); or that ended with exit 16, whose disambiguation run is a fresh
+    job (Slurm may have requeued the old one itself, a preemption's exit 16). Harmless when
+    it has ended since."""
+    if prev is None or not prev.job_id:
+        return []
+    if not prev.lost_nodes and prev.cause != Cause.RESUME_ELSEWHERE.value:
         return []
     return [Cancel(prev.job_id)]
 
@@ -1243,10 +1268,60 @@ def _ended(
         out += _slurm_lost(a, ending.down_nodes, files, now)
     excluded = [n for n, _ in d.exclude]
     out.append(_ended_event(a, ended_state, cause, d, info.exit_code, excluded))
-    out += _after_ending(run, finished, info, d.verdict, fresh=bool(peer_lost) or stuck, now=now)
-    if stuck:  # recorded first; the job no longer trains, it only waits on a dead node
-        out.append(Cancel(a.job_id or ""))
+    out += _validation(a, run, facts, cause, d, excluded)
+    # a disambiguation run is a fresh job: a requeued one would run the old script, which
+    # does not carry the context (`Submit.disambiguate`)
+    fresh = bool(peer_lost) or stuck or (again and d.disambiguate)
+    out += _after_ending(run, finished, info, d.verdict, fresh=fresh, now=now)
+    if stuck or (fresh and requeued):  # recorded first; the job no longer trains (it waits on
+        out.append(Cancel(a.job_id or ""))  # a dead node, or Slurm requeued it after exit 16)
     return out
+
+
+def _validation(
+    a: Attempt, run: Run, facts: Facts, cause: Cause, d: policy.Decision, flagged: list[str]
+) -> list[Intent]:
+    """Result validation's intents at an ending: exit 16's event (the nodes flagged, the
+    disambiguation run or why there is none), and exit 17's after a disambiguation run
+    (the verdict; the run's result-validation flags removed, those nodes were not at
+    fault). Nothing for other endings, nor for a cancelled run."""
+    if d.verdict is Verdict.CANCEL:
+        return []
+    if cause is Cause.RESUME_ELSEWHERE:
+        return [
+            Event(
+                "validation",
+                {
+                    "attempt": a.attempt,
+                    "job_id": a.job_id,
+                    "exit_code": 16,
+                    "verdict": "disambiguate" if d.disambiguate else d.verdict.value,
+                    "flagged": flagged,
+                    "reason": d.reason,
+                },
+            )
+        ]
+    if not d.clear_validation_flags:
+        return []
+    mine = [
+        f
+        for f in facts.flags
+        if f.run_id == run.run_id and f.reason.startswith(policy.VALIDATION_FLAG)
+    ]
+    return [
+        *(UnflagNode(f.node, f.reason, run.run_id) for f in mine),
+        Event(
+            "validation",
+            {
+                "attempt": a.attempt,
+                "job_id": a.job_id,
+                "exit_code": 17,
+                "verdict": "reproduced",
+                "unflagged": sorted({f.node for f in mine}),
+                "reason": d.reason,
+            },
+        ),
+    ]
 
 
 def _started_late(
@@ -1293,6 +1368,9 @@ def _ending(
         and (run.last_checkpoint_step is None or ckpt > run.last_checkpoint_step),
         finished_marker=files.finished_marker,
         suspect_node=suspects[0] if suspects else None,
+        elsewhere=policy.room_elsewhere(
+            nodes, [n for n, ok in facts.usable.items() if ok], int(run.spec["options"]["nodes"])
+        ),
         hung=files.hung,
         checkpoints_known=ckpt is not None,
         checkpoint_signal_at=signal_at,

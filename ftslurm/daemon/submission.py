@@ -16,6 +16,7 @@ from typing import Any
 
 from ftslurm.core.contract import (
     SHARING_MODES,
+    Disambiguation,
     EnvName,
     JobEnv,
     RunDir,
@@ -136,17 +137,21 @@ def build_attempt(
     attempt: int,
     exclude: tuple[str, ...],
     fired: Collection[str] = (),
+    disambiguate: Disambiguation | None = None,
 ) -> tuple[str, JobOptions]:
     """The batch script and sbatch options for attempt `attempt` of a run. `fired`: the
     fault injections that fired in an earlier attempt (`Run.injected`): each fires once per
     run, so the new job carries only the others (a straggler always: its node stays slow).
     A requeued job runs the script it was submitted with, and its scheduler (the mock)
-    remembers what fired in it; the ranks remember the crashes and hangs they carried out."""
+    remembers what fired in it; the ranks remember the crashes and hangs they carried out.
+    `disambiguate`: the attempt re-runs elsewhere after exit 16 (`FTSLURM_DISAMBIGUATE`)."""
     run_dir = spec["run_dir"]
     injections = still_to_fire(parse_injections(tuple(spec.get("inject", ()))), fired)
     launcher = settings.get("use_launcher", True)
     spares = int(settings.get("spare_nodes", 0)) if launcher else 0
     job = _job_env(run_id, spec, settings, attempt, injections, launcher, spares)
+    if disambiguate is not None:
+        job = job.model_copy(update={"disambiguate": disambiguate})
     options = _job_options(run_id, spec, settings, attempt, exclude, job, injections, spares)
     env = {**spec["env"], **job.render()}
     setup = [

@@ -76,7 +76,7 @@ from ftslurm.core.recovery import Recovery
 from ftslurm.core.settings import Cause
 from ftslurm.core.timefmt import format_duration
 from ftslurm.daemon.records import Attempt, Event, Run
-from ftslurm.report.notes import distinct_live, live_note
+from ftslurm.report.notes import distinct_live, live_note, validation_text
 
 QUEUEING = "queueing"
 DETECTION = "detection"
@@ -622,6 +622,8 @@ def _event_text(
         return f"straggler node(s) flagged: {', '.join(d.get('nodes') or [])}"
     if kind == "warning":
         return f"warning: {d.get('message')}"
+    if kind == "validation":
+        return validation_text(d)
     return None
 
 

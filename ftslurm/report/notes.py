@@ -224,3 +224,23 @@ def live_notes(records: Sequence[LiveRecovery], now: float, last: int = 3) -> li
         live_note(r, fmt_age(max(0.0, now - (r.failed_at or now))))
         for r in distinct_live(records)[-last:]
     ]
+
+
+# ---------------------------------------------------------------------- result validation
+def validation_text(d: Mapping[str, Any]) -> str:
+    """A result-validation event (`validation`, recorded by the daemon's step) in words:
+    exit 16 with the nodes flagged and the disambiguation run on other nodes (or why there
+    is none), or exit 17's verdict with the nodes unflagged."""
+    k = d.get("attempt")
+    nodes = ", ".join(d.get("flagged") or d.get("unflagged") or []) or "none"
+    if d.get("exit_code") == 17:
+        return (
+            f"attempt {k} exited 17: the result reproduced on different hardware, the "
+            f"model's fault, not the machine's; nodes unflagged: {nodes}"
+        )
+    if d.get("verdict") == "disambiguate":
+        return (
+            f"attempt {k} exited 16 (a result it could not trust): nodes flagged "
+            f"(result validation): {nodes}; disambiguation run on other nodes"
+        )
+    return f"attempt {k} exited 16: nodes flagged (result validation): {nodes}; {d.get('reason')}"

@@ -481,6 +481,25 @@ class EnvName(str, Enum):
     # "1" on a warm spare's rank (set by its launcher): it waits in `live.init_process_group`
     # until its launcher hands it the ranks of a node to take over (`HeartbeatDir.takeover`)
     LIVE_SPARE = "FTSLURM_LIVE_SPARE"
+    # JSON of a `Disambiguation`, set by the daemon on the job it submits after a rank exited
+    # 16 (resume elsewhere): this attempt re-runs on other nodes to tell whether the
+    # suspicious result was the machine's or the model's (docs/policy.md)
+    DISAMBIGUATE = "FTSLURM_DISAMBIGUATE"
+
+
+class Disambiguation(BaseModel):
+    """The context of a disambiguation run (`EnvName.DISAMBIGUATE`): attempt `attempt` of
+    the run ended with exit 16 (a rank found a result it could not trust and asked to
+    resume on other hardware) on `nodes`, which the daemon flagged; this attempt runs
+    elsewhere from the checkpoint at `step` (None: the run reported none). The rank agent
+    re-runs the suspicious step and exits 17 when the result reproduces (the model's
+    fault, not the machine's), or goes on when it does not."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    attempt: int = Field(ge=0)
+    nodes: tuple[str, ...] = ()
+    step: int | None = None
 
 
 def _alias(name: EnvName) -> Any:
@@ -537,13 +556,14 @@ class JobEnv(BaseModel):
     checkpoint_sharing: Literal["private", "group"] = Field(
         "private", **_alias(EnvName.CHECKPOINT_SHARING)
     )
+    disambiguate: Disambiguation | None = Field(None, **_alias(EnvName.DISAMBIGUATE))
 
     @field_validator("checkpoint_signal")
     @classmethod
     def _signal(cls, value: str) -> str:
         return checked_signal_name(value)
 
-    @field_validator("section_timeouts", mode="before")
+    @field_validator("section_timeouts", "disambiguate", mode="before")
     @classmethod
     def _timeouts(cls, value: Any) -> Any:
         if isinstance(value, str):

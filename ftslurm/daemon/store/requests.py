@@ -77,9 +77,16 @@ class RequestsMixin(Connection):
             (flag.node, flag.reason, flag.since, flag.expires_at, flag.run_id),
         )
 
-    def unflag_node(self, node: str) -> bool:
-        """Remove a node's flag; whether it had one."""
-        return self._write("DELETE FROM node_flags WHERE node = ?", (node,)).rowcount > 0
+    def unflag_node(self, node: str, reason: str | None = None, run_id: str | None = None) -> bool:
+        """Remove a node's flag (only when it is still the one with `reason` set by
+        `run_id`, when given); whether it had one."""
+        if reason is None:
+            return self._write("DELETE FROM node_flags WHERE node = ?", (node,)).rowcount > 0
+        cur = self._write(
+            "DELETE FROM node_flags WHERE node = ? AND reason = ? AND run_id IS ?",
+            (node, reason, run_id),
+        )
+        return cur.rowcount > 0
 
     def node_flags(self, now: float | None = None) -> list[NodeFlag]:
         """All flags by node name; with `now`, only those not expired at `now`."""
