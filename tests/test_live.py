@@ -644,6 +644,47 @@ def test_the_batch_host_lost_with_live_recovery_moves_the_run_to_a_new_job(tmp_p
         assert r.why is not None and r.why.endswith(" lost"), r
 
 
+def test_a_launcher_stopped_before_it_looked_at_the_batch_hosts_loss_still_says_why(tmp_path):
+    """Forced timing (a race seen on the mock: the batch host's loss ends the job at once,
+    and its stop and its ranks' end can reach a surviving launcher before its next look at
+    the losses, once a second): node 1's launcher is paused (SIGSTOP) and told to stop
+    (SIGTERM, pending while it is paused); node 0 is killed and the spare reports it lost;
+    node 1's rank (and its wrapper) is killed, and its launcher continued: it takes the
+    stop, then sees its ranks failed under it. It still records why live recovery fell
+    back, and that the run goes on in a new job."""
+    from ftslurm.procutil import pid_alive
+
+    from .conftest import descendants
+    from .test_spares import node_report
+
+    nodes = live_launchers(tmp_path, 2000)
+    launcher = nodes.procs[1].pid
+    try:
+        nodes.wait_checkpoint(10)
+        wait_for(lambda: "wait warm" in nodes.log(2), 60, "the spare's ranks to start")
+        os.kill(launcher, signal.SIGSTOP)
+        os.kill(launcher, signal.SIGTERM)
+        nodes.kill(0)
+        wait_for(lambda: nodes.run.peer_lost(0, 0).exists(), 30, "the batch host reported lost")
+        below = descendants(launcher)[1:]  # the rank's wrapper and the rank
+        for pid in below:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not any(map(pid_alive, below)), 30, "node 1's rank to end")
+        os.kill(launcher, signal.SIGCONT)
+        code = nodes.procs[1].wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(launcher, signal.SIGCONT)
+        nodes.close()
+    assert code != 0, nodes.logs()
+    assert node_report(nodes.run, 1)["recovery"] == "new_job", nodes.logs()
+    records = read_reports(nodes.run, Kind.LIVE, 0)
+    fell_back = {r.node_rank: r for r in records if r.node_rank is not None}
+    assert 1 in fell_back, nodes.logs()
+    assert fell_back[1].given_up == Fallback.NO_COORDINATOR.value, fell_back
+    assert fell_back[1].recovery == "new_job", fell_back
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_on_the_mock_the_batch_host_lost_with_live_recovery_goes_on_in_a_new_job(tmp_path):
