@@ -385,7 +385,10 @@ def spare_takes_over_on_the_mock(
 
 
 def live_falls_back_to_a_new_job_on_the_mock(
-    tmp_path: Path, *injects: str
+    tmp_path: Path,
+    *injects: str,
+    nodes: int | None = None,
+    first_job: Callable[[Cli, str, RunDir], None] | None = None,
 ) -> tuple[dict[str, Any], str, str]:
     """`--dry-run -N 2 --spare-nodes 1 --live-recovery --retries 1` of examples/recipe.py
     with --live (500 steps of 0.1 s, a checkpoint every 20) and the injections `injects`,
@@ -394,10 +397,12 @@ def live_falls_back_to_a_new_job_on_the_mock(
     summary (`status --json`), what `status` said while the new job ran and what `report`
     says at the end (`plain`). The injections must come after every launcher
     started (a node lost before its first lease is judged lost only after the rendezvous
-    timeout)."""
+    timeout). `nodes`: the mock's (its default, 4, leaves a new job of 3 one lost node);
+    `first_job(cli, run_id, run_dir)`: what happens to the first job once submitted (faults
+    forced at chosen moments, `fail_node`), before the test waits for a new job."""
     steps = 500
     expected = reference_digest(tmp_path, steps)
-    with on_a_fresh_mock(tmp_path) as cli:
+    with on_a_fresh_mock(tmp_path, nodes=nodes) as cli:
         recipe = example_recipe(tmp_path, "fallback", ", peer_timeout_s=3.0")
         inject = [arg for spec in injects for arg in ("--inject", spec)]
         out = cli.submit(
@@ -406,6 +411,8 @@ def live_falls_back_to_a_new_job_on_the_mock(
             "--checkpoint-dir", str(tmp_path / "ckpt"),
         )  # fmt: skip
         run_id = out["run_id"]
+        if first_job is not None:
+            first_job(cli, run_id, RunDir(cli.status(run_id)["run_dir"]))
         cli.wait_for(run_id, lambda s: len(s["attempts"]) > 1 or ended(s), 240, "a new job")
         said = plain(cli("status").stdout)
         s = cli.wait_for(run_id, ended, 360, "the run to end")
@@ -423,11 +430,12 @@ def plain(text: str) -> str:
 
 
 @contextmanager
-def on_a_fresh_mock(tmp_path: Path) -> Iterator[Cli]:
-    """A `Cli` on a fresh mock of its own (with the mock's default SlurmdTimeout, 300 s);
-    afterwards its daemon is stopped and the mock destroyed."""
+def on_a_fresh_mock(tmp_path: Path, nodes: int | None = None) -> Iterator[Cli]:
+    """A `Cli` on a fresh mock of its own (with the mock's default SlurmdTimeout, 300 s;
+    `nodes`: its node count, default the mock's, 4); afterwards its daemon is stopped and
+    the mock destroyed."""
     cli = Cli(tmp_path / "home", env={"FTSLURM_MOCK_HOME": str(tmp_path / "mock")}, cwd=tmp_path)
-    cli("mock", "up")
+    cli("mock", "up", *(("--nodes", str(nodes)) if nodes is not None else ()))
     try:
         yield cli
     finally:

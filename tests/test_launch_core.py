@@ -561,6 +561,15 @@ def test_a_hang_with_live_ranks(cfg, gone, live_ranks, expected, recorded):
             id="spares: was a node lost under the failure?",
         ),
         pytest.param({0: 1}, {}, True, SPARES, [], (), id="spares-signalled: the failure stands"),
+        pytest.param(
+            {0: -15},
+            {},
+            True,
+            replace(SPARES, live=True),
+            [core.LossesUnderStop()],
+            (),
+            id="spares-signalled-with-live-recovery: a loss it cannot serve is still said",
+        ),
     ],
 )
 def test_the_ranks_failed(failures, stopped, signalled, cfg, expected, teardown):
@@ -1172,6 +1181,51 @@ def test_a_loss_live_recovery_cannot_serve_records_why(cfg, known, gone, live_ra
     more = losses({**gone, 9: lost(9)}, roles)
     _, again = core.on_verdict_poll(state, core.Verdict(deadline=0.0), more, {}, 200.0)[::2]
     assert not [a for a in again if isinstance(a, core.RecordFallback)], again
+
+
+@pytest.mark.parametrize(
+    "cfg,known,gone,why",
+    [
+        pytest.param(LIVE_ONE_SPARE, set(), {0: lost(0)}, Fallback.NO_COORDINATOR, id="batch-host"),
+        pytest.param(
+            replace(LIVE_ONE_SPARE, node_rank=2),
+            set(),
+            {0: lost(0)},
+            Fallback.NO_COORDINATOR,
+            id="batch-host-seen-by-the-warm-spare",
+        ),
+        pytest.param(
+            replace(LIVE_ONE_SPARE, node_rank=0),
+            {2},
+            {2: lost(2), 1: lost(1)},
+            Fallback.NO_SPARE,
+            id="the-spare-lost-then-a-node",
+        ),
+        pytest.param(LIVE_ONE_SPARE, {0}, {0: lost(0)}, None, id="said-at-a-tick-already"),
+        pytest.param(
+            replace(LIVE_ONE_SPARE, node_rank=0), set(), {1: lost(1)}, None, id="a-spare-serves"
+        ),
+        pytest.param(LIVE_ONE_SPARE, set(), {}, None, id="no-loss: a plain stop"),
+    ],
+)
+def test_a_loss_live_recovery_cannot_serve_is_recorded_when_a_stop_came_first(
+    cfg, known, gone, why
+):
+    """The batch host's loss ends the job at once: the stop can reach a surviving launcher
+    before its next look at the losses. When its ranks then fail under the stop, it reads
+    them once and records the fallback as its tick would have (said once)."""
+    state = core.LauncherState(cfg=cfg, lost=frozenset(known), ranks=frozenset({1}))
+    _, asked = core.on_failed(state, {1: -15}, {}, True)
+    assert list(asked) == [core.LossesUnderStop()]
+    after, actions = core.losses_under_stop(state, losses(gone, {r: sp.SPARE for r in known}))
+    fell_back = [a for a in actions if isinstance(a, core.RecordFallback)]
+    if why is None:
+        assert not actions and after == state, actions
+        return
+    (record,) = fell_back
+    assert record.why is why and record.recovery == "new_job" and after.new_job, actions
+    assert kinds(actions) == ["Log", "RecordFallback"], actions  # nothing killed: a stop
+    assert core.losses_under_stop(after, losses(gone))[1] == ()  # said once
 
 
 @pytest.mark.parametrize(

@@ -644,6 +644,47 @@ def test_the_batch_host_lost_with_live_recovery_moves_the_run_to_a_new_job(tmp_p
         assert r.why is not None and r.why.endswith(" lost"), r
 
 
+def test_a_launcher_stopped_before_it_looked_at_the_batch_hosts_loss_still_says_why(tmp_path):
+    """Forced timing (a race seen on the mock: the batch host's loss ends the job at once,
+    and its stop and its ranks' end can reach a surviving launcher before its next look at
+    the losses, once a second): node 1's launcher is paused (SIGSTOP) and told to stop
+    (SIGTERM, pending while it is paused); node 0 is killed and the spare reports it lost;
+    node 1's rank (and its wrapper) is killed, and its launcher continued: it takes the
+    stop, then sees its ranks failed under it. It still records why live recovery fell
+    back, and that the run goes on in a new job."""
+    from ftslurm.procutil import pid_alive
+
+    from .conftest import descendants
+    from .test_spares import node_report
+
+    nodes = live_launchers(tmp_path, 2000)
+    launcher = nodes.procs[1].pid
+    try:
+        nodes.wait_checkpoint(10)
+        wait_for(lambda: "wait warm" in nodes.log(2), 60, "the spare's ranks to start")
+        os.kill(launcher, signal.SIGSTOP)
+        os.kill(launcher, signal.SIGTERM)
+        nodes.kill(0)
+        wait_for(lambda: nodes.run.peer_lost(0, 0).exists(), 30, "the batch host reported lost")
+        below = descendants(launcher)[1:]  # the rank's wrapper and the rank
+        for pid in below:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not any(map(pid_alive, below)), 30, "node 1's rank to end")
+        os.kill(launcher, signal.SIGCONT)
+        code = nodes.procs[1].wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(launcher, signal.SIGCONT)
+        nodes.close()
+    assert code != 0, nodes.logs()
+    assert node_report(nodes.run, 1)["recovery"] == "new_job", nodes.logs()
+    records = read_reports(nodes.run, Kind.LIVE, 0)
+    fell_back = {r.node_rank: r for r in records if r.node_rank is not None}
+    assert 1 in fell_back, nodes.logs()
+    assert fell_back[1].given_up == Fallback.NO_COORDINATOR.value, fell_back
+    assert fell_back[1].recovery == "new_job", fell_back
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_on_the_mock_the_batch_host_lost_with_live_recovery_goes_on_in_a_new_job(tmp_path):
@@ -663,6 +704,83 @@ def test_on_the_mock_the_batch_host_lost_with_live_recovery_goes_on_in_a_new_job
     assert {r.given_up for r in fell_back} == {Fallback.NO_COORDINATOR.value}, fell_back
     assert all(r.recovery == "new_job" for r in fell_back), fell_back
     said = f"{Fallback.NO_COORDINATOR.value} (node "
+    assert said in status and "the run goes on in a new job" in status, status
+    assert said in report and "the run goes on in a new job" in report, report
+
+
+def job_log(run: RunDir) -> str:
+    """What the run's jobs wrote to their output so far (the launchers' lines, the ranks')."""
+    return "".join(p.read_text(errors="replace") for p in sorted(run.logs.glob("job-*.out")))
+
+
+def lease_of(run: RunDir, attempt: int, node_rank: int) -> dict[str, Any]:
+    """Node rank `node_rank`'s launcher's lease (its node, its pid)."""
+    path = run.peer_lease(attempt, node_rank)
+    return wait_for(lambda: path.exists() and json.loads(path.read_text()), 60, path.name)
+
+
+def trained_step(run: RunDir) -> int:
+    return int(json.loads(run.progress.read_text()).get("step") or 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_on_the_mock_a_warm_spare_lost_while_waiting_then_a_node_goes_on_in_a_new_job(tmp_path):
+    """The spare lost while waiting, end to end (forced timing, not a time guess): once the
+    spare's ranks wait warm and the training saved step 20, the spare's node fails (`mock
+    fail-node`): the training goes on in the same processes; once its loss is reported and
+    the training moved on, node rank 1's node fails: no spare is left, node 0's launcher
+    falls back (NO_SPARE), the daemon moves the run to a new job (on a mock of 5 nodes: 3
+    left beside the 2 lost), which resumes from the last checkpoint and ends bit-identical."""
+    from .daemon_scenarios import live_falls_back_to_a_new_job_on_the_mock, started_once
+    from .test_spares_bench import training_process
+
+    seen: dict[str, Any] = {}
+
+    def lose_the_spare_then_node_1(cli: Any, run_id: str, run: RunDir) -> None:
+        wait_for(lambda: "wait warm" in job_log(run), 120, "the spare's ranks to start")
+        wait_for(lambda: run.progress.exists() and trained_step(run) >= 20, 120, "step 20")
+        # The active ranks, started with the spare's from the same script, are past their
+        # set-up: the spare's rank, up with torch loaded, waits in init_process_group.
+        leases = {r: lease_of(run, 0, r) for r in range(3)}
+        ranks = {r: training_process(leases[r]["pid"]) for r in range(3)}
+        assert "libtorch" in Path(f"/proc/{ranks[2]}/maps").read_text(), ranks
+        cli("mock", "fail-node", leases[2]["node"])
+        wait_for(lambda: run.peer_lost(0, 2).exists(), 30, "the spare reported lost")
+        before = seen["spare_lost_at"] = trained_step(run)
+        wait_for(lambda: trained_step(run) > before + 5, 60, "training on without the spare")
+        # the same rank processes trained on: none restarted
+        seen["kept"] = {r: training_process(leases[r]["pid"]) == ranks[r] for r in (0, 1)}
+        seen["log"] = job_log(run)  # the first job's, before node 1's loss
+        cli("mock", "fail-node", leases[1]["node"])
+        seen["lost"] = {leases[2]["node"], leases[1]["node"]}
+
+    s, status, report = live_falls_back_to_a_new_job_on_the_mock(
+        tmp_path, nodes=5, first_job=lose_the_spare_then_node_1
+    )
+    first, second = s["attempts"]
+    assert [first["cause"], second["cause"]] == ["node_fail", "finished"], s
+    assert len({first["job_id"], second["job_id"]}) == 2, s  # a new job
+    assert seen["lost"] <= set(s["excluded_nodes"]), (seen, s)  # both lost nodes left out
+    assert not seen["lost"] & set(second["nodes"]), (seen, s)
+    # The spare's loss restarted no rank: the world started once, from nothing, and
+    # trained on in the same processes until node 1 was lost.
+    assert started_once(seen["log"]), seen["log"][-4000:]
+    assert "took over from node rank" not in seen["log"], seen["log"][-4000:]
+    run = RunDir(s["run_dir"])
+    assert not list(run.recovery(0).glob("round-*.json")), s  # no in-job restart
+    assert seen["kept"] == {0: True, 1: True}, seen
+    node_0 = json.loads(run.node_report(0, 0).read_text())
+    assert node_0["in_job_restarts"] == 0 and node_0["peers_lost"] == [2, 1], node_0
+    assert node_0["recovery"] == "new_job", node_0
+    # Node 0's launcher fell back: no warm spare left for node 1; nothing was taken over.
+    records = read_reports(run, Kind.LIVE, 0)
+    assert not [r for r in records if r.took_over is not None], records
+    fell_back = [r for r in records if r.node_rank is not None]
+    assert [r.node_rank for r in fell_back] == [0], records
+    assert fell_back[0].given_up == Fallback.NO_SPARE.value, fell_back
+    assert fell_back[0].recovery == "new_job", fell_back
+    said = f"{Fallback.NO_SPARE.value} (node"
     assert said in status and "the run goes on in a new job" in status, status
     assert said in report and "the run goes on in a new job" in report, report
 

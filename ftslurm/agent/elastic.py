@@ -237,6 +237,8 @@ class Agent(LocalElasticAgent):
         self.state, actions = core.on_failed(self.state, failures, stopped, signalled)
         if any(isinstance(a, core.AwaitVerdict) for a in actions):
             actions = self.failure_verdict()
+        elif any(isinstance(a, core.LossesUnderStop) for a in actions):
+            self.state, actions = core.losses_under_stop(self.state, self.read_losses())
         return self.carry_out(actions, {})
 
     def restart_alone(self, worker_group: Any) -> None:

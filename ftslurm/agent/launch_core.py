@@ -223,6 +223,12 @@ class AwaitVerdict:
     """The ranks failed with spares: was a node lost under them? Poll `on_verdict_poll`."""
 
 
+@dataclass(frozen=True)
+class LossesUnderStop:
+    """The ranks failed under a stop, with spares and live recovery: read the loss reports
+    once (`losses_under_stop`)."""
+
+
 Action = (
     Log
     | KillRanks
@@ -236,6 +242,7 @@ Action = (
     | Collect
     | Wait
     | AwaitVerdict
+    | LossesUnderStop
 )
 
 
@@ -599,7 +606,9 @@ def on_failed(
     """The ranks failed (all are gone by now: torch elastic stops the rest). Failures after
     every rank recorded its save are teardown: no in-job restart, the save stands
     (`EndRound(succeeded=True)`). With spares and no signal: was an active node lost under
-    them (`AwaitVerdict`)? Else the failure stands: torch restarts while it may."""
+    them (`AwaitVerdict`)? With a signal and live recovery: a loss live recovery cannot
+    serve is still said (`LossesUnderStop`). Else the failure stands: torch restarts while
+    it may."""
     if failures:
         decided = decide_outcome(
             succeeded=False,
@@ -615,7 +624,23 @@ def on_failed(
             return replace(state, teardown=teardown), (EndRound(succeeded=True),)
     if state.cfg.spares and not signalled:
         return state, (AwaitVerdict(),)
+    if state.cfg.spares and state.cfg.live:
+        return state, (LossesUnderStop(),)
     return state, ()
+
+
+def losses_under_stop(
+    state: LauncherState, losses: Losses
+) -> tuple[LauncherState, tuple[Action, ...]]:
+    """The ranks failed under a stop with live recovery asked for: a loss reported by now
+    that leaves a new job (the batch host, more than the spares) is said and recorded
+    (`RecordFallback`) as a monitor tick would have. The batch host's loss ends the job at
+    once: its stop can come before the next look at the losses (`LOSS_CHECK_S`), and the
+    fallback went unrecorded. Nothing for a loss a spare serves (the stop ends it all)."""
+    after, action, said = on_losses(state, losses, live=True)
+    if action is not sp.Action.NEW_JOB:
+        return state, ()
+    return after, said
 
 
 def on_rank_exit(
