@@ -354,6 +354,7 @@ from ftslurm.agent.heartbeat import Timeouts
 from ftslurm.agent.launch import decide_outcome, tightened
 from ftslurm.agent.launch import parse_args as launcher_args
 from ftslurm.agent.peers import poll_interval
+from ftslurm.agent.spare_rules import BENCH_WAIT_S
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, NodeStatus
 from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualBackend, VirtualCluster
@@ -526,6 +527,14 @@ LIVE_RANK_RECOVERY_S = (
     LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S + LIVE_RANK_TRANSFER_S
 )
 LIVE_SPARE_RECOVERY_S = LIVE_REFORM_S + LIVE_NODE_TRANSFER_S
+# A sharded state without a replica dimension (`group.attach(replicated=False)`, the
+# "sharded" variant): a rank that lost its part makes every rank give up once the round has
+# formed and the handover finds it lacking (`live_rules.handover_fallback`, SHARDED), and
+# the launcher restarts every rank from the memory tier (today's path). What the live
+# attempt cost before it gave up: a crashed rank's restart, set-up and the re-formation
+# (52.6 s); a warm spare's re-formation (20 s).
+LIVE_SHARDED_RANK_S = LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S
+LIVE_SHARDED_SPARE_S = LIVE_REFORM_S
 # Then the step the fault interrupted runs again: at most one, charged in full (an upper
 # bound: on average half of it had been computed when the fault came).
 LIVE_REDONE_S = STEP_S
@@ -901,12 +910,16 @@ class Policy:
     tuned: bool = False
     async_save: bool = False
     memory_tier: bool = False
-    # Live recovery (`ftslurm.agent.live`): a crashed or hung rank is restarted alone and a
-    # lost or benched node's place taken by a warm spare while the other ranks keep their
-    # processes; the interrupted step runs again (the LIVE_* costs). Not covered, and so
-    # as before: a fault during the start-up or during another recovery, the batch host's
-    # loss, more losses than spares, whole-job endings.
+    # Live recovery (`ftslurm.agent.live`): a crashed rank is restarted alone, and a lost
+    # node's, a hung node's or a benched straggler's place taken by a warm spare, while the
+    # other ranks keep their processes; the interrupted step runs again (the LIVE_* costs).
+    # Not covered, and so as before: a fault during the start-up or during another
+    # recovery, the batch host's loss or hang, more losses than spares, whole-job endings.
     live: bool = False
+    # With `live`: the training state is sharded without a replica dimension
+    # (`group.attach(replicated=False)`): a rank or node that lost its part cannot receive
+    # it from a peer, so every rank is restarted from the memory tier (SHARDED).
+    sharded: bool = False
 
     @property
     def in_job_restarts(self) -> int:
@@ -1036,6 +1049,17 @@ def policies(setup: JobSetup = JobSetup(), nodes: int = 0) -> tuple[Policy, ...]
             async_save=True,
             memory_tier=True,
             live=True,
+        ),
+        replace(
+            ftslurm,
+            key="ftslurm_live_sharded",
+            label="ftslurm, live recovery, sharded state",
+            settings=FTSLURM.model_copy(update={**spares, "live_recovery": True}),
+            tuned=True,
+            async_save=True,
+            memory_tier=True,
+            live=True,
+            sharded=True,
         ),
     )
 
@@ -1577,7 +1601,11 @@ class Campaign:
                 self.c.at(now + PEER_DETECT_S, lambda: self._peer_lost(f.node, alloc))
             if live:
                 self.live_nodes.add(f.node)
-                self._live("node", ("detection", PEER_DETECT_S), ("startup", LIVE_SPARE_RECOVERY_S))
+                seen = ("detection", PEER_DETECT_S)
+                if self.pol.sharded:  # the spare's ranks lack the node's part: every rank
+                    self._live_given_up("node", seen, ("startup", LIVE_SHARDED_SPARE_S))
+                else:
+                    self._live("node", seen, ("startup", LIVE_SPARE_RECOVERY_S))
             return
         if f.kind == "maintenance":
             if on_job and job is not None and job.state is JobState.RUNNING:
@@ -1589,17 +1617,29 @@ class Campaign:
         if not self._running(f.node) or self.stall is not None:
             return
         self.r.count(f"hit_{f.kind}")
-        if self._live_ready() and self.restarts_left > 0:
+        if f.kind == "hang" and self._live_ready() and self._spare_helps(f.node):
+            # `launch_core.on_hang`: when its hang timeout fires, the hung node's launcher
+            # steps out (not the batch host, a spare left: `may_step_out`), kills its ranks
+            # and writes its bench record; the survivors' collectives fail at once and a
+            # warm spare takes its ranks over, as for a straggler. No in-job restart used.
+            self._bench(f.node, "hang")
+            self._take_spare(f.node)
+            seen = ("hung", self.pol.hang_timeout_s)
+            if self.pol.sharded:
+                self._live_given_up("hang", seen, ("startup", LIVE_SHARDED_SPARE_S))
+            else:
+                self._live("hang", seen, ("startup", LIVE_SPARE_RECOVERY_S))
+            return
+        if f.kind == "crash" and self._live_ready() and self.restarts_left > 0:
             # the launcher restarts the rank alone, the others wait; like the product's
             # restart alone, it uses one of the allocation's in-job restarts
             self.restarts_left -= 1
             self.restarts_used += 1
-            seen = (
-                ("detection", self.pol.crash_detect_s)
-                if f.kind == "crash"
-                else ("hung", self.pol.hang_timeout_s)
-            )
-            self._live(f.kind, seen, ("startup", LIVE_RANK_RECOVERY_S))
+            seen = ("detection", self.pol.crash_detect_s)
+            if self.pol.sharded:  # it joins, lacks its part: every rank is restarted
+                self._live_given_up("crash", seen, ("startup", LIVE_SHARDED_RANK_S), spend=True)
+            else:
+                self._live(f.kind, seen, ("startup", LIVE_RANK_RECOVERY_S))
             return
         if f.kind == "crash":
             if self.restarts_left > 0:
@@ -1611,6 +1651,11 @@ class Campaign:
             self._stall("hung")
             startup = now - self.run_start < self.run_restart_s
             wait = self.pol.startup_hang_timeout_s if startup else self.pol.hang_timeout_s
+            if self.pol.live and self.pol.settings.spare_nodes and not startup:
+                # `launch_core.on_hang` with spares, the node unable to step out (the batch
+                # host, no spare left): it waits BENCH_WAIT_S for a peer to step out, then
+                # every rank restarts in place (today's path, from the memory tier)
+                wait += BENCH_WAIT_S
             self._later(wait, lambda: self._recover(hung=True))
 
     def _peer_lost(self, node: str, alloc: int) -> None:
@@ -1713,6 +1758,35 @@ class Campaign:
         self.r.count(f"live_{kind}")
         self._later(t - now, lambda: self._live_done(serial))
 
+    def _live_given_up(self, kind: str, *phases: tuple[str, float], spend: bool = False) -> None:
+        """A live recovery of a `kind` fault under a sharded state: the run stands still for
+        `phases` (the detection, the re-formation with the rank or the spare that lacks its
+        part), every rank gives up (SHARDED) and the launcher restarts every rank from the
+        memory tier: an in-job restart (`spend`: one more of the allocation's, as a rank's
+        exit after its restart alone; a spare's take-over uses none, as a spare swap)."""
+        now = self.c.now
+        self._stall("live")
+        t = now
+        for cause, seconds in phases:
+            self.live_log.append((t, cause, seconds))
+            t += seconds
+        self.live_serial += 1
+        serial = self.live_serial
+        self.r.count("live_given_up")
+        self.r.count(f"live_given_up_{kind}")
+
+        def restart() -> None:
+            if serial != self.live_serial or self.stall != "live":
+                return
+            if spend:
+                self._recover()
+                return
+            self.r.count("in_job_restarts")
+            self.in_job = True
+            self.c.restart_in_job(self.jid or "")  # from memory with a memory tier
+
+        self._later(t - now, restart)
+
     def _live_done(self, serial: int) -> None:
         if serial != self.live_serial or self.stall != "live":
             return
@@ -1730,7 +1804,10 @@ class Campaign:
             return
         self._bench(node)
         self._take_spare(node)
-        self._live("straggler", ("startup", LIVE_SPARE_RECOVERY_S))
+        if self.pol.sharded:
+            self._live_given_up("straggler", ("startup", LIVE_SHARDED_SPARE_S))
+        else:
+            self._live("straggler", ("startup", LIVE_SPARE_RECOVERY_S))
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         """Run `action` after `delay` if the current run is still the same then."""
@@ -1816,21 +1893,22 @@ class Campaign:
             self._bench(node)
             self._swap(node)
 
-    def _bench(self, node: str) -> None:
-        """The straggler's launcher steps out: its report for the daemon."""
+    def _bench(self, node: str, why: str = "straggler") -> None:
+        """A node's launcher steps out (a straggler, or a hung node under live recovery):
+        its report for the daemon."""
         attempt, rank = self._attempt(), self.alloc.index(node)
         write_report(
             self.paths.benched(attempt, rank),
             Benched(
                 node_rank=rank,
                 node=node,
-                why="straggler",
+                why=why,
                 time=self.c.now,
                 job_id=self.jid,
                 attempt=attempt,
             ),
         )
-        self.r.count("straggler_swaps")
+        self.r.count("straggler_swaps" if why == "straggler" else f"{why}_step_outs")
 
 
 # ----------------------------------------------------------------------- reporting
@@ -2079,6 +2157,7 @@ EVENT_COLUMNS = (
     ("in_job_restarts", "in-job restart"),
     ("spare_swaps", "spare swap"),
     ("live_recoveries", "live recovery"),
+    ("live_given_up", "live given up"),
     ("peer_reports", "peer report"),
     ("straggler_moves", "straggler move"),
     ("nodes_excluded", "excluded"),
