@@ -146,7 +146,15 @@ Policies
               a crash: the launcher's detection (0.5 s) + LIVE_RANK_RECOVERY_S (the rank
                 restarted alone, set up, the group formed again, its state received) +
                 one step;
-              a hang: the learned hang timeout (30.5 s) + the same;
+              a hang, a spare left and not on the batch host: the learned hang timeout
+                (30.5 s), then the hung node steps out (`launch_core.on_hang`: its
+                launcher writes its bench record, why "hang", and kills its ranks; no
+                in-job restart used) and a warm spare takes its ranks over:
+                LIVE_SPARE_RECOVERY_S + one step;
+              a hang on the batch host (it may not step out) or with no spare left: the
+                hang timeout + BENCH_WAIT_S (5 s: `on_hang` waits for a peer to step
+                out), then every rank restarts in place from the memory tier, as in
+                "ftslurm, everything" (one in-job restart);
               a lost node with a spare (not the batch host, no more out than spares):
                 PEER_DETECT_S + LIVE_SPARE_RECOVERY_S (the spare's ranks started, set up,
                 the group formed again, the node's state received) + one step;
@@ -160,15 +168,18 @@ Policies
                 speeds, so no healthy node is ever flagged: the sensitive threshold's
                 false step-outs on a noisy cluster are not in these figures.
             The product recovers a crashed rank live, and with the `live_recovery`
-            setting and a warm spare a lost node and a node stepping out (docs/agent.md);
-            a hang is modelled as the hung rank restarted alone. The script counts each
-            kind apart (live_crash, live_hang, live_node, live_straggler).
+            setting and a warm spare a lost node and a node stepping out, a straggler or
+            a hung node (docs/agent.md). The script counts each kind apart (live_crash,
+            live_hang, live_node, live_straggler; hang_step_outs).
+            The training layout this holds for: a state REPLICATED across data-parallel
+            replicas (pure data parallel, DDP, or sharding only within a replica as
+            TorchFT's HSDP), so the handover finds every lost rank's part on a peer.
             Not covered, so as in "ftslurm, everything": the batch host lost (its node
             holds the coordinator: 1/N of the node failures, as the trace falls), more
             losses than spares, a fault during a start-up or during another recovery
             (a crash or hang then is ignored, as under any stall; a node failure takes
-            the old path), a crash or hang once the allocation's in-job restarts are
-            spent (a rank restarted alone uses one, as in the product), wall limits and
+            the old path), a crash once the allocation's in-job restarts are spent (a
+            rank restarted alone uses one, as in the product), wall limits and
             preemptions. Every step pays the commit, LIVE_COMMIT_SHARE of the compute
             time (charged to "checkpoint"). The tuned cadence is the product's for a run
             that recovers live (the `live_recovery` setting, and `live_recovery` in the
@@ -176,6 +187,25 @@ Policies
             the node failures live recovery cannot serve, M / (1 - c), c =
             `ftslurm.core.cadence.live_coverage(N, K)` (the batch host's loss and losses
             beyond the spares end the job).
+  ftslurm, live recovery, sharded state
+            The same product and settings for a state SHARDED without a replica
+            dimension (FSDP or ZeRO over every data-parallel rank; the script says so,
+            `group.attach(replicated=False)`): Llama 3 405B as its paper trained it (FSDP
+            sharding the optimizer states and gradients over the data-parallel ranks,
+            arXiv 2407.21783, section 3.3). A fault in which every member kept its part
+            would still recover live; none in the trace is one: a crashed rank, a lost,
+            hung or benched node each leave a rank without its part, so once the round
+            has formed every rank gives up (SHARDED, `live_rules.handover_fallback`) and
+            the launcher restarts every rank from the memory tier (docs/agent.md,
+            "Sharded states"). What a fault costs: the detection, the live attempt
+            (a crash: LIVE_SHARDED_RANK_S, the rank restarted alone, set up, the round
+            formed, one in-job restart; a node taken over by a warm spare:
+            LIVE_SHARDED_SPARE_S, the round formed), then the restart of every rank from
+            memory (MEMORY_RESTART_COST_S and the work since the newest memory
+            checkpoint; after a crash one more in-job restart, after a take-over none,
+            as a spare swap). The daemon's cadence is the same as for the replicated
+            state (it cannot tell the two apart): both tiers spaced for the failures
+            live recovery would not serve, though here the memory tier serves them all.
   The fixed-cadence ftslurm policies pin checkpoint_interval to the setup's 30 min (what
   their daemon writes); the baselines have no cadence file.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
@@ -255,10 +285,12 @@ Live recovery (the live policy only; docs/agent.md, "Live recovery"):
       at 16 bytes per parameter (assumed: bf16 weights and gradients, fp32 master weights
       and two Adam moments), one data-parallel replica over 16 nodes of 8 GPUs (8-way
       tensor x 16-way pipeline parallel): 405 GB per node, at 25 GB/s into a node
-      (assumed). LIVE_RANK_TRANSFER_S = 2.0: one rank's eighth of it. Assumed as well:
-      the state is replicated across data-parallel replicas (sharded only within one, as
-      TorchFT's HSDP), so every node's share has a copy elsewhere.
-  LIVE_RANK_RECOVERY_S = 2.61 + 30 + 20 + 2.0 = 54.6    a crashed or hung rank back in.
+      (assumed). LIVE_RANK_TRANSFER_S = 2.0: one rank's eighth of it. The live policy
+      assumes the state replicated across data-parallel replicas (sharded only within
+      one, as TorchFT's HSDP), so every node's share has a copy elsewhere; the paper's
+      own FSDP shards optimizer states and gradients over the data-parallel ranks: that
+      layout is the sharded variant's (LIVE_SHARDED_*).
+  LIVE_RANK_RECOVERY_S = 2.61 + 30 + 20 + 2.0 = 54.6    a crashed rank back in.
   LIVE_SPARE_RECOVERY_S = 20 + 16.2 = 36.2    a spare in a lost node's place: its ranks
       wait warm, started and set up ahead of time (`live_recovery`, as ByteRobust's warm
       standbys, arXiv 2509.16293), so only the re-formation and the node's state count.
@@ -266,6 +298,13 @@ Live recovery (the live policy only; docs/agent.md, "Live recovery"):
       (an upper bound; on average half of it had been computed).
   LIVE_STEP_OUT_STEPS = 3    assumed: a benched straggler's launcher steps out at a step
       boundary within a few steps.
+  LIVE_SHARDED_RANK_S = 2.61 + 30 + 20 = 52.6, LIVE_SHARDED_SPARE_S = 20    the sharded
+      variant's live attempt before every rank gives up (a crashed rank restarted alone
+      and set up, the round formed; a warm spare's round formed), then the restart of
+      every rank from memory (MEMORY_RESTART_COST_S).
+  BENCH_WAIT_S = 5    `ftslurm.agent.spare_rules`: how long a node with spares that finds
+      its ranks hung but may not step out waits for a peer to, before it restarts its
+      ranks in place.
 Slurm (mock defaults): SlurmdTimeout 300 s, requeue delay 120 s (cred_expire; BeginTime is
 +121 s), KillWait 30 s, MinJobAge 300 s. PyTorch's NCCL watchdog: 600 s (10 min default).
 
@@ -328,9 +367,9 @@ and the exact expectation of the same model (renewal: dt lam / (e^(lam u0)(e^(la
 Cost: the simulation is single-threaded and runs the daemon's real loop and SQLite store
 (in a temporary folder, on /dev/shm where there is one): ftslurm's daemon looks about once
 a minute while a job runs (it reads the straggler report every report interval), about
-43,000 cycles a simulated month. The default three sizes under two queue waits and all
-ten policies (60 simulations) took 58 min of wall time on a shared 2-core machine as two
-processes side by side (`--policies`: the nine others, 58 min; the live policy, 10 min),
+43,000 cycles a simulated month. The default three sizes under two queue waits and the
+first ten policies (60 simulations) took 58 min of wall time on a shared 2-core machine as
+two processes side by side (`--policies`: the nine others, 58 min; the live policy, 10 min),
 `--calibrate` under a minute.
 """
 
@@ -509,8 +548,8 @@ LIVE_REFORM_S = 20.0
 #   node's links; the paper's cluster has 400 Gb/s RoCE per GPU). A node's share: 405 GB
 #   in 16.2 s; a rank's: 2.0 s. Assumed too: every node's state has a copy on another node
 #   (replicated across data-parallel replicas, sharded only within one, as TorchFT's HSDP;
-#   with optimizer state sharded over every data-parallel rank a lost node's share would
-#   exist nowhere else and live recovery could not serve it).
+#   with optimizer state sharded over every data-parallel rank, as the paper's FSDP does,
+#   a lost node's share would exist nowhere else: the sharded variant, LIVE_SHARDED_*).
 MODEL_PARAMS = 405e9
 STATE_BYTES_PER_PARAM = 16
 NODES_PER_REPLICA = 16
@@ -519,7 +558,7 @@ STATE_BANDWIDTH_BPS = 25e9
 LIVE_NODE_STATE_BYTES = MODEL_PARAMS * STATE_BYTES_PER_PARAM / NODES_PER_REPLICA  # 405 GB
 LIVE_NODE_TRANSFER_S = LIVE_NODE_STATE_BYTES / STATE_BANDWIDTH_BPS  # 16.2 s
 LIVE_RANK_TRANSFER_S = LIVE_NODE_TRANSFER_S / GPUS_PER_NODE
-# A crashed or hung rank: its launcher restarts it alone, it sets up, the group is formed
+# A crashed rank: its launcher restarts it alone, it sets up, the group is formed
 # again, the rank receives its state (54.6 s). A spare taking a lost (or benched) node's
 # place: its ranks waited warm (started and set up ahead of time, `live_recovery`), the
 # group is formed again and the node's state received (36.2 s).
