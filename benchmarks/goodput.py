@@ -369,7 +369,8 @@ Cost: the simulation is single-threaded and runs the daemon's real loop and SQLi
 a minute while a job runs (it reads the straggler report every report interval), about
 43,000 cycles a simulated month. The default three sizes under two queue waits and the
 first ten policies (60 simulations) took 58 min of wall time on a shared 2-core machine as
-two processes side by side (`--policies`: the nine others, 58 min; the live policy, 10 min),
+two processes side by side (`--policies`: the nine others, 58 min; the live policy, 10 min);
+the two live policies (12 simulations) 17-18 min as two processes side by side,
 `--calibrate` under a minute.
 """
 

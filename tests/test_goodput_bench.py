@@ -301,7 +301,7 @@ def bench(tmp_path: Path, *args: str) -> dict:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # eleven policies, on a shared machine
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
