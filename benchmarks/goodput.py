@@ -146,7 +146,15 @@ Policies
               a crash: the launcher's detection (0.5 s) + LIVE_RANK_RECOVERY_S (the rank
                 restarted alone, set up, the group formed again, its state received) +
                 one step;
-              a hang: the learned hang timeout (30.5 s) + the same;
+              a hang, a spare left and not on the batch host: the learned hang timeout
+                (30.5 s), then the hung node steps out (`launch_core.on_hang`: its
+                launcher writes its bench record, why "hang", and kills its ranks; no
+                in-job restart used) and a warm spare takes its ranks over:
+                LIVE_SPARE_RECOVERY_S + one step;
+              a hang on the batch host (it may not step out) or with no spare left: the
+                hang timeout + BENCH_WAIT_S (5 s: `on_hang` waits for a peer to step
+                out), then every rank restarts in place from the memory tier, as in
+                "ftslurm, everything" (one in-job restart);
               a lost node with a spare (not the batch host, no more out than spares):
                 PEER_DETECT_S + LIVE_SPARE_RECOVERY_S (the spare's ranks started, set up,
                 the group formed again, the node's state received) + one step;
@@ -160,15 +168,18 @@ Policies
                 speeds, so no healthy node is ever flagged: the sensitive threshold's
                 false step-outs on a noisy cluster are not in these figures.
             The product recovers a crashed rank live, and with the `live_recovery`
-            setting and a warm spare a lost node and a node stepping out (docs/agent.md);
-            a hang is modelled as the hung rank restarted alone. The script counts each
-            kind apart (live_crash, live_hang, live_node, live_straggler).
+            setting and a warm spare a lost node and a node stepping out, a straggler or
+            a hung node (docs/agent.md). The script counts each kind apart (live_crash,
+            live_hang, live_node, live_straggler; hang_step_outs).
+            The training layout this holds for: a state REPLICATED across data-parallel
+            replicas (pure data parallel, DDP, or sharding only within a replica as
+            TorchFT's HSDP), so the handover finds every lost rank's part on a peer.
             Not covered, so as in "ftslurm, everything": the batch host lost (its node
             holds the coordinator: 1/N of the node failures, as the trace falls), more
             losses than spares, a fault during a start-up or during another recovery
             (a crash or hang then is ignored, as under any stall; a node failure takes
-            the old path), a crash or hang once the allocation's in-job restarts are
-            spent (a rank restarted alone uses one, as in the product), wall limits and
+            the old path), a crash once the allocation's in-job restarts are spent (a
+            rank restarted alone uses one, as in the product), wall limits and
             preemptions. Every step pays the commit, LIVE_COMMIT_SHARE of the compute
             time (charged to "checkpoint"). The tuned cadence is the product's for a run
             that recovers live (the `live_recovery` setting, and `live_recovery` in the
@@ -176,6 +187,25 @@ Policies
             the node failures live recovery cannot serve, M / (1 - c), c =
             `ftslurm.core.cadence.live_coverage(N, K)` (the batch host's loss and losses
             beyond the spares end the job).
+  ftslurm, live recovery, sharded state
+            The same product and settings for a state SHARDED without a replica
+            dimension (FSDP or ZeRO over every data-parallel rank; the script says so,
+            `group.attach(replicated=False)`): Llama 3 405B as its paper trained it (FSDP
+            sharding the optimizer states and gradients over the data-parallel ranks,
+            arXiv 2407.21783, section 3.3). A fault in which every member kept its part
+            would still recover live; none in the trace is one: a crashed rank, a lost,
+            hung or benched node each leave a rank without its part, so once the round
+            has formed every rank gives up (SHARDED, `live_rules.handover_fallback`) and
+            the launcher restarts every rank from the memory tier (docs/agent.md,
+            "Sharded states"). What a fault costs: the detection, the live attempt
+            (a crash: LIVE_SHARDED_RANK_S, the rank restarted alone, set up, the round
+            formed, one in-job restart; a node taken over by a warm spare:
+            LIVE_SHARDED_SPARE_S, the round formed), then the restart of every rank from
+            memory (MEMORY_RESTART_COST_S and the work since the newest memory
+            checkpoint; after a crash one more in-job restart, after a take-over none,
+            as a spare swap). The daemon's cadence is the same as for the replicated
+            state (it cannot tell the two apart): both tiers spaced for the failures
+            live recovery would not serve, though here the memory tier serves them all.
   The fixed-cadence ftslurm policies pin checkpoint_interval to the setup's 30 min (what
   their daemon writes); the baselines have no cadence file.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
@@ -255,10 +285,12 @@ Live recovery (the live policy only; docs/agent.md, "Live recovery"):
       at 16 bytes per parameter (assumed: bf16 weights and gradients, fp32 master weights
       and two Adam moments), one data-parallel replica over 16 nodes of 8 GPUs (8-way
       tensor x 16-way pipeline parallel): 405 GB per node, at 25 GB/s into a node
-      (assumed). LIVE_RANK_TRANSFER_S = 2.0: one rank's eighth of it. Assumed as well:
-      the state is replicated across data-parallel replicas (sharded only within one, as
-      TorchFT's HSDP), so every node's share has a copy elsewhere.
-  LIVE_RANK_RECOVERY_S = 2.61 + 30 + 20 + 2.0 = 54.6    a crashed or hung rank back in.
+      (assumed). LIVE_RANK_TRANSFER_S = 2.0: one rank's eighth of it. The live policy
+      assumes the state replicated across data-parallel replicas (sharded only within
+      one, as TorchFT's HSDP), so every node's share has a copy elsewhere; the paper's
+      own FSDP shards optimizer states and gradients over the data-parallel ranks: that
+      layout is the sharded variant's (LIVE_SHARDED_*).
+  LIVE_RANK_RECOVERY_S = 2.61 + 30 + 20 + 2.0 = 54.6    a crashed rank back in.
   LIVE_SPARE_RECOVERY_S = 20 + 16.2 = 36.2    a spare in a lost node's place: its ranks
       wait warm, started and set up ahead of time (`live_recovery`, as ByteRobust's warm
       standbys, arXiv 2509.16293), so only the re-formation and the node's state count.
@@ -266,6 +298,13 @@ Live recovery (the live policy only; docs/agent.md, "Live recovery"):
       (an upper bound; on average half of it had been computed).
   LIVE_STEP_OUT_STEPS = 3    assumed: a benched straggler's launcher steps out at a step
       boundary within a few steps.
+  LIVE_SHARDED_RANK_S = 2.61 + 30 + 20 = 52.6, LIVE_SHARDED_SPARE_S = 20    the sharded
+      variant's live attempt before every rank gives up (a crashed rank restarted alone
+      and set up, the round formed; a warm spare's round formed), then the restart of
+      every rank from memory (MEMORY_RESTART_COST_S).
+  BENCH_WAIT_S = 5    `ftslurm.agent.spare_rules`: how long a node with spares that finds
+      its ranks hung but may not step out waits for a peer to, before it restarts its
+      ranks in place.
 Slurm (mock defaults): SlurmdTimeout 300 s, requeue delay 120 s (cred_expire; BeginTime is
 +121 s), KillWait 30 s, MinJobAge 300 s. PyTorch's NCCL watchdog: 600 s (10 min default).
 
@@ -328,9 +367,10 @@ and the exact expectation of the same model (renewal: dt lam / (e^(lam u0)(e^(la
 Cost: the simulation is single-threaded and runs the daemon's real loop and SQLite store
 (in a temporary folder, on /dev/shm where there is one): ftslurm's daemon looks about once
 a minute while a job runs (it reads the straggler report every report interval), about
-43,000 cycles a simulated month. The default three sizes under two queue waits and all
-ten policies (60 simulations) took 58 min of wall time on a shared 2-core machine as two
-processes side by side (`--policies`: the nine others, 58 min; the live policy, 10 min),
+43,000 cycles a simulated month. The default three sizes under two queue waits and the
+first ten policies (60 simulations) took 58 min of wall time on a shared 2-core machine as
+two processes side by side (`--policies`: the nine others, 58 min; the live policy, 10 min);
+the two live policies (12 simulations) 17-18 min as two processes side by side,
 `--calibrate` under a minute.
 """
 
@@ -354,6 +394,7 @@ from ftslurm.agent.heartbeat import Timeouts
 from ftslurm.agent.launch import decide_outcome, tightened
 from ftslurm.agent.launch import parse_args as launcher_args
 from ftslurm.agent.peers import poll_interval
+from ftslurm.agent.spare_rules import BENCH_WAIT_S
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, NodeStatus
 from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualBackend, VirtualCluster
@@ -508,8 +549,8 @@ LIVE_REFORM_S = 20.0
 #   node's links; the paper's cluster has 400 Gb/s RoCE per GPU). A node's share: 405 GB
 #   in 16.2 s; a rank's: 2.0 s. Assumed too: every node's state has a copy on another node
 #   (replicated across data-parallel replicas, sharded only within one, as TorchFT's HSDP;
-#   with optimizer state sharded over every data-parallel rank a lost node's share would
-#   exist nowhere else and live recovery could not serve it).
+#   with optimizer state sharded over every data-parallel rank, as the paper's FSDP does,
+#   a lost node's share would exist nowhere else: the sharded variant, LIVE_SHARDED_*).
 MODEL_PARAMS = 405e9
 STATE_BYTES_PER_PARAM = 16
 NODES_PER_REPLICA = 16
@@ -518,7 +559,7 @@ STATE_BANDWIDTH_BPS = 25e9
 LIVE_NODE_STATE_BYTES = MODEL_PARAMS * STATE_BYTES_PER_PARAM / NODES_PER_REPLICA  # 405 GB
 LIVE_NODE_TRANSFER_S = LIVE_NODE_STATE_BYTES / STATE_BANDWIDTH_BPS  # 16.2 s
 LIVE_RANK_TRANSFER_S = LIVE_NODE_TRANSFER_S / GPUS_PER_NODE
-# A crashed or hung rank: its launcher restarts it alone, it sets up, the group is formed
+# A crashed rank: its launcher restarts it alone, it sets up, the group is formed
 # again, the rank receives its state (54.6 s). A spare taking a lost (or benched) node's
 # place: its ranks waited warm (started and set up ahead of time, `live_recovery`), the
 # group is formed again and the node's state received (36.2 s).
@@ -526,6 +567,14 @@ LIVE_RANK_RECOVERY_S = (
     LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S + LIVE_RANK_TRANSFER_S
 )
 LIVE_SPARE_RECOVERY_S = LIVE_REFORM_S + LIVE_NODE_TRANSFER_S
+# A sharded state without a replica dimension (`group.attach(replicated=False)`, the
+# "sharded" variant): a rank that lost its part makes every rank give up once the round has
+# formed and the handover finds it lacking (`live_rules.handover_fallback`, SHARDED), and
+# the launcher restarts every rank from the memory tier (today's path). What the live
+# attempt cost before it gave up: a crashed rank's restart, set-up and the re-formation
+# (52.6 s); a warm spare's re-formation (20 s).
+LIVE_SHARDED_RANK_S = LIVE_RANK_RESTART_S + LIVE_RANK_SETUP_S + LIVE_REFORM_S
+LIVE_SHARDED_SPARE_S = LIVE_REFORM_S
 # Then the step the fault interrupted runs again: at most one, charged in full (an upper
 # bound: on average half of it had been computed when the fault came).
 LIVE_REDONE_S = STEP_S
@@ -901,12 +950,16 @@ class Policy:
     tuned: bool = False
     async_save: bool = False
     memory_tier: bool = False
-    # Live recovery (`ftslurm.agent.live`): a crashed or hung rank is restarted alone and a
-    # lost or benched node's place taken by a warm spare while the other ranks keep their
-    # processes; the interrupted step runs again (the LIVE_* costs). Not covered, and so
-    # as before: a fault during the start-up or during another recovery, the batch host's
-    # loss, more losses than spares, whole-job endings.
+    # Live recovery (`ftslurm.agent.live`): a crashed rank is restarted alone, and a lost
+    # node's, a hung node's or a benched straggler's place taken by a warm spare, while the
+    # other ranks keep their processes; the interrupted step runs again (the LIVE_* costs).
+    # Not covered, and so as before: a fault during the start-up or during another
+    # recovery, the batch host's loss or hang, more losses than spares, whole-job endings.
     live: bool = False
+    # With `live`: the training state is sharded without a replica dimension
+    # (`group.attach(replicated=False)`): a rank or node that lost its part cannot receive
+    # it from a peer, so every rank is restarted from the memory tier (SHARDED).
+    sharded: bool = False
 
     @property
     def in_job_restarts(self) -> int:
@@ -1036,6 +1089,17 @@ def policies(setup: JobSetup = JobSetup(), nodes: int = 0) -> tuple[Policy, ...]
             async_save=True,
             memory_tier=True,
             live=True,
+        ),
+        replace(
+            ftslurm,
+            key="ftslurm_live_sharded",
+            label="ftslurm, live recovery, sharded state",
+            settings=FTSLURM.model_copy(update={**spares, "live_recovery": True}),
+            tuned=True,
+            async_save=True,
+            memory_tier=True,
+            live=True,
+            sharded=True,
         ),
     )
 
@@ -1577,7 +1641,11 @@ class Campaign:
                 self.c.at(now + PEER_DETECT_S, lambda: self._peer_lost(f.node, alloc))
             if live:
                 self.live_nodes.add(f.node)
-                self._live("node", ("detection", PEER_DETECT_S), ("startup", LIVE_SPARE_RECOVERY_S))
+                seen = ("detection", PEER_DETECT_S)
+                if self.pol.sharded:  # the spare's ranks lack the node's part: every rank
+                    self._live_given_up("node", seen, ("startup", LIVE_SHARDED_SPARE_S))
+                else:
+                    self._live("node", seen, ("startup", LIVE_SPARE_RECOVERY_S))
             return
         if f.kind == "maintenance":
             if on_job and job is not None and job.state is JobState.RUNNING:
@@ -1589,17 +1657,29 @@ class Campaign:
         if not self._running(f.node) or self.stall is not None:
             return
         self.r.count(f"hit_{f.kind}")
-        if self._live_ready() and self.restarts_left > 0:
+        if f.kind == "hang" and self._live_ready() and self._spare_helps(f.node):
+            # `launch_core.on_hang`: when its hang timeout fires, the hung node's launcher
+            # steps out (not the batch host, a spare left: `may_step_out`), kills its ranks
+            # and writes its bench record; the survivors' collectives fail at once and a
+            # warm spare takes its ranks over, as for a straggler. No in-job restart used.
+            self._bench(f.node, "hang")
+            self._take_spare(f.node)
+            seen = ("hung", self.pol.hang_timeout_s)
+            if self.pol.sharded:
+                self._live_given_up("hang", seen, ("startup", LIVE_SHARDED_SPARE_S))
+            else:
+                self._live("hang", seen, ("startup", LIVE_SPARE_RECOVERY_S))
+            return
+        if f.kind == "crash" and self._live_ready() and self.restarts_left > 0:
             # the launcher restarts the rank alone, the others wait; like the product's
             # restart alone, it uses one of the allocation's in-job restarts
             self.restarts_left -= 1
             self.restarts_used += 1
-            seen = (
-                ("detection", self.pol.crash_detect_s)
-                if f.kind == "crash"
-                else ("hung", self.pol.hang_timeout_s)
-            )
-            self._live(f.kind, seen, ("startup", LIVE_RANK_RECOVERY_S))
+            seen = ("detection", self.pol.crash_detect_s)
+            if self.pol.sharded:  # it joins, lacks its part: every rank is restarted
+                self._live_given_up("crash", seen, ("startup", LIVE_SHARDED_RANK_S), spend=True)
+            else:
+                self._live(f.kind, seen, ("startup", LIVE_RANK_RECOVERY_S))
             return
         if f.kind == "crash":
             if self.restarts_left > 0:
@@ -1611,6 +1691,11 @@ class Campaign:
             self._stall("hung")
             startup = now - self.run_start < self.run_restart_s
             wait = self.pol.startup_hang_timeout_s if startup else self.pol.hang_timeout_s
+            if self.pol.live and self.pol.settings.spare_nodes and not startup:
+                # `launch_core.on_hang` with spares, the node unable to step out (the batch
+                # host, no spare left): it waits BENCH_WAIT_S for a peer to step out, then
+                # every rank restarts in place (today's path, from the memory tier)
+                wait += BENCH_WAIT_S
             self._later(wait, lambda: self._recover(hung=True))
 
     def _peer_lost(self, node: str, alloc: int) -> None:
@@ -1713,6 +1798,35 @@ class Campaign:
         self.r.count(f"live_{kind}")
         self._later(t - now, lambda: self._live_done(serial))
 
+    def _live_given_up(self, kind: str, *phases: tuple[str, float], spend: bool = False) -> None:
+        """A live recovery of a `kind` fault under a sharded state: the run stands still for
+        `phases` (the detection, the re-formation with the rank or the spare that lacks its
+        part), every rank gives up (SHARDED) and the launcher restarts every rank from the
+        memory tier: an in-job restart (`spend`: one more of the allocation's, as a rank's
+        exit after its restart alone; a spare's take-over uses none, as a spare swap)."""
+        now = self.c.now
+        self._stall("live")
+        t = now
+        for cause, seconds in phases:
+            self.live_log.append((t, cause, seconds))
+            t += seconds
+        self.live_serial += 1
+        serial = self.live_serial
+        self.r.count("live_given_up")
+        self.r.count(f"live_given_up_{kind}")
+
+        def restart() -> None:
+            if serial != self.live_serial or self.stall != "live":
+                return
+            if spend:
+                self._recover()
+                return
+            self.r.count("in_job_restarts")
+            self.in_job = True
+            self.c.restart_in_job(self.jid or "")  # from memory with a memory tier
+
+        self._later(t - now, restart)
+
     def _live_done(self, serial: int) -> None:
         if serial != self.live_serial or self.stall != "live":
             return
@@ -1730,7 +1844,10 @@ class Campaign:
             return
         self._bench(node)
         self._take_spare(node)
-        self._live("straggler", ("startup", LIVE_SPARE_RECOVERY_S))
+        if self.pol.sharded:
+            self._live_given_up("straggler", ("startup", LIVE_SHARDED_SPARE_S))
+        else:
+            self._live("straggler", ("startup", LIVE_SPARE_RECOVERY_S))
 
     def _later(self, delay: float, action: Callable[[], None]) -> None:
         """Run `action` after `delay` if the current run is still the same then."""
@@ -1816,21 +1933,22 @@ class Campaign:
             self._bench(node)
             self._swap(node)
 
-    def _bench(self, node: str) -> None:
-        """The straggler's launcher steps out: its report for the daemon."""
+    def _bench(self, node: str, why: str = "straggler") -> None:
+        """A node's launcher steps out (a straggler, or a hung node under live recovery):
+        its report for the daemon."""
         attempt, rank = self._attempt(), self.alloc.index(node)
         write_report(
             self.paths.benched(attempt, rank),
             Benched(
                 node_rank=rank,
                 node=node,
-                why="straggler",
+                why=why,
                 time=self.c.now,
                 job_id=self.jid,
                 attempt=attempt,
             ),
         )
-        self.r.count("straggler_swaps")
+        self.r.count("straggler_swaps" if why == "straggler" else f"{why}_step_outs")
 
 
 # ----------------------------------------------------------------------- reporting
@@ -2079,6 +2197,7 @@ EVENT_COLUMNS = (
     ("in_job_restarts", "in-job restart"),
     ("spare_swaps", "spare swap"),
     ("live_recoveries", "live recovery"),
+    ("live_given_up", "live given up"),
     ("peer_reports", "peer report"),
     ("straggler_moves", "straggler move"),
     ("nodes_excluded", "excluded"),

@@ -301,7 +301,7 @@ def bench(tmp_path: Path, *args: str) -> dict:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # eleven policies, on a shared machine
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
@@ -326,6 +326,7 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
         "ftslurm_memory",
         "ftslurm_all",
         "ftslurm_live",
+        "ftslurm_live_sharded",
     }
     assert set(out["results"]) == {"32", "128"}
     for entry in out["results"].values():
@@ -705,7 +706,7 @@ def test_without_faults_live_recovery_costs_its_commit_per_step():
     ("kind", "node", "seen", "recovery"),
     [
         ("crash", "n3", ("detection", 0.5), gp.LIVE_RANK_RECOVERY_S),
-        ("hang", "n3", ("hung", 30.5), gp.LIVE_RANK_RECOVERY_S),
+        ("hang", "n3", ("hung", 30.5), gp.LIVE_SPARE_RECOVERY_S),
         ("node", "n2", ("detection", gp.PEER_DETECT_S), gp.LIVE_SPARE_RECOVERY_S),
     ],
 )
@@ -721,9 +722,11 @@ def test_a_live_recovery_costs_one_step_not_a_restart(kind, node, seen, recovery
     assert r.lost_s["startup"] == pytest.approx(gp.RESTART_COST_S + recovery)
     assert r.lost_s["lost_work"] == pytest.approx(_commit(gp.LIVE_REDONE_S))
     assert r.lost_s["requeue"] == 0
-    if kind == "node":  # a warm spare took the lost node's place, in the same allocation
-        assert r.counts["spare_swaps"] == 1 and r.counts["peer_reports"] == 1
+    if kind in ("node", "hang"):  # a warm spare took the node's place, in the same allocation
+        assert r.counts["spare_swaps"] == 1
         assert node in camp.alloc and node not in camp.active
+    if kind == "node":
+        assert r.counts["peer_reports"] == 1
     _, everything = run("ftslurm_all", tr)
     assert r.ettr > everything.ettr
 
@@ -733,14 +736,16 @@ def test_live_recovery_loses_less_to_restarts_and_lost_work_than_everything():
     start-ups, lost work, detection and hangs than "ftslurm, everything"."""
     tr = trace(
         gp.Fault(2 * 3600.0, "crash", "n3"),
-        gp.Fault(4 * 3600.0, "hang", "n4"),
-        gp.Fault(6 * 3600.0, "node", "n2"),
+        gp.Fault(4 * 3600.0, "hang", "n4"),  # steps out: the one spare takes its place
+        gp.Fault(6 * 3600.0, "crash", "n2"),
         gp.Fault(8 * 3600.0, "crash", "n1"),  # a rank of the batch host: its launcher lives
         days=0.75,
     )
     _, live = run("ftslurm_live", tr)
     _, everything = run("ftslurm_all", tr)
-    assert live.counts["live_recoveries"] == 4 and everything.counts["in_job_restarts"] == 4
+    assert live.counts["live_recoveries"] == 4 and live.counts["hang_step_outs"] == 1
+    # without live recovery the fourth uses up the 3 in-job restarts: a new allocation
+    assert everything.counts["in_job_restarts"] == 3 and everything.counts["allocations"] == 2
 
     def restarts(r):
         return sum(r.lost_s[k] for k in ("startup", "lost_work", "detection", "hung"))
@@ -760,6 +765,66 @@ def test_live_recovery_leaves_the_batch_host_a_start_up_and_spare_shortage_to_th
     two = trace(gp.Fault(3600.0, "node", "n2"), gp.Fault(7200.0, "node", "n3"))
     _, r = run("ftslurm_live", two)
     assert r.counts["live_recoveries"] == 1 and r.counts["allocations"] == 2
+
+
+def test_with_live_recovery_a_hung_node_steps_out_for_a_warm_spare_or_every_rank_restarts():
+    """`launch_core.on_hang` under live recovery: (i) a spare left and not the batch host:
+    once the hang timeout fires the hung node steps out (its bench record, why "hang") and a
+    warm spare takes its ranks over, live, using no in-job restart; (ii) the batch host's
+    rank (it may not step out) or no spare left: the node waits BENCH_WAIT_S for a peer to
+    step out, then every rank restarts from the memory tier (today's path)."""
+    camp, r = run("ftslurm_live", trace(gp.Fault(3600.0, "hang", "n3")))
+    assert r.counts["live_hang"] == 1 and r.counts["hang_step_outs"] == 1
+    assert r.counts.get("in_job_restarts", 0) == 0 and camp.restarts_left == 3
+    assert "n3" not in camp.active and r.counts["spare_swaps"] == 1
+    assert r.lost_s["hung"] == pytest.approx(30.5)
+    assert r.lost_s["startup"] == pytest.approx(gp.RESTART_COST_S + gp.LIVE_SPARE_RECOVERY_S)
+    assert r.lost_s["lost_work"] == pytest.approx(_commit(gp.STEP_S))
+    for tr in (
+        trace(gp.Fault(3600.0, "hang", "n1")),  # the batch host
+        trace(gp.Fault(1800.0, "node", "n2"), gp.Fault(3600.0, "hang", "n3")),  # spare used
+    ):
+        camp, r = run("ftslurm_live", tr)
+        assert r.counts.get("live_hang", 0) == 0 and r.counts.get("hang_step_outs", 0) == 0
+        assert r.counts["in_job_restarts"] == 1 and r.counts["allocations"] == 1
+        assert r.lost_s["hung"] == pytest.approx(30.5 + gp.BENCH_WAIT_S)
+        _, everything = run("ftslurm_all", tr)
+        # the restart from memory costs as in "ftslurm, everything" (where the lost node
+        # before it cost a restart from memory too, not a live take-over)
+        assert r.lost_s["startup"] - everything.lost_s["startup"] == pytest.approx(
+            gp.LIVE_SPARE_RECOVERY_S - gp.MEMORY_RESTART_COST_S if len(tr.faults) == 2 else 0
+        )
+    assert gp.BENCH_WAIT_S == 5.0
+
+
+def test_with_a_sharded_state_a_fault_that_loses_a_part_restarts_every_rank_from_memory():
+    """`group.attach(replicated=False)`: no replica holds a lost rank's or node's part, so
+    once the round formed every rank gives up (SHARDED) and the launcher restarts every
+    rank from the memory tier, as "ftslurm, everything" does, after the live attempt."""
+    assert POLICY["ftslurm_live_sharded"].sharded and not POLICY["ftslurm_live"].sharded
+    for kind, node, seen, attempt in (
+        ("crash", "n3", ("detection", 0.5), gp.LIVE_SHARDED_RANK_S),
+        ("hang", "n3", ("hung", 30.5), gp.LIVE_SHARDED_SPARE_S),
+        ("node", "n2", ("detection", gp.PEER_DETECT_S), gp.LIVE_SHARDED_SPARE_S),
+    ):
+        tr = trace(gp.Fault(3600.0, kind, node))
+        camp, r = run("ftslurm_live_sharded", tr)
+        _, live = run("ftslurm_live", tr)
+        _, everything = run("ftslurm_all", tr)
+        assert r.counts.get("live_recoveries", 0) == 0, kind
+        assert r.counts[f"live_given_up_{kind}"] == 1 and r.counts["in_job_restarts"] == 1
+        assert r.counts["allocations"] == 1 and r.lost_s["requeue"] == 0
+        assert r.lost_s[seen[0]] == pytest.approx(seen[1])
+        # the live attempt, then the restart from memory (its start-up and the work since
+        # the newest memory checkpoint, as "ftslurm, everything" loses them)
+        restart = gp.RESTART_COST_S + gp.MEMORY_RESTART_COST_S
+        assert r.lost_s["startup"] == pytest.approx(restart + attempt), kind
+        assert r.lost_s["lost_work"] > gp.STEP_S
+        assert r.ettr < live.ettr, kind
+    # a crash's rank restarted alone used one in-job restart, the restart of every rank one more
+    assert camp.restarts_left == 3  # the last case: a node, a spare's take-over uses none
+    camp, r = run("ftslurm_live_sharded", trace(gp.Fault(3600.0, "crash", "n3")))
+    assert camp.restarts_left == 1
 
 
 def test_a_rank_restarted_alone_uses_one_of_the_allocations_in_job_restarts():
