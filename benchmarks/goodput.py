@@ -192,7 +192,7 @@ Policies
             dimension (FSDP or ZeRO over every data-parallel rank; the script says so,
             `group.attach(replicated=False)`): Llama 3 405B as its paper trained it (FSDP
             sharding the optimizer states and gradients over the data-parallel ranks,
-            arXiv 2407.21783, section 3.3). A fault in which every member kept its part
+            arXiv 2407.21783, section 3.3.2). A fault in which every member kept its part
             would still recover live; none in the trace is one: a crashed rank, a lost,
             hung or benched node each leave a rank without its part, so once the round
             has formed every rank gives up (SHARDED, `live_rules.handover_fallback`) and
