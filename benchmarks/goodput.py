@@ -203,9 +203,9 @@ Policies
             LIVE_SHARDED_SPARE_S, the round formed), then the restart of every rank from
             memory (MEMORY_RESTART_COST_S and the work since the newest memory
             checkpoint; after a crash one more in-job restart, after a take-over none,
-            as a spare swap). The daemon's cadence is the same as for the replicated
-            state (it cannot tell the two apart): both tiers spaced for the failures
-            live recovery would not serve, though here the memory tier serves them all.
+            as a spare swap). The cadence is today's: rank 0 does not tell the daemon
+            the ranks recover live for a state attached as sharded, since live recovery
+            serves none of its faults (`LiveGroup.attach`).
   The fixed-cadence ftslurm policies pin checkpoint_interval to the setup's 30 min (what
   their daemon writes); the baselines have no cadence file.
   Budgets. Every policy's retry budgets are unlimited: a month-long run at a 20 h wall limit
@@ -1497,7 +1497,9 @@ class Campaign:
             told.update(checkpoint_write_s=job.write_s, max_checkpoint_write_s=job.write_s)
         if job.memory_interval_s is not None and job.memory_cost_s > 0:  # the memory tier
             told.update(memory_step=int(saved), memory_save_s=job.memory_cost_s)
-        if self.pol.live:  # rank 0 formed a live group (`progress.live_recovery`)
+        if self.pol.live and not self.pol.sharded:
+            # rank 0 formed a live group and attached a replicated state: it says so
+            # (`progress.live_recovery`); a sharded state's cadence stays today's
             told.update(live_recovery=True)
         write_report(self.paths.progress, Progress(**told))
 

@@ -26,9 +26,9 @@ from ftslurm.agent import live
 from ftslurm.agent.live_rules import Fallback
 from ftslurm.agent.task import free_port
 from ftslurm.core.contract import EnvName, RunDir
-from ftslurm.core.contract.reports import Kind
+from ftslurm.core.contract.reports import Kind, Progress
 from ftslurm.report.notes import live_notes
-from ftslurm.runfiles import read_reports
+from ftslurm.runfiles import read_report, read_reports
 
 from .conftest import wait_for
 
@@ -226,6 +226,9 @@ def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, referenc
     assert record.step == 25 and record.round == 1 and record.failed_round == 0, record
     assert record.detected_by in ("error", "restart") and record.why, record
     assert record.failed_at <= record.formed_at <= record.first_commit_at, record
+    # the daemon is told: disk checkpoints spaced for what live recovery cannot serve
+    progress = read_report(RunDir(tmp_path / "run").progress, Progress)
+    assert progress is not None and progress.live_recovery, out[-6000:]
 
 
 def test_a_sharded_state_falls_back_to_restoring_every_rank(tmp_path, reference):
@@ -241,6 +244,9 @@ def test_a_sharded_state_falls_back_to_restoring_every_rank(tmp_path, reference)
     assert final == reference, out[-6000:]
     given_up = sorted(RunDir(tmp_path / "run").attempt(0).glob("recovery/live-*-given-up-*"))
     assert given_up, out[-6000:]
+    # live recovery serves no fault of a sharded state: the daemon's cadence stays today's
+    progress = read_report(RunDir(tmp_path / "run").progress, Progress)
+    assert progress is not None and not progress.live_recovery, out[-6000:]
 
 
 def test_a_replica_that_does_not_answer_in_time_falls_back_to_restarting_every_rank(

@@ -251,10 +251,6 @@ class LiveGroup:
         if self.took_over is not None:  # for the recovery's record
             self.store.set(self.keys.took_over(r), str(self.took_over))
         self._form(r, None)
-        if self.rank == 0:  # the daemon spaces disk checkpoints for what this cannot serve
-            from ftslurm.agent import progress
-
-            progress.live_recovery(self.environ)
         # Setting up (until `attach`): a fault now is not recovered live (the ranks hold no
         # training state yet, and their setup's collectives are not steps).
         self._setup = True
@@ -400,6 +396,13 @@ class LiveGroup:
         self._state, self._load, self._step = state, load, step
         self._replicated = replicated
         self._hooks = list(on_regroup)
+        if self.enabled and replicated and self.rank == 0:
+            # The daemon spaces disk checkpoints for the failures live recovery cannot
+            # serve. A sharded state it cannot serve at all (every fault restores every
+            # rank): the cadence stays today's.
+            from ftslurm.agent import progress
+
+            progress.live_recovery(self.environ)
         if self.enabled:
             # Set up: a fault from now on is recovered live (a sender lost mid-transfer too).
             self._setup, self._busy = False, None
