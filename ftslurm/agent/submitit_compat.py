@@ -239,7 +239,11 @@ def load_continuation(folder: Path) -> tuple[Any, dict[str, Any]] | None:
 
 # --------------------------------------------------------------------------- running
 def _say(message: str) -> None:
-    print(f"ftslurm: {message}", file=sys.stderr, flush=True)
+    """One line on stderr in one write: `print` writes the text and its newline apart
+    (two writes when the stream is unbuffered), and a relay that merges the rank's stdout
+    and stderr (srun's) can put a stdout line between them."""
+    sys.stderr.write(f"ftslurm: {message}\n")
+    sys.stderr.flush()
 
 
 def _flush_stdio() -> None:
