@@ -640,8 +640,9 @@ def test_every_rank_takes_a_periodic_checkpoint_at_the_same_step(tmp_path):
 
 def test_rank_0_of_a_live_group_tells_the_daemon_that_the_run_recovers_live(tmp_path):
     """progress.live_recovery: rank 0 of a job with a run directory writes it, any other
-    rank or a process outside a run does not; `LiveGroup.start` calls it once its group
-    formed over a coordinator store, a plain group (no store) does not."""
+    rank or a process outside a run does not; `LiveGroup.attach` calls it once its group
+    formed over a coordinator store and holds a replicated state, a plain group (no
+    store) does not (a sharded state: tests/test_live.py)."""
     import datetime
 
     import torch.distributed as dist
@@ -687,7 +688,8 @@ def test_rank_0_of_a_live_group_tells_the_daemon_that_the_run_recovers_live(tmp_
     group = live.LiveGroup("gloo", environ=env, join_timeout_s=30)
     group.start()
     try:
-        assert group.enabled
+        assert group.enabled and not live_dir.progress.exists()  # no state attached yet
+        group.attach(state=lambda: {}, load=lambda state: None, step=lambda: 0)
         told = read_report(live_dir.progress, Progress)
         assert told is not None and told.live_recovery is True
     finally:
