@@ -72,9 +72,9 @@ CLUSTER_PARAMS = [pytest.param("slurm", marks=pytest.mark.slurm)] + (
 )
 
 
-# `make test` runs the tests without a cluster in two pytests: most in the foreground, and
-# these slow end-to-end scenarios (they mostly wait on the clock, not on a CPU) after the
-# 24.11 tests, in their lane, so that no lane takes much longer than the 22.05 one. They
+# `make test` runs the tests without a cluster in two pytests, one after the other: most
+# first, then these slow end-to-end scenarios (they wait on the clock, and their timing
+# suffers under load), when only the 22.05 lane still runs beside them. They
 # get the marker `lane2` here, by file and test function (every parameter of it); the
 # marker only splits `make test`: `pytest -m "not slurm"` still runs them. The names are
 # checked to exist (tests/test_lanes.py).
