@@ -113,6 +113,7 @@ PORT_LOOK_S = 0.1
 # Without the launcher, how long a node's first task waits for the node's other tasks' rank
 # reports before it writes the node's report with those it has (they end together).
 NODE_REPORT_WAIT_S = 5.0
+NODE_REPORT_LOOK_S = 0.1  # how often it looks for them meanwhile
 _USER_ERROR = re.compile(
     r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError)(:|$)"
     r"|can't open file"
@@ -757,7 +758,7 @@ class Task:
             )
             if len(ours) >= expected or time.monotonic() > deadline:
                 break
-            time.sleep(PORT_LOOK_S)
+            time.sleep(NODE_REPORT_LOOK_S)
         own = next((r for r in ours if r.rank == self.rank), None)
         failed = [r for r in ours if r.outcome not in CLEAN]
         pick = failed[0] if failed else own or (ours[0] if ours else None)
