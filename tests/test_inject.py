@@ -32,6 +32,14 @@ T0 = 1_000.0
         ("straggler@5:n2*3.5", Injection(InjectKind.STRAGGLER, 5, node="n2", factor=3.5)),
         ("straggler@5:1.5", Injection(InjectKind.STRAGGLER, 5, factor=1.5)),
         ("timeout@1d", Injection(InjectKind.TIMEOUT, 86400)),
+        ("unhealthy@0", Injection(InjectKind.UNHEALTHY, 0)),
+        ("unhealthy@0:n2", Injection(InjectKind.UNHEALTHY, 0, node="n2")),
+        ("unhealthy@30:1", Injection(InjectKind.UNHEALTHY, 30, node_index=1)),
+        ("nan@20", Injection(InjectKind.NAN, 20, rank=0)),
+        ("nan@20:3", Injection(InjectKind.NAN, 20, rank=3)),
+        ("nan@20:1:persistent", Injection(InjectKind.NAN, 20, rank=1, persistent=True)),
+        ("spike@1m:persistent", Injection(InjectKind.SPIKE, 60, rank=0, persistent=True)),
+        ("spike@5:2", Injection(InjectKind.SPIKE, 5, rank=2)),
     ],
 )
 def test_specs_parse_and_round_trip(spec, expected):
@@ -50,6 +58,8 @@ def test_specs_parse_and_round_trip(spec, expected):
         ("timeout@0", "longer than zero"),
         ("straggler@5:n1*0.5", "factor must be above 1"),
         ("straggler@5:n1*x", "must be a number"),
+        ("nan@5:n1", "the target of nan is RANK or RANK:persistent"),
+        ("spike@5:1:always", "the target of spike is RANK or RANK:persistent"),
     ],
 )
 def test_bad_specs_are_one_line_config_errors(spec, message):
@@ -189,7 +199,19 @@ def test_an_attempt_reaches_the_schedulers_injections_it_ran_long_enough_for():
 def test_a_new_job_carries_what_did_not_fire_and_a_straggler_always():
     from ftslurm.core.inject import parse_injections, still_to_fire
 
-    injections = parse_injections(["node_fail@10", "crash@20:1", "straggler@0:1*3"])
-    left = still_to_fire(injections, {"node_fail@10", "crash@20:1", "straggler@0:1*3"})
-    assert [i.spec() for i in left] == ["straggler@0:1*3"]
+    injections = parse_injections(
+        ["node_fail@10", "crash@20:1", "straggler@0:1*3", "nan@5:1", "spike@5:0:persistent"]
+    )
+    fired = {i.spec() for i in injections}
+    left = still_to_fire(injections, fired)
+    assert [i.spec() for i in left] == ["straggler@0:1*3", "spike@5:0:persistent"]
     assert still_to_fire(injections, ()) == injections
+
+
+def test_the_kinds_a_job_carries_out_itself_travel_to_it():
+    from ftslurm.core.inject import parse_injections
+
+    injections = parse_injections(
+        ["node_fail@10", "preempt@5", "unhealthy@0:n1", "nan@3:1:persistent", "spike@4", "crash@1"]
+    )
+    assert env_value(injections) == "unhealthy@0:n1,nan@3:1:persistent,spike@4:0,crash@1:0"

@@ -12,13 +12,20 @@ TIME is how long after the job (each attempt) starts: `90`, `90s`, `5m`, `2h`, `
 | hang      | a rank stops making progress (SIGSTOP)  | rank (0)                         |
 | straggler | a node runs slower by a factor          | NODE*FACTOR or FACTOR (last, 2)  |
 | timeout   | the attempt's wall limit becomes TIME   | none                             |
+| unhealthy | a node fails its pre-flight health check| node name or index (last node)   |
+| nan       | a rank's validated loss becomes NaN     | RANK[:persistent] (0)            |
+| spike     | a rank's validated loss jumps 1000-fold | RANK[:persistent] (0)            |
 
 Each injection fires once, in the first attempt that runs long enough to reach it; the node
-a straggler slows stays slow for the rest of the run (a bad node: moving off it helps). The
+a straggler slows stays slow for the rest of the run (a bad node: moving off it helps), and
+so does the node of a `persistent` nan or spike: every step its rank validates there from
+TIME on is wrong, in every attempt that runs on that node (a rank off it computes right).
+`unhealthy` fails the first health check a launcher runs on that node at or after TIME
+into the attempt (the checks run before each rendezvous). The
 daemon records what fired in the run (`reached`; the ranks' reports for crash and hang) and
 a later job of the run carries only the rest (`still_to_fire`). On the
 mock scheduler node_fail, preempt, crash, hang and timeout act on the simulated cluster; the
-kinds a job can do to itself (crash, hang, straggler) also travel to the job in the
+kinds a job can do to itself (crash, hang, straggler, unhealthy, nan, spike) also travel to the job in the
 `FTSLURM_INJECT` environment variable, for the rank agent to act on, on a real cluster too.
 """
 
@@ -39,11 +46,27 @@ class InjectKind(str, Enum):
     HANG = "hang"
     STRAGGLER = "straggler"
     TIMEOUT = "timeout"
+    UNHEALTHY = "unhealthy"
+    NAN = "nan"
+    SPIKE = "spike"
 
     @property
     def in_job(self) -> bool:
         """Whether the job itself can carry it out (so it works on a real cluster too)."""
-        return self in (InjectKind.CRASH, InjectKind.HANG, InjectKind.STRAGGLER)
+        return self not in (InjectKind.NODE_FAIL, InjectKind.PREEMPT, InjectKind.TIMEOUT)
+
+    @property
+    def on_node(self) -> bool:
+        """Whether its target is a node (a name or an index into the allocation)."""
+        return self in (InjectKind.NODE_FAIL, InjectKind.STRAGGLER, InjectKind.UNHEALTHY)
+
+    @property
+    def on_result(self) -> bool:
+        """Whether it corrupts a rank's result (the rank agent's `validate` acts on it)."""
+        return self in (InjectKind.NAN, InjectKind.SPIKE)
+
+
+PERSISTENT = "persistent"  # the suffix of a nan or spike that stays on its node
 
 
 @dataclass(frozen=True)
@@ -52,13 +75,14 @@ class Injection:
     at_s: float
     node: str | None = None  # node_fail / straggler: a name
     node_index: int | None = None  # node_fail / straggler: an index into the allocation
-    rank: int | None = None  # crash / hang
+    rank: int | None = None  # crash / hang / nan / spike
     factor: float | None = None  # straggler
+    persistent: bool = False  # nan / spike: wrong every time on the rank's node, not once
 
     def spec(self) -> str:
         """The canonical text form (parse_injection(x.spec()) == x)."""
         target = ""
-        if self.kind in (InjectKind.NODE_FAIL, InjectKind.STRAGGLER):
+        if self.kind.on_node:
             where = (
                 self.node
                 if self.node is not None
@@ -69,6 +93,8 @@ class Injection:
             target = where
         elif self.rank is not None:
             target = str(self.rank)
+        if self.persistent:
+            target = f"{target}:{PERSISTENT}"
         return f"{self.kind.value}@{self.at_s:g}" + (f":{target}" if target else "")
 
 
@@ -108,6 +134,17 @@ def parse_injection(spec: str) -> Injection:
         if target is not None and not target.isdigit():
             raise ConfigError(f"--inject {spec!r}: the target of {kind.value} is a rank number")
         return Injection(kind, at, rank=int(target) if target else 0)
+    if kind.on_result:
+        rank_text, _, flag = (target or "").partition(":")
+        if rank_text == PERSISTENT and not flag:
+            rank_text, flag = "", PERSISTENT
+        if (rank_text and not rank_text.isdigit()) or flag not in ("", PERSISTENT):
+            raise ConfigError(
+                f"--inject {spec!r}: the target of {kind.value} is RANK or RANK:{PERSISTENT}"
+            )
+        return Injection(
+            kind, at, rank=int(rank_text) if rank_text else 0, persistent=flag == PERSISTENT
+        )
     factor = None
     where = target or ""
     if kind is InjectKind.STRAGGLER:
@@ -148,6 +185,10 @@ def reached(injections: Iterable[Injection], ran_s: float | None) -> tuple[str, 
 
 def still_to_fire(injections: Iterable[Injection], fired: Collection[str]) -> tuple[Injection, ...]:
     """What a new job of the run carries: the injections not fired yet (`fired`: their
-    specs), and a straggler always (the node it slowed stays slow; its ranks remember
-    which node that is)."""
-    return tuple(i for i in injections if i.kind is InjectKind.STRAGGLER or i.spec() not in fired)
+    specs), and a straggler or a persistent nan or spike always (the node it spoiled stays
+    bad; its ranks remember which node that is)."""
+    return tuple(
+        i
+        for i in injections
+        if i.kind is InjectKind.STRAGGLER or i.persistent or i.spec() not in fired
+    )
