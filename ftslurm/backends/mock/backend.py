@@ -154,9 +154,12 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
         )
         if job.comment:
             env["SLURM_JOB_COMMENT"] = job.comment
-        # What only the job can do to itself travels to it; the mock does the rest.
+        # What only the job can do to itself travels to it; the mock does the rest (it
+        # kills and stops ranks itself, as a fault from outside would).
         in_job = tuple(
-            i.parsed() for i in job.injections if i.parsed().kind is InjectKind.STRAGGLER
+            i.parsed()
+            for i in job.injections
+            if i.parsed().kind.in_job and i.parsed().kind not in (InjectKind.CRASH, InjectKind.HANG)
         )
         if in_job:
             env[EnvName.INJECT.value] = env_value(in_job)

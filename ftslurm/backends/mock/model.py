@@ -546,8 +546,8 @@ def _injection_events(st: MockState, job: MockJob, now: float) -> list[Effect]:
             case InjectKind.HANG:
                 inj.fired = True
                 effects.append(SignalRank(job.job_id, spec.rank or 0, int(_signal.SIGSTOP)))
-            case InjectKind.STRAGGLER:
-                inj.fired = True  # carried out inside the job (FTSLURM_INJECT), not here
+            case _:  # a straggler, a failed health check, a wrong result: carried out
+                inj.fired = True  # inside the job (FTSLURM_INJECT), not here
         if job.state is not JobState.RUNNING:
             break
     return effects
