@@ -5,10 +5,14 @@ Four runs of `examples/recipe.py` under `python -m ftslurm.agent.launch` (one no
 `--nproc-per-node` ranks, gloo on CPU, the memory tier on), the same recipe and settings:
 
   today, clean   without --live
-  today, fault   without --live, rank `--crash-rank` is killed `--crash-at` seconds after
-                 it started (the in-job injection `crash@T:R`, FTSLURM_INJECT, which fires
-                 once): the launcher restarts every rank, which load the newest checkpoint
-                 (memory tier, else disk) and redo the steps since it
+  today, fault   without --live, rank `--crash-rank` SIGKILLs itself once, right after step
+                 `--crash-step` (the recipe's `--fail-at-step S --fail-rank R --fail-once
+                 --fail-by-kill`): timed by the step, not the clock, so that a slow start
+                 (imports under load) cannot move the crash before the training starts
+                 (an earlier version used the injection `crash@6:1`, which on a loaded
+                 machine fired during the ranks' imports and measured no recovery). The
+                 launcher restarts every rank, which load the newest checkpoint (memory
+                 tier, else disk) and redo the steps since it
   live, clean    --live
   live, fault    --live, the same fault: the launcher restarts that rank alone, the others
                  keep their processes and hand it the state; the interrupted step runs again
@@ -33,7 +37,7 @@ to training again: the spare's round record's first step (today), the live recov
 committed step (live). Target: under 5 s.
 
     python benchmarks/live_recovery.py [--steps 60] [--step-time 0.1] [--ckpt-every 20]
-        [--crash-at 6] [--crash-rank 1] [--nproc 3] [--repeat 1] [--commit-calls 300]
+        [--crash-step 25] [--crash-rank 1] [--nproc 3] [--repeat 1] [--commit-calls 300]
         [--stepout] [--json]
 """
 
@@ -81,7 +85,14 @@ def run_once(args: argparse.Namespace, live: bool, fault: bool, work: Path) -> d
         *(["--live"] if live else []),
     ]
     if fault:
-        env[EnvName.INJECT.value] = f"crash@{args.crash_at:g}:{args.crash_rank}"
+        recipe += [
+            "--fail-at-step",
+            str(args.crash_step),
+            "--fail-rank",
+            str(args.crash_rank),
+            "--fail-once",
+            "--fail-by-kill",
+        ]
     launcher = [
         sys.executable,
         "-m",
@@ -266,7 +277,7 @@ def measure(args: argparse.Namespace) -> dict:
     return {
         "settings": {
             k: getattr(args, k)
-            for k in ("steps", "step_time", "ckpt_every", "crash_at", "crash_rank", "nproc")
+            for k in ("steps", "step_time", "ckpt_every", "crash_step", "crash_rank", "nproc")
         },
         "wall_s": wall,
         "identical": len(digests) == 1,
@@ -284,7 +295,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--step-time", type=float, default=0.1)
     parser.add_argument("--ckpt-every", type=int, default=20)
-    parser.add_argument("--crash-at", type=float, default=6.0, help="seconds after the start")
+    parser.add_argument(
+        "--crash-step", type=int, default=25, help="the step after which the rank is killed"
+    )
     parser.add_argument("--crash-rank", type=int, default=1)
     parser.add_argument("--nproc", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1)
@@ -308,7 +321,7 @@ def main() -> int:
     s = result["settings"]
     print(
         f"{s['nproc']} ranks, {s['steps']} steps of {s['step_time']} s, checkpoint every "
-        f"{s['ckpt_every']}, rank {s['crash_rank']} killed {s['crash_at']:g} s after its start"
+        f"{s['ckpt_every']}, rank {s['crash_rank']} killed after step {s['crash_step']}"
     )
     for name, wall in result["wall_s"].items():
         print(f"  {name:13s} {wall:7.2f} s")

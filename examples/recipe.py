@@ -29,8 +29,8 @@ run ends with exactly the parameters of an uninterrupted one.
 - With `--live`, a fault costs one step (`ftslurm.agent.live`): the healthy ranks keep
   running, the step runs again, and a restarted rank receives the state from them.
 - `--fail-at-step N --fail-rank R` makes rank R exit 3 whenever it reaches step N (with
-  `--fail-once`, only before the launcher's first in-job restart; to try
-  in-job restarts and retries).
+  `--fail-once`, only before the launcher's first in-job restart; with `--fail-by-kill`,
+  it SIGKILLs itself instead; to try in-job restarts and retries).
 - When the last step is done it writes `final.json` (step and a parameter digest).
 
     python examples/recipe.py --steps 200 --checkpoint-dir ckpt
@@ -42,6 +42,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import time
 
 import torch
@@ -122,6 +123,12 @@ def main() -> int:
         help="with --fail-at-step: only before the launcher's first in-job restart",
     )
     parser.add_argument(
+        "--fail-by-kill",
+        action="store_true",
+        help="with --fail-at-step: the rank SIGKILLs itself (as the kernel's OOM killer "
+        "would) instead of exiting 3",
+    )
+    parser.add_argument(
         "--sharded",
         action="store_true",
         help="with --live: treat the state as sharded (as FSDP's): a rank that lost its part "
@@ -174,6 +181,8 @@ def main() -> int:
         if train.committed and at == args.fail_at_step and rank == args.fail_rank:
             if not once_failed:
                 print(f"rank {rank} fails at step {at} (--fail-at-step)", flush=True)
+                if args.fail_by_kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(3)
     if rank == 0:
         final = {"step": train.steps_done, "digest": digest(model)}
