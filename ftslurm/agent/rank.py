@@ -55,17 +55,22 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftslurm.agent import progress
 from ftslurm.agent.heartbeat import HeartbeatWriter
 from ftslurm.agent.straggler import StepTimer
+from ftslurm.agent.validation_rules import Action, Settings
 from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import Disambiguation, JobEnv, RunDir, observed_record
 from ftslurm.core.contract.reports import Outcome, StopRecord
 from ftslurm.fsutil import read_json, write_json_atomic
 from ftslurm.runfiles import write_report
 
+if TYPE_CHECKING:
+    from ftslurm.agent.validation import Validator
+
+GO_ON, RERUN = Action.GO_ON, Action.RERUN  # what `validate` answers
 TEARDOWN_TIMEOUT_S = 10.0  # how long `leave` lets destroy_process_group take
 CADENCE_REFRESH_S = 5.0  # how often the agent looks for a new checkpoint interval
 log = logging.getLogger("ftslurm.rank")
@@ -104,6 +109,8 @@ class RankAgent:
         # a disk one due)
         self._decided: tuple[bool, ...] | None = None
         self._clock = clock
+        self._started = time.monotonic()  # injected result faults count from here
+        self.validator: Validator | None = None  # `validation()`
         self._cadence = _CadenceFile(job.run.cadence if job.run else None, clock)
         # the periodic intervals count from here: the last checkpoint of any tier, of disk
         self._last_checkpoint = self._last_disk = clock()
@@ -310,7 +317,42 @@ class RankAgent:
         merged = {k: max(float(v), float(old.get(k, 0.0))) for k, v in self._observed.items()}
         write_json_atomic(path, {**old, **merged})
 
+    # ------------------------------------------------------------------ results
+    def validation(
+        self,
+        settings: Settings | None = None,
+        *,
+        checkpoint: Callable[[], None] | None = None,
+        **options: Any,
+    ) -> Validator:
+        """Turn result validation on (`ftslurm.agent.validation`): `settings` (or its
+        fields as keywords: `spike_factor`, `window`, `warmup`, `max_reruns`, `mode`
+        ("enforce" or "report_stats"), `stats_every`); `checkpoint`: saves the last good
+        state before an exit 16 (called on every rank). Returns the `Validator`."""
+        from ftslurm.agent.validation import Validator
+
+        self.validator = Validator(
+            settings if settings is not None else Settings(**options),
+            checkpoint=checkpoint,
+            leave=self.exit,
+            started=self._started,
+        )
+        return self.validator
+
+    def validate(self, result: Any, step: int | None = None) -> Action:
+        """Check this step's result (the loss, before the optimizer's update): GO_ON, or
+        RERUN (restore the state from before the step, run it again, validate again). A
+        collective: the same answer on every rank; exit 16 and 17 never return. `step`
+        defaults to the last `heartbeat`'s. Without `validation()` first: the defaults,
+        and no checkpoint before an exit 16."""
+        if self.validator is None:
+            self.validation()
+        assert self.validator is not None
+        return self.validator.validate(result, step if step is not None else (self.step or 0))
+
     def close(self) -> None:
+        if self.validator is not None:
+            self.validator.flush()
         self.save_observed()
         if self._hb is not None:
             self._hb.close()
