@@ -159,9 +159,7 @@ class Validator:
         first = self.suspect
         finding = rules.check(value, self.recent, self.settings)
         differed = not rules.same(first.value, value)
-        verdict = rules.classify(
-            first, value, finding, self.settings, self._disambiguating(step)
-        )
+        verdict = rules.classify(first, value, finding, self.settings, self._disambiguating(step))
         action = Action(self._collective(int(rules.ACTION[verdict])))
         if differed:
             self.differed += 1
@@ -236,6 +234,7 @@ class Validator:
                 since_start_s=since,
                 fired=self._fired,
                 spoiled=self._spoiled,
+                warm=len(self.recent.values) >= self.settings.warmup,
             ):
                 continue
             self._record_fired(injection)

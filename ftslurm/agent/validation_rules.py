@@ -242,12 +242,16 @@ def fires(
     since_start_s: float,
     fired: Collection[str],
     spoiled: Mapping[str, str],
+    warm: bool = True,
 ) -> bool:
-    """Whether an injected nan/spike spoils this rank's result now: from its time on; a
+    """Whether an injected nan/spike spoils this rank's result now: from its time on (a
+    spike once the spike check is `warm`: past its warm-up, so that it can be seen); a
     transient one once in the run, on its rank (`fired`: the specs this rank carried out);
     a persistent one on its rank until it first fires, then on every rank of the node it
     spoiled (`spoiled`: spec -> node), in every attempt that runs there."""
     if not injection.kind.on_result or since_start_s < injection.at_s:
+        return False
+    if injection.kind is InjectKind.SPIKE and not warm:
         return False
     spec = injection.spec()
     if injection.persistent and spec in spoiled:
