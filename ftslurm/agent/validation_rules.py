@@ -7,15 +7,18 @@ median of the last `window` accepted results, once `warmup` of them were seen (a
 needs a positive median: a loss that may be negative is checked for NaN/Inf only). A
 suspicious result is re-run in place, from the state captured before the step; then:
 
-| first result | re-run                       | verdict     | the group            |
-|--------------|------------------------------|-------------|----------------------|
-| sane         | (none)                       | ok          | goes on              |
-| suspicious   | differs, sane                | transient   | goes on (re-run's)   |
-| suspicious   | differs, suspicious          | (re-run again, up to `max_reruns`, then persistent) |
-| sane         | suspicious (a peer's re-run) | (re-run again, up to `max_reruns`, then persistent) |
-| suspicious   | the same, bit for bit        | persistent  | checkpoint, exit 16  |
-| nan/inf      | the same, in the disambiguation run, at the step being disambiguated | model | exit 17 |
-| spike        | the same, in the disambiguation run, at that step | correct | goes on      |
+| first result | re-run                         | verdict      | the group           |
+|--------------|--------------------------------|--------------|---------------------|
+| sane         | (none)                         | ok           | goes on             |
+| suspicious   | differs, sane                  | transient    | goes on (re-run's)  |
+| suspicious   | differs, suspicious            | re-run again | (then: persistent)  |
+| sane         | suspicious (a peer's re-run)   | re-run again | (then: persistent)  |
+| suspicious   | the same, bit for bit          | persistent   | checkpoint, exit 16 |
+| nan/inf      | the same, disambiguation run * | model        | exit 17             |
+| spike        | the same, disambiguation run * | correct      | goes on             |
+
+(*: in the disambiguation run, at the step it disambiguates. "Re-run again": up to
+`max_reruns` re-runs of one step.)
 
 *Transient*: the machine computed wrong once: the rank's node is blamed (recorded) and the
 re-run's result is used. *Persistent*: the same wrong result twice on this hardware: either

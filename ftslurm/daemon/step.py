@@ -542,7 +542,8 @@ def _injected(
     scheduler's (node_fail, preempt, timeout) that it ran long enough to reach, and the
     crashes, hangs and spoiled results (nan, spike) its ranks' `reports` say they carried
     out (a straggler is never counted: its node stays slow; a persistent nan or spike is
-    counted but carried on all the same, `still_to_fire`). Each fires once per run (`submission.build_attempt`)."""
+    counted but carried on all the same, `still_to_fire`). Each fires once per run
+    (`submission.build_attempt`)."""
     specs = tuple(run.spec.get("inject") or ())
     if not specs:
         return list(run.injected)
