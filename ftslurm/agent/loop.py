@@ -30,6 +30,10 @@ It is the long form of docs/agent.md (the rank agent, `ftslurm.checkpoint`,
   count moves on; after a fault (a collective that raised because a peer failed, or a
   peer's abort) the group is formed again, a restarted rank receives the state, and
   `steps()` yields the same step again. Outside a live group a fault propagates.
+- With `validate=...`, the block gives its loss to `train.validate(loss)`: a suspicious one
+  (NaN, Inf, a spike) re-runs the step in place (the RNG put back, the gradients zeroed,
+  no optimizer step, `steps()` yields it again), or ends the rank with exit 16 after a
+  disk checkpoint of the state before the step (docs/agent.md#result-validation).
 - The end (the loop ran out): a last checkpoint when the last step is a multiple of
   `every`; `finish()` tells the daemon the run is finished (rank 0), drops the memory tier
   and leaves with exit 0 through `agent.exit` (teardown cannot abort it).

@@ -32,6 +32,11 @@ shared-memory record the launcher reads from outside the process (`agent.heartbe
 section durations are remembered and saved next to the checkpoints so the next attempt's
 launcher can tighten its timeouts.
 
+Result validation (opt-in, `ftslurm.agent.validation`): `agent.validation(...)` once, then
+`agent.validate(loss, step)` at every step before the optimizer's update answers GO_ON or
+RERUN (the same on every rank: a collective); a result that reproduces wrong checkpoints
+through the script's hook and exits 16 (17 in the disambiguation run) by `agent.exit`.
+
 Leaving: `should_stop()` answering True and `finished()` record, durably (an atomic write into
 `$FTSLURM_RUN_DIR/attempts/<attempt>/stopping-rank-<rank>.json`), that this rank saved
 step S and is stopping. `agent.exit(code)` (or `leave(code)` without an agent) then waits
