@@ -146,3 +146,94 @@ def test_report_stats_counts_and_never_stops(tmp_path, reference):
     report = _events(tmp_path)[1]
     assert report.mode == "report_stats" and report.reruns == STEPS == len(report.events)
     assert {(e.verdict, e.action) for e in report.events} == {("counted", "go_on")}
+
+
+# `ftslurm.Training(validate=True)`: a model with dropout (the step draws from the global
+# RNG, which Training captures before the block and puts back for a re-run) on data drawn
+# from the step number.
+TRAINING = r"""
+import hashlib, json, sys
+import torch, torch.distributed as dist
+from ftslurm import Training
+from ftslurm.agent.validation_rules import Mode, Settings
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.3), torch.nn.Linear(32, 1))
+optim = torch.optim.SGD(model.parameters(), lr=0.05)
+mode = sys.argv[2]
+validate = {"off": False, "on": True, "stats": Settings(mode=Mode.REPORT_STATS)}[mode]
+train = Training(model, optim, checkpoint_dir=sys.argv[1], every=0, memory=False,
+                 validate=validate, log=None)
+for step in train.steps(30):
+    with train.step():
+        g = torch.Generator().manual_seed(step * world + rank)
+        x = torch.randn(16, 8, generator=g)
+        optim.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        if validate:
+            train.validate(loss)
+if rank == 0:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(",".join(float(v).hex() for v in p.detach().flatten().tolist()).encode())
+    (train.directory / "final.json").write_text(json.dumps({"digest": h.hexdigest()[:16]}))
+train.finish()
+"""
+
+
+def _training(tmp_path: Path, name: str, mode: str, **env: str) -> tuple[list[int], str | None]:
+    script = tmp_path / "training.py"
+    script.write_text(TRAINING)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM_"))}
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / name), mode],
+            env={**base, "RANK": str(r), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "SLURMD_NODENAME": f"node{r}",
+                 EnvName.RUN_DIR.value: str(tmp_path / "run"), **env},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for r in range(2)
+    ]  # fmt: skip
+    codes = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        codes.append(p.returncode)
+        print(out[-3000:])
+    final = tmp_path / name / "final.json"
+    return codes, json.loads(final.read_text())["digest"] if final.exists() else None
+
+
+def test_training_reruns_a_step_in_place_with_its_rng_put_back(tmp_path):
+    codes, plain = _training(tmp_path, "plain", "off")
+    assert codes == [0, 0] and plain
+    codes, validated = _training(tmp_path, "validated", "on", **{EnvName.INJECT.value: "nan@0:0"})
+    assert codes == [0, 0]
+    assert validated == plain  # the dropout masks of the re-run were the first run's
+    (event,) = _events(tmp_path)[0].events
+    assert (event.verdict, event.action) == ("transient", "go_on")
+
+
+def test_training_exits_16_with_the_last_good_state_on_disk(tmp_path):
+    codes, final = _training(
+        tmp_path, "ck", "on", **{EnvName.INJECT.value: "nan@0:1:persistent"}
+    )  # fmt: skip
+    assert codes == [16, 16] and final is None
+    (event,) = _events(tmp_path)[1].events
+    assert event.verdict == "persistent"
+    manifests = sorted((tmp_path / "ck").glob("step-*.json"))
+    assert [int(m.stem.split("-")[1]) for m in manifests] == [event.step]
+
+
+def test_training_in_report_stats_counts_and_finishes(tmp_path):
+    codes, _ = _training(tmp_path, "ck", "stats", **{EnvName.INJECT.value: "spike@0:1"})
+    assert codes == [0, 0]
+    (event,) = _events(tmp_path)[1].events
+    assert (event.kind, event.verdict) == ("spike", "counted")

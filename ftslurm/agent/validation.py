@@ -40,7 +40,7 @@ from typing import Any, NoReturn
 
 from ftslurm.agent import validation_rules as rules
 from ftslurm.agent.validation_rules import Action, Finding, Recent, Settings, Suspect, Verdict
-from ftslurm.core.contract import JobEnv, RunDir
+from ftslurm.core.contract import ExitCode, JobEnv, RunDir
 from ftslurm.core.contract.reports import Kind, ValidationEvent, ValidationReport
 from ftslurm.core.inject import Injection, parse_injection
 from ftslurm.errors import ConfigError
@@ -187,7 +187,9 @@ class Validator:
                 f"step {step}: result reproduced on other hardware: the model's, not the "
                 "machine's: exit 17"
             )
-        self._exit(16 if action is Action.EXIT_16 else 17)
+        self._exit(
+            ExitCode.RESUME_ELSEWHERE if action is Action.EXIT_16 else ExitCode.FAILED_VALIDATION
+        )
 
     def run_step(
         self,
