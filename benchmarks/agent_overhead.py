@@ -33,8 +33,18 @@ step and a cached answer after that; both are timed (`--collective-calls`), next
 `dist.all_reduce` of a one-element tensor (the same one each time, and a new one each
 time, as `should_checkpoint` makes).
 
+Result validation (`agent.validate(loss)`, `ftslurm.agent.validation`), in the same process
+group: what it adds to each step, against the same loop without it measured in the same
+run (target: under 1% of a 100 ms step on CPU). Timed on their own: `capture_rng()` (what
+`Training` captures before each step for a re-run in place) and `validate(loss, step)`
+(the loss read, the checks, one MAX all-reduce); and a training loop (a small MLP, forward,
+backward, SGD step) run `--validation-steps` times with and without them, in alternating
+blocks so that both see the same machine; the difference of the two loops' median steps is
+the cost per step (noisier than the direct sum: the step itself varies).
+
     python benchmarks/agent_overhead.py [--calls 100000] [--rare-calls 30]
-                                        [--collective-calls 2000] [--no-collective] [--json]
+                                        [--collective-calls 2000] [--no-collective]
+                                        [--validation-steps 2000] [--json]
 """
 
 from __future__ import annotations
@@ -329,7 +339,94 @@ def measure_collective(root: Path, calls: int, overhead: float) -> dict[str, Any
     }
 
 
-def run(calls: int, rare_calls: int, collective_calls: int, collective: bool) -> dict[str, Any]:
+STEP_BUDGET_NS = 100e6  # the 100 ms step the target is stated for
+VALIDATION_BLOCK = 100  # steps per block of the alternating loops
+
+
+def measure_validation(root: Path, calls: int, steps: int, overhead: float) -> dict[str, Any]:
+    """Result validation's cost per step (the module doc), gloo with one rank."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return {"skipped": "torch is not installed"}
+    from ftslurm.agent.validation import capture_rng
+
+    store = dist.FileStore(str(root / "validation-store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with environment(None):
+            agent = RankAgent()
+        validator = agent.validation()
+        loss = torch.tensor(0.5)
+        direct = {
+            "capture_rng": summary(
+                sample("capture_rng()", calls, capture_rng=capture_rng), overhead
+            ),
+            "validate": summary(
+                sample("validator.validate(loss, i)", calls, validator=validator, loss=loss),
+                overhead,
+            ),
+        }
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+        )
+        optim = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x, y = torch.randn(32, 64), torch.randn(32, 1)
+        mse = torch.nn.functional.mse_loss
+
+        def step(i: int, validated: bool) -> None:
+            if validated:
+                capture_rng()
+            optim.zero_grad()
+            out = mse(model(x), y)
+            out.backward()
+            if validated:
+                validator.validate(out, i)
+            optim.step()
+
+        times: dict[bool, list[int]] = {False: [], True: []}
+        clock = time.perf_counter_ns
+        for i in range(VALIDATION_BLOCK):  # warm-up
+            step(i, True)
+            step(i, False)
+        for block in range(max(1, steps // VALIDATION_BLOCK)):
+            for validated in (block % 2 == 0, block % 2 == 1):
+                for i in range(VALIDATION_BLOCK):
+                    t0 = clock()
+                    step(i, validated)
+                    times[validated].append(clock() - t0)
+        agent.close()
+        checks = validator.checks
+    finally:
+        dist.destroy_process_group()
+    plain, validated = summary(times[False], 0), summary(times[True], 0)
+    per_step = direct["capture_rng"]["median_ns"] + direct["validate"]["median_ns"]
+    loop = validated["median_ns"] - plain["median_ns"]
+    return {
+        "backend": "gloo",
+        "world_size": 1,
+        **direct,
+        "loop_plain": plain,
+        "loop_validated": validated,
+        "loop_steps": len(times[False]),
+        "per_step_ns": per_step,
+        "loop_difference_ns": loop,
+        "share_of_100ms_step": per_step / STEP_BUDGET_NS,
+        "loop_share_of_100ms_step": loop / STEP_BUDGET_NS,
+        "target_met": per_step < 0.01 * STEP_BUDGET_NS,
+        "validated_results": checks,
+    }
+
+
+def run(
+    calls: int,
+    rare_calls: int,
+    collective_calls: int,
+    collective: bool,
+    validation_steps: int = 2000,
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ftslurm-agent-bench-") as tmp:
         root = Path(tmp)
         overhead = summary(sample("pass", calls), 0)["median_ns"]
@@ -367,6 +464,11 @@ def run(calls: int, rare_calls: int, collective_calls: int, collective: bool) ->
             else {"skipped": "--no-collective"}
         )
         result["collective_calls"] = collective_calls if collective else 0
+        result["validation"] = (
+            measure_validation(root, collective_calls, validation_steps, overhead)
+            if collective
+            else {"skipped": "--no-collective"}
+        )
     return result
 
 
@@ -408,6 +510,7 @@ def print_tables(result: dict[str, Any]) -> None:
             f"{r['max_ns'] / 1e3:,.1f}",
         )
     console.print(t)
+    print_validation(console, result["validation"])
     c = result["collective"]
     if "skipped" in c:
         console.print(f"should_checkpoint() with a process group: skipped ({c['skipped']})")
@@ -439,6 +542,37 @@ def print_tables(result: dict[str, Any]) -> None:
     )
 
 
+def print_validation(console: Any, v: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    if "skipped" in v:
+        console.print(f"result validation: skipped ({v['skipped']})")
+        return
+    t = Table(title="Result validation per step (gloo, world size 1)")
+    for col in ("what", "median µs", "p99 µs", "mean µs"):
+        t.add_column(col, justify="left" if col == "what" else "right")
+    for key, label in (
+        ("capture_rng", "capture_rng() (Training, before each step)"),
+        ("validate", "validate(loss, step): checks + MAX all-reduce"),
+        ("loop_plain", f"a training step without validation ({v['loop_steps']:,} steps)"),
+        ("loop_validated", "the same step with capture_rng + validate"),
+    ):
+        r = v[key]
+        t.add_row(
+            label,
+            f"{r['median_ns'] / 1e3:,.2f}",
+            f"{r['p99_ns'] / 1e3:,.2f}",
+            f"{r['mean_ns'] / 1e3:,.2f}",
+        )
+    console.print(t)
+    console.print(
+        f"validation costs {v['per_step_ns'] / 1e3:,.1f} µs per step "
+        f"({100 * v['share_of_100ms_step']:.3f}% of a 100 ms step; the loops differ by "
+        f"{v['loop_difference_ns'] / 1e3:,.1f} µs): target under 1%: "
+        + ("met" if v["target_met"] else "NOT met")
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=100_000, help="timed calls per row")
@@ -449,11 +583,23 @@ def main() -> int:
     parser.add_argument(
         "--no-collective", action="store_true", help="skip the torch.distributed measurement"
     )
+    parser.add_argument(
+        "--validation-steps",
+        type=int,
+        default=2000,
+        help="training steps per loop (with and without result validation)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    if min(args.calls, args.rare_calls, args.collective_calls) < 1:
+    if min(args.calls, args.rare_calls, args.collective_calls, args.validation_steps) < 1:
         parser.error("call counts must be positive")
-    result = run(args.calls, args.rare_calls, args.collective_calls, not args.no_collective)
+    result = run(
+        args.calls,
+        args.rare_calls,
+        args.collective_calls,
+        not args.no_collective,
+        args.validation_steps,
+    )
     if args.json:
         print(json.dumps(result))
     else:

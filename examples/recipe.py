@@ -31,6 +31,12 @@ run ends with exactly the parameters of an uninterrupted one.
 - `--fail-at-step N --fail-rank R` makes rank R exit 3 whenever it reaches step N (with
   `--fail-once`, only before the launcher's first in-job restart; with `--fail-by-kill`,
   it SIGKILLs itself instead; to try in-job restarts and retries).
+- With `--validate`, each step's loss is validated before the update (`train.validate`,
+  docs/agent.md#result-validation): a NaN, Inf or spike re-runs the step in place; one that
+  reproduces saves the last good state and exits 16, and the daemon re-runs it on other
+  nodes (`--report-stats`: only count re-runs and non-determinism). `--nan-at-step N` makes
+  rank 0's batch of step N hold a NaN on every run and every node: the model's fault, which
+  validation ends with exit 17 once the disambiguation run reproduced it.
 - When the last step is done it writes `final.json` (step and a parameter digest).
 
     python examples/recipe.py --steps 200 --checkpoint-dir ckpt
@@ -50,6 +56,7 @@ import torch.distributed as dist
 
 from ftslurm import Training
 from ftslurm.agent import live
+from ftslurm.agent.validation_rules import Mode, Settings
 
 
 def dist_env() -> tuple[int, int, str, str]:
@@ -134,6 +141,20 @@ def main() -> int:
         help="with --live: treat the state as sharded (as FSDP's): a rank that lost its part "
         "is not given it by a peer; every rank restores from the memory tier or disk",
     )
+    parser.add_argument(
+        "--validate", action="store_true", help="validate each step's loss (re-run in place)"
+    )
+    parser.add_argument(
+        "--report-stats",
+        action="store_true",
+        help="with --validate: count re-runs and non-determinism, never stop",
+    )
+    parser.add_argument(
+        "--nan-at-step",
+        type=int,
+        default=-1,
+        help="rank 0's batch of this step holds a NaN (a fault of the model, everywhere)",
+    )
     args = parser.parse_args()
 
     rank, world, addr, port = dist_env()
@@ -161,6 +182,7 @@ def main() -> int:
         memory=not args.no_memory_tier,
         group=group,
         replicated=not args.sharded,
+        validate=Settings(mode=Mode.REPORT_STATS) if args.report_stats else args.validate,
     )
     if not train.rejoining:  # the same start on every rank, as DDP would broadcast
         for p in model.parameters():
@@ -172,11 +194,16 @@ def main() -> int:
         with train.step():  # everything that talks to the other ranks; then optim.step()
             with train.section("compute"):  # this rank's own work, without collectives
                 x, y = batch(step * world + rank)
+                if step == args.nan_at_step and rank == 0:
+                    x[0, 0] = float("nan")
                 optim.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
                 if args.step_time:
                     time.sleep(args.step_time)
             average_gradients(model, world)
+            if args.validate or args.report_stats:
+                train.validate(loss)  # a suspicious loss: this step again, in place
         at = train.steps_done
         if train.committed and at == args.fail_at_step and rank == args.fail_rank:
             if not once_failed:

@@ -47,6 +47,8 @@ def results(tmp_path_factory) -> dict[str, dict]:
         "3",
         "--collective-calls",
         "20",
+        "--validation-steps",
+        "200",
         cwd=tmp_path_factory.mktemp("agent"),
     )
     scale = start(
@@ -114,6 +116,17 @@ def test_agent_overhead_measures_the_agreement_collective(agent_result):
         assert c[key]["calls"] == agent_result["collective_calls"] == 20
     assert c["all_reduce"]["median_ns"] > 0
     assert c["should_checkpoint_first_in_step"]["median_ns"] > 0
+
+
+def test_agent_overhead_measures_result_validation_against_the_same_loop(agent_result):
+    """Issue 30: validation's cost per step, next to the same loop without it."""
+    v = agent_result["validation"]
+    assert "skipped" not in v, v
+    assert v["capture_rng"]["calls"] == v["validate"]["calls"] == 20
+    assert v["loop_steps"] == v["loop_validated"]["calls"] == 200
+    assert v["validated_results"] >= 20 + 200 + 100  # direct calls, the loop, its warm-up
+    assert v["per_step_ns"] == v["capture_rng"]["median_ns"] + v["validate"]["median_ns"] > 0
+    assert v["share_of_100ms_step"] == v["per_step_ns"] / 1e8
 
 
 def test_daemon_scale_commands_per_cycle_are_constant_and_at_most_two(scale_result):

@@ -1021,3 +1021,23 @@ def test_a_cancelled_run_that_exited_16_records_no_validation():
     assert [u.run.state for u in of(out, core.UpdateRun)][-1] is RunState.CANCELLED
     assert not of(out, core.FlagNode) and not of(out, core.NewAttempt)
     assert not [e for e in of(out, core.Event) if e.kind == "validation"]
+
+
+def test_an_ending_records_the_spoiled_results_its_ranks_report():
+    """Issue 30: a nan or spike a rank's validation carried out (its report lists it) is
+    recorded as fired, so no later job fires it again."""
+    spec = {**run().spec, "inject": ["nan@3:1", "spike@2:0:persistent", "straggler@1:0*2"]}
+    r = run(spec=spec, settings={"num_job_retries_on_failure": 3})
+    reports = (
+        {"rank": 1, "outcome": "killed", "injected": ["nan@3:1", "straggler@1:0*2"]},
+        {"rank": 0, "outcome": "killed", "injected": ["spike@2:0:persistent"]},
+    )
+    out = core.step(
+        attempt(start=NOW - 5),
+        info(JobState.PENDING, restart_count=1),
+        r,
+        known(files=core.RunFiles(rank_reports=reports)),
+        NOW,
+    )
+    (upd,) = of(out, core.UpdateRun)
+    assert upd.run.injected == ["nan@3:1", "spike@2:0:persistent"]

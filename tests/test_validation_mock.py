@@ -15,7 +15,7 @@ import pytest
 
 from ftslurm.daemon.store import Store
 
-from .daemon_scenarios import Cli, daemon_cli_on_a_mock, ended, plain
+from .daemon_scenarios import RECIPE, Cli, daemon_cli_on_a_mock, ended, plain, reference_digest
 
 pytestmark = pytest.mark.slow  # two daemon runs of two short attempts each
 
@@ -90,3 +90,83 @@ def test_a_result_that_does_not_reproduce_completes_with_the_nodes_flagged(cli, 
     }
     shown = plain(cli("status", s["run_id"]).stdout)
     assert f"nodes flagged by this run: {flagged[0]}: result validation (exit 16)" in shown
+
+
+# ---------------------------------------------------------------------------------------
+# The rank agent's side (issue 30 items 1 and 3): examples/recipe.py --validate on 2 nodes
+# x 1 rank, with an injected NaN (transient, or persistent on its node) or a NaN of the
+# model's own (--nan-at-step: rank 0's batch of that step, on every node).
+STEPS = 100
+
+
+def _recipe(tmp_path: Path, *args: str) -> Path:
+    flags = ["--steps", str(STEPS), "--step-time", "0.05", "--ckpt-every", "20"]
+    flags += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--validate", *args]
+    path = tmp_path / "validated.py"
+    path.write_text(
+        "import sys\nimport ftslurm\n"
+        f"recipe = ftslurm.Recipe(command=[sys.executable, {str(RECIPE)!r}, *{flags!r}], "
+        "nodes=2, ntasks_per_node=1)\n"
+    )
+    return path
+
+
+def _final(tmp_path: Path) -> str:
+    final = json.loads((tmp_path / "ckpt" / "final.json").read_text())
+    assert final["step"] == STEPS
+    return final["digest"]
+
+
+def test_a_transient_nan_is_rerun_in_place_and_the_run_goes_on_bit_identical(cli, tmp_path):
+    out = cli.submit("--dry-run", "--retries", "0", "--inject", "nan@2:1", str(_recipe(tmp_path)))
+    s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    assert len(s["attempts"]) == 1 and s["validation"] == [] and s["flagged_nodes"] == {}
+    (event,) = s["result_checks"]
+    node = s["attempts"][0]["nodes"][1]
+    assert (event["rank"], event["node"], event["kind"]) == (1, node, "nan")
+    assert (event["verdict"], event["action"], event["differed"]) == ("transient", "go_on", True)
+    assert _final(tmp_path) == reference_digest(tmp_path, STEPS)  # as if nothing happened
+    assert Store(cli.home).get_run(out["run_id"]).injected == ["nan@2:1"]
+    shown = plain(cli("status", s["run_id"]).stdout)
+    assert f"rank 1 on {node}: nan result (nan) re-run in place" in shown
+    assert f"a transient fault of node {node} (recorded); training went on" in shown
+    assert "1 steps re-run in place, 1 re-runs differed" in shown
+    assert f"transient fault of node {node}" in plain(cli("report", s["run_id"]).stdout)
+
+
+def test_a_persistent_nan_exits_16_and_the_next_attempt_elsewhere_completes(cli, tmp_path):
+    recipe = _recipe(tmp_path)
+    out = cli.submit("--dry-run", "--retries", "1", "--inject", "nan@2:1:persistent", str(recipe))
+    s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
+    assert s["state"] == "COMPLETED", s
+    first, second = s["attempts"]
+    assert (first["exit_code"], first["cause"], second["exit_code"]) == (16, "resume_elsewhere", 0)
+    bad = first["nodes"][1]  # rank 1's
+    assert bad in s["flagged_nodes"] and bad not in second["nodes"]
+    assert s["job_retries_used"] == 0
+    (event,) = s["result_checks"]
+    assert (event["attempt"], event["node"], event["verdict"]) == (0, bad, "persistent")
+    # resumed from the last good state saved before the suspicious step: bit-identical
+    assert _final(tmp_path) == reference_digest(tmp_path, STEPS)
+    shown = plain(cli("status", s["run_id"]).stdout)
+    assert "reproduced on this hardware: last good state checkpointed, exit 16" in shown
+    assert f"nodes flagged (result validation): {', '.join(first['nodes'])}" in shown
+
+
+def test_a_nan_of_the_model_fails_the_run_with_exit_17_after_one_disambiguation(cli, tmp_path):
+    recipe = _recipe(tmp_path, "--nan-at-step", "30")
+    out = cli.submit("--dry-run", "--retries", "2", str(recipe))
+    s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
+    assert s["state"] == "FAILED", s
+    first, second = s["attempts"]  # exactly one disambiguation run
+    assert (first["exit_code"], second["exit_code"]) == (16, 17)
+    assert not set(first["nodes"]) & set(second["nodes"])
+    assert "the result reproduced on different hardware: the model's" in s["reason"]
+    assert [(e["attempt"], e["step"], e["rank"], e["verdict"]) for e in s["result_checks"]] == [
+        (0, 30, 0, "persistent"),
+        (1, 30, 0, "model"),
+    ]
+    assert s["flagged_nodes"] == {}  # unflagged: not the machines' fault
+    shown = plain(cli("report", s["run_id"]).stdout)
+    assert "reproduced on other hardware: the model's fault, not the machine's: exit 17" in shown

@@ -30,6 +30,10 @@ It is the long form of docs/agent.md (the rank agent, `ftslurm.checkpoint`,
   count moves on; after a fault (a collective that raised because a peer failed, or a
   peer's abort) the group is formed again, a restarted rank receives the state, and
   `steps()` yields the same step again. Outside a live group a fault propagates.
+- With `validate=...`, the block gives its loss to `train.validate(loss)`: a suspicious one
+  (NaN, Inf, a spike) re-runs the step in place (the RNG put back, the gradients zeroed,
+  no optimizer step, `steps()` yields it again), or ends the rank with exit 16 after a
+  disk checkpoint of the state before the step (docs/agent.md#result-validation).
 - The end (the loop ran out): a last checkpoint when the last step is a multiple of
   `every`; `finish()` tells the daemon the run is finished (rank 0), drops the memory tier
   and leaves with exit 0 through `agent.exit` (teardown cannot abort it).
@@ -54,6 +58,8 @@ import torch.distributed as dist
 
 from ftslurm.agent import live
 from ftslurm.agent import rank as fta
+from ftslurm.agent.validation import capture_rng, restore_rng
+from ftslurm.agent.validation_rules import Action, Settings
 from ftslurm.checkpoint import CheckpointManager, restore_training_state, training_state
 from ftslurm.core.contract import EnvName
 from ftslurm.memory_checkpoint import MemoryTier
@@ -71,8 +77,13 @@ class Training:
     the memory tier); `memory=False`: disk only; `group`: the `live.LiveGroup` of
     `live.init_process_group` (else the default process group, without live recovery);
     `replicated=False` for a state each rank holds a different part of (`LiveGroup.attach`);
-    `log`: where the progress lines go (None: nowhere). The default process group must
-    exist."""
+    `log`: where the progress lines go (None: nowhere); `validate`: result validation
+    (True, or its `Settings`): give each step's loss to `train.validate(loss)` in the
+    block, and a suspicious one re-runs the step in place (`Training` restores the RNG and
+    zeroes the gradients; the model and the optimizer have not changed yet), or saves the
+    last good state and exits 16 (docs/agent.md#result-validation); `data_position`: the
+    hooks (capture, restore) of where the data comes from, for data not drawn from the step
+    number. The default process group must exist."""
 
     def __init__(
         self,
@@ -87,6 +98,8 @@ class Training:
         replicated: bool = True,
         keep_last: int = 2,
         log: Callable[[str], None] | None = _say,
+        validate: bool | Settings = False,
+        data_position: tuple[Callable[[], Any], Callable[[Any], None]] | None = None,
     ) -> None:
         if every < 0 or disk_every < 1:
             raise ValueError(
@@ -116,6 +129,17 @@ class Training:
         self._stopping = False
         self._in_block = False
         self._block_error: str | None = None
+        self.disk_saved_at = -1  # the step saved to disk last
+        # result validation: the group's answer for this block (None: not validated yet)
+        self.validator = (
+            self.agent.validation(
+                validate if isinstance(validate, Settings) else None, checkpoint=self._last_good
+            )
+            if validate
+            else None
+        )
+        self._data_position = data_position
+        self._verdict: Action | None = None
 
     @property
     def rejoining(self) -> bool:
@@ -275,9 +299,30 @@ class Training:
             self.saves += 1
             if self.memory is None or disk or self.saves % self.disk_every == 0:
                 self.manager.checkpoint(step, state)  # rank 0 writes
+                self.disk_saved_at = step
             dist.barrier()
         self.saved_at = step
         self.agent.save_observed()  # the sections' timings, for the next attempt's timeouts
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, loss: Any) -> Any:
+        """This step's result (in the block, after the backward pass, before the block
+        ends): checked on every rank at once (a collective); when it is suspicious, the
+        block's end re-runs the step in place instead of applying it (`steps()` yields it
+        again), or this rank saves the last good state and exits 16 (or 17 in the
+        disambiguation run). Returns `loss`."""
+        if self.validator is None:
+            raise RuntimeError("Training(validate=...) turns result validation on")
+        if not self._in_block:
+            raise RuntimeError("call train.validate(loss) inside `with train.step():`")
+        self._verdict = self.validator.validate(loss, self.steps_done)
+        return loss
+
+    def _last_good(self) -> None:
+        """Before an exit 16: the state before the suspicious step (not applied yet), on
+        disk (the next attempt runs on other nodes)."""
+        if self.disk_saved_at != self.steps_done:
+            self.checkpoint(disk=True)
 
     # ------------------------------------------------------------------ the end
     def finish(self) -> NoReturn:
@@ -304,15 +349,34 @@ class _StepBlock:
         self.section = train.agent.section("step")
 
     def __enter__(self) -> int:
-        self.train._in_block = True
+        train = self.train
+        train._in_block = True
+        if train.validator is not None:  # the state a re-run in place starts from
+            train._verdict = None
+            self.rng = capture_rng()
+            self.data = train._data_position[0]() if train._data_position else None
         self.section.__enter__()
-        return self.train.steps_done
+        return train.steps_done
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         train = self.train
         self.section.__exit__(kind, exc, tb)
+        if exc is None and train.validator is not None:
+            if train._verdict is None:
+                train.group.cancel_step()
+                raise RuntimeError(
+                    "with Training(validate=...), give each step's loss to train.validate(loss)"
+                )
+            if train._verdict is Action.RERUN:  # suspicious: this step again, in place
+                train.group.cancel_step()
+                restore_rng(self.rng)
+                if train._data_position is not None:
+                    train._data_position[1](self.data)
+                train.optimizer.zero_grad()
+                train.committed = False
+                return False
         if exc is None:
             train.committed = train.group.end_step(None)  # the vote (a live group)
             if train.committed:

@@ -32,6 +32,11 @@ shared-memory record the launcher reads from outside the process (`agent.heartbe
 section durations are remembered and saved next to the checkpoints so the next attempt's
 launcher can tighten its timeouts.
 
+Result validation (opt-in, `ftslurm.agent.validation`): `agent.validation(...)` once, then
+`agent.validate(loss, step)` at every step before the optimizer's update answers GO_ON or
+RERUN (the same on every rank: a collective); a result that reproduces wrong checkpoints
+through the script's hook and exits 16 (17 in the disambiguation run) by `agent.exit`.
+
 Leaving: `should_stop()` answering True and `finished()` record, durably (an atomic write into
 `$FTSLURM_RUN_DIR/attempts/<attempt>/stopping-rank-<rank>.json`), that this rank saved
 step S and is stopping. `agent.exit(code)` (or `leave(code)` without an agent) then waits
@@ -55,17 +60,22 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftslurm.agent import progress
 from ftslurm.agent.heartbeat import HeartbeatWriter
 from ftslurm.agent.straggler import StepTimer
+from ftslurm.agent.validation_rules import Action, Settings
 from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import Disambiguation, JobEnv, RunDir, observed_record
 from ftslurm.core.contract.reports import Outcome, StopRecord
 from ftslurm.fsutil import read_json, write_json_atomic
 from ftslurm.runfiles import write_report
 
+if TYPE_CHECKING:
+    from ftslurm.agent.validation import Validator
+
+GO_ON, RERUN = Action.GO_ON, Action.RERUN  # what `validate` answers
 TEARDOWN_TIMEOUT_S = 10.0  # how long `leave` lets destroy_process_group take
 CADENCE_REFRESH_S = 5.0  # how often the agent looks for a new checkpoint interval
 log = logging.getLogger("ftslurm.rank")
@@ -104,6 +114,8 @@ class RankAgent:
         # a disk one due)
         self._decided: tuple[bool, ...] | None = None
         self._clock = clock
+        self._started = time.monotonic()  # injected result faults count from here
+        self.validator: Validator | None = None  # `validation()`
         self._cadence = _CadenceFile(job.run.cadence if job.run else None, clock)
         # the periodic intervals count from here: the last checkpoint of any tier, of disk
         self._last_checkpoint = self._last_disk = clock()
@@ -310,7 +322,42 @@ class RankAgent:
         merged = {k: max(float(v), float(old.get(k, 0.0))) for k, v in self._observed.items()}
         write_json_atomic(path, {**old, **merged})
 
+    # ------------------------------------------------------------------ results
+    def validation(
+        self,
+        settings: Settings | None = None,
+        *,
+        checkpoint: Callable[[], None] | None = None,
+        **options: Any,
+    ) -> Validator:
+        """Turn result validation on (`ftslurm.agent.validation`): `settings` (or its
+        fields as keywords: `spike_factor`, `window`, `warmup`, `max_reruns`, `mode`
+        ("enforce" or "report_stats"), `stats_every`); `checkpoint`: saves the last good
+        state before an exit 16 (called on every rank). Returns the `Validator`."""
+        from ftslurm.agent.validation import Validator
+
+        self.validator = Validator(
+            settings if settings is not None else Settings(**options),
+            checkpoint=checkpoint,
+            leave=self.exit,
+            started=self._started,
+        )
+        return self.validator
+
+    def validate(self, result: Any, step: int | None = None) -> Action:
+        """Check this step's result (the loss, before the optimizer's update): GO_ON, or
+        RERUN (restore the state from before the step, run it again, validate again). A
+        collective: the same answer on every rank; exit 16 and 17 never return. `step`
+        defaults to the last `heartbeat`'s. Without `validation()` first: the defaults,
+        and no checkpoint before an exit 16."""
+        if self.validator is None:
+            self.validation()
+        assert self.validator is not None
+        return self.validator.validate(result, step if step is not None else (self.step or 0))
+
     def close(self) -> None:
+        if self.validator is not None:
+            self.validator.flush()
         self.save_observed()
         if self._hb is not None:
             self._hb.close()

@@ -422,6 +422,14 @@ class Task:
         fired = set(read_json(path) or [])
         write_json_atomic(path, sorted(fired | {spec}))
 
+    def _results_spoiled(self) -> set[str]:
+        """The nan and spike injections this rank's command carried out (its rank agent
+        records them where this wrapper records its own: `RunDir.fired`)."""
+        if self.rundir is None:
+            return set()
+        specs = {i.spec() for i in parse_inject_env(self.job.inject) if i.kind.on_result}
+        return specs & set(read_json(self.rundir.fired(self.rank)) or [])
+
     def _straggler_nodes(self) -> dict[str, str]:
         """Straggler spec -> the node it slowed first in this run (it stays slow)."""
         if self.rundir is None:
@@ -711,7 +719,7 @@ class Task:
                 started_at=self.started_wall,
                 ended_at=time.time(),
                 checkpoint_signal_at=self.checkpoint_signal_at,
-                injected=self.injected,
+                injected=sorted({*self.injected, *self._results_spoiled()}),
                 outcome=outcome,
                 error_tail="\n".join(tail.splitlines()[-TAIL_LINES:]) if tail else None,
                 error_line=error,

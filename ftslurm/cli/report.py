@@ -21,6 +21,7 @@ import typer
 from rich.table import Table
 
 from ftslurm.cli.common import JsonOpt, RunArg, _run_or_fail, _store, console, err
+from ftslurm.cli.status import rank_validation
 from ftslurm.core.cadence import Cadence
 from ftslurm.core.contract import CHECKPOINT_MANIFEST, RunDir
 from ftslurm.core.contract.reports import (
@@ -360,6 +361,7 @@ def report(
     cadence = next(
         (Cadence.from_json(e.data) for e in reversed(events) if e.kind == "cadence"), None
     )  # the interval last written (core.cadence)
+    validation = rank_validation(run, attempts)  # the rank agents' re-runs and verdicts
     if as_json:
         typer.echo(
             json.dumps(
@@ -368,6 +370,7 @@ def report(
                     "state": run.state.value,
                     **rep.to_dict(),
                     "checkpoint_cadence": cadence and cadence.to_json(),
+                    **validation,
                 }
             )
         )
@@ -380,6 +383,8 @@ def report(
     if rep.losses:
         console.print(_losses_table(rep))
     console.print(_timeline_table(rep))
+    for v in [*validation["result_counts"], *validation["result_checks"]]:
+        console.print(f"validation: {v['text']}", markup=False, highlight=False, soft_wrap=True)
     for note in rep.notes:
         console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
 

@@ -52,6 +52,8 @@ from ftslurm.report.notes import (
     lost_node_notes,
     moved_to_a_new_job,
     recovery_notes,
+    result_checks,
+    result_counts,
     split_reason,
     validation_text,
 )
@@ -111,6 +113,8 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
             for e in events
             if e.kind == "validation"
         ],
+        # the rank agents' result validation: re-runs in place and their verdicts, counts
+        **rank_validation(run, attempts),
         "last_checkpoint_step": checkpoint_step(run),
         "reason": run.reason,
         "backend": run.spec.get("backend"),
@@ -121,6 +125,20 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         if (cadence := store.latest_event(run.run_id, "cadence"))
         else None,  # the interval last written (core.cadence)
     }
+
+
+def rank_validation(run: Run, attempts: list[Attempt]) -> dict[str, list[dict[str, Any]]]:
+    """What the rank agents' result validation left in the run's folder
+    (`RunDir.validation`): its events with their words, and each attempt's counts."""
+    run_dir = run.spec.get("run_dir")
+    checks: list[dict[str, Any]] = []
+    counts: list[dict[str, Any]] = []
+    for a in attempts if run_dir else ():
+        reports = read_reports(RunDir(run_dir), Kind.VALIDATION, a.attempt)
+        checks += result_checks(a.attempt, reports)
+        if (found := result_counts(a.attempt, reports)) is not None:
+            counts.append(found)
+    return {"result_checks": checks, "result_counts": counts}
 
 
 def _progress(run: Run) -> Progress:
@@ -411,7 +429,9 @@ def status(
             console.print(
                 f"checkpoints: {cadence.describe()}", markup=False, highlight=False, soft_wrap=True
             )
-        for v in s["validation"]:
+        for c in s["result_counts"]:
+            console.print(f"validation: {c['text']}", markup=False, highlight=False, soft_wrap=True)
+        for v in [*s["result_checks"], *s["validation"]]:
             console.print(f"validation: {v['text']}", markup=False, highlight=False, soft_wrap=True)
         if s["validation"]:
             flagged = "; ".join(f"{n}: {why}" for n, why in sorted(s["flagged_nodes"].items()))

@@ -540,15 +540,19 @@ def _injected(
 ) -> list[str]:
     """The run's fired injections once an attempt that ran from `start` to `end` ended: the
     scheduler's (node_fail, preempt, timeout) that it ran long enough to reach, and the
-    crashes and hangs its ranks' `reports` say they carried out (a straggler is never
-    counted: its node stays slow). Each fires once per run (`submission.build_attempt`)."""
+    crashes, hangs and spoiled results (nan, spike) its ranks' `reports` say they carried
+    out (a straggler is never counted: its node stays slow; a persistent nan or spike is
+    counted but carried on all the same, `still_to_fire`). Each fires once per run
+    (`submission.build_attempt`)."""
     specs = tuple(run.spec.get("inject") or ())
     if not specs:
         return list(run.injected)
     ran = end - start if start is not None and end is not None else None
     done = set(run.injected) | set(reached(parse_injections(specs), ran))
     in_job = {
-        i.spec() for i in parse_injections(specs) if i.kind in (InjectKind.CRASH, InjectKind.HANG)
+        i.spec()
+        for i in parse_injections(specs)
+        if i.kind in (InjectKind.CRASH, InjectKind.HANG) or i.kind.on_result
     }
     done |= {x for r in reports for x in r.injected if x in in_job}
     return sorted(done)

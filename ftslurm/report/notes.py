@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ftslurm.core.contract.reports import LiveRecovery, RoundRecord
+from ftslurm.core.contract.reports import LiveRecovery, RoundRecord, ValidationReport
 from ftslurm.core.recovery import Recovery
 from ftslurm.core.types import JobState, NodeInfo, NodeState
 from ftslurm.daemon.records import Attempt
@@ -244,3 +244,59 @@ def validation_text(d: Mapping[str, Any]) -> str:
             f"(result validation): {nodes}; disambiguation run on other nodes"
         )
     return f"attempt {k} exited 16: nodes flagged (result validation): {nodes}; {d.get('reason')}"
+
+
+# The rank agent's verdicts on a result it re-ran in place (`ftslurm.agent.validation_rules`).
+RESULT_VERDICT = {
+    "transient": "the re-run differed: a transient fault of node {node} (recorded); "
+    "training went on",
+    "persistent": "reproduced on this hardware: last good state checkpointed, exit 16",
+    "model": "reproduced on other hardware: the model's fault, not the machine's: exit 17",
+    "correct": "reproduced on other hardware: a correct result (the model's own spike); "
+    "training went on",
+    "counted": "counted (report_stats); training went on",
+    "ok": "the re-run differed: non-deterministic",
+}
+
+
+def result_checks(attempt: int, reports: Sequence[ValidationReport]) -> list[dict[str, Any]]:
+    """The rank agents' validation events of an attempt (`RunDir.validation`), oldest first,
+    each with its words (`text`)."""
+    found = []
+    for r in reports:
+        for e in r.events:
+            verdict = RESULT_VERDICT.get(e.verdict or "", e.verdict or "?")
+            again = f" ({e.reruns} re-runs)" if e.reruns > 1 else ""
+            found.append(
+                {
+                    "attempt": attempt,
+                    "rank": r.rank,
+                    "node": r.node,
+                    **e.to_json(),
+                    "text": f"attempt {attempt}, step {e.step}, rank {r.rank} on {r.node}: "
+                    f"{e.kind} result ({e.value}) re-run in place{again}: {e.rerun}: "
+                    + verdict.format(node=r.node),
+                }
+            )
+    return sorted(found, key=lambda d: (d.get("time") or 0.0, d["rank"] or 0))
+
+
+def result_counts(attempt: int, reports: Sequence[ValidationReport]) -> dict[str, Any] | None:
+    """An attempt's validation counts over its ranks (every rank validates every step and
+    re-runs with the others: the largest count; non-determinism: the re-runs that differed,
+    summed over the ranks), with their words; None when its ranks validated nothing."""
+    if not reports:
+        return None
+    checks = max(r.checks for r in reports)
+    reruns = max(r.reruns for r in reports)
+    differed = sum(r.differed for r in reports)
+    modes = sorted({r.mode for r in reports if r.mode})
+    return {
+        "attempt": attempt,
+        "mode": "/".join(modes) or None,
+        "checks": checks,
+        "reruns": reruns,
+        "differed": differed,
+        "text": f"attempt {attempt}: {checks} results validated ({'/'.join(modes) or '?'}), "
+        f"{reruns} steps re-run in place, {differed} re-runs differed",
+    }

@@ -207,6 +207,7 @@ ROUND_RECORDS = "round-*.json"  # RunDir.round_record
 BENCHED_RECORDS = "benched-*.json"  # RunDir.benched
 LAUNCHER_FAILED_REPORTS = "launcher-failed-*.json"  # RunDir.launcher_failed
 LIVE_RECORDS = "live-*.json"  # RunDir.live_record
+VALIDATION_REPORTS = "validation-rank-*.json"  # in an attempt's folder: RunDir.validation
 CHECKPOINT_MANIFEST = re.compile(r"step-(\d+)\.json")  # ftslurm.checkpoint's manifests
 
 
@@ -355,6 +356,18 @@ class RunDir:
     def fired(self, rank: int) -> Path:
         """The fault injections rank `rank` carried out in this run."""
         return self.attempts / f"fired-rank-{rank}.json"
+
+    @property
+    def result_fault_nodes(self) -> Path:
+        """Injected persistent nan/spike spec -> the node whose results it spoiled first
+        (every rank there computes wrong for the rest of the run)."""
+        return self.attempts / "result-fault-nodes.json"
+
+    def validation(self, attempt: str | int, rank: int) -> Path:
+        """Rank `rank`'s result validation in attempt `attempt` (`ftslurm.agent.validation`):
+        its counts (checks, re-runs, re-runs that differed) and the suspicious results with
+        their verdicts (JSON: the `ValidationReport` model), rewritten at each event."""
+        return self.attempt(attempt) / f"validation-rank-{rank}.json"
 
     @property
     def straggler_nodes(self) -> Path:

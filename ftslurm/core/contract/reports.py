@@ -6,7 +6,8 @@ One model per shared file of a run's directory (`RunDir`): a rank report
 hung at the stop (`hung-node-<n>.json`), the recovery folder's peer-loss reports
 (`lost-<n>.json`), in-job round records (`round-<r>.json`), bench records
 (`benched-<n>.json`) and failed launchers (`launcher-failed-<n>.json`), `progress.json`,
-the straggler report and a rank's straggler window (`stragglers/`), the rendezvous record.
+the straggler report and a rank's straggler window (`stragglers/`), the rendezvous record,
+a rank's result validation (`validation-rank-<r>.json`).
 
 Old and new versions of ftslurm share these files, so a model reads whatever either
 writes: a key it does not know is kept (`extra="allow"`) and a key left out takes its
@@ -32,6 +33,7 @@ from ftslurm.core.contract import (
     PEER_LOST_REPORTS,
     RANK_REPORTS,
     ROUND_RECORDS,
+    VALIDATION_REPORTS,
 )
 
 
@@ -395,6 +397,37 @@ class StopRecord(Report):
     time: float | None = None
 
 
+class ValidationEvent(Report):
+    """A suspicious result and what its re-runs made of it: an entry of
+    `ValidationReport.events` (`ftslurm.agent.validation_rules` names the kinds, verdicts
+    and actions; values as text: a NaN is no JSON number)."""
+
+    step: int | None = None
+    kind: str | None = None  # nan, inf, spike (the first result's); "sampled" in report_stats
+    verdict: str | None = None  # transient, persistent, model, correct, counted, ok
+    action: str | None = None  # what the group did: go_on, exit_16, exit_17
+    value: str | None = None  # the first result
+    rerun: str | None = None  # the last re-run's result
+    reruns: int = 0
+    differed: bool = False  # the re-run's result differed from the first
+    time: float | None = None
+
+
+class ValidationReport(Report):
+    """`attempts/<k>/validation-rank-<r>.json`: a rank's result validation in an attempt
+    (`ftslurm.agent.validation`), rewritten at each event."""
+
+    rank: int | None = None
+    node: str | None = None
+    attempt: int | None = None
+    job_id: JobId = None
+    mode: str | None = None  # "enforce" or "report_stats"
+    checks: int = 0  # results validated
+    reruns: int = 0  # steps re-run in place
+    differed: int = 0  # re-runs whose result differed from the first (non-determinism)
+    events: Annotated[list[ValidationEvent], _items(ValidationEvent)] = []
+
+
 class Rendezvous(Report):
     """`rendezvous-<restart>.json`: the endpoint the launcher of node rank 0 bound
     (`rendezvous_record`, `published_rendezvous`)."""
@@ -422,6 +455,7 @@ class Kind(Enum):
     LAUNCHER_FAILED = ("recovery", LAUNCHER_FAILED_REPORTS, LauncherFailed)
     LIVE = ("recovery", LIVE_RECORDS, LiveRecovery)
     STRAGGLER_WINDOW = ("stragglers", RANK_REPORTS, StragglerWindow)
+    VALIDATION = ("attempt", VALIDATION_REPORTS, ValidationReport)
 
     @property
     def folder(self) -> str:
