@@ -110,7 +110,7 @@ def test_wall_limit_after_a_checkpoint_continues_from_that_step(cli, tmp_path):
         "0.1",
         "1000",
     )
-    s = cli.wait_for(out["run_id"], ended, 120, "the run to end")
+    s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert s["continuations"] >= 1 and s["job_retries_used"] == 0
     assert s["attempts"][0]["cause"] == "checkpointed"
