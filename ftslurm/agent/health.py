@@ -267,7 +267,8 @@ def network(
         time.sleep(POLL_S)
     if endpoint is None:
         return rules.bandwidth(None, (), ratio)
-    own = measure_transfer(str(endpoint["host"]), int(endpoint["port"]), deadline - time.monotonic())
+    host, port = str(endpoint["host"]), int(endpoint["port"])
+    own = measure_transfer(host, port, deadline - time.monotonic())
     if own is None:
         return rules.bandwidth(None, (), ratio)
     with contextlib.suppress(OSError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ftslurm.core.contract.reports import Unhealthy
-from ftslurm.core.inject import InjectKind, Injection
+from ftslurm.core.inject import Injection, InjectKind
 
 
 class Check(str, Enum):
@@ -92,7 +92,8 @@ def free_disk(folder: str, free_bytes: int | None, floor_mb: float) -> Result:
         return skipped(Check.DISK, f"{folder}: not reachable (the checkpoint_dir check says)")
     mb = free_bytes / MB
     if mb < floor_mb:
-        return failed(Check.DISK, f"{folder}: {mb:.0f} MB free, below {floor_mb:g} MB", mb, floor_mb)
+        said = f"{folder}: {mb:.0f} MB free, below {floor_mb:g} MB"
+        return failed(Check.DISK, said, mb, floor_mb)
     return passed(Check.DISK, f"{folder}: {mb:.0f} MB free", value=mb, floor=floor_mb)
 
 
@@ -124,7 +125,8 @@ def gpus(asked: int, probe: GpuProbe | None, floor_mb: float) -> Result:
         return failed(Check.GPU, "a small kernel gave a wrong result")
     low = min(probe.free_mb, default=None)
     if low is not None and low < floor_mb:
-        return failed(Check.GPU, f"{low:.0f} MB free on a GPU, below {floor_mb:g} MB", low, floor_mb)
+        said = f"{low:.0f} MB free on a GPU, below {floor_mb:g} MB"
+        return failed(Check.GPU, said, low, floor_mb)
     return passed(Check.GPU, f"{probe.count} GPU(s), kernel ran, {low or 0:.0f} MB free at least")
 
 

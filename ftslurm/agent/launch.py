@@ -64,10 +64,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ftslurm.agent import boot  # first: it records the signals that come meanwhile
-from ftslurm.agent import launch_core as core
+from ftslurm.agent import (
+    boot,  # first: it records the signals that come meanwhile
+    health_rules,
+)
 from ftslurm.agent import health as hc
-from ftslurm.agent import health_rules
+from ftslurm.agent import launch_core as core
 from ftslurm.agent import spares as sp
 from ftslurm.agent.boot import STOPS
 from ftslurm.agent.heartbeat import FLOOR_S, SAFETY_FACTOR, Timeouts

@@ -89,7 +89,8 @@ RETRYABLE = frozenset(
         Cause.RESUME_ELSEWHERE,
     }
 )
-BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER, Cause.UNHEALTHY})  # causes `cause_budgets` may cap
+# the causes `cause_budgets` may cap
+BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER, Cause.UNHEALTHY})
 
 
 DEFAULT_LAUNCHER_START_TIMEOUT_S = 180.0  # `FtSettings.launcher_start_timeout_s`

@@ -182,9 +182,7 @@ def losses(attempt: int, files: RunFiles, nodes: Sequence[str]) -> list[Loss]:
         *((r, r.node_rank, r.node, True) for r in files.benched),
         *((r, r.node_rank, r.node, False) for r in files.unhealthy if not r.benched),
     ]
-    health = {
-        r.node_rank: r for r in files.unhealthy if r.attempt in (None, attempt) and r.benched
-    }
+    health = {r.node_rank: r for r in files.unhealthy if r.attempt in (None, attempt) and r.benched}
     for r, rank, node, benched in named:
         if r.attempt not in (None, attempt):
             continue

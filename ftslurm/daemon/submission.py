@@ -17,8 +17,8 @@ from typing import Any
 from ftslurm.core.contract import (
     SHARING_MODES,
     Disambiguation,
-    HealthConfig,
     EnvName,
+    HealthConfig,
     JobEnv,
     RunDir,
     attempt_setup_line,

@@ -244,3 +244,25 @@ def validation_text(d: Mapping[str, Any]) -> str:
             f"(result validation): {nodes}; disambiguation run on other nodes"
         )
     return f"attempt {k} exited 16: nodes flagged (result validation): {nodes}; {d.get('reason')}"
+
+
+# ---------------------------------------------------------------------- health checks
+HEALTH_EVENTS = ("node_unhealthy", "node_benched")
+
+
+def health_text(kind: str, d: Mapping[str, Any]) -> str | None:
+    """A failed pre-flight health check (`node_unhealthy`, or `node_benched` of a node that
+    stepped out for it: recorded by the daemon's step) in words; None for another event."""
+    node, k = d.get("node") or "a node", d.get("attempt")
+    if kind == "node_unhealthy":
+        return (
+            f"{node} failed its health check ({d.get('check')}: {d.get('detail')}) before "
+            f"attempt {k} trained: flagged, the run goes on in a new job without it"
+        )
+    if kind == "node_benched" and d.get("why") == "unhealthy":
+        said = str(d.get("reason") or "").removeprefix("health check failed: ")
+        return (
+            f"{node} failed its health check ({said}) before attempt {k} trained: flagged, "
+            "a spare takes its place in the same job"
+        )
+    return None
