@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from ftslurm.agent import health_rules as rules
 from ftslurm.agent.health_rules import Check, Result
-from ftslurm.core.contract import HealthConfig, RunDir
+from ftslurm.core.contract import EnvName, HealthConfig, RunDir
 from ftslurm.core.inject import Injection
 from ftslurm.fsutil import read_json, write_json_atomic
 
@@ -346,7 +346,7 @@ def run_checks(
     else:
         results.append(rules.gpus(0, None, config.min_gpu_free_mb))
     if config.command:
-        site_env = {**environ, "FTSLURM_HEALTH_NODE": node}
+        site_env = {**environ, EnvName.HEALTH_NODE.value: node}
         results.append(run_site(config.command, left(), site_env))
     if rules.verdict(results) is None and run is not None and node_rank > 0:
         if nnodes > rules.MIN_NETWORK_PEERS and config.min_bandwidth_ratio > 0:
@@ -372,6 +372,7 @@ def _record_fired(run: RunDir | None, spec: str) -> None:
     if run is None:
         return
     try:
+        run.fired_unhealthy.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run.fired_unhealthy, sorted({*_fired(run), spec}))
     except OSError as exc:
         log.warning("could not record the injection %s as fired: %s", spec, exc)

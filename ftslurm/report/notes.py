@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ftslurm.core.contract.reports import LiveRecovery, RoundRecord
+from ftslurm.core.contract.reports import LiveRecovery, Outcome, RoundRecord
 from ftslurm.core.recovery import Recovery
 from ftslurm.core.types import JobState, NodeInfo, NodeState
 from ftslurm.daemon.records import Attempt
@@ -259,7 +259,7 @@ def health_text(kind: str, d: Mapping[str, Any]) -> str | None:
             f"{node} failed its health check ({d.get('check')}: {d.get('detail')}) before "
             f"attempt {k} trained: flagged, the run goes on in a new job without it"
         )
-    if kind == "node_benched" and d.get("why") == "unhealthy":
+    if kind == "node_benched" and d.get("why") == Outcome.UNHEALTHY.value:
         said = str(d.get("reason") or "").removeprefix("health check failed: ")
         return (
             f"{node} failed its health check ({said}) before attempt {k} trained: flagged, "

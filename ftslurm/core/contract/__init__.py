@@ -513,6 +513,8 @@ class EnvName(str, Enum):
     # JSON of a `HealthConfig`: the pre-flight health check each launcher runs before the
     # rendezvous (`ftslurm.agent.health`); absent: the defaults (on)
     HEALTH = "FTSLURM_HEALTH"
+    # the node's name, in the environment of the site's health command (`HealthConfig.command`)
+    HEALTH_NODE = "FTSLURM_HEALTH_NODE"
 
 
 class Disambiguation(BaseModel):
