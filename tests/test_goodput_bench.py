@@ -893,8 +893,8 @@ def test_the_health_check_catches_a_lemon_before_its_failure_costs_work():
     leaves 5 s in, before any rank trained, is kept out, and the run loses less work; with
     0 nothing changes. The same trace for each."""
     pool = tuple(f"n{i}" for i in range(1, 7))
-    tr = gp.Trace(4, 0.5, pool, frozenset({"n2"}), (gp.Fault(3 * 3600.0, "node", "n2", lemon=True),),
-                  (1800.0,) * 8)  # fmt: skip
+    lemon = gp.Fault(3 * 3600.0, "node", "n2", lemon=True)
+    tr = gp.Trace(4, 0.5, pool, frozenset({"n2"}), (lemon,), (1800.0,) * 8)
     base = POLICY["ftslurm"]
     without = gp.Campaign(tr, base)
     r0 = without.run()
