@@ -4,7 +4,7 @@ shell; the rules are `ftslurm.agent.health_rules`).
 Within one bound for every check together (`HealthConfig.timeout_s`, 5 s by default), in
 this order: the checkpoint directory (and the `dirs` a site adds, `{node}` replaced by the
 node's name) reachable and writable at a sane speed (a small file written and fsynced,
-then removed); free memory; free space of the checkpoint directory's file system; the
+then removed; a folder not made yet is probed in its nearest existing parent); free memory; free space of the checkpoint directory's file system; the
 GPUs the job asked for (count, a small kernel, memory free: a CPU job skips it); the
 site's command (as Slurm's HealthCheckProgram: non-zero or no exit within the bound fails);
 last, on a job of at least MIN_NETWORK_PEERS + 1 nodes with a run directory, a timed
@@ -86,9 +86,12 @@ def bounded(fn: Callable[[], T], seconds: float) -> tuple[T | None, bool]:
 
 # ------------------------------------------------------------------------ the probes
 def probe_write(folder: Path, node: str, nbytes: int = PROBE_BYTES) -> float:
-    """Seconds to write and fsync `nbytes` in `folder` (made when missing), the file
-    removed after."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Seconds to write and fsync `nbytes` in `folder`, the file removed after. A folder
+    not made yet (the first job's checkpoint directory) is probed in its nearest existing
+    parent, on the file system it will be made on: the check makes no folder, whose mode
+    is the batch script's and the checkpoint manager's to set."""
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
     path = folder / f".ftslurm-health-{node}-{os.getpid()}"
     data = os.urandom(nbytes)
     started = time.perf_counter()
@@ -133,8 +136,12 @@ def available_memory() -> int | None:
 
 
 def free_disk(folder: str) -> int | None:
+    """Free bytes of the file system `folder` is (or will be made) on."""
+    path = Path(folder)
+    while not path.exists() and path.parent != path:
+        path = path.parent
     with contextlib.suppress(OSError):
-        return shutil.disk_usage(folder).free
+        return shutil.disk_usage(path).free
     return None
 
 
