@@ -423,3 +423,24 @@ def test_the_health_floors_a_user_gets_do_not_fail_this_machine():
     free = hc.available_memory()
     assert free is None or free / MB > s.health_min_free_memory_mb
     assert (hc.free_disk(os.getcwd()) or 0) / MB > s.health_min_free_disk_mb
+
+
+def test_a_job_that_asked_for_a_gpu_fails_on_a_node_without_one(tmp_path):
+    """The GPU probe through torch (imported first, as the launcher has it): this machine
+    has no GPU, so a job that asked for one finds none usable here."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    health = hc.run_checks(
+        HealthConfig(),
+        checkpoint_dir=str(tmp_path),
+        node="n1",
+        node_rank=0,
+        nnodes=1,
+        job="1",
+        attempt=0,
+        run=None,
+        environ={"SLURM_GPUS_ON_NODE": "1"},
+    )
+    assert health.failure is not None and health.failure.check is Check.GPU
+    assert health.failure.detail == "0 GPU(s) usable, the job asked for 1"

@@ -4,15 +4,17 @@ shell; the rules are `ftslurm.agent.health_rules`).
 Within one bound for every check together (`HealthConfig.timeout_s`, 5 s by default), in
 this order: the checkpoint directory (and the `dirs` a site adds, `{node}` replaced by the
 node's name) reachable and writable at a sane speed (a small file written and fsynced,
-then removed; a folder not made yet is probed in its nearest existing parent); free memory; free space of the checkpoint directory's file system; the
-GPUs the job asked for (count, a small kernel, memory free: a CPU job skips it); the
-site's command (as Slurm's HealthCheckProgram: non-zero or no exit within the bound fails);
-last, on a job of at least MIN_NETWORK_PEERS + 1 nodes with a run directory, a timed
-transfer to node rank 0's launcher, compared with the other nodes' (below a share of the
-median fails; a peer missing or late makes it inconclusive, which passes). Every probe
-that could block (a hung mount, a GPU driver, the command, a socket) runs bounded: past the
-bound, the filesystem and GPU probes fail (a mount that takes the whole bound for a
-small file is broken), the network probe passes as inconclusive.
+then removed; a folder not made yet is probed in its nearest existing parent); free
+memory; free space of the checkpoint directory's file system; the GPUs the job asked for
+(count, a small kernel, memory free, in a process of its own started first, with
+GPU_PROBE_S of its own: torch's import and CUDA's start take seconds; a CPU job skips it);
+the site's command (as Slurm's HealthCheckProgram: non-zero or no exit within the bound
+fails); last, on a job of at least MIN_NETWORK_PEERS + 1 nodes with a run directory, a
+timed transfer to node rank 0's launcher, compared with the other nodes' (below a share of
+the median fails; a peer missing or late makes it inconclusive, which passes). Every probe
+that could block (a hung mount, a GPU driver, the command, a socket) runs bounded: past
+the bound, the filesystem probe fails (a mount that takes the whole bound for a small file
+is broken), the GPU and network probes pass as inconclusive.
 
 An `unhealthy` fault injection aimed at the node (`ftslurm.core.inject`) fails its first
 check at once, and is recorded in the run (`RunDir.fired_unhealthy`) so it fires once.
@@ -28,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -145,23 +148,79 @@ def free_disk(folder: str) -> int | None:
     return None
 
 
-def probe_gpus(asked: int) -> rules.GpuProbe:
-    """The node's GPUs as torch sees them: the count, a small matrix product checked on
-    each of the first `asked`, each one's free memory."""
-    try:
-        import torch
-    except ImportError:
-        return rules.GpuProbe(0, error="torch is not installed: no GPU can be used")
-    try:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        free, right = [], True
-        for d in range(min(count, asked)):
-            a = torch.ones(64, 64, device=f"cuda:{d}")
-            right = right and float((a @ a).sum().item()) == 64.0**3
-            free.append(torch.cuda.mem_get_info(d)[0] / rules.MB)
-        return rules.GpuProbe(count, right, tuple(free))
-    except Exception as exc:  # noqa: BLE001 - a driver's error is the finding
-        return rules.GpuProbe(0, error=f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300])
+# The GPU probe runs in a process of its own: CUDA contexts made in the launcher would hold
+# memory on every GPU for the whole job. It prints its findings as JSON.
+GPU_PROBE = """
+import json, sys
+asked = int(sys.argv[1])
+try:
+    import torch
+except ImportError:
+    print(json.dumps({"count": 0, "error": "torch is not installed: no GPU can be used"}))
+    raise SystemExit
+try:
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    free, right = [], True
+    for d in range(min(count, asked)):
+        a = torch.ones(64, 64, device=f"cuda:{d}")
+        right = right and float((a @ a).sum().item()) == 64.0 ** 3
+        free.append(torch.cuda.mem_get_info(d)[0] / (1024 * 1024))
+    print(json.dumps({"count": count, "kernel_ok": right, "free_mb": free}))
+except Exception as exc:
+    said = " ".join(str(exc).split())
+    print(json.dumps({"count": 0, "error": f"{type(exc).__name__}: {said}"[:300]}))
+"""
+
+
+# The GPU probe's own allowance (seconds from the check's start): torch's import and a CUDA
+# context on each GPU take seconds on a healthy node, more than the other checks' bound.
+GPU_PROBE_S = 30.0
+
+
+class GpuProbeRun:
+    """The GPU probe, started first so that it runs beside the other checks."""
+
+    def __init__(self, asked: int, environ: Mapping[str, str]) -> None:
+        self.started = time.monotonic()
+        self.error: str | None = None
+        self.proc: subprocess.Popen[str] | None = None
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", GPU_PROBE, str(asked)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=dict(environ),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self.error = f"the GPU probe could not start: {exc}"
+
+    def result(self, until: float) -> rules.GpuProbe | None:
+        """What it found, waited for until `until` (monotonic) at the latest; None: it did
+        not finish (inconclusive: a GPU that hangs hangs the ranks, which hang detection
+        catches; a slow CUDA start is no fault). Killed when it did not finish."""
+        if self.proc is None:
+            return rules.GpuProbe(0, error=self.error)
+        try:
+            out, err = self.proc.communicate(timeout=max(0.05, until - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.communicate()
+            return None
+        try:
+            found = json.loads(out.strip().splitlines()[-1])
+            return rules.GpuProbe(
+                int(found.get("count", 0)),
+                bool(found.get("kernel_ok", True)),
+                tuple(float(x) for x in found.get("free_mb", ())),
+                found.get("error"),
+            )
+        except (ValueError, IndexError, TypeError, AttributeError):
+            tail = (err.strip().splitlines() or ["no output"])[-1][:300]
+            return rules.GpuProbe(0, error=f"the GPU probe exited {self.proc.returncode}: {tail}")
 
 
 def run_site(command: str, seconds: float, environ: Mapping[str, str]) -> Result:
@@ -334,24 +393,19 @@ def run_checks(
     if run is not None and node_rank == 0 and nnodes > rules.MIN_NETWORK_PEERS:
         with contextlib.suppress(OSError):  # first: the others measure while this node checks
             serve_probes(run, attempt, job, host or socket.gethostname())
+    asked = rules.gpus_asked(environ)
+    gpu = GpuProbeRun(asked, environ) if asked else None  # first: it runs beside the others
     ckpt = checkpoint_dir or "checkpoints"
     for folder in [ckpt, *rules.node_dirs(config.dirs, node)]:
         results.append(check_folder(folder, node, config.min_write_mb_s, left()))
         if not results[-1].ok:
+            if gpu is not None:
+                gpu.result(time.monotonic())  # not waited for: killed
             return _done(results, started)
     results.append(rules.free_memory(available_memory(), config.min_free_memory_mb))
     results.append(rules.free_disk(ckpt, free_disk(ckpt), config.min_free_disk_mb))
-    asked = rules.gpus_asked(environ)
-    if asked:
-        try:
-            probe, done = bounded(lambda: probe_gpus(asked), left())
-        except Exception as exc:  # noqa: BLE001
-            probe, done = rules.GpuProbe(0, error=f"{type(exc).__name__}: {exc}"), True
-        if not done:
-            probe = rules.GpuProbe(0, error=f"the GPU probe took over {config.timeout_s:g} s")
-        results.append(rules.gpus(asked, probe, config.min_gpu_free_mb))
-    else:
-        results.append(rules.gpus(0, None, config.min_gpu_free_mb))
+    probe = gpu.result(max(deadline, started + GPU_PROBE_S)) if gpu is not None else None
+    results.append(rules.gpus(asked, probe, config.min_gpu_free_mb))
     if config.command:
         site_env = {**environ, EnvName.HEALTH_NODE.value: node}
         results.append(run_site(config.command, left(), site_env))

@@ -114,7 +114,7 @@ def gpus(asked: int, probe: GpuProbe | None, floor_mb: float) -> Result:
     if asked <= 0:
         return skipped(Check.GPU, "the job asked for no GPU")
     if probe is None:
-        return skipped(Check.GPU, "no time left to probe the GPUs")
+        return skipped(Check.GPU, "the GPU probe did not finish within the bound: inconclusive")
     if probe.error is not None:
         return failed(Check.GPU, probe.error)
     if probe.count < asked:
