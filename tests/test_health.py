@@ -129,7 +129,7 @@ def test_node_dirs_name_the_node():
 
 
 # ------------------------------------------------------------------------ the shell
-def _check(tmp_path: Path, **config) -> hc.Health:
+def _check(tmp_path: Path, environ: dict | None = None, **config) -> hc.Health:
     return hc.run_checks(
         HealthConfig(**config),
         checkpoint_dir=str(tmp_path / "ckpt"),
@@ -139,7 +139,7 @@ def _check(tmp_path: Path, **config) -> hc.Health:
         job="1",
         attempt=0,
         run=None,
-        environ={},
+        environ=environ or {},
     )
 
 
@@ -447,3 +447,14 @@ def test_a_job_that_asked_for_a_gpu_fails_on_a_node_without_one(tmp_path, monkey
     )
     assert health.failure is not None and health.failure.check is Check.GPU
     assert health.failure.detail == "0 GPU(s) usable, the job asked for 1"
+
+
+def test_a_gpu_probe_that_does_not_finish_in_time_is_inconclusive_and_passes(tmp_path, monkeypatch):
+    monkeypatch.setattr(hc, "GPU_PROBE_S", 0.0)
+    monkeypatch.setattr(hc, "GPU_PROBE", "import time; time.sleep(60)")
+    started = time.monotonic()
+    health = _check(tmp_path, {"SLURM_GPUS_ON_NODE": "1"}, timeout_s=0.5)
+    assert time.monotonic() - started < 10
+    assert health.failure is None, hc.said(health)
+    (gpu,) = [r for r in health.results if r.check is Check.GPU]
+    assert gpu.skipped and "inconclusive" in gpu.detail
