@@ -146,6 +146,7 @@ bench: install
 	$(PY) benchmarks/virtual_campaign.py
 	$(PY) benchmarks/daemon_scale.py
 	$(PY) benchmarks/agent_overhead.py
+	$(PY) benchmarks/health_check.py
 	$(PY) benchmarks/live_recovery.py
 	$(PY) benchmarks/checkpoint_throughput.py
 	$(CLUSTER) up

@@ -214,6 +214,7 @@ LAUNCHER_CORE = [
     "ftslurm.agent.spare_rules",
     "ftslurm.agent.live_rules",  # live recovery's decisions
     "ftslurm.agent.validation_rules",  # result validation's decisions
+    "ftslurm.agent.health_rules",  # the pre-flight health check's rules
 ]
 # What of the compute side they may load: each other, the package and `boot` (the signals
 # that stop a launcher: names, no I/O).

@@ -107,3 +107,18 @@ def test_rank_setup_benchmark_runs():
     assert result["params"] == 12 * 16 * 16 + (3 + 1 + 4 + 1) * 16  # weights and biases
     phases = ("import_s", "context_s", "model_build_s", "first_step_s")
     assert result["total_s"] >= sum(result[p] for p in phases) - 0.01
+
+
+def test_health_check_benchmark_runs(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "health_check.py"), "--repeat", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["bound_s"] == 5.0
+    assert 0 < result["local_checks"]["median_s"] <= result["local_checks"]["max_s"]
+    assert "with_network_probe_8_nodes" in result

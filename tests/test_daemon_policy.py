@@ -469,7 +469,9 @@ def test_classify_table_covers_every_ending_state():
     ended = {state for state in JobState if state.is_terminal}
     seen = {row[1].state for row in CLASSIFY_ROWS}
     assert ended <= seen
-    assert {row[3] for row in CLASSIFY_ROWS} == set(Cause) - {Cause.STRAGGLER}  # not an ending
+    # not endings Slurm or the ranks report: a move off a straggler, a node's failed health
+    # check (the daemon's step reads its report)
+    assert {row[3] for row in CLASSIFY_ROWS} == set(Cause) - {Cause.STRAGGLER, Cause.UNHEALTHY}
     assert len({row[0] for row in CLASSIFY_ROWS}) == len(CLASSIFY_ROWS)
 
 
@@ -495,6 +497,30 @@ CKPT_PROGRESS = E(J.TIMEOUT, 0, rank_outcomes=("checkpointed",), checkpoint_adva
 # id, cause, ending, budget in, settings, cancel_requested -> verdict, reason words,
 # budget out, exclusions
 DECIDE_ROWS = [
+    (
+        "unhealthy/free",
+        C.UNHEALTHY,
+        E(J.NODE_FAIL),
+        B(1, {"crash": 1}),
+        {},
+        False,
+        V.CONTINUE,
+        ["health check", "no retry spent"],
+        B(1, {"crash": 1, "unhealthy": 1}),
+        (),
+    ),
+    (
+        "unhealthy/not-kept-out",
+        C.UNHEALTHY,
+        E(J.NODE_FAIL, elsewhere=False),
+        B(),
+        {},
+        False,
+        V.RETRY,
+        ["unhealthy: retry 1/2"],
+        B(1, {"unhealthy": 1}),
+        (),
+    ),
     (
         "finished",
         C.FINISHED,
@@ -1741,6 +1767,15 @@ def test_settings_defaults():
         "failure_prior_node_days": 1000,
         "memory_tier_coverage": 0.5,
         "checkpoint_sharing": "private",
+        "health_check": True,
+        "health_timeout_s": 5.0,
+        "health_min_write_mb_s": 1.0,
+        "health_min_free_memory_mb": 256.0,
+        "health_min_free_disk_mb": 256.0,
+        "health_min_gpu_free_mb": 256.0,
+        "health_min_bandwidth_ratio": 0.1,
+        "health_dirs": (),
+        "health_command": None,
     }
 
 

@@ -64,7 +64,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ftslurm.agent import boot  # first: it records the signals that come meanwhile
+from ftslurm.agent import (
+    boot,  # first: it records the signals that come meanwhile
+    health_rules,
+)
+from ftslurm.agent import health as hc
 from ftslurm.agent import launch_core as core
 from ftslurm.agent import spares as sp
 from ftslurm.agent.boot import STOPS
@@ -80,7 +84,7 @@ from ftslurm.agent.launch_io import (  # noqa: F401 (PAUSE_ENV re-exported)
 from ftslurm.agent.peers import PeerWatch
 from ftslurm.agent.rank import read_stop_record
 from ftslurm.agent.straggler import collect_report
-from ftslurm.agent.task import STOPPED
+from ftslurm.agent.task import STOPPED, parse_inject_env
 from ftslurm.core.contract import (
     DEFAULT_CHECKPOINT_SIGNAL,
     EnvName,
@@ -101,6 +105,7 @@ from ftslurm.core.contract.reports import (
     Report,
     StopRecord,
     StragglerReport,
+    Unhealthy,
     parse,
 )
 from ftslurm.core.settings import (
@@ -160,6 +165,13 @@ def parse_timeouts(text: str | dict[str, Any] | None) -> Timeouts:
         initial=None if initial is None else float(initial),
         warmup_steps=None if warmup is None else int(warmup),
     )
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
 
 
 def _env_int(name: str, default: int) -> int:
@@ -566,10 +578,14 @@ class Node:
         run, attempt = self.run, self.attempt
         if run is None:
             return "told to stop" if self.signals.stop is not None else None
+        host_unhealthy = parse(Unhealthy, read_json(run.unhealthy(attempt, 0)))
+        host_failed = read_json(run.launcher_failed(attempt, 0))
+        if host_failed is None and host_unhealthy is not None:
+            host_failed = {"job_id": host_unhealthy.job_id, "error": host_unhealthy.words}
         return core.abandon_reason(
             stop=self.signals.stop,
             job=self.job,
-            host_failed=read_json(run.launcher_failed(attempt, 0)),
+            host_failed=host_failed,
             host_lease=sp.read_lease(run, attempt, 0),
             host_lost=read_json(run.peer_lost(attempt, 0)),
             stopped=STOPPED,
@@ -745,6 +761,77 @@ class Node:
             _write(self.run.live_fallback(self.attempt, self.args.node_rank), record)
         except OSError as exc:
             log.warning("could not record the live recovery's fallback: %s", exc)
+
+    # ------------------------------------------------------------------ health check
+    def health_check(self) -> int | None:
+        """The pre-flight health check (`ftslurm.agent.health`), before the rendezvous: None
+        when the node passed (or the checks are off); else the launcher's exit code, the
+        node's failure reported (`unhealthy_node`)."""
+        env: JobEnv = self.args.env
+        started = _env_float("SLURM_JOB_START_TIME", self.started)
+        health = hc.run_checks(
+            env.health,
+            checkpoint_dir=env.checkpoint_folder,
+            node=self.node_name,
+            node_rank=self.args.node_rank,
+            nnodes=self.args.nnodes,
+            job=self.job,
+            attempt=self.attempt,
+            run=self.run,
+            injections=parse_inject_env(env.inject),
+            elapsed_s=max(0.0, time.time() - started),
+            host=os.environ.get("MASTER_ADDR") or socket.gethostname(),
+        )
+        if health.failure is None:
+            if health.results:
+                log.info("%s", hc.said(health))
+            return None
+        log.error("%s", hc.said(health))
+        return self.unhealthy_node(health)
+
+    def unhealthy_node(self, health: hc.Health) -> int:
+        """The node failed its health check: it leaves before the rendezvous. With a spare
+        that can take its place (`may_step_out`: never the batch host) it steps out as a
+        bad node does (`recovery/benched-<n>.json`, exit 0); otherwise it exits 1 and the
+        daemon ends the attempt. Either way its report (`recovery/unhealthy-<n>.json`) names
+        the check, for the daemon's flag and `status`."""
+        failure = health.failure
+        assert failure is not None
+        args, run = self.args, self.run
+        gone = set(sp.gone_reports(run, self.attempt)) if run is not None else set()
+        benched = bool(run is not None and self.cfg.spares) and sp.may_step_out(
+            args.node_rank, gone, self.cfg.spares
+        )
+        spec = health.injected.spec() if health.injected is not None else None
+        record = health_rules.report(
+            failure,
+            node=self.node_name,
+            node_rank=args.node_rank,
+            job_id=self.job,
+            attempt=self.attempt,
+            benched=benched,
+            spec=spec,
+            time=time.time(),
+        )
+        outcome = sp.BENCHED if benched else Outcome.UNHEALTHY.value
+        if run is not None:
+            try:
+                _write(run.unhealthy(self.attempt, args.node_rank), record)
+                if benched:
+                    self.write_bench(sp.UNHEALTHY, record.words)
+            except OSError as exc:
+                log.error("could not report the failed health check in %s: %s", run.root, exc)
+        if self.watch is not None:
+            self.watch.stop(outcome)
+        end = core.FailedHealth(record.words, benched, time.time())
+        if run is not None:
+            with contextlib.suppress(OSError):
+                _write(run.node_report(self.attempt, args.node_rank), self.report(end))
+        shutil.rmtree(self.hb.root, ignore_errors=True)
+        code = core.health_exit(benched)
+        said = "a spare takes its place" if benched else "the attempt ends without this node"
+        log.info("%s: %s; exit %d", record.words, said, code)
+        return code
 
     # ------------------------------------------------------------------------ endings
     def who(self) -> core.NodeId:
@@ -977,6 +1064,10 @@ def main(argv: list[str] | None = None) -> int:
         return report_failed(run, who, end)
     assert node is not None and elastic is not None
     make_agent, round_ending = elastic.make_agent, elastic.round_ending
+    if node.signals.stop is None:  # the pre-flight health check, before the rendezvous
+        unhealthy = node.health_check()
+        if unhealthy is not None:
+            return unhealthy
     pause_for_tests("rendezvous")
     if node.signals.stop is not None and node.role != sp.SPARE:
         return node.stopped_before_ranks()  # told to stop already: no rendezvous, no ranks

@@ -850,7 +850,27 @@ class RanksEnded:
     withheld: list[int]
 
 
-Ending = LauncherFailed | StoppedBeforeRanks | SpareNeverNeeded | SteppedOut | RanksEnded
+@dataclass(frozen=True)
+class FailedHealth:
+    """The node failed its pre-flight health check (`ftslurm.agent.health`) and left before
+    the rendezvous: `benched`, a spare takes its place (exit 0, as a node that stepped out);
+    otherwise the attempt ends (exit 1)."""
+
+    words: str  # "health check failed: <check>: <detail>"
+    benched: bool
+    time: float
+
+
+Ending = (
+    LauncherFailed | StoppedBeforeRanks | SpareNeverNeeded | SteppedOut | RanksEnded | FailedHealth
+)
+
+
+def health_exit(benched: bool) -> int:
+    """The exit code of a launcher whose node failed its health check: 0 when a spare takes
+    its place (srun's exit status is the highest of its tasks': the verdict is the nodes'
+    that train), 1 otherwise."""
+    return int(ExitCode.FINISHED if benched else ExitCode.FAILED)
 
 
 def launcher_failed_record(who: NodeId, end: LauncherFailed) -> FailedLauncher:
@@ -886,6 +906,20 @@ def node_report(end: Ending, who: NodeId, *, ended_at: float, peers_lost: list[i
             outcome=end.outcome,
             signal=end.signal,
             exit_code=end.code,
+            in_job_restarts=0,
+            max_restarts=who.max_restarts,
+            **times,
+        )
+    if isinstance(end, FailedHealth):
+        return NodeReport(
+            **ident,
+            role=sp.ACTIVE if end.benched else None,
+            outcome=(Outcome.BENCHED if end.benched else Outcome.UNHEALTHY).value,
+            benched=sp.UNHEALTHY if end.benched else None,
+            exit_code=health_exit(end.benched),
+            error=end.words,
+            phase=sp.UNHEALTHY,
+            time=end.time,
             in_job_restarts=0,
             max_restarts=who.max_restarts,
             **times,

@@ -27,6 +27,7 @@ ACTIVE, SPARE = "active", Outcome.SPARE.value  # a node's role; a spare's outcom
 KEEP_ALIVE_S, KEEP_ALIVE_MISSES = 1, 3
 # Why a node stepped out (`RunDir.benched`), and the outcome of its node report.
 HANG, STRAGGLER = "hang", "straggler"
+UNHEALTHY = Outcome.UNHEALTHY.value  # it failed its pre-flight health check (before training)
 BENCHED = Outcome.BENCHED.value
 # A node that finds its ranks hung but may not step out waits this long for a peer to step
 # out before it restarts its ranks in place (its ranks may be blocked on the peer's).

@@ -46,8 +46,10 @@ from ftslurm.daemon.submission import backend_key
 from ftslurm.errors import ConfigError, FtslurmError
 from ftslurm.paths import state_dir
 from ftslurm.report.notes import (
+    HEALTH_EVENTS,
     Col,
     fmt_time,
+    health_text,
     live_notes,
     lost_node_notes,
     moved_to_a_new_job,
@@ -115,6 +117,12 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         ],
         # the rank agents' result validation: re-runs in place and their verdicts, counts
         **rank_validation(run, attempts),
+        # failed pre-flight health checks (ftslurm.agent.health), in the daemon's words
+        "health": [
+            {**e.data, "time": e.time, "text": text}
+            for e in events
+            if e.kind in HEALTH_EVENTS and (text := health_text(e.kind, e.data))
+        ],
         "last_checkpoint_step": checkpoint_step(run),
         "reason": run.reason,
         "backend": run.spec.get("backend"),
@@ -433,7 +441,9 @@ def status(
             console.print(f"validation: {c['text']}", markup=False, highlight=False, soft_wrap=True)
         for v in [*s["result_checks"], *s["validation"]]:
             console.print(f"validation: {v['text']}", markup=False, highlight=False, soft_wrap=True)
-        if s["validation"]:
+        for h in s["health"]:
+            console.print(f"health: {h['text']}", markup=False, highlight=False, soft_wrap=True)
+        if s["validation"] or s["health"]:
             flagged = "; ".join(f"{n}: {why}" for n, why in sorted(s["flagged_nodes"].items()))
             console.print(
                 f"nodes flagged by this run: {flagged or 'none'}",

@@ -17,6 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ftslurm.core.contract import (
     DEFAULT_CHECKPOINT_SIGNAL,
     DEFAULT_GRACE_S,
+    DEFAULT_HEALTH_BANDWIDTH_RATIO,
+    DEFAULT_HEALTH_FREE_DISK_MB,
+    DEFAULT_HEALTH_FREE_MEMORY_MB,
+    DEFAULT_HEALTH_GPU_FREE_MB,
+    DEFAULT_HEALTH_TIMEOUT_S,
+    DEFAULT_HEALTH_WRITE_MB_S,
     DEFAULT_PEER_TIMEOUT_S,
     DEFAULT_STRAGGLER_INTERVAL_S,
     DEFAULT_STRAGGLER_REFERENCE,
@@ -65,6 +71,10 @@ class Cause(str, Enum):
     # Not an ending: the daemon moved a running job off a persistent straggler node
     # (`stop_if_straggler`). Counted per cause, capped by cause_budgets; not a failure.
     STRAGGLER = "straggler"
+    # A node failed its pre-flight health check (ftslurm.agent.health) and no spare took its
+    # place: the attempt ends before training, the run goes on in a job without the node.
+    # Spends no failure budget while the node can be kept out (docs/policy.md).
+    UNHEALTHY = "unhealthy"
 
 
 RETRYABLE = frozenset(
@@ -79,7 +89,8 @@ RETRYABLE = frozenset(
         Cause.RESUME_ELSEWHERE,
     }
 )
-BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER})  # causes `cause_budgets` may cap
+# the causes `cause_budgets` may cap
+BUDGETED = RETRYABLE | frozenset({Cause.STRAGGLER, Cause.UNHEALTHY})
 
 
 DEFAULT_LAUNCHER_START_TIMEOUT_S = 180.0  # `FtSettings.launcher_start_timeout_s`
@@ -171,11 +182,46 @@ class FtSettings(BaseModel):
     # files 0600: weights are the owner's alone) or "group" (0750 / 0640, for a folder a
     # team shares). Folders that exist already keep their mode.
     checkpoint_sharing: Literal["private", "group"] = "private"
+    # Pre-flight health check (ftslurm.agent.health): each node's launcher checks, before
+    # it joins the rendezvous and within `health_timeout_s` for all checks together, that the
+    # checkpoint directory (and each of `health_dirs`, `{node}` replaced by the node's name:
+    # node-local scratch) takes a small write + fsync at `health_min_write_mb_s` MB/s, that
+    # free memory and the checkpoint directory's free disk are above their floors (MB), that
+    # the GPUs the job asked for are there, run a small kernel and have
+    # `health_min_gpu_free_mb` free, that on a job of 4 nodes or more its transfer rate to
+    # node rank 0 is at least `health_min_bandwidth_ratio` x the median node's, and that the
+    # site's `health_command` (a shell command, as Slurm's HealthCheckProgram) exits 0. A
+    # node that fails is flagged and leaves: a spare takes its place, or the run goes on in
+    # a job without it. On by default; the floors catch broken nodes, not slow ones.
+    health_check: bool = True
+    health_timeout_s: float = Field(DEFAULT_HEALTH_TIMEOUT_S, gt=0, le=600)
+    health_min_write_mb_s: float = Field(DEFAULT_HEALTH_WRITE_MB_S, ge=0)
+    health_min_free_memory_mb: float = Field(DEFAULT_HEALTH_FREE_MEMORY_MB, ge=0)
+    health_min_free_disk_mb: float = Field(DEFAULT_HEALTH_FREE_DISK_MB, ge=0)
+    health_min_gpu_free_mb: float = Field(DEFAULT_HEALTH_GPU_FREE_MB, ge=0)
+    health_min_bandwidth_ratio: float = Field(DEFAULT_HEALTH_BANDWIDTH_RATIO, ge=0, le=1)
+    health_dirs: tuple[str, ...] = ()
+    health_command: str | None = None
 
     @field_validator("checkpoint_signal")
     @classmethod
     def _signal_name(cls, value: str) -> str:
         return checked_signal_name(value)
+
+    @field_validator("health_command")
+    @classmethod
+    def _health_command(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or "\n" in value or "\x00" in value):
+            raise ValueError("health_command must be one non-empty line of shell")
+        return value
+
+    @field_validator("health_dirs")
+    @classmethod
+    def _health_dirs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for folder in value:
+            if not folder.strip() or "\n" in folder or "\x00" in folder:
+                raise ValueError(f"health_dirs: {folder!r} is not a folder's path")
+        return value
 
     @field_validator("checkpoint_interval")
     @classmethod

@@ -267,6 +267,8 @@ def _decide(
         return Decision(Verdict.FAIL, cause, user_error_reason(e), budget)
     if cause is Cause.FAILED_VALIDATION and disambiguated(budget):
         return Decision(Verdict.FAIL, cause, REPRODUCED, budget, clear_validation_flags=True)
+    if cause is Cause.UNHEALTHY:
+        return _unhealthy(e, budget, settings)
     if cause not in RETRYABLE:
         return Decision(Verdict.FAIL, cause, _NO_RETRY[cause], budget)
     exclude = _exclusions(cause, e, settings)
@@ -305,6 +307,41 @@ def _decide(
     if validating:
         reason += f"; {DISAMBIGUATION_RUN}"
     return Decision(Verdict.RETRY, cause, reason, new, exclude, validating)
+
+
+def _unhealthy(e: Ending, budget: Budget, settings: FtSettings) -> Decision:
+    """A node failed its pre-flight health check and no spare took its place: the attempt
+    ended before any training, the node is flagged. The run goes on in a job without it and
+    spends no failure budget (a CONTINUE, counted under `unhealthy`), as a node the checks
+    caught costs the run nothing it could save by giving up. It is charged as a node
+    failure (a retry) when the node cannot be kept out (`exclude_failed_nodes` off, or the
+    node failed again while flagged: `e.elsewhere` False), or once the run's
+    `cause_budgets["unhealthy"]` is spent: so a check that fails everywhere (a shared
+    file system down) ends the run after the retry budget, not never."""
+    spent = budget.cause_counts.get(Cause.UNHEALTHY.value, 0)
+    cap = settings.cause_budgets.get(Cause.UNHEALTHY)
+    if settings.exclude_failed_nodes and e.elsewhere and (cap is None or spent < cap):
+        counts = {**budget.cause_counts, Cause.UNHEALTHY.value: spent + 1}
+        new = replace(budget, cause_counts=counts)
+        return Decision(Verdict.CONTINUE, Cause.UNHEALTHY, UNHEALTHY_MOVE, new)
+    used, retries = budget.job_retries_used, settings.num_job_retries_on_failure
+    if used >= retries:
+        return Decision(
+            Verdict.FAIL,
+            Cause.UNHEALTHY,
+            f"retry budget exhausted ({used}/{retries}); last ending: {Cause.UNHEALTHY.value}",
+            budget,
+        )
+    counts = {**budget.cause_counts, Cause.UNHEALTHY.value: spent + 1}
+    new = Budget(used + 1, counts, budget.continuations, budget.stalled_continuations)
+    return Decision(
+        Verdict.RETRY, Cause.UNHEALTHY, f"{Cause.UNHEALTHY.value}: retry {used + 1}/{retries}", new
+    )
+
+
+UNHEALTHY_MOVE = (
+    "a node failed its health check: flagged, the run goes on without it; no retry spent"
+)
 
 
 # Result validation (exit 16, then 17): the one place of its words and its flag's reason.

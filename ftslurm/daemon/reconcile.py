@@ -1209,6 +1209,7 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool, nnodes: int = 0
         rounds=tuple(read_reports(paths, Kind.ROUND, attempt)),
         benched=tuple(read_reports(paths, Kind.BENCHED, attempt)),
         launchers_failed=tuple(read_reports(paths, Kind.LAUNCHER_FAILED, attempt)),
+        unhealthy=tuple(read_reports(paths, Kind.UNHEALTHY, attempt)),
     )
     if not ending:
         return core.RunFiles(

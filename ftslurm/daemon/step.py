@@ -51,6 +51,7 @@ from ftslurm.core.contract.reports import (
     Report,
     RoundRecord,
     StragglerReport,
+    Unhealthy,
     parse,
     parse_all,
 )
@@ -115,6 +116,8 @@ class RunFiles:
     benched: tuple[Benched, ...] = ()
     # launchers that failed before their ranks started (launcher-failed-*.json)
     launchers_failed: tuple[LauncherFailed, ...] = ()
+    # nodes that failed their pre-flight health check (unhealthy-*.json)
+    unhealthy: tuple[Unhealthy, ...] = ()
     # the launchers' last leases (RunDir.peer_lease), read at an ending only: when a node
     # Slurm declared failed was last heard of
     leases: tuple[Lease, ...] = ()
@@ -147,36 +150,46 @@ _REPORT_FIELDS: dict[str, type[Report]] = dict(
     rounds=RoundRecord,
     benched=Benched,
     launchers_failed=LauncherFailed,
+    unhealthy=Unhealthy,
 )
 
 
 @dataclass(frozen=True)
 class Loss:
-    """A node that left the attempt: lost (a launcher's peer-loss report) or benched (its
-    launcher stepped out so a spare replaces it)."""
+    """A node that left the attempt: lost (a launcher's peer-loss report), benched (its
+    launcher stepped out so a spare replaces it) or unhealthy (it failed its pre-flight
+    health check and no spare took its place: `unhealthy`; one a spare replaced is benched,
+    its health report in `health`)."""
 
     node: str
     node_rank: int | None
-    report: PeerLost | Benched
+    report: PeerLost | Benched | Unhealthy
     benched: bool = False
+    health: Unhealthy | None = None
+
+    @property
+    def unhealthy(self) -> bool:
+        return isinstance(self.report, Unhealthy)
 
 
 def losses(attempt: int, files: RunFiles, nodes: Sequence[str]) -> list[Loss]:
-    """The nodes the attempt's recovery folder says were lost or benched, each once (a
-    report of another attempt, or naming no node, is left out). A report without the node's
-    name is placed by its node rank in the allocation (`nodes`)."""
+    """The nodes the attempt's recovery folder says were lost, benched or unhealthy, each
+    once (a report of another attempt, or naming no node, is left out). A report without
+    the node's name is placed by its node rank in the allocation (`nodes`)."""
     found: dict[str, Loss] = {}
-    named: list[tuple[PeerLost | Benched, int | None, str | None, bool]] = [
+    named: list[tuple[PeerLost | Benched | Unhealthy, int | None, str | None, bool]] = [
         *((r, r.lost_node_rank, r.lost_node, False) for r in files.lost),
         *((r, r.node_rank, r.node, True) for r in files.benched),
+        *((r, r.node_rank, r.node, False) for r in files.unhealthy if not r.benched),
     ]
+    health = {r.node_rank: r for r in files.unhealthy if r.attempt in (None, attempt) and r.benched}
     for r, rank, node, benched in named:
         if r.attempt not in (None, attempt):
             continue
         if not node:
             node = nodes[rank] if rank is not None and 0 <= rank < len(nodes) else None
         if node is not None and node not in found:
-            found[node] = Loss(node, rank, r, benched)
+            found[node] = Loss(node, rank, r, benched, health.get(rank) if benched else None)
     return list(found.values())
 
 
@@ -536,13 +549,18 @@ def _budget(run: Run) -> Budget:
 
 
 def _injected(
-    run: Run, start: float | None, end: float | None, reports: Sequence[RankReport] = ()
+    run: Run,
+    start: float | None,
+    end: float | None,
+    reports: Sequence[RankReport] = (),
+    health: Sequence[Unhealthy] = (),
 ) -> list[str]:
     """The run's fired injections once an attempt that ran from `start` to `end` ended: the
-    scheduler's (node_fail, preempt, timeout) that it ran long enough to reach, and the
+    scheduler's (node_fail, preempt, timeout) that it ran long enough to reach, the
     crashes, hangs and spoiled results (nan, spike) its ranks' `reports` say they carried
-    out (a straggler is never counted: its node stays slow; a persistent nan or spike is
-    counted but carried on all the same, `still_to_fire`). Each fires once per run
+    out, and the failed health checks the launchers' `health` reports say were injected (a
+    straggler is never counted: its node stays slow; a persistent nan or spike is counted but
+    carried on all the same, `still_to_fire`). Each fires once per run
     (`submission.build_attempt`)."""
     specs = tuple(run.spec.get("inject") or ())
     if not specs:
@@ -555,6 +573,7 @@ def _injected(
         if i.kind in (InjectKind.CRASH, InjectKind.HANG) or i.kind.on_result
     }
     done |= {x for r in reports for x in r.injected if x in in_job}
+    done |= {r.injected for r in health if r.injected and r.injected in specs}
     return sorted(done)
 
 
@@ -743,7 +762,12 @@ def _lost_event(a: Attempt, loss: Loss, how: Recovery) -> Event:
         "recovery": how.value,
     }
     if isinstance(r, Benched):
-        return Event("node_benched", {**base, "why": r.why, "time": r.time})
+        return Event("node_benched", {**base, "why": r.why, "reason": r.reason, "time": r.time})
+    if isinstance(r, Unhealthy):
+        return Event(
+            "node_unhealthy",
+            {**base, "check": r.check, "detail": r.detail, "time": r.time},
+        )
     heard, at = r.last_heard, r.time
     detection = round(at - heard, 3) if heard is not None and at is not None else None
     return Event(
@@ -825,6 +849,8 @@ def _lost_words(loss: Loss) -> str:
     r = loss.report
     if isinstance(r, Benched):
         return f"{loss.node} stepped out ({r.why or Outcome.BENCHED.value})"
+    if isinstance(r, Unhealthy):
+        return f"{loss.node} failed its health check ({r.check}: {r.detail})"
     silent = r.silent_s
     after = f" after {silent:.0f} s of silence" if silent is not None else ""
     return f"{loss.node} lost: reported by {r.reported_by or 'a peer'}{after}"
@@ -861,13 +887,23 @@ def _lost(
     flagged = set(active_flags(facts, now))
     for g in new:  # a node flagged already (a straggler that then stepped out) keeps its flag:
         if settings.exclude_failed_nodes and g.node not in flagged:  # once, not a lemon's twice
-            why = f"benched: {_why(g)}" if g.benched else f"lost ({_source(g).value} report)"
-            out.append(flag_node(g.node, why, facts.flags, now, settings))
+            out.append(flag_node(g.node, _flag_why(g), facts.flags, now, settings))
         out.append(_lost_event(a, g, how))
     a = replace(a, lost_nodes=[*a.lost_nodes, *(g.node for g in new)])
     if how is Recovery.SPARE:
         return [*out, Record(a), Changed()]
-    return _lost_job_ends(a, info, run, settings, files, gone, new, out, now)
+    # a node that failed its health check again although flagged could not be kept out
+    again = any(g.unhealthy and g.node in flagged for g in new)
+    return _lost_job_ends(a, info, run, settings, files, gone, new, out, now, kept_out=not again)
+
+
+def _flag_why(g: Loss) -> str:
+    """A flag's reason for a node that left the attempt."""
+    if g.unhealthy or g.health is not None:
+        report = g.health if g.health is not None else g.report
+        assert isinstance(report, Unhealthy)
+        return report.words
+    return f"benched: {_why(g)}" if g.benched else f"lost ({_source(g).value} report)"
 
 
 def _lost_job_ends(
@@ -880,10 +916,13 @@ def _lost_job_ends(
     new: list[Loss],
     out: list[Intent],
     now: float,
+    kept_out: bool = True,
 ) -> list[Intent]:
     """The attempt that lost the nodes `new` (of `gone`) ends now as a node failure, after
     the intents `out` (flags, events): a retry is a fresh submission; a run whose budget is
-    spent fails and its job is cancelled first."""
+    spent fails and its job is cancelled first. When every node in `new` failed its health
+    check (none lost), the cause is `unhealthy` (`policy.decide`: no failure budget spent
+    while the nodes can be `kept_out`)."""
     ckpt = files.progress.checkpoint_step
     advanced = ckpt is not None and (
         run.last_checkpoint_step is None or ckpt > run.last_checkpoint_step
@@ -892,28 +931,31 @@ def _lost_job_ends(
     ending = Ending(
         state=JobState.NODE_FAIL,
         nodes=nodes,
-        down_nodes=tuple(g.node for g in gone if not g.benched),
+        down_nodes=tuple(g.node for g in gone if not g.benched and not g.unhealthy),
         checkpoints_known=ckpt is not None,
         checkpoint_advanced=advanced,
+        elsewhere=kept_out,
     )
-    d = policy.decide(Cause.NODE_FAIL, ending, _budget(run), settings)
+    cause = Cause.UNHEALTHY if all(g.unhealthy for g in new) else Cause.NODE_FAIL
+    d = policy.decide(cause, ending, _budget(run), settings)
     words = "; ".join(_lost_words(g) for g in new)
     reason = f"{words} (Slurm had not noticed yet); {d.reason}"
-    again = d.verdict is Verdict.RETRY
+    again = d.verdict in (Verdict.RETRY, Verdict.CONTINUE)
     finished = replace(
         a,
         state=AttemptState.NODE_FAIL,
         end=now,
         reason=reason,
-        cause=Cause.NODE_FAIL.value,
+        cause=cause.value,
         nodes=list(nodes),
         failure_seen_at=now if again else None,
     )
-    run = _charged(run, d, ckpt, reason, _injected(run, _start(a, info), now))
+    fired = _injected(run, _start(a, info), now, health=files.unhealthy)
+    run = _charged(run, d, ckpt, reason, fired)
     ended = _ended_event(
         a,
         JobState.NODE_FAIL.value,
-        Cause.NODE_FAIL,
+        cause,
         replace(d, reason=reason),
         None,
         [g.node for g in new],
@@ -1235,11 +1277,14 @@ def _ended(
     gone = [
         g for g in losses(a.attempt, files, a.nodes or list(nodes)) if g.node not in a.lost_nodes
     ]
-    peer_lost = [g.node for g in gone if not g.benched]
+    peer_lost = [g.node for g in gone if not g.benched and not g.unhealthy]
+    unhealthy = [g.node for g in gone if g.unhealthy]
     ending = _ending(a, info, run, facts, settings, nodes, peer_lost)
     cause = policy.classify(ending, settings)
     if peer_lost and cause is not Cause.FINISHED:  # a node was lost under it: whatever
         cause = Cause.NODE_FAIL  # the survivors died of, or a cancel after the loss
+    elif unhealthy and cause is not Cause.FINISHED:  # a node failed its health check: the
+        cause = Cause.UNHEALTHY  # others never trained
     cancel = run.cancel_requested or bool(facts.cancel_requested)  # a cancel is final
     d = policy.decide(cause, ending, _budget(run), settings, cancel)
     ended_state = (
@@ -1262,9 +1307,8 @@ def _ended(
         lost_nodes=[*a.lost_nodes, *(g.node for g in gone)],
     )
     ckpt = files.progress.checkpoint_step
-    run = _charged(
-        run, d, ckpt, d.reason, _injected(run, finished.start, finished.end, files.rank_reports)
-    )
+    fired = _injected(run, finished.start, finished.end, files.rank_reports, files.unhealthy)
+    run = _charged(run, d, ckpt, d.reason, fired)
     out.append(Record(finished))
     out += [flag_node(node, why, facts.flags, now, settings) for node, why in d.exclude]
     out += _gone_at_the_end(a, gone, facts, settings, now)
@@ -1275,7 +1319,7 @@ def _ended(
     out += _validation(a, run, facts, cause, d, excluded)
     # a disambiguation run is a fresh job: a requeued one would run the old script, which
     # does not carry the context (`Submit.disambiguate`)
-    fresh = bool(peer_lost) or stuck or (again and d.disambiguate)
+    fresh = bool(peer_lost) or bool(unhealthy) or stuck or (again and d.disambiguate)
     out += _after_ending(run, finished, info, d.verdict, fresh=fresh, now=now)
     if stuck or (fresh and requeued):  # recorded first; the job no longer trains (it waits on
         out.append(Cancel(a.job_id or ""))  # a dead node, or Slurm requeued it after exit 16)
@@ -1435,9 +1479,9 @@ def _gone_at_the_end(
     out: list[Intent] = []
     if settings.exclude_failed_nodes:
         out += [
-            flag_node(g.node, f"benched: {_why(g)}", facts.flags, now, settings)
+            flag_node(g.node, _flag_why(g), facts.flags, now, settings)
             for g in gone
-            if g.benched
+            if g.benched or g.unhealthy
         ]
     return out + [_lost_event(a, g, Recovery.NEW_JOB) for g in gone]
 

@@ -18,6 +18,7 @@ from ftslurm.core.contract import (
     SHARING_MODES,
     Disambiguation,
     EnvName,
+    HealthConfig,
     JobEnv,
     RunDir,
     attempt_setup_line,
@@ -241,6 +242,10 @@ def _job_env(
         }
     if any(i.kind.in_job for i in injections):
         given["inject"] = env_value(injections)
+    if launcher:
+        health = health_config(settings)
+        if health != HealthConfig():  # the defaults apply where the launcher parses it
+            given["health"] = health
     # None (the default): the threshold follows whether a straggler can step out to a warm
     # spare (`ftslurm.core.settings.straggler_threshold`, the one rule)
     given["straggler_threshold"] = straggler_threshold(
@@ -256,6 +261,32 @@ def _job_env(
         # submitted as plus Slurm's restart count (the daemon numbers its attempts alike).
         attempt_base=attempt,
         **given,
+    )
+
+
+# The run's settings -> the health check's (`HealthConfig`), the settings' names beside
+_HEALTH_SETTINGS = {
+    "health_check": "enabled",
+    "health_timeout_s": "timeout_s",
+    "health_min_write_mb_s": "min_write_mb_s",
+    "health_min_free_memory_mb": "min_free_memory_mb",
+    "health_min_free_disk_mb": "min_free_disk_mb",
+    "health_min_gpu_free_mb": "min_gpu_free_mb",
+    "health_min_bandwidth_ratio": "min_bandwidth_ratio",
+    "health_dirs": "dirs",
+    "health_command": "command",
+}
+
+
+def health_config(settings: dict[str, Any]) -> HealthConfig:
+    """The pre-flight health check's settings the job gets (a setting a stored run lacks:
+    its default)."""
+    return HealthConfig(
+        **{
+            field: settings[name]
+            for name, field in _HEALTH_SETTINGS.items()
+            if settings.get(name) is not None
+        }
     )
 
 

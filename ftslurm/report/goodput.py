@@ -76,7 +76,7 @@ from ftslurm.core.recovery import Recovery
 from ftslurm.core.settings import Cause
 from ftslurm.core.timefmt import format_duration
 from ftslurm.daemon.records import Attempt, Event, Run
-from ftslurm.report.notes import distinct_live, live_note, validation_text
+from ftslurm.report.notes import distinct_live, health_text, live_note, validation_text
 
 QUEUEING = "queueing"
 DETECTION = "detection"
@@ -624,7 +624,7 @@ def _event_text(
         return f"warning: {d.get('message')}"
     if kind == "validation":
         return validation_text(d)
-    return None
+    return health_text(kind, d)
 
 
 def _excluding(d: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ftslurm.core.contract.reports import LiveRecovery, RoundRecord, ValidationReport
+from ftslurm.core.contract.reports import LiveRecovery, Outcome, RoundRecord, ValidationReport
 from ftslurm.core.recovery import Recovery
 from ftslurm.core.types import JobState, NodeInfo, NodeState
 from ftslurm.daemon.records import Attempt
@@ -300,3 +300,25 @@ def result_counts(attempt: int, reports: Sequence[ValidationReport]) -> dict[str
         "text": f"attempt {attempt}: {checks} results validated ({'/'.join(modes) or '?'}), "
         f"{reruns} steps re-run in place, {differed} re-runs differed",
     }
+
+
+# ---------------------------------------------------------------------- health checks
+HEALTH_EVENTS = ("node_unhealthy", "node_benched")
+
+
+def health_text(kind: str, d: Mapping[str, Any]) -> str | None:
+    """A failed pre-flight health check (`node_unhealthy`, or `node_benched` of a node that
+    stepped out for it: recorded by the daemon's step) in words; None for another event."""
+    node, k = d.get("node") or "a node", d.get("attempt")
+    if kind == "node_unhealthy":
+        return (
+            f"{node} failed its health check ({d.get('check')}: {d.get('detail')}) before "
+            f"attempt {k} trained: flagged, the run goes on in a new job without it"
+        )
+    if kind == "node_benched" and d.get("why") == Outcome.UNHEALTHY.value:
+        said = str(d.get("reason") or "").removeprefix("health check failed: ")
+        return (
+            f"{node} failed its health check ({said}) before attempt {k} trained: flagged, "
+            "a spare takes its place in the same job"
+        )
+    return None

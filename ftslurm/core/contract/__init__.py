@@ -206,6 +206,7 @@ PEER_LOST_REPORTS = "lost-*.json"  # RunDir.peer_lost
 ROUND_RECORDS = "round-*.json"  # RunDir.round_record
 BENCHED_RECORDS = "benched-*.json"  # RunDir.benched
 LAUNCHER_FAILED_REPORTS = "launcher-failed-*.json"  # RunDir.launcher_failed
+UNHEALTHY_REPORTS = "unhealthy-*.json"  # RunDir.unhealthy
 LIVE_RECORDS = "live-*.json"  # RunDir.live_record
 VALIDATION_REPORTS = "validation-rank-*.json"  # in an attempt's folder: RunDir.validation
 CHECKPOINT_MANIFEST = re.compile(r"step-(\d+)\.json")  # ftslurm.checkpoint's manifests
@@ -353,6 +354,30 @@ class RunDir:
         the error in its reason, rather than waiting for the other launchers' timeouts."""
         return self.recovery(attempt) / f"launcher-failed-{node_rank}.json"
 
+    def unhealthy(self, attempt: str | int, node_rank: int) -> Path:
+        """A node whose launcher failed its pre-flight health check before the rendezvous
+        (`ftslurm.agent.health`; JSON: the `Unhealthy` model: node, node_rank, job_id,
+        attempt, check, detail, value, floor, time, benched, injected). The daemon flags
+        the node; the attempt goes on with a spare in its place (the node also wrote its
+        `benched` record) or ends, and the run goes on in a job without it."""
+        return self.recovery(attempt) / f"unhealthy-{node_rank}.json"
+
+    def health_probe(self, attempt: str | int) -> Path:
+        """The endpoint (JSON: host, port, job_id, time) where node rank 0's launcher
+        answers the other nodes' timed transfers of the health check's network probe."""
+        return self.attempt(attempt) / "health-probe.json"
+
+    def health_figure(self, attempt: str | int, node_rank: int) -> Path:
+        """The transfer rate node `node_rank` measured to node rank 0 in the health check
+        (JSON: node, node_rank, job_id, mb_s, time), compared with the other nodes'."""
+        return self.attempt(attempt) / f"health-net-{node_rank}.json"
+
+    @property
+    def fired_unhealthy(self) -> Path:
+        """The `unhealthy` fault injections the launchers carried out in this run (a JSON
+        list of specs): each fires once per run, a requeued job too."""
+        return self.attempts / "fired-unhealthy.json"
+
     def fired(self, rank: int) -> Path:
         """The fault injections rank `rank` carried out in this run."""
         return self.attempts / f"fired-rank-{rank}.json"
@@ -498,6 +523,11 @@ class EnvName(str, Enum):
     # 16 (resume elsewhere): this attempt re-runs on other nodes to tell whether the
     # suspicious result was the machine's or the model's (docs/policy.md)
     DISAMBIGUATE = "FTSLURM_DISAMBIGUATE"
+    # JSON of a `HealthConfig`: the pre-flight health check each launcher runs before the
+    # rendezvous (`ftslurm.agent.health`); absent: the defaults (on)
+    HEALTH = "FTSLURM_HEALTH"
+    # the node's name, in the environment of the site's health command (`HealthConfig.command`)
+    HEALTH_NODE = "FTSLURM_HEALTH_NODE"
 
 
 class Disambiguation(BaseModel):
@@ -513,6 +543,36 @@ class Disambiguation(BaseModel):
     attempt: int = Field(ge=0)
     nodes: tuple[str, ...] = ()
     step: int | None = None
+
+
+# The pre-flight health check's defaults (`FtSettings` and `HealthConfig` take them from
+# here). Floors a healthy laptop or CI machine clears with room: they catch a node that is
+# broken (a full disk, memory exhausted, a hung or read-only mount, a GPU gone), not a slow one.
+DEFAULT_HEALTH_TIMEOUT_S = 5.0  # every check of a node together, at most
+DEFAULT_HEALTH_WRITE_MB_S = 1.0  # write + fsync of a small file in the checkpoint directory
+DEFAULT_HEALTH_FREE_MEMORY_MB = 256.0
+DEFAULT_HEALTH_FREE_DISK_MB = 256.0  # of the checkpoint directory's file system
+DEFAULT_HEALTH_GPU_FREE_MB = 256.0  # on each GPU the job asked for
+DEFAULT_HEALTH_BANDWIDTH_RATIO = 0.1  # of the median node's transfer rate to node rank 0
+
+
+class HealthConfig(BaseModel):
+    """The pre-flight health check's settings as the job receives them
+    (`EnvName.HEALTH`, from the run's `FtSettings`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    enabled: bool = True
+    timeout_s: float = Field(DEFAULT_HEALTH_TIMEOUT_S, gt=0)
+    min_write_mb_s: float = Field(DEFAULT_HEALTH_WRITE_MB_S, ge=0)
+    min_free_memory_mb: float = Field(DEFAULT_HEALTH_FREE_MEMORY_MB, ge=0)
+    min_free_disk_mb: float = Field(DEFAULT_HEALTH_FREE_DISK_MB, ge=0)
+    min_gpu_free_mb: float = Field(DEFAULT_HEALTH_GPU_FREE_MB, ge=0)
+    min_bandwidth_ratio: float = Field(DEFAULT_HEALTH_BANDWIDTH_RATIO, ge=0, le=1)
+    # more folders that must be writable, `{node}` replaced by the node's name (node-local
+    # scratch or staging)
+    dirs: tuple[str, ...] = ()
+    command: str | None = None  # the site's own check (a shell command): non-zero fails
 
 
 def _alias(name: EnvName) -> Any:
@@ -570,13 +630,14 @@ class JobEnv(BaseModel):
         "private", **_alias(EnvName.CHECKPOINT_SHARING)
     )
     disambiguate: Disambiguation | None = Field(None, **_alias(EnvName.DISAMBIGUATE))
+    health: HealthConfig = Field(default_factory=HealthConfig, **_alias(EnvName.HEALTH))
 
     @field_validator("checkpoint_signal")
     @classmethod
     def _signal(cls, value: str) -> str:
         return checked_signal_name(value)
 
-    @field_validator("section_timeouts", "disambiguate", mode="before")
+    @field_validator("section_timeouts", "disambiguate", "health", mode="before")
     @classmethod
     def _timeouts(cls, value: Any) -> Any:
         if isinstance(value, str):

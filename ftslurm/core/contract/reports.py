@@ -5,9 +5,10 @@ One model per shared file of a run's directory (`RunDir`): a rank report
 (`attempts/<k>/rank-<r>.json`), a node report (`node-<n>.json`), the ranks a launcher found
 hung at the stop (`hung-node-<n>.json`), the recovery folder's peer-loss reports
 (`lost-<n>.json`), in-job round records (`round-<r>.json`), bench records
-(`benched-<n>.json`) and failed launchers (`launcher-failed-<n>.json`), `progress.json`,
-the straggler report and a rank's straggler window (`stragglers/`), the rendezvous record,
-a rank's result validation (`validation-rank-<r>.json`).
+(`benched-<n>.json`), failed launchers (`launcher-failed-<n>.json`) and failed health
+checks (`unhealthy-<n>.json`), `progress.json`, the straggler report and a rank's straggler
+window (`stragglers/`), the rendezvous record, a rank's result validation
+(`validation-rank-<r>.json`).
 
 Old and new versions of ftslurm share these files, so a model reads whatever either
 writes: a key it does not know is kept (`extra="allow"`) and a key left out takes its
@@ -34,6 +35,7 @@ from ftslurm.core.contract import (
     RANK_REPORTS,
     ROUND_RECORDS,
     VALIDATION_REPORTS,
+    UNHEALTHY_REPORTS,
 )
 
 
@@ -57,6 +59,7 @@ class Outcome(str, Enum):
     LAUNCHER_FAILED = "launcher_failed"  # the launcher failed before its ranks started
     SPARE = "spare"  # a spare node never needed
     BENCHED = "benched"  # a node that stepped out so a spare took its place
+    UNHEALTHY = "unhealthy"  # the launcher's pre-flight health check failed: no rendezvous
 
 
 # The outcomes of the launchers of nodes not training at the end (`ftslurm.agent.spares`):
@@ -329,6 +332,28 @@ class LauncherFailed(Report):
     time: float | None = None
 
 
+class Unhealthy(Report):
+    """`recovery/unhealthy-<n>.json`: a node whose launcher failed its pre-flight health
+    check (`ftslurm.agent.health`) and left before the rendezvous."""
+
+    node_rank: int | None = None
+    node: str | None = None
+    job_id: JobId = None
+    attempt: int | None = None
+    check: str | None = None  # the check that failed ("checkpoint_dir", "gpu", "site", ...)
+    detail: str | None = None  # what it found, in words
+    value: float | None = None  # what it measured
+    floor: float | None = None  # the floor it missed
+    benched: bool = False  # a spare takes its place in this job (it wrote `benched-<n>.json`)
+    injected: str | None = None  # the `unhealthy` injection that failed it (its spec)
+    time: float | None = None
+
+    @property
+    def words(self) -> str:
+        """ "health check failed: disk: 12 MB free, below 256 MB" (a flag's reason)."""
+        return f"health check failed: {self.check or '?'}: {self.detail or 'no detail'}"
+
+
 class Progress(Report):
     """`progress.json`: the training's step and checkpoints (`ftslurm.agent.progress`)."""
 
@@ -454,6 +479,7 @@ class Kind(Enum):
     BENCHED = ("recovery", BENCHED_RECORDS, Benched)
     LAUNCHER_FAILED = ("recovery", LAUNCHER_FAILED_REPORTS, LauncherFailed)
     LIVE = ("recovery", LIVE_RECORDS, LiveRecovery)
+    UNHEALTHY = ("recovery", UNHEALTHY_REPORTS, Unhealthy)
     STRAGGLER_WINDOW = ("stragglers", RANK_REPORTS, StragglerWindow)
     VALIDATION = ("attempt", VALIDATION_REPORTS, ValidationReport)
 
