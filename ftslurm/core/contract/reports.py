@@ -34,8 +34,8 @@ from ftslurm.core.contract import (
     PEER_LOST_REPORTS,
     RANK_REPORTS,
     ROUND_RECORDS,
-    VALIDATION_REPORTS,
     UNHEALTHY_REPORTS,
+    VALIDATION_REPORTS,
 )
 
 
