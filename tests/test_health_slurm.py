@@ -5,14 +5,14 @@ The local cluster's four nodes share this machine's file system, so "one node's 
 directory is unwritable" is made the way a site has it: a node-local staging folder per node
 (the `health_dirs` setting, `{node}` replaced by the node's name, as sites stage checkpoints
 on node-local disks before they go to the shared file system), and node n2's is a read-only
-mount (a bind mount remounted `ro`: writes fail with EROFS, for root as for anyone; the
-jobs here run as root, which permission bits would not stop). The launcher on n2 must fail
+mount (the cluster's fault control `read_only_dir`: a bind mount remounted `ro`, writes fail
+with EROFS for root as for anyone, as a node-local disk gone read-only; permission bits
+would not stop a job run as root). The launcher on n2 must fail
 its check before the rendezvous, the daemon flag n2 with the check's words, and the run go on
 in a job without n2 that completes, no retry spent."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,14 +42,13 @@ def staging(healthy_nodes, tmp_path) -> Iterator[Path]:
     for node in healthy_nodes.layout.node_names:
         (root / node).mkdir(parents=True)
     bad = root / BAD
-    subprocess.run(["mount", "--bind", str(bad), str(bad)], check=True)
+    healthy_nodes.read_only_dir(bad)
     try:
-        subprocess.run(["mount", "-o", "remount,ro,bind", str(bad)], check=True)
         with pytest.raises(OSError):
-            (bad / "probe").write_text("x")  # read-only for root too
+            (bad / "probe").write_text("x")  # read-only for everyone
         yield root
     finally:
-        subprocess.run(["umount", str(bad)], check=False)
+        healthy_nodes.read_only_dir(bad, read_only=False)
 
 
 def test_a_node_whose_staging_directory_is_read_only_is_flagged_and_left_out(

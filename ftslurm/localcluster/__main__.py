@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
             "start-controller",
             "slurmd-timeout",
             "add-user",
+            "read-only-dir",
+            "writable-dir",
             "env",
         ],
     )
@@ -58,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         "node",
         nargs="?",
         help="the node (fail-node, revive-node, kill-tasks), the seconds or "
-        "'default' (slurmd-timeout), the user name (add-user)",
+        "'default' (slurmd-timeout), the user name (add-user), the folder (read-only-dir, "
+        "writable-dir)",
     )
     return parser
 
@@ -77,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(cluster: LocalCluster, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """One command on the cluster; its exit status."""
+    if args.command in ("read-only-dir", "writable-dir"):
+        if not args.node:
+            parser.error(f"{args.command} needs a folder")
+        cluster.read_only_dir(args.node, read_only=args.command == "read-only-dir")
+        return 0
     if args.command in ("fail-node", "revive-node", "kill-tasks", "slurmd-timeout", "add-user"):
         _on_node(cluster, args, parser)
         return 0

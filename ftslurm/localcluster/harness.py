@@ -434,6 +434,29 @@ class LocalCluster:
             and env.get(MARKER) != root
         )
 
+    def read_only_dir(self, path: Path | str, read_only: bool = True) -> None:
+        """Make the folder `path` read-only for everyone, root too (a bind mount of it on
+        itself, remounted `ro`: writes fail with EROFS), or writable again (`read_only=False`:
+        the mount removed): a node-local disk gone read-only, the fault a health check of that
+        folder meets. A caller who is not root goes through the operator; the operator takes
+        only a real folder (no link) owned by the user who asked (`SUDO_UID`)."""
+        if os.geteuid() != 0:
+            self._operator("read-only-dir" if read_only else "writable-dir", str(path))
+            return
+        folder = Path(path)
+        if folder.is_symlink() or not folder.is_dir():
+            raise ClusterError(f"{folder} is not a folder")
+        owner = os.environ.get("SUDO_UID")
+        if owner is not None and str(folder.stat().st_uid) != owner:
+            raise ClusterError(f"{folder} is not the asking user's folder")
+        mount = shutil.which("mount", path=sbin_path()) or "mount"
+        umount = shutil.which("umount", path=sbin_path()) or "umount"
+        if read_only:
+            self._run([mount, "--bind", str(folder), str(folder)])
+            self._run([mount, "-o", "remount,ro,bind", str(folder)])
+        else:
+            self._run([umount, str(folder)], check=False)
+
     def revive_node(self, node: str, timeout: float = 60) -> None:
         """Restart a failed node's slurmd, resume it, and wait until it is idle again."""
         self._check_node(node)
