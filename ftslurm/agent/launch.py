@@ -628,6 +628,8 @@ class Node:
         private = own_rendezvous(self.args)
         agent = self.agent = make_agent(self, private, warm=True)
         os.environ[EnvName.LIVE_SPARE.value] = "1"
+        if self.watch is not None:  # a loss report then says "warm spare"
+            self.watch.set_warm(True)
         log.info("spare: its ranks start now and wait warm to take a node over (live recovery)")
         result, failed = None, False
         try:
@@ -656,6 +658,8 @@ class Node:
         if over or not (failed or not succeeded):
             return agent, result, False
         log.warning("the warm ranks failed: waiting as a spare without live recovery")
+        if self.watch is not None:
+            self.watch.set_warm(False)
         return agent, result, True
 
     def run_agent(self, agent: Any, handler: Any) -> tuple[int | None, Any]:

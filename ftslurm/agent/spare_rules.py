@@ -11,6 +11,7 @@ from typing import Any
 
 from ftslurm.core.contract.reports import (
     Benched,
+    NodeRole,
     Outcome,
     PeerLost,
     RoundRecord,
@@ -20,7 +21,7 @@ from ftslurm.core.contract.reports import (
 from ftslurm.core.leases import Lease
 from ftslurm.core.recovery import Recovery, recovery
 
-ACTIVE, SPARE = "active", Outcome.SPARE.value  # a node's role; a spare's outcome too
+ACTIVE, SPARE = NodeRole.ACTIVE.value, NodeRole.SPARE.value  # a spare's outcome too
 # With spares, the rendezvous drops a participant whose keep-alive stopped after
 # KEEP_ALIVE_S x KEEP_ALIVE_MISSES seconds (torch's defaults: 5 x 3): the round that brings
 # in a spare waits on that.

@@ -60,6 +60,21 @@ class Outcome(str, Enum):
 # The outcomes of the launchers of nodes not training at the end (`ftslurm.agent.spares`):
 # a spare never needed, and a node that stepped out so a spare took its place.
 OUT_OF_TRAINING = frozenset({Outcome.SPARE, Outcome.BENCHED})
+
+
+class NodeRole(str, Enum):
+    """A node's part in a job with hot spares: what its lease says (`Lease.role`) and what a
+    loss report says of the lost node (`PeerLost.role`)."""
+
+    ACTIVE = "active"  # it trains (a spare that took a node over too)
+    SPARE = Outcome.SPARE.value  # an idle spare: it waits to join the training
+    # a spare whose ranks wait warm to take a lost node's over (live recovery); a lease says
+    # it as `spare` with `warm` (a loss report as this role)
+    WARM_SPARE = "warm_spare"
+
+
+# The roles of a spare still waiting: its loss restarts no one, it takes a spare away.
+WAITING_SPARES = frozenset({NodeRole.SPARE, NodeRole.WARM_SPARE})
 # Endings that leave the training's state saved (with every other rank clean).
 SAVED = frozenset({Outcome.CHECKPOINTED, Outcome.TEARDOWN_FAILED})
 # Endings a run goes on from cleanly (`ftslurm report`'s clean end, `policy.classify`).
@@ -234,6 +249,10 @@ class PeerLost(Report):
     job_id: JobId = None
     attempt: int | None = None
     source: str | None = None  # `ftslurm.core.recovery.Source`; a launcher's: left out
+    # the lost node's role as its last lease said (`NodeRole`): a training node, or a spare
+    # still waiting (idle or warm), whose loss restarts no one; None: a job without spares,
+    # or an older writer
+    role: str | None = None
 
 
 class RoundRecord(Report):
