@@ -3,7 +3,8 @@ frozen models, and the outcomes they speak of (pure).
 
 One model per shared file of a run's directory (`RunDir`): a rank report
 (`attempts/<k>/rank-<r>.json`), a node report (`node-<n>.json`), the ranks a launcher found
-hung at the stop (`hung-node-<n>.json`), the recovery folder's peer-loss reports
+hung at the stop (`hung-node-<n>.json`), the claims of a hang launchers with spares
+compare (`hang-claim-<n>.json`), the recovery folder's peer-loss reports
 (`lost-<n>.json`), in-job round records (`round-<r>.json`), bench records
 (`benched-<n>.json`) and failed launchers (`launcher-failed-<n>.json`), `progress.json`,
 the straggler report and a rank's straggler window (`stragglers/`), the rendezvous record.
@@ -25,6 +26,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, Valida
 
 from ftslurm.core.contract import (
     BENCHED_RECORDS,
+    HANG_CLAIMS,
     HUNG_NODE_REPORTS,
     LAUNCHER_FAILED_REPORTS,
     LIVE_RECORDS,
@@ -332,6 +334,32 @@ class Benched(Report):
     attempt: int | None = None
 
 
+class HangEvidence(str, Enum):
+    """What a launcher saw of a rank it judged hung (`HangClaim.evidence`)."""
+
+    # stopped or traced, or stuck in the kernel (uninterruptible) for the whole look: it
+    # waits on no peer, so it is the hang the others' ranks wait on
+    FROZEN = "frozen"
+    # sleeping or running: it may be waiting in a collective on another node's hung rank
+    RUNNING = "running"
+
+
+class HangClaim(Report):
+    """`attempts/<k>/hang-claim-<n>.json`: a launcher with spares found a rank of its node
+    hung. A hung rank blocks its peers in their next collective, so their launchers judge a
+    hang too: before any steps out they compare these (`spare_rules.hang_culprit`)."""
+
+    node_rank: int | None = None
+    node: str | None = None
+    local_rank: int | None = None
+    reason: str | None = None
+    step: int | None = None
+    evidence: str | None = None  # `HangEvidence`
+    time: float | None = None
+    job_id: JobId = None
+    attempt: int | None = None
+
+
 class LauncherFailed(Report):
     """`recovery/launcher-failed-<n>.json`: a launcher that failed before its ranks
     started."""
@@ -435,6 +463,7 @@ class Kind(Enum):
     RANK = ("attempt", RANK_REPORTS, RankReport)
     NODE = ("attempt", NODE_REPORTS, NodeReport)
     HUNG_NODE = ("attempt", HUNG_NODE_REPORTS, HungNodeReport)
+    HANG_CLAIM = ("attempt", HANG_CLAIMS, HangClaim)
     PEER_LOST = ("recovery", PEER_LOST_REPORTS, PeerLost)
     ROUND = ("recovery", ROUND_RECORDS, RoundRecord)
     BENCHED = ("recovery", BENCHED_RECORDS, Benched)
