@@ -150,7 +150,10 @@ Policies
                 (30.5 s), then the hung node steps out (`launch_core.on_hang`: its
                 launcher writes its bench record, why "hang", and kills its ranks; no
                 in-job restart used) and a warm spare takes its ranks over:
-                LIVE_SPARE_RECOVERY_S + one step;
+                LIVE_SPARE_RECOVERY_S + one step (the product steps it out only when
+                its launchers' claims tell it from the ranks blocked on it: a frozen
+                rank, or one behind; else every rank restarts in place: an upper bound,
+                docs/performance.md);
               a hang on the batch host (it may not step out) or with no spare left: the
                 hang timeout + BENCH_WAIT_S (5 s: `on_hang` waits for a peer to step
                 out), then every rank restarts in place from the memory tier, as in
@@ -161,7 +164,8 @@ Policies
               a persistent straggler with a spare: its launcher steps out
                 LIVE_STEP_OUT_STEPS slow steps after the straggler report, then
                 LIVE_SPARE_RECOVERY_S + one step. With the `live_recovery` setting and
-                spares the product's default threshold is 0.9 (a node 1.11x slower),
+                spares the product's default threshold is 0.9 (a node 1.11x slower) once
+                a replicated state is attached (a sharded one keeps 0.75),
                 not 0.75 (1.33x): stepping out to a warm spare costs about a second; a
                 node it flags with no spare left moves the job only below 0.75
                 (`straggler_move_threshold`). The trace's healthy nodes have identical
