@@ -150,10 +150,14 @@ Policies
                 (30.5 s), then the hung node steps out (`launch_core.on_hang`: its
                 launcher writes its bench record, why "hang", and kills its ranks; no
                 in-job restart used) and a warm spare takes its ranks over:
-                LIVE_SPARE_RECOVERY_S + one step;
+                LIVE_SPARE_RECOVERY_S + one step (the product steps it out only when
+                its launchers' claims tell it from the ranks blocked on it: a frozen
+                rank, or one behind; else every rank restarts in place: an upper bound,
+                docs/performance.md);
               a hang on the batch host (it may not step out) or with no spare left: the
-                hang timeout + BENCH_WAIT_S (5 s: `on_hang` waits for a peer to step
-                out), then every rank restarts in place from the memory tier, as in
+                hang timeout + its look at the rank (0.5 s) + the claims' wait (2 s) +
+                BENCH_WAIT_S (5 s: `on_hang` waits for a peer to step out), then every
+                rank restarts in place from the memory tier, as in
                 "ftslurm, everything" (one in-job restart);
               a lost node with a spare (not the batch host, no more out than spares):
                 PEER_DETECT_S + LIVE_SPARE_RECOVERY_S (the spare's ranks started, set up,
@@ -161,7 +165,8 @@ Policies
               a persistent straggler with a spare: its launcher steps out
                 LIVE_STEP_OUT_STEPS slow steps after the straggler report, then
                 LIVE_SPARE_RECOVERY_S + one step. With the `live_recovery` setting and
-                spares the product's default threshold is 0.9 (a node 1.11x slower),
+                spares the product's default threshold is 0.9 (a node 1.11x slower) once
+                a replicated state is attached (a sharded one keeps 0.75),
                 not 0.75 (1.33x): stepping out to a warm spare costs about a second; a
                 node it flags with no spare left moves the job only below 0.75
                 (`straggler_move_threshold`). The trace's healthy nodes have identical
@@ -304,7 +309,8 @@ Live recovery (the live policy only; docs/agent.md, "Live recovery"):
       every rank from memory (MEMORY_RESTART_COST_S).
   BENCH_WAIT_S = 5    `ftslurm.agent.spare_rules`: how long a node with spares that finds
       its ranks hung but may not step out waits for a peer to, before it restarts its
-      ranks in place.
+      ranks in place; after FROZEN_LOOK_S = 0.5 (`launch_io`: its look at the hung rank)
+      and HANG_CLAIM_WAIT_S = 2 (the other nodes' claims of the hang).
 Slurm (mock defaults): SlurmdTimeout 300 s, requeue delay 120 s (cred_expire; BeginTime is
 +121 s), KillWait 30 s, MinJobAge 300 s. PyTorch's NCCL watchdog: 600 s (10 min default).
 
@@ -393,8 +399,9 @@ from typing import Any
 from ftslurm.agent.heartbeat import Timeouts
 from ftslurm.agent.launch import decide_outcome, tightened
 from ftslurm.agent.launch import parse_args as launcher_args
+from ftslurm.agent.launch_io import FROZEN_LOOK_S
 from ftslurm.agent.peers import poll_interval
-from ftslurm.agent.spare_rules import BENCH_WAIT_S
+from ftslurm.agent.spare_rules import BENCH_WAIT_S, HANG_CLAIM_WAIT_S
 from ftslurm.backends.mock import model
 from ftslurm.backends.mock.model import MockConfig, MockNodeSpec, NodeStatus
 from ftslurm.backends.mock.virtual import JobModel, RunBreakdown, VirtualBackend, VirtualCluster
@@ -410,7 +417,12 @@ from ftslurm.core.contract.reports import (
     StragglerScore,
 )
 from ftslurm.core.recovery import Recovery, recovery
-from ftslurm.core.settings import Cause, FtSettings, straggler_threshold
+from ftslurm.core.settings import (
+    Cause,
+    FtSettings,
+    straggler_threshold,
+    straggler_threshold_now,
+)
 from ftslurm.core.timefmt import format_limit_exact
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy as ftpolicy
@@ -1742,9 +1754,10 @@ class Campaign:
             wait = self.pol.startup_hang_timeout_s if startup else self.pol.hang_timeout_s
             if self.pol.live and self.pol.settings.spare_nodes and not startup:
                 # `launch_core.on_hang` with spares, the node unable to step out (the batch
-                # host, no spare left): it waits BENCH_WAIT_S for a peer to step out, then
-                # every rank restarts in place (today's path, from the memory tier)
-                wait += BENCH_WAIT_S
+                # host, no spare left): it looks at its rank (FROZEN_LOOK_S), waits for the
+                # other nodes' claims (HANG_CLAIM_WAIT_S), then BENCH_WAIT_S for a peer to
+                # step out, then every rank restarts in place (from the memory tier)
+                wait += FROZEN_LOOK_S + HANG_CLAIM_WAIT_S + BENCH_WAIT_S
             self._later(wait, lambda: self._recover(hung=True))
 
     def _peer_lost(self, node: str, alloc: int) -> None:
@@ -1950,7 +1963,13 @@ class Campaign:
         if alloc != self.alloc_serial or not slow or not self._running(node):
             return
         score = 1.0 / max(slow)
-        threshold = self._job_env().straggler_threshold  # the rule's, through the daemon
+        env = self._job_env()  # the rule's thresholds, through the daemon; the live one
+        # once rank 0 said the ranks recover live with a replicated state (as `_progress`)
+        threshold = straggler_threshold_now(
+            env.straggler_threshold,
+            env.straggler_threshold_live,
+            replicated=self.pol.live and not self.pol.sharded,
+        )
         if score >= threshold:
             return  # not slow enough to score below the threshold
         attempt = self._attempt()

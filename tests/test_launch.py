@@ -988,3 +988,51 @@ def test_a_launcher_failing_before_the_rendezvous_is_reported_and_its_peer_gives
     assert "Traceback" not in host[1], host
     gave_up = json.loads(run.node_report(0, 1).read_text())
     assert "the rendezvous host's launcher (node rank 0) failed" in gave_up["error"], gave_up
+
+
+def test_a_rank_whose_process_is_stopped_is_frozen_and_one_that_sleeps_is_not():
+    """`launch_io.frozen`: what a launcher with spares says of a rank it judged hung (its
+    hang claim). A rank's process stopped (SIGSTOP) waits on no peer; one asleep (as in a
+    collective that waits on a peer) may be waiting on another node's hung rank."""
+    from ftslurm.agent.launch_io import frozen
+
+    wrapper = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '60'])"]
+    )
+    try:
+
+        def child() -> int | None:
+            kids = Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children").read_text().split()
+            return int(kids[0]) if kids else None
+
+        deadline = time.monotonic() + 20
+        while child() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rank = child()
+        assert rank is not None
+        assert not frozen(wrapper.pid, 0.1)  # asleep
+        os.kill(rank, signal.SIGSTOP)
+        deadline = time.monotonic() + 10  # the stop lands (state T)
+        while not frozen(wrapper.pid, 0.1) and time.monotonic() < deadline:
+            pass
+        assert frozen(wrapper.pid, 0.1)
+        os.kill(rank, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while frozen(wrapper.pid, 0.1) and time.monotonic() < deadline:
+            pass
+        assert not frozen(wrapper.pid, 0.1)
+        assert not frozen(wrapper.pid + 10**7, 0.0)  # gone: nothing frozen
+    finally:
+        for pid in (
+            [
+                int(p)
+                for p in Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children")
+                .read_text()
+                .split()
+            ]
+            if wrapper.poll() is None
+            else []
+        ):
+            os.kill(pid, signal.SIGKILL)
+        wrapper.kill()
+        wrapper.wait()

@@ -18,7 +18,7 @@ from ftslurm.agent import spare_rules as sp
 from ftslurm.agent.heartbeat import Beat, Timeouts, hang_reason
 from ftslurm.agent.live_rules import Fallback
 from ftslurm.core.contract import WITHHELD_RANKS, ExitCode
-from ftslurm.core.contract.reports import Benched, PeerLost
+from ftslurm.core.contract.reports import Benched, HangClaim, PeerLost
 from ftslurm.core.leases import Lease
 from ftslurm.core.settings import (
     DEFAULT_INITIAL_S,
@@ -437,6 +437,118 @@ def test_a_hang_with_spares(cfg, known, gone, now, expected, recorded):
         assert budget == [core.Budget.SPENT]
     elif budget:
         assert budget == [core.Budget.SPENT if state.new_job else core.Budget.KEEP]
+
+
+# A hung rank blocks its peers in their next collective, so several launchers judge a hang at
+# once. Three training nodes (0: the batch host, 1, 2) and spares; each node's claim: the
+# evidence of its hung rank (F frozen: stopped, stuck in the kernel, it waits on no peer;
+# R running) and the step it was at (5 unless told).
+F, R = "frozen", "running"
+
+
+def claim(node_rank: int, evidence: str | None = R, step: int | None = 5, at: float = 1000.0):
+    return HangClaim(node_rank=node_rank, evidence=evidence, step=step, time=at)
+
+
+def claims_of(shown: dict) -> dict[int, HangClaim]:
+    """node rank -> evidence, or (evidence, step)."""
+    return {r: claim(r, *(v if isinstance(v, tuple) else (v,))) for r, v in shown.items()}
+
+
+@pytest.mark.parametrize(
+    "shown, gone, spares, culprit",
+    [
+        pytest.param({1: F, 2: R, 0: R}, (), 1, 1, id="the-frozen-rank's-node"),
+        pytest.param({2: F, 1: R, 0: R}, (), 1, 2, id="the-frozen-rank's-node-whoever-judged"),
+        pytest.param({1: R, 2: R, 0: R}, (), 1, None, id="two-non-batch-alike: nobody"),
+        pytest.param({1: R, 2: R}, (), 2, None, id="alike-even-with-two-spares: nobody"),
+        pytest.param({1: R, 0: R}, (), 1, 1, id="one-non-batch-and-the-batch-host: as today"),
+        pytest.param({2: R}, (), 1, 2, id="alone-to-judge: as today"),
+        pytest.param({0: F, 1: R, 2: R}, (), 1, None, id="the-batch-host's-rank: nobody"),
+        pytest.param({1: F, 2: F}, (), 1, None, id="two-frozen: nobody"),
+        pytest.param({1: F, 2: R}, (), 0, None, id="no-spare: nobody"),
+        pytest.param({1: F, 2: R}, (3,), 1, None, id="the-spare-gone: nobody"),
+        pytest.param({1: R, 2: R}, (2,), 2, 1, id="a-claimant-gone-already: left out"),
+        pytest.param({1: None, 2: F}, (), 1, 2, id="unknown-evidence-is-the-weakest"),
+        pytest.param(
+            {1: (R, 7), 2: (R, 6), 0: (R, 7)}, (), 1, 2, id="alike-but-behind: the one behind"
+        ),
+        pytest.param({1: (R, 6), 2: (R, 6), 0: (R, 7)}, (), 1, None, id="two-behind-alike: nobody"),
+        pytest.param(
+            {1: (R, 7), 2: (R, None), 0: (R, 7)}, (), 1, None, id="a-step-unknown: nobody"
+        ),
+        pytest.param({1: (F, 7), 2: (R, 6)}, (), 1, 1, id="frozen-before-behind: the frozen one"),
+        pytest.param({}, (), 1, None, id="no-claim"),
+    ],
+)
+def test_which_node_steps_out_for_a_hang_several_judged(shown, gone, spares, culprit):
+    assert sp.hang_culprit(claims_of(shown), gone, spares) == culprit
+
+
+def test_only_the_claims_of_the_same_hang_count():
+    """A node's file holds its latest claim: one much older is an earlier hang's."""
+    mine = claim(1, at=1000.0)
+    found = {
+        0: claim(0, F, at=1000.0 - sp.HANG_CLAIM_WINDOW_S - 1),  # an earlier hang
+        2: claim(2, F, at=1001.5),  # the same hang, claimed later
+        3: HangClaim(node_rank=3, evidence=F),  # no time: not placed
+        1: claim(1, F, at=900.0),  # this node's earlier claim, read before its new one landed
+    }
+    assert sp.same_hang(found, mine) == {2: found[2], 1: mine}
+
+
+# Node rank 1 of 0, 1, 2 training and a spare (node rank 3), its rank judged hung at 100;
+# the claims are due at 102, the wait for a peer's bench record ends at 107.
+THREE = core.Config(node_rank=1, nnodes=4, spares=1, max_restarts=3, grace=30.0)
+
+
+@pytest.mark.parametrize(
+    "shown, gone, now, expected",
+    [
+        pytest.param({1: R}, {}, 101.0, ["Wait"], id="claims-not-due: waits"),
+        pytest.param(
+            {1: F, 2: R, 0: R},
+            {},
+            102.0,
+            ["Log", "StepOut", "Account", "KillRanks", "EndRound"],
+            id="its-rank-frozen: steps out",
+        ),
+        pytest.param(
+            {1: R, 2: F, 0: R}, {}, 102.0, ["Wait"], id="another's-rank-frozen: waits for it"
+        ),
+        pytest.param(
+            {1: R, 2: F, 0: R},
+            {2: benched(2)},
+            103.0,
+            ["Log", "Account", "KillRanks", "EndRound"],
+            id="that-node-stepped-out: swap",
+        ),
+        pytest.param({1: R, 2: R, 0: R}, {}, 102.0, ["Wait"], id="alike: waits, does not step out"),
+        pytest.param(
+            {1: R, 2: R, 0: R},
+            {},
+            108.0,
+            ["Log", "KillRanks", "EndRound"],
+            id="alike-nobody-stepped-out: restarts in place",
+        ),
+        pytest.param(
+            {1: R, 0: R},
+            {},
+            102.0,
+            ["Log", "StepOut", "Account", "KillRanks", "EndRound"],
+            id="only-it-may: steps out as today",
+        ),
+    ],
+)
+def test_a_hang_with_the_other_nodes_claims(shown, gone, now, expected):
+    state = core.LauncherState(cfg=THREE)
+    start = 100.0
+    due, deadline = core.claims_until(start), core.hang_deadline(start)
+    assert (due, deadline) == (102.0, 107.0)
+    state, actions = core.on_hang(
+        state, HANG, losses(gone), 2, now, deadline, claims=claims_of(shown), claims_due=due
+    )
+    assert kinds(actions) == expected
 
 
 # The default sections with their own limit (`DEFAULT_SECTION_S`): a rank in one is judged by

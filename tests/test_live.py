@@ -789,6 +789,10 @@ def test_on_the_mock_a_warm_spare_lost_while_waiting_then_a_node_goes_on_in_a_ne
     said = f"{Fallback.NO_SPARE.value} (node"
     assert said in status and "the run goes on in a new job" in status, status
     assert said in report and "the run goes on in a new job" in report, report
+    # The spare's loss restarted nothing: said so, not "ranks restarting".
+    spare = "warm spare lost: nothing restarted, no spare left"
+    assert spare in status and "ranks restarting" not in status, status
+    assert spare in report, report
 
 
 # The mock's scenarios of tests/test_live_slurm.py: 2 nodes x 2 ranks of the recipe, steps

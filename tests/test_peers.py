@@ -20,6 +20,7 @@ from ftslurm.agent.peers import (
     PeerWatch,
     Seen,
     is_lost,
+    loss_report,
     lost_peers,
     observe,
     poll_interval,
@@ -192,6 +193,51 @@ def test_the_watch_reports_a_silent_peer_once_with_who_and_when(tmp_path):
     assert me.lost == [1]  # once
     me.stop("failed")
     assert Lease.from_json(json.loads(run.peer_lease(3, 0).read_text())).ended == "failed"
+
+
+@pytest.mark.parametrize(
+    "role, warm, said",
+    [
+        (None, False, None),  # no spares: every node trains
+        ("active", False, "active"),
+        ("spare", False, "spare"),  # an idle spare
+        ("spare", True, "warm_spare"),  # its ranks wait warm (live recovery)
+        ("active", True, "active"),  # a warm spare that took a node over trains
+    ],
+)
+def test_a_loss_report_says_the_role_the_lost_nodes_last_lease_said(role, warm, said):
+    lease = Lease(2, "n3", 9, 4, 1000.0, role=role, warm=warm)
+    assert Lease.from_json(lease.to_json()) == lease
+    seen = Seen(2, 1.0, lease=lease, heard_at=1001.0)
+    report = loss_report(
+        seen, now=30.0, wall=1030.0, timeout=T, me=0, node="n1", job_id="5", attempt=0
+    )
+    assert report.role == said
+
+
+def test_a_spares_lease_says_whether_its_ranks_wait_warm(tmp_path):
+    """The shell: a warm spare's launcher says so in its lease at once, and takes it back
+    when its warm ranks failed (an idle spare then)."""
+    run = RunDir(tmp_path)
+    run.attempt(0).mkdir(parents=True)
+    watch = PeerWatch(
+        run,
+        attempt=0,
+        node_rank=2,
+        nnodes=3,
+        node="n3",
+        job_id="5",
+        timeout=T,
+        start_timeout=START,
+        role="spare",
+    )
+    read = lambda: Lease.from_json(json.loads(run.peer_lease(0, 2).read_text()))  # noqa: E731
+    watch._write_lease(None)
+    assert read().node_role() == "spare"
+    watch.set_warm(True)
+    assert read().node_role() == "warm_spare"
+    watch.set_warm(False)
+    assert read().node_role() == "spare"
 
 
 # ------------------------------------------------- connections: a death is seen at once

@@ -661,6 +661,42 @@ def test_status_says_a_node_was_lost_and_what_recovers_it():
     ]
 
 
+@pytest.mark.parametrize(
+    "role, left, said",
+    [
+        ("spare", 0, "idle spare lost: nothing restarted, no spare left"),
+        ("warm_spare", 1, "warm spare lost: nothing restarted, 1 spare left"),
+        ("warm_spare", 2, "warm spare lost: nothing restarted, 2 spares left"),
+        ("spare", None, "idle spare lost: nothing restarted"),
+    ],
+)
+def test_a_spare_lost_while_it_waited_restarted_nothing(role, left, said):
+    """A spare still waiting (idle or warm) lost: `status` and `report` say nothing
+    restarted and how many spares are left, not "ranks restarting" (nothing does); its
+    loss has no recovery time, and a later round is not its recovery."""
+    from ftslurm.daemon.records import Attempt, Event
+    from ftslurm.report.goodput import SPARE_LOST, _node_lost_text, node_losses
+    from ftslurm.report.notes import recovery_notes
+
+    data = {"attempt": 0, "node": "n3", "source": "peer", "time": 49.0, "recovery": "spare"}
+    data.update(role=role, **({} if left is None else {"spares_remaining": left}))
+    events = [Event(1, 50.0, "r", "node_lost", data)]
+    running = [Attempt("r", 0, "RUNNING", job_id="5")]
+    rounds = {0: [RoundRecord(started_at=53.0)]}  # another node's swap, later
+    assert recovery_notes(running, events, rounds, 60.0) == [
+        f"n3 lost 11 s ago (peer report) → {said}"
+    ]
+    assert _node_lost_text(data, 0, running) == f"n3 lost (seen by peer None): {said}"
+    (loss,) = node_losses(running, events, rounds)
+    assert (loss.how, loss.recovered_at, loss.recovery_s) == (SPARE_LOST, None, None)
+    # a training node's loss, and a spare's under a new job, are told as before
+    active = {**data, "role": "active"}
+    assert recovery_notes(running, [Event(1, 50.0, "r", "node_lost", active)], rounds, 60.0) == [
+        "n3 lost 11 s ago (peer report) → spare: ranks restarted 4 s later"
+    ]
+    assert "new job" in _node_lost_text({**data, "recovery": "new_job"}, 0, running)
+
+
 def test_the_lost_nodes_table_and_the_timeline_agree_on_a_requeue(home, capsys, monkeypatch):
     """Slurm's verdict on a lost node (NODE_FAIL) is recorded with the recovery "new_job",
     but Slurm requeued the same job: the lost-nodes table and the timeline both say so."""

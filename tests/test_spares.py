@@ -194,9 +194,11 @@ class Launchers:
         extra_env: dict[str, str] | None = None,
         recipe_args: tuple[str, ...] = (),
         endpoint: bool = True,
+        node_args: dict[int, tuple[str, ...]] | None = None,
     ) -> None:
         """`endpoint`: every launcher is given the rendezvous endpoint (else node rank 0
-        binds one and publishes it in the run directory, as in a job)."""
+        binds one and publishes it in the run directory, as in a job). `node_args`: more
+        launcher arguments of one node (after `launch_args`: the last of a kind wins)."""
         self.tmp, self.names = tmp_path, [f"n{r}" for r in range(nnodes)]
         self.run = RunDir(tmp_path / "run")
         self.ckpt = tmp_path / "ckpt"
@@ -232,6 +234,7 @@ class Launchers:
                         "--monitor-interval=0.2",
                         "--peer-timeout=3",
                         *launch_args,
+                        *(node_args or {}).get(node_rank, ()),
                         "--",
                         sys.executable,
                         str(RECIPE),

@@ -197,6 +197,48 @@ def test_a_hung_node_steps_out_and_a_spare_replaces_it_in_the_same_run(tmp_path)
     assert not list(nodes.run.recovery(0).glob(PEER_LOST_REPORTS))  # no loss timeout
 
 
+def test_of_two_non_batch_nodes_judging_a_hang_the_one_whose_rank_is_stopped_steps_out(
+    tmp_path,
+):
+    """The race of two nodes other than the batch host, forced: 3 active nodes + 1 spare,
+    node 1's rank stopped mid-training (a hang); node 2's rank, blocked in the all-reduce
+    on it, is judged hung by its launcher first (a running timeout of 3 s against node 1's
+    4 s). Before, node 2 stepped out (it judged first and may), and the hung node trained
+    on. Now each says what it saw (`hang-claim-<n>.json`: node 1's rank frozen, node 2's
+    running) and compares: node 1 steps out, node 2 waits for it, and the run ends with
+    the spare as an uninterrupted one."""
+    steps = 150
+    expected = reference_digest(tmp_path, steps, world=3)
+    slow = '{"step": 4, "compute": 4, "checkpointing": 5, "out_of_section": 4}'
+    nodes = Launchers(
+        tmp_path,
+        nnodes=4,
+        spare_nodes=1,
+        steps=steps,
+        launch_args=("--section-timeouts", slow),
+        node_args={2: ("--section-timeouts", HANG_TIMEOUTS)},  # it judges first
+    )
+    try:
+        nodes.wait_checkpoint(20)
+        assert sp.read_lease(nodes.run, 0, 1).role == sp.ACTIVE, nodes.logs()
+        os.kill(training_process(nodes.procs[1].pid), signal.SIGSTOP)
+        codes = [p.wait(timeout=240) for p in nodes.procs]
+        assert codes == [0, 0, 0, 0], nodes.logs()
+    finally:
+        nodes.close()
+    final = json.loads((nodes.ckpt / "final.json").read_text())
+    assert final["step"] == steps and final["digest"] == expected, nodes.logs()
+    assert not nodes.run.benched(0, 2).exists(), nodes.logs()  # the healthy node stayed
+    benched = json.loads(nodes.run.benched(0, 1).read_text())
+    assert benched["why"] == "hang" and benched["node"] == "n1", benched
+    claims = {r: json.loads(nodes.run.hang_claim(0, r).read_text()) for r in (1, 2)}
+    assert claims[1]["evidence"] == "frozen" and claims[2]["evidence"] == "running", claims
+    assert claims[2]["time"] < claims[1]["time"], claims  # node 2 judged first
+    assert node_report(nodes.run, 1)["outcome"] == "benched"
+    assert node_report(nodes.run, 2)["outcome"] == "finished"
+    assert node_report(nodes.run, 3)["role"] == sp.ACTIVE  # the spare took node 1's place
+
+
 def test_a_persistent_straggler_steps_out_and_a_spare_replaces_it(tmp_path):
     """Node 1 is made 4x slower from the start; with 1 s report windows, two of them make
     it persistent; its launcher steps out (why "straggler") and the spare trains on."""

@@ -434,6 +434,30 @@ def test_with_a_spare_the_job_runs_on_and_the_node_is_flagged():
     assert out[2].attempt.state is AttemptState.RUNNING and out[2].attempt.lost_nodes == ["n2"]
 
 
+@pytest.mark.parametrize(
+    "role, spares, left",
+    [
+        ("spare", 1, 0),  # an idle spare lost: none left
+        ("warm_spare", 2, 1),
+        ("active", 2, 1),
+    ],
+)
+def test_the_lost_nodes_event_says_its_role_and_the_spares_left(role, spares, left):
+    """The loss report's role (what the lost node's lease said) reaches the `node_lost`
+    event with the spares left after it: `status` and `report` tell a spare that restarted
+    no one from a swap."""
+    out = core.step(
+        attempt(),
+        info(JobState.RUNNING),
+        run(settings={"spare_nodes": spares}),
+        known(files=lost_files(lost_report(role=role))),
+        NOW,
+    )
+    (lost,) = [e for e in of(out, core.Event) if e.kind == "node_lost"]
+    assert (lost.data["role"], lost.data["spares_remaining"]) == (role, left)
+    assert lost.data["recovery"] == "spare"
+
+
 def test_the_batch_host_lost_needs_a_new_job_even_with_a_spare():
     out = core.step(
         attempt(),

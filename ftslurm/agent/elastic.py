@@ -40,6 +40,7 @@ from ftslurm.agent.heartbeat import (
 from ftslurm.agent.launch_io import (
     Stopped,
     cpu_seconds,
+    frozen,
     kill_ranks,
     pause_for_tests,
     rendezvous_closed,
@@ -47,14 +48,16 @@ from ftslurm.agent.launch_io import (
 from ftslurm.agent.peers import poll_interval
 from ftslurm.core.contract import EnvName, RunDir
 from ftslurm.core.contract.reports import (
+    HangClaim,
     HungNodeReport,
     HungRank,
+    Kind,
     RoundRecord,
     StragglerReport,
     TakeOver,
 )
 from ftslurm.core.settings import DEFAULT_RUNNING_S
-from ftslurm.runfiles import read_report, write_report
+from ftslurm.runfiles import read_report, read_reports, write_report
 
 log = logging.getLogger("ftslurm.launch")
 
@@ -340,17 +343,60 @@ class Agent(LocalElasticAgent):
 
     def on_hang(self, hang: core.Hang, pids: dict[int, int]) -> RunResult | None:
         spares = bool(self.node.cfg.spares) and self.node.run is not None
-        deadline = core.hang_deadline(time.monotonic())
+        mine = self.claim_hang(hang, pids.get(hang.local_rank)) if spares else None
+        started = time.monotonic()
+        due, deadline = core.claims_until(started), core.hang_deadline(started)
         while True:
             losses = self.read_losses() if spares else None
+            claims = self.read_claims(mine) if mine is not None else None
             left, now = self._remaining_restarts, time.monotonic()
             self.state, actions = core.on_hang(
-                self.state, hang, losses, left, now, deadline, live_ranks=self.live_ranks()
+                self.state,
+                hang,
+                losses,
+                left,
+                now,
+                deadline,
+                live_ranks=self.live_ranks(),
+                claims=claims,
+                claims_due=due,
             )
             ended = self.carry_out(actions, pids)
             if not any(isinstance(a, core.Wait) for a in actions):
                 return ended
             time.sleep(POLL_S)
+
+    def claim_hang(self, hang: core.Hang, pid: int | None) -> HangClaim | None:
+        """Say that a rank of this node hung, with whether it is frozen (`frozen`: a look
+        of half a second at its processes), for the other nodes that judge the same hang
+        (`RunDir.hang_claim`). None: it could not be said (then this node decides alone,
+        as the first to judge)."""
+        node = self.node
+        assert node.run is not None
+        claim = sp.hang_claim(
+            node_rank=node.cfg.node_rank,
+            node=node.node_name,
+            local_rank=hang.local_rank,
+            reason=hang.reason,
+            step=hang.step,
+            frozen=pid is not None and frozen(pid),
+            time=time.time(),
+            job_id=node.job,
+            attempt=node.attempt,
+        )
+        try:
+            write_report(node.run.hang_claim(node.attempt, node.cfg.node_rank), claim)
+        except OSError as exc:
+            log.warning("could not write this node's hang claim: %s", exc)
+            return None
+        log.info("local rank %d hung (%s): comparing claims", hang.local_rank, claim.evidence)
+        return claim
+
+    def read_claims(self, mine: HangClaim) -> dict[int, HangClaim]:
+        """The claims of the hang `mine` claims, this node's among them (`sp.same_hang`)."""
+        node = self.node
+        found: list[HangClaim] = read_reports(node.run, Kind.HANG_CLAIM, node.attempt)
+        return sp.same_hang({c.node_rank: c for c in found if c.node_rank is not None}, mine)
 
     # --------------------------------------------------------------------- reading
     def read_losses(self) -> core.Losses:

@@ -32,8 +32,15 @@ from ftslurm.agent import live_rules
 from ftslurm.agent import spare_rules as sp
 from ftslurm.agent.boot import STOPS
 from ftslurm.core.contract import NAMED_EXITS, ExitCode
+from ftslurm.core.contract.reports import (
+    HangClaim,
+    NodeHang,
+    NodeReport,
+    Outcome,
+    PeerLost,
+    parse,
+)
 from ftslurm.core.contract.reports import LauncherFailed as FailedLauncher
-from ftslurm.core.contract.reports import NodeHang, NodeReport, Outcome, PeerLost, parse
 from ftslurm.core.leases import Lease
 
 LOSS_CHECK_S = 1.0  # how often a launcher with spares reads the loss reports
@@ -558,8 +565,15 @@ def take_over_failed(state: LauncherState) -> tuple[LauncherState, tuple[Action,
 
 
 def hang_deadline(now: float) -> float:
-    """Until when a node with spares waits for a peer to step out or be lost."""
-    return now + sp.BENCH_WAIT_S
+    """Until when a node with spares waits for a peer to step out or be lost (after the
+    claims of the hang are compared, `claims_until`)."""
+    return claims_until(now) + sp.BENCH_WAIT_S
+
+
+def claims_until(now: float) -> float:
+    """Until when a node with spares that found a rank hung waits for the other nodes'
+    claims of the same hang before it decides who steps out (`sp.hang_culprit`)."""
+    return now + sp.HANG_CLAIM_WAIT_S
 
 
 def on_hang(
@@ -571,18 +585,30 @@ def on_hang(
     deadline: float,
     *,
     live_ranks: bool = False,
+    claims: Mapping[int, HangClaim] | None = None,
+    claims_due: float = 0.0,
 ) -> tuple[LauncherState, tuple[Action, ...]]:
     """A rank of this node hung. With spares (`losses` read): a peer that was lost or
     stepped out explains it (SWAP, or NEW_JOB when no spare is left); else this node steps
-    out when it may; else `Wait` until `deadline` for a peer to. Then (or without spares)
-    the ranks restart in place."""
+    out when it may and, with `claims` (node rank -> the claims of this hang, this node's
+    among them, `sp.same_hang`), once they are in (`claims_due`) only when they
+    point at it (`sp.hang_culprit`: a hung rank blocks its peers, whose launchers judge a
+    hang too); else `Wait` until `deadline` for a peer to. Then (or without spares) the
+    ranks restart in place."""
     said: tuple[Action, ...] = ()
     if losses is not None and state.cfg.spares and state.cfg.has_run:
         live = state.cfg.live and live_ranks
         state, action, said = on_losses(state, losses, live=live)
         if action is sp.Action.SWAP and live:  # a peer's loss; a warm spare takes it over
             return state, said
-        if action is sp.Action.NONE:
+        if action is sp.Action.NONE and claims is not None and now < claims_due:
+            return state, (*said, Wait())  # the other nodes' claims of this hang come
+        culprit = (
+            state.cfg.node_rank
+            if claims is None
+            else sp.hang_culprit(claims, losses.gone, state.cfg.spares)
+        )
+        if action is sp.Action.NONE and culprit == state.cfg.node_rank:
             reason = f"local rank {hang.local_rank} hung: {hang.reason}"
             state, out = _step_out(state, sp.HANG, reason, losses.gone, restarts_left)
             if out:

@@ -91,6 +91,50 @@ def cpu_seconds(pid: int) -> float | None:
     return total
 
 
+def _states(pid: int) -> dict[int, str]:
+    """The scheduling state (`/proc/<pid>/stat`'s third field: R, S, D, T, t, ...) of each
+    process below a rank's wrapper (the wrapper left out); empty when it is gone."""
+    out: dict[int, str] = {}
+    todo, seen = [pid], {pid}
+    while todo:
+        parent = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                kids = []
+            for kid in kids:
+                if kid in seen:
+                    continue
+                seen.add(kid)
+                todo.append(kid)
+                try:
+                    with open(f"/proc/{kid}/stat") as f:
+                        out[kid] = f.read().rsplit(")", 1)[-1].split()[0]
+                except (OSError, IndexError):
+                    pass
+    return out
+
+
+FROZEN_LOOK_S = 0.5  # how long a launcher looks at a hung rank's processes (`frozen`)
+
+
+def frozen(pid: int, look_s: float = FROZEN_LOOK_S) -> bool:
+    """Whether a rank judged hung is frozen: a process below its wrapper is stopped or
+    traced (T, t) at the end of a look of `look_s`, or in uninterruptible sleep (D, stuck in
+    the kernel) all through it. A frozen rank waits on no peer; one sleeping or running
+    may be blocked in a collective on another node's hung rank."""
+    before = _states(pid)
+    time.sleep(look_s)
+    after = _states(pid)
+    return any(s in ("T", "t") or (s == "D" and before.get(p) == "D") for p, s in after.items())
+
+
 def kill_ranks(pids: Any, wait_s: float = 10.0) -> None:
     """SIGKILL the ranks (their own children die with them) and wait until they are gone,
     so the next round never meets a straggling process of the last one."""

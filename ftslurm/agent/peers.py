@@ -32,7 +32,8 @@ node's rank) names the lost node (`lost_node_rank`, `lost_node`), when it was la
 (`last_heard`: the reporter's wall time of the read that last saw its counter change,
 null if never; `lease_time`: the wall time the lost node wrote in that lease), how long it
 has been silent (`silent_s`), the `peer_timeout_s`, and by whom (`reported_by`,
-`reported_by_node_rank`), with the report's `time`, `job_id` and `attempt`. The first
+`reported_by_node_rank`), with the report's `time`, `job_id` and `attempt`, and the lost
+node's `role` as its last lease said (a training node, an idle or a warm spare). The first
 launcher to judge a node lost writes it (atomically); a second one finds it there and
 leaves it. A launcher whose ranks failed waits before it exits until every node it
 watches has ended, been heard since (two new leases), or been judged lost (`settled`; at most
@@ -124,6 +125,7 @@ def loss_report(
         time=wall,
         job_id=job_id,
         attempt=attempt,
+        role=seen.lease.node_role() if isinstance(seen.lease, Lease) else None,
     )
 
 
@@ -155,6 +157,7 @@ class PeerWatch:
         self.lost: list[int] = []  # the peers this launcher judged lost, in order
         self.seq = 0
         self.role = role
+        self.warm = False  # a spare whose ranks wait warm (its lease says so)
         self.addr: str | None = None  # "host:port" of the listener, once it listens
         self._listen = listen
         self._listener: socket.socket | None = None
@@ -349,6 +352,13 @@ class PeerWatch:
             self.role = role
             self._write_lease(None)
 
+    def set_warm(self, warm: bool) -> None:
+        """Say in the lease whether this spare's ranks wait warm (at once), so that a loss
+        report tells a warm spare from an idle one."""
+        if warm != self.warm:
+            self.warm = warm
+            self._write_lease(None)
+
     def _write_lease(self, ended: str | None) -> None:
         with self._writing:
             self.seq += 1
@@ -361,6 +371,7 @@ class PeerWatch:
                 ended,
                 self.role,
                 self.addr,
+                self.warm,
             )
             path = self.run.peer_lease(self.attempt, self.node_rank)
             tmp = temp_path(path)

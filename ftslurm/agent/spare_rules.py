@@ -11,6 +11,9 @@ from typing import Any
 
 from ftslurm.core.contract.reports import (
     Benched,
+    HangClaim,
+    HangEvidence,
+    NodeRole,
     Outcome,
     PeerLost,
     RoundRecord,
@@ -20,7 +23,7 @@ from ftslurm.core.contract.reports import (
 from ftslurm.core.leases import Lease
 from ftslurm.core.recovery import Recovery, recovery
 
-ACTIVE, SPARE = "active", Outcome.SPARE.value  # a node's role; a spare's outcome too
+ACTIVE, SPARE = NodeRole.ACTIVE.value, NodeRole.SPARE.value  # a spare's outcome too
 # With spares, the rendezvous drops a participant whose keep-alive stopped after
 # KEEP_ALIVE_S x KEEP_ALIVE_MISSES seconds (torch's defaults: 5 x 3): the round that brings
 # in a spare waits on that.
@@ -32,6 +35,14 @@ BENCHED = Outcome.BENCHED.value
 # A node that finds its ranks hung but may not step out waits this long for a peer to step
 # out before it restarts its ranks in place (its ranks may be blocked on the peer's).
 BENCH_WAIT_S = 5.0
+# A node that finds a rank hung says so (`RunDir.hang_claim`) and waits this long for the
+# claims of the other nodes that judge the same hang (a hung rank blocks its peers in their
+# next collective, and their launchers judge a hang about as soon) before one steps out.
+HANG_CLAIM_WAIT_S = 2.0
+# Claims further apart than this (on the writers' wall clocks) are not of the same hang.
+HANG_CLAIM_WINDOW_S = 2 * HANG_CLAIM_WAIT_S + 1.0
+# How strongly a claim's evidence says its rank is the hang the others wait on.
+_EVIDENCE = {HangEvidence.FROZEN.value: 1, HangEvidence.RUNNING.value: 0}
 
 
 class Action(str, Enum):
@@ -117,6 +128,75 @@ def may_step_out(node_rank: int, gone: Collection[int], spare_nodes: int) -> boo
     attempt so far (`gone`) plus this one says SPARE. Never the batch host, never without a
     spare left."""
     return recovery({*gone, node_rank}, spare_nodes) is Recovery.SPARE
+
+
+def same_hang(claims: Mapping[int, HangClaim], mine: HangClaim) -> dict[int, HangClaim]:
+    """The claims of the hang `mine` claims (pure): node rank -> claim, for those written
+    within HANG_CLAIM_WINDOW_S of it (a node's file holds its latest claim; an older one is
+    an earlier hang's); this node's own claim among them."""
+    at = mine.time or 0.0
+    out = {
+        r: c
+        for r, c in claims.items()
+        if c.time is not None and abs(c.time - at) <= HANG_CLAIM_WINDOW_S
+    }
+    if mine.node_rank is not None:
+        out[mine.node_rank] = mine
+    return out
+
+
+def hang_culprit(
+    claims: Mapping[int, HangClaim], gone: Collection[int], spare_nodes: int
+) -> int | None:
+    """Which node steps out for a hang several launchers judged at once (pure). `claims`:
+    node rank -> its claim of this hang (`same_hang`). The strongest evidence points at
+    the hang the others wait on (a frozen rank waits on no peer; a running one may be
+    blocked in a collective on it); among those alike, the ranks at the lowest step when
+    the steps differ (the others went on to a later step's collective and wait there); of
+    those, the nodes that may step out (`may_step_out`: never the batch host, a spare
+    left). Exactly one: that node. None: none may (the batch host's rank is the one: every
+    node restarts its ranks in place, which clears it), or several remain alike (nothing
+    tells the hung node from the ones blocked on it: rather than a healthy node stepping
+    out, each restarts in place). Nodes already gone are left out."""
+    shown = {r: c for r, c in claims.items() if r not in gone}
+    if not shown:
+        return None
+    strength = {r: _EVIDENCE.get(str(c.evidence), 0) for r, c in shown.items()}
+    top = max(strength.values())
+    first = [r for r in sorted(shown) if strength[r] == top]
+    steps = [shown[r].step for r in first]
+    if all(s is not None for s in steps) and len(set(steps)) > 1:
+        low = min(s for s in steps if s is not None)
+        first = [r for r in first if shown[r].step == low]
+    may = [r for r in first if may_step_out(r, gone, spare_nodes)]
+    return may[0] if len(may) == 1 else None
+
+
+def hang_claim(
+    *,
+    node_rank: int,
+    node: str,
+    local_rank: int,
+    reason: str,
+    step: int | None,
+    frozen: bool,
+    time: float,
+    job_id: str,
+    attempt: int,
+) -> HangClaim:
+    """The content of `hang-claim-<n>.json` (pure)."""
+    evidence = HangEvidence.FROZEN if frozen else HangEvidence.RUNNING
+    return HangClaim(
+        node_rank=node_rank,
+        node=node,
+        local_rank=local_rank,
+        reason=reason,
+        step=step,
+        evidence=evidence.value,
+        time=time,
+        job_id=job_id,
+        attempt=attempt,
+    )
 
 
 def straggler_reason(

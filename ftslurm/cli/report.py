@@ -38,6 +38,7 @@ from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json
 from ftslurm.report.goodput import (
     CATEGORIES,
+    SPARE_LOST,
     AttemptFacts,
     CheckpointRecord,
     ComputeFacts,
@@ -195,13 +196,18 @@ def _losses_table(rep: GoodputReport) -> Table:
             Recovery.SPARE.value: "spare (in the job)",
             "requeue": "job requeued",
             "new_job": "new job",
+            SPARE_LOST: "nothing restarted (a waiting spare)",
         }.get(x.how or "", "none (yet)")
+        if x.how == SPARE_LOST:
+            back = "-"
+        else:
+            back = fmt(x.recovery_s) if x.recovered_at is not None else "not yet"
         table.add_row(
             str(x.attempt),
             x.node or "-",
             x.source,
             fmt(x.detection_s),
-            fmt(x.recovery_s) if x.recovered_at is not None else "not yet",
+            back,
             how,
         )
     for source, m in losses_by_source(rep.losses).items():

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ftslurm.core.contract.reports import NodeRole
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -37,6 +39,16 @@ class Lease:
     # "host:port" of the launcher's listening socket (a free port it chose): its watchers
     # connect there, and its death closes their connections; None: none (lease only)
     addr: str | None = None
+    # a spare whose ranks wait warm (live recovery: `ftslurm.agent.live`); False once they
+    # failed (it waits as an idle spare) and for every other node
+    warm: bool = False
+
+    def node_role(self) -> str | None:
+        """The node's role as a loss report gives it (`NodeRole`): a training node, an idle
+        spare or a warm one; None without spares (every node trains)."""
+        if self.role == NodeRole.SPARE.value and self.warm:
+            return NodeRole.WARM_SPARE.value
+        return self.role
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +60,7 @@ class Lease:
             "ended": self.ended,
             "role": self.role,
             "addr": self.addr,
+            "warm": self.warm,
         }
 
     @staticmethod
@@ -63,6 +76,7 @@ class Lease:
                 None if data.get("ended") is None else str(data["ended"]),
                 None if data.get("role") is None else str(data["role"]),
                 None if data.get("addr") is None else str(data["addr"]),
+                data.get("warm") is True,
             )
         except (TypeError, KeyError, ValueError):
             return None

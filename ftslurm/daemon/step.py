@@ -750,9 +750,10 @@ def _seconds(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
-def _lost_event(a: Attempt, loss: Loss, how: Recovery) -> Event:
-    """`node_lost` (a peer-loss report: where the detection came from and its latency) or
-    `node_benched`, with the recovery chosen."""
+def _lost_event(a: Attempt, loss: Loss, how: Recovery, spares: int) -> Event:
+    """`node_lost` (a peer-loss report: where the detection came from and its latency, and
+    the lost node's role: a spare still waiting restarts no one) or `node_benched`, with
+    the recovery chosen; `spares`: the spares left after every loss so far."""
     r = loss.report
     base = {
         "attempt": a.attempt,
@@ -779,6 +780,7 @@ def _lost_event(a: Attempt, loss: Loss, how: Recovery) -> Event:
             "last_heard": heard,
             "time": at,
             "detection_s": detection,
+            **({"role": r.role, "spares_remaining": spares} if r.role is not None else {}),
         },
     )
 
@@ -822,6 +824,7 @@ def _batch_host_silent(
             time=now,
             source=Source.DAEMON.value,
             attempt=a.attempt,
+            role=seen.lease.node_role() if isinstance(seen.lease, Lease) else None,
         ),
     )
 
@@ -888,7 +891,7 @@ def _lost(
     for g in new:  # a node flagged already (a straggler that then stepped out) keeps its flag:
         if settings.exclude_failed_nodes and g.node not in flagged:  # once, not a lemon's twice
             out.append(flag_node(g.node, _flag_why(g), facts.flags, now, settings))
-        out.append(_lost_event(a, g, how))
+        out.append(_lost_event(a, g, how, max(0, settings.spare_nodes - len(gone))))
     a = replace(a, lost_nodes=[*a.lost_nodes, *(g.node for g in new)])
     if how is Recovery.SPARE:
         return [*out, Record(a), Changed()]
@@ -1483,7 +1486,8 @@ def _gone_at_the_end(
             for g in gone
             if g.benched or g.unhealthy
         ]
-    return out + [_lost_event(a, g, Recovery.NEW_JOB) for g in gone]
+    left = max(0, settings.spare_nodes - len(gone))
+    return out + [_lost_event(a, g, Recovery.NEW_JOB, left) for g in gone]
 
 
 def _why(loss: Loss) -> str | None:

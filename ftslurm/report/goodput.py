@@ -76,7 +76,13 @@ from ftslurm.core.recovery import Recovery
 from ftslurm.core.settings import Cause
 from ftslurm.core.timefmt import format_duration
 from ftslurm.daemon.records import Attempt, Event, Run
-from ftslurm.report.notes import distinct_live, health_text, live_note, validation_text
+from ftslurm.report.notes import (
+    distinct_live,
+    health_text,
+    live_note,
+    spare_lost,
+    validation_text,
+)
 
 QUEUEING = "queueing"
 DETECTION = "detection"
@@ -190,9 +196,13 @@ class NodeLoss:
     recovered_at: float | None  # None: not (yet) running again
     recovery_s: float | None
     # How the run went on, as the attempts show it: "spare" (inside the job), "requeue"
-    # (the same job again: Slurm's requeue after NODE_FAIL), "new_job" (another job), or
-    # None while no next attempt exists (`recovery` is then the daemon's decision alone)
+    # (the same job again: Slurm's requeue after NODE_FAIL), "new_job" (another job),
+    # "spare_lost" (a spare still waiting was lost: nothing restarted, nothing to recover),
+    # or None while no next attempt exists (`recovery` is then the daemon's decision alone)
     how: str | None = None
+
+
+SPARE_LOST = "spare_lost"  # `NodeLoss.how` of a spare lost while it waited
 
 
 def recovered_how(attempts: Sequence[Attempt], lost_in: int, recovery: str) -> str | None:
@@ -235,7 +245,10 @@ def node_losses(
         at = d.get("time")
         detected = float(at) if isinstance(at, (int, float)) else e.time
         back: float | None = None
-        if d.get("recovery") == Recovery.SPARE:
+        waiting = spare_lost(d) is not None
+        if waiting:
+            back = None  # nothing stopped: nothing to come back
+        elif d.get("recovery") == Recovery.SPARE:
             starts = []
             for r in rounds.get(d["attempt"], ()):
                 start, first = r.started_at, r.first_step_at
@@ -255,7 +268,9 @@ def node_losses(
                 detection_s=float(took) if isinstance(took, (int, float)) else None,
                 recovered_at=back,
                 recovery_s=None if back is None else max(0.0, back - detected),
-                how=recovered_how(attempts, d["attempt"], str(d.get("recovery") or "new_job")),
+                how=SPARE_LOST
+                if waiting
+                else recovered_how(attempts, d["attempt"], str(d.get("recovery") or "new_job")),
             )
         )
     return tuple(out)
@@ -641,6 +656,9 @@ def _node_lost_text(d: Mapping[str, Any], k: int | None, attempts: Sequence[Atte
         if isinstance(d.get("detection_s"), (int, float))
         else ""
     )
+    waiting = spare_lost(d)
+    if waiting is not None:
+        return f"{d.get('node') or 'a node'} lost (seen by {who}{took}): {waiting}"
     recorded = str(d.get("recovery") or "new_job")
     went_on = recovered_how(attempts, k, recorded) if k is not None else None
     spare = recorded == Recovery.SPARE

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ftslurm.core.contract.reports import LiveRecovery, Outcome, RoundRecord, ValidationReport
+from ftslurm.core.contract.reports import (
+    LiveRecovery,
+    NodeRole,
+    Outcome,
+    RoundRecord,
+    ValidationReport,
+)
 from ftslurm.core.recovery import Recovery
 from ftslurm.core.types import JobState, NodeInfo, NodeState
 from ftslurm.daemon.records import Attempt
@@ -113,6 +119,26 @@ def lost_node_notes(
     return notes
 
 
+_SPARE_KIND = {NodeRole.SPARE.value: "idle", NodeRole.WARM_SPARE.value: "warm"}
+
+
+def spare_lost(d: Mapping[str, Any]) -> str | None:
+    """A `node_lost` event's words when the node lost was a spare still waiting (idle, or
+    its ranks warm): nothing restarted, the spares left ("warm spare lost: nothing
+    restarted, 1 spare left"); None for a node that trained (or an older record)."""
+    kind = _SPARE_KIND.get(str(d.get("role")))
+    if kind is None or d.get("recovery") != Recovery.SPARE:  # (a new job: said so)
+        return None
+    n = d.get("spares_remaining")
+    if not isinstance(n, int):
+        left = ""
+    elif n == 0:
+        left = ", no spare left"
+    else:
+        left = f", {n} spare{'s' if n > 1 else ''} left"
+    return f"{kind} spare lost: nothing restarted{left}"
+
+
 def recovery_notes(
     attempts: Sequence[Attempt],
     events: Sequence[Any],
@@ -120,8 +146,9 @@ def recovery_notes(
     now: float,
 ) -> list[str]:
     """What to say about the nodes lost in a run's latest two attempts and the recovery
-    under way: "n2 lost 21 s ago (peer report) → new job 45 queued", or "→ spare:
-    ranks restarted 4 s later". `events` are the run's `node_lost` (and other) events,
+    under way: "n2 lost 21 s ago (peer report) → new job 45 queued", "→ spare:
+    ranks restarted 4 s later", or for a spare still waiting "→ idle spare lost: nothing
+    restarted, 1 spare left". `events` are the run's `node_lost` (and other) events,
     `rounds` an attempt's in-job round records."""
     if not attempts:
         return []
@@ -138,7 +165,9 @@ def recovery_notes(
             str(d.get("source")), "peer report"
         )
         head = f"{d.get('node') or 'a node'} lost {fmt_age(max(0.0, now - at))} ago ({source})"
-        if d.get("recovery") == Recovery.SPARE:
+        if (waiting := spare_lost(d)) is not None:
+            tail = waiting
+        elif d.get("recovery") == Recovery.SPARE:
             starts = [s for r in rounds.get(k, ()) if (s := r.started_at) is not None and s >= at]
             tail = (
                 f"spare: ranks restarted {fmt_age(min(starts) - at)} later"

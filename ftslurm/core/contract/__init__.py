@@ -201,6 +201,7 @@ SHARING_MODES = {"private": (0o700, 0o600), "group": (0o750, 0o640)}
 RANK_REPORTS = "rank-*.json"  # in an attempt's folder (RunDir.attempt) or stragglers/
 NODE_REPORTS = "node-*.json"
 HUNG_NODE_REPORTS = "hung-node-*.json"
+HANG_CLAIMS = "hang-claim-*.json"  # RunDir.hang_claim
 # In an attempt's recovery folder (RunDir.recovery): what the daemon must see at once.
 PEER_LOST_REPORTS = "lost-*.json"  # RunDir.peer_lost
 ROUND_RECORDS = "round-*.json"  # RunDir.round_record
@@ -276,6 +277,12 @@ class RunDir:
     def hung_node(self, attempt: str | int, node_rank: int) -> Path:
         """The ranks a launcher found hung when it was told to stop."""
         return self.attempt(attempt) / f"hung-node-{node_rank}.json"
+
+    def hang_claim(self, attempt: str | int, node_rank: int) -> Path:
+        """A launcher with spares found a rank of its node hung: what it saw of the rank,
+        for the other launchers that judged the same hang to compare before one steps out
+        (`ftslurm.agent.spare_rules.hang_culprit`)."""
+        return self.attempt(attempt) / f"hang-claim-{node_rank}.json"
 
     def peer_lease(self, attempt: str | int, node_rank: int) -> Path:
         """The lease of node `node_rank`'s launcher (`ftslurm.agent.peers`): rewritten every
@@ -494,6 +501,8 @@ class EnvName(str, Enum):
     CHECKPOINT_SIGNAL = "FTSLURM_CHECKPOINT_SIGNAL"
     STRAGGLER_INTERVAL_S = "FTSLURM_STRAGGLER_INTERVAL_S"
     STRAGGLER_THRESHOLD = "FTSLURM_STRAGGLER_THRESHOLD"
+    # the threshold once the ranks recover live with a replicated state (unset: the same)
+    STRAGGLER_THRESHOLD_LIVE = "FTSLURM_STRAGGLER_THRESHOLD_LIVE"
     STRAGGLER_WINDOWS = "FTSLURM_STRAGGLER_WINDOWS"
     STRAGGLER_REFERENCE = "FTSLURM_STRAGGLER_REFERENCE"
     INJECT = "FTSLURM_INJECT"  # in-job fault injections (`ftslurm.core.inject.env_value`)
@@ -608,6 +617,12 @@ class JobEnv(BaseModel):
     )
     straggler_threshold: float = Field(
         DEFAULT_STRAGGLER_THRESHOLD, gt=0, le=1, **_alias(EnvName.STRAGGLER_THRESHOLD)
+    )
+    # once rank 0 says the ranks recover live with a replicated state (`progress.json`'s
+    # `live_recovery`); None: `straggler_threshold` all along
+    # (`ftslurm.core.settings.straggler_threshold_now`)
+    straggler_threshold_live: float | None = Field(
+        None, gt=0, le=1, **_alias(EnvName.STRAGGLER_THRESHOLD_LIVE)
     )
     straggler_windows: int = Field(
         DEFAULT_STRAGGLER_WINDOWS, ge=1, **_alias(EnvName.STRAGGLER_WINDOWS)

@@ -3,7 +3,8 @@ frozen models, and the outcomes they speak of (pure).
 
 One model per shared file of a run's directory (`RunDir`): a rank report
 (`attempts/<k>/rank-<r>.json`), a node report (`node-<n>.json`), the ranks a launcher found
-hung at the stop (`hung-node-<n>.json`), the recovery folder's peer-loss reports
+hung at the stop (`hung-node-<n>.json`), the claims of a hang launchers with spares
+compare (`hang-claim-<n>.json`), the recovery folder's peer-loss reports
 (`lost-<n>.json`), in-job round records (`round-<r>.json`), bench records
 (`benched-<n>.json`), failed launchers (`launcher-failed-<n>.json`) and failed health
 checks (`unhealthy-<n>.json`), `progress.json`, the straggler report and a rank's straggler
@@ -27,6 +28,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, Valida
 
 from ftslurm.core.contract import (
     BENCHED_RECORDS,
+    HANG_CLAIMS,
     HUNG_NODE_REPORTS,
     LAUNCHER_FAILED_REPORTS,
     LIVE_RECORDS,
@@ -65,6 +67,21 @@ class Outcome(str, Enum):
 # The outcomes of the launchers of nodes not training at the end (`ftslurm.agent.spares`):
 # a spare never needed, and a node that stepped out so a spare took its place.
 OUT_OF_TRAINING = frozenset({Outcome.SPARE, Outcome.BENCHED})
+
+
+class NodeRole(str, Enum):
+    """A node's part in a job with hot spares: what its lease says (`Lease.role`) and what a
+    loss report says of the lost node (`PeerLost.role`)."""
+
+    ACTIVE = "active"  # it trains (a spare that took a node over too)
+    SPARE = Outcome.SPARE.value  # an idle spare: it waits to join the training
+    # a spare whose ranks wait warm to take a lost node's over (live recovery); a lease says
+    # it as `spare` with `warm` (a loss report as this role)
+    WARM_SPARE = "warm_spare"
+
+
+# The roles of a spare still waiting: its loss restarts no one, it takes a spare away.
+WAITING_SPARES = frozenset({NodeRole.SPARE, NodeRole.WARM_SPARE})
 # Endings that leave the training's state saved (with every other rank clean).
 SAVED = frozenset({Outcome.CHECKPOINTED, Outcome.TEARDOWN_FAILED})
 # Endings a run goes on from cleanly (`ftslurm report`'s clean end, `policy.classify`).
@@ -239,6 +256,10 @@ class PeerLost(Report):
     job_id: JobId = None
     attempt: int | None = None
     source: str | None = None  # `ftslurm.core.recovery.Source`; a launcher's: left out
+    # the lost node's role as its last lease said (`NodeRole`): a training node, or a spare
+    # still waiting (idle or warm), whose loss restarts no one; None: a job without spares,
+    # or an older writer
+    role: str | None = None
 
 
 class RoundRecord(Report):
@@ -313,6 +334,32 @@ class Benched(Report):
     node: str | None = None
     why: str | None = None  # "hang", "straggler"
     reason: str | None = None
+    time: float | None = None
+    job_id: JobId = None
+    attempt: int | None = None
+
+
+class HangEvidence(str, Enum):
+    """What a launcher saw of a rank it judged hung (`HangClaim.evidence`)."""
+
+    # stopped or traced, or stuck in the kernel (uninterruptible) for the whole look: it
+    # waits on no peer, so it is the hang the others' ranks wait on
+    FROZEN = "frozen"
+    # sleeping or running: it may be waiting in a collective on another node's hung rank
+    RUNNING = "running"
+
+
+class HangClaim(Report):
+    """`attempts/<k>/hang-claim-<n>.json`: a launcher with spares found a rank of its node
+    hung. A hung rank blocks its peers in their next collective, so their launchers judge a
+    hang too: before any steps out they compare these (`spare_rules.hang_culprit`)."""
+
+    node_rank: int | None = None
+    node: str | None = None
+    local_rank: int | None = None
+    reason: str | None = None
+    step: int | None = None
+    evidence: str | None = None  # `HangEvidence`
     time: float | None = None
     job_id: JobId = None
     attempt: int | None = None
@@ -474,6 +521,7 @@ class Kind(Enum):
     RANK = ("attempt", RANK_REPORTS, RankReport)
     NODE = ("attempt", NODE_REPORTS, NodeReport)
     HUNG_NODE = ("attempt", HUNG_NODE_REPORTS, HungNodeReport)
+    HANG_CLAIM = ("attempt", HANG_CLAIMS, HangClaim)
     PEER_LOST = ("recovery", PEER_LOST_REPORTS, PeerLost)
     ROUND = ("recovery", ROUND_RECORDS, RoundRecord)
     BENCHED = ("recovery", BENCHED_RECORDS, Benched)
