@@ -417,12 +417,7 @@ from ftslurm.core.contract.reports import (
     StragglerScore,
 )
 from ftslurm.core.recovery import Recovery, recovery
-from ftslurm.core.settings import (
-    Cause,
-    FtSettings,
-    straggler_threshold,
-    straggler_threshold_now,
-)
+from ftslurm.core.settings import Cause, FtSettings, straggler_threshold
 from ftslurm.core.timefmt import format_limit_exact
 from ftslurm.core.types import JobOptions, JobState
 from ftslurm.daemon import policy as ftpolicy
@@ -1963,13 +1958,7 @@ class Campaign:
         if alloc != self.alloc_serial or not slow or not self._running(node):
             return
         score = 1.0 / max(slow)
-        env = self._job_env()  # the rule's thresholds, through the daemon; the live one
-        # once rank 0 said the ranks recover live with a replicated state (as `_progress`)
-        threshold = straggler_threshold_now(
-            env.straggler_threshold,
-            env.straggler_threshold_live,
-            replicated=self.pol.live and not self.pol.sharded,
-        )
+        threshold = self._job_env().straggler_threshold  # the rule's, through the daemon
         if score >= threshold:
             return  # not slow enough to score below the threshold
         attempt = self._attempt()

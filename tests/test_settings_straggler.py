@@ -15,7 +15,6 @@ from ftslurm.core.settings import (
     FtSettings,
     straggler_move_threshold,
     straggler_threshold,
-    straggler_threshold_now,
 )
 from ftslurm.daemon.policy import Budget, straggler_move, straggler_scores
 from ftslurm.daemon.submission import build_attempt
@@ -58,114 +57,56 @@ def _job_env(script: str) -> JobEnv:
 _SPEC = job_spec(nodes=3, spare_nodes=1)
 
 
-D, L = DEFAULT_STRAGGLER_THRESHOLD, LIVE_STRAGGLER_THRESHOLD
-
-
 @pytest.mark.parametrize(
     ("settings", "expected"),
     [
-        pytest.param({"spare_nodes": 1}, (D, None), id="spares"),
-        pytest.param({"spare_nodes": 1, "live_recovery": True}, (D, L), id="live"),
+        pytest.param({"spare_nodes": 1}, DEFAULT_STRAGGLER_THRESHOLD, id="spares"),
+        pytest.param(
+            {"spare_nodes": 1, "live_recovery": True}, LIVE_STRAGGLER_THRESHOLD, id="live"
+        ),
         pytest.param(
             {"spare_nodes": 1, "live_recovery": True, "straggler_threshold": 0.75},
-            (0.75, None),
+            0.75,
             id="live-set-back",
         ),
         pytest.param(
             {"spare_nodes": 2, "live_recovery": True, "straggler_threshold": 0.8},
-            (0.8, None),
+            0.8,
             id="live-set",
         ),
         pytest.param(
-            {"spare_nodes": 1, "live_recovery": True, "straggler_threshold": 0.9},
-            (0.9, None),  # set: 0.9 for a sharded state too
-            id="live-set-0.9",
-        ),
-        pytest.param(
             {"spare_nodes": 2, "live_recovery": True, "use_launcher": False},
-            (D, None),
+            DEFAULT_STRAGGLER_THRESHOLD,
             id="no-launcher",
         ),
     ],
 )
-def test_the_job_gets_the_rules_thresholds(
-    settings: dict[str, Any], expected: tuple[float, float | None]
-) -> None:
-    """What the launchers score with is what the daemon rendered into the job: today's
-    threshold, and the live one for once the ranks recover live with a replicated state."""
+def test_the_job_gets_the_rules_threshold(settings: dict[str, Any], expected: float) -> None:
+    """What the launchers score with is what the daemon rendered into the job."""
     stored = FtSettings(**settings).model_dump(mode="json")
     script, _ = build_attempt("r1", _SPEC, stored, 0, ())
-    env = _job_env(script)
-    assert (env.straggler_threshold, env.straggler_threshold_live) == expected
-
-
-@pytest.mark.parametrize(
-    ("base", "live", "replicated", "expected"),
-    [
-        pytest.param(D, L, True, L, id="replicated-state-attached"),
-        pytest.param(D, L, False, D, id="sharded-or-not-yet-attached"),
-        pytest.param(D, None, True, D, id="no-live-threshold"),
-        pytest.param(0.8, None, True, 0.8, id="set-by-the-run"),
-        pytest.param(0.8, None, False, 0.8, id="set-by-the-run-sharded"),
-    ],
-)
-def test_the_live_threshold_applies_once_a_replicated_state_is_attached(
-    base: float, live: float | None, replicated: bool, expected: float
-) -> None:
-    """A sharded state (`attach(replicated=False)`) is not said to recover live (rank 0's
-    `progress.live_recovery`): its straggler's step-out restarts every rank, so it keeps
-    today's threshold, as does a run before its state is attached."""
-    assert straggler_threshold_now(base, live, replicated=replicated) == expected
-
-
-@pytest.mark.parametrize(
-    ("progress", "expected"),
-    [
-        pytest.param(None, D, id="no-progress-yet"),
-        pytest.param({"step": 5}, D, id="sharded-or-not-attached"),
-        pytest.param({"step": 5, "live_recovery": True}, L, id="replicated"),
-    ],
-)
-def test_node_0s_collector_scores_with_the_threshold_progress_calls_for(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, progress: Any, expected: float
-) -> None:
-    """The launcher's shell: the collector reads rank 0's word in `progress.json` at each
-    collection and scores with the threshold it calls for."""
-    from ftslurm.agent import launch
-    from ftslurm.core.contract import RunDir
-    from ftslurm.fsutil import write_json_atomic
-
-    used: list[float] = []
-    monkeypatch.setattr(
-        launch, "collect_report", lambda *a, threshold, **k: used.append(threshold) or {}
-    )
-    if progress is not None:
-        write_json_atomic(RunDir(tmp_path).progress, progress)
-    env = JobEnv(straggler_threshold=D, straggler_threshold_live=L)
-    launch.straggler_collector(tmp_path, env)()
-    assert used == [expected]
+    assert _job_env(script).straggler_threshold == expected
 
 
 @pytest.mark.parametrize(
     ("stored", "expected"),
     [
-        pytest.param({}, (D, None), id="nothing-stored"),
+        pytest.param({}, DEFAULT_STRAGGLER_THRESHOLD, id="nothing-stored"),
         pytest.param(
             {"spare_nodes": 1, "live_recovery": True, "straggler_threshold": 0.75},
-            (0.75, None),
+            0.75,
             id="a-run-stored-before-the-rule",
         ),
-        pytest.param({"spare_nodes": 1, "live_recovery": True}, (D, L), id="no-key"),
+        pytest.param(
+            {"spare_nodes": 1, "live_recovery": True}, LIVE_STRAGGLER_THRESHOLD, id="no-key"
+        ),
     ],
 )
-def test_a_stored_runs_settings_keep_what_they_say(
-    stored: dict[str, Any], expected: tuple[float, float | None]
-) -> None:
+def test_a_stored_runs_settings_keep_what_they_say(stored: dict[str, Any], expected: float) -> None:
     """A run stored before the rule holds the old default 0.75 explicitly and keeps it; a
-    settings mapping without the key gets the rule's values."""
+    settings mapping without the key gets the rule's value."""
     script, _ = build_attempt("r1", _SPEC, stored, 0, ())
-    env = _job_env(script)
-    assert (env.straggler_threshold, env.straggler_threshold_live) == expected
+    assert _job_env(script).straggler_threshold == expected
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,6 @@ from ftslurm.core.contract.reports import (
     LiveRecovery,
     NodeReport,
     Outcome,
-    Progress,
     RankReport,
     Report,
     StopRecord,
@@ -115,7 +114,6 @@ from ftslurm.core.settings import (
     DEFAULT_SECTION_S,
     DEFAULT_WARMUP_STEPS,
     RECOVERY_SECTION,
-    straggler_threshold_now,
 )
 from ftslurm.errors import ConfigError
 from ftslurm.fsutil import read_json, write_json_atomic
@@ -1095,24 +1093,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def straggler_collector(run_dir: Path, env: JobEnv) -> Callable[[], None]:
     """Scores the ranks' published step times into the run's straggler report (the launcher
-    on node 0 calls it twice per report interval); the daemon reads the report. The
-    threshold is the live one once rank 0 said the ranks recover live with a replicated
-    state (`straggler_threshold_now`)."""
+    on node 0 calls it twice per report interval); the daemon reads the report."""
     options = {
+        "threshold": env.straggler_threshold,
         "persistent_windows": env.straggler_windows,
         "reference": env.straggler_reference,
     }
-    live = env.straggler_threshold_live
-    run = RunDir(run_dir)
 
     def collect() -> None:
-        replicated = False
-        if live is not None:
-            progress = read_report(run.progress, Progress)
-            replicated = progress is not None and progress.live_recovery is True
-        threshold = straggler_threshold_now(env.straggler_threshold, live, replicated=replicated)
         try:
-            report = collect_report(run_dir, threshold=threshold, **options)
+            report = collect_report(run_dir, **options)
         except (OSError, ValueError) as exc:  # never let scoring stop the training
             log.warning("straggler report failed: %s", exc)
             return

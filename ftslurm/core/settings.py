@@ -281,27 +281,12 @@ def straggler_threshold(threshold: float | None, *, live_recovery: bool, spare_n
     (`live_recovery`) with hot spares (`spare_nodes` > 0): a straggler then steps out to a
     warm spare for about a second; DEFAULT_STRAGGLER_THRESHOLD (0.75) for any other run
     (acting costs a restart of every rank or a move of the job). Pure; the daemon passes
-    the result to the job at every submission: the live value as
-    `FTSLURM_STRAGGLER_THRESHOLD_LIVE`, which node 0's launcher scores with only once a
-    replicated state is attached (`straggler_threshold_now`), and the value without live
-    recovery as `FTSLURM_STRAGGLER_THRESHOLD`."""
+    the result to the job (`FTSLURM_STRAGGLER_THRESHOLD`) at every submission."""
     if threshold is not None:
         return threshold
     if live_recovery and spare_nodes > 0:
         return LIVE_STRAGGLER_THRESHOLD
     return DEFAULT_STRAGGLER_THRESHOLD
-
-
-def straggler_threshold_now(base: float, live: float | None, *, replicated: bool) -> float:
-    """The threshold node 0's launcher scores a window with (pure): `live` (the job's
-    `FTSLURM_STRAGGLER_THRESHOLD_LIVE`, what `straggler_threshold` gives a run that recovers
-    live with spares) once rank 0 said the ranks recover live with a replicated state
-    attached (`Progress.live_recovery`); `base` (the run's threshold without live recovery)
-    before that, and all along for a sharded state (`attach(replicated=False)`), whose
-    straggler's step-out restarts every rank from the memory tier or the disk: the cost
-    today's threshold is set for. No `live` (a threshold the run set, no spares, no live
-    recovery, a job submitted before the rule): `base`."""
-    return live if live is not None and replicated else base
 
 
 def straggler_move_threshold(threshold: float | None) -> float:

@@ -247,19 +247,12 @@ def _job_env(
         if health != HealthConfig():  # the defaults apply where the launcher parses it
             given["health"] = health
     # None (the default): the threshold follows whether a straggler can step out to a warm
-    # spare (`ftslurm.core.settings.straggler_threshold`, the one rule); the live one
-    # applies once the ranks recover live with a replicated state (a sharded state's
-    # step-out restarts every rank: `straggler_threshold_now`, node 0's launcher)
-    given["straggler_threshold"] = base = straggler_threshold(
-        settings.get("straggler_threshold"), live_recovery=False, spare_nodes=spares
-    )
-    live = straggler_threshold(
+    # spare (`ftslurm.core.settings.straggler_threshold`, the one rule)
+    given["straggler_threshold"] = straggler_threshold(
         settings.get("straggler_threshold"),
         live_recovery=launcher and bool(settings.get("live_recovery")),
         spare_nodes=spares,
     )
-    if live != base:
-        given["straggler_threshold_live"] = live
     return JobEnv(
         run_id=run_id,
         run_dir=spec["run_dir"],

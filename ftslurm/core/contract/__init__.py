@@ -501,8 +501,6 @@ class EnvName(str, Enum):
     CHECKPOINT_SIGNAL = "FTSLURM_CHECKPOINT_SIGNAL"
     STRAGGLER_INTERVAL_S = "FTSLURM_STRAGGLER_INTERVAL_S"
     STRAGGLER_THRESHOLD = "FTSLURM_STRAGGLER_THRESHOLD"
-    # the threshold once the ranks recover live with a replicated state (unset: the same)
-    STRAGGLER_THRESHOLD_LIVE = "FTSLURM_STRAGGLER_THRESHOLD_LIVE"
     STRAGGLER_WINDOWS = "FTSLURM_STRAGGLER_WINDOWS"
     STRAGGLER_REFERENCE = "FTSLURM_STRAGGLER_REFERENCE"
     INJECT = "FTSLURM_INJECT"  # in-job fault injections (`ftslurm.core.inject.env_value`)
@@ -617,12 +615,6 @@ class JobEnv(BaseModel):
     )
     straggler_threshold: float = Field(
         DEFAULT_STRAGGLER_THRESHOLD, gt=0, le=1, **_alias(EnvName.STRAGGLER_THRESHOLD)
-    )
-    # once rank 0 says the ranks recover live with a replicated state (`progress.json`'s
-    # `live_recovery`); None: `straggler_threshold` all along
-    # (`ftslurm.core.settings.straggler_threshold_now`)
-    straggler_threshold_live: float | None = Field(
-        None, gt=0, le=1, **_alias(EnvName.STRAGGLER_THRESHOLD_LIVE)
     )
     straggler_windows: int = Field(
         DEFAULT_STRAGGLER_WINDOWS, ge=1, **_alias(EnvName.STRAGGLER_WINDOWS)
