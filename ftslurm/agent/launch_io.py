@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ftslurm.procutil import pid_alive
@@ -58,43 +59,10 @@ def pause_for_tests(phase: str) -> None:
         os.close(wake)
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """CPU seconds used by the processes below a rank's wrapper (the training script and
-    its children; the wrapper itself polls and is left out), or None when it is gone."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total, seen, todo = 0.0, {pid}, [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            threads = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            if parent == pid:
-                return None
-            continue
-        for tid in threads:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except OSError:
-                kids = []
-            for kid in kids:
-                if kid in seen:
-                    continue
-                seen.add(kid)
-                todo.append(kid)
-                try:
-                    with open(f"/proc/{kid}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[-1].split()
-                    total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-                except (OSError, IndexError, ValueError):
-                    pass
-    return total
-
-
-def _states(pid: int) -> dict[int, str]:
-    """The scheduling state (`/proc/<pid>/stat`'s third field: R, S, D, T, t, ...) of each
-    process below a rank's wrapper (the wrapper left out); empty when it is gone."""
-    out: dict[int, str] = {}
+def _below(pid: int) -> Iterator[tuple[int, list[str]]]:
+    """Each process below `pid` (left out itself), with the fields of its `/proc/<pid>/stat`
+    after the command name ([] when it could not be read: it just ended); nothing when
+    `pid` is gone."""
     todo, seen = [pid], {pid}
     while todo:
         parent = todo.pop()
@@ -115,10 +83,30 @@ def _states(pid: int) -> dict[int, str]:
                 todo.append(kid)
                 try:
                     with open(f"/proc/{kid}/stat") as f:
-                        out[kid] = f.read().rsplit(")", 1)[-1].split()[0]
-                except (OSError, IndexError):
-                    pass
-    return out
+                        yield kid, f.read().rsplit(")", 1)[-1].split()
+                except OSError:
+                    yield kid, []
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds used by the processes below a rank's wrapper (the training script and
+    its children; the wrapper itself polls and is left out), or None when it is gone."""
+    if not os.path.exists(f"/proc/{pid}/task"):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for _kid, fields in _below(pid):
+        try:
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (IndexError, ValueError):
+            pass
+    return total
+
+
+def _states(pid: int) -> dict[int, str]:
+    """The scheduling state (`/proc/<pid>/stat`'s third field: R, S, D, T, t, ...) of each
+    process below a rank's wrapper (the wrapper left out); empty when it is gone."""
+    return {kid: fields[0] for kid, fields in _below(pid) if fields}
 
 
 FROZEN_LOOK_S = 0.5  # how long a launcher looks at a hung rank's processes (`frozen`)
