@@ -836,3 +836,22 @@ def test_on_the_mock_a_straggler_steps_out_to_a_warm_spare(tmp_path):
             straggler_threshold=0.75,  # the slowed ranks score about 0.6
         )
     assert final == {"step": MOCK_STEPS, "digest": expected}
+
+
+def test_a_transient_result_and_a_crashed_rank_in_one_live_run_end_bit_identical(
+    tmp_path, reference, monkeypatch
+):
+    """Result validation inside a live group (issue 30 on top of issue 28): rank 1's first
+    validated loss is a NaN (injected, transient) and is re-run in place by every rank, and
+    rank 2 later fails and is restarted alone; the run ends with the uninterrupted run's
+    parameters. The restarted rank starts its validation afresh (its spike statistic empty)
+    and the group still agrees on every step."""
+    monkeypatch.setenv(EnvName.INJECT.value, "nan@0:1")
+    ranks = Ranks(tmp_path, "--validate", "--fail-at-step", "25", "--fail-rank", "2")
+    codes = ranks.run()
+    logs = ranks.logs()
+    assert codes == dict.fromkeys(range(WORLD), 0), logs
+    assert ranks.restarted == [2], logs
+    assert "injected nan@0:1 on rank 1" in logs, logs
+    assert "re-run in place" in logs and ": transient" in logs, logs
+    assert ranks.final() == reference
