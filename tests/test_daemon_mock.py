@@ -99,17 +99,20 @@ def test_wall_limit_after_a_checkpoint_continues_from_that_step(cli, tmp_path):
     out = cli.submit(
         "--dry-run",
         "-t",
-        "0:12",
+        "0:30",
         "--preempt-time",
-        "6",
+        "10",
         "--retries",
         "0",
         str(train),
         "--",
-        "150",
+        "300",
         "0.1",
         "1000",
     )
+    # 30 s of steps against 20 s an attempt before the signal, less each attempt's start
+    # (the launcher's and the rank's imports: up to 6 s under a load of 8 on 2 cores, where
+    # a 12 s limit left the steps about one second an attempt)
     s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert s["continuations"] >= 1 and s["job_retries_used"] == 0
@@ -119,7 +122,7 @@ def test_wall_limit_after_a_checkpoint_continues_from_that_step(cli, tmp_path):
         (tmp_path / "home" / "runs" / out["run_id"] / "progress.json").read_text()
     )
     assert "starts at step 0" not in log  # the continuation resumed from the checkpoint
-    assert step["finished"] is True and step["step"] == 150
+    assert step["finished"] is True and step["step"] == 300
 
 
 # A plain script: no signal handler; it keeps its own progress in a file and resumes from it.
