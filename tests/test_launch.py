@@ -1036,3 +1036,29 @@ def test_a_rank_whose_process_is_stopped_is_frozen_and_one_that_sleeps_is_not():
             os.kill(pid, signal.SIGKILL)
         wrapper.kill()
         wrapper.wait()
+
+
+def test_a_wrappers_own_start_counts_as_the_ranks_cpu_until_the_script_runs():
+    """`launch_io.cpu_seconds`, by which a rank without heartbeats is judged hung: while
+    the wrapper has not started the script yet (its own Python start, slow under load),
+    its own CPU counts, so a tight running limit does not judge a starting rank hung; once
+    the script runs, only the processes below it count (the wrapper's polling does not)."""
+    from ftslurm.agent.launch_io import cpu_seconds
+
+    from .conftest import wait_for
+
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+    alone = subprocess.Popen([sys.executable, "-c", busy + "time.sleep(30)"])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\ntime.sleep(0.3)\n"
+         f"subprocess.run([sys.executable, '-c', {busy + 'time.sleep(30)'!r}])"]
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (cpu_seconds(alone.pid) or 0) >= 0.5, 30, "the busy process's CPU")
+        # the parent's script below it: its CPU, not the parent's start
+        wait_for(lambda: (cpu_seconds(parent.pid) or 0) >= 0.5, 30, "the script's CPU")
+    finally:
+        for p in (alone, parent):
+            p.kill()
+            p.wait()
+    assert cpu_seconds(alone.pid) is None

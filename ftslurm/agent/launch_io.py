@@ -90,12 +90,19 @@ def _below(pid: int) -> Iterator[tuple[int, list[str]]]:
 
 def cpu_seconds(pid: int) -> float | None:
     """CPU seconds used by the processes below a rank's wrapper (the training script and
-    its children; the wrapper itself polls and is left out), or None when it is gone."""
-    if not os.path.exists(f"/proc/{pid}/task"):
+    its children; the wrapper itself polls and is left out once they run), or None when it
+    is gone. Until the wrapper has started the script, its own: its start (Python and its
+    imports) is the rank's start, and under load it can take more than a tight running
+    limit, which a rank using no CPU at all would be judged hung by."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            own = f.read().rsplit(")", 1)[-1].split()
+    except OSError:
         return None
     tick = os.sysconf("SC_CLK_TCK")
+    below = list(_below(pid))
     total = 0.0
-    for _kid, fields in _below(pid):
+    for fields in [fields for _kid, fields in below] if below else [own]:
         try:
             total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         except (IndexError, ValueError):
