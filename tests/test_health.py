@@ -129,10 +129,14 @@ def test_node_dirs_name_the_node():
 
 
 # ------------------------------------------------------------------------ the shell
-def _check(tmp_path: Path, environ: dict | None = None, **config) -> hc.Health:
+def _check(
+    tmp_path: Path, environ: dict | None = None, folder: Path | None = None, **config
+) -> hc.Health:
+    """One node's checks of a 1-node job; `folder`: its checkpoint directory (default
+    `tmp_path / "ckpt"`)."""
     return hc.run_checks(
         HealthConfig(**config),
-        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_dir=str(folder if folder is not None else tmp_path / "ckpt"),
         node="n1",
         node_rank=0,
         nnodes=1,
@@ -160,17 +164,7 @@ def test_a_healthy_machine_passes_with_the_defaults_within_the_bound(tmp_path):
 def test_a_checkpoint_directory_that_cannot_be_made_fails_the_node(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")  # unwritable for root too
-    health = hc.run_checks(
-        HealthConfig(),
-        checkpoint_dir=str(blocker / "ckpt"),
-        node="n1",
-        node_rank=0,
-        nnodes=1,
-        job="1",
-        attempt=0,
-        run=None,
-        environ={},
-    )
+    health = _check(tmp_path, folder=blocker / "ckpt")
     assert health.failure is not None and health.failure.check is Check.CHECKPOINT_DIR
     assert str(blocker / "ckpt") in health.failure.detail
 
@@ -434,17 +428,7 @@ def test_a_job_that_asked_for_a_gpu_fails_on_a_node_without_one(tmp_path, monkey
     monkeypatch.setattr(hc, "GPU_PROBE_S", 300.0)
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    health = hc.run_checks(
-        HealthConfig(),
-        checkpoint_dir=str(tmp_path),
-        node="n1",
-        node_rank=0,
-        nnodes=1,
-        job="1",
-        attempt=0,
-        run=None,
-        environ={"SLURM_GPUS_ON_NODE": "1"},
-    )
+    health = _check(tmp_path, {"SLURM_GPUS_ON_NODE": "1"}, folder=tmp_path)
     assert health.failure is not None and health.failure.check is Check.GPU
     assert health.failure.detail == "0 GPU(s) usable, the job asked for 1"
 
