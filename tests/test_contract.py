@@ -329,3 +329,10 @@ def test_the_launcher_refuses_a_bad_variable_in_one_line(
             "parse string as an integer"
         )
     )
+
+
+def test_a_heartbeat_folders_name_gives_its_launchers_pid():
+    name = HeartbeatDir.for_launcher("/tmp", "77_3", 1, 4242).root.name + "-k2_x9q"
+    assert HeartbeatDir.launcher_pid(name) == 4242
+    for other in ("ftslurm-hb-77-1-x-abc", "ftslurm-hb-77", "tmpabc", "ftslurm-hb-"):
+        assert HeartbeatDir.launcher_pid(other) is None, other

@@ -29,7 +29,7 @@ from ftslurm.agent.heartbeat import (
     read_beat,
     watch_cpu,
 )
-from ftslurm.core.contract import EnvName, ExitCode
+from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir
 
 TRAIN = r"""
 import json, os, signal, sys, time
@@ -1062,3 +1062,30 @@ def test_a_wrappers_own_start_counts_as_the_ranks_cpu_until_the_script_runs():
             p.kill()
             p.wait()
     assert cpu_seconds(alone.pid) is None
+
+
+def test_a_killed_launchers_folder_is_removed_by_the_next_launcher_and_no_other(tmp_path):
+    """A launcher killed with SIGKILL leaves its node-local folder behind; the next launcher
+    of the same user on the node removes it, but not one whose launcher still runs (held
+    with SIGSTOP too) nor another kind of folder."""
+    tmp = tmp_path / "node-tmp"
+    tmp.mkdir()
+    dead = subprocess.Popen(["sleep", "60"])
+    dead.kill()
+    dead.wait()
+    held = subprocess.Popen(["sleep", "60"])
+    os.kill(held.pid, signal.SIGSTOP)
+    try:
+        left = tmp / f"{HeartbeatDir.for_launcher(tmp, '77', 1, dead.pid).root.name}-ab_c9"
+        running = tmp / f"{HeartbeatDir.for_launcher(tmp, '77', 0, held.pid).root.name}-x1"
+        other = tmp / "ftslurm-hb-notes"
+        for folder in (left, running, other):
+            (folder / "logs").mkdir(parents=True)
+        code, out = finish(launch_script(tmp_path, "pass", 1, "{}"))  # TMPDIR: node-tmp
+        assert code == ExitCode.FINISHED, out
+        assert not left.exists()
+        assert running.exists() and other.exists()
+        assert sorted(p.name for p in tmp.iterdir()) == sorted([running.name, other.name])
+    finally:
+        held.kill()
+        held.wait()

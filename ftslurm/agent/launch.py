@@ -80,6 +80,7 @@ from ftslurm.agent.launch_io import (  # noqa: F401 (PAUSE_ENV re-exported)
     Stopped,
     pause_for_tests,
     rendezvous_closed,
+    sweep_heartbeat_dirs,
 )
 from ftslurm.agent.peers import PeerWatch
 from ftslurm.agent.rank import read_stop_record
@@ -421,11 +422,13 @@ def _coordinate_live(host: str, port: int) -> None:
 
 def _heartbeat_dir(job: str, node_rank: int) -> HeartbeatDir:
     """A folder of this launcher's own (0700, a fresh name): one left by a launcher that was
-    killed (a lost node) may carry the same job id, node rank and pid, and another user's."""
+    killed (a lost node) may carry the same job id, node rank and pid, and another user's.
+    The folders of this user's launchers that were killed are removed first."""
     named = HeartbeatDir.for_launcher(
         os.environ.get("TMPDIR", "/tmp"), job, node_rank, os.getpid()
     ).root
     named.parent.mkdir(parents=True, exist_ok=True)
+    sweep_heartbeat_dirs(named.parent)
     return HeartbeatDir(tempfile.mkdtemp(prefix=f"{named.name}-", dir=named.parent))
 
 

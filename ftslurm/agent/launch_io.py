@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from ftslurm.core.contract import HeartbeatDir
 from ftslurm.procutil import pid_alive
 
 
@@ -57,6 +60,29 @@ def pause_for_tests(phase: str) -> None:
             signal.set_wakeup_fd(before)
         os.close(came)
         os.close(wake)
+
+
+def sweep_heartbeat_dirs(tmp: Path) -> list[Path]:
+    """Remove the node-local folders (`HeartbeatDir`) that launchers of this user left in
+    `tmp` when they were killed (SIGKILL at a lost node or at KillWait: no clean-up ran),
+    whose launcher no longer runs on this machine; return them. Another user's folder, or
+    one whose launcher runs (stopped included), is left alone."""
+    removed = []
+    try:
+        entries = list(os.scandir(tmp))
+    except OSError:
+        return removed
+    for entry in entries:
+        pid = HeartbeatDir.launcher_pid(entry.name)
+        try:
+            mine = entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if pid is None or not mine or pid_alive(pid):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
 
 
 def _below(pid: int) -> Iterator[tuple[int, list[str]]]:

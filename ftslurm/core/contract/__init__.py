@@ -437,9 +437,20 @@ class HeartbeatDir:
     def __init__(self, root: str | Path) -> None:
         object.__setattr__(self, "root", Path(root))
 
+    PREFIX = "ftslurm-hb-"
+
     @staticmethod
     def for_launcher(tmp: str | Path, job: str, node_rank: int, pid: int) -> HeartbeatDir:
-        return HeartbeatDir(Path(tmp) / f"ftslurm-hb-{job}-{node_rank}-{pid}")
+        return HeartbeatDir(Path(tmp) / f"{HeartbeatDir.PREFIX}{job}-{node_rank}-{pid}")
+
+    @staticmethod
+    def launcher_pid(name: str) -> int | None:
+        """The pid of the launcher whose folder has this name (`for_launcher`'s, with the
+        fresh suffix the launcher adds), or None for any other name."""
+        if not name.startswith(HeartbeatDir.PREFIX):
+            return None
+        parts = name[len(HeartbeatDir.PREFIX) :].rsplit("-", 2)
+        return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
     RECORDS = "rank-*.hb"
     READY = "ready-*"
