@@ -101,9 +101,11 @@ def test_a_lost_nodes_ranks_restore_from_the_peer_replica_in_memory(
     restored = re.findall(
         r"rank (\d) restored step (\d+) from (its node memory|a peer replica)", log
     )
-    memory_step = 40  # the newest checkpoint before the kill, in memory only
     if replicas == "intact":
-        assert int(start[0]) == memory_step, (at, log)
+        # the newest checkpoint before the kill, in memory only (the disk has 30): 40, or
+        # 50 when the kill (through sudo, slow under load) came after rank 0 passed it
+        memory_step = int(start[0])
+        assert memory_step in (40, 50), (at, log)
         assert sorted(r for r, _, _ in restored) == ["0", "1", "2", "3"], log
         assert {t for _, _, t in restored} == {"its node memory", "a peer replica"}, log
         assert {int(x) for _, x, _ in restored} == {memory_step}
