@@ -23,7 +23,7 @@ from ftslurm.agent.task import (
     parse_inject_env,
     torch_env,
 )
-from ftslurm.core.contract import rendezvous_port
+from ftslurm.core.contract import EnvName, rendezvous_port
 from ftslurm.core.inject import parse_injection
 
 from .conftest import wait_for
@@ -419,8 +419,10 @@ def test_child_gets_torch_env_and_report_goes_to_the_attempt(tmp_path: Path) -> 
         time=1,
     )
     published.write_text(json.dumps(record))
+    before = time.time()
     assert run(py(child), env).returncode == 0
     seen = json.loads(out.read_text())
+    assert before <= float(seen[EnvName.RANK_STARTED.value]) <= time.time()  # the wrapper's start
     assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"]) == ("1", "1", "2")
     assert (seen["LOCAL_WORLD_SIZE"], seen["MASTER_ADDR"]) == ("2", "n3")
     assert seen["MASTER_PORT"] == "23456"

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,18 @@ def test_training_in_report_stats_counts_and_finishes(tmp_path):
     assert codes == [0, 0]
     (event,) = _events(tmp_path)[1].events
     assert (event.kind, event.verdict) == ("spike", "counted")
+
+
+def test_injected_result_faults_count_from_the_rank_wrappers_start():
+    """`nan@T` counts from the rank's start (its wrapper's, `RANK_STARTED`), as the
+    wrapper's own crash@T and hang@T do, not from the rank agent's creation after the
+    script's imports; without the wrapper, or with a value that does not read, from now."""
+    from ftslurm.agent.rank import _rank_started
+
+    before = time.monotonic()
+    started = _rank_started({EnvName.RANK_STARTED.value: repr(time.time() - 30)})
+    assert before - 31 < started < time.monotonic() - 29
+    for value in ("", "soon", repr(time.time() + 60)):
+        started = _rank_started({EnvName.RANK_STARTED.value: value})
+        assert before <= started <= time.monotonic(), value
+    assert before <= _rank_started({}) <= time.monotonic()

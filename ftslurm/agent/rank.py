@@ -57,7 +57,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,7 +67,7 @@ from ftslurm.agent.heartbeat import HeartbeatWriter
 from ftslurm.agent.straggler import StepTimer
 from ftslurm.agent.validation_rules import Action, Settings
 from ftslurm.core.cadence import Cadence
-from ftslurm.core.contract import Disambiguation, JobEnv, RunDir, observed_record
+from ftslurm.core.contract import Disambiguation, EnvName, JobEnv, RunDir, observed_record
 from ftslurm.core.contract.reports import Outcome, StopRecord
 from ftslurm.fsutil import read_json, write_json_atomic
 from ftslurm.runfiles import write_report
@@ -79,6 +79,18 @@ GO_ON, RERUN = Action.GO_ON, Action.RERUN  # what `validate` answers
 TEARDOWN_TIMEOUT_S = 10.0  # how long `leave` lets destroy_process_group take
 CADENCE_REFRESH_S = 5.0  # how often the agent looks for a new checkpoint interval
 log = logging.getLogger("ftslurm.rank")
+
+
+def _rank_started(environ: Mapping[str, str]) -> float:
+    """The monotonic clock's reading when this rank's wrapper started (`RANK_STARTED`),
+    so injected result faults count from the rank's start as its wrapper's crash and hang
+    do; now, without the wrapper or with a value that does not read."""
+    now = time.monotonic()
+    try:
+        since = time.time() - float(environ.get(EnvName.RANK_STARTED.value, ""))
+    except ValueError:
+        return now
+    return now - since if 0 <= since < 86400 else now
 
 
 def stop_record_path(run_dir: str | Path, attempt: str | int, rank: int) -> Path:
@@ -114,7 +126,7 @@ class RankAgent:
         # a disk one due)
         self._decided: tuple[bool, ...] | None = None
         self._clock = clock
-        self._started = time.monotonic()  # injected result faults count from here
+        self._started = _rank_started(os.environ)  # injected result faults count from here
         self.validator: Validator | None = None  # `validation()`
         self._cadence = _CadenceFile(job.run.cadence if job.run else None, clock)
         # the periodic intervals count from here: the last checkpoint of any tier, of disk

@@ -288,6 +288,7 @@ class Task:
         self.environ = dict(environ)
         self.job = JobEnv.from_environ(self.environ)
         self.env = {**self.environ, **torch_env(self.environ, self.job)}
+        self.env[EnvName.RANK_STARTED.value] = repr(self.started_wall)
         self.rank = _int(self.env["RANK"])
         # A warm spare's rank (live recovery) has no rank of its own until its launcher
         # hands it one (`HeartbeatDir.takeover`): no injection, no stop record, no report.

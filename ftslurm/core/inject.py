@@ -2,7 +2,11 @@
 
     KIND@TIME[:TARGET]
 
-TIME is how long after the job (each attempt) starts: `90`, `90s`, `5m`, `2h`, `1d`.
+TIME is how long after the job (each attempt) starts: `90`, `90s`, `5m`, `2h`, `1d`. The
+kinds a rank carries out itself (crash, hang, straggler, nan, spike) count from that rank's
+start (its wrapper's, after the launcher's set-up; again after an in-job restart), and
+`unhealthy` from the job's start where Slurm gives it (`SLURM_JOB_START_TIME`), else the
+launcher's.
 
 | kind      | what happens                            | TARGET (default)                 |
 |-----------|-----------------------------------------|----------------------------------|

@@ -520,6 +520,10 @@ class EnvName(str, Enum):
     GRACE_S = "FTSLURM_GRACE_S"
     NPROC_PER_NODE = "FTSLURM_NPROC_PER_NODE"
     HEARTBEAT_DIR = "FTSLURM_HEARTBEAT_DIR"  # set by the launcher for its ranks
+    # the wall-clock time (seconds since the epoch) the rank's wrapper started, set by it
+    # for its command: the rank agent's injected result faults count from it, as the
+    # wrapper's own injections (crash, hang) do
+    RANK_STARTED = "FTSLURM_RANK_STARTED"
     USER_ERROR_WINDOW_S = "FTSLURM_USER_ERROR_WINDOW_S"
     PEER_TIMEOUT_S = "FTSLURM_PEER_TIMEOUT_S"  # a node silent this long is reported lost
     SPARE_NODES = "FTSLURM_SPARE_NODES"  # nodes of the job kept idle to replace a lost one
