@@ -13,6 +13,7 @@ from ftslurm.core.settings import FtSettings
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.daemon import step as core
 from ftslurm.daemon.records import Attempt, AttemptState, NodeFlag, Run, RunState, tag
+from ftslurm.report.notes import validation_text
 
 NOW = 10_000.0
 NODES = {"n1": True, "n2": True, "n3": True, "n4": True}
@@ -1045,6 +1046,87 @@ def test_a_cancelled_run_that_exited_16_records_no_validation():
     assert [u.run.state for u in of(out, core.UpdateRun)][-1] is RunState.CANCELLED
     assert not of(out, core.FlagNode) and not of(out, core.NewAttempt)
     assert not [e for e in of(out, core.Event) if e.kind == "validation"]
+
+
+def _checks(node: str, attempt: int, rank: int, *verdicts: str) -> dict:
+    """A rank's validation report with one event per verdict."""
+    events = [{"step": 10 + i, "kind": "nan", "verdict": v} for i, v in enumerate(verdicts)]
+    return {"rank": rank, "node": node, "attempt": attempt, "checks": 50, "events": events}
+
+
+@pytest.mark.parametrize(
+    "reports, settings, flags, flagged",
+    [
+        # two transient faults on n2's ranks, over two attempts: flagged, at the second
+        (
+            [_checks("n2", 0, 1, "transient"), _checks("n2", 1, 1, "transient")],
+            {},
+            (),
+            ["n2"],
+        ),
+        # on two ranks of one node in one attempt: the node's count
+        ([_checks("n1", 0, 0, "transient"), _checks("n1", 0, 1, "transient")], {}, (), ["n1"]),
+        # one on each node: chance, nobody flagged
+        ([_checks("n1", 0, 0, "transient"), _checks("n2", 0, 1, "transient")], {}, (), []),
+        # other verdicts do not count (a re-run that reproduced, non-determinism, stats)
+        ([_checks("n1", 0, 0, "persistent", "ok", "counted", "correct")], {}, (), []),
+        # the setting: 3 needed; 0 never; nor without exclusions
+        ([_checks("n1", 0, 0, "transient", "transient")], {"transient_faults_to_flag": 3}, (), []),
+        ([_checks("n1", 0, 0, "transient")], {"transient_faults_to_flag": 1}, (), ["n1"]),
+        ([_checks("n1", 0, 0, "transient", "transient")], {"transient_faults_to_flag": 0}, (), []),
+        ([_checks("n1", 0, 0, "transient", "transient")], {"exclude_failed_nodes": False}, (), []),
+        # flagged once by the run: not again at a later ending (its TTL would grow); another
+        # run's flag, or one for another reason, does not count
+        (
+            [_checks("n1", 0, 0, "transient", "transient")],
+            {},
+            (NodeFlag("n1", "result validation: 2 x", NOW - 9, NOW + 9, "r"),),
+            [],
+        ),
+        (
+            [_checks("n1", 0, 0, "transient", "transient")],
+            {},
+            (NodeFlag("n1", "result validation: 2 x", NOW - 9, NOW + 9, "other"),),
+            ["n1"],
+        ),
+    ],
+)
+def test_a_node_with_repeated_transient_result_faults_is_flagged_at_an_ending(
+    reports, settings, flags, flagged
+):
+    """Issue 30: the transient faults the rank agents' re-runs found (a re-run that
+    differed: the node computed wrong, then right) are counted per node over the run; at
+    `transient_faults_to_flag` (2) the node is flagged for result validation when an attempt
+    ends, and a `validation` event says so. The run itself goes on as it would."""
+    r = run(settings=settings)
+    files = core.RunFiles(validation=tuple(reports), finished_marker=True)
+    out = core.step(
+        attempt(start=NOW - 50),
+        info(JobState.COMPLETED, exit_code=0),
+        r,
+        known(files=files, flags=flags),
+        NOW,
+    )
+    assert [u.run.state for u in of(out, core.UpdateRun)][-1] is RunState.COMPLETED
+    found = of(out, core.FlagNode)
+    assert [f.node for f in found] == flagged
+    events = [e for e in of(out, core.Event) if e.kind == "validation"]
+    if not flagged:
+        assert not events
+        return
+    n = sum(
+        1
+        for x in reports
+        if x["node"] == flagged[0]
+        for e in x["events"]
+        if e["verdict"] == "transient"
+    )
+    assert found[0].reason == f"result validation: {n} transient result faults on its ranks"
+    (event,) = events
+    assert event.data["verdict"] == "flaky" and event.data["flagged"] == flagged
+    assert validation_text(event.data) == (
+        f"attempt 0 ended: nodes flagged (result validation): {flagged[0]}: {found[0].reason}"
+    )
 
 
 def test_an_ending_records_the_spoiled_results_its_ranks_report():

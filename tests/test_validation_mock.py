@@ -117,21 +117,42 @@ def _final(tmp_path: Path) -> str:
     return final["digest"]
 
 
-def test_a_transient_nan_is_rerun_in_place_and_the_run_goes_on_bit_identical(cli, tmp_path):
-    out = cli.submit("--dry-run", "--retries", "0", "--inject", "nan@2:1", str(_recipe(tmp_path)))
+def test_transient_nans_are_rerun_in_place_the_run_goes_on_bit_identical_and_the_node_flagged(
+    cli, tmp_path
+):
+    """Two transient faults on rank 1 (each fires once, on a step of its own): each step is
+    re-run in place and training goes on, bit-identical to an uninterrupted run; two on one
+    node (`transient_faults_to_flag`) flag it when the attempt ends."""
+    specs = ["nan@2:1", "nan@3:1"]
+    out = cli.submit(
+        "--dry-run", "--retries", "0", "--inject", specs[0], "--inject", specs[1],
+        str(_recipe(tmp_path)),
+    )  # fmt: skip
     s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED", s
-    assert len(s["attempts"]) == 1 and s["validation"] == [] and s["flagged_nodes"] == {}
-    (event,) = s["result_checks"]
     node = s["attempts"][0]["nodes"][1]
-    assert (event["rank"], event["node"], event["kind"]) == (1, node, "nan")
-    assert (event["verdict"], event["action"], event["differed"]) == ("transient", "go_on", True)
+    assert len(s["attempts"]) == 1 and list(s["flagged_nodes"]) == [node], s
+    assert "result validation: 2 transient result faults on its ranks" in str(
+        s["flagged_nodes"][node]
+    )
+    (flaky,) = s["validation"]
+    assert (flaky["verdict"], flaky["flagged"]) == ("flaky", [node])
+    first, second = s["result_checks"]
+    assert first["step"] < second["step"]
+    for event in (first, second):
+        assert (event["rank"], event["node"], event["kind"]) == (1, node, "nan")
+        assert (event["verdict"], event["action"], event["differed"]) == (
+            "transient",
+            "go_on",
+            True,
+        )
     assert _final(tmp_path) == reference_digest(tmp_path, STEPS)  # as if nothing happened
-    assert Store(cli.home).get_run(out["run_id"]).injected == ["nan@2:1"]
+    assert sorted(Store(cli.home).get_run(out["run_id"]).injected) == specs
     shown = plain(cli("status", s["run_id"]).stdout)
     assert f"rank 1 on {node}: nan result (nan) re-run in place" in shown
     assert f"a transient fault of node {node} (recorded); training went on" in shown
-    assert "1 steps re-run in place, 1 re-runs differed" in shown
+    assert "2 steps re-run in place, 2 re-runs differed" in shown
+    assert f"nodes flagged (result validation): {node}: result validation: 2 transient" in shown
     assert f"transient fault of node {node}" in plain(cli("report", s["run_id"]).stdout)
 
 

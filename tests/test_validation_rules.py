@@ -155,7 +155,7 @@ def test_bad_settings_are_refused(kwargs):
 
 
 # ----------------------------------------------------------------------------- injection
-def _fires(spec, *, rank=1, node="n2", since=5.0, fired=(), spoiled=None):
+def _fires(spec, *, rank=1, node="n2", since=5.0, fired=(), spoiled=None, rerun=False):
     return rules.fires(
         parse_injection(spec),
         rank=rank,
@@ -163,6 +163,7 @@ def _fires(spec, *, rank=1, node="n2", since=5.0, fired=(), spoiled=None):
         since_start_s=since,
         fired=set(fired),
         spoiled=spoiled or {},
+        rerun=rerun,
     )
 
 
@@ -173,6 +174,15 @@ def test_a_transient_injection_fires_once_on_its_rank_from_its_time():
     assert not _fires("nan@3:1", fired=["nan@3:1"])
     assert _fires("spike@0", rank=0)  # rank 0 by default
     assert not _fires("spike@0", rank=1)
+
+
+def test_a_transient_injection_never_spoils_a_re_run_and_a_persistent_one_does():
+    """Two transient faults due at once strike two steps, each re-run computing right (two
+    transient verdicts), not a step and its re-run (which would read as reproduced)."""
+    assert not _fires("nan@3:1", rerun=True)
+    assert not _fires("spike@3:1", rerun=True)
+    spec = "nan@3:1:persistent"
+    assert _fires(spec, rerun=True, fired=[spec], spoiled={spec: "n2"})
 
 
 def test_a_persistent_injection_stays_on_the_node_it_spoiled():

@@ -141,7 +141,7 @@ class Validator:
         (apply the step) or RERUN (restore the state from before the step and run it
         again, then call `validate` again with the re-run's result). The same answer on
         every rank (a collective). Exit 16 or 17 never return."""
-        value = self._spoil(_number(result))
+        value = self._spoil(_number(result), self.suspect is not None and self.suspect.step == step)
         if self.suspect is None or self.suspect.step != step:
             self.suspect = None
             self.checks += 1
@@ -224,7 +224,7 @@ class Validator:
         return rules.disambiguated_step(step, True, self._suspect_steps)
 
     # ------------------------------------------------------------------ injection
-    def _spoil(self, value: float) -> float:
+    def _spoil(self, value: float, rerun: bool) -> float:
         if not self.injections:
             return value
         since = self._clock() - self._started
@@ -237,6 +237,7 @@ class Validator:
                 fired=self._fired,
                 spoiled=self._spoiled,
                 warm=len(self.recent.values) >= self.settings.warmup,
+                rerun=rerun,
             ):
                 continue
             self._record_fired(injection)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 from statistics import median
 
+from ftslurm.core.contract.reports import ResultVerdict as Verdict
 from ftslurm.core.inject import Injection, InjectKind
 
 SPIKE_INJECTED = 1000.0  # how many times larger an injected spike makes the result
@@ -63,16 +64,6 @@ class Finding(str, Enum):
     INF = "inf"
     SPIKE = "spike"
     SAMPLED = "sampled"  # report_stats: a sane result re-run to measure non-determinism
-
-
-class Verdict(str, Enum):
-    OK = "ok"  # nothing wrong (a sampled re-run, or a peer's suspicious result)
-    RERUN = "rerun"  # not settled: re-run in place (again)
-    TRANSIENT = "transient"  # the re-run differed and is sane: this rank's node computed wrong
-    PERSISTENT = "persistent"  # reproduced on this hardware: checkpoint, exit 16
-    MODEL = "model"  # a NaN/Inf reproduced on other hardware: exit 17
-    CORRECT = "correct"  # a spike reproduced on other hardware: the model's own, accepted
-    COUNTED = "counted"  # report_stats: counted, nothing done
 
 
 class Action(IntEnum):
@@ -246,13 +237,18 @@ def fires(
     fired: Collection[str],
     spoiled: Mapping[str, str],
     warm: bool = True,
+    rerun: bool = False,
 ) -> bool:
     """Whether an injected nan/spike spoils this rank's result now: from its time on (a
     spike once the spike check is `warm`: past its warm-up, so that it can be seen); a
-    transient one once in the run, on its rank (`fired`: the specs this rank carried out);
-    a persistent one on its rank until it first fires, then on every rank of the node it
-    spoiled (`spoiled`: spec -> node), in every attempt that runs there."""
+    transient one once in the run, on its rank (`fired`: the specs this rank carried out),
+    and never a re-run in place (`rerun`): a transient fault strikes one computation, so two
+    due at once strike two steps, each re-run computing right; a persistent one on its rank
+    until it first fires, then on every rank of the node it spoiled (`spoiled`: spec ->
+    node), in every attempt that runs there, re-runs too."""
     if not injection.kind.on_result or since_start_s < injection.at_s:
+        return False
+    if rerun and not injection.persistent:
         return False
     if injection.kind is InjectKind.SPIKE and not warm:
         return False

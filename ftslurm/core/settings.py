@@ -112,6 +112,12 @@ class FtSettings(BaseModel):
     max_stalled_continuations: int = Field(3, ge=1)
     user_error_exit_codes: tuple[int, ...] = ()
     exclude_failed_nodes: bool = True
+    # Result validation (ftslurm.agent.validation): a node on which the ranks' re-runs in
+    # place found this many transient result faults in one run (a re-run that differed: the
+    # node computed wrong, then right) is flagged when an attempt ends and kept out of later
+    # jobs, as a node that failed is; one fault is chance, a second on the same node is a
+    # flaky part. 0: never (with `exclude_failed_nodes` off, never either).
+    transient_faults_to_flag: int = Field(2, ge=0)
     node_exclusion_ttl_s: float = Field(24 * 3600, gt=0)
     # A node flagged again within this long after its flag ran out (a "lemon") is kept out
     # twice as long as the last time, up to this long.

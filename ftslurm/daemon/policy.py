@@ -21,7 +21,9 @@ from ftslurm.core.contract.reports import (
     OUT_OF_TRAINING,
     SAVED,
     Outcome,
+    ResultVerdict,
     StragglerReport,
+    ValidationReport,
     parse,
 )
 from ftslurm.core.recovery import Recovery, recovery
@@ -355,6 +357,33 @@ NOWHERE_ELSE = (
     "resume_elsewhere (exit 16): no other nodes to re-run on (too few usable nodes outside "
     "the attempt's), so the model's fault cannot be told from the machine's: not retried"
 )
+FLAKY = "transient result faults on its ranks"  # the rest of a flaky node's flag reason
+
+
+def flaky_nodes(
+    reports: Iterable[ValidationReport], settings: FtSettings, flagged: Iterable[str] = ()
+) -> tuple[tuple[str, str], ...]:
+    """The nodes to flag for the transient result faults the rank agents' re-runs found on
+    them over the run's attempts (`reports`: every rank's, each attempt's): those with at
+    least `transient_faults_to_flag`, left out those in `flagged` (the run flagged them for
+    result validation already); (node, why), in name order."""
+    after = settings.transient_faults_to_flag
+    if after <= 0 or not settings.exclude_failed_nodes:
+        return ()
+    counts: dict[str, int] = {}
+    for r in reports:
+        if r.node is None:
+            continue
+        found = sum(1 for e in r.events if e.verdict == ResultVerdict.TRANSIENT.value)
+        counts[r.node] = counts.get(r.node, 0) + found
+    skip = set(flagged)
+    return tuple(
+        (node, f"{VALIDATION_FLAG}: {n} {FLAKY}")
+        for node, n in sorted(counts.items())
+        if n >= after and node not in skip
+    )
+
+
 REPRODUCED = (
     "the result reproduced on different hardware: the model's, not the machine's (exit 17); "
     "not retried"

@@ -1199,7 +1199,8 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool, nnodes: int = 0
     """The run directory's files `step` reads: progress, the straggler report and the
     attempt's recovery folder (peer-loss reports, round records, benched nodes) while an
     attempt runs; with `ending`, also the attempt's rank and node reports, FINISHED, the
-    hung-at-stop reports and the leases of its `nnodes` nodes."""
+    hung-at-stop reports, the leases of its `nnodes` nodes, and the result validation
+    reports of every attempt so far."""
     paths = RunDir(run_dir)
     progress = read_report(paths.progress, Progress) or Progress()
     straggler = read_report(paths.straggler_report, StragglerReport)
@@ -1227,6 +1228,9 @@ def read_run_files(run_dir: Path, attempt: int, *, ending: bool, nnodes: int = 0
         node_reports=tuple(read_reports(paths, Kind.NODE, attempt)),
         finished_marker=paths.finished.exists(),
         hung=hung_at_stop(read_reports(paths, Kind.HUNG_NODE, attempt)),
+        validation=tuple(
+            r for k in range(attempt + 1) for r in read_reports(paths, Kind.VALIDATION, k)
+        ),
     )
 
 

@@ -52,6 +52,7 @@ from ftslurm.core.contract.reports import (
     RoundRecord,
     StragglerReport,
     Unhealthy,
+    ValidationReport,
     parse,
     parse_all,
 )
@@ -133,6 +134,9 @@ class RunFiles:
     launched_at: float | None = None
     # the checkpoint interval the run directory holds (RunDir.cadence); None: none written
     cadence: Cadence | None = None
+    # the rank agents' result validation reports of every attempt of the run so far
+    # (attempts/*/validation-rank-*.json), read at an ending
+    validation: tuple[ValidationReport, ...] = ()
 
     def __post_init__(self) -> None:
         for name, model in _REPORT_FIELDS.items():
@@ -151,6 +155,7 @@ _REPORT_FIELDS: dict[str, type[Report]] = dict(
     benched=Benched,
     launchers_failed=LauncherFailed,
     unhealthy=Unhealthy,
+    validation=ValidationReport,
 )
 
 
@@ -1314,12 +1319,27 @@ def _ended(
     run = _charged(run, d, ckpt, d.reason, fired)
     out.append(Record(finished))
     out += [flag_node(node, why, facts.flags, now, settings) for node, why in d.exclude]
+    excluded = [n for n, _ in d.exclude]
+    flaky = _flaky(run, files, facts, settings, excluded) if d.verdict is not Verdict.CANCEL else ()
+    out += [flag_node(node, why, facts.flags, now, settings) for node, why in flaky]
     out += _gone_at_the_end(a, gone, facts, settings, now)
     if cause is Cause.NODE_FAIL and not peer_lost:  # Slurm's verdict came first
         out += _slurm_lost(a, ending.down_nodes, files, now)
-    excluded = [n for n, _ in d.exclude]
     out.append(_ended_event(a, ended_state, cause, d, info.exit_code, excluded))
     out += _validation(a, run, facts, cause, d, excluded)
+    if flaky:
+        out.append(
+            Event(
+                "validation",
+                {
+                    "attempt": a.attempt,
+                    "job_id": a.job_id,
+                    "verdict": "flaky",
+                    "flagged": [n for n, _ in flaky],
+                    "reason": "; ".join(f"{n}: {why}" for n, why in flaky),
+                },
+            )
+        )
     # a disambiguation run is a fresh job: a requeued one would run the old script, which
     # does not carry the context (`Submit.disambiguate`)
     fresh = bool(peer_lost) or bool(unhealthy) or stuck or (again and d.disambiguate)
@@ -1327,6 +1347,20 @@ def _ended(
     if stuck or (fresh and requeued):  # recorded first; the job no longer trains (it waits on
         out.append(Cancel(a.job_id or ""))  # a dead node, or Slurm requeued it after exit 16)
     return out
+
+
+def _flaky(
+    run: Run, files: RunFiles, facts: Facts, settings: FtSettings, excluded: list[str]
+) -> tuple[tuple[str, str], ...]:
+    """The nodes to flag now for the transient result faults found on them in the run
+    (`policy.flaky_nodes`): not those this ending flags already, nor those the run has a
+    result-validation flag on (flagged once, not at every later ending)."""
+    mine = [
+        f.node
+        for f in facts.flags
+        if f.run_id == run.run_id and f.reason.startswith(policy.VALIDATION_FLAG)
+    ]
+    return policy.flaky_nodes(files.validation, settings, [*excluded, *mine])
 
 
 def _validation(

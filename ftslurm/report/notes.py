@@ -14,6 +14,7 @@ from ftslurm.core.contract.reports import (
     LiveRecovery,
     NodeRole,
     Outcome,
+    ResultVerdict,
     RoundRecord,
     ValidationReport,
 )
@@ -267,6 +268,8 @@ def validation_text(d: Mapping[str, Any]) -> str:
             f"attempt {k} exited 17: the result reproduced on different hardware, the "
             f"model's fault, not the machine's; nodes unflagged: {nodes}"
         )
+    if d.get("verdict") == "flaky":
+        return f"attempt {k} ended: nodes flagged (result validation): {d.get('reason')}"
     if d.get("verdict") == "disambiguate":
         return (
             f"attempt {k} exited 16 (a result it could not trust): nodes flagged "
@@ -277,14 +280,16 @@ def validation_text(d: Mapping[str, Any]) -> str:
 
 # The rank agent's verdicts on a result it re-ran in place (`ftslurm.agent.validation_rules`).
 RESULT_VERDICT = {
-    "transient": "the re-run differed: a transient fault of node {node} (recorded); "
-    "training went on",
-    "persistent": "reproduced on this hardware: last good state checkpointed, exit 16",
-    "model": "reproduced on other hardware: the model's fault, not the machine's: exit 17",
-    "correct": "reproduced on other hardware: a correct result (the model's own spike); "
-    "training went on",
-    "counted": "counted (report_stats); training went on",
-    "ok": "the re-run differed: non-deterministic",
+    ResultVerdict.TRANSIENT.value: "the re-run differed: a transient fault of node {node} "
+    "(recorded); training went on",
+    ResultVerdict.PERSISTENT.value: "reproduced on this hardware: last good state "
+    "checkpointed, exit 16",
+    ResultVerdict.MODEL.value: "reproduced on other hardware: the model's fault, not the "
+    "machine's: exit 17",
+    ResultVerdict.CORRECT.value: "reproduced on other hardware: a correct result (the "
+    "model's own spike); training went on",
+    ResultVerdict.COUNTED.value: "counted (report_stats); training went on",
+    ResultVerdict.OK.value: "the re-run differed: non-deterministic",
 }
 
 

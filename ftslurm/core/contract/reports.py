@@ -469,6 +469,19 @@ class StopRecord(Report):
     time: float | None = None
 
 
+class ResultVerdict(str, Enum):
+    """The rank agent's verdict on a suspicious result (`ValidationEvent.verdict`;
+    `ftslurm.agent.validation_rules` decides it, the daemon counts the transient ones)."""
+
+    OK = "ok"  # nothing wrong (a sampled re-run, or a peer's suspicious result)
+    RERUN = "rerun"  # not settled: re-run in place (again)
+    TRANSIENT = "transient"  # the re-run differed and is sane: this rank's node computed wrong
+    PERSISTENT = "persistent"  # reproduced on this hardware: checkpoint, exit 16
+    MODEL = "model"  # a NaN/Inf reproduced on other hardware: exit 17
+    CORRECT = "correct"  # a spike reproduced on other hardware: the model's own, accepted
+    COUNTED = "counted"  # report_stats: counted, nothing done
+
+
 class ValidationEvent(Report):
     """A suspicious result and what its re-runs made of it: an entry of
     `ValidationReport.events` (`ftslurm.agent.validation_rules` names the kinds, verdicts
