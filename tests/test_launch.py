@@ -29,7 +29,9 @@ from ftslurm.agent.heartbeat import (
     read_beat,
     watch_cpu,
 )
-from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir
+from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir, RunDir
+from ftslurm.core.contract.reports import Kind
+from ftslurm.runfiles import read_reports
 
 TRAIN = r"""
 import json, os, signal, sys, time
@@ -270,6 +272,23 @@ def test_restarts_exhausted_exit_with_the_documented_code(tmp_path):
     code, out = finish(start(tmp_path, "--max-restarts", "1", FAIL_AT="3", FAIL_EVERY_ROUND="1"))
     assert code == ExitCode.RESTARTS_EXHAUSTED, out
     assert node_report(tmp_path)["outcome"] == "restarts_exhausted"
+
+
+def test_a_node_that_fails_its_health_check_before_an_in_job_restart_leaves_reported(tmp_path):
+    """Issue 30: the health check runs again before each in-job restart's rendezvous (not
+    only before the job's first). A rank crashes; the node's check, due 2 s into the job
+    (`unhealthy@2`: the first check, at once, passed), fails before the restart: the
+    launcher leaves with exit 1, its report names the check, and no second round starts."""
+    code, out = finish(
+        start(tmp_path, "--max-restarts", "1", FAIL_AT="3", FTSLURM_INJECT="unhealthy@2")
+    )
+    assert code == ExitCode.FAILED, out
+    assert "health check passed" in out and "round 1 starts" not in out, out
+    (record,) = read_reports(RunDir(tmp_path / "run"), Kind.UNHEALTHY, 0)
+    assert record.injected == "unhealthy@2" and not record.benched
+    assert record.words.startswith("health check failed: checkpoint_dir: "), record
+    report = node_report(tmp_path)
+    assert report["outcome"] == "unhealthy" and report["error"] == record.words, report
 
 
 def test_sigterm_makes_every_rank_checkpoint_at_the_same_step_and_ask_to_continue(tmp_path):

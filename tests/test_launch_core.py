@@ -1119,6 +1119,17 @@ def test_how_a_launcher_leaves(state, error, leave, ending):
     assert isinstance(core.out_of_training(state, heartbeats=True), ending)
 
 
+@pytest.mark.parametrize("benched, leave", [(True, core.Leave.QUIETLY), (False, core.Leave.CLOSE)])
+def test_a_node_that_fails_its_check_between_rounds_leaves_quietly_only_for_a_spare(benched, leave):
+    """Between in-job rounds (issue 30): with a spare taking its place the others go on
+    (the rendezvous stays open); without one the rendezvous is closed: the attempt ends."""
+    state = core.LauncherState(cfg=SPARES, trained=True, ranks_started=True)
+    after = core.on_failed_health(state, benched)
+    assert core.how_to_leave(after) is leave
+    assert (after.benched == sp.UNHEALTHY) is benched
+    assert core.health_exit(benched) == (0 if benched else 1)
+
+
 # ------------------------------------------------------------------- live recovery: spares
 LIVE = core.Config(node_rank=0, nnodes=4, spares=2, max_restarts=2, live=True)
 

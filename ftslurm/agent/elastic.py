@@ -38,6 +38,7 @@ from ftslurm.agent.heartbeat import (
     watch_cpu,
 )
 from ftslurm.agent.launch_io import (
+    FailedHealthCheck,
     Stopped,
     cpu_seconds,
     frozen,
@@ -115,6 +116,18 @@ class Agent(LocalElasticAgent):
     def _stop_workers(self, worker_group, *args, **kwargs):  # type: ignore[no-untyped-def]
         self.state = replace(self.state, live=False)  # signals wait for the next round
         return super()._stop_workers(worker_group, *args, **kwargs)
+
+    def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
+        """An in-job restart (torch's: stop the ranks, rendezvous, start them): the node's
+        health check runs between the stop and the rendezvous, as before the job's first
+        (a node that went bad under the last round leaves here, reported)."""
+        self._stop_workers(worker_group)
+        worker_group.state = WorkerState.STOPPED
+        if self.node.signals.stop is None:
+            code = self.node.health_check(between_rounds=True)
+            if code is not None:
+                raise FailedHealthCheck(code, code == core.health_exit(True))
+        self._initialize_workers(worker_group)
 
     def _rendezvous(self, worker_group):  # type: ignore[no-untyped-def]
         while True:

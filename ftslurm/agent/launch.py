@@ -77,6 +77,7 @@ from ftslurm.agent.launch_core import NodeOutcome, decide_outcome  # noqa: F401 
 from ftslurm.agent.launch_io import (  # noqa: F401 (PAUSE_ENV re-exported)
     PAUSE_ENV,
     Abandoned,
+    FailedHealthCheck,
     Stopped,
     pause_for_tests,
     rendezvous_closed,
@@ -691,6 +692,9 @@ class Node:
             else:
                 result = agent.run()
                 ran = True
+        except FailedHealthCheck as exc:  # between rounds: reported, it leaves
+            ran, failed = True, exc.code
+            agent.state = core.on_failed_health(agent.state, exc.benched)
         except Stopped:  # before a round of ranks started: the first, or an in-job restart
             ran = True
             if agent.state.ranks_started:  # the last round's ending stands
@@ -770,10 +774,11 @@ class Node:
             log.warning("could not record the live recovery's fallback: %s", exc)
 
     # ------------------------------------------------------------------ health check
-    def health_check(self) -> int | None:
-        """The pre-flight health check (`ftslurm.agent.health`), before the rendezvous: None
-        when the node passed (or the checks are off); else the launcher's exit code, the
-        node's failure reported (`unhealthy_node`)."""
+    def health_check(self, between_rounds: bool = False) -> int | None:
+        """The pre-flight health check (`ftslurm.agent.health`), before the rendezvous (the
+        job's first, or `between_rounds`: an in-job restart's, without the network probe):
+        None when the node passed (or the checks are off); else the launcher's exit code,
+        the node's failure reported (`unhealthy_node`)."""
         env: JobEnv = self.args.env
         started = _env_float("SLURM_JOB_START_TIME", self.started)
         health = hc.run_checks(
@@ -788,6 +793,7 @@ class Node:
             injections=parse_inject_env(env.inject),
             elapsed_s=max(0.0, time.time() - started),
             host=os.environ.get("MASTER_ADDR") or socket.gethostname(),
+            network=not between_rounds,
         )
         if health.failure is None:
             if health.results:

@@ -892,6 +892,13 @@ Ending = (
 )
 
 
+def on_failed_health(state: LauncherState, benched: bool) -> LauncherState:
+    """The node failed its health check between in-job rounds and leaves: stepped out (a
+    spare takes its place: the others go on, `how_to_leave` leaves quietly) or not (the
+    rendezvous is closed: the attempt ends)."""
+    return replace(state, benched=sp.UNHEALTHY if benched else None)
+
+
 def health_exit(benched: bool) -> int:
     """The exit code of a launcher whose node failed its health check: 0 when a spare takes
     its place (srun's exit status is the highest of its tasks': the verdict is the nodes'

@@ -22,6 +22,16 @@ class Abandoned(Exception):
     lost) or a stop: not this launcher's own failure."""
 
 
+class FailedHealthCheck(Exception):
+    """The node failed its health check between two in-job rounds: the launcher leaves with
+    `code` (its failure reported; with a spare that takes its place, stepped out)."""
+
+    def __init__(self, code: int, benched: bool) -> None:
+        super().__init__(f"health check failed between rounds: exit {code}")
+        self.code = code
+        self.benched = benched
+
+
 class Stopped(Exception):
     """Told to stop (SIGTERM, SIGINT) before the ranks started: they never do. Raised at
     the phase boundaries before a round of ranks starts, and by the signal handler itself

@@ -25,7 +25,8 @@ a straggler slows stays slow for the rest of the run (a bad node: moving off it 
 so does the node of a `persistent` nan or spike: every step its rank validates there from
 TIME on is wrong, in every attempt that runs on that node (a rank off it computes right).
 `unhealthy` fails the first health check a launcher runs on that node at or after TIME
-into the attempt (the checks run before the first rendezvous of each job). The daemon
+into the attempt (the checks run before the first rendezvous of each job and before
+each in-job restart's). The daemon
 records what fired in the run (`reached`; the ranks' reports for crash and hang) and a later
 job of the run carries only the rest (`still_to_fire`). On the mock scheduler node_fail,
 preempt, crash, hang and timeout act on the simulated cluster; the kinds a job can do to
