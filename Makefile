@@ -44,15 +44,19 @@ demo-slurm: install
 # in accounting; the cluster's fault controls alone go through sudo): root is Slurm's super
 # user and would skip the permission checks users meet.
 # Three lanes of pytest run side by side, since most tests wait on Slurm or the clock: the
-# tests without a cluster (in the foreground), those against 22.05, and those against
-# $(SECOND_SLURM) followed by the slow tests without a cluster marked `lane2` (by
-# tests/conftest.py; they wait on the clock mostly), so that no lane is much longer than
-# the 22.05 one; the other lanes' output follows. They share nothing a test relies on:
+# tests without a cluster (in the foreground, then the slow end-to-end ones marked `lane2`
+# by tests/conftest.py, whose timing suffers most under load, when at most the 22.05 lane
+# still runs beside them), those against 22.05, and those against $(SECOND_SLURM); the
+# other lanes' output follows. They share nothing a test relies on:
 # rendezvous ports are bound and published by the launchers (none comes from a job id),
 # job ids differ (the clusters' from FirstJobId 20001, the mock's from a random offset),
 # and each pytest without a cluster keeps the memory tier in a folder of its own (node
 # names are alike, and a lost node's memory is wiped by name).
 TEST_USER ?= ftslurm-test
+# The tests without a cluster wait on the clock more than they compute (a lane alone keeps
+# the 2 cores of CI about 60% busy): each of their two pytests runs them on two workers
+# (pytest-xdist; each worker keeps the memory tier in a folder of its own, tests/conftest.py).
+XDIST ?= -n 2
 PYTEST_RUN = PYTHONDONTWRITEBYTECODE=1 FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) \
 	$$as_user $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -74,9 +78,9 @@ test: install lint
 	FTSLURM_TEST_SUMMARY=$$sum2 $(PYTEST_RUN) -m "slurm and not slurm_2411" >$$log2 2>&1 & p2=$$!; \
 	{ r3=0; FTSLURM_TEST_SUMMARY=$$sum3 $(PYTEST_RUN) -m slurm_2411 >$$log3 2>&1 || r3=$$?; \
 	  echo "$$r3" >$$rcs3; } & p3=$$!; \
-	FTSLURM_TEST_SUMMARY=$$sum1 FTSLURM_MEMORY_DIR=$$mem $(PYTEST_RUN) \
+	FTSLURM_TEST_SUMMARY=$$sum1 FTSLURM_MEMORY_DIR=$$mem $(PYTEST_RUN) $(XDIST) \
 		-m "not slurm and not lane2" || rc1=$$?; \
-	FTSLURM_TEST_SUMMARY=$$sum4 FTSLURM_MEMORY_DIR=$$mem4 $(PYTEST_RUN) \
+	FTSLURM_TEST_SUMMARY=$$sum4 FTSLURM_MEMORY_DIR=$$mem4 $(PYTEST_RUN) $(XDIST) \
 		-m "not slurm and lane2" >$$log4 2>&1 || rc4=$$?; \
 	wait $$p2 || rc2=$$?; wait $$p3; read -r rc3 <$$rcs3 || rc3=1; \
 	echo "=== the tests against Slurm 22.05 (run beside the others) ==="; cat $$log2; \

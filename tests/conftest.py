@@ -33,8 +33,10 @@ import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from ftslurm.backends.slurm_cli import CommandRunner, SlurmCliBackend
+from ftslurm.core.contract import EnvName
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.errors import InvalidJobId
+from ftslurm.fsutil import memory_base
 from ftslurm.localcluster import ClusterError, LocalCluster
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -42,6 +44,13 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # skips the permission checks a real user meets); only fault controls act as root (sudo).
 RUN_AS = pwd.getpwuid(os.geteuid()).pw_name
 UNPRIVILEGED = os.geteuid() != 0
+# Under pytest-xdist (`make test` runs the tests without a cluster on two workers) each
+# worker keeps the memory tier in a folder of its own below the lane's: mock jobs of two
+# workers have the same node names, and a lost node's memory is wiped by name.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _own = memory_base() / f"xdist-{os.environ['PYTEST_XDIST_WORKER']}"
+    _own.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.environ[EnvName.MEMORY_DIR.value] = str(_own)
 if not os.access(Path.cwd(), os.W_OK):
     # A checkout the user may read, not write: Hypothesis keeps its examples elsewhere.
     set_hypothesis_home_dir(Path(tempfile.gettempdir()) / f"ftslurm-hypothesis-{os.geteuid()}")
