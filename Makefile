@@ -44,19 +44,16 @@ demo-slurm: install
 # in accounting; the cluster's fault controls alone go through sudo): root is Slurm's super
 # user and would skip the permission checks users meet.
 # Three lanes of pytest run side by side, since most tests wait on Slurm or the clock: the
-# tests without a cluster (in the foreground, then the slow end-to-end ones marked `lane2`
-# by tests/conftest.py, whose timing suffers most under load, when at most the 22.05 lane
-# still runs beside them), those against 22.05, and those against $(SECOND_SLURM); the
-# other lanes' output follows. They share nothing a test relies on:
+# tests without a cluster (in the foreground), those against 22.05, and those against
+# $(SECOND_SLURM) followed by the slow end-to-end tests without a cluster marked `lane2`
+# by tests/conftest.py, so that no lane is much longer than another; the few whose timing
+# suffers most under that load (marked `last`) run after the foreground's, when less runs
+# beside them. The other lanes' output follows. They share nothing a test relies on:
 # rendezvous ports are bound and published by the launchers (none comes from a job id),
 # job ids differ (the clusters' from FirstJobId 20001, the mock's from a random offset),
 # and each pytest without a cluster keeps the memory tier in a folder of its own (node
 # names are alike, and a lost node's memory is wiped by name).
 TEST_USER ?= ftslurm-test
-# The tests without a cluster wait on the clock more than they compute (a lane alone keeps
-# the 2 cores of CI about 60% busy): each of their two pytests runs them on two workers
-# (pytest-xdist; each worker keeps the memory tier in a folder of its own, tests/conftest.py).
-XDIST ?= -n 2
 PYTEST_RUN = PYTHONDONTWRITEBYTECODE=1 FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) \
 	$$as_user $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -64,28 +61,29 @@ test: install lint
 	@set -o pipefail; \
 	$(CLUSTER) up || exit 1; \
 	$(CLUSTER2) up || { $(CLUSTER) destroy; exit 1; }; \
-	sum1=$$(mktemp); sum2=$$(mktemp); sum3=$$(mktemp); sum4=$$(mktemp); \
+	sum1=$$(mktemp); sum2=$$(mktemp); sum3=$$(mktemp); sum4=$$(mktemp); sum5=$$(mktemp); \
 	log2=$$(mktemp); log3=$$(mktemp); log4=$$(mktemp); rcs3=$$(mktemp); \
 	mem=$$(mktemp -d /dev/shm/ftslurm-tests.XXXXXX 2>/dev/null || mktemp -d); \
 	mem4=$$(mktemp -d /dev/shm/ftslurm-tests.XXXXXX 2>/dev/null || mktemp -d); \
-	rc1=0; rc2=0; rc3=0; rc4=0; as_user=""; \
+	rc1=0; rc2=0; rc3=0; rc4=0; rc5=0; as_user=""; \
 	if [ "$$(id -u)" = 0 ]; then \
 		{ $(CLUSTER) add-user $(TEST_USER) && $(CLUSTER2) add-user $(TEST_USER); } || \
 			{ $(CLUSTER2) destroy; $(CLUSTER) destroy; exit 1; }; \
-		chown $(TEST_USER) $$sum1 $$sum2 $$sum3 $$sum4 $$mem $$mem4; \
+		chown $(TEST_USER) $$sum1 $$sum2 $$sum3 $$sum4 $$sum5 $$mem $$mem4; \
 		as_user="runuser -u $(TEST_USER) --"; \
 	fi; \
 	FTSLURM_TEST_SUMMARY=$$sum2 $(PYTEST_RUN) -m "slurm and not slurm_2411" >$$log2 2>&1 & p2=$$!; \
-	{ r3=0; FTSLURM_TEST_SUMMARY=$$sum3 $(PYTEST_RUN) -m slurm_2411 >$$log3 2>&1 || r3=$$?; \
-	  echo "$$r3" >$$rcs3; } & p3=$$!; \
-	FTSLURM_TEST_SUMMARY=$$sum1 FTSLURM_MEMORY_DIR=$$mem $(PYTEST_RUN) $(XDIST) \
-		-m "not slurm and not lane2" || rc1=$$?; \
-	FTSLURM_TEST_SUMMARY=$$sum4 FTSLURM_MEMORY_DIR=$$mem4 $(PYTEST_RUN) $(XDIST) \
-		-m "not slurm and lane2" >$$log4 2>&1 || rc4=$$?; \
-	wait $$p2 || rc2=$$?; wait $$p3; read -r rc3 <$$rcs3 || rc3=1; \
+	{ r3=0; r4=0; FTSLURM_TEST_SUMMARY=$$sum3 $(PYTEST_RUN) -m slurm_2411 >$$log3 2>&1 || r3=$$?; \
+	  FTSLURM_TEST_SUMMARY=$$sum4 FTSLURM_MEMORY_DIR=$$mem4 $(PYTEST_RUN) \
+		-m "not slurm and lane2" >$$log4 2>&1 || r4=$$?; echo "$$r3 $$r4" >$$rcs3; } & p3=$$!; \
+	FTSLURM_TEST_SUMMARY=$$sum1 FTSLURM_MEMORY_DIR=$$mem $(PYTEST_RUN) \
+		-m "not slurm and not lane2 and not last" || rc1=$$?; \
+	FTSLURM_TEST_SUMMARY=$$sum5 FTSLURM_MEMORY_DIR=$$mem $(PYTEST_RUN) \
+		-m "not slurm and last" || rc5=$$?; \
+	wait $$p2 || rc2=$$?; wait $$p3; read -r rc3 rc4 <$$rcs3 || { rc3=1; rc4=1; }; \
 	echo "=== the tests against Slurm 22.05 (run beside the others) ==="; cat $$log2; \
 	echo "=== the tests against Slurm $(SECOND_SLURM) (run beside the others) ==="; cat $$log3; \
-	echo "=== the slow end-to-end tests without a cluster (lane2: after the others) ==="; \
+	echo "=== the slow end-to-end tests without a cluster (lane2: after those against $(SECOND_SLURM)) ==="; \
 	cat $$log4; \
 	if [ $$rc2 -ne 0 ] || [ $$rc3 -ne 0 ]; then \
 		first=$${FTSLURM_LOCAL_CLUSTER_DIR:-/tmp/ftslurm-localcluster}; \
@@ -94,21 +92,21 @@ test: install lint
 	$(CLUSTER2) destroy || true; \
 	$(CLUSTER) destroy || true; \
 	rm -rf $$mem $$mem4; \
-	echo "pytest exit codes: without a cluster $$rc1 (lane2: $$rc4), Slurm 22.05 $$rc2," \
+	echo "pytest exit codes: without a cluster $$rc1 (lane2: $$rc4, last: $$rc5), Slurm 22.05 $$rc2," \
 		"Slurm $(SECOND_SLURM) $$rc3"; \
-	for rc in $$rc1 $$rc2 $$rc3 $$rc4; do \
+	for rc in $$rc1 $$rc2 $$rc3 $$rc4 $$rc5; do \
 		if [ $$rc -eq 5 ]; then echo "Error: a pytest run collected no tests"; exit 1; fi; done; \
-	$(PY) -c "import json,sys; s1, s2, s3, s4 = (json.load(open(p)) for p in sys.argv[1:]); \
+	$(PY) -c "import json,sys; s1, s2, s3, s4, s5 = (json.load(open(p)) for p in sys.argv[1:]); \
 	line=lambda s, p: f\"{s[p+'_passed']} passed, {s[p+'_failed']} failed, {s[p+'_skipped']} skipped\"; \
-	print(f\"without a cluster: {s1['passed'] + s4['passed']} passed ({s4['passed']} of them in lane2); real Slurm cluster 22.05: {line(s2, 'slurm')}; Slurm $(SECOND_SLURM): {line(s3, 'slurm_2411')}\"); \
-	runs = (s1, s2, s3, s4); users = sorted({s['user'] for s in runs}); \
+	print(f\"without a cluster: {s1['passed'] + s4['passed'] + s5['passed']} passed ({s4['passed']} of them in lane2, {s5['passed']} last); real Slurm cluster 22.05: {line(s2, 'slurm')}; Slurm $(SECOND_SLURM): {line(s3, 'slurm_2411')}\"); \
+	runs = (s1, s2, s3, s4, s5); users = sorted({s['user'] for s in runs}); \
 	print(f\"all {sum(s['passed'] for s in runs)} passed tests ran as {', '.join(users)}\" + ('' if all(s['unprivileged'] for s in runs) else ' (root among them)')); \
 	users_ok = not '$$as_user' or all(s['unprivileged'] for s in runs); \
 	print('' if users_ok else 'Error: a run meant for $(TEST_USER) ran as root'); \
-	no_cluster_ok = all(s['passed'] > 0 and not s['slurm_passed'] + s['slurm_2411_passed'] for s in (s1, s4)); \
+	no_cluster_ok = all(s['passed'] > 0 and not s['slurm_passed'] + s['slurm_2411_passed'] for s in (s1, s4, s5)); \
 	sys.exit(0 if users_ok and no_cluster_ok and s2['slurm_passed'] > 0 and not s2['slurm_failed'] and s3['slurm_2411_passed'] > 0 and not s3['slurm_2411_failed'] else 1)" \
-		$$sum1 $$sum2 $$sum3 $$sum4 || exit 1; \
-	[ $$rc1 -eq 0 ] && [ $$rc2 -eq 0 ] && [ $$rc3 -eq 0 ] && [ $$rc4 -eq 0 ]
+		$$sum1 $$sum2 $$sum3 $$sum4 $$sum5 || exit 1; \
+	[ $$rc1 -eq 0 ] && [ $$rc2 -eq 0 ] && [ $$rc3 -eq 0 ] && [ $$rc4 -eq 0 ] && [ $$rc5 -eq 0 ]
 
 lint: install
 	$(VENV)/bin/ruff check ftslurm tests benchmarks examples

@@ -33,10 +33,8 @@ import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from ftslurm.backends.slurm_cli import CommandRunner, SlurmCliBackend
-from ftslurm.core.contract import EnvName
 from ftslurm.core.types import JobInfo, JobState
 from ftslurm.errors import InvalidJobId
-from ftslurm.fsutil import memory_base
 from ftslurm.localcluster import ClusterError, LocalCluster
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -44,13 +42,6 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # skips the permission checks a real user meets); only fault controls act as root (sudo).
 RUN_AS = pwd.getpwuid(os.geteuid()).pw_name
 UNPRIVILEGED = os.geteuid() != 0
-# Under pytest-xdist (`make test` runs the tests without a cluster on two workers) each
-# worker keeps the memory tier in a folder of its own below the lane's: mock jobs of two
-# workers have the same node names, and a lost node's memory is wiped by name.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    _own = memory_base() / f"xdist-{os.environ['PYTEST_XDIST_WORKER']}"
-    _own.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.environ[EnvName.MEMORY_DIR.value] = str(_own)
 if not os.access(Path.cwd(), os.W_OK):
     # A checkout the user may read, not write: Hypothesis keeps its examples elsewhere.
     set_hypothesis_home_dir(Path(tempfile.gettempdir()) / f"ftslurm-hypothesis-{os.geteuid()}")
@@ -81,14 +72,28 @@ CLUSTER_PARAMS = [pytest.param("slurm", marks=pytest.mark.slurm)] + (
 )
 
 
-# `make test` runs the tests without a cluster in two pytests, one after the other: most
-# first, then these slow end-to-end scenarios (they wait on the clock, and their timing
-# suffers under load), when only the 22.05 lane still runs beside them. They
-# get the marker `lane2` here, by file and test function (every parameter of it); the
-# marker only splits `make test`: `pytest -m "not slurm"` still runs them. The names are
-# checked to exist (tests/test_lanes.py).
-LANE2 = {
+# `make test` runs the tests without a cluster in three pytests: most in the foreground;
+# these slow end-to-end scenarios (they wait on the clock) in the lane of the 24.11 tests,
+# after them, so that the lanes end at about the same time; and the few in LAST, whose
+# timing suffers most under the load of three lanes (a preemption timed against a slow
+# start, the live-recovery benchmark's figures), after the foreground's, when less runs
+# beside them. They get the marker `lane2` or `last` here, by file and test function
+# (every parameter of it); the markers only split `make test`: `pytest -m "not slurm"`
+# still runs them. The names are checked to exist (tests/test_lanes.py).
+LAST = {
     "test_benchmarks_smoke.py": ("test_live_recovery_benchmark_runs",),
+    "test_lightning_integration.py": (
+        "test_the_lightning_example_survives_a_preemption_and_a_lost_node_on_the_mock",
+    ),
+}
+LANE2 = {
+    "test_daemon_mock.py": (
+        "test_wall_limit_after_a_checkpoint_continues_from_that_step",
+        "test_a_straggler_node_is_excluded_and_the_job_moved_off_it",
+        "test_a_submitit_checkpointable_continues_through_the_daemon_and_reports_goodput",
+        "test_a_hung_rank_is_caught_in_the_first_attempt_without_configured_timeouts",
+        "test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending",
+    ),
     "test_demo.py": (
         "test_mock_demo_survives_node_failure_preemption_and_a_spare_swap_identically",
     ),
@@ -96,16 +101,28 @@ LANE2 = {
         "test_script_smoke_json_plot_and_determinism",
         "test_calibration_reproduces_kokolis_for_plain_requeue",
     ),
+    "test_inject_once_mock.py": (
+        "test_after_a_spare_took_a_lost_nodes_place_a_fresh_job_loses_no_node",
+    ),
     "test_lightning_integration.py": (
-        "test_the_lightning_example_survives_a_preemption_and_a_lost_node_on_the_mock",
         "test_two_ranks_on_one_node_checkpoint_on_the_signal_and_continue_on_the_mock",
     ),
     "test_live.py": (
+        "test_a_replica_that_does_not_answer_in_time_falls_back_to_restarting_every_rank",
+        "test_on_the_mock_a_warm_spare_lost_while_waiting_then_a_node_goes_on_in_a_new_job",
         "test_on_the_mock_the_batch_host_lost_with_live_recovery_goes_on_in_a_new_job",
         "test_on_the_mock_a_straggler_steps_out_to_a_warm_spare",
         "test_on_the_mock_a_crashed_rank_on_the_second_node_is_restarted_alone",
     ),
+    "test_lost_node_mock.py": (
+        "test_a_lost_node_is_replaced_well_before_the_mocks_slurmd_timeout",
+    ),
     "test_peers.py": ("test_no_node_is_reported_lost_with_every_cpu_saturated_for_two_minutes",),
+    "test_spares.py": ("test_on_the_mock_a_spare_replaces_a_failed_node_in_the_same_job",),
+    "test_spares_bench.py": (
+        "test_of_two_non_batch_nodes_judging_a_hang_the_one_whose_rank_is_stopped_steps_out",
+        "test_on_the_mock_a_hung_node_is_replaced_by_the_spare_in_the_same_job",
+    ),
     "test_submitit_plugin.py": (
         "test_the_executor_example_survives_a_preemption_and_a_lost_node",
         "test_a_checkpointable_survives_a_wall_limit_and_a_node_failure_on_the_mock",
@@ -127,6 +144,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slurm)
         elif getattr(item, "originalname", None) in LANE2.get(item.path.name, ()):
             item.add_marker(pytest.mark.lane2)
+        elif getattr(item, "originalname", None) in LAST.get(item.path.name, ()):
+            item.add_marker(pytest.mark.last)
 
 
 LOG_SUFFIXES = (".log", ".out", ".err")
