@@ -301,6 +301,14 @@ def straggler_is_moved_off(cli: Cli, tmp_path: Path, *submit_args: str) -> dict[
     return s
 
 
+def rank_node(run_dir: str | Path, attempt: int, rank: int) -> str:
+    """The node rank `rank` ran on in attempt `attempt` (its rank report): torch's
+    rendezvous numbers the nodes in the order they joined, not the allocation's."""
+    nodes = [r.node for r in read_reports(RunDir(run_dir), Kind.RANK, attempt) if r.rank == rank]
+    assert len(nodes) == 1 and nodes[0], nodes
+    return str(nodes[0])
+
+
 def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
     """The parameter digest of examples/recipe.py run uninterrupted by `world` local ranks
     (no ftslurm around it), for comparing with a run that was interrupted and resumed."""

@@ -15,7 +15,15 @@ import pytest
 
 from ftslurm.daemon.store import Store
 
-from .daemon_scenarios import RECIPE, Cli, daemon_cli_on_a_mock, ended, plain, reference_digest
+from .daemon_scenarios import (
+    RECIPE,
+    Cli,
+    daemon_cli_on_a_mock,
+    ended,
+    plain,
+    rank_node,
+    reference_digest,
+)
 
 pytestmark = pytest.mark.slow  # two daemon runs of two short attempts each
 
@@ -130,7 +138,7 @@ def test_transient_nans_are_rerun_in_place_the_run_goes_on_bit_identical_and_the
     )  # fmt: skip
     s = cli.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED", s
-    node = s["attempts"][0]["nodes"][1]
+    node = rank_node(s["run_dir"], 0, 1)
     assert len(s["attempts"]) == 1 and list(s["flagged_nodes"]) == [node], s
     assert "result validation: 2 transient result faults on its ranks" in str(
         s["flagged_nodes"][node]
@@ -163,7 +171,7 @@ def test_a_persistent_nan_exits_16_and_the_next_attempt_elsewhere_completes(cli,
     assert s["state"] == "COMPLETED", s
     first, second = s["attempts"]
     assert (first["exit_code"], first["cause"], second["exit_code"]) == (16, "resume_elsewhere", 0)
-    bad = first["nodes"][1]  # rank 1's
+    bad = rank_node(s["run_dir"], 0, 1)
     assert bad in s["flagged_nodes"] and bad not in second["nodes"]
     assert s["job_retries_used"] == 0
     (event,) = s["result_checks"]

@@ -15,7 +15,7 @@ import pytest
 
 from ftslurm.daemon.store import Store
 
-from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, plain, reference_digest
+from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, plain, rank_node, reference_digest
 
 pytestmark = pytest.mark.slurm
 
@@ -53,7 +53,7 @@ def test_a_transient_nan_is_rerun_in_place_and_training_goes_on_bit_identical(cl
     assert s["state"] == "COMPLETED", s
     assert len(s["attempts"]) == 1 and s["flagged_nodes"] == {}
     (event,) = s["result_checks"]
-    node = s["attempts"][0]["nodes"][1]
+    node = rank_node(s["run_dir"], 0, 1)
     assert (event["rank"], event["node"], event["verdict"]) == (1, node, "transient")
     assert _final(tmp_path) == reference_digest(tmp_path, STEPS)
     assert Store(cli.home).get_run(run_id).injected == ["nan@5:1"]
@@ -66,7 +66,7 @@ def test_a_persistent_nan_exits_16_and_the_next_attempt_elsewhere_completes(cli,
     assert s["state"] == "COMPLETED", s
     first, second = s["attempts"]
     assert (first["exit_code"], second["exit_code"]) == (16, 0)
-    bad = first["nodes"][1]
+    bad = rank_node(s["run_dir"], 0, 1)
     assert bad in s["flagged_nodes"] and bad not in second["nodes"]
     assert s["job_retries_used"] == 0
     assert [(e["attempt"], e["node"], e["verdict"]) for e in s["result_checks"]] == [
