@@ -241,6 +241,29 @@ def test_the_network_probe_compares_each_node_with_the_median(tmp_path):
     assert all(r.ok and not r.skipped for r in found.values()), found
 
 
+@pytest.mark.parametrize("probe", [True, False])
+def test_a_node_of_a_large_job_runs_the_network_probe_unless_between_rounds(tmp_path, probe):
+    """Through `run_checks`, as the launcher calls it: node rank 1 of a 5-node job probes
+    node rank 0 (which serves); between in-job rounds (`probe_network` False) it does not."""
+    rd = RunDir(tmp_path / "run")
+    rd.attempt(0).mkdir(parents=True)
+    hc.serve_probes(rd, 0, "9", "127.0.0.1", lifetime=20)
+    health = hc.run_checks(
+        HealthConfig(),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        node="n2",
+        node_rank=1,
+        nnodes=5,
+        job="9",
+        attempt=0,
+        run=rd,
+        environ={},
+        probe_network=probe,
+    )
+    assert health.failure is None, health
+    assert (Check.NETWORK in [r.check for r in health.results]) is probe, health
+
+
 def test_a_missing_rank_0_makes_the_network_probe_inconclusive_within_the_bound(tmp_path):
     rd = RunDir(tmp_path / "run")
     started = time.monotonic()

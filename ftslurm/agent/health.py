@@ -372,11 +372,11 @@ def run_checks(
     elapsed_s: float = 0.0,
     environ: Mapping[str, str] | None = None,
     host: str | None = None,
-    network: bool = True,
+    probe_network: bool = True,
 ) -> Health:
     """This node's health check: every check within `config.timeout_s` (those left when the
-    bound is spent are skipped), or the injection's failure when one is due. `network`
-    False: no network probe (between in-job rounds, where the nodes do not check together)."""
+    bound is spent are skipped), or the injection's failure when one is due.
+    `probe_network` False: no network probe (between in-job rounds, where the nodes do not check together)."""
     started = time.monotonic()
     environ = os.environ if environ is None else environ
     fired = _fired(run)
@@ -392,8 +392,8 @@ def run_checks(
     deadline = started + config.timeout_s
     left: Callable[[], float] = lambda: deadline - time.monotonic()  # noqa: E731
     results: list[Result] = []
-    network = network and run is not None and nnodes > rules.MIN_NETWORK_PEERS
-    if network and node_rank == 0:
+    probe_network = probe_network and run is not None and nnodes > rules.MIN_NETWORK_PEERS
+    if probe_network and node_rank == 0:
         with contextlib.suppress(OSError):  # first: the others measure while this node checks
             serve_probes(run, attempt, job, host or socket.gethostname())
     asked = rules.gpus_asked(environ)
@@ -413,7 +413,7 @@ def run_checks(
         site_env = {**environ, EnvName.HEALTH_NODE.value: node}
         results.append(run_site(config.command, left(), site_env))
     if rules.verdict(results) is None and run is not None and node_rank > 0:
-        if network and config.min_bandwidth_ratio > 0:
+        if probe_network and config.min_bandwidth_ratio > 0:
             results.append(
                 network(run, attempt, job, node, node_rank, nnodes, config.min_bandwidth_ratio,
                         deadline)

@@ -793,7 +793,7 @@ class Node:
             injections=parse_inject_env(env.inject),
             elapsed_s=max(0.0, time.time() - started),
             host=os.environ.get("MASTER_ADDR") or socket.gethostname(),
-            network=not between_rounds,
+            probe_network=not between_rounds,
         )
         if health.failure is None:
             if health.results:
