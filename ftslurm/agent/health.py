@@ -376,7 +376,8 @@ def run_checks(
 ) -> Health:
     """This node's health check: every check within `config.timeout_s` (those left when the
     bound is spent are skipped), or the injection's failure when one is due.
-    `probe_network` False: no network probe (between in-job rounds, where the nodes do not check together)."""
+    `probe_network` False: no network probe (between in-job rounds, where the nodes do not
+    check together)."""
     started = time.monotonic()
     environ = os.environ if environ is None else environ
     fired = _fired(run)
