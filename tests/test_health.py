@@ -130,20 +130,21 @@ def test_node_dirs_name_the_node():
 
 # ------------------------------------------------------------------------ the shell
 def _check(
-    tmp_path: Path, environ: dict | None = None, folder: Path | None = None, **config
+    tmp_path: Path,
+    environ: dict | None = None,
+    folder: Path | None = None,
+    where: dict | None = None,
+    **config,
 ) -> hc.Health:
     """One node's checks of a 1-node job; `folder`: its checkpoint directory (default
-    `tmp_path / "ckpt"`)."""
+    `tmp_path / "ckpt"`); `where`: other arguments of `run_checks` (another node of a
+    larger job, its run directory)."""
+    args = dict(node="n1", node_rank=0, nnodes=1, job="1", attempt=0, run=None)
     return hc.run_checks(
         HealthConfig(**config),
         checkpoint_dir=str(folder if folder is not None else tmp_path / "ckpt"),
-        node="n1",
-        node_rank=0,
-        nnodes=1,
-        job="1",
-        attempt=0,
-        run=None,
         environ=environ or {},
+        **{**args, **(where or {})},
     )
 
 
@@ -248,18 +249,8 @@ def test_a_node_of_a_large_job_runs_the_network_probe_unless_between_rounds(tmp_
     rd = RunDir(tmp_path / "run")
     rd.attempt(0).mkdir(parents=True)
     hc.serve_probes(rd, 0, "9", "127.0.0.1", lifetime=20)
-    health = hc.run_checks(
-        HealthConfig(),
-        checkpoint_dir=str(tmp_path / "ckpt"),
-        node="n2",
-        node_rank=1,
-        nnodes=5,
-        job="9",
-        attempt=0,
-        run=rd,
-        environ={},
-        probe_network=probe,
-    )
+    where = dict(node="n2", node_rank=1, nnodes=5, job="9", run=rd, probe_network=probe)
+    health = _check(tmp_path, where=where)
     assert health.failure is None, health
     assert (Check.NETWORK in [r.check for r in health.results]) is probe, health
 
