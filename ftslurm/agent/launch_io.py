@@ -72,16 +72,15 @@ def pause_for_tests(phase: str) -> None:
         os.close(wake)
 
 
-def sweep_heartbeat_dirs(tmp: Path) -> list[Path]:
+def sweep_heartbeat_dirs(tmp: Path) -> None:
     """Remove the node-local folders (`HeartbeatDir`) that launchers of this user left in
     `tmp` when they were killed (SIGKILL at a lost node or at KillWait: no clean-up ran),
-    whose launcher no longer runs on this machine; return them. Another user's folder, or
-    one whose launcher runs (stopped included), is left alone."""
-    removed = []
+    whose launcher no longer runs on this machine. Another user's folder, or one whose
+    launcher runs (stopped included), is left alone."""
     try:
         entries = list(os.scandir(tmp))
     except OSError:
-        return removed
+        return
     for entry in entries:
         pid = HeartbeatDir.launcher_pid(entry.name)
         try:
@@ -91,8 +90,6 @@ def sweep_heartbeat_dirs(tmp: Path) -> list[Path]:
         if pid is None or not mine or pid_alive(pid):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(Path(entry.path))
-    return removed
 
 
 def _below(pid: int) -> Iterator[tuple[int, list[str]]]:

@@ -141,8 +141,9 @@ class Validator:
         (apply the step) or RERUN (restore the state from before the step and run it
         again, then call `validate` again with the re-run's result). The same answer on
         every rank (a collective). Exit 16 or 17 never return."""
-        value = self._spoil(_number(result), self.suspect is not None and self.suspect.step == step)
-        if self.suspect is None or self.suspect.step != step:
+        rerun = self.suspect is not None and self.suspect.step == step
+        value = self._spoil(_number(result), rerun)
+        if not rerun:
             self.suspect = None
             self.checks += 1
             finding = rules.check(value, self.recent, self.settings)

@@ -1355,12 +1355,17 @@ def _flaky(
     """The nodes to flag now for the transient result faults found on them in the run
     (`policy.flaky_nodes`): not those this ending flags already, nor those the run has a
     result-validation flag on (flagged once, not at every later ending)."""
-    mine = [
-        f.node
+    mine = [f.node for f in _validation_flags(run, facts)]
+    return policy.flaky_nodes(files.validation, settings, [*excluded, *mine])
+
+
+def _validation_flags(run: Run, facts: Facts) -> list[NodeFlag]:
+    """The flags this run set for result validation (exit 16, or transient faults)."""
+    return [
+        f
         for f in facts.flags
         if f.run_id == run.run_id and f.reason.startswith(policy.VALIDATION_FLAG)
     ]
-    return policy.flaky_nodes(files.validation, settings, [*excluded, *mine])
 
 
 def _validation(
@@ -1388,11 +1393,7 @@ def _validation(
         ]
     if not d.clear_validation_flags:
         return []
-    mine = [
-        f
-        for f in facts.flags
-        if f.run_id == run.run_id and f.reason.startswith(policy.VALIDATION_FLAG)
-    ]
+    mine = _validation_flags(run, facts)
     return [
         *(UnflagNode(f.node, f.reason, run.run_id) for f in mine),
         Event(
