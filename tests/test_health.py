@@ -170,6 +170,22 @@ def test_a_checkpoint_directory_that_cannot_be_made_fails_the_node(tmp_path):
     assert str(blocker / "ckpt") in health.failure.detail
 
 
+def test_a_launcher_started_by_hand_does_not_probe_a_guessed_checkpoint_folder(
+    tmp_path, monkeypatch
+):
+    """Without the daemon's FTSLURM_CHECKPOINT_DIR the ranks' folder is unknown (a recipe may
+    name its own): the launcher writes nowhere and says why, and the working directory's
+    `checkpoints` (here a file, unwritable for root too) fails nothing."""
+    (tmp_path / "checkpoints").write_text("not a folder")
+    monkeypatch.chdir(tmp_path)
+    args = dict(node="n1", node_rank=0, nnodes=1, job="1", attempt=0, run=None, environ={})
+    health = hc.run_checks(HealthConfig(), checkpoint_dir=None, **args)
+    assert health.failure is None, hc.said(health)
+    (first,) = [r for r in health.results if r.check is Check.CHECKPOINT_DIR]
+    assert first.skipped and "FTSLURM_CHECKPOINT_DIR" in first.detail
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+
+
 def test_a_node_local_folder_named_by_the_node_is_checked_too(tmp_path):
     (tmp_path / "scratch").mkdir()
     (tmp_path / "scratch" / "n1").write_text("a file where the folder should be")

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from ftslurm.core.contract import EnvName
 from ftslurm.core.contract.reports import Unhealthy
 from ftslurm.core.inject import Injection, InjectKind
 
@@ -30,6 +31,8 @@ class Check(str, Enum):
 
 
 MB = 1024 * 1024
+# A launcher started without the daemon's checkpoint folder cannot know where its ranks write.
+NO_CHECKPOINT_DIR = f"no checkpoint folder named ({EnvName.CHECKPOINT_DIR.value} unset)"
 
 
 @dataclass(frozen=True)

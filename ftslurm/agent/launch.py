@@ -783,7 +783,7 @@ class Node:
         started = _env_float("SLURM_JOB_START_TIME", self.started)
         health = hc.run_checks(
             env.health,
-            checkpoint_dir=env.checkpoint_folder,
+            checkpoint_dir=env.checkpoint_dir,
             node=self.node_name,
             node_rank=self.args.node_rank,
             nnodes=self.args.nnodes,
