@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -309,9 +310,21 @@ def rank_node(run_dir: str | Path, attempt: int, rank: int) -> str:
     return str(nodes[0])
 
 
+_REFERENCE_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
 def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
     """The parameter digest of examples/recipe.py run uninterrupted by `world` local ranks
-    (no ftslurm around it), for comparing with a run that was interrupted and resumed."""
+    (no ftslurm around it), for comparing with a run that was interrupted and resumed.
+    Deterministic (bit-identical runs are the point): run once per recipe text, `steps` and
+    `world` in a pytest process, then remembered."""
+    key = (RECIPE.read_text(), steps, world)
+    if key not in _REFERENCE_DIGESTS:
+        _REFERENCE_DIGESTS[key] = _run_reference(tmp_path, steps, world)
+    return _REFERENCE_DIGESTS[key]
+
+
+def _run_reference(tmp_path: Path, steps: int, world: int) -> str:
     folder = tmp_path / "reference"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTSLURM_", "SLURM_"))}
     port = str(free_port())
@@ -339,18 +352,68 @@ def reference_digest(tmp_path: Path, steps: int, world: int = 2) -> str:
     return final["digest"]
 
 
+def job_log(run: RunDir) -> str:
+    """What the run's jobs wrote to their output so far (the launchers' lines, the ranks')."""
+    return "".join(p.read_text(errors="replace") for p in sorted(run.logs.glob("job-*.out")))
+
+
+def lease_of(run: RunDir, attempt: int, node_rank: int) -> dict[str, Any]:
+    """Node rank `node_rank`'s launcher's lease (its node, its pid)."""
+    from .conftest import wait_for
+
+    path = run.peer_lease(attempt, node_rank)
+    return wait_for(lambda: path.exists() and json.loads(path.read_text()), 60, path.name)
+
+
+def trained_step(run: RunDir) -> int:
+    return int(json.loads(run.progress.read_text()).get("step") or 0)
+
+
+def training_process(launcher_pid: int) -> int:
+    """The pid of examples/recipe.py below a launcher (its rank's training script)."""
+    todo, seen = [launcher_pid], set()
+    while todo:
+        pid = todo.pop()
+        seen.add(pid)
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(cmd) > 1 and cmd[1] == str(RECIPE).encode():  # not a wrapper or launcher
+            return pid
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                todo += [
+                    int(k) for k in (task / "children").read_text().split() if int(k) not in seen
+                ]
+            except OSError:
+                pass
+    raise AssertionError(f"no training process below {launcher_pid}")
+
+
+# `spare_takes_over_on_the_mock`'s forced timings: once step 20 is saved, node rank 1's node
+# fails, or its rank is stopped (SIGSTOP). Timed from the job's start, a fault lands before
+# the ranks are up on a loaded machine; an injection aimed at a rank lands on whichever node
+# torch's rendezvous gave that rank (node descriptors in pid order on one machine), the
+# batch host included, which never steps out.
+FAIL_NODE_1 = "fail node rank 1 at step 20"
+STOP_NODE_1 = "stop node rank 1's rank at step 20"
+
+
 def spare_takes_over_on_the_mock(
     tmp_path: Path, inject: str, settings: str = "", live: bool = False
 ) -> tuple[Any, dict[str, Any]]:
     """`--dry-run -N 2 --spare-nodes 1 --inject INJECT` of examples/recipe.py (200 steps
-    of 0.1 s: an injection 15 s after the start lands mid-training)
+    of 0.1 s: an injection 15 s after a rank's start lands mid-training)
     on a fresh mock with its default SlurmdTimeout (300 s); `settings`: more Recipe
-    arguments. Waits for the end of training and checks that it stayed in one job and ended
-    bit-identical to an uninterrupted run, with round 1 (the spare's) in that job in a
-    world of 2. Returns the run directory (`RunDir`) and round 1's record. `live`: with
-    live recovery (`--live-recovery`, the recipe's `--live`): no round 1 (no rank restarts),
-    the live recovery's record instead (`recovery/live-*.json`), which a warm spare's rank
-    joined."""
+    arguments. `inject` FAIL_NODE_1 or STOP_NODE_1: no injection, that fault at step 20
+    (and, live, once the spare's ranks wait warm). Waits for the end of training and checks
+    that it stayed in one job and ended bit-identical to an uninterrupted run, with round 1
+    (the spare's) in that job in a world of 2. Returns the run directory (`RunDir`) and
+    round 1's record. `live`: with live recovery (`--live-recovery`, the recipe's
+    `--live`): no round 1 (no rank restarts), the live recovery's record instead
+    (`recovery/live-*.json`), which a warm spare's rank joined.joined."""
+    from .conftest import wait_for
 
     steps = 200
     expected = reference_digest(tmp_path, steps)
@@ -362,8 +425,7 @@ def spare_takes_over_on_the_mock(
             "2",
             "--spare-nodes",
             "1",
-            "--inject",
-            inject,
+            *(["--inject", inject] if inject not in (FAIL_NODE_1, STOP_NODE_1) else []),
             *(["--live-recovery"] if live else []),
             str(recipe),
             "--",
@@ -376,11 +438,17 @@ def spare_takes_over_on_the_mock(
             str(tmp_path / "ckpt"),
         )
         run = RunDir(cli.status(out["run_id"])["run_dir"])
+        if inject in (FAIL_NODE_1, STOP_NODE_1):
+            if live:
+                wait_for(lambda: "wait warm" in job_log(run), 120, "the spare's ranks to start")
+            wait_for(lambda: run.progress.exists() and trained_step(run) >= 20, 120, "step 20")
+            lease = lease_of(run, 0, 1)
+            if inject == FAIL_NODE_1:
+                cli("mock", "fail-node", lease["node"])
+            else:
+                os.kill(training_process(lease["pid"]), signal.SIGSTOP)
         final = tmp_path / "ckpt" / "final.json"
-        deadline = time.monotonic() + 110
-        while not final.exists():
-            assert time.monotonic() < deadline, "timed out waiting for the end of training"
-            time.sleep(0.2)
+        wait_for(final.exists, 240, "the end of training")
         s = cli.summary(out["run_id"])
         assert [a["job_id"] for a in s["attempts"]] == [out["job_id"]], s
         assert json.loads(final.read_text())["digest"] == expected

@@ -43,7 +43,7 @@ from ftslurm.agent.launch_io import PAUSE_ENV
 from ftslurm.agent.sigmask import caught_signals
 from ftslurm.core.contract import EnvName, RunDir
 
-from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended
+from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, job_log
 
 # Each rank leaves a mark as its first act (it started), then trains (examples/recipe.py).
 TRAIN = f"""
@@ -131,10 +131,6 @@ def hold(run_dir: str, phase: str, nodes: list[int], deadline: float) -> dict[in
             assert time.monotonic() < deadline, "a launcher did not stop"
             time.sleep(0.01)
     return held
-
-
-def job_log(run: RunDir) -> str:
-    return "".join(p.read_text() for p in sorted(run.logs.glob("job-*.out")))
 
 
 def signal_at(cli: Cli, tmp_path: Path, phase: str, sig: int, backend: str, *args: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -492,6 +492,8 @@ def B(
 V = Verdict
 NODE_FAIL_E = E(J.NODE_FAIL, nodes=("n1", "n2"), down_nodes=("n2",))
 CKPT = E(J.TIMEOUT, 0, rank_outcomes=("checkpointed",))
+# the same with the run's checkpoints known (none newer: a stalled continuation)
+CKPT_KNOWN = dataclasses.replace(CKPT, checkpoints_known=True)
 CKPT_PROGRESS = E(J.TIMEOUT, 0, rank_outcomes=("checkpointed",), checkpoint_advanced=True)
 
 # id, cause, ending, budget in, settings, cancel_requested -> verdict, reason words,
@@ -918,7 +920,7 @@ DECIDE_ROWS = [
     (
         "checkpointed/first-stall",
         C.CHECKPOINTED,
-        CKPT,
+        CKPT_KNOWN,
         B(0, {}, 3, 0),
         {},
         False,
@@ -930,7 +932,7 @@ DECIDE_ROWS = [
     (
         "checkpointed/second-stall",
         C.CHECKPOINTED,
-        CKPT,
+        CKPT_KNOWN,
         B(2, {"crash": 2}, 4, 1),
         {},
         False,
@@ -942,7 +944,7 @@ DECIDE_ROWS = [
     (
         "checkpointed/stalled-out",
         C.CHECKPOINTED,
-        CKPT,
+        CKPT_KNOWN,
         B(0, {}, 4, 2),
         {},
         False,
@@ -954,7 +956,7 @@ DECIDE_ROWS = [
     (
         "checkpointed/stalled-out-k1",
         C.CHECKPOINTED,
-        CKPT,
+        CKPT_KNOWN,
         B(),
         {"max_stalled_continuations": 1},
         False,
@@ -1344,7 +1346,8 @@ def test_the_reason_says_the_script_does_not_handle_the_checkpoint_signal():
         signal_withheld="USR2",
     )
     d = decide(classify(e, DEFAULT), e, B(), DEFAULT)
-    assert (d.verdict, d.budget) == (V.CONTINUE, B(cont=1, stalled=1))
+    # its own checkpoints are not seen: the continuation is not judged stalled
+    assert (d.verdict, d.budget) == (V.CONTINUE, B(cont=1, stalled=0))
     assert d.reason == (
         "checkpointed: continuing; the script does not handle SIGUSR2: left "
         "to the wall limit, continued from its last checkpoint"
@@ -1535,8 +1538,9 @@ def test_simulated_runs_keep_their_budgets(endings_, s, cancel_from):
 
 
 @st.composite
-def checkpointed_endings(draw, advanced: bool = False) -> Ending:
-    """The forms of "checkpointed, continue me" classify recognises."""
+def checkpointed_endings(draw, advanced: bool = False, known: bool = True) -> Ending:
+    """The forms of "checkpointed, continue me" classify recognises; `known`: the run
+    reports its checkpoints (a wall limit without a newer one is then a timeout)."""
     base = draw(
         st.sampled_from(
             [
@@ -1549,7 +1553,9 @@ def checkpointed_endings(draw, advanced: bool = False) -> Ending:
             ]
         )
     )
-    return dataclasses.replace(base, checkpoint_advanced=advanced)
+    e = dataclasses.replace(base, checkpoint_advanced=advanced, checkpoints_known=known)
+    assume(classify(e, DEFAULT) is C.CHECKPOINTED)
+    return e
 
 
 @settings(max_examples=200, deadline=None)
@@ -1571,6 +1577,22 @@ def test_continuations_without_progress_stop_after_max_stalled(endings_, s, used
     assert f"no checkpoint progress over {k} continuations" in d.reason
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(checkpointed_endings(known=False), min_size=12, max_size=12), ft_settings())
+def test_continuations_of_a_run_whose_checkpoints_are_not_seen_are_never_judged_stalled(
+    endings_, s
+):
+    """A plain script (no rank agent, no progress file) that saves on the checkpoint
+    signal: the daemon cannot see its progress, so no continuation counts as stalled and
+    a long run is continued past max_stalled_continuations wall limits."""
+    budget = Budget()
+    for e in endings_:
+        d = decide(classify(e, s), e, budget, s)
+        assert d.verdict is V.CONTINUE, d
+        budget = d.budget
+    assert budget == Budget(0, {}, len(endings_), 0)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.booleans(), min_size=1, max_size=30), st.integers(1, 5))
 def test_stall_count_is_consecutive_continuations_without_progress(progress, k):
@@ -1578,7 +1600,11 @@ def test_stall_count_is_consecutive_continuations_without_progress(progress, k):
     budget, stalled, verdicts, expected = Budget(), 0, [], []
     for advanced in progress:
         e = Ending(
-            JobState.TIMEOUT, 0, rank_outcomes=("checkpointed",), checkpoint_advanced=advanced
+            JobState.COMPLETED,
+            0,
+            rank_outcomes=("checkpointed",),
+            checkpoint_advanced=advanced,
+            checkpoints_known=True,
         )
         d = decide(classify(e, s), e, budget, s)
         budget = d.budget

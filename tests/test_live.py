@@ -484,8 +484,9 @@ def test_a_hung_node_steps_out_and_a_warm_spare_takes_its_ranks_over_live(tmp_pa
     host) and waits for a peer to: the bench record explains the hang, and its rank keeps
     its process. The spare takes rank 1 over with the state from rank 0, and the run ends
     bit-identical to an uninterrupted one."""
+    from .daemon_scenarios import training_process
     from .test_spares import node_report
-    from .test_spares_bench import HANG_TIMEOUTS, training_process
+    from .test_spares_bench import HANG_TIMEOUTS
 
     def hang(nodes: Any) -> list[int]:
         rank = training_process(nodes.procs[1].pid)
@@ -611,12 +612,13 @@ def test_a_warm_spare_lost_while_waiting_leaves_no_spare_for_the_next_loss(tmp_p
 
 def test_on_the_mock_a_warm_spare_takes_over_a_failed_node_in_the_same_job(tmp_path):
     """`--dry-run --spare-nodes 1 --live-recovery` with the mock's default SlurmdTimeout
-    (300 s): node index 1 fails 15 s in (its launcher and rank die with it); the spare's
+    (300 s): node rank 1's node fails once step 20 is saved (`mock fail-node`: its launcher
+    and rank die with it); the spare's
     waiting rank takes rank 1 over live, inside the same job, and training ends
     bit-identical to an uninterrupted run."""
-    from .daemon_scenarios import spare_takes_over_on_the_mock
+    from .daemon_scenarios import FAIL_NODE_1, spare_takes_over_on_the_mock
 
-    run, record = spare_takes_over_on_the_mock(tmp_path, "node_fail@15:1", live=True)
+    run, record = spare_takes_over_on_the_mock(tmp_path, FAIL_NODE_1, live=True)
     assert record["took_over"] == 1 and record["receivers"] == [1], record
     assert record["first_commit_at"] is not None, record
     assert not list(run.recovery(0).glob("round-*.json"))  # no rank restarted
@@ -714,21 +716,6 @@ def test_on_the_mock_the_batch_host_lost_with_live_recovery_goes_on_in_a_new_job
     assert said in report and "the run goes on in a new job" in report, report
 
 
-def job_log(run: RunDir) -> str:
-    """What the run's jobs wrote to their output so far (the launchers' lines, the ranks')."""
-    return "".join(p.read_text(errors="replace") for p in sorted(run.logs.glob("job-*.out")))
-
-
-def lease_of(run: RunDir, attempt: int, node_rank: int) -> dict[str, Any]:
-    """Node rank `node_rank`'s launcher's lease (its node, its pid)."""
-    path = run.peer_lease(attempt, node_rank)
-    return wait_for(lambda: path.exists() and json.loads(path.read_text()), 60, path.name)
-
-
-def trained_step(run: RunDir) -> int:
-    return int(json.loads(run.progress.read_text()).get("step") or 0)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_on_the_mock_a_warm_spare_lost_while_waiting_then_a_node_goes_on_in_a_new_job(tmp_path):
@@ -738,8 +725,14 @@ def test_on_the_mock_a_warm_spare_lost_while_waiting_then_a_node_goes_on_in_a_ne
     the training moved on, node rank 1's node fails: no spare is left, node 0's launcher
     falls back (NO_SPARE), the daemon moves the run to a new job (on a mock of 5 nodes: 3
     left beside the 2 lost), which resumes from the last checkpoint and ends bit-identical."""
-    from .daemon_scenarios import live_falls_back_to_a_new_job_on_the_mock, started_once
-    from .test_spares_bench import training_process
+    from .daemon_scenarios import (
+        job_log,
+        lease_of,
+        live_falls_back_to_a_new_job_on_the_mock,
+        started_once,
+        trained_step,
+        training_process,
+    )
 
     seen: dict[str, Any] = {}
 

@@ -44,8 +44,18 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
     yield from daemon_cli(tmp_path, PYTHONWARNINGS="ignore")
 
 
+_UNINTERRUPTED: list[dict] = []
+
+
 def uninterrupted(tmp: Path) -> dict:
-    """The same 4 ranks on this machine under one launcher, nothing injected."""
+    """The same 4 ranks on this machine under one launcher, nothing injected (run once in a
+    pytest process: the tests compare with it bit for bit)."""
+    if not _UNINTERRUPTED:
+        _UNINTERRUPTED.append(_run_uninterrupted(tmp))
+    return _UNINTERRUPTED[0]
+
+
+def _run_uninterrupted(tmp: Path) -> dict:
     for name in ("run", "ckpt"):
         (tmp / name).mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}

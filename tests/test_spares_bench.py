@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,12 @@ from ftslurm.agent import spares as sp
 from ftslurm.core.contract import PEER_LOST_REPORTS, ROUND_RECORDS, RunDir
 from ftslurm.core.contract.reports import Benched, PeerLost
 
-from .daemon_scenarios import RECIPE, reference_digest, spare_takes_over_on_the_mock
+from .daemon_scenarios import (
+    STOP_NODE_1,
+    reference_digest,
+    spare_takes_over_on_the_mock,
+    training_process,
+)
 from .test_spares import Launchers, node_report
 
 NOW = 1_000.0
@@ -131,28 +135,6 @@ def test_a_benched_active_node_is_swapped_like_a_lost_one(tmp_path):
 # ---------------------------------------------------------------- three launchers, one machine
 # "checkpointing" too: the rank may be stopped inside a save, where the others wait for it.
 HANG_TIMEOUTS = '{"step": 3, "compute": 3, "checkpointing": 5, "out_of_section": 3}'
-
-
-def training_process(launcher_pid: int) -> int:
-    """The pid of examples/recipe.py below a launcher (its rank's training script)."""
-    todo, seen = [launcher_pid], set()
-    while todo:
-        pid = todo.pop()
-        seen.add(pid)
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(cmd) > 1 and cmd[1] == str(RECIPE).encode():  # not a wrapper or launcher
-            return pid
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                todo += [
-                    int(k) for k in (task / "children").read_text().split() if int(k) not in seen
-                ]
-            except OSError:
-                pass
-    raise AssertionError(f"no training process below {launcher_pid}")
 
 
 def test_a_hung_node_steps_out_and_a_spare_replaces_it_in_the_same_run(tmp_path):
@@ -272,12 +254,12 @@ def test_a_persistent_straggler_steps_out_and_a_spare_replaces_it(tmp_path):
 
 # ---------------------------------------------------------------- the mock scheduler
 def test_on_the_mock_a_hung_node_is_replaced_by_the_spare_in_the_same_job(tmp_path):
-    """`--dry-run`: rank 1 hangs (the hang injection, SIGSTOP); the launcher of its node
+    """`--dry-run`: node rank 1's rank is stopped (SIGSTOP) at step 20; its launcher
     steps out, the spare takes over inside the same job, the daemon flags the node and
     records the swap, and training ends bit-identical."""
     run, record = spare_takes_over_on_the_mock(
         tmp_path,
-        "hang@15:1",
+        STOP_NODE_1,
         ", section_timeouts={'step': 3.0, 'compute': 3.0, "
         "'checkpointing': 5.0}, out_of_section_timeout=3.0",
     )

@@ -237,6 +237,16 @@ def decide(
     return replace(d, reason="; ".join([d.reason, *notes]))
 
 
+def _stalled(e: Ending, budget: Budget) -> int:
+    """Continuations in a row without checkpoint progress, this one included. A run that
+    reports no checkpoints (a plain script, no rank agent) is not judged: the daemon cannot
+    see its progress, and counting each continuation as stalled would end a long run after
+    `max_stalled_continuations` wall limits however far it got."""
+    if e.checkpoint_advanced:
+        return 0
+    return budget.stalled_continuations + (1 if e.checkpoints_known else 0)
+
+
 def _decide(
     cause: Cause, e: Ending, budget: Budget, settings: FtSettings, cancel_requested: bool
 ) -> Decision:
@@ -246,7 +256,7 @@ def _decide(
         why = "cancelled by the user" if cancel_requested else "cancelled outside ftslurm"
         return Decision(Verdict.CANCEL, cause, why, budget)
     if cause is Cause.CHECKPOINTED:
-        stalled = 0 if e.checkpoint_advanced else budget.stalled_continuations + 1
+        stalled = _stalled(e, budget)
         if stalled >= settings.max_stalled_continuations:
             new = Budget(
                 budget.job_retries_used, dict(budget.cause_counts), budget.continuations, stalled
