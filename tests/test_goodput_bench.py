@@ -292,9 +292,9 @@ def bench(tmp_path: Path, *args: str) -> dict:
             sys.executable,
             str(SCRIPT),
             "--sizes",
-            "32,128",
+            "16,32",
             "--days",
-            "3",
+            "0.25",
             "--seed",
             "3",
             "--json",
@@ -314,7 +314,7 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
     png = tmp_path / "out.png"
     out = bench(tmp_path, "--plot", str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert out["sizes"] == [32, 128] and out["days"] == 3 and out["seed"] == 3
+    assert out["sizes"] == [16, 32] and out["days"] == 0.25 and out["seed"] == 3
     assert out["queue_waits_s"] == [0, 600]
     assert set(out["policies"]) == {
         "plain",
@@ -329,7 +329,7 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
         "ftslurm_live",
         "ftslurm_live_sharded",
     }
-    assert set(out["results"]) == {"32", "128"}
+    assert set(out["results"]) == {"16", "32"}
     for entry in out["results"].values():
         assert entry["trace"]["pool_nodes"] > entry["trace"]["nodes"]
         assert [r["queue_wait_s"] for r in entry["runs"]] == [0, 600]
@@ -341,7 +341,7 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
             assert set(one["policies"]) == set(out["policies"])
             for p in one["policies"].values():
                 assert set(p["lost_s"]) == set(out["causes"])
-                assert p["wall_s"] == pytest.approx(3 * DAY)
+                assert p["wall_s"] == pytest.approx(0.25 * DAY)
                 total = p["productive_s"] + sum(p["lost_s"].values())
                 assert total == pytest.approx(p["wall_s"], rel=1e-6)
                 assert p["ettr"] == pytest.approx(p["productive_s"] / p["wall_s"])
@@ -384,7 +384,7 @@ def test_script_smoke_json_plot_and_determinism(tmp_path):
 
 def test_markdown_table_has_both_bounds_and_both_queue_waits(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--sizes", "32", "--days", "2", "--markdown", "--plot", ""],
+        [sys.executable, str(SCRIPT), "--sizes", "32", "--days", "1", "--markdown", "--plot", ""],
         capture_output=True,
         text=True,
         timeout=120,
@@ -428,7 +428,7 @@ def test_calibration_reproduces_kokolis_for_plain_requeue(capsys):
 
 def test_calibration_fails_when_the_simulator_is_off(monkeypatch, capsys):
     monkeypatch.setattr(gp, "CALIBRATION_CASES", ((3600.0, 0.80),))
-    assert gp.main(["--calibrate", "--days", "10"]) == 1
+    assert gp.main(["--calibrate", "--days", "3"]) == 1
     assert "OFF" in capsys.readouterr().out
 
 
