@@ -43,16 +43,19 @@ demo-slurm: install
 # As root, the tests run as an ordinary user, $(TEST_USER) (created if missing, registered
 # in accounting; the cluster's fault controls alone go through sudo): root is Slurm's super
 # user and would skip the permission checks users meet.
-# Three lanes of pytest run side by side, since most tests wait on Slurm or the clock: the
-# tests without a cluster (in the foreground), those against 22.05, and those against
-# $(SECOND_SLURM) followed by the slow end-to-end tests without a cluster marked `lane2`
-# by tests/conftest.py, so that no lane is much longer than another; the few whose timing
-# suffers most under that load (marked `last`) run after the foreground's, when less runs
-# beside them. The other lanes' output follows. They share nothing a test relies on:
-# rendezvous ports are bound and published by the launchers (none comes from a job id),
-# job ids differ (the clusters' from FirstJobId 20001, the mock's from a random offset),
-# and each pytest without a cluster keeps the memory tier in a folder of its own (node
-# names are alike, and a lost node's memory is wiped by name).
+# Two lanes of pytest run side by side, one per core: the tests without a cluster in the
+# foreground (the few whose timing suffers most under load, marked `last` by
+# tests/conftest.py, after the others); beside them, the tests against 22.05, then those
+# against $(SECOND_SLURM), then the slow end-to-end tests without a cluster marked `lane2`
+# (they mostly wait on the clock), so that the lanes end at about the same time. The
+# suite is CPU-bound: a third lane only made every test slower and the timing-sensitive
+# ones fail. The background lane's output follows. The lanes share nothing a test relies
+# on: rendezvous ports are bound and published by the launchers (none comes from a job
+# id), job ids differ (the clusters' from FirstJobId 20001, the mock's from a random
+# offset), and each pytest without a cluster keeps the memory tier in a folder of its own
+# (node names are alike, and a lost node's memory is wiped by name). The package's
+# bytecode is compiled once first: the ordinary user may not write it, and each of the
+# suite's thousands of processes would compile it again.
 TEST_USER ?= ftslurm-test
 PYTEST_RUN = PYTHONDONTWRITEBYTECODE=1 FTSLURM_SLURM_VERSIONS=22.05,$(SECOND_SLURM) \
 	$$as_user $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
@@ -72,17 +75,19 @@ test: install lint
 		chown $(TEST_USER) $$sum1 $$sum2 $$sum3 $$sum4 $$sum5 $$mem $$mem4; \
 		as_user="runuser -u $(TEST_USER) --"; \
 	fi; \
-	FTSLURM_TEST_SUMMARY=$$sum2 $(PYTEST_RUN) -m "slurm and not slurm_2411" >$$log2 2>&1 & p2=$$!; \
-	{ r3=0; r4=0; FTSLURM_TEST_SUMMARY=$$sum3 $(PYTEST_RUN) -m slurm_2411 >$$log3 2>&1 || r3=$$?; \
+	$(PY) -m compileall -q ftslurm tests examples benchmarks >/dev/null || true; \
+	{ r2=0; r3=0; r4=0; \
+	  FTSLURM_TEST_SUMMARY=$$sum2 $(PYTEST_RUN) -m "slurm and not slurm_2411" >$$log2 2>&1 || r2=$$?; \
+	  FTSLURM_TEST_SUMMARY=$$sum3 $(PYTEST_RUN) -m slurm_2411 >$$log3 2>&1 || r3=$$?; \
 	  FTSLURM_TEST_SUMMARY=$$sum4 FTSLURM_MEMORY_DIR=$$mem4 $(PYTEST_RUN) \
-		-m "not slurm and lane2" >$$log4 2>&1 || r4=$$?; echo "$$r3 $$r4" >$$rcs3; } & p3=$$!; \
+		-m "not slurm and lane2" >$$log4 2>&1 || r4=$$?; echo "$$r2 $$r3 $$r4" >$$rcs3; } & p3=$$!; \
 	FTSLURM_TEST_SUMMARY=$$sum1 FTSLURM_MEMORY_DIR=$$mem $(PYTEST_RUN) \
 		-m "not slurm and not lane2 and not last" || rc1=$$?; \
 	FTSLURM_TEST_SUMMARY=$$sum5 FTSLURM_MEMORY_DIR=$$mem $(PYTEST_RUN) \
 		-m "not slurm and last" || rc5=$$?; \
-	wait $$p2 || rc2=$$?; wait $$p3; read -r rc3 rc4 <$$rcs3 || { rc3=1; rc4=1; }; \
+	wait $$p3; read -r rc2 rc3 rc4 <$$rcs3 || { rc2=1; rc3=1; rc4=1; }; \
 	echo "=== the tests against Slurm 22.05 (run beside the others) ==="; cat $$log2; \
-	echo "=== the tests against Slurm $(SECOND_SLURM) (run beside the others) ==="; cat $$log3; \
+	echo "=== the tests against Slurm $(SECOND_SLURM) (after those against 22.05) ==="; cat $$log3; \
 	echo "=== the slow end-to-end tests without a cluster (lane2: after those against $(SECOND_SLURM)) ==="; \
 	cat $$log4; \
 	if [ $$rc2 -ne 0 ] || [ $$rc3 -ne 0 ]; then \

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -391,41 +390,29 @@ def training_process(launcher_pid: int) -> int:
     raise AssertionError(f"no training process below {launcher_pid}")
 
 
-# `spare_takes_over_on_the_mock`'s forced timings: once step 20 is saved, node rank 1's node
-# fails, or its rank is stopped (SIGSTOP). Timed from the job's start, a fault lands before
-# the ranks are up on a loaded machine; an injection aimed at a rank lands on whichever node
-# torch's rendezvous gave that rank (node descriptors in pid order on one machine), the
-# batch host included, which never steps out.
-FAIL_NODE_1 = "fail node rank 1 at step 20"
-STOP_NODE_1 = "stop node rank 1's rank at step 20"
-
-
-def spare_takes_over_on_the_mock(
-    tmp_path: Path, inject: str, settings: str = "", live: bool = False
-) -> tuple[Any, dict[str, Any]]:
-    """`--dry-run -N 2 --spare-nodes 1 --inject INJECT` of examples/recipe.py (200 steps
-    of 0.1 s: an injection 15 s after a rank's start lands mid-training)
-    on a fresh mock with its default SlurmdTimeout (300 s); `settings`: more Recipe
-    arguments. `inject` FAIL_NODE_1 or STOP_NODE_1: no injection, that fault at step 20
-    (and, live, once the spare's ranks wait warm). Waits for the end of training and checks
-    that it stayed in one job and ended bit-identical to an uninterrupted run, with round 1
-    (the spare's) in that job in a world of 2. Returns the run directory (`RunDir`) and
-    round 1's record. `live`: with live recovery (`--live-recovery`, the recipe's
-    `--live`): no round 1 (no rank restarts), the live recovery's record instead
-    (`recovery/live-*.json`), which a warm spare's rank joined.joined."""
+def spare_takes_over_on_the_mock(tmp_path: Path, live: bool = False) -> tuple[Any, dict[str, Any]]:
+    """`--dry-run -N 2 --spare-nodes 1` of examples/recipe.py (200 steps of 0.1 s) on a
+    fresh mock with its default SlurmdTimeout (300 s).
+    Forced timing: node rank 1's node fails (`mock fail-node`) once step 20 is saved (and,
+    live, once the spare's ranks wait warm); a failure timed from the job's start
+    (`--inject node_fail@T`) lands before the ranks are up on a loaded machine. Waits for
+    the end of training and checks that it stayed in one job and ended bit-identical to an
+    uninterrupted run, with round 1 (the spare's) in that job in a world of 2. Returns the
+    run directory (`RunDir`) and round 1's record. `live`: with live recovery
+    (`--live-recovery`, the recipe's `--live`): no round 1 (no rank restarts), the live
+    recovery's record instead (`recovery/live-*.json`), which a warm spare's rank joined."""
     from .conftest import wait_for
 
     steps = 200
     expected = reference_digest(tmp_path, steps)
     with on_a_fresh_mock(tmp_path) as cli:
-        recipe = example_recipe(tmp_path, "spare", f", peer_timeout_s=3.0{settings}")
+        recipe = example_recipe(tmp_path, "spare", ", peer_timeout_s=3.0")
         out = cli.submit(
             "--dry-run",
             "-N",
             "2",
             "--spare-nodes",
             "1",
-            *(["--inject", inject] if inject not in (FAIL_NODE_1, STOP_NODE_1) else []),
             *(["--live-recovery"] if live else []),
             str(recipe),
             "--",
@@ -438,15 +425,10 @@ def spare_takes_over_on_the_mock(
             str(tmp_path / "ckpt"),
         )
         run = RunDir(cli.status(out["run_id"])["run_dir"])
-        if inject in (FAIL_NODE_1, STOP_NODE_1):
-            if live:
-                wait_for(lambda: "wait warm" in job_log(run), 120, "the spare's ranks to start")
-            wait_for(lambda: run.progress.exists() and trained_step(run) >= 20, 120, "step 20")
-            lease = lease_of(run, 0, 1)
-            if inject == FAIL_NODE_1:
-                cli("mock", "fail-node", lease["node"])
-            else:
-                os.kill(training_process(lease["pid"]), signal.SIGSTOP)
+        if live:
+            wait_for(lambda: "wait warm" in job_log(run), 120, "the spare's ranks to start")
+        wait_for(lambda: run.progress.exists() and trained_step(run) >= 20, 120, "step 20")
+        cli("mock", "fail-node", lease_of(run, 0, 1)["node"])
         final = tmp_path / "ckpt" / "final.json"
         wait_for(final.exists, 240, "the end of training")
         s = cli.summary(out["run_id"])

@@ -23,7 +23,6 @@ from ftslurm.recipe import Recipe
 
 from .conftest import wait_for
 from .daemon_scenarios import (
-    FAIL_NODE_1,
     RECIPE,
     kill_groups,
     reference_digest,
@@ -340,5 +339,5 @@ def test_on_the_mock_a_spare_replaces_a_failed_node_in_the_same_job(tmp_path):
     the batch host) fails once step 20 is saved; its launcher and rank die with it; the
     spare takes over inside the same job, long before Slurm would have noticed, and
     training ends bit-identical."""
-    _, record = spare_takes_over_on_the_mock(tmp_path, FAIL_NODE_1)
+    _, record = spare_takes_over_on_the_mock(tmp_path)
     assert record["lost"]
