@@ -73,13 +73,13 @@ CLUSTER_PARAMS = [pytest.param("slurm", marks=pytest.mark.slurm)] + (
 
 
 # `make test` runs the tests without a cluster in three pytests: most in the foreground;
-# these slow end-to-end scenarios (they wait on the clock) in the lane of the 24.11 tests,
-# after them, so that the lanes end at about the same time; and the few in LAST, whose
-# timing suffers most under the load of three lanes (a preemption timed against a slow
-# start, the live-recovery benchmark's figures), after the foreground's, when less runs
-# beside them. They get the marker `lane2` or `last` here, by file and test function
-# (every parameter of it); the markers only split `make test`: `pytest -m "not slurm"`
-# still runs them. The names are checked to exist (tests/test_lanes.py).
+# these slow end-to-end scenarios (they wait on the clock) in the lane of the cluster tests,
+# after them, so that the two lanes end at about the same time; and the few in LAST, whose
+# timing suffers most under load (a preemption timed against a slow start, the
+# live-recovery benchmark's figures), after the foreground's. They get the marker `lane2`
+# or `last` here, by file and test function (every parameter of it); the markers only split
+# `make test`: `pytest -m "not slurm"` still runs them. The names are checked to exist
+# (tests/test_lanes.py).
 LAST = {
     "test_benchmarks_smoke.py": ("test_live_recovery_benchmark_runs",),
     "test_lightning_integration.py": (
