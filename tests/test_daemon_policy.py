@@ -1346,8 +1346,9 @@ def test_the_reason_says_the_script_does_not_handle_the_checkpoint_signal():
         signal_withheld="USR2",
     )
     d = decide(classify(e, DEFAULT), e, B(), DEFAULT)
-    # its own checkpoints are not seen: the continuation is not judged stalled
-    assert (d.verdict, d.budget) == (V.CONTINUE, B(cont=1, stalled=0))
+    assert (d.verdict, d.budget) == (V.CONTINUE, B(cont=1, stalled=1))  # heartbeats: judged
+    plain = dataclasses.replace(e, heartbeats=False)  # no rank agent: its progress not seen
+    assert decide(C.CHECKPOINTED, plain, B(), DEFAULT).budget == B(cont=1, stalled=0)
     assert d.reason == (
         "checkpointed: continuing; the script does not handle SIGUSR2: left "
         "to the wall limit, continued from its last checkpoint"
@@ -1540,7 +1541,8 @@ def test_simulated_runs_keep_their_budgets(endings_, s, cancel_from):
 @st.composite
 def checkpointed_endings(draw, advanced: bool = False, known: bool = True) -> Ending:
     """The forms of "checkpointed, continue me" classify recognises; `known`: the run
-    reports its checkpoints (a wall limit without a newer one is then a timeout)."""
+    reports its checkpoints and heartbeats (the rank agent; a wall limit without a newer
+    checkpoint is then a timeout), else a plain script."""
     base = draw(
         st.sampled_from(
             [
@@ -1553,7 +1555,9 @@ def checkpointed_endings(draw, advanced: bool = False, known: bool = True) -> En
             ]
         )
     )
-    e = dataclasses.replace(base, checkpoint_advanced=advanced, checkpoints_known=known)
+    e = dataclasses.replace(
+        base, checkpoint_advanced=advanced, checkpoints_known=known, heartbeats=known
+    )
     assume(classify(e, DEFAULT) is C.CHECKPOINTED)
     return e
 
@@ -1582,9 +1586,9 @@ def test_continuations_without_progress_stop_after_max_stalled(endings_, s, used
 def test_continuations_of_a_run_whose_checkpoints_are_not_seen_are_never_judged_stalled(
     endings_, s
 ):
-    """A plain script (no rank agent, no progress file) that saves on the checkpoint
-    signal: the daemon cannot see its progress, so no continuation counts as stalled and
-    a long run is continued past max_stalled_continuations wall limits."""
+    """A plain script (no rank agent: no heartbeats, no progress file) that saves on the
+    checkpoint signal: the daemon cannot see its progress, so no continuation counts as
+    stalled and a long run is continued past max_stalled_continuations wall limits."""
     budget = Budget()
     for e in endings_:
         d = decide(classify(e, s), e, budget, s)

@@ -238,13 +238,15 @@ def decide(
 
 
 def _stalled(e: Ending, budget: Budget) -> int:
-    """Continuations in a row without checkpoint progress, this one included. A run that
-    reports no checkpoints (a plain script, no rank agent) is not judged: the daemon cannot
-    see its progress, and counting each continuation as stalled would end a long run after
-    `max_stalled_continuations` wall limits however far it got."""
+    """Continuations in a row without checkpoint progress, this one included. A plain
+    script (no rank agent: no heartbeats, no checkpoint reported) is not judged: the daemon
+    cannot see its progress, and counting each continuation as stalled would end a long run
+    after `max_stalled_continuations` wall limits however far it got. A run with the rank
+    agent that reported no checkpoint yet is judged (its start may never reach one)."""
     if e.checkpoint_advanced:
         return 0
-    return budget.stalled_continuations + (1 if e.checkpoints_known else 0)
+    seen = e.checkpoints_known or e.heartbeats
+    return budget.stalled_continuations + (1 if seen else 0)
 
 
 def _decide(
