@@ -111,6 +111,8 @@ LANE2 = {
         "test_a_replica_that_does_not_answer_in_time_falls_back_to_restarting_every_rank",
         "test_on_the_mock_a_warm_spare_lost_while_waiting_then_a_node_goes_on_in_a_new_job",
         "test_on_the_mock_the_batch_host_lost_with_live_recovery_goes_on_in_a_new_job",
+        "test_on_the_mock_a_straggler_steps_out_to_a_warm_spare",
+        "test_on_the_mock_a_crashed_rank_on_the_second_node_is_restarted_alone",
     ),
     "test_lost_node_mock.py": (
         "test_a_lost_node_is_replaced_well_before_the_mocks_slurmd_timeout",
@@ -119,6 +121,7 @@ LANE2 = {
     "test_spares.py": ("test_on_the_mock_a_spare_replaces_a_failed_node_in_the_same_job",),
     "test_spares_bench.py": (
         "test_of_two_non_batch_nodes_judging_a_hang_the_one_whose_rank_is_stopped_steps_out",
+        "test_on_the_mock_a_hung_node_is_replaced_by_the_spare_in_the_same_job",
     ),
     "test_submitit_plugin.py": (
         "test_the_executor_example_survives_a_preemption_and_a_lost_node",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -390,12 +391,16 @@ def training_process(launcher_pid: int) -> int:
     raise AssertionError(f"no training process below {launcher_pid}")
 
 
-def spare_takes_over_on_the_mock(tmp_path: Path, live: bool = False) -> tuple[Any, dict[str, Any]]:
+def spare_takes_over_on_the_mock(
+    tmp_path: Path, live: bool = False, hang: bool = False, settings: str = ""
+) -> tuple[Any, dict[str, Any]]:
     """`--dry-run -N 2 --spare-nodes 1` of examples/recipe.py (200 steps of 0.1 s) on a
-    fresh mock with its default SlurmdTimeout (300 s).
+    fresh mock with its default SlurmdTimeout (300 s); `settings`: more Recipe arguments.
     Forced timing: node rank 1's node fails (`mock fail-node`) once step 20 is saved (and,
     live, once the spare's ranks wait warm); a failure timed from the job's start
-    (`--inject node_fail@T`) lands before the ranks are up on a loaded machine. Waits for
+    (`--inject node_fail@T`) lands before the ranks are up on a loaded machine. `hang`:
+    its rank is stopped (SIGSTOP) instead (the hang injection aims at a rank, which torch's
+    rendezvous may put on the batch host, which never steps out). Waits for
     the end of training and checks that it stayed in one job and ended bit-identical to an
     uninterrupted run, with round 1 (the spare's) in that job in a world of 2. Returns the
     run directory (`RunDir`) and round 1's record. `live`: with live recovery
@@ -406,7 +411,7 @@ def spare_takes_over_on_the_mock(tmp_path: Path, live: bool = False) -> tuple[An
     steps = 200
     expected = reference_digest(tmp_path, steps)
     with on_a_fresh_mock(tmp_path) as cli:
-        recipe = example_recipe(tmp_path, "spare", ", peer_timeout_s=3.0")
+        recipe = example_recipe(tmp_path, "spare", f", peer_timeout_s=3.0{settings}")
         out = cli.submit(
             "--dry-run",
             "-N",
@@ -428,7 +433,11 @@ def spare_takes_over_on_the_mock(tmp_path: Path, live: bool = False) -> tuple[An
         if live:
             wait_for(lambda: "wait warm" in job_log(run), 120, "the spare's ranks to start")
         wait_for(lambda: run.progress.exists() and trained_step(run) >= 20, 120, "step 20")
-        cli("mock", "fail-node", lease_of(run, 0, 1)["node"])
+        lease = lease_of(run, 0, 1)
+        if hang:
+            os.kill(training_process(lease["pid"]), signal.SIGSTOP)
+        else:
+            cli("mock", "fail-node", lease["node"])
         final = tmp_path / "ckpt" / "final.json"
         wait_for(final.exists, 240, "the end of training")
         s = cli.summary(out["run_id"])

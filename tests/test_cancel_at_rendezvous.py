@@ -23,9 +23,8 @@ Forced timing: the first attempt's launchers are held at a phase and the signal 
   its endpoint and waits for it in torch's rendezvous join;
 - "running": not held; the signal comes once rank 0 trains.
 A 2-node run, but for "ranks" and "spawn": a launcher held after the rendezvous holds the
-other's too (node rank 0's hosts its store), so one node there. On the real cluster
-(`slurm`) every phase and signal; on the mock scheduler every phase for the stop, two for
-the checkpoint signal (`ON_THE_MOCK`).
+other's too (node rank 0's hosts its store), so one node there. On the mock scheduler, and
+on the real cluster (`slurm`).
 """
 
 from __future__ import annotations
@@ -254,16 +253,21 @@ def cluster_cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
 
 
 SIGNALS = {"cancel": signal.SIGTERM, "checkpoint": signal.SIGUSR2}
-# On the mock, the checkpoint signal (two attempts, each importing torch: 30-50 s) only in
-# torch's join and while the ranks are being started: at the other phases the launcher's
-# part is the same as on Slurm, where every phase runs, and on one launcher
-# (tests/test_launch.py); the mock's part, delivering `scheduler signal`, is the same at
-# every phase.
-ON_THE_MOCK = [(p, "cancel") for p in PHASES] + [("join", "checkpoint"), ("spawn", "checkpoint")]
+# On the mock, the checkpoint signal takes two attempts (30-50 s): by default only in torch's
+# join and while the ranks are being started; at the other phases (also covered on one
+# launcher, tests/test_launch.py) it is slow.
+SLOW = {(p, "checkpoint") for p in ("imports", "start", "rendezvous", "ranks", "running")}
 
 
 @pytest.mark.timeout(600)  # a checkpoint: two attempts, each importing torch
-@pytest.mark.parametrize("phase, what", ON_THE_MOCK)
+@pytest.mark.parametrize(
+    "phase, what",
+    [
+        pytest.param(p, w, marks=[pytest.mark.slow] if (p, w) in SLOW else [])
+        for p in PHASES
+        for w in SIGNALS
+    ],
+)
 def test_a_signal_at_each_launcher_phase_is_never_lost_on_the_mock(mock, tmp_path, phase, what):
     signal_at(mock, tmp_path, phase, SIGNALS[what], "mock", "--dry-run")
 

@@ -788,6 +788,49 @@ def test_on_the_mock_a_warm_spare_lost_while_waiting_then_a_node_goes_on_in_a_ne
     assert spare in report, report
 
 
+# The mock's scenarios of tests/test_live_slurm.py: 2 nodes x 2 ranks of the recipe, steps
+# of 0.05 s (a straggler slows a step that sleeps by its wait for the node's next running
+# slice: about 1.7-fold at 0.05 s, barely at 0.1 s; docs/fault-injection.md).
+MOCK_STEPS = 400
+MOCK_ARGS = ["--live", "--steps", str(MOCK_STEPS), "--step-time", "0.05", "--ckpt-every", "50"]
+
+
+def test_on_the_mock_a_crashed_rank_on_the_second_node_is_restarted_alone(tmp_path):
+    """`--dry-run`, 2 nodes x 2 ranks of the recipe with --live, rank 3 (on the second
+    node) crashed 15 s in: its launcher restarts it alone, the other ranks (on both nodes)
+    keep their processes, and the run ends in its first job with the parameters of an
+    uninterrupted run of the same 4 ranks (test_live_slurm's scenario)."""
+    from .daemon_scenarios import on_a_fresh_mock, rank_crash_restarted_alone, reference_digest
+
+    expected = reference_digest(tmp_path, MOCK_STEPS, world=4)
+    with on_a_fresh_mock(tmp_path) as cli:
+        final = rank_crash_restarted_alone(
+            cli, RECIPE, tmp_path / "ckpt", MOCK_ARGS, at_s=15, dry_run=True
+        )
+    assert final == {"step": MOCK_STEPS, "digest": expected}
+
+
+def test_on_the_mock_a_straggler_steps_out_to_a_warm_spare(tmp_path):
+    """`--dry-run`, 2 nodes x 2 ranks and a warm spare with live recovery: the second node
+    is slowed 4-fold from 2 s in and judged a persistent straggler after two 2 s windows;
+    its launcher steps out, the spare's waiting ranks take ranks 2 and 3 over live, and the
+    run ends in its first job with the parameters of an uninterrupted run of the same 4
+    ranks (test_live_slurm's scenario)."""
+    from .daemon_scenarios import on_a_fresh_mock, reference_digest, straggler_steps_out_live
+
+    expected = reference_digest(tmp_path, MOCK_STEPS, world=4)
+    with on_a_fresh_mock(tmp_path) as cli:
+        final = straggler_steps_out_live(
+            cli,
+            tmp_path,
+            MOCK_ARGS,
+            interval_s=2.0,
+            dry_run=True,
+            straggler_threshold=0.75,  # the slowed ranks score about 0.6
+        )
+    assert final == {"step": MOCK_STEPS, "digest": expected}
+
+
 def test_a_transient_result_and_a_crashed_rank_in_one_live_run_end_bit_identical(
     tmp_path, reference, monkeypatch
 ):

@@ -15,6 +15,7 @@ from ftslurm.core.contract.reports import Benched, PeerLost
 
 from .daemon_scenarios import (
     reference_digest,
+    spare_takes_over_on_the_mock,
     training_process,
 )
 from .test_spares import Launchers, node_report
@@ -248,3 +249,19 @@ def test_a_persistent_straggler_steps_out_and_a_spare_replaces_it(tmp_path):
     record = json.loads(nodes.run.round_record(0, 1).read_text())
     assert record["lost"] == ["n1"] and "stepped out (straggler" in record["why"], record
     assert node_report(nodes.run, 2)["outcome"] == "finished"
+
+
+# ---------------------------------------------------------------- the mock scheduler
+def test_on_the_mock_a_hung_node_is_replaced_by_the_spare_in_the_same_job(tmp_path):
+    """`--dry-run`: node rank 1's rank is stopped (SIGSTOP) at step 20; its launcher
+    steps out, the spare takes over inside the same job, the daemon flags the node and
+    records the swap, and training ends bit-identical."""
+    run, record = spare_takes_over_on_the_mock(
+        tmp_path,
+        hang=True,
+        settings=", section_timeouts={'step': 3.0, 'compute': 3.0, "
+        "'checkpointing': 5.0}, out_of_section_timeout=3.0",
+    )
+    benched = list(run.recovery(0).glob("benched-*.json"))
+    assert len(benched) == 1, list(run.recovery(0).iterdir())
+    assert "stepped out (hang" in record["why"]
