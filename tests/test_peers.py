@@ -501,9 +501,10 @@ def test_a_survivor_whose_ranks_fail_reports_the_lost_node_before_it_exits(nodes
 
 
 @pytest.mark.slow
-def test_no_node_is_reported_lost_with_every_cpu_saturated_for_two_minutes(tmp_path):
-    """Both CPUs (and more) kept busy by a stress process for 2 minutes: the launchers,
-    slowed with their ranks, report no one. Then one node is killed: the watch was live."""
+def test_no_node_is_reported_lost_with_every_cpu_saturated_for_six_peer_timeouts(tmp_path):
+    """Every CPU kept busy twice over by a stress process for 30 s, six times the peer
+    timeout (5 s): the launchers, slowed with their ranks, report no one. Then one node is
+    killed: the watch was live. (Not longer: the stress slows every test beside it.)"""
     stress = subprocess.Popen(
         [
             sys.executable,
@@ -521,12 +522,12 @@ def test_no_node_is_reported_lost_with_every_cpu_saturated_for_two_minutes(tmp_p
     nodes = Nodes(tmp_path, peer_timeout=5.0)
     try:
         nodes.wait_training()
-        end = time.monotonic() + 120
-        while time.monotonic() < end:  # the condition must hold for the whole 2 minutes
+        end = time.monotonic() + 30
+        while time.monotonic() < end:  # the condition must hold for the whole 30 s
             assert not list(nodes.run.recovery(0).glob(PEER_LOST_REPORTS)), nodes.log(0)
             assert all(p.poll() is None for p in nodes.procs), nodes.log(0) + nodes.log(1)
             time.sleep(0.5)
-        assert lease_of(nodes.run, 0).seq > 20 and lease_of(nodes.run, 1).seq > 20
+        assert lease_of(nodes.run, 0).seq > 5 and lease_of(nodes.run, 1).seq > 5
         nodes.signal(1, signal.SIGKILL)
         wait_for(nodes.run.peer_lost(0, 1).exists, 60, "the report of the killed node")
         assert not nodes.run.peer_lost(0, 0).exists()
