@@ -304,7 +304,7 @@ def straggler_is_moved_off(cli: Cli, tmp_path: Path, *submit_args: str) -> dict[
 
 def rank_node(run_dir: str | Path, attempt: int, rank: int) -> str:
     """The node rank `rank` ran on in attempt `attempt` (its rank report): torch's
-    rendezvous numbers the nodes in the order they joined, not the allocation's."""
+    rendezvous numbers the nodes by (host name, launcher pid), not the allocation's order."""
     nodes = [r.node for r in read_reports(RunDir(run_dir), Kind.RANK, attempt) if r.rank == rank]
     assert len(nodes) == 1 and nodes[0], nodes
     return str(nodes[0])
