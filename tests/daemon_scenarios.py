@@ -396,7 +396,7 @@ def spare_takes_over_on_the_mock(
 ) -> tuple[Any, dict[str, Any]]:
     """`--dry-run -N 2 --spare-nodes 1` of examples/recipe.py (200 steps of 0.1 s) on a
     fresh mock with its default SlurmdTimeout (300 s); `settings`: more Recipe arguments.
-    Forced timing: node rank 1's node fails (`mock fail-node`) once step 20 is saved (and,
+    Forced timing: node rank 1's node fails (`mock fail-node`) once training passed step 20 (and,
     live, once the spare's ranks wait warm); a failure timed from the job's start
     (`--inject node_fail@T`) lands before the ranks are up on a loaded machine. `hang`:
     its rank is stopped (SIGSTOP) instead (the hang injection aims at a rank, which torch's

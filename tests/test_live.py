@@ -612,7 +612,7 @@ def test_a_warm_spare_lost_while_waiting_leaves_no_spare_for_the_next_loss(tmp_p
 
 def test_on_the_mock_a_warm_spare_takes_over_a_failed_node_in_the_same_job(tmp_path):
     """`--dry-run --spare-nodes 1 --live-recovery` with the mock's default SlurmdTimeout
-    (300 s): node rank 1's node fails once step 20 is saved (`mock fail-node`: its launcher
+    (300 s): node rank 1's node fails once training passed step 20 (`mock fail-node`: its launcher
     and rank die with it); the spare's
     waiting rank takes rank 1 over live, inside the same job, and training ends
     bit-identical to an uninterrupted run."""

@@ -336,7 +336,7 @@ def test_a_spare_never_needed_ends_with_outcome_spare_and_exit_0(tmp_path):
 # ---------------------------------------------------------------- the mock scheduler
 def test_on_the_mock_a_spare_replaces_a_failed_node_in_the_same_job(tmp_path):
     """`--dry-run` with the mock's default SlurmdTimeout (300 s): node index 1 (active, not
-    the batch host) fails once step 20 is saved; its launcher and rank die with it; the
+    the batch host) fails once training passed step 20; its launcher and rank die with it; the
     spare takes over inside the same job, long before Slurm would have noticed, and
     training ends bit-identical."""
     _, record = spare_takes_over_on_the_mock(tmp_path)

@@ -48,7 +48,7 @@ def test_a_hung_node_steps_out_and_the_spare_trains_on_in_the_same_job(cli, tmp_
     out = cli.submit(str(recipe))
     run = RunDir(cli.status(out["run_id"])["run_dir"])
     # Forced timing: node rank 1 (not the batch host, which never steps out) has its rank
-    # stopped once step 20 is saved. The hang injection aims at a rank, which torch's
+    # stopped once training passed step 20. The hang injection aims at a rank, which torch's
     # rendezvous may have put on the batch host.
     wait_for(lambda: run.progress.exists() and trained_step(run) >= 20, 120, "step 20")
     os.kill(training_process(lease_of(run, 0, 1)["pid"]), signal.SIGSTOP)
