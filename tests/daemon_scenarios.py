@@ -369,6 +369,14 @@ def trained_step(run: RunDir) -> int:
     return int(json.loads(run.progress.read_text()).get("step") or 0)
 
 
+def wait_trained(run: RunDir, step: int, timeout: float = 120) -> None:
+    """Until the run's progress says its training passed `step` (a fault forced there lands
+    mid-training however slow the start was)."""
+    from .conftest import wait_for
+
+    wait_for(lambda: run.progress.exists() and trained_step(run) >= step, timeout, f"step {step}")
+
+
 def training_process(launcher_pid: int) -> int:
     """The pid of examples/recipe.py below a launcher (its rank's training script)."""
     todo, seen = [launcher_pid], set()
@@ -432,7 +440,7 @@ def spare_takes_over_on_the_mock(
         run = RunDir(cli.status(out["run_id"])["run_dir"])
         if live:
             wait_for(lambda: "wait warm" in job_log(run), 120, "the spare's ranks to start")
-        wait_for(lambda: run.progress.exists() and trained_step(run) >= 20, 120, "step 20")
+        wait_trained(run, 20)
         lease = lease_of(run, 0, 1)
         if hang:
             os.kill(training_process(lease["pid"]), signal.SIGSTOP)

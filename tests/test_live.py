@@ -732,13 +732,14 @@ def test_on_the_mock_a_warm_spare_lost_while_waiting_then_a_node_goes_on_in_a_ne
         started_once,
         trained_step,
         training_process,
+        wait_trained,
     )
 
     seen: dict[str, Any] = {}
 
     def lose_the_spare_then_node_1(cli: Any, run_id: str, run: RunDir) -> None:
         wait_for(lambda: "wait warm" in job_log(run), 120, "the spare's ranks to start")
-        wait_for(lambda: run.progress.exists() and trained_step(run) >= 20, 120, "step 20")
+        wait_trained(run, 20)
         # The active ranks, started with the spare's from the same script, are past their
         # set-up: the spare's rank, up with torch loaded, waits in init_process_group.
         leases = {r: lease_of(run, 0, r) for r in range(3)}

@@ -44,18 +44,15 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
     yield from daemon_cli(tmp_path, PYTHONWARNINGS="ignore")
 
 
-_UNINTERRUPTED: list[dict] = []
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The final parameters of the same 4 ranks on this machine under one launcher, nothing
+    injected: run once for the module's tests, which compare with it bit for bit."""
+    return uninterrupted(tmp_path_factory.mktemp("reference"))
 
 
 def uninterrupted(tmp: Path) -> dict:
-    """The same 4 ranks on this machine under one launcher, nothing injected (run once in a
-    pytest process: the tests compare with it bit for bit)."""
-    if not _UNINTERRUPTED:
-        _UNINTERRUPTED.append(_run_uninterrupted(tmp))
-    return _UNINTERRUPTED[0]
-
-
-def _run_uninterrupted(tmp: Path) -> dict:
+    """The same 4 ranks on this machine under one launcher, nothing injected."""
     for name in ("run", "ckpt"):
         (tmp / name).mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
@@ -73,19 +70,17 @@ def _run_uninterrupted(tmp: Path) -> dict:
     return json.loads((tmp / "ckpt" / "final.json").read_text())
 
 
-def test_a_crashed_rank_on_the_second_node_is_restarted_alone(cli, tmp_path):
-    reference = uninterrupted(tmp_path / "reference")
+def test_a_crashed_rank_on_the_second_node_is_restarted_alone(cli, reference, tmp_path):
     final = rank_crash_restarted_alone(cli, RECIPE, tmp_path / "ckpt", ARGS, at_s=30, dry_run=False)
     assert final == reference
 
 
-def test_a_killed_node_is_taken_over_by_a_warm_spare(cli, healthy_nodes, tmp_path):
+def test_a_killed_node_is_taken_over_by_a_warm_spare(cli, healthy_nodes, reference, tmp_path):
     """2 nodes x 2 ranks and a warm spare (`--live-recovery`), Slurm's default
     SlurmdTimeout: node 1 is killed mid-training (its slurmd, launcher and ranks). The ranks
     of node 0 keep their processes, the spare's waiting ranks take ranks 2 and 3 over and
     receive the state from a running rank, and the run ends in its first job with the
     parameters of an uninterrupted run of the same 4 ranks."""
-    reference = uninterrupted(tmp_path / "reference")
     ckpt = tmp_path / "ckpt"
     with healthy_nodes.slurmd_timeout(300):  # the spare, not Slurm, handles the loss
         out = cli.submit(
@@ -125,11 +120,10 @@ def test_a_killed_node_is_taken_over_by_a_warm_spare(cli, healthy_nodes, tmp_pat
     )
 
 
-def test_a_straggler_steps_out_to_a_warm_spare(cli, tmp_path):
+def test_a_straggler_steps_out_to_a_warm_spare(cli, reference, tmp_path):
     """2 nodes x 2 ranks and a warm spare: the second node is slowed 4-fold from 2 s in and
     judged a persistent straggler after two 3 s windows; its launcher steps out, the
     spare's waiting ranks take ranks 2 and 3 over live, and the run ends in its first job
     with the parameters of an uninterrupted run of the same 4 ranks."""
-    reference = uninterrupted(tmp_path / "reference")
     final = straggler_steps_out_live(cli, tmp_path, ARGS, interval_s=3.0, dry_run=False)
     assert final == reference

@@ -399,13 +399,13 @@ def run_checks(
             serve_probes(run, attempt, job, host or socket.gethostname())
     asked = rules.gpus_asked(environ)
     gpu = GpuProbeRun(asked, environ) if asked else None  # first: it runs beside the others
+    folders = rules.node_dirs(config.dirs, node)
     if checkpoint_dir is None:  # a launcher started by hand: the ranks' folder is not known
         results.append(rules.skipped(Check.CHECKPOINT_DIR, rules.NO_CHECKPOINT_DIR))
+    else:
+        folders = [checkpoint_dir, *folders]
     ckpt = checkpoint_dir or "."
-    for folder in [
-        *([checkpoint_dir] if checkpoint_dir else []),
-        *rules.node_dirs(config.dirs, node),
-    ]:
+    for folder in folders:
         results.append(check_folder(folder, node, config.min_write_mb_s, left()))
         if not results[-1].ok:
             if gpu is not None:
