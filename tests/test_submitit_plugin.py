@@ -229,44 +229,6 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str, job=None) ->
         time.sleep(0.5)
 
 
-STEPS = 500  # 50 s of steps of 0.1 s: longer than the first two attempts together
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_a_checkpointable_survives_a_wall_limit_and_a_node_failure_on_the_mock(
-    plugin, mock_cli, by_value, tmp_path
-):
-    """Attempt 1's wall limit is 30 s (an injected timeout): the checkpoint signal at 20 s
-    makes `checkpoint()` store a continuation; attempt 2 resumes it and loses its node at
-    28 s; attempt 3 runs on another node from the continuation and returns the value of an
-    uninterrupted run, which `job.result()` returns."""
-    executor = submitit.AutoExecutor(tmp_path / "jobs" / "%j", cluster="ftslurm")
-    executor.update_parameters(
-        timeout_min=5,
-        ftslurm_dry_run=True,
-        ftslurm_preempt_time=10,
-        ftslurm_retries=1,
-        ftslurm_inject=["timeout@30", "node_fail@28"],
-    )
-    job = executor.submit(callables.Counter(), STEPS, 0.1)
-    assert isinstance(job, FtslurmJob) and job.paths.submitted_pickle.exists()
-    assert job.state in ("PENDING", "RUNNING")
-    wait_until(job.done, 240, "the job to end", job)
-    assert job.result() == callables.expected(STEPS), callables.describe(job)
-    wait_until(lambda: job.state == "COMPLETED", 60, "the run to be COMPLETED", job)
-    s = mock_cli.status(job.job_id)
-    assert [a["cause"] for a in s["attempts"]] == ["checkpointed", "node_fail", "finished"], s
-    assert s["job_retries_used"] == 1 and s["continuations"] >= 1, s
-    lost = set(s["attempts"][1]["nodes"]) - set(s["attempts"][2]["nodes"])
-    assert lost and lost <= set(s["excluded_nodes"]), s
-    log = job.stdout() or ""
-    starts = [line for line in log.splitlines() if f"job {job.job_id} rank 0/1 starting" in line]
-    assert len(starts) == 3, log  # submitit.JobEnvironment() knew the run in every attempt
-    assert starts[0].endswith("at step 0") and not starts[1].endswith("at step 0"), starts
-    assert starts[2] == starts[1], starts  # both resumed the one continuation
-
-
 @pytest.mark.slow
 def test_cancel_ends_the_run_cancelled_on_the_mock(plugin, mock_cli, by_value, tmp_path):
     executor = FtslurmExecutor(tmp_path / "jobs", dry_run=True, timeout_min=10)
@@ -322,6 +284,10 @@ def test_a_checkpointable_survives_a_wall_limit_and_a_node_failure_on_slurm(
     assert causes[:2] == ["checkpointed", "node_fail"] and causes[-1] == "finished", s
     assert victim in s["excluded_nodes"], s
     assert all(victim not in a["nodes"] for a in s["attempts"][2:]), s
+    log = job.stdout() or ""
+    starts = [line for line in log.splitlines() if f"job {job.job_id} rank 0/1 starting" in line]
+    assert len(starts) >= 3, log  # submitit.JobEnvironment() knew the run in every attempt
+    assert starts[0].endswith("at step 0") and not starts[1].endswith("at step 0"), starts
 
 
 def _example_digest(steps: int, out: Path) -> str:
