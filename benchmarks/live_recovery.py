@@ -36,9 +36,19 @@ spare's warm rank takes rank 1 over. Timed from the bench record (`recovery/benc
 to training again: the spare's round record's first step (today), the live recovery's first
 committed step (live). Target: under 5 s.
 
+A crashed rank's place taken by a warm standby (`--standby`, two more runs, both --live):
+rank `--crash-rank` stops itself right after committing step `--crash-step` (the live
+group's test hook, `FTSLURM_TEST_PAUSE_LIVE`) and this script SIGKILLs it there. Cold:
+without the `live_recovery` setting, the launcher restarts the rank alone in a new process.
+Warm: with it (`FTSLURM_LIVE_RECOVERY=1`), the launcher keeps a standby waiting, and the
+kill comes once the standby waits (its `waiting-<slot>` mark), so the run measures the warm
+path and not a standby still starting. Timed by the recovery's own record: from the moment
+the survivors saw the step fail to the first step committed after it (`failed_at` to
+`first_commit_at`). Target: under 3 s.
+
     python benchmarks/live_recovery.py [--steps 60] [--step-time 0.1] [--ckpt-every 20]
         [--crash-step 25] [--crash-rank 1] [--nproc 3] [--repeat 1] [--commit-calls 300]
-        [--stepout] [--json]
+        [--stepout] [--standby] [--json]
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,6 +128,96 @@ def run_once(args: argparse.Namespace, live: bool, fault: bool, work: Path) -> d
         "digest": final["digest"],
         "world_restarts": out.count(f"rank 0 of {args.nproc} starts at step") - 1,
         "restarted_alone": out.count("restarted alone"),
+    }
+
+
+def run_standby(args: argparse.Namespace, warm: bool, work: Path) -> dict:
+    """One --live launcher run whose rank `--crash-rank` stops after committing step
+    `--crash-step` and is killed there (`warm`: once the node's standby waits): seconds
+    from the failed step to the first committed step after it, from the recovery's record."""
+    from ftslurm.agent.live import PAUSE_ENV
+    from ftslurm.core.contract import RunDir
+    from ftslurm.core.contract.reports import Kind
+    from ftslurm.runfiles import read_reports
+
+    for name in ("run", "ckpt", "tmp"):
+        (work / name).mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
+    env.update(
+        FTSLURM_RUN_DIR=str(work / "run"),
+        FTSLURM_CHECKPOINT_DIR=str(work / "ckpt"),
+        FTSLURM_MEMORY_DIR=str(work / "memory"),
+        MASTER_ADDR="127.0.0.1",
+        PYTHONUNBUFFERED="1",
+        TMPDIR=str(work / "tmp"),
+        **{PAUSE_ENV: f"committed:{args.crash_rank}:{args.crash_step}"},
+        **({EnvName.LIVE_RECOVERY.value: "1"} if warm else {}),
+    )
+    cmd = [
+        *(sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node", str(args.nproc)),
+        *("--max-restarts", "2", "--", sys.executable, str(RECIPE), "--live"),
+        *("--steps", str(args.steps), "--step-time", str(args.step_time)),
+        *("--ckpt-every", str(args.ckpt_every), "--checkpoint-dir", str(work / "ckpt")),
+    ]
+    log = work / "launcher.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    killed, deadline = None, time.monotonic() + args.timeout
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            ready = not warm or any((work / "tmp").glob(f"ftslurm-hb-*/waiting-{args.nproc}"))
+            if killed is None and ready:
+                killed = _kill_stopped_rank(work / "tmp", args.crash_rank)
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    text = log.read_text()
+    if proc.returncode != 0 or killed is None:
+        raise SystemExit(f"the launcher exited {proc.returncode}:\n{text[-4000:]}")
+    (record,) = read_reports(RunDir(work / "run"), Kind.LIVE, 0)
+    final = json.loads((work / "ckpt" / "final.json").read_text())
+    return {
+        "crash_to_training_s": record.first_commit_at - record.failed_at,
+        "standby_took_place": record.standby is not None,
+        "digest": final["digest"],
+    }
+
+
+def _kill_stopped_rank(tmp: Path, rank: int) -> int | None:
+    """SIGKILL the rank's process once it stopped at its pause (its heartbeat record names
+    it); its pid, or None while it has not stopped."""
+    from ftslurm.agent.heartbeat import read_beat
+
+    for folder in tmp.glob("ftslurm-hb-*"):
+        beat = read_beat(folder, rank)  # one node: local rank = rank
+        if beat is None:
+            continue
+        try:
+            stat = Path(f"/proc/{beat.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] == "T":
+            os.kill(beat.pid, signal.SIGKILL)
+            return beat.pid
+    return None
+
+
+def measure_standby(args: argparse.Namespace) -> dict:
+    runs: dict[str, list[dict]] = {"cold": [], "warm": []}
+    with tempfile.TemporaryDirectory(prefix="ftslurm-standby-bench-") as tmp:
+        for i in range(args.repeat):
+            for name in runs:
+                runs[name].append(run_standby(args, name == "warm", Path(tmp) / f"{i}-{name}"))
+    took = {n: statistics.median(r["crash_to_training_s"] for r in rs) for n, rs in runs.items()}
+    return {
+        "crash_to_training_s": took,
+        "warm_over_cold": took["warm"] / took["cold"] if took["cold"] > 0 else None,
+        "standby_took_place": {
+            n: all(r["standby_took_place"] for r in rs) for n, rs in runs.items()
+        },
+        "digests": sorted({r["digest"] for rs in runs.values() for r in rs}),
     }
 
 
@@ -280,6 +381,7 @@ def measure(args: argparse.Namespace) -> dict:
             for k in ("steps", "step_time", "ckpt_every", "crash_step", "crash_rank", "nproc")
         },
         "wall_s": wall,
+        "digests": sorted(digests),
         "identical": len(digests) == 1,
         "fault_cost_s": {"today": today, "live": live},
         "live_over_today": live / today if today > 0 else None,
@@ -307,6 +409,9 @@ def main() -> int:
     parser.add_argument(
         "--stepout", action="store_true", help="also a straggler stepping out to a spare"
     )
+    parser.add_argument(
+        "--standby", action="store_true", help="also a crashed rank's place taken by a standby"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.commit_worker is not None:
@@ -315,6 +420,10 @@ def main() -> int:
     if args.stepout:
         result["stepout"] = measure_stepout(args)
         result["identical"] = result["identical"] and result["stepout"]["identical"]
+    if args.standby:
+        result["standby"] = measure_standby(args)
+        digests = {*result["standby"]["digests"], *result["digests"]}
+        result["identical"] = result["identical"] and len(digests) == 1
     if args.json:
         print(json.dumps(result, indent=1))
         return 0 if result["identical"] else 1
@@ -346,6 +455,14 @@ def main() -> int:
             f"again {took['today']:.2f} s after its bench record today (every rank restarted "
             f"from the checkpoint), {took['live']:.2f} s live (the spare's warm rank takes "
             f"its rank over)"
+        )
+    if "standby" in result:
+        sb = result["standby"]
+        took = sb["crash_to_training_s"]
+        print(
+            f"a crashed rank (killed after step {s['crash_step']}), from the failed step to "
+            f"training again: {took['cold']:.2f} s restarted cold, {took['warm']:.2f} s with "
+            f"the warm standby in its place (standby used: {sb['standby_took_place']['warm']})"
         )
     print(f"final parameters identical in every run: {result['identical']}")
     return 0 if result["identical"] else 1

@@ -660,14 +660,24 @@ def started_once(log: str) -> bool:
 
 
 def rank_crash_restarted_alone(
-    cli: Cli, recipe: Path, ckpt: Path, args: list[str], *, at_s: int, dry_run: bool
+    cli: Cli,
+    recipe: Path,
+    ckpt: Path,
+    args: list[str],
+    *,
+    at_s: int,
+    dry_run: bool,
+    live_recovery: bool = False,
 ) -> dict:
     """2 nodes x 2 ranks of the recipe with --live; rank 3 (on the second node) crashes
-    `at_s` into the run: its launcher restarts it alone, the others keep their processes,
-    and the run ends in its first job. The scenario's final parameters (final.json), for
-    the caller to compare with an uninterrupted run's. The same on the mock and Slurm."""
+    `at_s` into the run: its launcher restarts it alone (with `live_recovery`, the setting,
+    its node's warm standby takes its place when it waits by then), the others keep their
+    processes, and the run ends in its first job. The scenario's final parameters
+    (final.json), for the caller to compare with an uninterrupted run's. The same on the
+    mock and Slurm."""
     out = cli.submit(
         *(("--dry-run",) if dry_run else ()),
+        *(("--live-recovery",) if live_recovery else ()),
         *("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2"),
         *("--inject", f"crash@{at_s}:3"),
         str(recipe),
@@ -678,10 +688,13 @@ def rank_crash_restarted_alone(
     s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
     log = cli("logs", out["run_id"], "--attempt", "0").stdout
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
-    assert "restarted alone" in log, log[-4000:]
+    warm = "its place taken by the warm standby" in log
+    assert warm or "restarted alone" in log, log[-4000:]
+    assert warm <= live_recovery, log[-4000:]  # a standby only with the setting
     assert started_once(log), log[-4000:]  # never every rank
     (record,) = read_reports(RunDir(s["run_dir"]), Kind.LIVE, 0)
     assert 3 in record.receivers and record.state_from is not None, record
+    assert record.standby == (3 if warm else None), record
     return json.loads((ckpt / "final.json").read_text())
 
 

@@ -786,6 +786,80 @@ def test_a_failed_rank_that_recovers_live_is_restarted_alone(
         assert after == state
 
 
+@pytest.mark.parametrize(
+    "code, left, expected",
+    [
+        pytest.param(3, 2, ["Log", "Account", "AdoptStandby"], id="crash"),
+        pytest.param(ExitCode.REJOIN, 0, ["Log", "AdoptStandby"], id="rejoin: no restart used"),
+        pytest.param(3, 0, ["Log"], id="no-restart-left: no standby either"),
+        pytest.param(0, 2, [], id="clean-exit"),
+    ],
+)
+def test_a_ready_standby_takes_the_failed_ranks_place_instead_of_a_new_process(
+    code, left, expected
+):
+    after, actions = core.on_rank_exit(
+        RUNNING,
+        1,
+        code,
+        live=True,
+        stopped=False,
+        restarts_left=left,
+        signals=core.Signals(),
+        standby_ready=True,
+    )
+    assert kinds(actions) == expected
+    if "AdoptStandby" in expected:
+        assert actions[-1] == core.AdoptStandby(1) and "warm standby" in actions[0].text
+        assert after.alone == RUNNING.alone + 1
+
+
+LIVE_RUNNING = core.LauncherState(cfg=replace(PLAIN, live=True), live=True)
+
+
+@pytest.mark.parametrize(
+    "state, live_ranks, have, failures, left, stop, wanted",
+    [
+        pytest.param(LIVE_RUNNING, True, False, 0, 2, None, True, id="wanted"),
+        pytest.param(
+            replace(LIVE_RUNNING, cfg=PLAIN), True, False, 0, 2, None, False, id="no-setting"
+        ),
+        pytest.param(LIVE_RUNNING, False, False, 0, 2, None, False, id="ranks-not-live"),
+        pytest.param(LIVE_RUNNING, True, True, 0, 2, None, False, id="one-already"),
+        pytest.param(LIVE_RUNNING, True, False, 3, 2, None, False, id="three-died-waiting"),
+        pytest.param(LIVE_RUNNING, True, False, 2, 2, None, True, id="two-died-waiting"),
+        pytest.param(LIVE_RUNNING, True, False, 0, 0, None, False, id="no-restart-left"),
+        pytest.param(LIVE_RUNNING, True, False, 0, 2, TERM, False, id="a-stop-under-way"),
+        pytest.param(
+            replace(LIVE_RUNNING, live=False), True, False, 0, 2, None, False, id="between"
+        ),
+        pytest.param(
+            replace(LIVE_RUNNING, warm=True), True, False, 0, 2, None, False, id="warm-spare"
+        ),
+        pytest.param(
+            replace(LIVE_RUNNING, adopted=1), True, False, 0, 2, None, False, id="took-over"
+        ),
+        pytest.param(
+            replace(LIVE_RUNNING, new_job=True), True, False, 0, 2, None, False, id="new-job"
+        ),
+        pytest.param(
+            replace(LIVE_RUNNING, benched="hang"), True, False, 0, 2, None, False, id="out"
+        ),
+    ],
+)
+def test_when_a_node_keeps_a_warm_standby(state, live_ranks, have, failures, left, stop, wanted):
+    signals = core.Signals(stop=stop)
+    got = core.want_standby(
+        state,
+        live_ranks=live_ranks,
+        have=have,
+        failures=failures,
+        restarts_left=left,
+        signals=signals,
+    )
+    assert got is wanted
+
+
 # ------------------------------------------------------------------ restarts, outcome
 @pytest.mark.parametrize(
     "ranks_started,expected",

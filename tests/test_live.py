@@ -138,12 +138,17 @@ class Ranks:
         return json.loads((self.ckpt / "final.json").read_text())
 
 
+def state(pid: int) -> str | None:
+    """A process's state letter (`T`: stopped, `Z`: a zombie), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def stopped(pid: int) -> bool:
     """Whether the process stopped itself (SIGSTOP: state T)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
+    return state(pid) == "T"
 
 
 def kill_when_paused(rank: int) -> Callable[[Ranks], None]:
@@ -231,6 +236,146 @@ def test_under_the_launcher_a_crashed_rank_is_restarted_alone(tmp_path, referenc
     assert progress is not None and progress.live_recovery, out[-6000:]
 
 
+# ------------------------------------------------------------ a node's warm standby
+def recipe_processes(launcher: int) -> list[tuple[int, dict[str, str]]]:
+    """The recipe's processes below `launcher` (not their wrappers), each with the
+    environment it started with."""
+    from .conftest import descendants
+
+    found = []
+    for pid in descendants(launcher)[1:]:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1].endswith(b"recipe.py"):
+            pairs = (item.decode(errors="replace").partition("=") for item in raw if item)
+            found.append((pid, {k: v for k, v in ((k, v) for k, _, v in pairs)}))
+    return found
+
+
+def standby_waits(tmp_path: Path, slot: int) -> bool:
+    """The launcher's standby in `slot` waits for a rank (`HeartbeatDir.waiting`)."""
+    return any((tmp_path / "tmp").glob(f"ftslurm-hb-*/waiting-{slot}"))
+
+
+def stopped_recipe(launcher: int, slot: str | None) -> int | None:
+    """A recipe process stopped at its pause: a rank the launcher started (`slot` None) or
+    the standby started in `slot` (its LOCAL_RANK when it started)."""
+    for pid, env in recipe_processes(launcher):
+        standby = env.get(EnvName.LIVE_SPARE.value) == "1"
+        mine = env.get("LOCAL_RANK") == slot if slot is not None else not standby
+        if mine and stopped(pid):
+            return pid
+    return None
+
+
+STANDBY_ENV = {EnvName.LIVE_RECOVERY.value: "1", live.PAUSE_ENV: "committed:1:20"}
+TAKEN = "its place taken by the warm standby"
+
+
+def standby_run(tmp_path: Path, steps: list[Callable[[int], bool]], pause: str = "") -> str:
+    """`crash_under_the_launcher` with live recovery on (a warm standby beside the 3
+    ranks) and rank 1 stopping itself after committing step 20; `steps` are carried out in
+    order, each called every 0.1 s with the launcher's pid until it says it acted."""
+    (tmp_path / "tmp").mkdir()
+    env = {**STANDBY_ENV, "TMPDIR": str(tmp_path / "tmp")}
+    if pause:
+        env[live.PAUSE_ENV] += f",{pause}"
+    todo = list(steps)
+
+    def tick(launcher: int) -> None:
+        if todo and todo[0](launcher):
+            todo.pop(0)
+
+    out = crash_under_the_launcher(tmp_path, fail_at=None, extra_env=env, on_tick=tick)
+    assert not todo, f"{len(todo)} of the test's steps never came\n{out[-6000:]}"
+    return out
+
+
+def kill(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def ends_well(tmp_path: Path, out: str, reference: dict, restarts: int) -> list[Any]:
+    """Bit-identical, rank 0 started once, `restarts` in-job restarts: the live records."""
+    assert out.count("rank 0 of 3 starts at step 0") == 1, out[-6000:]  # no world restart
+    assert json.loads((tmp_path / "ckpt" / "final.json").read_text()) == reference, out[-6000:]
+    report = json.loads((tmp_path / "run" / "attempts" / "0" / "node-0.json").read_text())
+    assert report["in_job_restarts"] == restarts and report["outcome"] == "finished", report
+    return sorted(read_reports(RunDir(tmp_path / "run"), Kind.LIVE, 0), key=lambda r: r.round)
+
+
+def test_a_warm_standby_takes_a_crashed_ranks_place_without_a_new_process(tmp_path, reference):
+    """Forced timing: once the standby waits (its mark up), rank 1, stopped after step 20,
+    is killed. The standby becomes rank 1 (its local rank too) and receives the state from
+    a live peer; nobody else restarts; the run ends bit-identical, and the recovery's
+    record and `status` say a warm standby took the place."""
+    out = standby_run(
+        tmp_path,
+        [lambda launcher: standby_waits(tmp_path, 3) and kill(stopped_recipe(launcher, None))],
+    )
+    assert out.count(TAKEN) == 1 and "restarted alone" not in out, out[-6000:]
+    assert re.search(r"rank 1 of 3 starts at step 2\d .*from a live peer", out), out[-6000:]
+    (record,) = ends_well(tmp_path, out, reference, restarts=1)
+    assert record.standby == 1 and record.receivers == [1], record
+    assert (
+        "a warm standby took the crashed process's place"
+        in live_notes([record], now=time.time())[0]
+    )
+
+
+def test_a_standby_lost_while_it_waits_is_replaced_and_the_new_one_takes_the_place(
+    tmp_path, reference
+):
+    """Forced timing: the first standby (slot 3) is killed while it waits; the launcher
+    starts another (slot 4), restarting no rank; once it waits, rank 1 is killed and the
+    new standby takes its place."""
+    out = standby_run(
+        tmp_path,
+        [
+            lambda launcher: (
+                standby_waits(tmp_path, 3)
+                and kill(
+                    next(
+                        (p for p, e in recipe_processes(launcher) if e.get("LOCAL_RANK") == "3"),
+                        None,
+                    )
+                )
+            ),
+            lambda launcher: standby_waits(tmp_path, 4) and kill(stopped_recipe(launcher, None)),
+        ],
+    )
+    assert "the warm standby exited" in out and out.count(TAKEN) == 1, out[-6000:]
+    (record,) = ends_well(tmp_path, out, reference, restarts=1)
+    assert record.standby == 1, record
+
+
+def test_the_rank_a_standby_became_crashes_before_the_next_standby_is_ready(tmp_path, reference):
+    """Forced timing: the standby takes rank 1's place, then, as rank 1, stops itself after
+    step 30 and is killed while the next standby (slot 4) is still starting (stopped before
+    it waits). That crash takes the cold path: a new process restarted alone. Both crashes
+    use an in-job restart; the stopped standby is ended with the run."""
+    out = standby_run(
+        tmp_path,
+        [
+            lambda launcher: standby_waits(tmp_path, 3) and kill(stopped_recipe(launcher, None)),
+            lambda launcher: (
+                stopped_recipe(launcher, "4") is not None and kill(stopped_recipe(launcher, "3"))
+            ),
+        ],
+        pause="committed:1:30,standby:4",
+    )
+    assert out.count(TAKEN) == 1 and out.count("restarted alone") == 1, out[-6000:]
+    first, second = ends_well(tmp_path, out, reference, restarts=2)
+    assert first.standby == 1 and second.standby is None, (first, second)
+    assert second.receivers == [1], second
+
+
 def test_a_sharded_state_falls_back_to_restoring_every_rank(tmp_path, reference):
     """The same crash with a state the script declares sharded (`attach(replicated=False)`,
     the recipe's --sharded): the restarted rank's part is held by no peer, so every rank
@@ -282,10 +427,13 @@ def crash_under_the_launcher(
     *recipe_extra: str,
     timeouts: str | None = None,
     extra_env: dict[str, str] | None = None,
+    fail_at: int | None = 25,
+    on_tick: Callable[[int], None] | None = None,
 ) -> str:
     """The launcher (one node, 3 ranks, 2 in-job restarts) runs the recipe with --live;
-    rank 1 fails at step 25. Its output; the run must end well. Every process it started
-    is killed at the end (a stopped one too)."""
+    rank 1 fails at step `fail_at` (None: the test makes it fail, `on_tick(launcher pid)`
+    runs every 0.1 s). Its output; the run must end well, leaving no process of its own
+    behind. Every process it started is killed at the end (a stopped one too)."""
     for name in ("run", "ckpt"):
         (tmp_path / name).mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
@@ -313,23 +461,28 @@ def crash_under_the_launcher(
             sys.executable,
             str(RECIPE),
             *recipe_args(tmp_path / "ckpt"),
-            "--fail-at-step",
-            "25",
-            "--fail-rank",
-            "1",
+            *(("--fail-at-step", str(fail_at), "--fail-rank", "1") if fail_at else ()),
             *recipe_extra,
         ],
         env=env,
         timeout=240,
+        on_tick=on_tick,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
+    assert not proc.left, (proc.left, out[-6000:])
     return out
 
 
-def run_all_killed(cmd: list[str], env: dict[str, str], timeout: float) -> Any:
-    """`subprocess.run(cmd)` with its output; every process below it (seen while it ran,
-    told by its pid and start time) killed at the end, whatever happened."""
+def run_all_killed(
+    cmd: list[str],
+    env: dict[str, str],
+    timeout: float,
+    on_tick: Callable[[int], None] | None = None,
+) -> Any:
+    """`subprocess.run(cmd)` with its output (`on_tick(pid)` called every 0.1 s while it
+    runs); every process below it (seen while it ran, told by its pid and start time)
+    killed at the end, whatever happened: those still there when it ended are its `left`."""
     from .conftest import descendants
 
     def started(pid: int) -> str | None:
@@ -346,17 +499,24 @@ def run_all_killed(cmd: list[str], env: dict[str, str], timeout: float) -> Any:
             while proc.poll() is None and time.monotonic() < deadline:
                 for pid in descendants(proc.pid)[1:]:
                     seen.setdefault(pid, started(pid))
-                time.sleep(0.5)
+                if on_tick is not None:
+                    on_tick(proc.pid)
+                time.sleep(0.1 if on_tick else 0.5)
         finally:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+            left = []
             for pid, at in seen.items():
                 if at is not None and started(pid) == at:  # the same process still
+                    if state(pid) not in ("Z", None):  # a zombie is gone, not yet reaped
+                        left.append(pid)
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
         output.seek(0)
-        return subprocess.CompletedProcess(cmd, proc.returncode, output.read(), "")
+        done = subprocess.CompletedProcess(cmd, proc.returncode, output.read(), "")
+        done.left = left  # type: ignore[attr-defined]
+        return done
 
 
 @pytest.mark.parametrize(

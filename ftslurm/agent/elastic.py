@@ -10,11 +10,12 @@ carries out the actions (`carry_out`); the in-job restart budget changes in one 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
@@ -65,6 +66,16 @@ log = logging.getLogger("ftslurm.launch")
 POLL_S = 0.25  # how often a wait for news of the peers reads again
 
 
+@dataclass
+class Standby:
+    """This node's warm standby (live recovery): a process of the script started ahead of
+    time, waiting in `live.init_process_group` to take a crashed rank's place. `slot`: its
+    own local rank, past the node's ranks (its heartbeat folder's files), never reused."""
+
+    handler: Any  # torch's SubprocessHandler, put in the crashed rank's slot on adoption
+    slot: int
+
+
 class Agent(LocalElasticAgent):
     """`node`: the launcher's shell (`ftslurm.agent.launch.Node`): its configuration,
     folders, signals, peer watch and report writers."""
@@ -83,6 +94,15 @@ class Agent(LocalElasticAgent):
         self.heartbeats = False  # a rank wrote heartbeats (else hangs are judged by CPU)
         self.held: dict[int, list[int]] = {}  # local rank -> signals waiting for its wrapper
         self.round_pending: tuple[Any, RoundRecord] | None = None
+        self.standby: Standby | None = None
+        self.standby_failures = 0  # standbys that died while waiting
+        self.standby_slots = itertools.count(node.args.nproc_per_node)
+
+    def run(self, *args: Any, **kwargs: Any) -> RunResult:
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            self.drop_standby()  # never left running after the ranks
 
     # ------------------------------------------------------------------ torch's hooks
     def _start_workers(self, worker_group):  # type: ignore[no-untyped-def]
@@ -94,7 +114,8 @@ class Agent(LocalElasticAgent):
         gone = sp.gone_reports(node.run, node.attempt) if spares else {}
         self.state = core.on_round_start(self.state, gone)
         hb = node.hb
-        for old in [*hb.root.glob(hb.RECORDS), *hb.root.glob(hb.READY), *hb.root.glob(hb.LIVE)]:
+        olds = [hb.RECORDS, hb.READY, hb.LIVE, hb.WAITING]
+        for old in [path for pattern in olds for path in hb.root.glob(pattern)]:
             old.unlink(missing_ok=True)
         self.pace, self.cpu = {}, {}  # a new round learns its pace again
         if spares and node.watch is not None and not self.state.warm:
@@ -115,6 +136,7 @@ class Agent(LocalElasticAgent):
 
     def _stop_workers(self, worker_group, *args, **kwargs):  # type: ignore[no-untyped-def]
         self.state = replace(self.state, live=False)  # signals wait for the next round
+        self.drop_standby()  # it belongs to this round (its environment is the round's)
         return super()._stop_workers(worker_group, *args, **kwargs)
 
     def _restart_workers(self, worker_group):  # type: ignore[no-untyped-def]
@@ -177,6 +199,7 @@ class Agent(LocalElasticAgent):
         result = self._judge_workers(worker_group)
         if result.state is not WorkerState.HEALTHY:
             self.last_result = result
+            self.drop_standby()  # the round is over: nothing left to take a place in
         return result
 
     def _judge_workers(self, worker_group):  # type: ignore[no-untyped-def]
@@ -196,6 +219,7 @@ class Agent(LocalElasticAgent):
         ended = self.tick(worker_group, pids, now)
         if ended or self.state.warm:  # a warm spare's ranks wait: no hang to judge
             return ended or result
+        self.keep_standby()
         return self.judge_ranks(pids, now) or result
 
     # ---------------------------------------------------------------- the decisions
@@ -229,6 +253,8 @@ class Agent(LocalElasticAgent):
                 self.account(action.budget)
             elif isinstance(action, core.RestartAlone):
                 self.respawn(action.local_rank, worker_group)
+            elif isinstance(action, core.AdoptStandby):
+                self.adopt_standby(action.local_rank, worker_group)
             elif isinstance(action, core.TakeOver) and not self.take_over(action.node_rank):
                 self.state, more = core.take_over_failed(self.state)
                 ended = self.carry_out(more, pids, worker_group) or ended
@@ -276,6 +302,7 @@ class Agent(LocalElasticAgent):
                 stopped=stopped,
                 restarts_left=self._remaining_restarts,
                 signals=self.node.signals,
+                standby_ready=self.standby_ready(),
             )
             self.carry_out(actions, {}, worker_group)
 
@@ -286,12 +313,9 @@ class Agent(LocalElasticAgent):
             get_subprocess_handler,
         )
 
-        pc, hb = self._pcontext, self.node.hb
-        for path in (hb.live(local_rank), hb.record(local_rank), hb.ready(local_rank)):
-            path.unlink(missing_ok=True)
-        self.pace.pop(local_rank, None)
-        self.cpu.pop(local_rank, None)
-        pc.subprocess_handlers[local_rank] = get_subprocess_handler(
+        pc = self._pcontext
+        self.forget_rank(local_rank)
+        handler = get_subprocess_handler(
             entrypoint=pc.entrypoint,
             args=pc.args[local_rank],
             env={**pc.envs[local_rank], EnvName.LIVE_REJOIN.value: "1"},
@@ -300,9 +324,128 @@ class Agent(LocalElasticAgent):
             local_rank_id=local_rank,
             numa_options=getattr(pc, "_numa_options", None),
         )
+        self.put_in_slot(local_rank, handler, worker_group)
+
+    def forget_rank(self, local_rank: int) -> None:
+        """A rank's process is replaced: its heartbeat record, marks and pace go."""
+        hb = self.node.hb
+        for path in (hb.live(local_rank), hb.record(local_rank), hb.ready(local_rank)):
+            path.unlink(missing_ok=True)
+        self.pace.pop(local_rank, None)
+        self.cpu.pop(local_rank, None)
+
+    def put_in_slot(self, local_rank: int, handler: Any, worker_group: Any) -> None:
+        """`handler`'s process runs local rank `local_rank` from now on, for torch too."""
+        self._pcontext.subprocess_handlers[local_rank] = handler
         for worker in worker_group.workers:  # torch checks its workers' pids every tick
             if worker.local_rank == local_rank:
-                worker.id = pc.subprocess_handlers[local_rank].proc.pid
+                worker.id = handler.proc.pid
+
+    # ------------------------------------------------------------------- the standby
+    def keep_standby(self) -> None:
+        """Start a warm standby when one is wanted (`core.want_standby`); one that died
+        while waiting is counted (and replaced while fewer than the limit died)."""
+        sb = self.standby
+        if sb is not None and sb.handler.proc.poll() is not None:
+            self.standby, self.standby_failures = None, self.standby_failures + 1
+            log.warning(
+                "the warm standby exited %s while waiting (%d of at most %d)",
+                sb.handler.proc.returncode,
+                self.standby_failures,
+                core.MAX_STANDBY_FAILURES,
+            )
+            self.node.hb.waiting(sb.slot).unlink(missing_ok=True)
+        wanted = core.want_standby(
+            self.state,
+            live_ranks=self.live_ranks(),
+            have=self.standby is not None,
+            failures=self.standby_failures,
+            restarts_left=self._remaining_restarts,
+            signals=self.node.signals,
+        )
+        if wanted:
+            self.start_standby()
+
+    def start_standby(self) -> None:
+        """Local rank 0's command and environment, warm (`FTSLURM_LIVE_SPARE`) and in a
+        slot of its own: it runs the script up to `live.init_process_group` and waits
+        there. Outside torch's process context until it takes a rank's place, so torch's
+        health checks, exit barrier and world size never count it."""
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+            get_subprocess_handler,
+        )
+
+        pc = self._pcontext
+        if pc is None or 0 not in pc.envs:
+            return
+        slot = next(self.standby_slots)
+        env = {**pc.envs[0], EnvName.LIVE_SPARE.value: "1", "LOCAL_RANK": str(slot)}
+        env.pop(EnvName.LIVE_REJOIN.value, None)
+        env.pop("TORCHELASTIC_ERROR_FILE", None)  # rank 0's: not this process's to write
+        # rank 0's output files ("": none, the launcher's own); the standby's beside them
+        outputs = [f"{f}.standby-{slot}" if f else f for f in (pc.stdouts[0], pc.stderrs[0])]
+        self.node.hb.waiting(slot).unlink(missing_ok=True)
+        handler = get_subprocess_handler(
+            entrypoint=pc.entrypoint,
+            args=pc.args[0],
+            env=env,
+            stdout=outputs[0],
+            stderr=outputs[1],
+            local_rank_id=0,
+            numa_options=getattr(pc, "_numa_options", None),
+        )
+        self.standby = Standby(handler, slot)
+        log.info("warm standby started (pid %d): it takes a crashed rank's place", handler.proc.pid)
+
+    def standby_ready(self) -> bool:
+        """A standby is there and waits for a rank (its process runs, its mark is up)."""
+        sb = self.standby
+        return (
+            sb is not None
+            and sb.handler.proc.poll() is None
+            and self.node.hb.waiting(sb.slot).exists()
+        )
+
+    def adopt_standby(self, local_rank: int, worker_group: Any) -> None:
+        """The standby takes local rank `local_rank`'s place: told which rank it becomes
+        (`TakeOver` with `local_rank`), and put in that rank's slot of torch's process
+        context. Gone since it was judged ready: the rank is restarted cold instead."""
+        sb, self.standby = self.standby, None
+        member = self.membership()
+        workers = {w.local_rank: w.global_rank for w in worker_group.workers}
+        rank = self.adopted.get(local_rank, workers.get(local_rank))
+        if sb is None or sb.handler.proc.poll() is not None or member is None or rank is None:
+            log.warning("the warm standby is gone: local rank %d restarted cold", local_rank)
+            if sb is not None:
+                self.drop(sb)
+            self.respawn(local_rank, worker_group)
+            return
+        hb = self.node.hb
+        self.forget_rank(local_rank)
+        group, world = member
+        told = TakeOver(
+            node_rank=self.node.cfg.node_rank,
+            rank=rank,
+            world_size=world,
+            group=group,
+            time=time.time(),
+            local_rank=local_rank,
+        )
+        write_report(hb.takeover(sb.slot), told)
+        if hb.ready(sb.slot).exists():  # its wrapper's handlers are in place: signals may go
+            hb.ready(local_rank).touch()
+        self.put_in_slot(local_rank, sb.handler, worker_group)
+
+    def drop_standby(self) -> None:
+        sb, self.standby = self.standby, None
+        if sb is not None:
+            self.drop(sb)
+
+    def drop(self, sb: Standby) -> None:
+        """End a standby's process (its command dies with its wrapper) and its mark."""
+        kill_ranks([sb.handler.proc.pid])
+        sb.handler.proc.poll()
+        self.node.hb.waiting(sb.slot).unlink(missing_ok=True)
 
     def failure_verdict(self) -> tuple[core.Action, ...]:
         """Wait (at most the peer timeout and three polls) until every other active node is
@@ -498,14 +641,12 @@ class Agent(LocalElasticAgent):
         """Tell a warm spare which ranks this node runs, in which live group
         (`live_rules.node_key`), in the coordinator store."""
         pc = self._pcontext
-        envs = [pc.envs[lr] for lr in sorted(pc.envs)] if pc is not None else []
-        if not envs:
+        member = self.membership()
+        if member is None:
             return
+        envs = [pc.envs[lr] for lr in sorted(pc.envs)]
         ranks = tuple(self.adopted.get(lr, int(env["RANK"])) for lr, env in enumerate(envs))
-        group = self.adopted_group or live_rules.group_prefix(
-            envs[0]["TORCHELASTIC_RUN_ID"], envs[0]["TORCHELASTIC_RESTART_COUNT"]
-        )
-        world = self.adopted_world or int(envs[0]["WORLD_SIZE"])
+        group, world = member
         record = live_rules.NodeRanks(group, world, ranks)
         self.live_group = group
         run_id = self.node.main_run_id()
@@ -515,6 +656,18 @@ class Agent(LocalElasticAgent):
             )
         except Exception as exc:  # noqa: BLE001 - no coordinator: no live takeover of us
             log.warning("could not publish this node's ranks for a warm spare: %s", exc)
+
+    def membership(self) -> tuple[str, int] | None:
+        """The live group this node's ranks are in (`live_rules.Keys`' prefix) and its
+        world size: the round's, or the lost node's that this spare took over."""
+        pc = self._pcontext
+        envs = [pc.envs[lr] for lr in sorted(pc.envs)] if pc is not None else []
+        if not envs:
+            return None
+        group = self.adopted_group or live_rules.group_prefix(
+            envs[0]["TORCHELASTIC_RUN_ID"], envs[0]["TORCHELASTIC_RESTART_COUNT"]
+        )
+        return group, self.adopted_world or int(envs[0]["WORLD_SIZE"])
 
     def take_over(self, node_rank: int) -> bool:
         """Hand each waiting rank its rank of node `node_rank` (`HeartbeatDir.takeover`):

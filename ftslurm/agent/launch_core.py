@@ -179,6 +179,15 @@ class RestartAlone:
 
 
 @dataclass(frozen=True)
+class AdoptStandby:
+    """Put this node's warm standby in local rank `local_rank`'s place (live recovery): it
+    becomes that rank and rejoins the others, as a rank restarted alone would, without a
+    new process's start-up. A new standby is started afterwards (`want_standby`)."""
+
+    local_rank: int
+
+
+@dataclass(frozen=True)
 class TakeOver:
     """This warm spare's ranks take over the ranks of node `node_rank` (live recovery):
     hand each its rank (`HeartbeatDir.takeover`); this node trains from now on."""
@@ -241,6 +250,7 @@ Action = (
     | KillRanks
     | Account
     | RestartAlone
+    | AdoptStandby
     | TakeOver
     | RecordFallback
     | StepOut
@@ -678,32 +688,70 @@ def on_rank_exit(
     stopped: bool,
     restarts_left: int,
     signals: Signals,
+    standby_ready: bool = False,
 ) -> tuple[LauncherState, tuple[Action, ...]]:
     """A rank of the running round exited with `code` while the others run on. A rank
     whose process group recovers live (`live`: it said so) and failed is restarted alone,
-    using one in-job restart, and rejoins the others. Otherwise (a clean exit, a stop under
-    way, a rank that recorded its stop and died in teardown, no restart left, or a rank
-    that does not recover live) nothing here: torch ends the round as before. A rank that
-    left a failed round on purpose (`ExitCode.REJOIN`: stuck in a collective with a peer
-    that left it) is restarted alone without using a restart: the fault was another's."""
+    using one in-job restart, and rejoins the others: by this node's warm standby when one
+    waits (`standby_ready`: its process started, waiting for a rank), else by a new
+    process. Otherwise (a clean exit, a stop under way, a rank that recorded its stop and
+    died in teardown, no restart left, or a rank that does not recover live) nothing here:
+    torch ends the round as before. A rank that left a failed round on purpose
+    (`ExitCode.REJOIN`: stuck in a collective with a peer that left it) is restarted alone
+    without using a restart: the fault was another's."""
     if code == 0 or not live or stopped or signals.stop is not None or not state.live:
         return state, ()
     if state.new_job or state.benched is not None:
         return state, ()
+    restart: Action = AdoptStandby(local_rank) if standby_ready else RestartAlone(local_rank)
+    how = "its place taken by the warm standby" if standby_ready else "restarted alone"
     if code == ExitCode.REJOIN:  # it left a round another rank's fault broke: no restart used
-        text = f"local rank {local_rank} left a failed live round: restarted alone to rejoin"
-        return replace(state, alone=state.alone + 1), (Log("info", text), RestartAlone(local_rank))
+        text = f"local rank {local_rank} left a failed live round: {how} to rejoin"
+        return replace(state, alone=state.alone + 1), (Log("info", text), restart)
     if restarts_left <= 0:
         text = f"local rank {local_rank} exited {code}: no in-job restart left to restart it alone"
         return state, (Log("warning", text),)
     text = (
-        f"local rank {local_rank} exited {code}: restarted alone, the other ranks keep "
+        f"local rank {local_rank} exited {code}: {how}, the other ranks keep "
         f"running (live recovery; {restarts_left - 1} in-job restarts left)"
     )
     return replace(state, alone=state.alone + 1), (
         Log("warning", text),
         Account(Budget.USE),
-        RestartAlone(local_rank),
+        restart,
+    )
+
+
+MAX_STANDBY_FAILURES = 3  # standbys that died while waiting: no more are started
+
+
+def want_standby(
+    state: LauncherState,
+    *,
+    live_ranks: bool,
+    have: bool,
+    failures: int,
+    restarts_left: int,
+    signals: Signals,
+) -> bool:
+    """Whether to start a warm standby beside this node's ranks now: with the
+    `live_recovery` setting, once every rank of the running round recovers live
+    (`live_ranks`) and an in-job restart is left to spend on one; never a second, nor on
+    a warm spare's node (its ranks took another node's over), nor under a stop or once the
+    node leaves the job, nor after `MAX_STANDBY_FAILURES` standbys died waiting (a
+    script that cannot start twice on this node)."""
+    return (
+        state.cfg.live
+        and state.live
+        and live_ranks
+        and not have
+        and failures < MAX_STANDBY_FAILURES
+        and restarts_left > 0
+        and not state.warm
+        and state.adopted is None
+        and signals.stop is None
+        and not state.new_job
+        and state.benched is None
     )
 
 

@@ -201,6 +201,7 @@ class LiveGroup:
         self.rejoining = live and env.get(EnvName.LIVE_REJOIN.value) == "1"
         self.spare = live and env.get(EnvName.LIVE_SPARE.value) == "1"  # a warm spare's rank
         self.took_over: int | None = None  # the node rank whose rank this warm one took
+        self.standby = False  # this warm one is its node's standby: it took a crashed rank
         self.round = 0
         self.seq = 0  # commits of this round
         self.failed_in_a_row = 0
@@ -235,9 +236,9 @@ class LiveGroup:
             )
             return
         hb = self.environ.get(EnvName.HEARTBEAT_DIR.value)
-        local_rank = self.environ.get("LOCAL_RANK", "0")
-        if self.spare:  # warm: started up to here, waiting for a node to take over
-            self._take_over(HeartbeatDir(hb).takeover(local_rank) if hb else None)
+        if self.spare:  # warm: started up to here, waiting for a rank to take over
+            self._take_over(HeartbeatDir(hb) if hb else None)
+        local_rank = self.environ.get("LOCAL_RANK", "0")  # a standby's: the one it took
         if hb:  # tell the launcher: restart this rank alone when it fails
             self._marker = HeartbeatDir(hb).live(local_rank)
             self._marker.touch()
@@ -250,6 +251,8 @@ class LiveGroup:
                 self._declare_failed(r - 1, f"{rules.BY_RESTART}rank {self.rank} restarted")
         if self.took_over is not None:  # for the recovery's record
             self.store.set(self.keys.took_over(r), str(self.took_over))
+        if self.standby:
+            self.store.set(self.keys.standby(r), str(self.rank))
         self._form(r, None)
         # Setting up (until `attach`): a fault now is not recovered live (the ranks hold no
         # training state yet, and their setup's collectives are not steps).
@@ -257,24 +260,46 @@ class LiveGroup:
         self._busy = (self.round, time.monotonic())
         threading.Thread(target=self._watch, name="ftslurm-live-watch", daemon=True).start()
 
-    def _take_over(self, path: Path | None) -> None:
-        """Wait until this warm spare's launcher hands it a rank (`TakeOver`), then become
-        that rank: a rejoining one, which receives the state from the running ranks."""
-        if path is None:
+    def _take_over(self, hb: HeartbeatDir | None) -> None:
+        """Wait until this warm process's launcher hands it a rank (`TakeOver`), then become
+        that rank: a rejoining one, which receives the state from the running ranks. A
+        spare node's rank takes over a lost node's rank; a node's standby takes a crashed
+        rank's place on its own node, its local rank too (its heartbeat record, its live
+        mark, its device: whatever the script reads from `LOCAL_RANK` after this)."""
+        if hb is None:
             raise self._give_up(rules.Fallback.NO_STATE, "a warm spare without its launcher")
-        log.info("rank process %d waits warm to take a node over", os.getpid())
-        while (told := read_report(path, TakeOver)) is None or told.rank is None:
+        slot = self.environ.get("LOCAL_RANK", "0")
+        self._pause_at(f"standby:{slot}")  # tests: a warm process still starting
+        waiting = hb.waiting(slot)
+        waiting.touch()  # the launcher may hand it a rank now
+        log.info("rank process %d waits warm to take a rank over", os.getpid())
+        while (told := read_report(hb.takeover(slot), TakeOver)) is None or told.rank is None:
             time.sleep(TAKEOVER_POLL_S)
+        waiting.unlink(missing_ok=True)
         assert told.world_size is not None and told.group is not None
         self.rank, self.world = told.rank, told.world_size
         self.keys = rules.Keys(told.group)
-        self.rejoining, self.took_over = True, told.node_rank
+        self.rejoining = True
+        became = {"RANK": str(self.rank), "WORLD_SIZE": str(self.world)}
+        if told.local_rank is not None:  # this node's standby, in a crashed rank's place
+            self.standby = True
+            became["LOCAL_RANK"] = str(told.local_rank)
+        else:
+            self.took_over = told.node_rank
         # What the rest of the process reads (the rank agent, the memory tier, ...).
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
-        self.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world))
-        log.warning(
-            "rank %d of %d: took over from node rank %s", self.rank, self.world, told.node_rank
-        )
+        os.environ.update(became)
+        self.environ.update(became)
+        if self.standby:
+            log.warning(
+                "rank %d of %d: a warm standby, in local rank %s's place",
+                self.rank,
+                self.world,
+                told.local_rank,
+            )
+        else:
+            log.warning(
+                "rank %d of %d: took over from node rank %s", self.rank, self.world, told.node_rank
+            )
 
     def _form(self, r: int, step: int | None) -> None:
         """Form round `r` (or a later one when `r` fails while forming)."""
@@ -334,7 +359,11 @@ class LiveGroup:
         return self._store_of_round
 
     def _pause(self, point: str) -> None:
-        if self.environ.get(PAUSE_ENV) == f"{point}:{self.rank}:{self._step()}":
+        self._pause_at(f"{point}:{self.rank}:{self._step()}")
+
+    def _pause_at(self, key: str) -> None:
+        """Tests: stop here when `PAUSE_ENV` (a comma-separated list) names `key`."""
+        if key in self.environ.get(PAUSE_ENV, "").split(","):
             os.kill(os.getpid(), signal.SIGSTOP)
 
     def _next_round(self, r: int) -> int:
@@ -680,6 +709,8 @@ class LiveGroup:
         declared = self.store.get(self.keys.failed(failed_round)).decode()
         took = self.keys.took_over(self.round)
         took_over = int(self.store.get(took)) if self.store.check([took]) else None
+        warm = self.keys.standby(self.round)
+        standby = int(self.store.get(warm)) if self.store.check([warm]) else None
         by, _, why = declared.partition("|")
         record = LiveRecovery(
             round=self.round,
@@ -693,6 +724,7 @@ class LiveGroup:
             receivers=sorted(plan.receivers) if plan is not None else [],
             world_size=self.world,
             took_over=took_over,
+            standby=standby,
             job_id=self.environ.get("SLURM_JOB_ID"),
             attempt=job.attempt,
         )

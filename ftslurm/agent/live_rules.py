@@ -192,6 +192,10 @@ class Keys:
         """The node rank whose ranks a warm spare's ranks took over, joining round `r`."""
         return f"{self.prefix}/r{r}/took-over"
 
+    def standby(self, r: int) -> str:
+        """The rank a node's warm standby became (a crashed rank's), joining round `r`."""
+        return f"{self.prefix}/r{r}/standby"
+
     def joined(self, r: int) -> str:
         return f"{self.prefix}/r{r}/joined"
 

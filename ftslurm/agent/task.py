@@ -651,6 +651,8 @@ class Task:
         if told is None or told.rank is None:
             return False
         self.rank, self.warm = told.rank, False
+        if told.local_rank is not None:  # a node's standby, in a crashed rank's place
+            self.env["LOCAL_RANK"] = str(told.local_rank)
         return True
 
     def _ended(self, status: int, watch: PeerWatch | None) -> int:

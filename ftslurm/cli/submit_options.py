@@ -97,7 +97,8 @@ LiveRecoveryOpt = Annotated[
         "--live-recovery",
         help="Keep the spares' ranks started and waiting: a lost or stepped-out node's "
         "ranks are taken over by them while the other ranks keep running (the script "
-        "uses ftslurm.agent.live). (default: the recipe's, else off)",
+        "uses ftslurm.agent.live); each node keeps a warm standby process that takes a "
+        "crashed rank's place. (default: the recipe's, else off)",
     ),
 ]
 PreemptTimeOpt = Annotated[

@@ -156,7 +156,8 @@ class FtSettings(BaseModel):
     spare_nodes: int = Field(0, ge=0)
     # Live recovery (ftslurm.agent.live; the script opts in with `live.init_process_group`):
     # the spares' launchers start their ranks ahead of time, and a lost or stepped-out
-    # node's ranks are taken over by them while the other ranks keep running.
+    # node's ranks are taken over by them while the other ranks keep running; each
+    # training node keeps a warm standby process that takes a crashed rank's place.
     live_recovery: bool = False
     # Straggler detection (ftslurm.agent.straggler): each rank's step times are published
     # every `straggler_report_interval_s`; a node whose ranks score below

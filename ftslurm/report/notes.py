@@ -239,6 +239,8 @@ def live_note(r: LiveRecovery, ago: str | None = None) -> str:
         tail += f", state from rank {r.state_from} to {', '.join(map(str, r.receivers))}"
     if r.took_over is not None:
         tail += f" (a warm spare's, in node rank {r.took_over}'s place)"
+    if r.standby is not None:
+        tail += f" (rank {r.standby}: a warm standby took the crashed process's place)"
     return f"{head} → {tail}"
 
 

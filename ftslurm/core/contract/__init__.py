@@ -472,8 +472,17 @@ class HeartbeatDir:
 
     def takeover(self, local_rank: int | str) -> Path:
         """Written by a warm spare's launcher (one writer): the rank local rank `local_rank`
-        takes over (`TakeOver`); its rank process and wrapper read it."""
+        takes over (`TakeOver`); its rank process and wrapper read it. A warm standby's
+        (`waiting`) is its own slot's: the launcher names there the local rank it becomes."""
         return self.root / f"takeover-{local_rank}.json"
+
+    WAITING = "waiting-*"
+
+    def waiting(self, local_rank: int | str) -> Path:
+        """Touched by a warm rank (a spare's, or a node's standby: `FTSLURM_LIVE_SPARE`)
+        once it waits in `live.init_process_group` for a rank to take over; removed when it
+        has one. A standby's slot is a local rank past the node's ranks, never reused."""
+        return self.root / f"waiting-{local_rank}"
 
     @property
     def sections(self) -> Path:

@@ -302,6 +302,7 @@ class LiveRecovery(Report):
     attempt: int | None = None
 
     took_over: int | None = None  # a warm spare's node took over this node rank's ranks
+    standby: int | None = None  # this rank's crashed process was replaced by a warm standby
     # a rank gave live recovery up (`RunDir.live_given_up`): the fallback, today's path next
     given_up: str | None = None
     rank: int | None = None  # the rank that gave up
@@ -324,6 +325,9 @@ class TakeOver(Report):
     world_size: int | None = None
     group: str | None = None  # the live group's key prefix (`live_rules.Keys`)
     time: float | None = None
+    # a warm standby of the node itself: the local rank whose place it takes (a crashed
+    # rank's); None for a spare node's rank, which takes over `node_rank`'s
+    local_rank: int | None = None
 
 
 class Benched(Report):
