@@ -70,8 +70,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "recipe.py"
 
 
-def run_once(args: argparse.Namespace, live: bool, fault: bool, work: Path) -> dict:
-    """One launcher run; its wall time, final digest and how many ranks started."""
+def one_node_env(work: Path, **extra: str) -> dict[str, str]:
+    """A launcher's environment for a run of one node in `work` (its run, checkpoint and
+    memory-tier folders there), without a job's variables."""
     for name in ("run", "ckpt"):
         (work / name).mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
@@ -81,7 +82,14 @@ def run_once(args: argparse.Namespace, live: bool, fault: bool, work: Path) -> d
         FTSLURM_MEMORY_DIR=str(work / "memory"),
         MASTER_ADDR="127.0.0.1",
         PYTHONUNBUFFERED="1",
+        **extra,
     )
+    return env
+
+
+def run_once(args: argparse.Namespace, live: bool, fault: bool, work: Path) -> dict:
+    """One launcher run; its wall time, final digest and how many ranks started."""
+    env = one_node_env(work)
     recipe = [
         sys.executable,
         str(RECIPE),
@@ -140,15 +148,9 @@ def run_standby(args: argparse.Namespace, warm: bool, work: Path) -> dict:
     from ftslurm.core.contract.reports import Kind
     from ftslurm.runfiles import read_reports
 
-    for name in ("run", "ckpt", "tmp"):
-        (work / name).mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
-    env.update(
-        FTSLURM_RUN_DIR=str(work / "run"),
-        FTSLURM_CHECKPOINT_DIR=str(work / "ckpt"),
-        FTSLURM_MEMORY_DIR=str(work / "memory"),
-        MASTER_ADDR="127.0.0.1",
-        PYTHONUNBUFFERED="1",
+    (work / "tmp").mkdir(parents=True)
+    env = one_node_env(
+        work,
         TMPDIR=str(work / "tmp"),
         **{PAUSE_ENV: f"committed:{args.crash_rank}:{args.crash_step}"},
         **({EnvName.LIVE_RECOVERY.value: "1"} if warm else {}),

@@ -394,6 +394,71 @@ def test_a_sharded_state_falls_back_to_restoring_every_rank(tmp_path, reference)
     assert progress is not None and not progress.live_recovery, out[-6000:]
 
 
+HSDP_SCRIPT = r"""
+import json, os, sys, time
+import torch, torch.distributed as dist
+from ftslurm.agent import live
+
+group = live.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+part, steps, fail_at = rank % 2, 40, int(sys.argv[2])
+held = {"w": torch.zeros(4), "step": 0}  # this rank's part: it grows by part + 1 a step
+
+
+def load(state):
+    held.update(w=state["w"].clone(), step=state["step"])
+
+
+group.attach(
+    state=lambda: {"w": held["w"].clone(), "step": held["step"]},
+    load=load,
+    step=lambda: held["step"],
+    shards=2,  # 2 replicas of 2 parts: rank r holds part r % 2
+)
+first = os.environ.get("FTSLURM_LIVE_REJOIN") != "1"
+while held["step"] < steps:
+    grad = torch.ones(1)
+    if group.commit(lambda: dist.all_reduce(grad)):
+        held["w"] += part + 1
+        held["step"] += 1
+    if rank == 1 and first and held["step"] == fail_at:
+        os._exit(3)
+    time.sleep(0.02)
+out = {"part": part, "w": held["w"].tolist(), "step": held["step"]}
+open(os.path.join(sys.argv[1], f"rank-{rank}.json"), "w").write(json.dumps(out))
+os._exit(0)
+"""
+
+
+def test_a_part_of_a_state_sharded_over_replicas_comes_from_the_rank_holding_it(tmp_path):
+    """HSDP: 4 ranks under the launcher, a state in 2 parts replicated across 2 groups of
+    2 ranks (`attach(shards=2)`: rank r holds part r % 2, each part its own values). Rank 1
+    crashes at step 25 and is restarted alone; its part comes from rank 3, the other
+    replica's rank holding the same part (not rank 0, whose part differs), and every rank
+    ends with its own part's values of an uninterrupted run."""
+    script = tmp_path / "hsdp.py"
+    script.write_text(HSDP_SCRIPT)
+    for name in ("run", "out"):
+        (tmp_path / name).mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
+    env.update(FTSLURM_RUN_DIR=str(tmp_path / "run"), MASTER_ADDR="127.0.0.1")
+    launcher = [sys.executable, "-m", "ftslurm.agent.launch", "--nproc-per-node", "4"]
+    proc = run_all_killed(
+        [*launcher, "--max-restarts", "1", "--", sys.executable, str(script)]
+        + [str(tmp_path / "out"), "25"],
+        env=env,
+        timeout=240,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and not proc.left, out[-6000:]
+    assert "restarted alone" in out, out[-6000:]
+    for rank in range(4):
+        got = json.loads((tmp_path / "out" / f"rank-{rank}.json").read_text())
+        assert got == {"part": rank % 2, "w": [40.0 * (rank % 2 + 1)] * 4, "step": 40}, got
+    (record,) = read_reports(RunDir(tmp_path / "run"), Kind.LIVE, 0)
+    assert record.state_from == 3 and record.receivers == [1], record
+
+
 def test_a_replica_that_does_not_answer_in_time_falls_back_to_restarting_every_rank(
     tmp_path, reference
 ):

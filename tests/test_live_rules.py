@@ -195,16 +195,34 @@ def test_a_rounds_connections_are_told_from_the_processs_others(local, peer, wan
 
 
 @pytest.mark.parametrize(
-    "plan, replicated, want",
+    "members, parts, plans, stranded",
     [
-        (None, False, None),  # nobody holds a state: not this rule's case
-        (Handover(0, 25, frozenset()), False, None),  # nobody lacks it: live all the same
-        (Handover(0, 25, frozenset({1})), True, None),  # a replica: copied from rank 0
-        (Handover(0, 25, frozenset({1})), False, Fallback.SHARDED),  # rank 1's part is lost
+        ({0: None, 1: None}, 2, (), set()),  # nobody holds a state
+        ({0: 25, 1: 25, 2: 25}, 3, (), set()),  # sharded, nobody lacks it: live all the same
+        ({0: 25, 1: None, 2: 25}, 1, (Handover(0, 25, frozenset({1})),), set()),  # replicated
+        ({0: 25, 1: None, 2: 25}, 3, (), {1}),  # no replica: rank 1's part is lost
+        # HSDP, 2 replicas of 2 parts: rank 1's part comes from rank 3 (the same part)
+        ({0: 25, 1: None, 2: 25, 3: 25}, 2, (Handover(3, 25, frozenset({1})),), set()),
+        # both parts lost in one replica: each from the other replica's rank
+        (
+            {0: None, 1: None, 2: 25, 3: 25},
+            2,
+            (Handover(2, 25, frozenset({0})), Handover(3, 25, frozenset({1}))),
+            set(),
+        ),
+        ({0: 25, 1: None, 2: 25, 3: None}, 2, (), {1, 3}),  # part 1 lost in both replicas
+        # an older step is a lack too; the lowest holder of the newest step sends
+        ({0: 24, 1: 25, 2: 25, 3: 25}, 2, (Handover(2, 25, frozenset({0})),), set()),
     ],
 )
-def test_a_sharded_state_is_never_handed_to_a_rank_that_lost_its_part(plan, replicated, want):
-    assert rules.handover_fallback(plan, replicated) is want
+def test_each_part_of_a_sharded_state_comes_from_a_rank_holding_that_part(
+    members, parts, plans, stranded
+):
+    got, lost = rules.shard_handovers(members, parts)
+    assert got == plans and lost == stranded
+    assert rules.handover_fallback(lost) is (Fallback.SHARDED if stranded else None)
+    if parts == 1:  # a replicated state: the same as `sender`'s one handover
+        assert got == tuple(p for p in [sender(members)] if p is not None and p.receivers)
 
 
 @pytest.mark.parametrize(

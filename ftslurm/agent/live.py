@@ -209,7 +209,8 @@ class LiveGroup:
         self._load: Callable[[Any], None] | None = None
         self._step: Callable[[], int] = lambda: -1
         self._hooks: list[Callable[[], None]] = []
-        self._replicated = True  # every rank holds the whole state (`attach`)
+        self._parts = 1  # the state's parts (`attach`): 1, every rank holds it whole
+        self._senders: list[int] = []  # of the last handover, one per part sent
         self._busy: tuple[int, float] | None = None  # (round, since): inside a step
         self._pending_record: tuple[Path, LiveRecovery] | None = None
         self._marker: Path | None = None  # HeartbeatDir.live: the launcher's sign
@@ -415,17 +416,26 @@ class LiveGroup:
         step: Callable[[], int],
         on_regroup: Iterable[Callable[[], None]] = (),
         replicated: bool = True,
+        shards: int | None = None,
     ) -> None:
         """What a recovery hands over (`state()`, applied with `load(state)` on a rank that
         lacks it) and the step it holds. A collective: every rank calls it once, after
         building its model (a restarted rank receives the state here). `replicated=False`
-        for a state each rank holds a different part of (FSDP, ZeRO): a rank that lost its
-        part cannot receive it from a peer, so that recovery is given up (`SHARDED`) and the
-        launcher restores every rank from the memory tier's peer replica or the disk."""
+        for a state each rank holds a different part of (FSDP, ZeRO) without a replica: a
+        rank that lost its part cannot receive it from a peer, so that recovery is given
+        up (`SHARDED`) and the launcher restores every rank from the memory tier's peer
+        replica or the disk. `shards=S` for a state sharded over each S consecutive ranks
+        and replicated across the world / S groups (HSDP: rank r holds part r % S): a rank
+        that lost its part receives it from the rank of another replica holding the same
+        part (`state()` there is its part)."""
+        parts = shards if shards is not None else (1 if replicated else self.world)
+        if parts < 1 or self.world % parts:
+            raise ValueError(f"shards={shards}: must divide the world size {self.world}")
         self._state, self._load, self._step = state, load, step
-        self._replicated = replicated
+        self._parts = parts
         self._hooks = list(on_regroup)
-        if self.enabled and replicated and self.rank == 0:
+        has_replica = parts == 1 or parts < self.world
+        if self.enabled and has_replica and self.rank == 0:
             # The daemon spaces disk checkpoints for the failures live recovery cannot
             # serve. A sharded state it cannot serve at all (every fault restores every
             # rank): the cadence stays today's.
@@ -523,22 +533,31 @@ class LiveGroup:
                 self.store.multi_get([self.keys.member(self.round, r) for r in range(self.world)])
             )
         }
-        plan = rules.sender(members)
-        why = rules.handover_fallback(plan, self._replicated)
+        plans, stranded = rules.shard_handovers(members, self._parts)
+        why = rules.handover_fallback(stranded)
         if why is not None:
-            assert plan is not None
-            raise self._give_up(why, f"ranks {sorted(plan.receivers)} in round {self.round}")
-        if plan is None or not plan.receivers:
+            raise self._give_up(why, f"ranks {sorted(stranded)} in round {self.round}")
+        if not plans:
             return None
-        state = self._state() if self.rank == plan.sender else None
-        if self.rank == plan.sender:
-            self._pause("sending")
-        received = self._transfer(state, plan.sender)
-        if self.rank in plan.receivers:
-            self._load(received)
-            self._holds = True
-        log.info("round %d: state of step %d from rank %d", self.round, plan.step, plan.sender)
-        return plan
+        for plan in plans:  # one per part some rank lacks; every rank takes part in each
+            state = self._state() if self.rank == plan.sender else None
+            if self.rank == plan.sender:
+                self._pause("sending")
+            received = self._transfer(state, plan.sender)
+            if self.rank in plan.receivers:
+                self._load(received)
+                self._holds = True
+            log.info(
+                "round %d: state of step %d from rank %d to %s",
+                self.round,
+                plan.step,
+                plan.sender,
+                sorted(plan.receivers),
+            )
+        # the recovery's record: the first sender (who writes it), every receiver
+        self._senders = [p.sender for p in plans]
+        receivers = frozenset().union(*(p.receivers for p in plans))
+        return rules.Handover(plans[0].sender, plans[0].step, receivers)
 
     def _transfer(self, state: Any, src: int) -> Any:
         """Broadcast `state` from rank `src` (pickled, as `broadcast_object_list` does):
@@ -721,6 +740,7 @@ class LiveGroup:
             formed_at=time.time(),
             step=self._step(),
             state_from=plan.sender if plan is not None else None,
+            senders=self._senders if plan is not None and len(self._senders) > 1 else [],
             receivers=sorted(plan.receivers) if plan is not None else [],
             world_size=self.world,
             took_over=took_over,

@@ -11,9 +11,11 @@ I/O or reads a clock: the time waited is passed in.
 - `join_state`: a new round is ready when every rank of the world joined; it falls back
   when the wait ran out or the round itself was declared failed.
 - `sender`: who hands the state to the members that lack it (the member holding the newest
-  step; the lowest rank among equals), and which members must load it.
+  step; the lowest rank among equals), and which members must load it; `shard_handovers`:
+  the same per part of a state sharded over groups of ranks (HSDP: a part's sender is a
+  rank of another replica holding the same part).
 - `fallback`: whether to give live recovery up (too many faults in a row), and why;
-  `handover_fallback` (a sharded state), `handover_timed_out` (a replica that does not
+  `handover_fallback` (a part nobody holds), `handover_timed_out` (a replica that does not
   answer in time), `loss_fallback` (the launcher's: the batch host lost, no spare left).
 """
 
@@ -96,13 +98,36 @@ def sender(members: Mapping[int, int | None]) -> Handover | None:
     return Handover(src, step, frozenset(r for r, s in members.items() if s != step))
 
 
-def handover_fallback(plan: Handover | None, replicated: bool) -> Fallback | None:
-    """A handover that cannot be made: a sharded state (each rank holds its own part, as
-    under FSDP without a replica dimension) cannot be copied from a peer to a rank that
-    lacks it. Without receivers a sharded state recovers live all the same."""
-    if plan is not None and plan.receivers and not replicated:
-        return Fallback.SHARDED
-    return None
+def shard_handovers(
+    members: Mapping[int, int | None], parts: int
+) -> tuple[tuple[Handover, ...], frozenset[int]]:
+    """A state in `parts` parts, rank r holding part r % parts (HSDP's layout: the ranks of
+    one replica are consecutive; 1: every rank holds it whole, a replicated state; the
+    world size: each rank its own part, no replica): one handover per part that a member
+    lacks at the newest step, from the lowest rank holding that part at it; and the members
+    whose part nobody holds at it (`stranded`: their part is lost). Nothing when no member
+    holds a state."""
+    holding = {r: s for r, s in members.items() if s is not None}
+    if not holding:
+        return (), frozenset()
+    step = max(holding.values())
+    plans, stranded = [], set()
+    for part in range(parts):
+        ranks = sorted(r for r in members if r % parts == part)
+        lacking = frozenset(r for r in ranks if members[r] != step)
+        holders = [r for r in ranks if members[r] == step]
+        if lacking and holders:
+            plans.append(Handover(holders[0], step, lacking))
+        elif lacking:
+            stranded |= lacking
+    return tuple(plans), frozenset(stranded)
+
+
+def handover_fallback(stranded: Collection[int]) -> Fallback | None:
+    """A handover that cannot be made: a part of a sharded state that no member holds (its
+    ranks lost it, and no replica has it: FSDP without a replica dimension) cannot be
+    copied to the ranks that lack it."""
+    return Fallback.SHARDED if stranded else None
 
 
 def handover_timed_out(waited_s: float, timeout_s: float) -> Fallback | None:

@@ -76,7 +76,9 @@ class Training:
     asks for); `disk_every`: of those, every how many also go to disk (the others stay in
     the memory tier); `memory=False`: disk only; `group`: the `live.LiveGroup` of
     `live.init_process_group` (else the default process group, without live recovery);
-    `replicated=False` for a state each rank holds a different part of (`LiveGroup.attach`);
+    `replicated=False` for a state each rank holds a different part of, `shards=S` for one
+    sharded over each S consecutive ranks and replicated across those groups (HSDP)
+    (`LiveGroup.attach`);
     `log`: where the progress lines go (None: nowhere); `validate`: result validation
     (True, or its `Settings`): give each step's loss to `train.validate(loss)` in the
     block, and a suspicious one re-runs the step in place (`Training` restores the RNG and
@@ -96,6 +98,7 @@ class Training:
         memory: bool = True,
         group: live.LiveGroup | None = None,
         replicated: bool = True,
+        shards: int | None = None,
         keep_last: int = 2,
         log: Callable[[str], None] | None = _say,
         validate: bool | Settings = False,
@@ -110,7 +113,7 @@ class Training:
         self.model, self.optimizer = model, optimizer
         self.every, self.disk_every = every, disk_every
         self.group = group if group is not None else live.LiveGroup(live=False)
-        self.replicated = replicated
+        self.replicated, self.shards = replicated, shards
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.agent = fta.init()  # signal handlers (a flag only), heartbeats, sections
         # Saves are asynchronous: the training stands still only for the snapshot; the
@@ -190,6 +193,7 @@ class Training:
             step=lambda: self.steps_done,
             on_regroup=[self.memory.regroup] if self.memory is not None else [],
             replicated=self.replicated,
+            shards=self.shards,
         )
         self.start_step, self.restored_from = self.steps_done, tier
         if self.rank == 0 or self.rejoining:

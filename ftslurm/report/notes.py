@@ -235,7 +235,10 @@ def live_note(r: LiveRecovery, ago: str | None = None) -> str:
         tail = "recovering"
     if r.step is not None:
         tail += f", step {r.step} run again"
-    if r.state_from is not None:
+    if len(r.senders) > 1:  # a state sharded over replicas: each part from its holder
+        tail += f", state from ranks {', '.join(map(str, r.senders))}"
+        tail += f" to {', '.join(map(str, r.receivers))}"
+    elif r.state_from is not None:
         tail += f", state from rank {r.state_from} to {', '.join(map(str, r.receivers))}"
     if r.took_over is not None:
         tail += f" (a warm spare's, in node rank {r.took_over}'s place)"

@@ -296,6 +296,7 @@ class LiveRecovery(Report):
     first_commit_at: float | None = None  # the first step committed after it
     step: int | None = None  # the step that runs again (one step redone)
     state_from: int | None = None  # the rank that sent the state; None: every rank held it
+    senders: list[int] = []  # a sharded state's (`shards`): each part's sender, when several
     receivers: list[int] = []
     world_size: int | None = None
     job_id: JobId = None
