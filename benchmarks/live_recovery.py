@@ -28,7 +28,7 @@ the live path; the commit under 1% of a 100 ms step.
 
 A node stepping out (`--stepout`, two more runs): three launchers on this machine as nodes
 n0-n2, 2 training and 1 spare (`--spare-nodes 1`, one rank each, the recipe with 150 steps
-of 0.05 s), node n1 made 4x slower from the start (`straggler@0:n1*4`) and judged a
+of 0.05 s), node n1 made 4x slower from its first step (`straggler@0:n1*4`) and judged a
 persistent straggler after two 1 s report windows (shortened from the defaults' 60 s and 3,
 which only delay the verdict); its launcher steps out. Today's path: the survivor's ranks
 restart with the spare from the newest checkpoint; live (`--live`, `live_recovery`): the

@@ -23,7 +23,7 @@ from ftslurm.agent.task import (
     parse_inject_env,
     torch_env,
 )
-from ftslurm.core.contract import EnvName, rendezvous_port
+from ftslurm.core.contract import EnvName, HeartbeatDir, rendezvous_port
 from ftslurm.core.inject import parse_injection
 
 from .conftest import wait_for
@@ -849,6 +849,53 @@ def test_straggler_slows_the_child(tmp_path: Path) -> None:
         share[name] = stopped_share(tmp_path / name, env)
     assert share["baseline"] == 0 and 0.4 < share["slow"] < 0.95, share
     assert report(tmp_path / "run-slow")["injected"] == ["straggler@0:4"]
+
+
+def test_under_the_launcher_a_straggler_slows_the_training_not_the_start_up(tmp_path: Path):
+    """Forced timing: with a heartbeat folder (the launcher's) and no heartbeat record yet
+    (the rank still starting), a straggler due at once stops the rank never; once the test
+    writes the record (the rank agent attached), the rank is stopped in most looks."""
+    hb = tmp_path / "hb"
+    hb.mkdir()
+    out = tmp_path / "busy"
+    env = clean_env(
+        FTSLURM_RUN_DIR=str(tmp_path / "run"),
+        FTSLURM_INJECT="straggler@0:4",
+        FTSLURM_HEARTBEAT_DIR=str(hb),
+        SLURM_NODEID="1",
+        SLURM_NNODES="2",
+    )  # the last node: the default target
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftslurm.agent.task", "--", sys.executable, "-c", BUSY_CHILD]
+        + [str(out), "4"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        pid_file = Path(f"{out}.pid")
+        wait_for(lambda: pid_file.exists() or proc.poll() is not None, 30, "the child's pid")
+        stat = Path(f"/proc/{pid_file.read_text()}/stat")
+
+        def stopped_share(seconds: float) -> tuple[int, int]:
+            looks = stopped = 0
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and proc.poll() is None:
+                stopped += stat.read_text().rsplit(")", 1)[1].split()[0] == "T"
+                looks += 1
+                time.sleep(0.005)
+            return stopped, looks
+
+        before, looks = stopped_share(1.0)
+        assert before == 0 and looks > 20, (before, looks)  # starting: never stopped
+        HeartbeatDir(hb).record("0").write_bytes(b"")  # the rank agent attached
+        after, looks = stopped_share(1.0)
+        assert after > 0.4 * looks, (after, looks)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 # A rank whose step is a sleep of the straggler's period (0.1 s), as the example recipe's

@@ -357,17 +357,18 @@ def test_a_submitit_checkpointable_continues_through_the_daemon_and_reports_good
     with the parameters of an uninterrupted run; `ftslurm report` accounts the wall time."""
     recipe = ROOT / "examples" / "submitit_recipe.py"
     ref = subprocess.run(
-        [sys.executable, str(recipe), "--steps", "250", "--output-dir", str(tmp_path / "ref")],
+        [sys.executable, str(recipe), "--steps", "500", "--output-dir", str(tmp_path / "ref")],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert ref.returncode == 0, ref.stderr
-    # the signal 20 s after the start: past the start-up (imports), before the last step
+    # the signal 50 s after the start: past the start-up (imports; over 20 s with every core
+    # busy), before the last step (50 s of steps)
     out = cli.submit(
         "--dry-run",
         "-t",
-        "0:30",
+        "1:00",
         "--preempt-time",
         "10",
         "--retries",
@@ -375,13 +376,13 @@ def test_a_submitit_checkpointable_continues_through_the_daemon_and_reports_good
         str(recipe),
         "--",
         "--steps",
-        "250",
+        "500",
         "--step-time",
         "0.1",
         "--output-dir",
         str(tmp_path / "out"),
     )
-    s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
+    s = cli.wait_for(out["run_id"], ended, 250, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert s["attempts"][0]["cause"] == "checkpointed" and s["job_retries_used"] == 0
     log = cli("logs", out["run_id"], "--attempt", "1").stdout

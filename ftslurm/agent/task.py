@@ -18,7 +18,9 @@ For every task (rank) of an attempt it
   crash or hang once per run (a spec already listed in an earlier attempt's report of this
   rank is skipped); a straggler slows the node it first hits and, like a bad node, that node
   stays slow for every rank that runs on it later in the run (recorded in
-  `$FTSLURM_RUN_DIR/attempts/straggler-nodes.json`), while other nodes are spared;
+  `$FTSLURM_RUN_DIR/attempts/straggler-nodes.json`), while other nodes are spared; under
+  the launcher it slows the training, not the start-up (from the rank agent's heartbeat
+  record, at most STRAGGLER_START_WAIT_S after its time);
 - when the command ends, writes `$FTSLURM_RUN_DIR/attempts/<attempt>/rank-<rank>.json`
   (atomic) for the daemon:
       {"rank", "node", "job_id", "restart_count", "attempt", "exit_code", "signal",
@@ -103,6 +105,12 @@ TAIL_LINES = 40
 # whose step sleeps a multiple of it (0.1 s), which then always woke in its run slice and
 # was not slowed at all.
 STRAGGLER_PERIOD_S = 0.1
+# A straggler slows the training, not the start-up: under the launcher its slicing waits
+# for the rank agent's heartbeat record (the process group formed), at most this long
+# after its TIME (a script without the rank agent has none). A start-up slowed FACTOR-fold
+# (a minute of imports on a loaded machine at 10x) ran into the script's own process-group
+# timeout before any straggler detection could see a step.
+STRAGGLER_START_WAIT_S = 60.0
 HOLD_SIGNALS_MAX_S = 120.0  # without a readable signal mask: how long USR1/USR2 wait for
 # the rank agent to attach
 HELD_LOOK_S = 0.5  # how often a held signal looks again for a process that catches it
@@ -452,8 +460,20 @@ class Task:
             fired.update(report.injected)
         return fired
 
+    def _trains(self, since: float) -> bool:
+        """Whether a straggler fired at `since` (monotonic) slows the rank now: once its
+        rank agent attached under the launcher (its heartbeat record), or without the
+        launcher at once, or STRAGGLER_START_WAIT_S after it fired at the latest."""
+        hb = self.job.heartbeat_dir
+        return (
+            not hb
+            or HeartbeatDir(hb).record(self.env.get("LOCAL_RANK", "0")).exists()
+            or time.monotonic() - since >= STRAGGLER_START_WAIT_S
+        )
+
     def _inject(self, pending: list[Injection], done: threading.Event) -> None:
         slow: Injection | None = None
+        slow_since = 0.0
         while not done.is_set() and (pending or slow):
             now = time.monotonic() - self.started
             while pending and pending[0].at_s <= now:
@@ -472,8 +492,8 @@ class Task:
                     self._signal_group(signals.SIGSTOP)
                 else:
                     self._record_straggler_node(inj.spec())
-                    slow = inj
-            if slow is not None and not self.hung:
+                    slow, slow_since = inj, time.monotonic()
+            if slow is not None and not self.hung and self._trains(slow_since):
                 period = STRAGGLER_PERIOD_S * random.uniform(0.5, 1.5)
                 run_s = period / (slow.factor or 2.0)
                 self._signal_group(signals.SIGCONT)
