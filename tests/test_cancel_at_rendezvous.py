@@ -11,15 +11,17 @@ signal that came during the rendezvous was dropped).
   continue, and the next attempt resumes from that step to the end.
 
 Forced timing: the first attempt's launchers are held at a phase and the signal comes there:
-- "imports": stopped (SIGSTOP) by the test as soon as their first handlers are in place
-  (`ftslurm.agent.boot`, while the launcher module still imports);
-- "start", "rendezvous", "ranks", "spawn": they stop themselves there
-  (`launch_io.pause_for_tests`, set for attempt 0 only by the job's setup line), in
-  `ftslurm.agent.launch.main`: before their own handlers (signals only recorded); with
-  handlers and leases in place, before node rank 0 publishes its endpoint; and in
-  `ftslurm.agent.elastic.Agent._start_workers`: the rendezvous done, before the last look
-  for a stop; after it, while the ranks are being started;
-- "join": node rank 1's launcher stopped by the test as "imports", node rank 0's publishes
+- "start", "imports", "rendezvous", "ranks", "spawn": they stop themselves there
+  (`launch_io.pause_for_tests`, set for attempt 0 only by the job's setup line): in
+  `ftslurm.agent.launch.main` before their own handlers (signals only recorded); then
+  inside the import of torch's agent (`ftslurm.agent.elastic`; still only recording: the
+  test once stopped them there itself as soon as they caught SIGTERM, and on a loaded
+  machine lost the race to the rendezvous); with handlers and leases in place, before
+  node rank 0 publishes its endpoint; and in `ftslurm.agent.elastic.Agent._start_workers`:
+  the rendezvous done, before the last look for a stop; after it, while the ranks are
+  being started;
+- "join": node rank 1's launcher stopped by the test (SIGSTOP) as soon as its first
+  handlers are in place (`ftslurm.agent.boot`), node rank 0's publishes
   its endpoint and waits for it in torch's rendezvous join;
 - "running": not held; the signal comes once rank 0 trains.
 A 2-node run, but for "ranks" and "spawn": a launcher held after the rendezvous holds the
@@ -112,14 +114,15 @@ def signal_pending(pid: int, sig: int) -> bool:
 
 def hold(run_dir: str, phase: str, nodes: list[int], deadline: float) -> dict[int, int]:
     """The launchers of attempt 0 with these node ranks, stopped at `phase`: by the test as
-    soon as they catch SIGTERM ("imports", "join"), or by themselves."""
+    soon as they catch SIGTERM ("join"), or by themselves (in "imports", inside the import
+    of torch's agent: a test of the test's own speed lost the race on a loaded machine)."""
     held: dict[int, int] = {}
     while len(held) < len(nodes):
         assert time.monotonic() < deadline, f"launchers held at {phase}: {held}"
         for node_rank, pid in launcher_pids(run_dir).items():
             if node_rank in held or node_rank not in nodes:
                 continue
-            if phase not in ("imports", "join"):
+            if phase != "join":
                 if proc_state(pid) == "T":
                     held[node_rank] = pid
             elif signal.SIGTERM in (caught_signals(pid) or ()):
@@ -142,7 +145,7 @@ def signal_at(cli: Cli, tmp_path: Path, phase: str, sig: int, backend: str, *arg
     train.write_text(TRAIN)
     steps = 100000 if sig == signal.SIGTERM else 200 if phase == "running" else 20
     nodes = 1 if phase in ("ranks", "spawn") else 2
-    pause = phase if phase in ("start", "rendezvous", "ranks", "spawn") else ""
+    pause = phase if phase in ("imports", "start", "rendezvous", "ranks", "spawn") else ""
     setup = f'if [ "${EnvName.ATTEMPT.value}" = 0 ]; then export {PAUSE_ENV}={pause}; fi'
     ckpt = tmp_path / "ckpt"
     recipe = tmp_path / "recipe.py"

@@ -62,6 +62,7 @@ from ftslurm.core.settings import DEFAULT_RUNNING_S
 from ftslurm.runfiles import read_report, read_reports, write_report
 
 log = logging.getLogger("ftslurm.launch")
+pause_for_tests("imports")  # tests: the launcher stopped while it imports torch's agent
 
 POLL_S = 0.25  # how often a wait for news of the peers reads again
 
