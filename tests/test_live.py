@@ -310,25 +310,6 @@ def ends_well(tmp_path: Path, out: str, reference: dict, restarts: int) -> list[
     return sorted(read_reports(RunDir(tmp_path / "run"), Kind.LIVE, 0), key=lambda r: r.round)
 
 
-def test_a_warm_standby_takes_a_crashed_ranks_place_without_a_new_process(tmp_path, reference):
-    """Forced timing: once the standby waits (its mark up), rank 1, stopped after step 20,
-    is killed. The standby becomes rank 1 (its local rank too) and receives the state from
-    a live peer; nobody else restarts; the run ends bit-identical, and the recovery's
-    record and `status` say a warm standby took the place."""
-    out = standby_run(
-        tmp_path,
-        [lambda launcher: standby_waits(tmp_path, 3) and kill(stopped_recipe(launcher, None))],
-    )
-    assert out.count(TAKEN) == 1 and "restarted alone" not in out, out[-6000:]
-    assert re.search(r"rank 1 of 3 starts at step 2\d .*from a live peer", out), out[-6000:]
-    (record,) = ends_well(tmp_path, out, reference, restarts=1)
-    assert record.standby == 1 and record.receivers == [1], record
-    assert (
-        "a warm standby took the crashed process's place"
-        in live_notes([record], now=time.time())[0]
-    )
-
-
 def test_a_standby_lost_while_it_waits_is_replaced_and_the_new_one_takes_the_place(
     tmp_path, reference
 ):
@@ -355,11 +336,16 @@ def test_a_standby_lost_while_it_waits_is_replaced_and_the_new_one_takes_the_pla
     assert record.standby == 1, record
 
 
-def test_the_rank_a_standby_became_crashes_before_the_next_standby_is_ready(tmp_path, reference):
-    """Forced timing: the standby takes rank 1's place, then, as rank 1, stops itself after
-    step 30 and is killed while the next standby (slot 4) is still starting (stopped before
-    it waits). That crash takes the cold path: a new process restarted alone. Both crashes
-    use an in-job restart; the stopped standby is ended with the run."""
+def test_a_warm_standby_takes_a_crashed_ranks_place_then_a_second_crash_is_restarted_cold(
+    tmp_path, reference
+):
+    """Forced timing: once the standby waits (its mark up), rank 1, stopped after step 20,
+    is killed. The standby becomes rank 1 (its local rank too) and receives the state from
+    a live peer, nobody else restarting; the recovery's record and `status` say a warm
+    standby took the place. Then, as rank 1, it stops itself after step 30 and is killed
+    while the next standby (slot 4) is still starting (stopped before it waits): that
+    crash takes the cold path, a new process restarted alone. Both crashes use an in-job
+    restart; the stopped standby is ended with the run, which ends bit-identical."""
     out = standby_run(
         tmp_path,
         [
@@ -371,9 +357,13 @@ def test_the_rank_a_standby_became_crashes_before_the_next_standby_is_ready(tmp_
         pause="committed:1:30,standby:4",
     )
     assert out.count(TAKEN) == 1 and out.count("restarted alone") == 1, out[-6000:]
+    assert re.search(r"rank 1 of 3 starts at step 2\d .*from a live peer", out), out[-6000:]
     first, second = ends_well(tmp_path, out, reference, restarts=2)
-    assert first.standby == 1 and second.standby is None, (first, second)
-    assert second.receivers == [1], second
+    assert first.standby == 1 and first.receivers == [1], first
+    assert (
+        "a warm standby took the crashed process's place" in live_notes([first], now=time.time())[0]
+    )
+    assert second.standby is None and second.receivers == [1], second
 
 
 def test_a_sharded_state_falls_back_to_restoring_every_rank(tmp_path, reference):
