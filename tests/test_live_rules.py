@@ -16,7 +16,6 @@ from ftslurm.agent.live_rules import (
     join_state,
     member_step,
     rejoin_round,
-    sender,
     stuck,
 )
 
@@ -64,8 +63,9 @@ def test_join_state(joined, failed, waited, want):
         ({0: 3, 1: 3, 2: 3, 3: None}, Handover(0, 3, frozenset({3}))),
     ],
 )
-def test_sender(members, want):
-    assert sender(members) == want
+def test_a_replicated_state_comes_from_the_lowest_rank_holding_the_newest_step(members, want):
+    plans, stranded = rules.shard_handovers(members, 1)  # one part: every rank holds it all
+    assert plans == ((want,) if want is not None and want.receivers else ()) and not stranded
 
 
 @pytest.mark.parametrize(
@@ -221,8 +221,6 @@ def test_each_part_of_a_sharded_state_comes_from_a_rank_holding_that_part(
     got, lost = rules.shard_handovers(members, parts)
     assert got == plans and lost == stranded
     assert rules.handover_fallback(lost) is (Fallback.SHARDED if stranded else None)
-    if parts == 1:  # a replicated state: the same as `sender`'s one handover
-        assert got == tuple(p for p in [sender(members)] if p is not None and p.receivers)
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ I/O or reads a clock: the time waited is passed in.
   ever applies a step another rank did not.
 - `join_state`: a new round is ready when every rank of the world joined; it falls back
   when the wait ran out or the round itself was declared failed.
-- `sender`: who hands the state to the members that lack it (the member holding the newest
-  step; the lowest rank among equals), and which members must load it; `shard_handovers`:
-  the same per part of a state sharded over groups of ranks (HSDP: a part's sender is a
-  rank of another replica holding the same part).
+- `shard_handovers`: who hands the state to the members that lack it (the member holding
+  the newest step; the lowest rank among equals), and which members must load it; per
+  part for a state sharded over groups of ranks (HSDP: a part's sender is a rank of
+  another replica holding the same part; a replicated state is one part).
 - `fallback`: whether to give live recovery up (too many faults in a row), and why;
   `handover_fallback` (a part nobody holds), `handover_timed_out` (a replica that does not
   answer in time), `loss_fallback` (the launcher's: the batch host lost, no spare left).
@@ -85,17 +85,6 @@ class Handover:
     sender: int  # the rank that broadcasts its state
     step: int  # the step it holds
     receivers: frozenset[int]  # the ranks that load it (they hold an older step or none)
-
-
-def sender(members: Mapping[int, int | None]) -> Handover | None:
-    """`members`: rank -> the step of the state it holds (None: none, a process that has
-    not loaded anything). None when no member holds a state."""
-    holding = {r: s for r, s in members.items() if s is not None}
-    if not holding:
-        return None
-    step = max(holding.values())
-    src = min(r for r, s in holding.items() if s == step)
-    return Handover(src, step, frozenset(r for r, s in members.items() if s != step))
 
 
 def shard_handovers(
