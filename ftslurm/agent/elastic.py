@@ -345,7 +345,11 @@ class Agent(LocalElasticAgent):
     # ------------------------------------------------------------------- the standby
     def keep_standby(self) -> None:
         """Start a warm standby when one is wanted (`core.want_standby`); one that died
-        while waiting is counted (and replaced while fewer than the limit died)."""
+        while waiting is counted (and replaced while fewer than the limit died). Without
+        the `live_recovery` setting (the usual case) nothing is looked at: this runs at every
+        monitor tick."""
+        if not self.state.cfg.live:
+            return
         sb = self.standby
         if sb is not None and sb.handler.proc.poll() is not None:
             self.standby, self.standby_failures = None, self.standby_failures + 1
