@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ftslurm.agent.task import free_port
-from ftslurm.core.contract import LIVE_RECORDS, RunDir
+from ftslurm.core.contract import LIVE_RECORDS, EnvName, RunDir
 from ftslurm.core.contract.reports import Kind
 from ftslurm.runfiles import read_reports
 
@@ -377,18 +377,24 @@ def wait_trained(run: RunDir, step: int, timeout: float = 120) -> None:
     wait_for(lambda: run.progress.exists() and trained_step(run) >= step, timeout, f"step {step}")
 
 
-def training_process(launcher_pid: int) -> int:
-    """The pid of examples/recipe.py below a launcher (its rank's training script)."""
+def training_process(launcher_pid: int, rank: int | None = None) -> int:
+    """The pid of examples/recipe.py (or the run's copy of it) below a launcher (its rank's
+    training script; `rank`: that global rank's, never a warm process's)."""
     todo, seen = [launcher_pid], set()
     while todo:
         pid = todo.pop()
         seen.add(pid)
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if len(cmd) > 1 and cmd[1] == str(RECIPE).encode():  # not a wrapper or launcher
-            return pid
+        if len(cmd) > 1 and Path(cmd[1].decode()).name == RECIPE.name:  # not a wrapper
+            if rank is None:
+                return pid
+            spare = f"{EnvName.LIVE_SPARE.value}=1".encode() in env
+            if f"RANK={rank}".encode() in env and not spare:
+                return pid
         for task in Path(f"/proc/{pid}/task").glob("*"):
             try:
                 todo += [
@@ -397,6 +403,17 @@ def training_process(launcher_pid: int) -> int:
             except OSError:
                 pass
     raise AssertionError(f"no training process below {launcher_pid}")
+
+
+def rank_process(run: RunDir, rank: int, *, nodes: int) -> int:
+    """The pid of global rank `rank`'s training script in the run's first attempt, below
+    whichever node's launcher runs it (the rendezvous orders the nodes)."""
+    for node_rank in range(nodes):
+        try:
+            return training_process(lease_of(run, 0, node_rank)["pid"], rank=rank)
+        except AssertionError:
+            continue
+    raise AssertionError(f"no training process of rank {rank}")
 
 
 def spare_takes_over_on_the_mock(
@@ -665,34 +682,39 @@ def rank_crash_restarted_alone(
     ckpt: Path,
     args: list[str],
     *,
-    at_s: int,
     dry_run: bool,
     live_recovery: bool = False,
 ) -> dict:
-    """2 nodes x 2 ranks of the recipe with --live; rank 3 (on the second node) crashes
-    `at_s` into the run: its launcher restarts it alone (with `live_recovery`, the setting,
-    its node's warm standby takes its place when it waits by then), the others keep their
-    processes, and the run ends in its first job. The scenario's final parameters
-    (final.json), for the caller to compare with an uninterrupted run's. The same on the
-    mock and Slurm."""
+    """2 nodes x 2 ranks of the recipe with --live; rank 3 (on the second node) crashes in
+    its set-up (`crash@0:3`): nothing to hand over yet, both nodes restart their ranks (one
+    for a failed rank, the other for the changed membership: their in-job restart counts
+    differ, their live group must not). Then, past step 40 of the training, rank 3's process
+    is killed: its launcher restarts it alone (with `live_recovery`, the setting, its node's
+    warm standby takes its place when it waits by then), the others keep their processes,
+    and the run ends in its first job. The scenario's final parameters (final.json), for the
+    caller to compare with an uninterrupted run's. The same on the mock and Slurm."""
     out = cli.submit(
         *(("--dry-run",) if dry_run else ()),
         *(("--live-recovery",) if live_recovery else ()),
         *("-N", "2", "--ntasks-per-node", "2", "--in-job-restarts", "2"),
-        *("--inject", f"crash@{at_s}:3"),
+        *("--inject", "crash@0:3"),
         str(recipe),
         "--",
         *args,
         *("--checkpoint-dir", str(ckpt)),
     )
+    run = RunDir(cli.status(out["run_id"])["run_dir"])
+    wait_trained(run, 40, timeout=240)  # the world restarted once, and trains
+    os.kill(rank_process(run, 3, nodes=2), signal.SIGKILL)
     s = cli.wait_for(out["run_id"], ended, 300, "the run to end")
     log = cli("logs", out["run_id"], "--attempt", "0").stdout
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, (s, log[-4000:])
+    assert "injected crash@0:3 on rank 3" in log, log[-4000:]
     warm = "its place taken by the warm standby" in log
     assert warm or "restarted alone" in log, log[-4000:]
     assert warm <= live_recovery, log[-4000:]  # a standby only with the setting
-    assert started_once(log), log[-4000:]  # never every rank
-    (record,) = read_reports(RunDir(s["run_dir"]), Kind.LIVE, 0)
+    assert started_once(log), log[-4000:]  # in training, never every rank
+    (record,) = read_reports(run, Kind.LIVE, 0)
     assert 3 in record.receivers and record.state_from is not None, record
     assert record.standby == (3 if warm else None), record
     return json.loads((ckpt / "final.json").read_text())

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from ftslurm.agent import live
+from ftslurm.agent import live, live_rules
 from ftslurm.agent.live_rules import Fallback
 from ftslurm.agent.task import free_port
 from ftslurm.core.contract import EnvName, RunDir
@@ -387,7 +387,7 @@ def test_a_sharded_state_falls_back_to_restoring_every_rank(tmp_path, reference)
 HSDP_SCRIPT = r"""
 import json, os, sys, time
 import torch, torch.distributed as dist
-from ftslurm.agent import live
+from ftslurm.agent import live, live_rules
 
 group = live.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -1012,17 +1012,16 @@ MOCK_ARGS = ["--live", "--steps", str(MOCK_STEPS), "--step-time", "0.05", "--ckp
 
 
 def test_on_the_mock_a_crashed_rank_on_the_second_node_is_restarted_alone(tmp_path):
-    """`--dry-run`, 2 nodes x 2 ranks of the recipe with --live, rank 3 (on the second
-    node) crashed 15 s in: its launcher restarts it alone, the other ranks (on both nodes)
-    keep their processes, and the run ends in its first job with the parameters of an
-    uninterrupted run of the same 4 ranks (test_live_slurm's scenario)."""
+    """`--dry-run`, 2 nodes x 2 ranks of the recipe with --live, rank 3 crashed in its
+    set-up (every rank restarts) and again in training: then its launcher restarts it
+    alone, the other ranks (on both nodes) keep their processes, and the run ends in its
+    first job with the parameters of an uninterrupted run of the same 4 ranks
+    (test_live_slurm's scenario)."""
     from .daemon_scenarios import on_a_fresh_mock, rank_crash_restarted_alone, reference_digest
 
     expected = reference_digest(tmp_path, MOCK_STEPS, world=4)
     with on_a_fresh_mock(tmp_path) as cli:
-        final = rank_crash_restarted_alone(
-            cli, RECIPE, tmp_path / "ckpt", MOCK_ARGS, at_s=15, dry_run=True
-        )
+        final = rank_crash_restarted_alone(cli, RECIPE, tmp_path / "ckpt", MOCK_ARGS, dry_run=True)
     assert final == {"step": MOCK_STEPS, "digest": expected}
 
 
@@ -1064,3 +1063,60 @@ def test_a_transient_result_and_a_crashed_rank_in_one_live_run_end_bit_identical
     assert "injected nan@0:1 on rank 1" in logs, logs
     assert "re-run in place" in logs and ": transient" in logs, logs
     assert ranks.final() == reference
+
+
+def test_the_nodes_of_a_rendezvous_round_agree_on_one_live_group_and_a_new_round_on_another():
+    """Two launchers' rendezvous (torch's c10d handler, as `launch.rendezvous_handler`
+    makes it): both nodes of a round name the same live group, whatever restart count each
+    keeps; the next round (both rejoin, as after a set-up crash restarted every rank) names
+    another, sorting after it."""
+    import threading
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    from ftslurm.agent.elastic import Agent
+
+    def params(endpoint: str, host: bool) -> RendezvousParameters:
+        return RendezvousParameters(
+            backend="c10d",
+            endpoint=endpoint,
+            run_id="agree",
+            min_nodes=2,
+            max_nodes=2,
+            is_host=host,
+            join_timeout=30,
+            last_call_timeout=1,
+        )
+
+    backend, store = create_backend(params("127.0.0.1:0", True))
+    handlers = [create_handler(store, backend, params("127.0.0.1:0", True))]
+    p = params(f"127.0.0.1:{store.port}", False)
+    backend2, store2 = create_backend(p)
+    handlers.append(create_handler(store2, backend2, p))
+
+    def one_round() -> list[str]:
+        groups: dict[int, str] = {}
+
+        def node(i: int) -> None:
+            info = handlers[i].next_rendezvous()
+            spec = SimpleNamespace(rdzv_handler=handlers[i])
+            groups[i] = Agent.agree_on_group(SimpleNamespace(store=info.store, spec=spec))
+
+        threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(groups) == 2, groups
+        return [groups[0], groups[1]]
+
+    first = one_round()
+    second = one_round()
+    assert first[0] == first[1] and second[0] == second[1], (first, second)
+    assert first[0] != second[0] and first[0].startswith(live_rules.ROOT + "/agree/"), first
+    assert first[0] < second[0], (first, second)  # records of a later group sort after
+    for h in handlers:
+        h.shutdown()

@@ -71,10 +71,10 @@ def uninterrupted(tmp: Path) -> dict:
 
 
 def test_a_crashed_rank_on_the_second_node_is_restarted_alone(cli, reference, tmp_path):
-    """With the `live_recovery` setting: 30 s in, the node's warm standby normally waits
-    and takes the crashed rank's place (else the rank is restarted cold)."""
+    """With the `live_recovery` setting: in training, the node's warm standby normally
+    waits and takes the crashed rank's place (else the rank is restarted cold)."""
     final = rank_crash_restarted_alone(
-        cli, RECIPE, tmp_path / "ckpt", ARGS, at_s=30, dry_run=False, live_recovery=True
+        cli, RECIPE, tmp_path / "ckpt", ARGS, dry_run=False, live_recovery=True
     )
     assert final == reference
 

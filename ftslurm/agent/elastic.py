@@ -89,6 +89,7 @@ class Agent(LocalElasticAgent):
         self.adopted_group: str | None = None  # and the live group (`live_rules.Keys`)
         self.adopted_world: int | None = None
         self.live_group: str | None = None  # the live group this node's ranks are in
+        self.round_group: str | None = None  # the rendezvous round's (`agree_on_group`)
         self.last_result: RunResult | None = None  # the last round's ending (not HEALTHY)
         self.pace: dict[int, Pace] = {}
         self.cpu: dict[int, CpuWatch] = {}
@@ -158,7 +159,11 @@ class Agent(LocalElasticAgent):
             try:
                 if self.node.signals.stop is not None:
                     raise Stopped(self.node.signals.stop)
-                return super()._rendezvous(worker_group)
+                super()._rendezvous(worker_group)
+                self.round_group = self.agree_on_group(worker_group)
+                # The round's ranks read it (respawned ones and the standby too).
+                os.environ[EnvName.LIVE_GROUP.value] = self.round_group
+                return None
             except RendezvousTimeoutError:
                 # A spare left waiting on the wait list times out with torch's join
                 # timeout: it joins again while a spare can still be needed.
@@ -169,6 +174,19 @@ class Agent(LocalElasticAgent):
                 log.info("waiting on as a spare")
             finally:
                 self.state = replace(self.state, joining=False)
+
+    @staticmethod
+    def agree_on_group(worker_group) -> str:  # type: ignore[no-untyped-def]
+        """The live group of this rendezvous round (`live_rules.Keys`' prefix), the same on
+        every node of the round: the first node's proposal in the round's own store, the
+        time it proposed it (a later round's group names sort after, as their records do).
+        Torch's in-job restart count is not the same on every node: a node whose rank
+        failed counts a restart, a node that restarts its ranks for the changed membership
+        does not."""
+        proposal = f"{time.time_ns() // 1000:x}"
+        agreed = worker_group.store.compare_set(live_rules.GROUP_KEY, "", proposal)
+        run_id = worker_group.spec.rdzv_handler.get_run_id()
+        return live_rules.group_prefix(run_id, agreed.decode())
 
     def _exit_barrier(self):  # type: ignore[no-untyped-def]
         """With live recovery and spares, the nodes wait for each other at the end on the
@@ -669,9 +687,9 @@ class Agent(LocalElasticAgent):
         envs = [pc.envs[lr] for lr in sorted(pc.envs)] if pc is not None else []
         if not envs:
             return None
-        group = self.adopted_group or live_rules.group_prefix(
-            envs[0]["TORCHELASTIC_RUN_ID"], envs[0]["TORCHELASTIC_RESTART_COUNT"]
-        )
+        group = self.adopted_group or self.round_group
+        if group is None:
+            return None
         return group, self.adopted_world or int(envs[0]["WORLD_SIZE"])
 
     def take_over(self, node_rank: int) -> bool:

@@ -197,7 +197,10 @@ class LiveGroup:
         self.handover_timeout_s = handover_timeout_s
         self.store = coordinator(env, collective_timeout_s) if live else None
         run = env.get("TORCHELASTIC_RUN_ID", "ftslurm")
-        self.keys = rules.Keys(rules.group_prefix(run, env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        group = env.get(EnvName.LIVE_GROUP.value) or rules.group_prefix(
+            run, env.get("TORCHELASTIC_RESTART_COUNT", "0")
+        )
+        self.keys = rules.Keys(group)
         self.rejoining = live and env.get(EnvName.LIVE_REJOIN.value) == "1"
         self.spare = live and env.get(EnvName.LIVE_SPARE.value) == "1"  # a warm spare's rank
         self.took_over: int | None = None  # the node rank whose rank this warm one took

@@ -150,9 +150,16 @@ def fallback(rounds_in_a_row: int, max_rounds: int) -> Fallback | None:
 ROOT = "ftslurm-live"
 
 
-def group_prefix(run_id: str, restart: int | str) -> str:
-    """The key prefix of the live group of a rendezvous `run_id` and its in-job restart."""
-    return f"{ROOT}/{run_id}/{restart}"
+# Where the nodes of one rendezvous round agree on their live group: the round's own store
+# (torch's, prefixed by the round), the first node's proposal kept.
+GROUP_KEY = "ftslurm/live-group"
+
+
+def group_prefix(run_id: str, group: int | str) -> str:
+    """The key prefix of a live group of a rendezvous `run_id`: `group` names one round of
+    it, the same on every node (its launchers' `GROUP_KEY`; without them, torch's restart
+    count)."""
+    return f"{ROOT}/{run_id}/{group}"
 
 
 def node_key(run_id: str, node_rank: int) -> str:
@@ -190,9 +197,9 @@ class NodeRanks:
 
 @dataclass(frozen=True)
 class Keys:
-    """The coordinator store's keys of one live group: `prefix` names the group (the
-    launcher's rendezvous and restart: `group_prefix`), `r` a round, `seq` the n-th commit
-    of a round."""
+    """The coordinator store's keys of one live group: `prefix` names the group (one round
+    of the launchers' rendezvous: `group_prefix`), `r` a round of the group, `seq` the n-th
+    commit of a round."""
 
     prefix: str
 

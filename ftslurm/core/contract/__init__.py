@@ -322,7 +322,8 @@ class RunDir:
 
     def live_record(self, attempt: str | int, group: str, round_: int) -> Path:
         """A live recovery (`ftslurm.agent.live`): round `round_` of live group `group`
-        (the in-job round it belongs to) formed after a fault, the running ranks kept;
+        (the launchers' rendezvous round it belongs to: a name that sorts by the time the
+        round formed; `FTSLURM_LIVE_GROUP`) formed after a fault, the running ranks kept;
         written by the rank that handed the state over (the lowest one when none was
         needed), and again at the first committed step after it (JSON: the
         `LiveRecovery` model)."""
@@ -543,6 +544,10 @@ class EnvName(str, Enum):
     # launcher hosts one (torch's agent store otherwise)
     LIVE_REJOIN = "FTSLURM_LIVE_REJOIN"
     LIVE_STORE = "FTSLURM_LIVE_STORE"
+    # the live group of a rendezvous round (its keys' prefix in the coordinator store), set
+    # by the launcher for the round's ranks: the same on every node, where torch's restart
+    # count is not (a node restarting for a changed membership does not count it)
+    LIVE_GROUP = "FTSLURM_LIVE_GROUP"
     # "1": the run recovers live (the `live_recovery` setting): a spare node's launcher keeps
     # its ranks warm, started up to the process group, and a lost or stepped-out node's ranks
     # are taken over by them without stopping the others
