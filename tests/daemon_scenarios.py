@@ -592,12 +592,12 @@ def node_hangs(run_dir: Path, attempt: int = 0) -> list[dict[str, Any]]:
 
 def hang_is_caught_in_the_first_attempt(cli: Cli, tmp_path: Path, *submit_args: str) -> None:
     """Scenario (issue: the first attempt lost its whole wall limit to a hang): rank 1 is
-    stopped 30 s into the first attempt of a run that configures no timeout. The launchers'
-    defaults, learned from the pace after the warm-up steps, catch it within the learned
-    timeout (30 s: 3 x 0.05 s steps, raised to the floor) plus 5 s, restart the ranks in-job
-    from the last checkpoint, and the run ends with the parameters of an uninterrupted one.
-    (30 s, not less: the stop must come after the warm-up, and on a loaded machine the
-    ranks' start-up alone has taken more than 12 s; 800 steps still run then.)"""
+    stopped (SIGSTOP) past step 100 of the first attempt of a run that configures no
+    timeout. The launchers' defaults, learned from the pace after the warm-up steps, catch
+    it within the learned timeout (30 s: 3 x 0.05 s steps, raised to the floor) plus 5 s,
+    restart the ranks in-job from the last checkpoint, and the run ends with the parameters
+    of an uninterrupted one. (The stop comes by the step, past the warm-up however slow
+    the start-up: a clock from the ranks' start once stopped a rank in its set-up.)"""
     steps, ckpt = 800, tmp_path / "ckpt"
     expected = reference_digest(tmp_path, steps)
     out = cli.submit(
@@ -610,8 +610,6 @@ def hang_is_caught_in_the_first_attempt(cli: Cli, tmp_path: Path, *submit_args: 
         "2",
         "-t",
         "5",
-        "--inject",
-        "hang@30s:1",
         str(RECIPE),
         "--",
         "--steps",
@@ -621,6 +619,9 @@ def hang_is_caught_in_the_first_attempt(cli: Cli, tmp_path: Path, *submit_args: 
         "--checkpoint-dir",
         str(ckpt),
     )
+    run = RunDir(cli.status(out["run_id"])["run_dir"])
+    wait_trained(run, 100, timeout=240)
+    os.kill(rank_process(run, 1, nodes=2), signal.SIGSTOP)
     s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert len(s["attempts"]) == 1 and s["in_job_restarts_total"] >= 1, s

@@ -4,7 +4,9 @@ and rank agent under the daemon, with `examples/recipe.py` as the training."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +23,10 @@ from .daemon_scenarios import (
     daemon_cli,
     ended,
     hang_is_caught_in_the_first_attempt,
+    rank_process,
     recipe_file,
     straggler_is_moved_off,
+    wait_trained,
 )
 
 pytestmark = pytest.mark.slurm
@@ -38,6 +42,10 @@ def log_of(cli: Cli, run_id: str, attempt: int) -> str:
 
 
 def test_a_killed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(cli, tmp_path):
+    """Rank 3's process killed past step 60 (checkpoints every 10): its node restarts the
+    ranks in-job and they resume from a checkpoint, not from nothing. (By the step: a
+    crash 20 s from the rank's start once landed in a loaded start-up, before any
+    checkpoint.)"""
     ckpt = tmp_path / "ckpt"
     out = cli.submit(
         "-N",
@@ -46,8 +54,6 @@ def test_a_killed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(cli, 
         "2",
         "--in-job-restarts",
         "2",
-        "--inject",
-        "crash@20:3",
         str(RECIPE),
         "--",
         "--steps",
@@ -59,6 +65,9 @@ def test_a_killed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(cli, 
         "--checkpoint-dir",
         str(ckpt),
     )
+    run = RunDir(cli.status(out["run_id"])["run_dir"])
+    wait_trained(run, 60, timeout=240)
+    os.kill(rank_process(run, 3, nodes=2), signal.SIGKILL)
     s = cli.wait_for(out["run_id"], ended, 180, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert len(s["attempts"]) == 1  # no new job: restarted inside the allocation
@@ -67,8 +76,6 @@ def test_a_killed_rank_is_restarted_in_job_and_resumes_from_the_checkpoint(cli, 
     # rank 0's launcher may count the round as a membership change, not a restart of its own
     starts = [int(n) for n in re.findall(r"starts at step (\d+) \(attempt 0,", log)]
     assert len(starts) >= 2 and starts[0] == 0 and starts[1] > 0, log[-3000:]
-    report = json.loads((Path(s["run_dir"]) / "attempts" / "0" / "rank-3.json").read_text())
-    assert "crash@20:3" in report["injected"]
 
 
 def test_a_stopped_rank_is_detected_as_hung_and_restarted(cli, tmp_path):
