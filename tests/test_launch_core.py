@@ -17,7 +17,7 @@ from ftslurm.agent import live_rules
 from ftslurm.agent import spare_rules as sp
 from ftslurm.agent.heartbeat import Beat, Timeouts, hang_reason
 from ftslurm.agent.live_rules import Fallback
-from ftslurm.core.contract import WITHHELD_RANKS, ExitCode
+from ftslurm.core.contract import NAMED_EXITS, WITHHELD_RANKS, ExitCode
 from ftslurm.core.contract.reports import Benched, HangClaim, PeerLost
 from ftslurm.core.leases import Lease
 from ftslurm.core.settings import (
@@ -633,6 +633,12 @@ def test_a_hang_with_live_ranks(cfg, gone, live_ranks, expected, recorded):
 
 
 # ---------------------------------------------------------------------------- failures
+VERDICT_16 = [
+    core.Log("warning", "a rank exited 16 (resume_elsewhere): no in-job restart on these nodes"),
+    core.Account(core.Budget.SPENT),
+]
+
+
 @pytest.mark.parametrize(
     "failures,stopped,signalled,cfg,expected,teardown",
     [
@@ -659,9 +665,34 @@ def test_a_hang_with_live_ranks(cfg, gone, live_ranks, expected, recorded):
             {0: "checkpointed", 1: "checkpointed"},
             True,
             PLAIN,
-            [],
+            VERDICT_16,
             (),
             id="a-named-exit-is-never-teardown",
+        ),
+        pytest.param(
+            {0: int(ExitCode.RESUME_ELSEWHERE), 1: -15},
+            {},
+            False,
+            PLAIN,
+            VERDICT_16,
+            (),
+            id="a-ranks-verdict: no in-job restart on the same nodes",
+        ),
+        pytest.param(
+            {0: int(ExitCode.FAILED_VALIDATION), 1: int(ExitCode.RESUME_ELSEWHERE)},
+            {},
+            False,
+            SPARES,
+            [
+                core.Log(
+                    "warning",
+                    "a rank exited 16 (resume_elsewhere), 17 (failed_validation): no in-job "
+                    "restart on these nodes",
+                ),
+                core.Account(core.Budget.SPENT),
+            ],
+            (),
+            id="a-verdict-with-spares: no node loss to wait for",
         ),
         pytest.param(
             {0: 1},
@@ -764,6 +795,9 @@ ALONE = ["Log", "Account", "RestartAlone"]
             RUNNING, ExitCode.REJOIN, True, False, 0, None, ["Log", "RestartAlone"], id="rejoin"
         ),
         pytest.param(RUNNING, ExitCode.REJOIN, False, False, 2, None, [], id="rejoin-not-live"),
+        pytest.param(RUNNING, ExitCode.RESUME_ELSEWHERE, True, False, 2, None, ["Log"], id="16"),
+        pytest.param(RUNNING, ExitCode.FAILED_VALIDATION, True, False, 2, None, ["Log"], id="17"),
+        pytest.param(RUNNING, ExitCode.DO_NOT_RETRY, True, False, 2, None, ["Log"], id="93"),
         pytest.param(replace(RUNNING, live=False), 3, True, False, 2, None, [], id="between"),
         pytest.param(replace(RUNNING, new_job=True), 3, True, False, 2, None, [], id="new-job"),
         pytest.param(replace(RUNNING, benched="hang"), 3, True, False, 2, None, [], id="out"),
@@ -780,6 +814,8 @@ def test_a_failed_rank_that_recovers_live_is_restarted_alone(
     if expected == ALONE:
         assert actions[1:] == (core.Account(core.Budget.USE), core.RestartAlone(1))
         assert after.alone == state.alone + 1
+    elif code in NAMED_EXITS and live:  # a rank's verdict: the round ends, nothing spent
+        assert after == state and "the round ends" in actions[0].text
     elif expected:
         assert after.alone == state.alone + (expected[-1] == "RestartAlone")
     else:
@@ -1070,8 +1106,11 @@ def test_the_agent_applies_the_budget(budget, left, expected):
     agent = elastic.Agent.__new__(elastic.Agent)  # no torch agent needed to count
     agent.node = SimpleNamespace(cfg=core.Config(max_restarts=3))
     agent._remaining_restarts = left
+    agent.spent_used = None
     agent.account(budget)
     assert agent._remaining_restarts == expected
+    # the node report's count: the restarts made; those a spent budget drops are not
+    assert agent.restarts_used() == (3 - left if budget is core.Budget.SPENT else 3 - expected)
 
 
 def test_torchs_restart_counter_moves_in_one_place():

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from ftslurm.agent import live, live_rules
 from ftslurm.agent.live_rules import Fallback
 from ftslurm.agent.task import free_port
-from ftslurm.core.contract import EnvName, RunDir
+from ftslurm.core.contract import EnvName, ExitCode, RunDir
 from ftslurm.core.contract.reports import Kind, Progress
 from ftslurm.report.notes import live_notes
 from ftslurm.runfiles import read_report, read_reports
@@ -484,11 +484,13 @@ def crash_under_the_launcher(
     extra_env: dict[str, str] | None = None,
     fail_at: int | None = 25,
     on_tick: Callable[[int], None] | None = None,
+    code: int = 0,
 ) -> str:
     """The launcher (one node, 3 ranks, 2 in-job restarts) runs the recipe with --live;
     rank 1 fails at step `fail_at` (None: the test makes it fail, `on_tick(launcher pid)`
-    runs every 0.1 s). Its output; the run must end well, leaving no process of its own
-    behind. Every process it started is killed at the end (a stopped one too)."""
+    runs every 0.1 s). Its output; the run must end with `code` (0: well), leaving no
+    process of its own behind. Every process it started is killed at the end (a stopped
+    one too)."""
     for name in ("run", "ckpt"):
         (tmp_path / name).mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTSLURM_"))}
@@ -524,7 +526,7 @@ def crash_under_the_launcher(
         on_tick=on_tick,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    assert proc.returncode == code, out[-6000:]
     assert not proc.left, (proc.left, out[-6000:])
     return out
 
@@ -1063,6 +1065,27 @@ def test_a_transient_result_and_a_crashed_rank_in_one_live_run_end_bit_identical
     assert "injected nan@0:1 on rank 1" in logs, logs
     assert "re-run in place" in logs and ": transient" in logs, logs
     assert ranks.final() == reference
+
+
+def test_a_ranks_verdict_under_the_launcher_ends_the_round_and_is_not_restarted_alone(tmp_path):
+    """The model's own NaN at step 15 on every rank (`--nan-at-step`), validated inside a
+    live group under the launcher: the re-run in place reproduces it, every rank saves the
+    last good state and exits 16. Those exits are verdicts, not faults: no rank is
+    restarted alone (each one was, spending the in-job restarts, before), the launcher
+    exits 16 and its node report says resume_elsewhere with no in-job restart used."""
+    out = crash_under_the_launcher(
+        tmp_path,
+        "--validate",
+        "--nan-at-step",
+        "15",
+        fail_at=None,
+        code=ExitCode.RESUME_ELSEWHERE,
+    )
+    assert "restarted alone" not in out and "warm standby" not in out, out[-6000:]
+    assert "exited 16 (resume_elsewhere): the round ends" in out, out[-6000:]
+    report = json.loads((tmp_path / "run" / "attempts" / "0" / "node-0.json").read_text())
+    assert report["outcome"] == "resume_elsewhere", report
+    assert report["in_job_restarts"] == 0, report
 
 
 def test_the_nodes_of_a_rendezvous_round_agree_on_one_live_group_and_a_new_round_on_another():

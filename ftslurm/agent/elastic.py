@@ -97,6 +97,7 @@ class Agent(LocalElasticAgent):
         self.held: dict[int, list[int]] = {}  # local rank -> signals waiting for its wrapper
         self.round_pending: tuple[Any, RoundRecord] | None = None
         self.standby: Standby | None = None
+        self.spent_used: int | None = None  # the restarts used when the budget was spent
         self.standby_failures = 0  # standbys that died while waiting
         self.standby_slots = itertools.count(node.args.nproc_per_node)
 
@@ -248,6 +249,8 @@ class Agent(LocalElasticAgent):
         if budget is core.Budget.KEEP:  # undone by torch's count: no restart used
             self._remaining_restarts += 1
         elif budget is core.Budget.SPENT:  # leave: no rejoining the rendezvous
+            if self.spent_used is None:  # what was used by then; the rest is not used
+                self.spent_used = self.restarts_used()
             self._remaining_restarts = 0
         elif budget is core.Budget.USE:
             self._remaining_restarts -= 1
@@ -255,7 +258,10 @@ class Agent(LocalElasticAgent):
             self._remaining_restarts = min(self.node.cfg.max_restarts, self._remaining_restarts + 1)
 
     def restarts_used(self) -> int:
-        """The in-job restarts torch made (swaps not counted)."""
+        """The in-job restarts torch made (swaps not counted; those left when the node
+        left on purpose, `Budget.SPENT`, not either)."""
+        if self.spent_used is not None:
+            return self.spent_used
         return self.node.cfg.max_restarts - self._remaining_restarts
 
     def carry_out(

@@ -643,8 +643,9 @@ def on_failed(
     every rank recorded its save are teardown: no in-job restart, the save stands
     (`EndRound(succeeded=True)`). With spares and no signal: was an active node lost under
     them (`AwaitVerdict`)? With a signal and live recovery: a loss live recovery cannot
-    serve is still said (`LossesUnderStop`). Else the failure stands: torch restarts while
-    it may."""
+    serve is still said (`LossesUnderStop`). A rank's verdict (`NAMED_EXITS`: 16, resume
+    on other hardware; 17; 93) ends the node's part: an in-job restart on the same nodes
+    would only meet it again. Else the failure stands: torch restarts while it may."""
     if failures:
         decided = decide_outcome(
             succeeded=False,
@@ -658,6 +659,11 @@ def on_failed(
         if decided.warnings:
             teardown = tuple(sorted(failures.items()))
             return replace(state, teardown=teardown), (EndRound(succeeded=True),)
+        named = sorted({c for c in failures.values() if c in NAMED_EXITS})
+        if named:
+            said = ", ".join(f"{c} ({NAMED_EXITS[ExitCode(c)]})" for c in named)
+            text = f"a rank exited {said}: no in-job restart on these nodes"
+            return state, (Log("warning", text), Account(Budget.SPENT))
     if state.cfg.spares and not signalled:
         return state, (AwaitVerdict(),)
     if state.cfg.spares and state.cfg.live:
@@ -698,11 +704,17 @@ def on_rank_exit(
     died in teardown, no restart left, or a rank that does not recover live) nothing here:
     torch ends the round as before. A rank that left a failed round on purpose
     (`ExitCode.REJOIN`: stuck in a collective with a peer that left it) is restarted alone
-    without using a restart: the fault was another's."""
+    without using a restart: the fault was another's. A rank's verdict (`NAMED_EXITS`: exit
+    16, resume elsewhere; 17, its result failed validation; 93, do not retry) is never
+    restarted alone: it ends the round, as without live recovery."""
     if code == 0 or not live or stopped or signals.stop is not None or not state.live:
         return state, ()
     if state.new_job or state.benched is not None:
         return state, ()
+    if code in NAMED_EXITS:
+        said = NAMED_EXITS[ExitCode(code)]
+        text = f"local rank {local_rank} exited {code} ({said}): the round ends, as it asks"
+        return state, (Log("warning", text),)
     restart: Action = AdoptStandby(local_rank) if standby_ready else RestartAlone(local_rank)
     how = "its place taken by the warm standby" if standby_ready else "restarted alone"
     if code == ExitCode.REJOIN:  # it left a round another rank's fault broke: no restart used
