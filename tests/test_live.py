@@ -1088,6 +1088,66 @@ def test_a_ranks_verdict_under_the_launcher_ends_the_round_and_is_not_restarted_
     assert report["in_job_restarts"] == 0, report
 
 
+def test_a_rank_lost_in_its_set_up_after_every_rank_joined_restarts_every_rank_in_one_group(
+    tmp_path,
+):
+    """Forced timing (the last CI's failure): 2 launchers, one rank each of the recipe with
+    --live. Rank 1 stops itself once every rank has joined the live group's first round
+    (the `forming` pause, before its process group) and is killed there: nothing to hand
+    over yet, so its launcher restarts it (torch counts a restart) and the other launcher
+    restarts its rank for the changed membership (torch counts none). Both ranks must meet
+    in one new group and train to the end; with the group named by torch's restart count
+    they waited in two until the join timeout, one of them in the old round whose joins were
+    already counted."""
+    from .daemon_scenarios import reference_digest
+    from .test_spares import Launchers
+
+    steps = 60
+    expected = reference_digest(tmp_path, steps)
+    pause = {live.PAUSE_ENV: "forming:1:-1", "PYTHONUNBUFFERED": "1"}
+    nodes = Launchers(
+        tmp_path,
+        nnodes=2,
+        spare_nodes=0,
+        steps=steps,
+        max_restarts=2,
+        extra_env=pause,
+        recipe_args=("--live",),
+        endpoint=False,
+    )
+    first: list[int] = []
+
+    def paused() -> bool:
+        """Kill rank 1's first process at its pause; let a later one (restarted, with the
+        same environment) go on."""
+        found = [pe for proc in nodes.procs for pe in recipe_processes(proc.pid)]
+        for pid, env in found:  # on either node: the rendezvous orders them
+            if env.get("RANK") == "1" and stopped(pid):
+                if not first:
+                    first.append(pid)
+                    os.kill(pid, signal.SIGKILL)
+                elif pid not in first:
+                    os.kill(pid, signal.SIGCONT)
+        return all(p.poll() is not None for p in nodes.procs)
+
+    try:
+        wait_for(paused, 240, "both launchers to end")
+        codes = [p.returncode for p in nodes.procs]
+        assert codes == [0, 0], nodes.logs()
+    finally:
+        nodes.close()
+    assert first, nodes.logs()  # the kill came at the pause
+    assert json.loads((nodes.ckpt / "final.json").read_text()) == {
+        "step": steps,
+        "digest": expected,
+    }, nodes.logs()
+    logs = nodes.logs()
+    assert "did not join" not in logs and "restarted alone" not in logs, logs
+    # torch's restart counts differ (1 where the rank was lost, 0 beside it); the group not
+    counts = sorted(int(n) for n in re.findall(r"finished after (\d+) in-job restart", logs))
+    assert counts == [0, 1], logs
+
+
 def test_the_nodes_of_a_rendezvous_round_agree_on_one_live_group_and_a_new_round_on_another():
     """Two launchers' rendezvous (torch's c10d handler, as `launch.rendezvous_handler`
     makes it): both nodes of a round name the same live group, whatever restart count each

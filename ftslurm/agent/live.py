@@ -243,9 +243,8 @@ class LiveGroup:
         if self.spare:  # warm: started up to here, waiting for a rank to take over
             self._take_over(HeartbeatDir(hb) if hb else None)
         local_rank = self.environ.get("LOCAL_RANK", "0")  # a standby's: the one it took
-        if hb:  # tell the launcher: restart this rank alone when it fails
+        if hb:  # tells the launcher, once set up: restart this rank alone when it fails
             self._marker = HeartbeatDir(hb).live(local_rank)
-            self._marker.touch()
         r = int(self.store.add(self.keys.round(), 0))
         if self.rejoining:
             was = self.store.check([self.keys.member(r, self.rank)])
@@ -458,6 +457,11 @@ class LiveGroup:
             if self.rejoining and plan is None:  # nobody running holds a state to hand over
                 raise self._give_up(rules.Fallback.NO_STATE, f"round {self.round}")
             self._setup, self._busy = False, None
+            # Only now (it holds a state, or received one) may the launcher restart this
+            # rank alone: a rank lost in its set-up has nothing to rejoin, and restarting it
+            # alone made the others give up one round after another (NO_STATE).
+            if self._marker is not None:
+                self._marker.touch()
 
     def _watch(self) -> None:
         """Stuck in a step of a round that was declared failed (`rules.stuck`): end the

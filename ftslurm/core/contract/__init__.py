@@ -467,8 +467,9 @@ class HeartbeatDir:
     LIVE = "live-*"
 
     def live(self, local_rank: int | str) -> Path:
-        """Touched by a rank whose process group recovers live (`ftslurm.agent.live`): its
-        launcher restarts it alone when it fails."""
+        """Touched by a rank whose process group recovers live (`ftslurm.agent.live`), once
+        it is set up (it holds a training state, or received one): its launcher restarts it
+        alone when it fails. A rank lost before that has nothing to rejoin."""
         return self.root / f"live-{local_rank}"
 
     def takeover(self, local_rank: int | str) -> Path:
