@@ -122,6 +122,29 @@ def test_requeue_hold_then_release():
     assert model.advance(st, T0 + 1, {}) == [Launch(job)]
 
 
+def test_a_preemption_on_demand_terms_the_job_then_requeues_it_or_ends_it_preempted():
+    """`ftslurm mock preempt JOB`: as the `preempt` injection, at the moment asked for."""
+    st = cluster(requeue_delay_s=120, kill_wait_s=30)
+    job = start(st)
+    model.advance(st, T0, {})
+    effects = model.preempt(st, job, T0 + 5)
+    assert Signal(job, signal.SIGTERM, SignalTarget.ALL) in effects
+    assert st.jobs[job].kill_at == T0 + 35  # SIGKILL after KillWait
+    model.advance(st, T0 + 6, {job: (0, 15)})
+    info = model.query(st, [job], T0 + 6)[job]
+    assert (info.state, info.restart_count) == (JobState.PENDING, 1)  # PreemptMode=REQUEUE
+    with pytest.raises(JobStateConflict, match="not running"):
+        model.preempt(st, job, T0 + 7)  # pending: nothing to preempt
+    st = cluster(preempt_requeue=False)
+    job = start(st)
+    model.advance(st, T0, {})
+    model.preempt(st, job, T0 + 1)
+    model.advance(st, T0 + 2, {job: (0, 15)})
+    assert model.query(st, [job], T0 + 2)[job].state is JobState.PREEMPTED
+    with pytest.raises(InvalidJobId):
+        model.preempt(st, "999", T0)
+
+
 def test_exclusion_only_on_pending_jobs_and_honoured():
     st = cluster()
     job = start(st, hold=True)

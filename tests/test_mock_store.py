@@ -245,6 +245,7 @@ _OPS = (
     "fail_node",
     "revive_node",
     "drain_node",
+    "preempt",
 )
 _INJECT = ("", "node_fail@20", "preempt@10", "crash@5", "timeout@30")
 
@@ -289,6 +290,8 @@ def _apply(st: MockState, op: str, k: int, now: float) -> list[model.Effect]:
             model.revive_node(st, node)
         case "drain_node":
             model.drain_node(st, node, "bad")
+        case "preempt":
+            return model.preempt(st, job, now)
     return []
 
 

@@ -36,6 +36,7 @@ from ftslurm.integrations.transformers import (  # noqa: E402
     last_complete_checkpoint,
 )
 
+from .conftest import wait_for  # noqa: E402
 from .daemon_scenarios import Cli, daemon_cli_on_a_mock, ended  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,27 +273,30 @@ def _resumed_from(cli: Cli, run_id: str, attempt: int) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_example_survives_a_preemption_and_a_node_failure_on_the_mock(cli, tmp_path, reference):
-    """One rank per node. The scheduler preempts attempt 1 35 s in (SIGTERM, the job
-    requeued): both ranks save at one step they agree on and exit 0; attempt 2 resumes
-    there and loses a node at 48 s; attempt 3 runs on other nodes from the newest complete
-    checkpoint and ends with the parameters of an uninterrupted run. (The checkpoint
-    signal before a wall limit reaches the Trainer as the same request: the launcher-level
-    test above sends it to one rank.)"""
+    """One rank per node. The scheduler preempts attempt 1 once it saved step 100
+    (`ftslurm mock preempt`: SIGTERM, the job requeued): both ranks save at one step they
+    agree on and exit 0; attempt 2 resumes there and loses a node (`mock fail-node`) once it
+    saved a newer step; attempt 3 runs on other nodes from the newest complete checkpoint
+    and ends with the parameters of an uninterrupted run. Both faults come by the
+    training's progress, not a clock a loaded start-up outlasts. (The checkpoint signal
+    before a wall limit reaches the Trainer as the same request: the launcher-level test
+    above sends it to one rank.)"""
     out = tmp_path / "out"
-    run_id = _submit(
-        cli,
-        out,
-        "-N",
-        "2",
-        "-t",
-        "5:00",
-        "--retries",
-        "1",
-        "--inject",
-        "preempt@35",
-        "--inject",
-        "node_fail@48",
+    run_id = _submit(cli, out, "-N", "2", "-t", "5:00", "--retries", "1")
+    run = RunDir(cli.status(run_id)["run_dir"])
+
+    def saved() -> int:
+        told = json.loads(run.progress.read_text()) if run.progress.exists() else {}
+        return int(told.get("checkpoint_step") or 0)
+
+    wait_for(lambda: saved() >= SAVE_STEPS, 240, f"a save of step {SAVE_STEPS}")
+    cli("mock", "preempt", cli.status(run_id)["attempts"][0]["job_id"])
+    second = cli.wait_for(
+        run_id, lambda s: len(s["attempts"]) >= 2 and s["attempts"][1]["nodes"], 240, "attempt 2"
     )
+    first_save = saved()  # the preemption's save (attempt 1 ended)
+    wait_for(lambda: saved() > first_save, 240, "a save of attempt 2")
+    cli("mock", "fail-node", second["attempts"][1]["nodes"][-1])
     s = cli.wait_for(run_id, ended, 480, "the run to end")
     assert s["state"] == "COMPLETED", s
     assert [a["cause"] for a in s["attempts"]] == ["checkpointed", "node_fail", "finished"], s

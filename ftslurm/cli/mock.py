@@ -147,6 +147,13 @@ def fail_node(node: str) -> None:
     MockScheduler(mock_home()).fail_node(node)
 
 
+@app.command()
+def preempt(job_id: str) -> None:
+    """Preempt a running job now: SIGTERM, SIGKILL after KillWait, then requeued (as the
+    `preempt` injection, at the moment you choose)."""
+    MockScheduler(mock_home()).preempt(job_id)
+
+
 @app.command("revive-node")
 def revive_node(node: str) -> None:
     """Bring a failed node back."""

@@ -230,6 +230,10 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
         self._check_node(node)
         self._op(lambda st, now: (None, model.fail_node(st, node, now)))
 
+    def preempt(self, job_id: str) -> None:
+        """Preempt a running job now (`model.preempt`)."""
+        self._op(lambda st, now: (None, model.preempt(st, str(job_id), now)))
+
     def revive_node(self, node: str) -> None:
         self._check_node(node)
         self._op(lambda st, now: (model.revive_node(st, node), []))

@@ -361,6 +361,18 @@ def cancel(st: MockState, job_id: str, now: float) -> list[Effect]:
     return []  # otherwise already ending or ended
 
 
+def preempt(st: MockState, job_id: str, now: float) -> list[Effect]:
+    """The scheduler preempts a running job (as the `preempt` injection does, on demand):
+    SIGTERM now, SIGKILL after KillWait, then back in the queue (PreemptMode=REQUEUE and a
+    requeueable job) or PREEMPTED."""
+    job = _job(st, job_id)
+    if job.state is not JobState.RUNNING:
+        raise JobStateConflict(f"Job {job_id} is not running ({job.state.value})")
+    effects = _terminate(job, JobState.PREEMPTED, now, st.config.kill_wait_s)
+    job.requeue_on_end = st.config.preempt_requeue and job.requeue_allowed
+    return effects
+
+
 def requeue(st: MockState, job_id: str, hold: bool, now: float) -> list[Effect]:
     job = _job(st, job_id)
     if not job.requeue_allowed:
@@ -538,8 +550,7 @@ def _injection_events(st: MockState, job: MockJob, now: float) -> list[Effect]:
                     effects += fail_node(st, node, now)
             case InjectKind.PREEMPT:
                 inj.fired = True
-                effects += _terminate(job, JobState.PREEMPTED, now, st.config.kill_wait_s)
-                job.requeue_on_end = st.config.preempt_requeue and job.requeue_allowed
+                effects += preempt(st, job.job_id, now)
             case InjectKind.CRASH:
                 inj.fired = True
                 effects.append(SignalRank(job.job_id, spec.rank or 0, int(_signal.SIGKILL)))
