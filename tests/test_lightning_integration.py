@@ -31,7 +31,8 @@ from ftslurm.agent.rank import read_stop_record  # noqa: E402
 from ftslurm.core.contract import EnvName, RunDir  # noqa: E402
 from ftslurm.integrations import lightning as ftl  # noqa: E402
 
-from .daemon_scenarios import Cli, daemon_cli_on_a_mock, ended  # noqa: E402
+from .conftest import wait_for  # noqa: E402
+from .daemon_scenarios import Cli, daemon_cli_on_a_mock, ended, job_log  # noqa: E402
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,11 +287,11 @@ def _uninterrupted(tmp_path: Path, steps: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_lightning_example_survives_a_preemption_and_a_lost_node_on_the_mock(cli, tmp_path):
-    """The preemption's SIGTERM comes 40 s into the first attempt: after Lightning's
-    callback is in place even on a loaded machine (its imports there took over 20 s, and
-    ranks without a handler die of the SIGTERM: a preemption without a checkpoint, which
-    spends a retry). 700 steps of 0.1 s: the second attempt is still training when its
-    node is lost, 45 s in."""
+    """The scheduler preempts the first attempt (`ftslurm mock preempt`) once both ranks
+    started training, so Lightning's callback is in place however slow the imports were
+    (ranks without a handler die of the SIGTERM: a preemption without a checkpoint, which
+    spends a retry; 40 s from the job's start once came too early). The second attempt's
+    node is lost (`mock fail-node`) once its ranks train again. 700 steps of 0.1 s."""
     out, steps = tmp_path / "out", 700
     run = cli.submit(
         "--dry-run",
@@ -298,10 +299,6 @@ def test_the_lightning_example_survives_a_preemption_and_a_lost_node_on_the_mock
         "2",
         "--retries",
         "1",
-        "--inject",
-        "preempt@40",
-        "--inject",
-        "node_fail@45",
         str(EXAMPLE),
         "--",
         "--steps",
@@ -311,6 +308,19 @@ def test_the_lightning_example_survives_a_preemption_and_a_lost_node_on_the_mock
         "--output-dir",
         str(out),
     )
+    run_id = run["run_id"]
+    rd = RunDir(cli.status(run_id)["run_dir"])
+
+    def training(attempt: int) -> bool:
+        return job_log(rd).count(f"(attempt {attempt})") >= 2  # both ranks' first lines
+
+    wait_for(lambda: training(0), 240, "attempt 0's ranks training")
+    cli("mock", "preempt", cli.status(run_id)["attempts"][0]["job_id"])
+    second = cli.wait_for(
+        run_id, lambda s: len(s["attempts"]) >= 2 and s["attempts"][1]["nodes"], 240, "attempt 1"
+    )
+    wait_for(lambda: training(1), 240, "attempt 1's ranks training")
+    cli("mock", "fail-node", second["attempts"][1]["nodes"][-1])
     run_id = run["run_id"]
     s = cli.wait_for(run_id, ended, 480, "the run to end")
     assert s["state"] == "COMPLETED", s
