@@ -369,6 +369,12 @@ def trained_step(run: RunDir) -> int:
     return int(json.loads(run.progress.read_text()).get("step") or 0)
 
 
+def saved_step(run: RunDir) -> int:
+    """The step of the run's newest checkpoint its progress tells of (0 before one)."""
+    told = json.loads(run.progress.read_text()) if run.progress.exists() else {}
+    return int(told.get("checkpoint_step") or 0)
+
+
 def wait_trained(run: RunDir, step: int, timeout: float = 120) -> None:
     """Until the run's progress says its training passed `step` (a fault forced there lands
     mid-training however slow the start was)."""

@@ -217,7 +217,7 @@ def tick(state, **kw) -> tuple[core.LauncherState, tuple]:
             {},
             "persistent straggler: score 0.40 below 0.7",
             core.Budget.SPENT,
-            {"benched": sp.STRAGGLER, "benched_used": 1},
+            {"benched": sp.STRAGGLER},
             id="straggler-with-a-spare-left: steps out",
         ),
         pytest.param(
@@ -433,7 +433,7 @@ def test_a_hang_with_spares(cfg, known, gone, now, expected, recorded):
     assert (state.hangs == (HANG,)) is recorded
     budget = [a.budget for a in actions if isinstance(a, core.Account)]
     if "StepOut" in expected:
-        assert state.benched == sp.HANG and state.benched_used == cfg.max_restarts - 2
+        assert state.benched == sp.HANG
         assert budget == [core.Budget.SPENT]
     elif budget:
         assert budget == [core.Budget.SPENT if state.new_job else core.Budget.KEEP]
@@ -1019,10 +1019,9 @@ TAIL = ["started_at", "ended_at", "peers_lost"]
         ),
         pytest.param(
             core.SteppedOut(
-                core.LauncherState(
-                    cfg=SPARES, benched="hang", benched_used=1, swaps=1, hangs=(HANG,)
-                ),
+                core.LauncherState(cfg=SPARES, benched="hang", swaps=1, hangs=(HANG,)),
                 True,
+                1,
             ),
             [
                 *IDENT,

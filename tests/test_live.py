@@ -1119,7 +1119,8 @@ def test_a_rank_lost_in_its_set_up_after_every_rank_joined_restarts_every_rank_i
 
     def paused() -> bool:
         """Kill rank 1's first process at its pause; let a later one (restarted, with the
-        same environment) go on."""
+        same environment) go on. (Every 0.2 s: each look reads all of /proc twice.)"""
+        time.sleep(0.2)
         found = [pe for proc in nodes.procs for pe in recipe_processes(proc.pid)]
         for pid, env in found:  # on either node: the rendezvous orders them
             if env.get("RANK") == "1" and stopped(pid):

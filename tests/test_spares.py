@@ -26,6 +26,7 @@ from .daemon_scenarios import (
     RECIPE,
     kill_groups,
     reference_digest,
+    saved_step,
     spare_takes_over_on_the_mock,
 )
 
@@ -261,13 +262,7 @@ class Launchers:
 
     def wait_checkpoint(self, step: int, timeout: float = 180) -> None:
         """Until the run's progress says a checkpoint of `step` or later."""
-        progress = self.run.progress
-
-        def saved() -> bool:
-            told = json.loads(progress.read_text()) if progress.exists() else {}
-            return int(told.get("checkpoint_step") or 0) >= step
-
-        wait_for(saved, timeout, f"a checkpoint of step {step}")
+        wait_for(lambda: saved_step(self.run) >= step, timeout, f"a checkpoint of step {step}")
 
     def log(self, node_rank: int) -> str:
         return (self.tmp / f"{self.names[node_rank]}.log").read_text()

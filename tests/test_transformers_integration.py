@@ -37,7 +37,7 @@ from ftslurm.integrations.transformers import (  # noqa: E402
 )
 
 from .conftest import wait_for  # noqa: E402
-from .daemon_scenarios import Cli, daemon_cli_on_a_mock, ended  # noqa: E402
+from .daemon_scenarios import Cli, daemon_cli_on_a_mock, ended, saved_step  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "hf_trainer_recipe.py"
@@ -284,18 +284,13 @@ def test_the_example_survives_a_preemption_and_a_node_failure_on_the_mock(cli, t
     out = tmp_path / "out"
     run_id = _submit(cli, out, "-N", "2", "-t", "5:00", "--retries", "1")
     run = RunDir(cli.status(run_id)["run_dir"])
-
-    def saved() -> int:
-        told = json.loads(run.progress.read_text()) if run.progress.exists() else {}
-        return int(told.get("checkpoint_step") or 0)
-
-    wait_for(lambda: saved() >= SAVE_STEPS, 240, f"a save of step {SAVE_STEPS}")
+    wait_for(lambda: saved_step(run) >= SAVE_STEPS, 240, f"a save of step {SAVE_STEPS}")
     cli("mock", "preempt", cli.status(run_id)["attempts"][0]["job_id"])
     second = cli.wait_for(
         run_id, lambda s: len(s["attempts"]) >= 2 and s["attempts"][1]["nodes"], 240, "attempt 2"
     )
-    first_save = saved()  # the preemption's save (attempt 1 ended)
-    wait_for(lambda: saved() > first_save, 240, "a save of attempt 2")
+    first_save = saved_step(run)  # the preemption's save (attempt 1 ended)
+    wait_for(lambda: saved_step(run) > first_save, 240, "a save of attempt 2")
     cli("mock", "fail-node", second["attempts"][1]["nodes"][-1])
     s = cli.wait_for(run_id, ended, 480, "the run to end")
     assert s["state"] == "COMPLETED", s

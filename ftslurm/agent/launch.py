@@ -916,7 +916,7 @@ class Node:
     def finish(self, agent: Any, succeeded: bool, failures: dict[int, int]) -> int:
         """The launcher's ending once its ranks ran (or, a spare, never had to)."""
         state = agent.state
-        left = core.out_of_training(state, agent.heartbeats)
+        left = core.out_of_training(state, agent.heartbeats, agent.restarts_used())
         if isinstance(left, core.SpareNeverNeeded):
             return self.out_of_training(left, sp.SPARE, "spare never needed")
         if left is not None:

@@ -105,7 +105,6 @@ class LauncherState:
     swap_why: str | None = None  # the next round record's `why`
     new_job: bool = False  # no spare can help: the run goes on in a new job
     benched: str | None = None  # why this node stepped out
-    benched_used: int = 0  # the in-job restarts it had used then
     alone: int = 0  # ranks restarted alone (live recovery), each an in-job restart
     warm: bool = False  # a spare whose ranks wait warm (live recovery), not yet needed
     adopted: int | None = None  # the node rank whose ranks this spare's ranks took over
@@ -399,13 +398,14 @@ def how_to_leave(state: LauncherState) -> Leave:
     return Leave.NOTHING if never_trained(state) else Leave.CLOSE
 
 
-def out_of_training(state: LauncherState, heartbeats: bool) -> Ending | None:
+def out_of_training(state: LauncherState, heartbeats: bool, used: int = 0) -> Ending | None:
     """The ending of a node that leaves the training to the others (exit 0): a spare never
-    needed or a node that stepped out; None for a node whose ranks ended."""
+    needed or a node that stepped out (`used`: the in-job restarts it had made); None for a
+    node whose ranks ended."""
     if never_trained(state):
         return SpareNeverNeeded()
     if state.benched:
-        return SteppedOut(state, heartbeats)
+        return SteppedOut(state, heartbeats, used)
     return None
 
 
@@ -484,7 +484,7 @@ def _step_out(
     cfg = state.cfg
     if not sp.may_step_out(cfg.node_rank, gone, cfg.spares):
         return state, ()
-    state = replace(state, benched=why, benched_used=cfg.max_restarts - restarts_left)
+    state = replace(state, benched=why)
     said = Log("warning", f"{reason}: stepping out so that a spare takes this node's place")
     return state, (said, StepOut(why, reason), Account(Budget.SPENT))
 
@@ -924,6 +924,7 @@ class SpareNeverNeeded:
 class SteppedOut:
     state: LauncherState
     heartbeats: bool
+    used: int = 0  # in-job restarts torch made before it stepped out (swaps not counted)
 
 
 @dataclass(frozen=True)
@@ -1035,7 +1036,7 @@ def node_report(end: Ending, who: NodeId, *, ended_at: float, peers_lost: list[i
             outcome=Outcome.BENCHED.value,
             exit_code=int(ExitCode.FINISHED),
             benched=s.benched,
-            in_job_restarts=s.benched_used + s.swaps,
+            in_job_restarts=end.used + s.swaps,
             max_restarts=who.max_restarts,
             spare_swaps=s.swaps,
             hangs=[h.report() for h in s.hangs],
