@@ -72,19 +72,29 @@ CLUSTER_PARAMS = [pytest.param("slurm", marks=pytest.mark.slurm)] + (
 )
 
 
-# `make test` runs the tests without a cluster in three pytests: most in the foreground;
-# these slow end-to-end scenarios (they wait on the clock) in the lane of the cluster tests,
-# after them, so that the two lanes end at about the same time; and the few in LAST, whose
-# timing suffers most under load (a preemption timed against a slow start, the
-# live-recovery benchmark's figures), after the foreground's. They get the marker `lane2`
-# or `last` here, by file and test function (every parameter of it); the markers only split
-# `make test`: `pytest -m "not slurm"` still runs them. The names are checked to exist
-# (tests/test_lanes.py).
+# `make test` runs the tests without a cluster in four pytests: most in the foreground;
+# these slow end-to-end scenarios (they wait on the clock) in the lane of the 22.05 tests,
+# after them, so that the two lanes end at about the same time; those in LANE3, which
+# mostly sleep (a wall limit, a peer or start timeout, the daemon's back-off: next to no
+# CPU), after the 24.11 tests, whose pytest runs beside the other two; and the few in LAST,
+# whose timing suffers most under load (a preemption timed against a slow start, the
+# live-recovery benchmark's figures), after the foreground's. They get the marker `lane2`,
+# `lane3` or `last` here, by file and test function (every parameter of it); the markers
+# only split `make test`: `pytest -m "not slurm"` still runs them. The names are checked to
+# exist (tests/test_lanes.py).
 LAST = {
     "test_benchmarks_smoke.py": ("test_live_recovery_benchmark_runs",),
     "test_lightning_integration.py": (
         "test_the_lightning_example_survives_a_preemption_and_a_lost_node_on_the_mock",
     ),
+}
+LANE3 = {
+    "test_daemon_mock.py": ("test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending",),
+    "test_lost_node_mock.py": ("test_a_one_node_jobs_lost_node_is_acted_on_within_the_peer_timeout",),
+    "test_rendezvous_mock.py": (
+        "test_a_launcher_whose_python_never_starts_ends_the_attempt_after_the_start_timeout",
+    ),
+    "test_wait_mock.py": ("test_wait_returns_within_seconds_of_the_end_though_the_daemon_backed_off",),
 }
 LANE2 = {
     "test_goodput_bench.py": (
@@ -118,6 +128,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slurm)
         elif getattr(item, "originalname", None) in LANE2.get(item.path.name, ()):
             item.add_marker(pytest.mark.lane2)
+        elif getattr(item, "originalname", None) in LANE3.get(item.path.name, ()):
+            item.add_marker(pytest.mark.lane3)
         elif getattr(item, "originalname", None) in LAST.get(item.path.name, ()):
             item.add_marker(pytest.mark.last)
 
@@ -290,6 +302,14 @@ def wait_job(
 
 def in_state(*states: JobState) -> Callable[[JobInfo], bool]:
     return lambda info: info.state in states
+
+
+def proc_state(pid: int) -> str:
+    """A process's state letter (R, S, T, Z, ...) from /proc; "?" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "?"
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:

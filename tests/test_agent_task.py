@@ -26,7 +26,7 @@ from ftslurm.agent.task import (
 from ftslurm.core.contract import EnvName, HeartbeatDir, rendezvous_port
 from ftslurm.core.inject import parse_injection
 
-from .conftest import wait_for
+from .conftest import proc_state, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 _TORCH_KEYS = {
@@ -744,13 +744,6 @@ def test_an_injection_fires_once_per_run(tmp_path: Path) -> None:
     )
     assert requeued.returncode == 0
     assert report(tmp_path, attempt=1)["injected"] == []
-
-
-def proc_state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return "?"
 
 
 def test_hang_injection_stops_the_child_until_sigcont(tmp_path: Path) -> None:

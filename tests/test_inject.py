@@ -5,16 +5,17 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from ftslurm.backends.mock import MockConfig, MockScheduler, controller, model
+from ftslurm.backends.mock import MockConfig, MockScheduler, controller, model, procs
 from ftslurm.backends.mock.model import KillNode, Launch, MockState, Signal, SignalRank
 from ftslurm.core.inject import Injection, InjectKind, env_value, parse_duration, parse_injection
 from ftslurm.core.types import JobOptions, JobState, SignalTarget
 from ftslurm.errors import ConfigError
 
-from .conftest import wait_job
+from .conftest import proc_state, wait_job
 
 T0 = 1_000.0
 
@@ -124,7 +125,23 @@ def test_injected_timeout_is_this_attempts_wall_limit():
     assert st.jobs[job].time_limit_s is None  # the next attempt has its own limit again
 
 
+def test_a_crash_or_hang_due_before_its_rank_runs_fires_once_it_runs():
+    """No process for the rank yet (its step starts later): the injection is due again
+    RANK_RETRY_S later, and fires then, once."""
+    st, job = running("crash@5:1")
+    [effect] = model.advance(st, T0 + 5, {})
+    assert effect == SignalRank(job, 1, signal.SIGKILL)
+    model.rank_not_running(st, effect, T0 + 5)
+    assert model.next_event_time(st) == T0 + 5 + model.RANK_RETRY_S
+    assert model.advance(st, T0 + 5.1, {}) == []
+    assert model.advance(st, T0 + 5 + model.RANK_RETRY_S, {}) == [effect]
+    assert model.advance(st, T0 + 9, {}) == []  # it reached the rank: once
+
+
 def test_crash_and_hang_on_real_mock_processes(tmp_path):
+    """The hang is due before the job's step starts its ranks (forced: the batch script
+    waits first): it fires once they run (before, it was lost and rank 0 trained on); the
+    crash then ends the job."""
     home = tmp_path / "mock"
     scheduler = MockScheduler(home)
     stop = threading.Event()
@@ -133,21 +150,41 @@ def test_crash_and_hang_on_real_mock_processes(tmp_path):
     try:
         beats = tmp_path / "beats"
         script = (
-            "#!/bin/bash\nsrun -N2 --kill-on-bad-exit=1 bash -c "
+            "#!/bin/bash\nsleep 3\nsrun -N2 --kill-on-bad-exit=1 bash -c "
             f"'while true; do date +%s.%N > {beats}.$SLURM_PROCID; sleep 0.1; done'\n"
         )
         job = scheduler.submit(
-            script, JobOptions(nodes=2, inject=("hang@1:0", "crash@2:1"), workdir=str(tmp_path))
+            script, JobOptions(nodes=2, inject=("hang@1:0", "crash@12:1"), workdir=str(tmp_path))
         )
-        info = wait_job(scheduler, job, lambda i: i.state.is_terminal, 30, "the crash to end it")
+        deadline = time.monotonic() + 30
+        while _task_state(scheduler.store.job_dir(job), 0) != "T":
+            assert time.monotonic() < deadline, "rank 0 was not stopped"
+            time.sleep(0.05)
+        beat0, beat1 = (Path(f"{beats}.{r}") for r in (0, 1))
+        first = beat0.read_text() if beat0.exists() else None  # (stopped before its first)
+        while not beat1.exists():
+            assert time.monotonic() < deadline, "rank 1 did not beat"
+            time.sleep(0.05)
+        other = beat1.read_text()
+        while beat1.read_text() == other:  # rank 1 beats on
+            assert time.monotonic() < deadline, "rank 1 did not beat again"
+            time.sleep(0.05)
+        assert (beat0.read_text() if beat0.exists() else None) == first  # rank 0 does not
+        info = wait_job(scheduler, job, lambda i: i.state.is_terminal, 40, "the crash to end it")
         assert info.state is JobState.FAILED  # srun returned the crashed rank's status
-        first = (tmp_path / "beats.0").read_text()
-        time.sleep(0.5)  # rank 0 is stopped: its heartbeat must not move
-        assert (tmp_path / "beats.0").read_text() == first
     finally:
         stop.set()
         thread.join()
         scheduler.cancel(job)
+
+
+def _task_state(job_dir: Path, rank: int) -> str:
+    """The process state of one rank's task, from the mock's step records."""
+    for step in sorted(job_dir.glob("steps/*.json")):
+        for task in (procs.read_json(step) or {}).get("tasks", []):
+            if task.get("rank") == rank and task.get("pgid"):
+                return proc_state(task["pgid"])
+    return "?"
 
 
 def test_a_dead_task_host_ends_the_job_in_node_fail_not_failed(tmp_path):

@@ -33,6 +33,8 @@ from ftslurm.core.contract import EnvName, ExitCode, HeartbeatDir, RunDir
 from ftslurm.core.contract.reports import Kind
 from ftslurm.runfiles import read_reports
 
+from .conftest import proc_state
+
 TRAIN = r"""
 import json, os, signal, sys, time
 import torch, torch.distributed as dist
@@ -341,13 +343,6 @@ def test_a_checkpoint_signal_during_the_rendezvous_reaches_the_ranks_once_they_s
 
 # TRAIN that leaves a mark as its first act: a rank's command started.
 MARKED = 'import os\nopen(os.environ["RANK_MARK"], "a").close()\n' + TRAIN
-
-
-def proc_state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return "?"
 
 
 def at_pause(proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -74,7 +74,7 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
                 effects += model.advance(st, now, {})  # e.g. a new job may start at once
             if not read_only or exited or effects:  # an in-place change is not counted:
                 model.mark_changed()  # write, as any operation that may change the state
-            self._carry_out(st, effects)
+            self._carry_out(st, effects, now)
             return result
 
     def tick(self) -> float | None:
@@ -96,7 +96,7 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
                 exited[job.job_id] = (None, None)
         return exited
 
-    def _carry_out(self, st: MockState, effects: list[model.Effect]) -> None:
+    def _carry_out(self, st: MockState, effects: list[model.Effect], now: float) -> None:
         for effect in effects:
             job_dir = self.store.job_dir(effect.job_id)
             match effect:
@@ -110,7 +110,8 @@ class MockScheduler(batch.OneJobPerCommand):  # batches: one job per call
                     procs.signal_steps(job_dir, sig)
                     procs.signal_batch(job_dir, sig)
                 case model.SignalRank(_, rank, sig):
-                    procs.signal_rank(job_dir, rank, sig)
+                    if not procs.signal_rank(job_dir, rank, sig):
+                        model.rank_not_running(st, effect, now)
                 case model.KillJob(_):
                     procs.kill_job(job_dir)
                 case model.KillNode(job_id, node):

@@ -147,6 +147,9 @@ class WarnSignal(_Counted):
 class MockInjection(_Counted):
     spec: str
     fired: bool = False
+    # An injected crash or hang that found no process for its rank tries again from then
+    # (see `rank_not_running`); None: due at its time alone.
+    retry_at: float | None = None
 
     def parsed(self) -> Injection:
         return parse_injection(self.spec)
@@ -510,7 +513,7 @@ def next_event_time(st: MockState) -> float | None:
             times.append(job.kill_at)
         if job.state is JobState.RUNNING and job.start_time is not None:
             times += [
-                job.start_time + inj.parsed().at_s
+                max(job.start_time + inj.parsed().at_s, inj.retry_at or 0.0)
                 for inj in job.injections
                 if not inj.fired and inj.parsed().kind is not InjectKind.TIMEOUT
             ]
@@ -542,6 +545,8 @@ def _injection_events(st: MockState, job: MockJob, now: float) -> list[Effect]:
         spec = inj.parsed()
         if inj.fired or spec.kind is InjectKind.TIMEOUT or now < job.start_time + spec.at_s:
             continue
+        if inj.retry_at is not None and now < inj.retry_at:
+            continue
         match spec.kind:
             case InjectKind.NODE_FAIL:
                 inj.fired = True
@@ -562,6 +567,26 @@ def _injection_events(st: MockState, job: MockJob, now: float) -> list[Effect]:
         if job.state is not JobState.RUNNING:
             break
     return effects
+
+
+# How often an injected crash or hang looks again for its rank's process.
+RANK_RETRY_S = 0.5
+
+
+def rank_not_running(st: MockState, effect: SignalRank, now: float) -> None:
+    """The shell found no process for the rank an injected crash or hang was for (its step
+    has not started it yet: on a loaded machine a rank may start seconds after the job).
+    The injection is due again in RANK_RETRY_S, so it fires once the rank runs, never not
+    at all; it stays pending while the job runs."""
+    job = st.jobs.get(effect.job_id)
+    if job is None:
+        return
+    kind = InjectKind.CRASH if effect.sig == int(_signal.SIGKILL) else InjectKind.HANG
+    for inj in reversed(job.injections):
+        spec = inj.parsed()
+        if inj.fired and spec.kind is kind and (spec.rank or 0) == effect.rank:
+            inj.fired, inj.retry_at = False, now + RANK_RETRY_S
+            return
 
 
 def _target_node(job: MockJob, spec: Injection) -> str:
