@@ -604,7 +604,7 @@ def hang_is_caught_in_the_first_attempt(cli: Cli, tmp_path: Path, *submit_args: 
     restart the ranks in-job from the last checkpoint, and the run ends with the parameters
     of an uninterrupted one. (The stop comes by the step, past the warm-up however slow
     the start-up: a clock from the ranks' start once stopped a rank in its set-up.)"""
-    steps, ckpt = 800, tmp_path / "ckpt"
+    steps, ckpt = 400, tmp_path / "ckpt"
     expected = reference_digest(tmp_path, steps)
     out = cli.submit(
         *submit_args,

@@ -25,8 +25,9 @@ Forced timing: the first attempt's launchers are held at a phase and the signal 
   its endpoint and waits for it in torch's rendezvous join;
 - "running": not held; the signal comes once rank 0 trains.
 A 2-node run, but for "ranks" and "spawn": a launcher held after the rendezvous holds the
-other's too (node rank 0's hosts its store), so one node there. On the mock scheduler, and
-on the real cluster (`slurm`).
+other's too (node rank 0's hosts its store), so one node there. Every phase on the mock
+scheduler for a stop, two of them for the checkpoint signal (see MOCK_CASES); "start",
+"join" and "running" on the real cluster (`slurm`, see SLURM_PHASES).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ftslurm.agent.launch_io import PAUSE_ENV
 from ftslurm.agent.sigmask import caught_signals
 from ftslurm.core.contract import EnvName, RunDir
 
+from .conftest import proc_state
 from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, job_log
 
 # Each rank leaves a mark as its first act (it started), then trains (examples/recipe.py).
@@ -87,13 +89,6 @@ def launcher_pids(run_dir: str) -> dict[int, int]:
         if env.get(EnvName.RUN_DIR.value.encode()) == run_dir.encode():
             found[int(env.get(b"SLURM_NODEID", b"0"))] = int(entry.name)
     return found
-
-
-def proc_state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return "?"
 
 
 def gone(pid: int) -> bool:
@@ -183,6 +178,7 @@ def signal_at(cli: Cli, tmp_path: Path, phase: str, sig: int, backend: str, *arg
         job = cli.status(run_id)["attempts"][0]["job_id"]
         if sig == signal.SIGTERM:
             done = cli("cancel", run_id)  # the scheduler continues the tasks, with SIGTERM
+            cancelled = time.monotonic()
             assert "cancel requested" in done.stdout, done.stdout
         else:
             cli("scheduler", "signal", job, signal.Signals(sig).name[3:], "--backend", backend)
@@ -204,6 +200,11 @@ def signal_at(cli: Cli, tmp_path: Path, phase: str, sig: int, backend: str, *arg
             assert time.monotonic() < deadline, "the launchers did not end"
             time.sleep(0.1)
         # each launcher ended on its own (one killed at KillWait writes no node report)
+        took = time.monotonic() - cancelled
+        missing = [n for n in range(nodes) if not run.node_report(0, n).exists()]
+        assert not missing, (
+            f"no node report of {missing}, {took:.0f} s after the cancel:\n{job_log(run)}"
+        )
         reports = [json.loads(run.node_report(0, n).read_text()) for n in range(nodes)]
         if phase in NO_RANK_YET:
             assert not list(marks.iterdir()), "ranks started after the cancel"
@@ -256,28 +257,31 @@ def cluster_cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
 
 
 SIGNALS = {"cancel": signal.SIGTERM, "checkpoint": signal.SIGUSR2}
-# On the mock, the checkpoint signal takes two attempts (30-50 s): by default only in torch's
-# join and while the ranks are being started; at the other phases (also covered on one
-# launcher, tests/test_launch.py) it is slow.
-SLOW = {(p, "checkpoint") for p in ("imports", "start", "rendezvous", "ranks", "running")}
+# On the mock, the checkpoint signal (two attempts, 30-50 s each) only in torch's join and
+# while the ranks are being started: at the phases before (tests/test_launch.py, on one
+# launcher: `test_a_checkpoint_signal_before_the_ranks_start_reaches_them_once_they_do`
+# and the rendezvous and import pauses) and while they train (every checkpoint of the
+# daemon's scenarios), the launcher does the same whichever scheduler sent it.
+MOCK_CASES = [(p, "cancel") for p in PHASES] + [("join", "checkpoint"), ("spawn", "checkpoint")]
 
 
 @pytest.mark.timeout(600)  # a checkpoint: two attempts, each importing torch
-@pytest.mark.parametrize(
-    "phase, what",
-    [
-        pytest.param(p, w, marks=[pytest.mark.slow] if (p, w) in SLOW else [])
-        for p in PHASES
-        for w in SIGNALS
-    ],
-)
+@pytest.mark.parametrize("phase, what", MOCK_CASES)
 def test_a_signal_at_each_launcher_phase_is_never_lost_on_the_mock(mock, tmp_path, phase, what):
     signal_at(mock, tmp_path, phase, SIGNALS[what], "mock", "--dry-run")
+
+
+# On the real cluster, three phases: before the launcher's own handlers ("start": Slurm's
+# signal reaches a process that only records it), in torch's join with a peer node stopped
+# ("join"), and while the ranks train ("running"). The phases between them differ only in
+# the launcher's own code, the same under both schedulers and tested on the mock; each
+# costs the real cluster's lane about a minute.
+SLURM_PHASES = ["start", "join", "running"]
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("what", SIGNALS)
-@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("phase", SLURM_PHASES)
 def test_a_signal_at_each_launcher_phase_is_never_lost_on_slurm(cluster_cli, tmp_path, phase, what):
     signal_at(cluster_cli, tmp_path, phase, SIGNALS[what], "slurm")

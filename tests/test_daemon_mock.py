@@ -30,9 +30,11 @@ from .daemon_scenarios import (
     Cli,
     ended,
     hang_is_caught_in_the_first_attempt,
+    rank_process,
     recipe_file,
     straggler_is_moved_off,
     straggler_is_not_taken_for_hung,
+    wait_trained,
     write_train,
 )
 
@@ -404,10 +406,12 @@ def test_a_threefold_straggler_is_not_taken_for_hung(cli, tmp_path):
 
 
 def test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending(cli, tmp_path):
-    """Hang detection turned off (running timeout None): rank 1 stops 30 s in and the
-    attempt sits hung until its wall limit (90 s). It checkpointed before the hang, but it
-    is a hang that spends the failure budget (here none), and the reason names the rank, its
-    node and section, and the checkpoint signal that nobody acted on."""
+    """Hang detection turned off (running timeout None): rank 1 is stopped (SIGSTOP) once
+    the training passed its first checkpoint, and the attempt sits hung until its wall
+    limit (60 s; the checkpoint signal at 50 s, past a start-up of over 20 s with every
+    core busy). It checkpointed before the hang, but it is a hang that spends the failure
+    budget (here none), and the reason names the rank, its node and section, and the
+    checkpoint signal that nobody acted on."""
     recipe = recipe_file(
         tmp_path,
         "hang-off",
@@ -416,15 +420,16 @@ def test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending(cli, 
         num_job_retries_on_failure=0,
         preempt_time=10,
     )
-    # 30 s: past the start-up (over 15 s with every core busy: a hang there stopped rank 1
-    # before the process group formed, and nothing trained)
-    out = cli.submit("--dry-run", "--inject", "hang@30s:1", "--inject", "timeout@90s", str(recipe))
-    s = cli.wait_for(out["run_id"], ended, 200, "the run to end")
+    out = cli.submit("--dry-run", "--inject", "timeout@60s", str(recipe))
+    run = RunDir(cli.status(out["run_id"])["run_dir"])
+    wait_trained(run, 25)
+    os.kill(rank_process(run, 1, nodes=2), signal.SIGSTOP)
+    s = cli.wait_for(out["run_id"], ended, 150, "the run to end")
     assert s["state"] == "FAILED", s
     a = s["attempts"][0]
     assert a["state"] == "TIMEOUT" and a["cause"] == "hang", a
     assert "retry budget exhausted (0/0); last ending: hang" in s["reason"], s["reason"]
-    # The hang is a SIGSTOP at 30 s wall time: the rank stops inside its "step" section or
+    # The hang is a SIGSTOP at any moment: the rank stops inside its "step" section or
     # between two, so the reason names the section, or says it was outside any. The ranks
     # waiting on it in the all-reduce fall silent too: the reason names the rank silent
     # longest, which is a waiter when it beat last a few ms before the stopped rank did (the

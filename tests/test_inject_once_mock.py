@@ -120,17 +120,18 @@ def test_after_a_spare_took_a_lost_nodes_place_a_fresh_job_loses_no_node(slow_mo
     """A spare takes the lost node's place inside the first job; the restarted ranks then
     fail, so the run goes on in a fresh job (the old one waits on its dead node): that job
     runs past the injection's time with all its nodes (before: a spare took a second lost
-    node's place)."""
+    node's place). (20 s: three launchers must be watching each other by then, a loss
+    before a launcher's first lease waiting for the start timeout, minutes.)"""
     recipe = _recipe(
         tmp_path,
-        22,
+        27,
         nodes=2,
         spare_nodes=1,
         peer_timeout_s=2.0,
         num_in_job_restarts=0,
         env={"FAIL_SECOND_START": "1"},
     )
-    out = slow_mock.submit("--dry-run", "--retries", "1", "--inject", "node_fail@15:1", str(recipe))
+    out = slow_mock.submit("--dry-run", "--retries", "1", "--inject", "node_fail@20:1", str(recipe))
     s = slow_mock.wait_for(out["run_id"], ended, 240, "the run to end")
     assert s["state"] == "COMPLETED", s
     first, second = s["attempts"]

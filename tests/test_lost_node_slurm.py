@@ -48,7 +48,7 @@ def a_lost_node_is_replaced_by_a_fresh_job(
     launcher's report, "daemon": the daemon's own watch of the batch host's lease).
     Returns the seconds from the kill to the new job running (the scheduler's start
     time)."""
-    steps, ckpt = 300, tmp_path / "ckpt"
+    steps, ckpt = 150, tmp_path / "ckpt"
     expected = reference_digest(tmp_path, steps)
     out = cli.submit(
         *submit_args,

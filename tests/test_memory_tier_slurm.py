@@ -2,8 +2,10 @@
 spare keep every checkpoint in node memory (a replica on the other node) and every third on
 disk; a node is killed after a checkpoint that only memory holds. The ranks restart in the
 same job on the survivor and the spare and restore that newer step, the spare's ranks from
-the replica on the survivor, and the run ends bit-identical to an uninterrupted one. With
-the survivor's copies corrupted, they fall back to the disk.
+the replica on the survivor, and the run ends bit-identical to an uninterrupted one. (With
+the survivor's copies corrupted, the ranks fall back to the disk: the ranks' code, the same
+whichever the scheduler, tested with real ranks in `test_memory_checkpoint.py`; this module
+ran that case too until the suite outgrew its time.)
 
 (A fresh job after a lost node gets whatever nodes Slurm gives it: on this cluster the
 survivor is still completing the old job, the new one lands on two other nodes, and the
@@ -18,8 +20,8 @@ from collections.abc import Iterator
 import pytest
 
 from ftslurm.agent import spares as sp
-from ftslurm.core.contract import RunDir, node_memory_area
-from ftslurm.fsutil import memory_base, read_json
+from ftslurm.core.contract import RunDir
+from ftslurm.fsutil import read_json
 
 from .conftest import wait_for
 from .daemon_scenarios import RECIPE, Cli, daemon_cli, ended, reference_digest
@@ -34,10 +36,7 @@ def cli(healthy_nodes, tmp_path) -> Iterator[Cli]:
     yield from daemon_cli(tmp_path)
 
 
-@pytest.mark.parametrize("replicas", ["intact", "corrupt"])
-def test_a_lost_nodes_ranks_restore_from_the_peer_replica_in_memory(
-    cli, healthy_nodes, tmp_path, replicas
-):
+def test_a_lost_nodes_ranks_restore_from_the_peer_replica_in_memory(cli, healthy_nodes, tmp_path):
     ckpt = tmp_path / "ckpt"
     expected = reference_digest(tmp_path, STEPS, world=4)
     with healthy_nodes.slurmd_timeout(300):  # the spare, not Slurm, handles the loss
@@ -78,17 +77,11 @@ def test_a_lost_nodes_ranks_restore_from_the_peer_replica_in_memory(
         at = wait_for(past_a_memory_only_checkpoint, 180, "training between steps 41 and 49")
         leases = [sp.read_lease(run_dir, 0, r) for r in range(3)]
         assert [x.role if x else None for x in leases] == [sp.ACTIVE, sp.ACTIVE, sp.SPARE]
-        survivor, victim = leases[0].node, leases[1].node  # type: ignore[union-attr]
-        healthy_nodes.fail_node(victim)  # its processes and its memory
-        area = node_memory_area(memory_base({}), run_id, survivor)
-        if replicas == "corrupt":  # before the restarted ranks can read them
-            for path in area.glob("shard-*.pt"):
-                data = path.read_bytes()
-                path.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])
+        healthy_nodes.fail_node(leases[1].node)  # type: ignore[union-attr]
         s = cli.wait_for(run_id, ended, 300, "the run to end")
     assert s["state"] == "COMPLETED" and len(s["attempts"]) == 1, s  # the spare took over
     final = json.loads((ckpt / "final.json").read_text())
-    assert final == {"step": STEPS, "digest": expected}  # bit-identical either way
+    assert final == {"step": STEPS, "digest": expected}  # bit-identical
     log = cli("logs", run_id, "--attempt", "0").stdout
     # the first round, then the one with the spare (torch's restart count starts again at
     # 0 in the spare's new rendezvous)
@@ -101,14 +94,10 @@ def test_a_lost_nodes_ranks_restore_from_the_peer_replica_in_memory(
     restored = re.findall(
         r"rank (\d) restored step (\d+) from (its node memory|a peer replica)", log
     )
-    if replicas == "intact":
-        # the newest checkpoint before the kill, in memory only (the disk has 30): 40, or
-        # 50 when the kill (through sudo, slow under load) came after rank 0 passed it
-        memory_step = int(start[0])
-        assert memory_step in (40, 50), (at, log)
-        assert sorted(r for r, _, _ in restored) == ["0", "1", "2", "3"], log
-        assert {t for _, _, t in restored} == {"its node memory", "a peer replica"}, log
-        assert {int(x) for _, x, _ in restored} == {memory_step}
-    else:
-        assert start == (str(EVERY * DISK_EVERY), "disk"), log  # the newest on disk: 30
-        assert not restored, log
+    # the newest checkpoint before the kill, in memory only (the disk has 30): 40, or 50
+    # when the kill (through sudo, slow under load) came after rank 0 passed it
+    memory_step = int(start[0])
+    assert memory_step in (40, 50), (at, log)
+    assert sorted(r for r, _, _ in restored) == ["0", "1", "2", "3"], log
+    assert {t for _, _, t in restored} == {"its node memory", "a peer replica"}, log
+    assert {int(x) for _, x, _ in restored} == {memory_step}
