@@ -89,12 +89,18 @@ LAST = {
     ),
 }
 LANE3 = {
-    "test_daemon_mock.py": ("test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending",),
-    "test_lost_node_mock.py": ("test_a_one_node_jobs_lost_node_is_acted_on_within_the_peer_timeout",),
+    "test_daemon_mock.py": (
+        "test_a_rank_hung_at_the_wall_limit_is_a_hang_not_a_checkpointed_ending",
+    ),
+    "test_lost_node_mock.py": (
+        "test_a_one_node_jobs_lost_node_is_acted_on_within_the_peer_timeout",
+    ),
     "test_rendezvous_mock.py": (
         "test_a_launcher_whose_python_never_starts_ends_the_attempt_after_the_start_timeout",
     ),
-    "test_wait_mock.py": ("test_wait_returns_within_seconds_of_the_end_though_the_daemon_backed_off",),
+    "test_wait_mock.py": (
+        "test_wait_returns_within_seconds_of_the_end_though_the_daemon_backed_off",
+    ),
 }
 LANE2 = {
     "test_goodput_bench.py": (
