@@ -154,7 +154,7 @@ def test_crash_and_hang_on_real_mock_processes(tmp_path):
             f"'while true; do date +%s.%N > {beats}.$SLURM_PROCID; sleep 0.1; done'\n"
         )
         job = scheduler.submit(
-            script, JobOptions(nodes=2, inject=("hang@1:0", "crash@12:1"), workdir=str(tmp_path))
+            script, JobOptions(nodes=2, inject=("hang@1:0", "crash@20:1"), workdir=str(tmp_path))
         )
         deadline = time.monotonic() + 30
         while _task_state(scheduler.store.job_dir(job), 0) != "T":
@@ -170,7 +170,7 @@ def test_crash_and_hang_on_real_mock_processes(tmp_path):
             assert time.monotonic() < deadline, "rank 1 did not beat again"
             time.sleep(0.05)
         assert (beat0.read_text() if beat0.exists() else None) == first  # rank 0 does not
-        info = wait_job(scheduler, job, lambda i: i.state.is_terminal, 40, "the crash to end it")
+        info = wait_job(scheduler, job, lambda i: i.state.is_terminal, 60, "the crash to end it")
         assert info.state is JobState.FAILED  # srun returned the crashed rank's status
     finally:
         stop.set()
