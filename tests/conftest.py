@@ -318,14 +318,20 @@ def proc_state(pid: int) -> str:
         return "?"
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll `condition` until it returns something true; fail after `timeout` seconds."""
+def wait_for(
+    condition: Callable[[], Any],
+    timeout: float = 15.0,
+    what: str = "condition",
+    interval: float = 0.02,
+) -> Any:
+    """Poll `condition` every `interval` seconds until it returns something true; fail after
+    `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.02)
+        time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
 
 

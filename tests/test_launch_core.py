@@ -1228,7 +1228,7 @@ def test_why_to_stop_waiting_for_the_rendezvous_host(kw, expected):
 def test_how_a_launcher_leaves(state, error, leave, ending):
     assert core.after_error(state) is error
     assert core.how_to_leave(state) is leave
-    assert isinstance(core.out_of_training(state, heartbeats=True), ending)
+    assert isinstance(core.out_of_training(state, heartbeats=True, used=0), ending)
 
 
 @pytest.mark.parametrize("benched, leave", [(True, core.Leave.QUIETLY), (False, core.Leave.CLOSE)])

@@ -1119,8 +1119,7 @@ def test_a_rank_lost_in_its_set_up_after_every_rank_joined_restarts_every_rank_i
 
     def paused() -> bool:
         """Kill rank 1's first process at its pause; let a later one (restarted, with the
-        same environment) go on. (Every 0.2 s: each look reads all of /proc twice.)"""
-        time.sleep(0.2)
+        same environment) go on."""
         found = [pe for proc in nodes.procs for pe in recipe_processes(proc.pid)]
         for pid, env in found:  # on either node: the rendezvous orders them
             if env.get("RANK") == "1" and stopped(pid):
@@ -1132,7 +1131,8 @@ def test_a_rank_lost_in_its_set_up_after_every_rank_joined_restarts_every_rank_i
         return all(p.poll() is not None for p in nodes.procs)
 
     try:
-        wait_for(paused, 240, "both launchers to end")
+        # every 0.2 s: each look reads all of /proc twice
+        wait_for(paused, 240, "both launchers to end", interval=0.2)
         codes = [p.returncode for p in nodes.procs]
         assert codes == [0, 0], nodes.logs()
     finally:

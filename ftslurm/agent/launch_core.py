@@ -398,7 +398,7 @@ def how_to_leave(state: LauncherState) -> Leave:
     return Leave.NOTHING if never_trained(state) else Leave.CLOSE
 
 
-def out_of_training(state: LauncherState, heartbeats: bool, used: int = 0) -> Ending | None:
+def out_of_training(state: LauncherState, heartbeats: bool, used: int) -> Ending | None:
     """The ending of a node that leaves the training to the others (exit 0): a spare never
     needed or a node that stepped out (`used`: the in-job restarts it had made); None for a
     node whose ranks ended."""
@@ -924,7 +924,7 @@ class SpareNeverNeeded:
 class SteppedOut:
     state: LauncherState
     heartbeats: bool
-    used: int = 0  # in-job restarts torch made before it stepped out (swaps not counted)
+    used: int  # in-job restarts torch made before it stepped out (swaps not counted)
 
 
 @dataclass(frozen=True)
